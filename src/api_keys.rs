@@ -1,0 +1,82 @@
+//! API keys: created once, stored only as keyed digests, revocable.
+//!
+//! Invariants this module keeps:
+//! - A new key is shown once, to whoever created it; the database holds only its keyed digest and
+//!   the keyed digest of its owner, so neither can be read back from a dump.
+//! - A revoked key stays revoked: revocation only sets `revoked_at` on a row that has none.
+
+use crate::digest::{DigestKind, Secret};
+use crate::error::Error;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+/// The prefix of every API key, so a leaked key is recognisable to secret scanners.
+pub const API_KEY_PREFIX: &str = "detl_";
+
+/// A freshly created API key: its id, and the key itself (shown once, never stored).
+#[derive(Debug)]
+pub struct CreatedKey {
+    /// The key's id, used to revoke it.
+    pub id: Uuid,
+    /// The key; the database keeps only its digest.
+    pub key: String,
+}
+
+/// Creates an API key for `owner`, storing only digests.
+///
+/// # Errors
+/// Database errors.
+pub async fn create(
+    client: &impl GenericClient,
+    secret: &Secret,
+    owner: &str,
+) -> Result<CreatedKey, Error> {
+    let id = Uuid::now_v7();
+    let key = format!(
+        "{API_KEY_PREFIX}{}{}",
+        Uuid::new_v4().simple(),
+        Uuid::new_v4().simple()
+    );
+    let owner_key = secret.digest(DigestKind::Principal, owner.as_bytes());
+    let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
+    client
+        .execute(
+            "INSERT INTO etl_api_clients (id, owner_key, key_digest) VALUES ($1, $2, $3)",
+            &[&id, &owner_key.as_slice(), &key_digest.as_slice()],
+        )
+        .await?;
+    Ok(CreatedKey { id, key })
+}
+
+/// Revokes the key with this id. Returns whether a live key was revoked.
+///
+/// # Errors
+/// Database errors.
+pub async fn revoke(client: &impl GenericClient, id: Uuid) -> Result<bool, Error> {
+    let n = client
+        .execute(
+            "UPDATE etl_api_clients SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
+            &[&id],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// The owner digest of a live key, or `None` for an unknown or revoked key.
+///
+/// # Errors
+/// Database errors.
+pub async fn authenticate(
+    client: &impl GenericClient,
+    secret: &Secret,
+    key: &str,
+) -> Result<Option<[u8; 32]>, Error> {
+    let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
+    let row = client
+        .query_opt(
+            "SELECT owner_key FROM etl_api_clients WHERE key_digest = $1 AND revoked_at IS NULL",
+            &[&key_digest.as_slice()],
+        )
+        .await?;
+    Ok(row.and_then(|r| r.get::<_, Vec<u8>>(0).try_into().ok()))
+}

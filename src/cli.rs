@@ -1,0 +1,289 @@
+//! The command-line contract: flags, environment variables and what each command does.
+//!
+//! Invariants this module keeps:
+//! - Every flag can also be set by an environment variable `DURABLE_ETL_<FLAG>`; the database URL
+//!   by `DATABASE_URL` and the digest secret by `DURABLE_ETL_SECRET`. Secret values are never shown
+//!   by `--help`.
+//! - Durations read like `500ms`, `2s`, `1m`.
+//! - `serve` and `work` check schema compatibility before they touch any job.
+//! - Exit codes: 0 success, 2 usage or configuration error, 3 database unreachable, 4 schema
+//!   incompatible (see `error`).
+
+use crate::config::{DatabaseConfig, WorkerConfig, DATABASE_URL_DEFAULT};
+use crate::digest::Secret;
+use crate::error::Error;
+use crate::telemetry::LogFormat;
+use crate::{api_keys, config, db, schema};
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// durable-etl: durable ETL jobs run out of PostgreSQL.
+#[derive(Debug, Parser)]
+#[command(name = "durable-etl", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Database options shared by every command.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Log line format.
+    #[arg(
+        long,
+        env = "DURABLE_ETL_LOG_FORMAT",
+        value_enum,
+        default_value = "human",
+        global = true
+    )]
+    pub log_format: LogFormat,
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Database options shared by every command.
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL connection string.
+    #[arg(long, env = "DATABASE_URL", default_value = DATABASE_URL_DEFAULT, global = true, hide_env_values = true)]
+    pub database_url: String,
+    /// Largest number of pooled connections.
+    #[arg(long, env = "DURABLE_ETL_POOL_SIZE", default_value_t = config::POOL_MAX_SIZE_DEFAULT, global = true)]
+    pub pool_size: u32,
+    /// Time allowed to open a database connection.
+    #[arg(long, env = "DURABLE_ETL_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
+    pub connect_timeout: Duration,
+    /// Session statement_timeout.
+    #[arg(long, env = "DURABLE_ETL_STATEMENT_TIMEOUT", default_value = "30s", value_parser = parse_duration, global = true)]
+    pub statement_timeout: Duration,
+    /// Session lock_timeout.
+    #[arg(long, env = "DURABLE_ETL_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
+    pub lock_timeout: Duration,
+    /// Session idle_in_transaction_session_timeout.
+    #[arg(long, env = "DURABLE_ETL_IDLE_IN_TRANSACTION_TIMEOUT", default_value = "10s", value_parser = parse_duration, global = true)]
+    pub idle_in_transaction_timeout: Duration,
+}
+
+impl DatabaseArgs {
+    /// The validated database configuration.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the broken rule.
+    pub fn config(&self) -> Result<DatabaseConfig, Error> {
+        let cfg = DatabaseConfig {
+            url: self.database_url.clone(),
+            pool_max_size: self.pool_size,
+            connect_timeout: self.connect_timeout,
+            statement_timeout: self.statement_timeout,
+            lock_timeout: self.lock_timeout,
+            idle_in_transaction_timeout: self.idle_in_transaction_timeout,
+            ..DatabaseConfig::default()
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the schema migrations this release embeds (or reverse them with --down-to).
+    Migrate(MigrateArgs),
+    /// Run a worker replica: claim, execute and complete jobs.
+    Work(WorkArgs),
+    /// Create or revoke API keys.
+    #[command(subcommand)]
+    ApiKeys(ApiKeysCommand),
+}
+
+/// Options of `migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Reverse migrations until the schema is at this version (0 removes everything).
+    #[arg(long, env = "DURABLE_ETL_DOWN_TO")]
+    pub down_to: Option<i32>,
+}
+
+/// Options of `work`.
+#[derive(Debug, Args)]
+pub struct WorkArgs {
+    /// This replica's stable lease owner id (for example the pod name); generated when unset.
+    #[arg(long, env = "DURABLE_ETL_OWNER_ID")]
+    pub owner_id: Option<String>,
+    /// Jobs this replica runs at once.
+    #[arg(long, env = "DURABLE_ETL_SLOTS", default_value_t = config::SLOTS_DEFAULT)]
+    pub slots: usize,
+    /// Interval of the backstop poll.
+    #[arg(long, env = "DURABLE_ETL_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// Lease granted by a claim and renewed by each heartbeat.
+    #[arg(long, env = "DURABLE_ETL_LEASE", default_value = "15s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Interval between heartbeats (under a third of the lease).
+    #[arg(long, env = "DURABLE_ETL_HEARTBEAT_INTERVAL", default_value = "4s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// Execution timeout of one attempt.
+    #[arg(long, env = "DURABLE_ETL_EXECUTION_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub execution_timeout: Duration,
+    /// Time running jobs get to finish after SIGTERM or SIGINT.
+    #[arg(long, env = "DURABLE_ETL_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+    /// First retry delay after a transient failure.
+    #[arg(long, env = "DURABLE_ETL_RETRY_MIN_DELAY", default_value = "500ms", value_parser = parse_duration)]
+    pub retry_min_delay: Duration,
+    /// Longest retry delay.
+    #[arg(long, env = "DURABLE_ETL_RETRY_MAX_DELAY", default_value = "60s", value_parser = parse_duration)]
+    pub retry_max_delay: Duration,
+    /// Address to serve Prometheus metrics on.
+    #[arg(long, env = "DURABLE_ETL_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl WorkArgs {
+    /// The validated worker configuration.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the broken rule.
+    pub fn config(&self) -> Result<WorkerConfig, Error> {
+        let cfg = WorkerConfig {
+            owner_id: self
+                .owner_id
+                .clone()
+                .unwrap_or_else(config::generated_owner_id),
+            slots: self.slots,
+            poll_interval: self.poll_interval,
+            lease: self.lease,
+            heartbeat_interval: self.heartbeat_interval,
+            execution_timeout: self.execution_timeout,
+            shutdown_grace: self.shutdown_grace,
+            retry_min_delay: self.retry_min_delay,
+            retry_max_delay: self.retry_max_delay,
+            metrics_listen: self.metrics_listen,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// The `api-keys` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ApiKeysCommand {
+    /// Create an API key for an owner and print it once.
+    Create(CreateKeyArgs),
+    /// Revoke an API key by id.
+    Revoke(RevokeKeyArgs),
+}
+
+/// Options of `api-keys create`.
+#[derive(Debug, Args)]
+pub struct CreateKeyArgs {
+    /// The owner (principal) the key acts for; stored only as a keyed digest.
+    #[arg(long, env = "DURABLE_ETL_OWNER")]
+    pub owner: String,
+    /// Secret key of the keyed digests (at least 16 bytes).
+    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
+    pub secret: String,
+}
+
+/// Options of `api-keys revoke`.
+#[derive(Debug, Args)]
+pub struct RevokeKeyArgs {
+    /// The id printed by `api-keys create`.
+    pub id: uuid::Uuid,
+}
+
+/// Parses a duration such as `500ms`, `2s` or `1m`.
+///
+/// # Errors
+/// A fixed message when the text is not a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|_| "expected a duration such as 500ms, 2s or 1m".to_owned())
+}
+
+/// Runs the parsed command.
+///
+/// # Errors
+/// Any [`Error`]; its `exit_code()` is the process exit code.
+pub async fn run(cli: Cli) -> Result<(), Error> {
+    let db_config = cli.database.config()?;
+    match cli.command {
+        Command::Migrate(args) => migrate(&db_config, args).await,
+        Command::Work(args) => {
+            let worker_config = args.config()?;
+            let pool = db::connect_pool(&db_config, "worker").await?;
+            let conn = pool.get().await.map_err(db::pool_error)?;
+            let version = schema::check_compatible(&conn).await?;
+            drop(conn);
+            tracing::info!(
+                schema_version = version,
+                owner_id = %worker_config.owner_id,
+                "worker starting"
+            );
+            crate::worker::run(pool, db_config, worker_config, crate::shutdown::signals()).await
+        }
+        Command::ApiKeys(command) => {
+            let pool = db::connect_pool(&db_config, "admin").await?;
+            let conn = pool.get().await.map_err(db::pool_error)?;
+            schema::check_compatible(&conn).await?;
+            match command {
+                ApiKeysCommand::Create(args) => {
+                    let secret =
+                        Secret::new(args.secret.into_bytes()).ok_or(config::ConfigError::Secret)?;
+                    let created = api_keys::create(&*conn, &secret, &args.owner).await?;
+                    println!("id:  {}\nkey: {}", created.id, created.key);
+                    println!("The key is shown once; only its digest is stored.");
+                    Ok(())
+                }
+                ApiKeysCommand::Revoke(args) => {
+                    if api_keys::revoke(&*conn, args.id).await? {
+                        println!("revoked {}", args.id);
+                    } else {
+                        println!("no live key with id {}", args.id);
+                    }
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// `migrate`: creates the database if needed, then applies or reverses migrations.
+async fn migrate(db_config: &DatabaseConfig, args: MigrateArgs) -> Result<(), Error> {
+    if db::ensure_database(db_config).await? {
+        tracing::info!("created the database");
+    }
+    let mut client = db::connect(db_config, "migrate").await?;
+    let report = match args.down_to {
+        Some(target) => schema::migrate_down_to(&mut client, target).await?,
+        None => schema::migrate_up(&mut client).await?,
+    };
+    println!(
+        "schema at version {} ({} migration(s) {})",
+        report.version,
+        report.changed.len(),
+        if args.down_to.is_some() {
+            "reversed"
+        } else {
+            "applied"
+        }
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_humans_write_them() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

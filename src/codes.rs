@@ -1,0 +1,162 @@
+//! The one enumerated list of stable codes.
+//!
+//! Invariants this module keeps:
+//! - Every code that crosses a boundary (an HTTP problem body, a log field, a metric label, a stored
+//!   `failure_code`, a process exit message) is a [`Code`], rendered by [`Code::as_str`]. No error
+//!   text, SQL, payload or principal ever takes its place.
+//! - The strings are stable: renaming one is a breaking change recorded in CHANGELOG.md.
+//! - The codes a job row may store ([`Code::is_stored_failure`]) are exactly those the
+//!   `etl_job_records.failure_code` CHECK constraint admits; a test compares the two lists.
+
+use std::fmt;
+
+/// A stable, non-sensitive code. See the module documentation for where codes appear.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// The job's request payload failed validation at execution time.
+    InvalidPayload,
+    /// A record of the job could not be transformed; the job stores the record's index, never its value.
+    RecordInvalid,
+    /// A transient failure recurred until the job's `max_attempts` was spent.
+    AttemptsExhausted,
+    /// The job's lease expired (its worker died or froze) on its last permitted attempt.
+    LeaseExpiredExhausted,
+    /// The handler panicked; the panic is a failed attempt, never a dead replica.
+    HandlerPanicked,
+    /// The handler declared a permanent failure.
+    HandlerFailed,
+    /// The handler ran past the job's execution timeout.
+    ExecutionTimeout,
+    /// A transient database error (serialization, deadlock, lock timeout, lost connection).
+    TransientDatabase,
+    /// The job was cancelled by its owner.
+    Cancelled,
+    /// The job was cancelled because its owner submitted a replacement.
+    Replaced,
+    /// No handler is registered for the job's kind.
+    UnknownKind,
+    /// A write conditioned on the job's lease matched no row: another claim owns the job now.
+    LeaseLost,
+    /// A configuration value is missing, malformed or inconsistent with another.
+    ConfigInvalid,
+    /// The database could not be reached or stopped answering.
+    DatabaseUnavailable,
+    /// The database failed a statement for a reason that is not transient.
+    DatabaseError,
+    /// The database has no schema, or one older than this release needs: run `durable-etl migrate`.
+    SchemaTooOld,
+    /// The database was migrated by a newer release whose schema this release cannot run against.
+    SchemaTooNew,
+    /// An applied migration differs from the migration of the same version embedded in this release.
+    MigrationChecksumMismatch,
+    /// A migration or its reversal could not be applied.
+    MigrationFailed,
+    /// Another live process already runs with this replica's `lease_owner_id`.
+    OwnerIdInUse,
+}
+
+impl Code {
+    /// Every code, in declaration order.
+    pub const ALL: &'static [Code] = &[
+        Code::InvalidPayload,
+        Code::RecordInvalid,
+        Code::AttemptsExhausted,
+        Code::LeaseExpiredExhausted,
+        Code::HandlerPanicked,
+        Code::HandlerFailed,
+        Code::ExecutionTimeout,
+        Code::TransientDatabase,
+        Code::Cancelled,
+        Code::Replaced,
+        Code::UnknownKind,
+        Code::LeaseLost,
+        Code::ConfigInvalid,
+        Code::DatabaseUnavailable,
+        Code::DatabaseError,
+        Code::SchemaTooOld,
+        Code::SchemaTooNew,
+        Code::MigrationChecksumMismatch,
+        Code::MigrationFailed,
+        Code::OwnerIdInUse,
+    ];
+
+    /// The stable snake_case string of this code.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidPayload => "invalid_payload",
+            Code::RecordInvalid => "record_invalid",
+            Code::AttemptsExhausted => "attempts_exhausted",
+            Code::LeaseExpiredExhausted => "lease_expired_exhausted",
+            Code::HandlerPanicked => "handler_panicked",
+            Code::HandlerFailed => "handler_failed",
+            Code::ExecutionTimeout => "execution_timeout",
+            Code::TransientDatabase => "transient_database",
+            Code::Cancelled => "cancelled",
+            Code::Replaced => "replaced",
+            Code::UnknownKind => "unknown_kind",
+            Code::LeaseLost => "lease_lost",
+            Code::ConfigInvalid => "config_invalid",
+            Code::DatabaseUnavailable => "database_unavailable",
+            Code::DatabaseError => "database_error",
+            Code::SchemaTooOld => "schema_too_old",
+            Code::SchemaTooNew => "schema_too_new",
+            Code::MigrationChecksumMismatch => "migration_checksum_mismatch",
+            Code::MigrationFailed => "migration_failed",
+            Code::OwnerIdInUse => "owner_id_in_use",
+        }
+    }
+
+    /// Whether a job row may store this code in `failure_code`.
+    pub const fn is_stored_failure(self) -> bool {
+        matches!(
+            self,
+            Code::InvalidPayload
+                | Code::RecordInvalid
+                | Code::AttemptsExhausted
+                | Code::LeaseExpiredExhausted
+                | Code::HandlerPanicked
+                | Code::HandlerFailed
+                | Code::ExecutionTimeout
+                | Code::TransientDatabase
+                | Code::Cancelled
+                | Code::Replaced
+                | Code::UnknownKind
+        )
+    }
+
+    /// The code with this string, if there is one.
+    pub fn parse(s: &str) -> Option<Code> {
+        Code::ALL.iter().copied().find(|code| code.as_str() == s)
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Code;
+    use std::collections::HashSet;
+
+    #[test]
+    fn every_code_round_trips_through_its_string() {
+        for code in Code::ALL {
+            assert_eq!(Code::parse(code.as_str()), Some(*code));
+            assert_eq!(code.to_string(), code.as_str());
+        }
+        assert_eq!(Code::parse("no_such_code"), None);
+    }
+
+    #[test]
+    fn codes_are_unique_snake_case() {
+        let strings: HashSet<_> = Code::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(strings.len(), Code::ALL.len());
+        for s in strings {
+            assert!(s.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{s}");
+        }
+    }
+}

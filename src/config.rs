@@ -1,0 +1,388 @@
+//! Typed configuration, one struct per component, with documented defaults and `validate()`.
+//!
+//! Invariants this module keeps:
+//! - Every default is a named constant, and every field's doc ends with "Defaults to …".
+//! - `validate()` refuses a configuration that could break a guarantee (a heartbeat too slow to keep
+//!   a lease alive, a poll too slow to be a backstop) and names the broken relation in its error.
+//! - Nothing here reads a file: values come from CLI flags and environment variables (see `cli`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The database the binary uses when `DATABASE_URL` is not set: the local server, database `durable_etl`.
+pub const DATABASE_URL_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/durable_etl";
+/// Default largest number of pooled connections per process.
+pub const POOL_MAX_SIZE_DEFAULT: u32 = 8;
+/// Default time allowed to open one database connection.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default `statement_timeout` of every session.
+pub const STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Default `lock_timeout` of every session.
+pub const LOCK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default `idle_in_transaction_session_timeout` of every session.
+pub const IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default idle time before the first TCP keepalive probe.
+pub const KEEPALIVE_IDLE_DEFAULT: Duration = Duration::from_secs(10);
+
+/// Default interval of the backstop poll.
+pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// Shortest backstop poll interval `validate()` accepts.
+pub const POLL_INTERVAL_MIN: Duration = Duration::from_millis(10);
+/// Longest backstop poll interval `validate()` accepts.
+pub const POLL_INTERVAL_MAX: Duration = Duration::from_secs(300);
+/// Default number of jobs one replica runs at once.
+pub const SLOTS_DEFAULT: usize = 8;
+/// Largest number of slots `validate()` accepts.
+pub const SLOTS_MAX: usize = 1024;
+/// Default lease granted by a claim and by each heartbeat.
+pub const LEASE_DEFAULT: Duration = Duration::from_secs(15);
+/// Default interval between heartbeats.
+pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(4);
+/// Default execution timeout of one attempt.
+pub const EXECUTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+/// Default time running jobs get to finish after a shutdown signal.
+pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
+/// Default first retry delay of a transient failure.
+pub const RETRY_MIN_DELAY_DEFAULT: Duration = Duration::from_millis(500);
+/// Default longest retry delay of a transient failure.
+pub const RETRY_MAX_DELAY_DEFAULT: Duration = Duration::from_secs(60);
+/// Default listen address of the HTTP API.
+pub const API_LISTEN_DEFAULT: &str = "127.0.0.1:8080";
+
+/// A configuration that `validate()` refused. Each variant names the broken relation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The database URL could not be parsed as a PostgreSQL connection string.
+    #[error("database url is not a valid PostgreSQL connection string")]
+    DatabaseUrl,
+    /// The pool must have room for at least one connection.
+    #[error("pool max size must be at least 1")]
+    PoolSize,
+    /// A timeout that must be positive is zero.
+    #[error("{0} must be greater than zero")]
+    ZeroDuration(&'static str),
+    /// The poll interval is outside `POLL_INTERVAL_MIN..=POLL_INTERVAL_MAX`.
+    #[error("poll interval must be between 10ms and 300s")]
+    PollInterval,
+    /// The slot count is outside `1..=SLOTS_MAX`.
+    #[error("slots must be between 1 and 1024")]
+    Slots,
+    /// Three heartbeats must fit in one lease, so that one lost heartbeat does not lose the lease.
+    #[error("heartbeat interval must be under a third of the lease")]
+    HeartbeatVsLease,
+    /// The retry delays are not ordered.
+    #[error("retry min delay must not exceed retry max delay")]
+    RetryDelays,
+    /// The owner id is empty, too long, or has characters outside `[A-Za-z0-9._:-]`.
+    #[error("owner id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -")]
+    OwnerId,
+    /// The digest secret is missing or shorter than 16 bytes.
+    #[error("DURABLE_ETL_SECRET must be set to at least 16 bytes")]
+    Secret,
+}
+
+/// How every process connects to PostgreSQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseConfig {
+    /// The PostgreSQL connection string. Defaults to [`DATABASE_URL_DEFAULT`].
+    pub url: String,
+    /// Largest number of pooled connections. Defaults to [`POOL_MAX_SIZE_DEFAULT`].
+    pub pool_max_size: u32,
+    /// Time allowed to open a connection. Defaults to [`CONNECT_TIMEOUT_DEFAULT`].
+    pub connect_timeout: Duration,
+    /// Session `statement_timeout`. Defaults to [`STATEMENT_TIMEOUT_DEFAULT`].
+    pub statement_timeout: Duration,
+    /// Session `lock_timeout`. Defaults to [`LOCK_TIMEOUT_DEFAULT`].
+    pub lock_timeout: Duration,
+    /// Session `idle_in_transaction_session_timeout`, so a frozen process cannot hold a row lock
+    /// forever. Defaults to [`IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT`].
+    pub idle_in_transaction_timeout: Duration,
+    /// Idle time before TCP keepalive probes start. Defaults to [`KEEPALIVE_IDLE_DEFAULT`].
+    pub keepalive_idle: Duration,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: DATABASE_URL_DEFAULT.to_owned(),
+            pool_max_size: POOL_MAX_SIZE_DEFAULT,
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+            statement_timeout: STATEMENT_TIMEOUT_DEFAULT,
+            lock_timeout: LOCK_TIMEOUT_DEFAULT,
+            idle_in_transaction_timeout: IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+            keepalive_idle: KEEPALIVE_IDLE_DEFAULT,
+        }
+    }
+}
+
+impl DatabaseConfig {
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// The first broken rule, as a [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.url
+            .parse::<tokio_postgres::Config>()
+            .map_err(|_| ConfigError::DatabaseUrl)?;
+        if self.pool_max_size == 0 {
+            return Err(ConfigError::PoolSize);
+        }
+        for (name, value) in [
+            ("connect timeout", self.connect_timeout),
+            ("statement timeout", self.statement_timeout),
+            ("lock timeout", self.lock_timeout),
+            (
+                "idle in transaction timeout",
+                self.idle_in_transaction_timeout,
+            ),
+            ("keepalive idle", self.keepalive_idle),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::ZeroDuration(name));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How one worker replica claims, leases and runs jobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// The replica's stable `lease_owner_id` (a pod or host name). Defaults to the host name
+    /// followed by a random suffix, generated once per process (see [`generated_owner_id`]).
+    pub owner_id: String,
+    /// Jobs this replica runs at once; a claim never takes more than the free slots.
+    /// Defaults to [`SLOTS_DEFAULT`].
+    pub slots: usize,
+    /// Interval of the backstop poll. Defaults to [`POLL_INTERVAL_DEFAULT`].
+    pub poll_interval: Duration,
+    /// Lease granted by a claim and renewed by each heartbeat. Defaults to [`LEASE_DEFAULT`].
+    pub lease: Duration,
+    /// Interval between heartbeats; under a third of the lease. Defaults to
+    /// [`HEARTBEAT_INTERVAL_DEFAULT`].
+    pub heartbeat_interval: Duration,
+    /// Execution timeout of one attempt. Defaults to [`EXECUTION_TIMEOUT_DEFAULT`].
+    pub execution_timeout: Duration,
+    /// Time running jobs get to finish after a shutdown signal. Defaults to
+    /// [`SHUTDOWN_GRACE_DEFAULT`].
+    pub shutdown_grace: Duration,
+    /// First retry delay after a transient failure. Defaults to [`RETRY_MIN_DELAY_DEFAULT`].
+    pub retry_min_delay: Duration,
+    /// Longest retry delay. Defaults to [`RETRY_MAX_DELAY_DEFAULT`].
+    pub retry_max_delay: Duration,
+    /// Where the worker serves `/metrics`, if anywhere. Defaults to none.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            owner_id: generated_owner_id(),
+            slots: SLOTS_DEFAULT,
+            poll_interval: POLL_INTERVAL_DEFAULT,
+            lease: LEASE_DEFAULT,
+            heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
+            execution_timeout: EXECUTION_TIMEOUT_DEFAULT,
+            shutdown_grace: SHUTDOWN_GRACE_DEFAULT,
+            retry_min_delay: RETRY_MIN_DELAY_DEFAULT,
+            retry_max_delay: RETRY_MAX_DELAY_DEFAULT,
+            metrics_listen: None,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// The first broken rule, as a [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !valid_owner_id(&self.owner_id) {
+            return Err(ConfigError::OwnerId);
+        }
+        if !(1..=SLOTS_MAX).contains(&self.slots) {
+            return Err(ConfigError::Slots);
+        }
+        if !(POLL_INTERVAL_MIN..=POLL_INTERVAL_MAX).contains(&self.poll_interval) {
+            return Err(ConfigError::PollInterval);
+        }
+        for (name, value) in [
+            ("lease", self.lease),
+            ("heartbeat interval", self.heartbeat_interval),
+            ("execution timeout", self.execution_timeout),
+            ("retry min delay", self.retry_min_delay),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::ZeroDuration(name));
+            }
+        }
+        if self.heartbeat_interval * 3 >= self.lease {
+            return Err(ConfigError::HeartbeatVsLease);
+        }
+        if self.retry_min_delay > self.retry_max_delay {
+            return Err(ConfigError::RetryDelays);
+        }
+        Ok(())
+    }
+}
+
+/// Whether `id` is a usable `lease_owner_id`: 1 to 128 characters of `[A-Za-z0-9._:-]`.
+fn valid_owner_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
+}
+
+/// A fresh owner id: the host name (from `HOSTNAME`, else `replica`) and 8 random hex digits.
+///
+/// Only characters valid in an owner id are kept from the host name.
+pub fn generated_owner_id() -> String {
+    let host: String = std::env::var("HOSTNAME")
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .take(100)
+        .collect();
+    let host = if host.is_empty() {
+        "replica".to_owned()
+    } else {
+        host
+    };
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}", &suffix[..8])
+}
+
+/// How the HTTP API serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiConfig {
+    /// The address the API listens on. Defaults to [`API_LISTEN_DEFAULT`].
+    pub listen: SocketAddr,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(DatabaseConfig::default().validate(), Ok(()));
+        assert_eq!(WorkerConfig::default().validate(), Ok(()));
+        assert_eq!(ApiConfig::default().listen.to_string(), API_LISTEN_DEFAULT);
+    }
+
+    #[test]
+    fn database_rules_name_the_broken_relation() {
+        let bad_url = DatabaseConfig {
+            url: "postgres://host:notaport/db".into(),
+            ..DatabaseConfig::default()
+        };
+        assert_eq!(bad_url.validate(), Err(ConfigError::DatabaseUrl));
+        let no_pool = DatabaseConfig {
+            pool_max_size: 0,
+            ..DatabaseConfig::default()
+        };
+        assert_eq!(no_pool.validate(), Err(ConfigError::PoolSize));
+        let zero_lock = DatabaseConfig {
+            lock_timeout: Duration::ZERO,
+            ..DatabaseConfig::default()
+        };
+        assert_eq!(
+            zero_lock.validate(),
+            Err(ConfigError::ZeroDuration("lock timeout"))
+        );
+    }
+
+    #[test]
+    fn worker_rules_name_the_broken_relation() {
+        let base = WorkerConfig::default;
+        let cases = [
+            (
+                WorkerConfig {
+                    owner_id: String::new(),
+                    ..base()
+                },
+                ConfigError::OwnerId,
+            ),
+            (
+                WorkerConfig {
+                    owner_id: "a b".into(),
+                    ..base()
+                },
+                ConfigError::OwnerId,
+            ),
+            (
+                WorkerConfig {
+                    owner_id: "x".repeat(129),
+                    ..base()
+                },
+                ConfigError::OwnerId,
+            ),
+            (WorkerConfig { slots: 0, ..base() }, ConfigError::Slots),
+            (
+                WorkerConfig {
+                    slots: SLOTS_MAX + 1,
+                    ..base()
+                },
+                ConfigError::Slots,
+            ),
+            (
+                WorkerConfig {
+                    poll_interval: Duration::from_millis(9),
+                    ..base()
+                },
+                ConfigError::PollInterval,
+            ),
+            (
+                WorkerConfig {
+                    poll_interval: Duration::from_secs(301),
+                    ..base()
+                },
+                ConfigError::PollInterval,
+            ),
+            (
+                WorkerConfig {
+                    lease: Duration::ZERO,
+                    ..base()
+                },
+                ConfigError::ZeroDuration("lease"),
+            ),
+            (
+                WorkerConfig {
+                    lease: Duration::from_secs(9),
+                    heartbeat_interval: Duration::from_secs(3),
+                    ..base()
+                },
+                ConfigError::HeartbeatVsLease,
+            ),
+            (
+                WorkerConfig {
+                    retry_min_delay: Duration::from_secs(2),
+                    retry_max_delay: Duration::from_secs(1),
+                    ..base()
+                },
+                ConfigError::RetryDelays,
+            ),
+        ];
+        for (config, expected) in cases {
+            assert_eq!(config.validate(), Err(expected));
+        }
+    }
+
+    #[test]
+    fn generated_owner_ids_are_valid_and_distinct() {
+        let a = generated_owner_id();
+        let b = generated_owner_id();
+        assert!(valid_owner_id(&a), "{a}");
+        assert_ne!(a, b);
+        assert!(valid_owner_id("pod-7.worker:east_1"));
+    }
+}

@@ -1,0 +1,141 @@
+//! Connections to PostgreSQL: the pool, dedicated sessions, and session settings.
+//!
+//! Invariants this module keeps:
+//! - Every session this crate opens sets `statement_timeout`, `lock_timeout` and
+//!   `idle_in_transaction_session_timeout` at start-up (in the startup packet, so it costs no round
+//!   trip), so a frozen process cannot hold a row lock forever.
+//! - Every socket has TCP keepalives on, so a silently lost server is noticed.
+//! - `application_name` is `durable-etl/<role>`: never an id, a payload or a principal.
+
+use crate::config::{ConfigError, DatabaseConfig};
+use crate::error::Error;
+use bb8_postgres::PostgresConnectionManager;
+use tokio_postgres::{Client, NoTls};
+
+/// The connection pool every component shares.
+pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+
+/// The tokio-postgres configuration for `role` (a fixed word such as `worker` or `api`).
+///
+/// # Errors
+/// [`ConfigError::DatabaseUrl`] if the URL does not parse.
+pub fn pg_config(cfg: &DatabaseConfig, role: &str) -> Result<tokio_postgres::Config, ConfigError> {
+    let mut pg: tokio_postgres::Config = cfg.url.parse().map_err(|_| ConfigError::DatabaseUrl)?;
+    pg.application_name(format!("durable-etl/{role}"))
+        .connect_timeout(cfg.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(cfg.keepalive_idle)
+        .options(format!(
+            "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+            cfg.statement_timeout.as_millis(),
+            cfg.lock_timeout.as_millis(),
+            cfg.idle_in_transaction_timeout.as_millis(),
+        ));
+    Ok(pg)
+}
+
+/// Opens the pool for `role` and proves the database answers by taking one connection.
+///
+/// # Errors
+/// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when no connection can be opened.
+pub async fn connect_pool(cfg: &DatabaseConfig, role: &str) -> Result<Pool, Error> {
+    let manager = PostgresConnectionManager::new(pg_config(cfg, role)?, NoTls);
+    let pool = bb8::Pool::builder()
+        .max_size(cfg.pool_max_size)
+        .connection_timeout(cfg.connect_timeout)
+        .build(manager)
+        .await?;
+    drop(pool.get().await.map_err(pool_error)?);
+    Ok(pool)
+}
+
+/// Maps a pool checkout failure to [`Error`].
+pub fn pool_error(e: bb8::RunError<tokio_postgres::Error>) -> Error {
+    match e {
+        bb8::RunError::User(e) => Error::from(e),
+        bb8::RunError::TimedOut => Error::Unavailable(None),
+    }
+}
+
+/// Opens one dedicated session outside the pool, driven by a spawned task.
+///
+/// # Errors
+/// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when the connection fails.
+pub async fn connect(cfg: &DatabaseConfig, role: &str) -> Result<Client, Error> {
+    let (client, connection) = pg_config(cfg, role)?.connect(NoTls).await?;
+    tokio::spawn(async move {
+        // The session's end is seen by the client as a closed connection; nothing to report here.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Creates the configured database if it does not exist, connecting to the `postgres` maintenance
+/// database of the same server. Returns whether it created it.
+///
+/// # Errors
+/// [`Error::Config`] for a bad URL; [`Error::Unavailable`] or [`Error::Database`] from the server.
+pub async fn ensure_database(cfg: &DatabaseConfig) -> Result<bool, Error> {
+    let target = pg_config(cfg, "migrate")?;
+    let name = target.get_dbname().unwrap_or("postgres").to_owned();
+    let mut maintenance = target.clone();
+    maintenance.dbname("postgres");
+    let (client, connection) = maintenance.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await?
+        .is_some();
+    if exists {
+        return Ok(false);
+    }
+    let create = format!("CREATE DATABASE {}", quote_ident(&name));
+    match client.batch_execute(&create).await {
+        Ok(()) => Ok(true),
+        // Another process created it between our look-up and our CREATE.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) => {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Quotes an SQL identifier: wraps it in double quotes and doubles any inside.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quote_ident_doubles_quotes() {
+        assert_eq!(quote_ident("plain"), "\"plain\"");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+
+    #[test]
+    fn pg_config_sets_session_safety_options() {
+        let pg = pg_config(&DatabaseConfig::default(), "worker").unwrap();
+        assert_eq!(pg.get_application_name(), Some("durable-etl/worker"));
+        assert!(pg.get_keepalives());
+        let options = pg.get_options().unwrap();
+        assert!(options.contains("statement_timeout=30000"), "{options}");
+        assert!(options.contains("lock_timeout=5000"), "{options}");
+        assert!(
+            options.contains("idle_in_transaction_session_timeout=10000"),
+            "{options}"
+        );
+        let bad = DatabaseConfig {
+            url: "postgres://h:x/db".into(),
+            ..DatabaseConfig::default()
+        };
+        assert_eq!(
+            pg_config(&bad, "worker").err(),
+            Some(ConfigError::DatabaseUrl)
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! The crate's error type and its mapping to stable codes and process exit codes.
+//!
+//! Invariants this module keeps:
+//! - `Display` of every variant is a fixed sentence: it never interpolates a database error, SQL
+//!   text, a payload or a principal. The source error is kept for programmatic inspection only
+//!   ([`Error::db_code`]) and is never formatted at a boundary.
+//! - Every variant maps to one [`Code`] and one exit code.
+
+use crate::codes::Code;
+use crate::config::ConfigError;
+use crate::schema::SchemaError;
+use tokio_postgres::error::SqlState;
+
+/// Exit code of a successful run.
+pub const EXIT_OK: u8 = 0;
+/// Exit code of a failure that has no more specific code.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code of a usage or configuration error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code when the database cannot be reached.
+pub const EXIT_DATABASE_UNREACHABLE: u8 = 3;
+/// Exit code when the database schema is not one this release supports.
+pub const EXIT_SCHEMA_INCOMPATIBLE: u8 = 4;
+
+/// Everything that can go wrong in durable-etl, by kind.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration was refused.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// No connection to the database could be opened, or an open one was lost.
+    #[error("database unavailable")]
+    Unavailable(#[source] Option<tokio_postgres::Error>),
+    /// The database failed a statement.
+    #[error("database error")]
+    Database(#[source] tokio_postgres::Error),
+    /// The database schema is not one this release can run against.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// Another live process runs with this replica's owner id.
+    #[error("another live process holds this owner id")]
+    OwnerIdInUse,
+}
+
+impl Error {
+    /// The stable code of this error.
+    pub fn code(&self) -> Code {
+        match self {
+            Error::Config(_) => Code::ConfigInvalid,
+            Error::Unavailable(_) => Code::DatabaseUnavailable,
+            Error::Database(e) if is_transient(e) => Code::TransientDatabase,
+            Error::Database(_) => Code::DatabaseError,
+            Error::Schema(e) => e.code(),
+            Error::OwnerIdInUse => Code::OwnerIdInUse,
+        }
+    }
+
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Config(_) => EXIT_USAGE,
+            Error::Unavailable(_) => EXIT_DATABASE_UNREACHABLE,
+            Error::Schema(e) if e.code() != Code::MigrationFailed => EXIT_SCHEMA_INCOMPATIBLE,
+            _ => EXIT_FAILURE,
+        }
+    }
+
+    /// The SQLSTATE of the underlying database error, if there is one.
+    pub fn db_code(&self) -> Option<&SqlState> {
+        match self {
+            Error::Unavailable(Some(e)) | Error::Database(e) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    /// A closed connection or a failure to connect is `Unavailable`; anything else is `Database`.
+    fn from(e: tokio_postgres::Error) -> Self {
+        if is_connection_loss(&e) {
+            Error::Unavailable(Some(e))
+        } else {
+            Error::Database(e)
+        }
+    }
+}
+
+/// Whether an error means the session is gone or was never opened: a closed connection, an I/O
+/// failure, or a connection-class SQLSTATE.
+pub fn is_connection_loss(e: &tokio_postgres::Error) -> bool {
+    let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+    e.is_closed() || io || e.code().is_some_and(is_connection_class)
+}
+
+/// Whether a SQLSTATE is of class 08 (connection exception) or an administrator shutdown.
+fn is_connection_class(code: &SqlState) -> bool {
+    code.code().starts_with("08")
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+}
+
+/// Whether a database error is worth retrying: serialization failure, deadlock, lock not available,
+/// query cancelled (statement or lock timeout), too many connections, or a lost connection.
+pub fn is_transient(e: &tokio_postgres::Error) -> bool {
+    is_connection_loss(e)
+        || e.code().is_some_and(|code| {
+            [
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::LOCK_NOT_AVAILABLE,
+                SqlState::QUERY_CANCELED,
+                SqlState::TOO_MANY_CONNECTIONS,
+                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+            ]
+            .contains(code)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_and_owner_errors_map_to_codes_and_exits() {
+        let e = Error::from(ConfigError::Slots);
+        assert_eq!(e.code(), Code::ConfigInvalid);
+        assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert_eq!(e.db_code(), None);
+        assert_eq!(Error::OwnerIdInUse.code(), Code::OwnerIdInUse);
+        assert_eq!(Error::OwnerIdInUse.exit_code(), EXIT_FAILURE);
+        let unavailable = Error::Unavailable(None);
+        assert_eq!(unavailable.code(), Code::DatabaseUnavailable);
+        assert_eq!(unavailable.exit_code(), EXIT_DATABASE_UNREACHABLE);
+        assert_eq!(unavailable.db_code(), None);
+    }
+
+    #[test]
+    fn connection_class_covers_08_and_shutdowns() {
+        assert!(is_connection_class(&SqlState::CONNECTION_FAILURE));
+        assert!(is_connection_class(&SqlState::ADMIN_SHUTDOWN));
+        assert!(!is_connection_class(&SqlState::UNIQUE_VIOLATION));
+    }
+}

@@ -1,0 +1,35 @@
+//! # durable-etl
+//!
+//! Durable ETL jobs run out of PostgreSQL. Accepted jobs are rows of `etl_job_records`; replicas
+//! claim due rows with `FOR UPDATE SKIP LOCKED`, fence every later write with the claim's
+//! `lease_claim_id`, and commit a job's effects, its response-ledger row and its `succeeded` state
+//! in one transaction. PostgreSQL, not a scheduler, is the correctness boundary.
+//!
+//! ## Quick start
+//! ```text
+//! durable-etl migrate          # create the database if needed and apply the schema
+//! durable-etl work             # run a worker replica
+//! ```
+//!
+//! ## Modules
+//! - [`schema`]: embedded migrations and the release-compatibility check.
+//! - [`config`]: typed configuration with defaults and validation.
+//! - [`db`]: the pool and session settings.
+//! - [`codes`]: the one list of stable codes used at every boundary.
+//! - [`digest`]: keyed digests of principals and keys.
+//! - [`worker`]: the replica: claim, execute, heartbeat, recover, shut down.
+
+pub mod api_keys;
+pub mod cli;
+pub mod codes;
+pub mod config;
+pub mod db;
+pub mod digest;
+pub mod error;
+pub mod schema;
+pub mod shutdown;
+pub mod telemetry;
+pub mod worker;
+
+pub use codes::Code;
+pub use error::Error;

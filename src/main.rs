@@ -1,0 +1,30 @@
+//! The `durable-etl` binary: parses the command line, installs logging, runs the command and maps
+//! its outcome to an exit code (0 success, 2 usage, 3 database unreachable, 4 schema incompatible).
+
+use clap::Parser;
+use durable_etl::cli::{self, Cli};
+use durable_etl::error::EXIT_FAILURE;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    durable_etl::telemetry::init(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(_) => {
+            eprintln!("durable-etl: could not start the async runtime");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match runtime.block_on(cli::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(code = %e.code(), "command failed");
+            eprintln!("durable-etl: {e} [{}]", e.code());
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Versioned schema migrations embedded in the binary, and the release-compatibility check.
+//!
+//! Invariants this module keeps:
+//! - Each migration runs in its own transaction that first takes a transaction-level advisory lock
+//!   ([`MIGRATION_LOCK_KEY`]), then reads the history: concurrent `migrate` runs from many replicas
+//!   serialize on that lock, and exactly one applies each migration. A run killed mid-way rolls its
+//!   transaction back and frees the lock with its session; the next run completes the work.
+//! - The history table records, for each applied version, its name, the SHA-256 checksum of its
+//!   `up` SQL, the oldest schema version a release may know and still run against it
+//!   (`min_reader_version`), and the release that applied it.
+//! - An applied migration whose checksum differs from the embedded one is an error, never ignored.
+//! - [`check_compatible`] refuses a database that is unmigrated, older than this release, or
+//!   migrated by a newer release whose schema this release cannot read, before any job is touched.
+//! - `down` undoes exactly what `up` did; a test compares the catalog after up → down → up.
+
+use crate::codes::Code;
+use crate::error::Error;
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+/// One schema migration: an `up` script, the `down` script that reverses it, and its compatibility.
+#[derive(Debug)]
+pub struct Migration {
+    /// The version, from 1, without gaps.
+    pub version: i32,
+    /// A short snake_case name.
+    pub name: &'static str,
+    /// The SQL that applies the migration.
+    pub up: &'static str,
+    /// The SQL that reverses it exactly.
+    pub down: &'static str,
+    /// The oldest schema version a release may know and still run against a database at this
+    /// version: equal to `version` for a breaking change, lower for an additive one.
+    pub min_reader_version: i32,
+}
+
+impl Migration {
+    /// The hex SHA-256 of the `up` SQL, as recorded in the history table.
+    pub fn checksum(&self) -> String {
+        hex::encode(Sha256::digest(self.up.as_bytes()))
+    }
+}
+
+/// Every migration this release knows, in version order.
+pub static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "job_schema",
+    up: include_str!("../migrations/0001_job_schema.up.sql"),
+    down: include_str!("../migrations/0001_job_schema.down.sql"),
+    min_reader_version: 1,
+}];
+
+/// The release recorded in the history table by the migrations it applies.
+pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+
+/// The advisory-lock key every migration transaction takes (`durable` and 1, as ASCII).
+pub const MIGRATION_LOCK_KEY: i64 = 0x6475_7261_626c_6501;
+
+/// The schema version this release needs and writes.
+pub fn latest_version() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// Why a database's schema cannot be used or changed by this release.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The database is older than this release needs (`found` 0: never migrated).
+    #[error("database schema is at version {found} but this release needs {required}: run `durable-etl migrate`")]
+    TooOld {
+        /// The newest version applied to the database.
+        found: i32,
+        /// The version this release needs.
+        required: i32,
+    },
+    /// A newer release migrated the database to a schema this release cannot run against.
+    #[error("database schema version {found} needs a release that knows version {needs} or later; this release knows {supported}")]
+    TooNew {
+        /// The newest version applied to the database.
+        found: i32,
+        /// The oldest schema version a release must know to run against it.
+        needs: i32,
+        /// The newest version this release knows.
+        supported: i32,
+    },
+    /// A version this release must reverse is not one it knows.
+    #[error(
+        "database schema version {version} is unknown to this release and cannot be reversed by it"
+    )]
+    UnknownVersion {
+        /// The unknown version.
+        version: i32,
+    },
+    /// An applied migration differs from this release's migration of the same version.
+    #[error(
+        "applied migration {version} differs from the one in this release (checksum mismatch)"
+    )]
+    ChecksumMismatch {
+        /// The version whose checksum differs.
+        version: i32,
+    },
+    /// The SQL of a migration failed; its transaction was rolled back.
+    #[error("migration {version} failed and was rolled back")]
+    Failed {
+        /// The version that failed.
+        version: i32,
+        /// The database error (never displayed).
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl SchemaError {
+    /// The stable code of this error.
+    pub fn code(&self) -> Code {
+        match self {
+            SchemaError::TooOld { .. } => Code::SchemaTooOld,
+            SchemaError::TooNew { .. } | SchemaError::UnknownVersion { .. } => Code::SchemaTooNew,
+            SchemaError::ChecksumMismatch { .. } => Code::MigrationChecksumMismatch,
+            SchemaError::Failed { .. } => Code::MigrationFailed,
+        }
+    }
+}
+
+/// The history table. Created by the first migration transaction, under the migration lock.
+const CREATE_HISTORY: &str = "
+CREATE TABLE IF NOT EXISTS durable_etl_schema_history (
+    version            integer     PRIMARY KEY,
+    name               text        NOT NULL,
+    checksum           text        NOT NULL,
+    min_reader_version integer     NOT NULL,
+    applied_by_release text        NOT NULL,
+    applied_at         timestamptz NOT NULL DEFAULT now()
+)";
+
+/// Takes the migration lock for the rest of the transaction; waits for any other migrating session.
+const TAKE_MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// What `migrate` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// The versions this run applied (or reversed), in the order it did so.
+    pub changed: Vec<i32>,
+    /// The newest version applied to the database afterwards.
+    pub version: i32,
+}
+
+/// Opens a migration transaction: the lock, then the history table.
+async fn begin_locked(client: &mut Client) -> Result<tokio_postgres::Transaction<'_>, Error> {
+    let tx = client.transaction().await?;
+    tx.execute(TAKE_MIGRATION_LOCK, &[&MIGRATION_LOCK_KEY])
+        .await?;
+    tx.batch_execute(CREATE_HISTORY).await?;
+    Ok(tx)
+}
+
+/// The newest applied version (0 for none), read inside a locked migration transaction.
+async fn current_version(tx: &tokio_postgres::Transaction<'_>) -> Result<i32, Error> {
+    let row = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM durable_etl_schema_history",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Applies every embedded migration the database lacks, one transaction each, and verifies the
+/// checksum of each one already applied.
+///
+/// # Errors
+/// [`SchemaError::ChecksumMismatch`] for an applied migration that differs, [`SchemaError::Failed`]
+/// when a migration's SQL fails, [`Error::Unavailable`]/[`Error::Database`] from the server.
+pub async fn migrate_up(client: &mut Client) -> Result<MigrateReport, Error> {
+    let mut changed = Vec::new();
+    for migration in MIGRATIONS {
+        let tx = begin_locked(client).await?;
+        let applied = tx
+            .query_opt(
+                "SELECT checksum FROM durable_etl_schema_history WHERE version = $1",
+                &[&migration.version],
+            )
+            .await?;
+        match applied {
+            Some(row) if row.get::<_, String>(0) != migration.checksum() => {
+                return Err(SchemaError::ChecksumMismatch {
+                    version: migration.version,
+                }
+                .into());
+            }
+            Some(_) => {}
+            None => {
+                tx.batch_execute(migration.up)
+                    .await
+                    .map_err(|source| SchemaError::Failed {
+                        version: migration.version,
+                        source,
+                    })?;
+                tx.execute(
+                    "INSERT INTO durable_etl_schema_history
+                         (version, name, checksum, min_reader_version, applied_by_release)
+                     VALUES ($1, $2, $3, $4, $5)",
+                    &[
+                        &migration.version,
+                        &migration.name,
+                        &migration.checksum(),
+                        &migration.min_reader_version,
+                        &RELEASE,
+                    ],
+                )
+                .await?;
+                changed.push(migration.version);
+            }
+        }
+        tx.commit().await?;
+    }
+    let tx = begin_locked(client).await?;
+    let version = current_version(&tx).await?;
+    tx.commit().await?;
+    Ok(MigrateReport { changed, version })
+}
+
+/// Reverses applied migrations, newest first, until the database is at version `target`.
+///
+/// # Errors
+/// [`SchemaError::UnknownVersion`] for an applied version this release does not know,
+/// [`SchemaError::ChecksumMismatch`] when the applied migration is not this release's,
+/// [`SchemaError::Failed`] when a `down` script fails, and database errors.
+pub async fn migrate_down_to(client: &mut Client, target: i32) -> Result<MigrateReport, Error> {
+    let mut changed = Vec::new();
+    loop {
+        let tx = begin_locked(client).await?;
+        let version = current_version(&tx).await?;
+        if version <= target {
+            tx.commit().await?;
+            return Ok(MigrateReport { changed, version });
+        }
+        let migration = MIGRATIONS
+            .iter()
+            .find(|m| m.version == version)
+            .ok_or(SchemaError::UnknownVersion { version })?;
+        let row = tx
+            .query_one(
+                "SELECT checksum FROM durable_etl_schema_history WHERE version = $1",
+                &[&version],
+            )
+            .await?;
+        if row.get::<_, String>(0) != migration.checksum() {
+            return Err(SchemaError::ChecksumMismatch { version }.into());
+        }
+        tx.batch_execute(migration.down)
+            .await
+            .map_err(|source| SchemaError::Failed { version, source })?;
+        tx.execute(
+            "DELETE FROM durable_etl_schema_history WHERE version = $1",
+            &[&version],
+        )
+        .await?;
+        tx.commit().await?;
+        changed.push(version);
+    }
+}
+
+/// Checks that the database schema is one this release can run against, and returns its version.
+/// Reads only; takes no lock.
+///
+/// # Errors
+/// [`SchemaError::TooOld`] for an unmigrated or older database, [`SchemaError::TooNew`] for one a
+/// newer release migrated incompatibly, [`SchemaError::ChecksumMismatch`] for one whose applied
+/// migrations differ from this release's, and database errors.
+pub async fn check_compatible(client: &Client) -> Result<i32, Error> {
+    let required = latest_version();
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('durable_etl_schema_history') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        return Err(SchemaError::TooOld { found: 0, required }.into());
+    }
+    let rows = client
+        .query(
+            "SELECT version, checksum, min_reader_version
+               FROM durable_etl_schema_history ORDER BY version",
+            &[],
+        )
+        .await?;
+    let applied: Vec<(i32, String, i32)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let found = applied.last().map_or(0, |a| a.0);
+    for migration in MIGRATIONS {
+        match applied.iter().find(|a| a.0 == migration.version) {
+            None => return Err(SchemaError::TooOld { found, required }.into()),
+            Some(a) if a.1 != migration.checksum() => {
+                return Err(SchemaError::ChecksumMismatch {
+                    version: migration.version,
+                }
+                .into())
+            }
+            Some(_) => {}
+        }
+    }
+    let needs = applied.iter().map(|a| a.2).max().unwrap_or(0);
+    if needs > required {
+        return Err(SchemaError::TooNew {
+            found,
+            needs,
+            supported: required,
+        }
+        .into());
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_from_one_without_gaps() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1);
+            assert!(m.min_reader_version <= m.version);
+            assert!(m.min_reader_version >= 1);
+            assert_eq!(m.checksum().len(), 64);
+            assert!(!m.down.trim().is_empty());
+        }
+        assert_eq!(latest_version(), MIGRATIONS.len() as i32);
+    }
+
+    #[test]
+    fn schema_errors_map_to_codes() {
+        assert_eq!(
+            SchemaError::TooOld {
+                found: 0,
+                required: 1
+            }
+            .code(),
+            Code::SchemaTooOld
+        );
+        let too_new = SchemaError::TooNew {
+            found: 3,
+            needs: 3,
+            supported: 1,
+        };
+        assert_eq!(too_new.code(), Code::SchemaTooNew);
+        assert_eq!(
+            SchemaError::UnknownVersion { version: 9 }.code(),
+            Code::SchemaTooNew
+        );
+        assert_eq!(
+            SchemaError::ChecksumMismatch { version: 1 }.code(),
+            Code::MigrationChecksumMismatch
+        );
+    }
+}

@@ -1,0 +1,227 @@
+//! The binary's command-line contract: exit codes, messages, `migrate` and `api-keys`.
+
+use crate::support::{admin_config, connect, TestDb, TEST_DB_PREFIX};
+use durable_etl::api_keys;
+use durable_etl::db::quote_ident;
+use durable_etl::digest::Secret;
+use std::process::{Command, Output};
+
+/// A secret for tests.
+const SECRET: &str = "test-secret-0123456789";
+
+/// Runs the binary with `args` against `url`, with a clean durable-etl environment.
+fn run(url: &str, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_durable-etl"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("DURABLE_ETL_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .env("DATABASE_URL", url)
+        .env("DURABLE_ETL_SECRET", SECRET)
+        .env("RUST_LOG", "warn")
+        .args(args)
+        .output()
+        .expect("run durable-etl")
+}
+
+/// The process's standard error as text.
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn work_refuses_an_unmigrated_database_with_exit_4() {
+    let db = TestDb::empty().await;
+    let out = run(&db.config.url, &["work"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("run `durable-etl migrate`"), "{err}");
+    assert!(err.contains("[schema_too_old]"), "{err}");
+}
+
+#[tokio::test]
+async fn work_refuses_a_schema_from_a_newer_incompatible_release_with_exit_4() {
+    let db = TestDb::migrated().await;
+    db.client()
+        .await
+        .execute(
+            "INSERT INTO durable_etl_schema_history
+                 (version, name, checksum, min_reader_version, applied_by_release)
+             VALUES (1000, 'future', 'x', 1000, '99.0.0')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let out = run(&db.config.url, &["work"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("[schema_too_new]"));
+}
+
+#[test]
+fn an_unreachable_database_exits_3() {
+    let out = run(
+        "postgres://postgres@127.0.0.1:1/nowhere",
+        &["work", "--owner-id", "x"],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("[database_unavailable]"));
+}
+
+#[test]
+fn configuration_errors_exit_2_and_name_the_relation() {
+    let url = "postgres://postgres@127.0.0.1:1/nowhere";
+    let out = run(
+        url,
+        &["work", "--lease", "3s", "--heartbeat-interval", "1s"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("heartbeat interval must be under a third of the lease"));
+    let out = run(url, &["work", "--slots", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(url, &["work", "--poll-interval", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("expected a duration such as 500ms, 2s or 1m"));
+    let out = run("not a url at all", &["migrate"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("[config_invalid]"));
+}
+
+#[test]
+fn help_documents_every_flag_and_its_environment_variable() {
+    let out = run("postgres://x@127.0.0.1:1/x", &["work", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--owner-id",
+        "--slots",
+        "--poll-interval",
+        "--lease",
+        "--metrics-listen",
+        "--heartbeat-interval",
+        "--database-url",
+        "--statement-timeout",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+    assert!(help.contains("DURABLE_ETL_SLOTS"));
+    assert!(!help.contains(SECRET), "secrets are never shown");
+}
+
+#[tokio::test]
+async fn migrate_creates_the_database_then_reverses_it() {
+    let name = format!("{TEST_DB_PREFIX}cli_{}", uuid::Uuid::new_v4().simple());
+    let url = format!("postgres://postgres@127.0.0.1:5432/{name}");
+    let out = run(&url, &["migrate"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 migration(s) applied"));
+    let again = run(&url, &["migrate"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("0 migration(s) applied"));
+    let down = run(&url, &["migrate", "--down-to", "0"]);
+    assert_eq!(down.status.code(), Some(0), "{}", stderr(&down));
+    assert!(String::from_utf8_lossy(&down.stdout)
+        .contains("schema at version 0 (1 migration(s) reversed)"));
+    let admin = connect(&admin_config()).await;
+    admin
+        .batch_execute(&format!(
+            "DROP DATABASE {} WITH (FORCE)",
+            quote_ident(&name)
+        ))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn api_keys_are_printed_once_stored_as_digests_and_revocable() {
+    let db = TestDb::migrated().await;
+    let out = run(
+        &db.config.url,
+        &["api-keys", "create", "--owner", "canary-owner-5f3a"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |prefix: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(|v| v.trim().to_owned())
+            .unwrap()
+    };
+    let id = field("id:");
+    let key = field("key:");
+    assert!(key.starts_with(api_keys::API_KEY_PREFIX));
+
+    let client = db.client().await;
+    let secret = Secret::new(SECRET).unwrap();
+    let owner = api_keys::authenticate(&client, &secret, &key)
+        .await
+        .unwrap();
+    assert_eq!(
+        owner,
+        Some(secret.digest(
+            durable_etl::digest::DigestKind::Principal,
+            b"canary-owner-5f3a"
+        ))
+    );
+    assert_eq!(
+        api_keys::authenticate(&client, &secret, "detl_wrong")
+            .await
+            .unwrap(),
+        None
+    );
+    let dump: String = client
+        .query_one(
+            "SELECT string_agg(t::text, ' ') FROM etl_api_clients t",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!dump.contains("canary-owner-5f3a"));
+    assert!(!dump.contains(&key[api_keys::API_KEY_PREFIX.len()..]));
+
+    let out = run(&db.config.url, &["api-keys", "revoke", &id]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("revoked"));
+    assert_eq!(
+        api_keys::authenticate(&client, &secret, &key)
+            .await
+            .unwrap(),
+        None
+    );
+    let out = run(&db.config.url, &["api-keys", "revoke", &id]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no live key"));
+    let out = run(
+        &db.config.url,
+        &["api-keys", "create", "--owner", "x", "--secret", "short"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn work_starts_on_a_compatible_schema_and_exits_0_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let db = TestDb::migrated().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env("DATABASE_URL", &db.config.url)
+        .env("RUST_LOG", "info")
+        .args(["work", "--owner-id", "cli-test-replica"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let started = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("worker starting"))
+        .unwrap();
+    assert!(started.contains("cli-test-replica"), "{started}");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}

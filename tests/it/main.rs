@@ -1,0 +1,8 @@
+//! The integration test binary: every test talks to a real PostgreSQL server, each in its own
+//! database (see `support`). One binary, so the tests compile and link once.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
+mod cli;
+mod errors;
+mod schema;
+mod support;

@@ -1,0 +1,325 @@
+//! The schema and its migrations: up/down/up, concurrent migrate, checksum refusal, the
+//! release-compatibility check, the CHECK constraints and the enqueue trigger.
+
+use crate::support::{catalog_snapshot, insert_job, Listener, TestDb};
+use durable_etl::codes::Code;
+use durable_etl::error::Error;
+use durable_etl::schema::{self, SchemaError};
+use tokio_postgres::error::SqlState;
+
+#[tokio::test]
+async fn up_down_up_restores_the_catalog_exactly() {
+    let db = TestDb::empty().await;
+    let mut client = db.client().await;
+    let before = catalog_snapshot(&client).await;
+    assert!(
+        before.is_empty(),
+        "a new database has no schema: {before:?}"
+    );
+
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(
+        up.changed,
+        (1..=schema::latest_version()).collect::<Vec<_>>()
+    );
+    assert_eq!(up.version, schema::latest_version());
+    let migrated = catalog_snapshot(&client).await;
+    assert!(migrated
+        .iter()
+        .any(|l| l.starts_with("table etl_job_records")));
+
+    let down = schema::migrate_down_to(&mut client, 0).await.unwrap();
+    assert_eq!(
+        down.changed,
+        (1..=schema::latest_version()).rev().collect::<Vec<_>>()
+    );
+    assert_eq!(down.version, 0);
+    assert_eq!(catalog_snapshot(&client).await, before);
+
+    let again = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(again.changed, up.changed);
+    assert_eq!(catalog_snapshot(&client).await, migrated);
+
+    let noop = schema::migrate_up(&mut client).await.unwrap();
+    assert!(noop.changed.is_empty());
+    let history: i64 = client
+        .query_one("SELECT count(*) FROM durable_etl_schema_history", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(history, i64::from(schema::latest_version()));
+}
+
+#[tokio::test]
+async fn four_concurrent_migrations_apply_each_version_exactly_once() {
+    let db = TestDb::empty().await;
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mut client = db.client().await;
+        tasks.push(tokio::spawn(async move {
+            schema::migrate_up(&mut client).await.unwrap()
+        }));
+    }
+    let mut applied = Vec::new();
+    for task in tasks {
+        let report = task.await.unwrap();
+        assert_eq!(report.version, schema::latest_version());
+        applied.extend(report.changed);
+    }
+    applied.sort_unstable();
+    assert_eq!(applied, (1..=schema::latest_version()).collect::<Vec<_>>());
+    let client = db.client().await;
+    assert_eq!(
+        schema::check_compatible(&client).await.unwrap(),
+        schema::latest_version()
+    );
+}
+
+#[tokio::test]
+async fn a_changed_applied_migration_is_refused() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    client
+        .execute(
+            "UPDATE durable_etl_schema_history SET checksum = 'tampered' WHERE version = 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let err = schema::migrate_up(&mut client).await.unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Schema(SchemaError::ChecksumMismatch { version: 1 })
+    ));
+    assert_eq!(err.code(), Code::MigrationChecksumMismatch);
+    let err = schema::check_compatible(&client).await.unwrap_err();
+    assert_eq!(err.code(), Code::MigrationChecksumMismatch);
+    let err = schema::migrate_down_to(&mut client, 0).await.unwrap_err();
+    assert_eq!(err.code(), Code::MigrationChecksumMismatch);
+    // Nothing was reversed: the tables are still there.
+    let tables: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'etl_job_records'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 1);
+}
+
+#[tokio::test]
+async fn start_up_check_refuses_old_and_too_new_schemas() {
+    let db = TestDb::empty().await;
+    let mut client = db.client().await;
+    let err = schema::check_compatible(&client).await.unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Schema(SchemaError::TooOld { found: 0, .. })
+    ));
+    assert_eq!(err.exit_code(), 4);
+
+    schema::migrate_up(&mut client).await.unwrap();
+    schema::migrate_down_to(&mut client, 0).await.unwrap();
+    // The history table exists but is empty: still too old.
+    let err = schema::check_compatible(&client).await.unwrap_err();
+    assert_eq!(err.code(), Code::SchemaTooOld);
+
+    schema::migrate_up(&mut client).await.unwrap();
+    let latest = schema::latest_version();
+    assert_eq!(schema::check_compatible(&client).await.unwrap(), latest);
+
+    // A newer release applied an additive migration this release may still run against.
+    client
+        .execute(
+            "INSERT INTO durable_etl_schema_history
+                 (version, name, checksum, min_reader_version, applied_by_release)
+             VALUES ($1, 'future_additive', 'x', $2, '99.0.0')",
+            &[&(latest + 1), &latest],
+        )
+        .await
+        .unwrap();
+    assert_eq!(schema::check_compatible(&client).await.unwrap(), latest + 1);
+    let report = schema::migrate_up(&mut client).await.unwrap();
+    assert!(report.changed.is_empty());
+    assert_eq!(report.version, latest + 1);
+    let err = schema::migrate_down_to(&mut client, 0).await.unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Schema(SchemaError::UnknownVersion { .. })
+    ));
+
+    // And then a breaking one it cannot.
+    client
+        .execute(
+            "INSERT INTO durable_etl_schema_history
+                 (version, name, checksum, min_reader_version, applied_by_release)
+             VALUES ($1, 'future_breaking', 'x', $1, '99.0.0')",
+            &[&(latest + 2)],
+        )
+        .await
+        .unwrap();
+    let err = schema::check_compatible(&client).await.unwrap_err();
+    assert!(matches!(err, Error::Schema(SchemaError::TooNew { .. })));
+    assert_eq!(err.code(), Code::SchemaTooNew);
+    assert_eq!(err.exit_code(), 4);
+}
+
+/// Inserts a row with the given column overrides and returns the constraint it violated, if any.
+async fn violated_constraint(client: &tokio_postgres::Client, set: &str) -> Option<String> {
+    let sql = format!(
+        "INSERT INTO etl_job_records
+            (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+             request_payload, status, failure_code, finished_at)
+         SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'), decode(md5(random()::text) || md5(random()::text), 'hex'),
+                decode(repeat('ef', 32), 'hex'), 'test.noop', v.payload, v.status, v.failure_code,
+                v.finished_at
+           FROM (SELECT '{{}}'::jsonb AS payload, 'pending'::text AS status,
+                        NULL::text AS failure_code, NULL::timestamptz AS finished_at) d,
+                LATERAL (SELECT {set}) v"
+    );
+    match client.batch_execute(&sql).await {
+        Ok(()) => None,
+        Err(e) => {
+            assert_eq!(e.code(), Some(&SqlState::CHECK_VIOLATION));
+            Some(
+                e.as_db_error()
+                    .unwrap()
+                    .constraint()
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        }
+    }
+}
+
+#[tokio::test]
+async fn check_constraints_reject_leaky_and_unknown_states() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let ok = "d.payload AS payload, d.status AS status, d.failure_code AS failure_code, d.finished_at AS finished_at";
+    assert_eq!(violated_constraint(&client, ok).await, None);
+    let terminal_with_payload = "d.payload AS payload, 'failed' AS status, 'record_invalid' AS failure_code, now() AS finished_at";
+    assert_eq!(
+        violated_constraint(&client, terminal_with_payload)
+            .await
+            .as_deref(),
+        Some("etl_job_records_terminal_payload_cleared")
+    );
+    let terminal_cleared = "NULL::jsonb AS payload, 'failed' AS status, 'record_invalid' AS failure_code, now() AS finished_at";
+    assert_eq!(violated_constraint(&client, terminal_cleared).await, None);
+    let unknown_code = "NULL::jsonb AS payload, 'failed' AS status, 'disk_on_fire' AS failure_code, now() AS finished_at";
+    assert_eq!(
+        violated_constraint(&client, unknown_code).await.as_deref(),
+        Some("etl_job_records_failure_code_check")
+    );
+    let failed_without_code =
+        "NULL::jsonb AS payload, 'failed' AS status, NULL AS failure_code, now() AS finished_at";
+    assert_eq!(
+        violated_constraint(&client, failed_without_code)
+            .await
+            .as_deref(),
+        Some("etl_job_records_failure_code_matches_status")
+    );
+    let terminal_unfinished = "NULL::jsonb AS payload, 'succeeded' AS status, NULL AS failure_code, NULL::timestamptz AS finished_at";
+    assert_eq!(
+        violated_constraint(&client, terminal_unfinished)
+            .await
+            .as_deref(),
+        Some("etl_job_records_finished_iff_terminal")
+    );
+    let running_without_lease = "d.payload AS payload, 'running' AS status, NULL AS failure_code, NULL::timestamptz AS finished_at";
+    assert_eq!(
+        violated_constraint(&client, running_without_lease)
+            .await
+            .as_deref(),
+        Some("etl_job_records_running_has_lease")
+    );
+    let unknown_status = "d.payload AS payload, 'paused' AS status, NULL AS failure_code, NULL::timestamptz AS finished_at";
+    assert_eq!(
+        violated_constraint(&client, unknown_status)
+            .await
+            .as_deref(),
+        Some("etl_job_records_status_check")
+    );
+}
+
+#[tokio::test]
+async fn stored_failure_codes_are_exactly_the_enumerated_list() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let def: String = client
+        .query_one(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+              WHERE conname = 'etl_job_records_failure_code_check'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut in_db: Vec<&str> = def.split('\'').skip(1).step_by(2).collect();
+    in_db.sort_unstable();
+    let mut in_code: Vec<&str> = Code::ALL
+        .iter()
+        .filter(|c| c.is_stored_failure())
+        .map(|c| c.as_str())
+        .collect();
+    in_code.sort_unstable();
+    assert_eq!(in_db, in_code);
+}
+
+#[tokio::test]
+async fn the_trigger_notifies_once_per_transaction_and_never_for_deferred_jobs() {
+    let db = TestDb::migrated().await;
+    let mut listener = Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
+    let mut client = db.client().await;
+
+    // One transaction, three due jobs in three statements plus a multi-row insert: one notification.
+    let tx = client.transaction().await.unwrap();
+    for _ in 0..3 {
+        insert_job(&tx, "now()").await;
+    }
+    tx.commit().await.unwrap();
+    // A deferred job alone: no notification.
+    insert_job(&client, "now() + interval '1 hour'").await;
+    // A second due transaction: one more.
+    insert_job(&client, "now() - interval '1 second'").await;
+    // A rolled-back transaction: none.
+    let tx = client.transaction().await.unwrap();
+    insert_job(&tx, "now()").await;
+    tx.rollback().await.unwrap();
+    client.batch_execute("NOTIFY test_sentinel").await.unwrap();
+
+    let seen = listener.drain_until("test_sentinel").await;
+    assert_eq!(
+        seen,
+        vec![
+            ("durable_etl_jobs".to_owned(), String::new()),
+            ("durable_etl_jobs".to_owned(), String::new()),
+        ]
+    );
+    let jobs: i64 = client
+        .query_one("SELECT count(*) FROM etl_job_records", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 5);
+    drop(listener.client);
+}
+
+#[tokio::test]
+async fn owner_lock_key_is_stable_and_spreads_owner_ids() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let rows = client
+        .query(
+            "SELECT durable_etl_owner_lock_key('replica-a'), durable_etl_owner_lock_key('replica-a'),
+                    durable_etl_owner_lock_key('replica-b')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (a1, a2, b): (i64, i64, i64) = (rows[0].get(0), rows[0].get(1), rows[0].get(2));
+    assert_eq!(a1, a2);
+    assert_ne!(a1, b);
+}
