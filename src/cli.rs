@@ -218,7 +218,14 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
                 owner_id = %worker_config.owner_id,
                 "worker starting"
             );
-            crate::worker::run(pool, db_config, worker_config, crate::shutdown::signals()).await
+            crate::worker::run(
+                pool,
+                db_config,
+                worker_config,
+                crate::handler::Registry::new(),
+                crate::shutdown::signals(),
+            )
+            .await
         }
         Command::ApiKeys(command) => {
             let pool = db::connect_pool(&db_config, "admin").await?;

@@ -2,7 +2,10 @@
 //! database (see `support`). One binary, so the tests compile and link once.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
 
+mod claim_plan;
 mod cli;
 mod errors;
+mod handlers;
 mod schema;
 mod support;
+mod worker;

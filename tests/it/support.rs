@@ -307,3 +307,85 @@ pub async fn insert_job(
         .unwrap();
     id
 }
+
+/// Inserts one due job per payload, of `kind`, with `max_attempts`, in one statement; returns
+/// their ids in insertion order.
+pub async fn insert_jobs(
+    client: &impl tokio_postgres::GenericClient,
+    kind: &str,
+    payloads: &[serde_json::Value],
+    max_attempts: i32,
+) -> Vec<uuid::Uuid> {
+    let ids: Vec<uuid::Uuid> = payloads.iter().map(|_| uuid::Uuid::now_v7()).collect();
+    client
+        .execute(
+            "INSERT INTO etl_job_records
+                (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload,
+                 max_attempts, run_at)
+             SELECT t.id, decode(repeat('ab', 32), 'hex'), sha256(t.id::text::bytea),
+                    sha256(t.id::text::bytea), $2, t.payload, $4, now() - interval '1 second'
+               FROM unnest($1::uuid[], $3::jsonb[]) AS t(id, payload)",
+            &[&ids, &kind, &payloads, &max_attempts],
+        )
+        .await
+        .unwrap();
+    ids
+}
+
+/// A pool on `db` for a worker (role `test`).
+pub async fn pool(db: &TestDb) -> durable_etl::db::Pool {
+    durable_etl::db::connect_pool(&db.config, "test")
+        .await
+        .unwrap()
+}
+
+/// One job row's lifecycle columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRow {
+    /// `status`.
+    pub status: String,
+    /// `attempts`.
+    pub attempts: i32,
+    /// `failure_code`.
+    pub failure_code: Option<String>,
+    /// `failure_record_index`.
+    pub failure_record_index: Option<i32>,
+    /// Whether `request_payload` is NULL.
+    pub payload_cleared: bool,
+    /// Whether the lease columns are all NULL.
+    pub lease_cleared: bool,
+    /// `lease_claim_id`.
+    pub lease_claim_id: Option<uuid::Uuid>,
+}
+
+/// Reads job `id`'s lifecycle columns.
+pub async fn job_row(client: &impl tokio_postgres::GenericClient, id: uuid::Uuid) -> JobRow {
+    let row = client
+        .query_one(
+            "SELECT status, attempts, failure_code, failure_record_index, request_payload IS NULL,
+                    lease_owner_id IS NULL AND lease_claim_id IS NULL AND lease_expires_at IS NULL,
+                    lease_claim_id
+               FROM etl_job_records WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    JobRow {
+        status: row.get(0),
+        attempts: row.get(1),
+        failure_code: row.get(2),
+        failure_record_index: row.get(3),
+        payload_cleared: row.get(4),
+        lease_cleared: row.get(5),
+        lease_claim_id: row.get(6),
+    }
+}
+
+/// `SELECT count(*)` of `sql`'s FROM/WHERE tail, e.g. `count(c, "etl_job_responses")`.
+pub async fn count(client: &impl tokio_postgres::GenericClient, from: &str) -> i64 {
+    client
+        .query_one(&format!("SELECT count(*) FROM {from}"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}

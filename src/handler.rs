@@ -1,0 +1,211 @@
+//! The handler contract: what a job kind does, split into a compute phase that holds no database
+//! connection and an effects phase that runs inside the fenced execution transaction.
+//!
+//! Invariants this module keeps:
+//! - [`Handler::prepare`] runs with no transaction and no pooled connection held, so a slow
+//!   computation can never starve the pool or hold a row lock.
+//! - [`Effects::apply`] runs inside the one transaction that also re-checks the lease, writes the
+//!   response-ledger row and sets `succeeded`: its writes commit with them or not at all.
+//! - A handler decides retryability by the [`JobError`] it returns; database errors are classified
+//!   by SQLSTATE (see [`crate::error::is_transient`]). Errors keep their source for the caller but
+//!   only their [`Code`] ever leaves the process.
+
+use crate::codes::Code;
+use futures::future::BoxFuture;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+/// A boxed error source kept for programmatic inspection (never logged or stored).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a handler learns about the job it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobContext {
+    /// The job's id.
+    pub id: Uuid,
+    /// The job's kind (the handler's [`Handler::kind`]).
+    pub kind: String,
+    /// The fencing token of this claim: pass it to external systems so they can refuse a stale one.
+    pub lease_claim_id: Uuid,
+    /// Which attempt this is, from 1.
+    pub attempt: i32,
+    /// The job's attempt bound.
+    pub max_attempts: i32,
+    /// The owner digest of the job (never the raw principal).
+    pub owner_key: Vec<u8>,
+}
+
+/// The summary the response ledger keeps for a job whose effects committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LedgerEntry {
+    /// Rows the effects inserted.
+    pub rows_inserted: i32,
+    /// Rows the effects changed.
+    pub rows_updated: i32,
+    /// Rows the effects found already as they would have written them.
+    pub rows_unchanged: i32,
+    /// SHA-256 of the loaded data (all zero for effects that load nothing).
+    pub data_checksum: [u8; 32],
+}
+
+/// Why an attempt failed, as the handler sees it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// Worth retrying (a remote system was busy, say): back to `pending` with a growing delay,
+    /// until the job's `max_attempts` is spent.
+    #[error("transient failure")]
+    Transient(#[source] BoxError),
+    /// Never worth retrying: the job ends `failed` with `code` at once.
+    #[error("permanent failure: {code}")]
+    Permanent {
+        /// The stored failure code: one of the stored codes of [`Code`].
+        code: Code,
+        /// The index of the first bad record, for [`Code::RecordInvalid`].
+        record_index: Option<i32>,
+        /// What went wrong (never stored or logged).
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A database error inside the effects; transient or permanent by its SQLSTATE.
+    #[error("database error in effects")]
+    Database(#[from] tokio_postgres::Error),
+}
+
+impl JobError {
+    /// A transient failure with this source.
+    pub fn transient(source: impl Into<BoxError>) -> JobError {
+        JobError::Transient(source.into())
+    }
+
+    /// A permanent failure with a stored code (`handler_failed` if `code` is not a stored code).
+    pub fn permanent(code: Code) -> JobError {
+        let code = if code.is_stored_failure() {
+            code
+        } else {
+            Code::HandlerFailed
+        };
+        JobError::Permanent {
+            code,
+            record_index: None,
+            source: None,
+        }
+    }
+
+    /// A permanent `record_invalid` failure naming the first bad record by index.
+    pub fn record_invalid(index: usize) -> JobError {
+        JobError::Permanent {
+            code: Code::RecordInvalid,
+            record_index: Some(i32::try_from(index).unwrap_or(i32::MAX)),
+            source: None,
+        }
+    }
+}
+
+/// The writes a prepared job makes, applied inside the fenced execution transaction.
+pub trait Effects: Send {
+    /// Writes the job's effects on `tx` and returns the ledger summary.
+    fn apply<'a>(
+        self: Box<Self>,
+        tx: &'a Transaction<'a>,
+    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>>;
+}
+
+/// Effects that write nothing (a job whose work happens outside PostgreSQL, or a no-op).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoEffects;
+
+impl Effects for NoEffects {
+    fn apply<'a>(
+        self: Box<Self>,
+        _tx: &'a Transaction<'a>,
+    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+        Box::pin(async { Ok(LedgerEntry::default()) })
+    }
+}
+
+/// A job kind's behaviour.
+pub trait Handler: Send + Sync + 'static {
+    /// The job kind this handler runs (matches `etl_job_records.kind`).
+    fn kind(&self) -> &'static str;
+
+    /// Computes the job's effects from its payload, holding no database connection.
+    fn prepare<'a>(
+        &'a self,
+        job: &'a JobContext,
+        payload: serde_json::Value,
+    ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>>;
+}
+
+/// The handlers a worker runs, by kind.
+#[derive(Clone, Default)]
+pub struct Registry {
+    /// Handlers by kind.
+    handlers: HashMap<&'static str, Arc<dyn Handler>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("kinds", &self.kinds())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Adds `handler` for its kind, replacing any handler of the same kind.
+    pub fn register(mut self, handler: impl Handler) -> Registry {
+        self.handlers.insert(handler.kind(), Arc::new(handler));
+        self
+    }
+
+    /// Whether no handler is registered.
+    pub fn is_empty(&self) -> bool {
+        self.handlers.is_empty()
+    }
+
+    /// The registered kinds, sorted.
+    pub fn kinds(&self) -> Vec<&'static str> {
+        let mut kinds: Vec<_> = self.handlers.keys().copied().collect();
+        kinds.sort_unstable();
+        kinds
+    }
+
+    /// The handler of `kind`, if one is registered.
+    pub fn get(&self, kind: &str) -> Option<Arc<dyn Handler>> {
+        self.handlers.get(kind).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permanent_errors_carry_only_stored_codes() {
+        match JobError::permanent(Code::LeaseLost) {
+            JobError::Permanent { code, .. } => assert_eq!(code, Code::HandlerFailed),
+            other => panic!("unexpected {other:?}"),
+        }
+        match JobError::record_invalid(7) {
+            JobError::Permanent {
+                code, record_index, ..
+            } => {
+                assert_eq!(code, Code::RecordInvalid);
+                assert_eq!(record_index, Some(7));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(
+            JobError::transient("busy"),
+            JobError::Transient(_)
+        ));
+    }
+}

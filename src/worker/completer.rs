@@ -1,0 +1,203 @@
+//! Fenced state transitions after the claim: success (inside the execution transaction), retry,
+//! failure and release.
+//!
+//! Invariants this module keeps:
+//! - Every statement carries the lease fence (`id`, `lease_claim_id`, `status = 'running'`); zero
+//!   rows matched means the lease was lost, reported as [`Transition::LeaseLost`], never success.
+//! - Every terminal transition clears `request_payload` and the lease in the same statement.
+//! - A retry goes back to `pending` only while `attempts < max_attempts`; otherwise the same
+//!   statement ends the job `failed` with `attempts_exhausted`. The decision is made on the row's
+//!   current values, under its row lock, not on what the worker remembers.
+//! - A release (shutdown) gives the attempt back: `attempts - 1`, since the job never ran to an end.
+//! - Only stored codes from [`Code`] are written; never error text.
+
+use crate::codes::Code;
+use crate::handler::LedgerEntry;
+use crate::worker::lease::millis;
+use std::time::Duration;
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+/// What a fenced transition did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// The job is `succeeded`.
+    Succeeded,
+    /// The job is `pending` again, due after the retry delay.
+    Retried,
+    /// The job is `failed` with this code.
+    Failed(Code),
+    /// The fence matched no row: another claim (or a cancellation, or recovery) owns the job now.
+    LeaseLost,
+    /// The transition could not be written (the database did not answer); the lease will expire
+    /// and recovery will return the job.
+    Unwritten,
+}
+
+/// Marks the job `succeeded` and writes its response-ledger row, in the caller's execution
+/// transaction (`$1` id, `$2` claim id, `$3..$6` the ledger summary).
+///
+/// Locks: the UPDATE row-locks the job (already locked by the execution transaction's fence
+/// check); the INSERT takes the ledger's primary-key entry, so a second ledger row for the same
+/// job cannot exist (an existing one, from a commit whose status write was somehow lost, is kept
+/// as it is). Both commit with the effects or not at all. Returns how many job rows changed.
+pub const SUCCEED_SQL: &str = "
+WITH done AS (
+    UPDATE etl_job_records
+       SET status = 'succeeded', request_payload = NULL, failure_code = NULL,
+           failure_record_index = NULL, lease_owner_id = NULL, lease_claim_id = NULL,
+           lease_expires_at = NULL, finished_at = now(), updated_at = now()
+     WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'
+ RETURNING id
+), ledger AS (
+    INSERT INTO etl_job_responses
+           (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
+    SELECT id, $2, $3, $4, $5, $6 FROM done
+        ON CONFLICT (job_id) DO NOTHING
+)
+SELECT count(*) FROM done";
+
+/// Writes the success transition and ledger row on `tx`. Returns `Succeeded` or `LeaseLost`.
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn succeed(
+    tx: &impl GenericClient,
+    id: Uuid,
+    claim_id: Uuid,
+    ledger: &LedgerEntry,
+) -> Result<Transition, tokio_postgres::Error> {
+    let checksum: &[u8] = &ledger.data_checksum;
+    let n: i64 = tx
+        .query_typed_one(
+            SUCCEED_SQL,
+            &[
+                (&id, Type::UUID),
+                (&claim_id, Type::UUID),
+                (&ledger.rows_inserted, Type::INT4),
+                (&ledger.rows_updated, Type::INT4),
+                (&ledger.rows_unchanged, Type::INT4),
+                (&checksum, Type::BYTEA),
+            ],
+        )
+        .await?
+        .get(0);
+    Ok(if n == 1 {
+        Transition::Succeeded
+    } else {
+        Transition::LeaseLost
+    })
+}
+
+/// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else
+/// `failed` with `attempts_exhausted` and the payload cleared (`$1` id, `$2` claim id).
+///
+/// Locks: row-locks the one fenced row; waits at most `lock_timeout` for an executor's lock.
+pub const RETRY_SQL: &str = "
+UPDATE etl_job_records
+   SET status = CASE WHEN attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+       failure_code = CASE WHEN attempts < max_attempts THEN NULL ELSE 'attempts_exhausted' END,
+       request_payload = CASE WHEN attempts < max_attempts THEN request_payload END,
+       finished_at = CASE WHEN attempts < max_attempts THEN NULL ELSE now() END,
+       run_at = CASE WHEN attempts < max_attempts
+                     THEN now() + $3 * interval '1 millisecond' ELSE run_at END,
+       lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, updated_at = now()
+ WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'
+RETURNING status";
+
+/// Schedules a retry after `delay` (or ends the job `attempts_exhausted`).
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn retry(
+    client: &impl GenericClient,
+    id: Uuid,
+    claim_id: Uuid,
+    delay: Duration,
+) -> Result<Transition, tokio_postgres::Error> {
+    let row = client
+        .query_typed_opt(
+            RETRY_SQL,
+            &[
+                (&id, Type::UUID),
+                (&claim_id, Type::UUID),
+                (&millis(delay), Type::INT8),
+            ],
+        )
+        .await?;
+    Ok(match row {
+        None => Transition::LeaseLost,
+        Some(row) if row.get::<_, &str>(0) == "pending" => Transition::Retried,
+        Some(_) => Transition::Failed(Code::AttemptsExhausted),
+    })
+}
+
+/// Ends the job `failed` with code `$3` (and record index `$4`), clearing payload and lease.
+///
+/// Locks: row-locks the one fenced row.
+pub const FAIL_SQL: &str = "
+UPDATE etl_job_records
+   SET status = 'failed', failure_code = $3, failure_record_index = $4, request_payload = NULL,
+       lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL,
+       finished_at = now(), updated_at = now()
+ WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'";
+
+/// Ends the job `failed` with `code` (a stored code) and the optional record index.
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn fail(
+    client: &impl GenericClient,
+    id: Uuid,
+    claim_id: Uuid,
+    code: Code,
+    record_index: Option<i32>,
+) -> Result<Transition, tokio_postgres::Error> {
+    let code_str = code.as_str();
+    let n = client
+        .execute_typed(
+            FAIL_SQL,
+            &[
+                (&id, Type::UUID),
+                (&claim_id, Type::UUID),
+                (&code_str, Type::TEXT),
+                (&record_index, Type::INT4),
+            ],
+        )
+        .await?;
+    Ok(if n == 1 {
+        Transition::Failed(code)
+    } else {
+        Transition::LeaseLost
+    })
+}
+
+/// Gives unfinished jobs back on shutdown: `pending`, attempt not charged, lease cleared, for
+/// every `(id, claim id)` pair in `$1`/`$2` still running under that claim.
+///
+/// Locks: row-locks each fenced row; rows whose claim changed are not touched.
+pub const RELEASE_SQL: &str = "
+UPDATE etl_job_records AS j
+   SET status = 'pending', attempts = j.attempts - 1,
+       lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, updated_at = now()
+  FROM unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
+ WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'";
+
+/// Releases the given `(id, claim id)` leases; returns how many were still held.
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn release(
+    client: &impl GenericClient,
+    held: &[(Uuid, Uuid)],
+) -> Result<u64, tokio_postgres::Error> {
+    let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
+    let claims: Vec<Uuid> = held.iter().map(|h| h.1).collect();
+    client
+        .execute_typed(
+            RELEASE_SQL,
+            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
+        )
+        .await
+}

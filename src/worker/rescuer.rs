@@ -1,0 +1,172 @@
+//! Recovery: returns the jobs of dead owners and expired leases to `pending` (or ends them
+//! `failed` with `lease_expired_exhausted` when their attempts are spent), and the owner session
+//! whose advisory lock tells live owners from dead ones.
+//!
+//! Invariants this module keeps:
+//! - Each live replica holds a session-level advisory lock keyed by
+//!   `durable_etl_owner_lock_key(lease_owner_id)` on its long-lived owner session; a second
+//!   process with the same owner id cannot take it and refuses to start.
+//! - A `running` row whose owner holds no such lock is reclaimable at once; a `running` row whose
+//!   lease expired is reclaimable whatever its owner. Nothing else is touched: recovery re-checks
+//!   `status = 'running'` in the statement that changes the row, skips rows locked by a live
+//!   executor, and never touches terminal rows.
+//! - Recovery charges the attempt (it was counted at claim and the job did not finish), so a job
+//!   that kills its worker every time still stops at `max_attempts`.
+//! - Where no direct session can hold the lock (a transaction-mode pooler), dead owners are found
+//!   by lease expiry alone.
+
+use crate::config::DatabaseConfig;
+use crate::db;
+use crate::error::Error;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, GenericClient};
+
+/// The SET list of a recovery transition, shared by both recovery statements.
+macro_rules! recovery_set {
+    () => {
+        "status = CASE WHEN j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
+         failure_code = CASE WHEN j.attempts < j.max_attempts THEN NULL
+                             ELSE 'lease_expired_exhausted' END,
+         request_payload = CASE WHEN j.attempts < j.max_attempts THEN j.request_payload END,
+         finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
+         lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL,
+         updated_at = now()"
+    };
+}
+
+/// Recovers every `running` row whose lease expired or whose owner holds no owner lock.
+///
+/// Locks: `live_owners` reads `pg_locks` once (a brief look at the lock manager). `stale` walks
+/// the small `status = 'running'` partial index and row-locks each candidate with
+/// `SKIP LOCKED`, so rows an executor, a canceller or another rescuer holds are left alone; after
+/// locking, PostgreSQL re-checks the candidate against the current row version. The UPDATE
+/// re-checks `status = 'running'` again. Returns, per recovered row, whether its lease had
+/// expired (else its owner was dead) and its new status.
+pub const RECOVER_SQL: &str = concat!(
+    "
+WITH live_owners AS MATERIALIZED (
+    SELECT (l.classid::bigint << 32) | l.objid::bigint AS lock_key
+      FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+),
+stale AS (
+    SELECT j.id, j.lease_expires_at < now() AS expired
+      FROM etl_job_records j
+     WHERE j.status = 'running'
+       AND (j.lease_expires_at < now()
+            OR NOT EXISTS (SELECT 1 FROM live_owners o
+                            WHERE o.lock_key = durable_etl_owner_lock_key(j.lease_owner_id)))
+       FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE etl_job_records AS j
+   SET ",
+    recovery_set!(),
+    "
+  FROM stale
+ WHERE j.id = stale.id AND j.status = 'running'
+RETURNING stale.expired, j.status"
+);
+
+/// Releases the `running` rows a previous incarnation of owner `$1` left behind.
+///
+/// Locks: row-locks this owner's running rows (through the running partial index), skipping
+/// any another session holds.
+pub const RECOVER_OWN_SQL: &str = concat!(
+    "
+WITH stale AS (
+    SELECT id FROM etl_job_records
+     WHERE status = 'running' AND lease_owner_id = $1
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE etl_job_records AS j
+   SET ",
+    recovery_set!(),
+    "
+  FROM stale
+ WHERE j.id = stale.id AND j.status = 'running'"
+);
+
+/// What one recovery pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Rows recovered because their lease expired.
+    pub expired: u64,
+    /// Rows recovered because their owner was dead.
+    pub dead_owner: u64,
+    /// Of those, rows that ended `failed` (`lease_expired_exhausted`).
+    pub exhausted: u64,
+}
+
+/// Runs one recovery pass.
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn recover(client: &impl GenericClient) -> Result<Recovered, tokio_postgres::Error> {
+    let rows = client.query_typed(RECOVER_SQL, &[]).await?;
+    let mut recovered = Recovered::default();
+    for row in rows {
+        if row.get::<_, bool>(0) {
+            recovered.expired += 1;
+        } else {
+            recovered.dead_owner += 1;
+        }
+        if row.get::<_, &str>(1) == "failed" {
+            recovered.exhausted += 1;
+        }
+    }
+    Ok(recovered)
+}
+
+/// The replica's long-lived session holding its owner lock.
+#[derive(Debug)]
+pub struct OwnerSession {
+    /// The session; the lock lives as long as it does.
+    client: Client,
+}
+
+impl OwnerSession {
+    /// Opens the owner session, takes the owner lock, and releases the `running` rows a previous
+    /// incarnation with the same owner id left behind. Returns the session and how many rows it
+    /// released.
+    ///
+    /// # Errors
+    /// [`Error::OwnerIdInUse`] when another live session holds the lock; connection errors.
+    pub async fn acquire(
+        db_config: &DatabaseConfig,
+        owner_id: &str,
+    ) -> Result<(OwnerSession, u64), Error> {
+        let client = db::connect(db_config, "owner").await?;
+        let locked: bool = client
+            .query_typed_one(
+                "SELECT pg_try_advisory_lock(durable_etl_owner_lock_key($1))",
+                &[(&owner_id, Type::TEXT)],
+            )
+            .await?
+            .get(0);
+        if !locked {
+            return Err(Error::OwnerIdInUse);
+        }
+        let released = client
+            .execute_typed(RECOVER_OWN_SQL, &[(&owner_id, Type::TEXT)])
+            .await?;
+        Ok((OwnerSession { client }, released))
+    }
+
+    /// Whether the session (and with it the owner lock) is gone.
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// The session's backend process id (for operators and fault tests).
+    ///
+    /// # Errors
+    /// The database error of the query.
+    pub async fn backend_pid(&self) -> Result<i32, Error> {
+        Ok(self
+            .client
+            .query_typed_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0))
+    }
+}
