@@ -135,6 +135,13 @@ pub struct WorkArgs {
     /// Address to serve Prometheus metrics on.
     #[arg(long, env = "DURABLE_ETL_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Poll only: no LISTEN (behind a transaction-mode pooler). Without --session-database-url,
+    /// dead replicas' jobs are then recovered by lease expiry only.
+    #[arg(long, env = "DURABLE_ETL_POLL_ONLY")]
+    pub poll_only: bool,
+    /// Direct (not pooled) connection string for the LISTEN and owner-lock session.
+    #[arg(long, env = "DURABLE_ETL_SESSION_DATABASE_URL", hide_env_values = true)]
+    pub session_database_url: Option<String>,
 }
 
 impl WorkArgs {
@@ -157,6 +164,8 @@ impl WorkArgs {
             retry_min_delay: self.retry_min_delay,
             retry_max_delay: self.retry_max_delay,
             metrics_listen: self.metrics_listen,
+            poll_only: self.poll_only,
+            session_database_url: self.session_database_url.clone(),
         };
         cfg.validate()?;
         Ok(cfg)

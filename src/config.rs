@@ -172,6 +172,14 @@ pub struct WorkerConfig {
     pub retry_max_delay: Duration,
     /// Where the worker serves `/metrics`, if anywhere. Defaults to none.
     pub metrics_listen: Option<SocketAddr>,
+    /// Poll-only mode, for deployments behind a transaction-mode pooler: no LISTEN; the poll alone
+    /// finds work. Without [`WorkerConfig::session_database_url`] there is then no direct session
+    /// for the owner lock either, and a dead replica's jobs are recovered by lease expiry only.
+    /// Defaults to false.
+    pub poll_only: bool,
+    /// A direct (not pooled) connection string for the replica's long-lived session (LISTEN and
+    /// owner lock). Defaults to none: the session uses the main database URL, unless `poll_only`.
+    pub session_database_url: Option<String>,
 }
 
 impl Default for WorkerConfig {
@@ -187,6 +195,8 @@ impl Default for WorkerConfig {
             retry_min_delay: RETRY_MIN_DELAY_DEFAULT,
             retry_max_delay: RETRY_MAX_DELAY_DEFAULT,
             metrics_listen: None,
+            poll_only: false,
+            session_database_url: None,
         }
     }
 }
@@ -221,6 +231,10 @@ impl WorkerConfig {
         }
         if self.retry_min_delay > self.retry_max_delay {
             return Err(ConfigError::RetryDelays);
+        }
+        if let Some(url) = &self.session_database_url {
+            url.parse::<tokio_postgres::Config>()
+                .map_err(|_| ConfigError::DatabaseUrl)?;
         }
         Ok(())
     }
@@ -362,6 +376,13 @@ mod tests {
                     ..base()
                 },
                 ConfigError::HeartbeatVsLease,
+            ),
+            (
+                WorkerConfig {
+                    session_database_url: Some("postgres://h:x/d".into()),
+                    ..base()
+                },
+                ConfigError::DatabaseUrl,
             ),
             (
                 WorkerConfig {

@@ -42,13 +42,22 @@ impl Migration {
 }
 
 /// Every migration this release knows, in version order.
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "job_schema",
-    up: include_str!("../migrations/0001_job_schema.up.sql"),
-    down: include_str!("../migrations/0001_job_schema.down.sql"),
-    min_reader_version: 1,
-}];
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "job_schema",
+        up: include_str!("../migrations/0001_job_schema.up.sql"),
+        down: include_str!("../migrations/0001_job_schema.down.sql"),
+        min_reader_version: 1,
+    },
+    Migration {
+        version: 2,
+        name: "lease_owner_locked",
+        up: include_str!("../migrations/0002_lease_owner_locked.up.sql"),
+        down: include_str!("../migrations/0002_lease_owner_locked.down.sql"),
+        min_reader_version: 1,
+    },
+];
 
 /// The release recorded in the history table by the migrations it applies.
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");

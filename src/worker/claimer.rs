@@ -15,7 +15,8 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
-/// Claims up to `$1` due jobs for owner `$2` with a lease of `$3` milliseconds.
+/// Claims up to `$1` due jobs for owner `$2` with a lease of `$3` milliseconds; `$4` says whether
+/// the owner holds its owner lock (so recovery may treat the lock's absence as death).
 ///
 /// Locks: the CTE walks `etl_job_records_pending_due_idx` in `(run_at, id)` order and takes a row
 /// lock (`FOR UPDATE`) on each due pending row, skipping (`SKIP LOCKED`) rows another claimer,
@@ -43,6 +44,7 @@ UPDATE etl_job_records AS j
        attempts = j.attempts + 1,
        lease_claim_id = gen_random_uuid(),
        lease_owner_id = $2,
+       lease_owner_locked = $4,
        lease_expires_at = now() + $3 * interval '1 millisecond',
        started_at = now(),
        updated_at = now()
@@ -50,15 +52,25 @@ UPDATE etl_job_records AS j
  WHERE j.id = due.id
 RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id, j.owner_key";
 
-/// Claims up to `free_slots` due jobs for `owner_id`, each with a lease of `lease`.
+/// Who claims, and on what terms.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimant<'a> {
+    /// The replica's `lease_owner_id`.
+    pub owner_id: &'a str,
+    /// Whether the replica holds its owner lock on a live session.
+    pub owner_locked: bool,
+    /// The lease each claim grants.
+    pub lease: Duration,
+}
+
+/// Claims up to `free_slots` due jobs for `claimant`.
 ///
 /// # Errors
 /// The database error of the claim statement.
 pub async fn claim(
     client: &impl GenericClient,
-    owner_id: &str,
+    claimant: Claimant<'_>,
     free_slots: usize,
-    lease: Duration,
 ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
     let limit = i64::try_from(free_slots).unwrap_or(i64::MAX);
     let rows = client
@@ -66,8 +78,9 @@ pub async fn claim(
             CLAIM_SQL,
             &[
                 (&limit, Type::INT8),
-                (&owner_id, Type::TEXT),
-                (&millis(lease), Type::INT8),
+                (&claimant.owner_id, Type::TEXT),
+                (&millis(claimant.lease), Type::INT8),
+                (&claimant.owner_locked, Type::BOOL),
             ],
         )
         .await?;
@@ -85,4 +98,25 @@ pub async fn claim(
             payload: row.get(2),
         })
         .collect())
+}
+
+/// How long until the next deferred pending job is due, in whole milliseconds rounded up, if any.
+///
+/// Locks: none (a snapshot read of the pending partial index, in `(run_at, id)` order).
+pub const NEXT_DUE_SQL: &str = "
+SELECT ceil(extract(epoch FROM run_at - now()) * 1000)::int8
+  FROM etl_job_records
+ WHERE status = 'pending' AND run_at > now()
+ ORDER BY run_at, id
+ LIMIT 1";
+
+/// The time until the next deferred job is due, if one is pending.
+///
+/// # Errors
+/// The database error of the query.
+pub async fn next_due(
+    client: &impl GenericClient,
+) -> Result<Option<Duration>, tokio_postgres::Error> {
+    let row = client.query_typed_opt(NEXT_DUE_SQL, &[]).await?;
+    Ok(row.map(|r| Duration::from_millis(u64::try_from(r.get::<_, i64>(0)).unwrap_or(0))))
 }

@@ -1,18 +1,23 @@
-//! The worker replica: claims due jobs into free slots, executes them, renews their leases,
-//! recovers the jobs of dead or expired owners, and shuts down without stranding work.
+//! The worker replica: claims due jobs into free slots when notified, polled or due, executes
+//! them, renews their leases, recovers the jobs of dead or expired owners, and shuts down without
+//! stranding work.
 //!
 //! Invariants this module keeps:
-//! - A replica takes its owner lock ([`rescuer::OwnerSession`]) before its first claim and holds
-//!   it for its lifetime; a second live process with the same owner id refuses to start.
-//! - A claim never asks for more jobs than there are free slots. After a claim that came back
-//!   full, the replica claims again as soon as a slot frees (there is more work); otherwise it
-//!   waits for the next poll.
+//! - A replica opens its session ([`session::Session`]: LISTEN + owner lock) before its first
+//!   claim; a second live process with the same owner id refuses to start.
+//! - ONE claim loop per replica. Notifications, the poll, due deferred jobs, freed slots and
+//!   session reconnects all feed it, and each wake causes at most one claim. A claim never asks
+//!   for more jobs than there are free slots. After a claim that came back full (or a wake that
+//!   found no free slot), the replica claims again as soon as a slot frees; after a short one it
+//!   waits for the next signal.
+//! - The poll runs whatever happens to notifications, every `poll_interval` with ±10% jitter so
+//!   replicas do not poll in lockstep; when a deferred job is due sooner, the loop wakes then.
 //! - Every running job is in `held` until its task ends; heartbeats renew exactly those claims,
 //!   and a claim the heartbeat reports lost is cancelled locally: its handler stops at once, and
 //!   its task reports `LeaseLost` (a task that had already settled reports what it did).
 //! - On shutdown: no new claims; running jobs get the grace period (cut to zero by a second
 //!   signal); then unfinished leases are released at once (attempt not charged), the pool and
-//!   the owner session are closed.
+//!   the session are closed.
 
 pub mod claimer;
 pub mod completer;
@@ -21,6 +26,7 @@ pub mod heartbeat;
 pub mod lease;
 pub mod rescuer;
 pub mod retry;
+pub mod session;
 pub mod stats;
 
 use crate::config::{DatabaseConfig, WorkerConfig};
@@ -28,15 +34,18 @@ use crate::db::{pool_error, Pool};
 use crate::error::Error;
 use crate::handler::Registry;
 use crate::shutdown::{Shutdown, Stage};
+use claimer::Claimant;
 use completer::Transition;
 use lease::ClaimedJob;
-use rescuer::{OwnerSession, Recovered};
-use stats::{StatsSnapshot, WorkerStats};
+use rescuer::Recovered;
+use session::{Session, SessionConfig};
+use stats::{ClaimReason, StatsSnapshot, WorkerStats};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
-use tokio::time::MissedTickBehavior;
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -56,8 +65,8 @@ pub(crate) struct Shared {
 pub struct Worker {
     /// State shared with job tasks.
     shared: Arc<Shared>,
-    /// The session holding the owner lock.
-    owner: OwnerSession,
+    /// The LISTEN and owner-lock session; `None` in poll-only mode without a direct session.
+    session: Option<Session>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -72,8 +81,9 @@ impl std::fmt::Debug for Worker {
 type Held = HashMap<Uuid, (Uuid, CancellationToken)>;
 
 impl Worker {
-    /// Starts a replica: validates `config`, takes the owner lock, and releases what a previous
-    /// incarnation with the same owner id left `running`.
+    /// Starts a replica: validates `config`, opens its session (LISTEN and owner lock, unless in
+    /// poll-only mode without a direct session URL), and releases what a previous incarnation
+    /// with the same owner id left `running`.
     ///
     /// # Errors
     /// [`Error::Config`], [`Error::OwnerIdInUse`], and connection errors.
@@ -84,9 +94,33 @@ impl Worker {
         registry: Registry,
     ) -> Result<Worker, Error> {
         config.validate()?;
-        let (owner, released) = OwnerSession::acquire(db_config, &config.owner_id).await?;
         let stats = Arc::new(WorkerStats::default());
-        stats.record_released(released);
+        let direct = config.session_database_url.clone();
+        let session = if config.poll_only && direct.is_none() {
+            tracing::warn!(
+                "poll-only mode without a direct session: no owner lock, so a dead replica's \
+                 jobs are recovered by lease expiry only, and a second replica with the same \
+                 owner id cannot be detected"
+            );
+            let conn = pool.get().await.map_err(pool_error)?;
+            let released = rescuer::recover_own(&*conn, &config.owner_id).await?;
+            stats.record_released(released);
+            None
+        } else {
+            let database = DatabaseConfig {
+                url: direct.unwrap_or_else(|| db_config.url.clone()),
+                ..db_config.clone()
+            };
+            let session_config = SessionConfig {
+                database,
+                owner_id: config.owner_id.clone(),
+                listen: !config.poll_only,
+            };
+            let (session, released) = Session::start(session_config, Arc::clone(&stats)).await?;
+            stats.record_released(released);
+            Some(session)
+        };
+        let released = stats.snapshot().released;
         if released > 0 {
             tracing::info!(released, "released the previous incarnation's running jobs");
         }
@@ -97,7 +131,7 @@ impl Worker {
                 config,
                 stats,
             }),
-            owner,
+            session,
         })
     }
 
@@ -116,24 +150,31 @@ impl Worker {
         Arc::clone(&self.shared.stats)
     }
 
-    /// The backend pid of the owner session (for operators and fault tests).
-    ///
-    /// # Errors
-    /// Database errors.
-    pub async fn owner_backend_pid(&self) -> Result<i32, Error> {
-        self.owner.backend_pid().await
-    }
-
-    /// Claims up to `free` due jobs. A replica with no handlers claims nothing (it would only
-    /// fail every job it took with `unknown_kind`).
-    async fn claim(&self, free: usize) -> Result<Vec<ClaimedJob>, Error> {
+    /// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it
+    /// would only fail every job it took with `unknown_kind`). After a short claim, also returns
+    /// how long until the next deferred job is due.
+    async fn claim(
+        &self,
+        free: usize,
+        reason: ClaimReason,
+    ) -> Result<(Vec<ClaimedJob>, Option<Duration>), Error> {
         if self.shared.registry.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
         let conn = self.shared.pool.get().await.map_err(pool_error)?;
-        let jobs = claimer::claim(&*conn, self.owner_id(), free, self.shared.config.lease).await?;
-        self.shared.stats.record_claim(jobs.len());
-        Ok(jobs)
+        let claimant = Claimant {
+            owner_id: self.owner_id(),
+            owner_locked: self.session.is_some(),
+            lease: self.shared.config.lease,
+        };
+        let jobs = claimer::claim(&*conn, claimant, free).await?;
+        self.shared.stats.record_claim(reason, jobs.len());
+        let next_due = if jobs.len() < free {
+            claimer::next_due(&*conn).await?
+        } else {
+            None
+        };
+        Ok((jobs, next_due))
     }
 
     /// One step, for tests and tools: claims what is due now (up to the slots), runs every
@@ -142,7 +183,9 @@ impl Worker {
     /// # Errors
     /// Database errors of the claim.
     pub async fn step(&self) -> Result<Vec<(Uuid, Transition)>, Error> {
-        let jobs = self.claim(self.shared.config.slots).await?;
+        let (jobs, _) = self
+            .claim(self.shared.config.slots, ClaimReason::Step)
+            .await?;
         let mut tasks = JoinSet::new();
         for job in jobs {
             let shared = Arc::clone(&self.shared);
@@ -196,119 +239,159 @@ impl Worker {
     /// Runs the replica until `shutdown` asks it to stop, then drains and releases.
     ///
     /// # Errors
-    /// [`Error::OwnerIdInUse`] never after start; database errors are logged by code and retried
-    /// at the next tick, so this returns `Ok` on shutdown.
+    /// [`Error::OwnerIdInUse`] when, after a reconnect, another process holds this owner id (the
+    /// replica then stops at once and releases what it holds). Database errors are logged by code
+    /// and retried at the next wake.
     pub async fn run(self, mut shutdown: Shutdown) -> Result<(), Error> {
         let config = self.shared.config.clone();
+        let signals = self.session.as_ref().map(Session::signals);
         let mut tasks: JoinSet<(Uuid, Transition)> = JoinSet::new();
         let mut held = Held::new();
-        let mut task_claims: HashMap<tokio::task::Id, Uuid> = HashMap::new();
-        let mut poll = ticker(config.poll_interval);
         let mut beat = ticker(config.heartbeat_interval);
         let mut rescue = ticker(config.poll_interval);
-        let mut claim_now = true;
+        let mut next_poll = Instant::now() + jittered(config.poll_interval);
+        let mut next_due: Option<Instant> = None;
+        let mut reason = Some(ClaimReason::Startup);
         let mut backlog = false;
+        let mut notified_since_claim = false;
+        let mut fatal = false;
         loop {
-            if claim_now && tasks.len() < config.slots {
+            if let Some(why) = reason.take() {
                 let free = config.slots - tasks.len();
-                match self.claim(free).await {
-                    Ok(jobs) => {
-                        backlog = jobs.len() == free;
-                        for job in jobs {
-                            self.spawn_job(&mut tasks, &mut held, &mut task_claims, job);
+                if free == 0 {
+                    backlog = true;
+                } else {
+                    match self.claim(free, why).await {
+                        Ok((jobs, due_in)) => {
+                            if why == ClaimReason::Poll && !jobs.is_empty() && !notified_since_claim
+                            {
+                                self.shared.stats.record_poll_found_work();
+                            }
+                            notified_since_claim = false;
+                            backlog = jobs.len() == free;
+                            next_due = due_in.map(|d| Instant::now() + d);
+                            for job in jobs {
+                                self.spawn_job(&mut tasks, &mut held, job);
+                            }
                         }
+                        Err(e) => tracing::warn!(code = %e.code(), "claim failed"),
                     }
-                    Err(e) => tracing::warn!(code = %e.code(), "claim failed"),
                 }
             }
-            claim_now = false;
             tokio::select! {
                 () = shutdown.reached(Stage::Draining) => break,
-                _ = poll.tick() => claim_now = true,
-                Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                    self.finish_task(done, &mut held, &mut task_claims);
-                    claim_now = backlog;
+                () = wait(signals.as_deref().map(|s| &s.fatal)) => {
+                    fatal = true;
+                    break;
                 }
-                _ = beat.tick() => {
-                    if let Err(e) = self.heartbeat(&held).await {
-                        tracing::warn!(code = %e.code(), "heartbeat failed");
+                () = wait(signals.as_deref().map(|s| &s.notified)) => {
+                    notified_since_claim = true;
+                    reason = Some(ClaimReason::Notify);
+                }
+                () = wait(signals.as_deref().map(|s| &s.reconnected)) => {
+                    reason = Some(ClaimReason::CatchUp);
+                }
+                () = tokio::time::sleep_until(next_poll) => {
+                    next_poll = Instant::now() + jittered(config.poll_interval);
+                    reason = Some(ClaimReason::Poll);
+                }
+                () = sleep_until_opt(next_due) => {
+                    next_due = None;
+                    reason = Some(ClaimReason::Due);
+                }
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    self.finish_task(done, &mut held);
+                    if backlog {
+                        reason = Some(ClaimReason::Drain);
                     }
                 }
+                _ = beat.tick() => self.heartbeat_logged(&held).await,
                 _ = rescue.tick() => {
-                    if let Err(e) = self.recover().await {
-                        tracing::warn!(code = %e.code(), "recovery failed");
+                    match self.recover().await {
+                        Ok(r) if r.expired + r.dead_owner > r.exhausted => {
+                            reason = Some(ClaimReason::CatchUp);
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(code = %e.code(), "recovery failed"),
                     }
                 }
             }
         }
+        self.drain(tasks, held, shutdown, fatal).await;
+        if fatal {
+            Err(Error::OwnerIdInUse)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Lets running jobs finish within the grace period (none when `now`), then releases the
+    /// rest and closes the pool and the session.
+    async fn drain(
+        self,
+        mut tasks: JoinSet<(Uuid, Transition)>,
+        mut held: Held,
+        mut shutdown: Shutdown,
+        now: bool,
+    ) {
         tracing::info!(running = tasks.len(), "draining");
-        let grace = tokio::time::sleep(config.shutdown_grace);
+        let grace = tokio::time::sleep(if now {
+            Duration::ZERO
+        } else {
+            self.shared.config.shutdown_grace
+        });
         tokio::pin!(grace);
+        let mut beat = ticker(self.shared.config.heartbeat_interval);
         while !tasks.is_empty() {
             tokio::select! {
                 () = &mut grace => break,
                 () = shutdown.reached(Stage::Immediate) => break,
-                Some(done) = tasks.join_next_with_id() => {
-                    self.finish_task(done, &mut held, &mut task_claims);
-                }
-                _ = beat.tick() => {
-                    if let Err(e) = self.heartbeat(&held).await {
-                        tracing::warn!(code = %e.code(), "heartbeat failed");
-                    }
-                }
+                Some(done) = tasks.join_next() => self.finish_task(done, &mut held),
+                _ = beat.tick() => self.heartbeat_logged(&held).await,
             }
         }
         tasks.abort_all();
-        while let Some(done) = tasks.join_next_with_id().await {
-            self.finish_task(done, &mut held, &mut task_claims);
+        while let Some(done) = tasks.join_next().await {
+            self.finish_task(done, &mut held);
         }
         self.release(&held).await;
-        // Dropping the worker drops the last pool handle (closing its connections) and the owner
+        // Dropping the worker drops the last pool handle (closing its connections) and the
         // session (ending the owner lock).
         drop(self);
         tracing::info!("stopped");
-        Ok(())
+    }
+
+    /// A heartbeat whose failure is logged by code and left to the next tick.
+    async fn heartbeat_logged(&self, held: &Held) {
+        if let Err(e) = self.heartbeat(held).await {
+            tracing::warn!(code = %e.code(), "heartbeat failed");
+        }
     }
 
     /// Starts a task for `job` and records it as held.
-    fn spawn_job(
-        &self,
-        tasks: &mut JoinSet<(Uuid, Transition)>,
-        held: &mut Held,
-        task_claims: &mut HashMap<tokio::task::Id, Uuid>,
-        job: ClaimedJob,
-    ) {
+    fn spawn_job(&self, tasks: &mut JoinSet<(Uuid, Transition)>, held: &mut Held, job: ClaimedJob) {
         let (id, claim) = (job.id(), job.claim_id());
         let shared = Arc::clone(&self.shared);
         let token = CancellationToken::new();
         let lost = token.clone();
-        let task = tasks.spawn(async move { (claim, executor::execute(&shared, job, lost).await) });
-        task_claims.insert(task.id(), claim);
+        tasks.spawn(async move { (claim, executor::execute(&shared, job, lost).await) });
         held.insert(claim, (id, token));
     }
 
-    /// Records a finished (or aborted) task and forgets its claim, unless it was aborted before
-    /// finishing, in which case shutdown still has to release it.
+    /// Records a finished task and forgets its claim. A task aborted by shutdown stays in `held`,
+    /// to be released.
     fn finish_task(
         &self,
-        done: Result<(tokio::task::Id, (Uuid, Transition)), tokio::task::JoinError>,
+        done: Result<(Uuid, Transition), tokio::task::JoinError>,
         held: &mut Held,
-        task_claims: &mut HashMap<tokio::task::Id, Uuid>,
     ) {
-        match done {
-            Ok((task_id, (claim, transition))) => {
-                task_claims.remove(&task_id);
-                if let Some((id, _)) = held.remove(&claim) {
-                    if transition == Transition::LeaseLost {
-                        tracing::warn!(job_id = %id, code = "lease_lost", "abandoned job: lease lost");
-                    }
+        if let Ok((claim, transition)) = done {
+            if let Some((id, _)) = held.remove(&claim) {
+                if transition == Transition::LeaseLost {
+                    tracing::warn!(job_id = %id, code = "lease_lost", "abandoned job: lease lost");
                 }
-                self.shared.stats.record(transition);
             }
-            Err(e) => {
-                // Aborted by shutdown: the claim stays in `held`, to be released.
-                task_claims.remove(&e.id());
-            }
+            self.shared.stats.record(transition);
         }
     }
 
@@ -334,6 +417,27 @@ impl Worker {
     }
 }
 
+/// Waits for a permit of `signal`; never resolves when there is no signal (no session).
+async fn wait(signal: Option<&Notify>) {
+    match signal {
+        Some(signal) => signal.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `deadline`; never resolves when there is none.
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `period` with ±10% jitter, so replicas do not poll in lockstep.
+fn jittered(period: Duration) -> Duration {
+    period.mul_f64(0.9 + fastrand::f64() * 0.2)
+}
+
 /// An interval timer that fires at once, then every `period`, without bursts after a stall.
 fn ticker(period: Duration) -> tokio::time::Interval {
     let mut interval = tokio::time::interval(period);
@@ -356,4 +460,22 @@ pub async fn run(
         .await?
         .run(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jittered;
+    use std::time::Duration;
+
+    #[test]
+    fn the_poll_jitters_within_ten_percent() {
+        let period = Duration::from_secs(1);
+        for _ in 0..1000 {
+            let d = jittered(period);
+            assert!(
+                d >= Duration::from_millis(900) && d <= Duration::from_millis(1100),
+                "{d:?}"
+            );
+        }
+    }
 }

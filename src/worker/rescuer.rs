@@ -1,13 +1,13 @@
 //! Recovery: returns the jobs of dead owners and expired leases to `pending` (or ends them
-//! `failed` with `lease_expired_exhausted` when their attempts are spent), and the owner session
-//! whose advisory lock tells live owners from dead ones.
+//! `failed` with `lease_expired_exhausted` when their attempts are spent). The owner lock that
+//! tells live owners from dead ones is held by the replica's session (see `session`).
 //!
 //! Invariants this module keeps:
 //! - Each live replica holds a session-level advisory lock keyed by
 //!   `durable_etl_owner_lock_key(lease_owner_id)` on its long-lived owner session; a second
 //!   process with the same owner id cannot take it and refuses to start.
-//! - A `running` row whose owner holds no such lock is reclaimable at once; a `running` row whose
-//!   lease expired is reclaimable whatever its owner. Nothing else is touched: recovery re-checks
+//! - A `running` row claimed by a lock-backed owner (`lease_owner_locked`) whose lock is gone is
+//!   reclaimable at once; a `running` row whose lease expired is reclaimable whatever its owner. Nothing else is touched: recovery re-checks
 //!   `status = 'running'` in the statement that changes the row, skips rows locked by a live
 //!   executor, and never touches terminal rows.
 //! - Recovery charges the attempt (it was counted at claim and the job did not finish), so a job
@@ -15,11 +15,8 @@
 //! - Where no direct session can hold the lock (a transaction-mode pooler), dead owners are found
 //!   by lease expiry alone.
 
-use crate::config::DatabaseConfig;
-use crate::db;
-use crate::error::Error;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::GenericClient;
 
 /// The SET list of a recovery transition, shared by both recovery statements.
 macro_rules! recovery_set {
@@ -55,8 +52,9 @@ stale AS (
       FROM etl_job_records j
      WHERE j.status = 'running'
        AND (j.lease_expires_at < now()
-            OR NOT EXISTS (SELECT 1 FROM live_owners o
-                            WHERE o.lock_key = durable_etl_owner_lock_key(j.lease_owner_id)))
+            OR (j.lease_owner_locked
+                AND NOT EXISTS (SELECT 1 FROM live_owners o
+                                 WHERE o.lock_key = durable_etl_owner_lock_key(j.lease_owner_id))))
        FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE etl_job_records AS j
@@ -98,6 +96,19 @@ pub struct Recovered {
     pub exhausted: u64,
 }
 
+/// Releases what a previous incarnation of `owner_id` left `running`; returns how many rows.
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn recover_own(
+    client: &impl GenericClient,
+    owner_id: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    client
+        .execute_typed(RECOVER_OWN_SQL, &[(&owner_id, Type::TEXT)])
+        .await
+}
+
 /// Runs one recovery pass.
 ///
 /// # Errors
@@ -116,57 +127,4 @@ pub async fn recover(client: &impl GenericClient) -> Result<Recovered, tokio_pos
         }
     }
     Ok(recovered)
-}
-
-/// The replica's long-lived session holding its owner lock.
-#[derive(Debug)]
-pub struct OwnerSession {
-    /// The session; the lock lives as long as it does.
-    client: Client,
-}
-
-impl OwnerSession {
-    /// Opens the owner session, takes the owner lock, and releases the `running` rows a previous
-    /// incarnation with the same owner id left behind. Returns the session and how many rows it
-    /// released.
-    ///
-    /// # Errors
-    /// [`Error::OwnerIdInUse`] when another live session holds the lock; connection errors.
-    pub async fn acquire(
-        db_config: &DatabaseConfig,
-        owner_id: &str,
-    ) -> Result<(OwnerSession, u64), Error> {
-        let client = db::connect(db_config, "owner").await?;
-        let locked: bool = client
-            .query_typed_one(
-                "SELECT pg_try_advisory_lock(durable_etl_owner_lock_key($1))",
-                &[(&owner_id, Type::TEXT)],
-            )
-            .await?
-            .get(0);
-        if !locked {
-            return Err(Error::OwnerIdInUse);
-        }
-        let released = client
-            .execute_typed(RECOVER_OWN_SQL, &[(&owner_id, Type::TEXT)])
-            .await?;
-        Ok((OwnerSession { client }, released))
-    }
-
-    /// Whether the session (and with it the owner lock) is gone.
-    pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
-    }
-
-    /// The session's backend process id (for operators and fault tests).
-    ///
-    /// # Errors
-    /// The database error of the query.
-    pub async fn backend_pid(&self) -> Result<i32, Error> {
-        Ok(self
-            .client
-            .query_typed_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0))
-    }
 }

@@ -62,6 +62,48 @@ counters! {
     panicked,
     /// Jobs that ended `failed` with `execution_timeout`.
     timed_out,
+    /// Notifications received on the session.
+    notifications,
+    /// Times the session reconnected.
+    reconnects,
+    /// 1 while the session is up, 0 while it is down (a gauge).
+    session_up,
+    /// Claims made because a notification arrived.
+    claims_by_notify,
+    /// Claims made by the backstop poll.
+    claims_by_poll,
+    /// Claims made when a known deferred job became due.
+    claims_by_due,
+    /// Claims made to keep draining after a full claim, as slots freed.
+    claims_by_drain,
+    /// Catch-up claims after the session reconnected.
+    claims_by_reconnect,
+    /// Jobs claimed by claims a notification triggered.
+    claimed_by_notify,
+    /// Jobs claimed by the backstop poll.
+    claimed_by_poll,
+    /// Poll claims that found work although no notification had arrived since the previous
+    /// claim: a sign of lost notifications (or of work that became due).
+    poll_found_work,
+}
+
+/// Why the claim loop claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimReason {
+    /// The replica just started.
+    Startup,
+    /// A notification arrived.
+    Notify,
+    /// The backstop poll fired.
+    Poll,
+    /// A known deferred job became due.
+    Due,
+    /// A slot freed after a full claim.
+    Drain,
+    /// The session reconnected, or recovery returned jobs.
+    CatchUp,
+    /// A single step (tests and tools).
+    Step,
 }
 
 /// Adds one to `counter`.
@@ -88,13 +130,33 @@ impl WorkerStats {
         }
     }
 
-    /// Counts one claim statement that returned `n` jobs.
-    pub fn record_claim(&self, n: usize) {
+    /// Counts one claim statement, made for `reason`, that returned `n` jobs.
+    pub fn record_claim(&self, reason: ClaimReason, n: usize) {
         bump(&self.claims);
         if n == 0 {
             bump(&self.empty_claims);
         }
-        self.claimed.fetch_add(n as u64, Ordering::Relaxed);
+        let n = n as u64;
+        self.claimed.fetch_add(n, Ordering::Relaxed);
+        match reason {
+            ClaimReason::Notify => {
+                bump(&self.claims_by_notify);
+                self.claimed_by_notify.fetch_add(n, Ordering::Relaxed);
+            }
+            ClaimReason::Poll => {
+                bump(&self.claims_by_poll);
+                self.claimed_by_poll.fetch_add(n, Ordering::Relaxed);
+            }
+            ClaimReason::Due => bump(&self.claims_by_due),
+            ClaimReason::Drain => bump(&self.claims_by_drain),
+            ClaimReason::CatchUp => bump(&self.claims_by_reconnect),
+            ClaimReason::Startup | ClaimReason::Step => {}
+        }
+    }
+
+    /// Counts a poll claim that found work no notification announced.
+    pub fn record_poll_found_work(&self) {
+        bump(&self.poll_found_work);
     }
 
     /// Counts one recovery pass.

@@ -9,6 +9,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+/// The claimant of this test.
+const PLANNER: claimer::Claimant<'static> = claimer::Claimant {
+    owner_id: "planner",
+    owner_locked: false,
+    lease: Duration::from_secs(30),
+};
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claim_uses_the_pending_index_even_when_the_table_was_analyzed_empty() {
     let db = TestDb::migrated().await;
@@ -36,12 +43,10 @@ async fn the_claim_uses_the_pending_index_even_when_the_table_was_analyzed_empty
         .unwrap();
     // Claims on the empty table: a cached generic plan would be born here.
     for _ in 0..10 {
-        assert!(
-            claimer::claim(&session, "planner", 10, Duration::from_secs(30))
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(claimer::claim(&session, PLANNER, 10)
+            .await
+            .unwrap()
+            .is_empty());
     }
     // The table fills: 100,000 terminal rows and 10,000 pending rows, never analyzed since.
     let filler = db.client().await;
@@ -62,9 +67,7 @@ async fn the_claim_uses_the_pending_index_even_when_the_table_was_analyzed_empty
     insert_jobs(&filler, "test.noop", &payloads, 3).await;
     while plans.try_recv().is_ok() {}
 
-    let claimed = claimer::claim(&session, "planner", 10, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let claimed = claimer::claim(&session, PLANNER, 10).await.unwrap();
     assert_eq!(claimed.len(), 10);
     let plan = tokio::time::timeout(Duration::from_secs(10), plans.recv())
         .await

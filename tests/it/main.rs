@@ -8,4 +8,5 @@ mod errors;
 mod handlers;
 mod schema;
 mod support;
+mod wake;
 mod worker;

@@ -29,7 +29,31 @@ fn config(owner: &str) -> WorkerConfig {
         retry_min_delay: Duration::from_millis(100),
         retry_max_delay: Duration::from_secs(1),
         metrics_listen: None,
+        poll_only: false,
+        session_database_url: None,
     }
+}
+
+/// A lock-backed claimant that is not a running replica (a stalled or crashed one).
+fn claimant(owner_id: &str, lease_secs: u64) -> claimer::Claimant<'_> {
+    claimer::Claimant {
+        owner_id,
+        owner_locked: true,
+        lease: Duration::from_secs(lease_secs),
+    }
+}
+
+/// The backend pid of `owner`'s session on `db`, found through `pg_stat_activity`.
+pub async fn session_pid(client: &tokio_postgres::Client, db: &TestDb) -> i32 {
+    client
+        .query_one(
+            "SELECT pid FROM pg_stat_activity
+              WHERE datname = $1 AND application_name = 'durable-etl/session'",
+            &[&db.name],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }
 
 /// A registry with the test handlers.
@@ -118,7 +142,7 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
         unreachable!()
     };
     // Owner A claims, then stalls; its lease is aged past expiry in SQL (no sleeping).
-    let stale = claimer::claim(&client, "stale-a", 1, Duration::from_secs(30))
+    let stale = claimer::claim(&client, claimant("stale-a", 30), 1)
         .await
         .unwrap();
     let stale_claim = stale[0].claim_id();
@@ -236,7 +260,7 @@ async fn a_dead_owners_jobs_are_claimable_at_once() {
     cfg.lease = Duration::from_secs(600);
     cfg.heartbeat_interval = Duration::from_secs(60);
     let a = start(&db, cfg, gated.clone()).await;
-    let pid = a.owner_backend_pid().await.unwrap();
+    let pid = session_pid(&client, &db).await;
     let a_step = tokio::spawn(async move { a.step().await.unwrap() });
     eventually("A to be inside its handler", || {
         let gated = gated.clone();
@@ -293,7 +317,7 @@ async fn a_restarted_owner_releases_its_previous_claims_and_a_live_one_blocks_a_
     let ids = insert_jobs(&client, NOOP, &[json!({}), json!({})], 3).await;
     // A previous incarnation of "pod-0" claimed both and died.
     assert_eq!(
-        claimer::claim(&client, "pod-0", 2, Duration::from_secs(600))
+        claimer::claim(&client, claimant("pod-0", 600), 2)
             .await
             .unwrap()
             .len(),
@@ -508,7 +532,7 @@ async fn recovery_of_a_job_on_its_last_attempt_ends_it_lease_expired_exhausted()
     let [id] = insert_jobs(&client, NOOP, &[json!({})], 1).await[..] else {
         unreachable!()
     };
-    claimer::claim(&client, "crashed", 1, Duration::from_secs(600))
+    claimer::claim(&client, claimant("crashed", 600), 1)
         .await
         .unwrap();
     let worker = start(&db, config("rescuer"), Scripted::default()).await;

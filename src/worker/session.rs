@@ -1,0 +1,216 @@
+//! The replica's long-lived session: it LISTENs for enqueue notifications and holds the owner
+//! lock, outside the pool, and keeps itself alive.
+//!
+//! Invariants this module keeps:
+//! - One session per replica, opened before the first claim. Its connection is driven
+//!   continuously by its own task; every notification bumps one coalescing signal
+//!   ([`tokio::sync::Notify`] keeps at most one permit), so many notifications while a claim is in
+//!   flight cause one more claim, not many.
+//! - On any error, end of stream, or failed same-session probe (`pg_listening_channels()`), the
+//!   session reconnects with capped exponential backoff (`backon`), LISTENs again, takes the owner
+//!   lock again, and signals one catch-up claim: notifications sent while it was away are lost.
+//! - If the owner lock cannot be taken again (another process took the owner id meanwhile), the
+//!   session signals a fatal stop instead of running as a twin.
+//! - Notification payloads are never read: the channel only says "look".
+
+use crate::config::DatabaseConfig;
+use crate::db;
+use crate::error::Error;
+use crate::worker::rescuer;
+use crate::worker::stats::WorkerStats;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::StreamExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinHandle;
+use tokio_postgres::types::Type;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+/// The channel the enqueue trigger notifies.
+pub const CHANNEL: &str = "durable_etl_jobs";
+/// How often the session proves, on itself, that it is alive and listening.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a probe may take before the session is presumed half-open.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// First reconnect delay.
+pub const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+/// Longest reconnect delay.
+pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
+
+/// What the session is for.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Where to connect: a direct session, never a transaction-mode pooler.
+    pub database: DatabaseConfig,
+    /// The replica's owner id, whose lock the session holds.
+    pub owner_id: String,
+    /// Whether to LISTEN (false in poll-only mode).
+    pub listen: bool,
+}
+
+/// Signals from the session to the claim loop.
+#[derive(Debug, Default)]
+pub struct Signals {
+    /// A notification arrived.
+    pub notified: Notify,
+    /// The session reconnected: claim once to catch up.
+    pub reconnected: Notify,
+    /// The owner lock is held by another process now: stop.
+    pub fatal: Notify,
+}
+
+/// A running session; dropping it ends the session (and with it the owner lock).
+#[derive(Debug)]
+pub struct Session {
+    /// The task that keeps the session alive.
+    task: JoinHandle<()>,
+    /// Signals for the claim loop.
+    signals: Arc<Signals>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An open session and the signal of its connection's end.
+struct Live {
+    /// The session's client.
+    client: Client,
+    /// Fires when the connection ends.
+    ended: oneshot::Receiver<()>,
+}
+
+impl Session {
+    /// Opens the session, takes the owner lock, releases what a previous incarnation with the
+    /// same owner id left `running`, and starts keeping the session alive. Returns the session
+    /// and how many rows it released.
+    ///
+    /// # Errors
+    /// [`Error::OwnerIdInUse`] when another live session holds the lock; connection errors.
+    pub async fn start(
+        config: SessionConfig,
+        stats: Arc<WorkerStats>,
+    ) -> Result<(Session, u64), Error> {
+        let signals = Arc::new(Signals::default());
+        let live = open(&config, &signals, &stats).await?;
+        let released = rescuer::recover_own(&live.client, &config.owner_id).await?;
+        let task = tokio::spawn(maintain(live, config, Arc::clone(&signals), stats));
+        Ok((Session { task, signals }, released))
+    }
+
+    /// The signals for the claim loop.
+    pub fn signals(&self) -> Arc<Signals> {
+        Arc::clone(&self.signals)
+    }
+}
+
+/// Connects, starts driving the connection, LISTENs and takes the owner lock.
+async fn open(
+    config: &SessionConfig,
+    signals: &Arc<Signals>,
+    stats: &Arc<WorkerStats>,
+) -> Result<Live, Error> {
+    let (client, mut connection) = db::pg_config(&config.database, "session")?
+        .connect(NoTls)
+        .await?;
+    let (ended_tx, ended) = oneshot::channel();
+    let (signals_for_driver, stats_for_driver) = (Arc::clone(signals), Arc::clone(stats));
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let AsyncMessage::Notification(_) = message {
+                stats_for_driver
+                    .notifications
+                    .fetch_add(1, Ordering::Relaxed);
+                signals_for_driver.notified.notify_one();
+            }
+        }
+        // The receiver may be gone already (the session was replaced); nothing to tell then.
+        let _ = ended_tx.send(());
+    });
+    if config.listen {
+        client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    }
+    let locked: bool = client
+        .query_typed_one(
+            "SELECT pg_try_advisory_lock(durable_etl_owner_lock_key($1))",
+            &[(&config.owner_id, Type::TEXT)],
+        )
+        .await?
+        .get(0);
+    if !locked {
+        return Err(Error::OwnerIdInUse);
+    }
+    stats.session_up.store(1, Ordering::Relaxed);
+    Ok(Live { client, ended })
+}
+
+/// Keeps the session alive: waits for it to fail, then reconnects with capped backoff.
+async fn maintain(
+    mut live: Live,
+    config: SessionConfig,
+    signals: Arc<Signals>,
+    stats: Arc<WorkerStats>,
+) {
+    loop {
+        live.until_lost(config.listen).await;
+        stats.session_up.store(0, Ordering::Relaxed);
+        tracing::warn!(code = "database_unavailable", "session lost; reconnecting");
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(RECONNECT_MIN_DELAY)
+            .with_max_delay(RECONNECT_MAX_DELAY)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        live = loop {
+            tokio::time::sleep(delays.next().unwrap_or(RECONNECT_MAX_DELAY)).await;
+            match open(&config, &signals, &stats).await {
+                Ok(live) => break live,
+                Err(Error::OwnerIdInUse) => {
+                    tracing::error!(
+                        code = "owner_id_in_use",
+                        "another process took this owner id"
+                    );
+                    signals.fatal.notify_one();
+                    return;
+                }
+                Err(e) => tracing::warn!(code = %e.code(), "session reconnect failed"),
+            }
+        };
+        stats.reconnects.fetch_add(1, Ordering::Relaxed);
+        tracing::info!("session reconnected");
+        signals.reconnected.notify_one();
+    }
+}
+
+impl Live {
+    /// Returns when the connection ends or a probe fails.
+    async fn until_lost(&mut self, listen: bool) {
+        loop {
+            tokio::select! {
+                _ = &mut self.ended => return,
+                () = tokio::time::sleep(PROBE_INTERVAL) => {
+                    if !self.probe(listen).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the session answers within the probe timeout and (when listening) still listens.
+    async fn probe(&self, listen: bool) -> bool {
+        let query = self.client.query_typed_one(
+            "SELECT count(*) FROM pg_listening_channels() AS c WHERE c = $1",
+            &[(&CHANNEL, Type::TEXT)],
+        );
+        match tokio::time::timeout(PROBE_TIMEOUT, query).await {
+            Ok(Ok(row)) => !listen || row.get::<_, i64>(0) == 1,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! The wake path: notifications wake idle replicas, the poll is the backstop, the session
+//! reconnects and catches up, deferred jobs run when due, and several replicas share the queue.
+
+use crate::handlers::{Noop, NOOP};
+use crate::support::{count, insert_job, insert_jobs, pool, Listener, TestDb};
+use durable_etl::config::WorkerConfig;
+use durable_etl::error::Error;
+use durable_etl::handler::Registry;
+use durable_etl::shutdown::{self, Stage, Trigger};
+use durable_etl::worker::stats::WorkerStats;
+use durable_etl::worker::Worker;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// A configuration with the given poll interval and slots.
+fn config(owner: &str, poll: Duration, slots: usize) -> WorkerConfig {
+    WorkerConfig {
+        owner_id: owner.to_owned(),
+        slots,
+        poll_interval: poll,
+        lease: Duration::from_secs(10),
+        heartbeat_interval: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(5),
+        ..WorkerConfig::default()
+    }
+}
+
+/// A running replica: its counters, its shutdown trigger and its task.
+struct Replica {
+    /// Live counters.
+    stats: Arc<WorkerStats>,
+    /// Asks it to stop.
+    trigger: Trigger,
+    /// The `run` task.
+    task: JoinHandle<Result<(), Error>>,
+}
+
+impl Replica {
+    /// Starts a replica on `db` running no-op jobs.
+    async fn start(db: &TestDb, config: WorkerConfig) -> Replica {
+        let worker = Worker::start(
+            pool(db).await,
+            &db.config,
+            config,
+            Registry::new().register(Noop),
+        )
+        .await
+        .unwrap();
+        let stats = worker.stats_handle();
+        let (trigger, shutdown) = shutdown::manual();
+        let task = tokio::spawn(worker.run(shutdown));
+        Replica {
+            stats,
+            trigger,
+            task,
+        }
+    }
+
+    /// Stops it and waits for it.
+    async fn stop(self) -> Result<(), Error> {
+        self.trigger.request(Stage::Draining);
+        self.task.await.unwrap()
+    }
+}
+
+/// Waits (bounded) until `check` holds, polling every 10 ms.
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..3000 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Waits until `n` jobs have succeeded.
+async fn until_succeeded(client: &tokio_postgres::Client, n: i64) {
+    until(&format!("{n} succeeded jobs"), || async move {
+        count(client, "etl_job_records WHERE status = 'succeeded'").await == n
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_replica_starts_a_job_because_of_its_notification() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let replica = Replica::start(&db, config("notified", Duration::from_secs(60), 4)).await;
+    until("the start-up claim", || {
+        let stats = Arc::clone(&replica.stats);
+        async move { stats.snapshot().claims == 1 }
+    })
+    .await;
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    until_succeeded(&client, 1).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.notifications, 1);
+    assert_eq!((stats.claims_by_notify, stats.claimed_by_notify), (1, 1));
+    assert_eq!(stats.claimed_by_poll, 0, "the 60 s poll never fired");
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_notify_suppressed_every_job_still_runs_by_the_poll() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client
+        .batch_execute("ALTER TABLE etl_job_records DISABLE TRIGGER etl_job_records_notify_enqueue")
+        .await
+        .unwrap();
+    let replica = Replica::start(&db, config("polled", Duration::from_millis(100), 4)).await;
+    for _ in 0..5 {
+        insert_jobs(&client, NOOP, &[json!({}), json!({})], 3).await;
+    }
+    until_succeeded(&client, 10).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.notifications, 0);
+    assert_eq!(stats.claimed_by_notify, 0);
+    assert!(stats.claimed_by_poll >= 1, "{stats:?}");
+    assert!(
+        stats.poll_found_work >= 1,
+        "polls found what no notification announced: {stats:?}"
+    );
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_session_reconnects_relistens_and_catches_up() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let replica = Replica::start(&db, config("reconnector", Duration::from_secs(60), 4)).await;
+    until("the start-up claim", || {
+        let stats = Arc::clone(&replica.stats);
+        async move { stats.snapshot().claims == 1 }
+    })
+    .await;
+    // A job enqueued while the session is away sends no notification the replica can receive:
+    // here, none at all (trigger off), so only the catch-up claim can find it.
+    client
+        .batch_execute("ALTER TABLE etl_job_records DISABLE TRIGGER etl_job_records_notify_enqueue")
+        .await
+        .unwrap();
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    let pid: i32 = client
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'durable-etl/session'",
+            &[&db.name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    client
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    until_succeeded(&client, 1).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.reconnects, 1);
+    assert!(stats.claims_by_reconnect >= 1, "{stats:?}");
+    assert_eq!(stats.session_up, 1);
+    // It listens again: the next job is started by its notification.
+    client
+        .batch_execute("ALTER TABLE etl_job_records ENABLE TRIGGER etl_job_records_notify_enqueue")
+        .await
+        .unwrap();
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    until_succeeded(&client, 2).await;
+    assert_eq!(replica.stats.snapshot().claimed_by_notify, 1);
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_owner_id_is_taken_while_it_reconnects_stops() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let replica = Replica::start(&db, config("contested", Duration::from_secs(60), 4)).await;
+    eprintln!("started");
+    let pid: i32 = client
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'durable-etl/session'",
+            &[&db.name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Queue for the owner lock first, then kill the session: the lock passes to the queued
+    // waiter the moment the old backend exits, long before the replica can reconnect.
+    let contender = db.client().await;
+    let queued = tokio::spawn(async move {
+        contender
+            .execute(
+                "SELECT pg_advisory_lock(durable_etl_owner_lock_key('contested'))",
+                &[],
+            )
+            .await
+            .unwrap();
+        contender
+    });
+    until("the contender to queue for the lock", || {
+        let client = &client;
+        async move {
+            count(
+                client,
+                "pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .await
+                == 1
+        }
+    })
+    .await;
+    client
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let _contender = queued.await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), replica.task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(outcome, Err(Error::OwnerIdInUse)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_jobs_in_one_transaction_drain_in_claims_sized_to_free_slots() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let replica = Replica::start(&db, config("drainer", Duration::from_secs(60), 8)).await;
+    until("the start-up claim", || {
+        let stats = Arc::clone(&replica.stats);
+        async move { stats.snapshot().claims == 1 }
+    })
+    .await;
+    insert_jobs(&client, NOOP, &vec![json!({}); 1000], 3).await;
+    until_succeeded(&client, 1000).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.notifications, 1, "one transaction, one notification");
+    assert_eq!(stats.claimed, 1000);
+    assert!(
+        stats.claims > 1000 / 8,
+        "no claim took more than 8: {stats:?}"
+    );
+    assert!(
+        stats.claims_by_drain >= 1000 / 8 - 1,
+        "drained as slots freed: {stats:?}"
+    );
+    assert_eq!(stats.claimed_by_poll, 0);
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_replicas_share_two_thousand_jobs_each_claimed_once() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let mut replicas = Vec::new();
+    for i in 0..4 {
+        replicas.push(
+            Replica::start(&db, config(&format!("r{i}"), Duration::from_millis(200), 8)).await,
+        );
+    }
+    for _ in 0..4 {
+        insert_jobs(&client, NOOP, &vec![json!({}); 500], 3).await;
+    }
+    until_succeeded(&client, 2000).await;
+    assert_eq!(
+        count(&client, "etl_job_records WHERE attempts <> 1").await,
+        0,
+        "each claimed once"
+    );
+    assert_eq!(count(&client, "etl_job_responses").await, 2000);
+    let mut claimed = 0;
+    let mut empty = 0;
+    for replica in replicas {
+        let stats = replica.stats.snapshot();
+        claimed += stats.claimed;
+        empty += stats.empty_claims;
+        assert_eq!(stats.succeeded, stats.claimed);
+        replica.stop().await.unwrap();
+    }
+    assert_eq!(claimed, 2000);
+    println!("4 replicas, 2000 jobs: {empty} empty claims");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_job_runs_when_due_and_never_before() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    // Known at start-up: the replica's timer wakes it when the job is due (the poll is 60 s).
+    let early = insert_job(&client, "now() + interval '800 milliseconds'").await;
+    client
+        .execute(
+            "UPDATE etl_job_records SET kind = $1 WHERE id = $2",
+            &[&NOOP, &early],
+        )
+        .await
+        .unwrap();
+    let replica = Replica::start(&db, config("patient", Duration::from_secs(60), 4)).await;
+    until_succeeded(&client, 1).await;
+    assert!(replica.stats.snapshot().claims_by_due >= 1);
+    // Inserted later, unannounced (deferred jobs do not notify): found by the next poll.
+    replica.stop().await.unwrap();
+    let replica = Replica::start(&db, config("patient", Duration::from_millis(300), 4)).await;
+    let late = insert_job(&client, "now() + interval '500 milliseconds'").await;
+    client
+        .execute(
+            "UPDATE etl_job_records SET kind = $1 WHERE id = $2",
+            &[&NOOP, &late],
+        )
+        .await
+        .unwrap();
+    until_succeeded(&client, 2).await;
+    for id in [early, late] {
+        let not_early: bool = client
+            .query_one(
+                "SELECT started_at >= run_at FROM etl_job_records WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            not_early,
+            "a job never starts before its run_at (database time)"
+        );
+    }
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_notification_carries_no_id_payload_or_principal() {
+    let db = TestDb::migrated().await;
+    let mut listener = Listener::start(&db, &["durable_etl_jobs", "sentinel"]).await;
+    let client = db.client().await;
+    let ids = insert_jobs(
+        &client,
+        NOOP,
+        &[json!({"secret": "canary-payload-91c2"})],
+        3,
+    )
+    .await;
+    client.batch_execute("NOTIFY sentinel").await.unwrap();
+    let seen = listener.drain_until("sentinel").await;
+    assert_eq!(seen, vec![("durable_etl_jobs".to_owned(), String::new())]);
+    for (_, payload) in &seen {
+        assert!(!payload.contains("canary"));
+        assert!(!payload.contains(&ids[0].to_string()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_only_mode_without_a_session_recovers_by_expiry_only() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let mut cfg = config("pooled", Duration::from_millis(100), 4);
+    cfg.poll_only = true;
+    let replica = Replica::start(&db, cfg).await;
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    until_succeeded(&client, 1).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!((stats.notifications, stats.session_up), (0, 0));
+    assert_eq!(
+        count(&client, &format!("pg_stat_activity WHERE datname = '{}' AND application_name = 'durable-etl/session'", db.name)).await,
+        0
+    );
+    replica.stop().await.unwrap();
+    // A lockless claim is never taken for a dead owner: only its lease expiry frees it.
+    let pooled = durable_etl::worker::claimer::Claimant {
+        owner_id: "pooled-2",
+        owner_locked: false,
+        lease: Duration::from_secs(600),
+    };
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    assert_eq!(
+        durable_etl::worker::claimer::claim(&client, pooled, 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let checker = Worker::start(
+        pool(&db).await,
+        &db.config,
+        config("checker", Duration::from_secs(1), 1),
+        Registry::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(checker.recover().await.unwrap(), Default::default());
+    client.execute("UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'", &[]).await.unwrap();
+    assert_eq!(checker.recover().await.unwrap().expired, 1);
+}
