@@ -389,3 +389,31 @@ pub async fn count(client: &impl tokio_postgres::GenericClient, from: &str) -> i
         .unwrap()
         .get(0)
 }
+
+/// Waits (bounded: 3,000 checks 10 ms apart) until `check` holds; panics naming `what` otherwise.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..3000 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The backend pid of the replica session on `db`, found through `pg_stat_activity`.
+pub async fn session_pid(client: &Client, db: &TestDb) -> i32 {
+    client
+        .query_one(
+            "SELECT pid FROM pg_stat_activity
+              WHERE datname = $1 AND application_name = 'durable-etl/session'",
+            &[&db.name],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}

@@ -2,7 +2,9 @@
 //! reconnects and catches up, deferred jobs run when due, and several replicas share the queue.
 
 use crate::handlers::{Noop, NOOP};
-use crate::support::{count, insert_job, insert_jobs, pool, Listener, TestDb};
+use crate::support::{
+    count, eventually, insert_job, insert_jobs, pool, session_pid, Listener, TestDb,
+};
 use durable_etl::config::WorkerConfig;
 use durable_etl::error::Error;
 use durable_etl::handler::Registry;
@@ -58,6 +60,15 @@ impl Replica {
         }
     }
 
+    /// Waits for its start-up claim, so what the test enqueues next is found by something else.
+    async fn started(&self) {
+        eventually("the start-up claim", || {
+            let stats = Arc::clone(&self.stats);
+            async move { stats.snapshot().claims == 1 }
+        })
+        .await;
+    }
+
     /// Stops it and waits for it.
     async fn stop(self) -> Result<(), Error> {
         self.trigger.request(Stage::Draining);
@@ -65,24 +76,9 @@ impl Replica {
     }
 }
 
-/// Waits (bounded) until `check` holds, polling every 10 ms.
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..3000 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 /// Waits until `n` jobs have succeeded.
 async fn until_succeeded(client: &tokio_postgres::Client, n: i64) {
-    until(&format!("{n} succeeded jobs"), || async move {
+    eventually(&format!("{n} succeeded jobs"), || async move {
         count(client, "etl_job_records WHERE status = 'succeeded'").await == n
     })
     .await;
@@ -93,11 +89,7 @@ async fn an_idle_replica_starts_a_job_because_of_its_notification() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let replica = Replica::start(&db, config("notified", Duration::from_secs(60), 4)).await;
-    until("the start-up claim", || {
-        let stats = Arc::clone(&replica.stats);
-        async move { stats.snapshot().claims == 1 }
-    })
-    .await;
+    replica.started().await;
     insert_jobs(&client, NOOP, &[json!({})], 3).await;
     until_succeeded(&client, 1).await;
     let stats = replica.stats.snapshot();
@@ -136,11 +128,7 @@ async fn a_terminated_session_reconnects_relistens_and_catches_up() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let replica = Replica::start(&db, config("reconnector", Duration::from_secs(60), 4)).await;
-    until("the start-up claim", || {
-        let stats = Arc::clone(&replica.stats);
-        async move { stats.snapshot().claims == 1 }
-    })
-    .await;
+    replica.started().await;
     // A job enqueued while the session is away sends no notification the replica can receive:
     // here, none at all (trigger off), so only the catch-up claim can find it.
     client
@@ -148,14 +136,7 @@ async fn a_terminated_session_reconnects_relistens_and_catches_up() {
         .await
         .unwrap();
     insert_jobs(&client, NOOP, &[json!({})], 3).await;
-    let pid: i32 = client
-        .query_one(
-            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'durable-etl/session'",
-            &[&db.name],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let pid = session_pid(&client, &db).await;
     client
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
@@ -182,14 +163,7 @@ async fn a_replica_whose_owner_id_is_taken_while_it_reconnects_stops() {
     let client = db.client().await;
     let replica = Replica::start(&db, config("contested", Duration::from_secs(60), 4)).await;
     eprintln!("started");
-    let pid: i32 = client
-        .query_one(
-            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'durable-etl/session'",
-            &[&db.name],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let pid = session_pid(&client, &db).await;
     // Queue for the owner lock first, then kill the session: the lock passes to the queued
     // waiter the moment the old backend exits, long before the replica can reconnect.
     let contender = db.client().await;
@@ -203,7 +177,7 @@ async fn a_replica_whose_owner_id_is_taken_while_it_reconnects_stops() {
             .unwrap();
         contender
     });
-    until("the contender to queue for the lock", || {
+    eventually("the contender to queue for the lock", || {
         let client = &client;
         async move {
             count(
@@ -232,11 +206,7 @@ async fn a_thousand_jobs_in_one_transaction_drain_in_claims_sized_to_free_slots(
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let replica = Replica::start(&db, config("drainer", Duration::from_secs(60), 8)).await;
-    until("the start-up claim", || {
-        let stats = Arc::clone(&replica.stats);
-        async move { stats.snapshot().claims == 1 }
-    })
-    .await;
+    replica.started().await;
     insert_jobs(&client, NOOP, &vec![json!({}); 1000], 3).await;
     until_succeeded(&client, 1000).await;
     let stats = replica.stats.snapshot();

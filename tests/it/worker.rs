@@ -2,7 +2,7 @@
 //! failures, recovery of dead and expired owners, heartbeats and shutdown.
 
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
-use crate::support::{count, insert_jobs, job_row, pool, TestDb};
+use crate::support::{count, eventually, insert_jobs, job_row, pool, session_pid, TestDb};
 use durable_etl::codes::Code;
 use durable_etl::config::WorkerConfig;
 use durable_etl::error::Error;
@@ -43,19 +43,6 @@ fn claimant(owner_id: &str, lease_secs: u64) -> claimer::Claimant<'_> {
     }
 }
 
-/// The backend pid of `owner`'s session on `db`, found through `pg_stat_activity`.
-pub async fn session_pid(client: &tokio_postgres::Client, db: &TestDb) -> i32 {
-    client
-        .query_one(
-            "SELECT pid FROM pg_stat_activity
-              WHERE datname = $1 AND application_name = 'durable-etl/session'",
-            &[&db.name],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// A registry with the test handlers.
 fn registry(scripted: Scripted) -> Registry {
     Registry::new().register(Noop).register(scripted)
@@ -68,19 +55,40 @@ async fn start(db: &TestDb, config: WorkerConfig, scripted: Scripted) -> Worker 
         .unwrap()
 }
 
-/// Waits (bounded) until `check` holds, polling every 20 ms.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
+/// Replica A stepping one `write` job, held inside its handler until `gate` gets a permit.
+struct Stalled {
+    /// The job.
+    id: uuid::Uuid,
+    /// Opens A's handler.
+    gate: Arc<Semaphore>,
+    /// A's step, with A's counters once it ends.
+    step: tokio::task::JoinHandle<(
+        Vec<(uuid::Uuid, Transition)>,
+        durable_etl::worker::stats::StatsSnapshot,
+    )>,
+}
+
+/// Enqueues one `write` job and starts replica A (configured by `cfg`) on it, returning once A is
+/// inside its handler.
+async fn stalled_replica(
+    db: &TestDb,
+    client: &tokio_postgres::Client,
+    cfg: WorkerConfig,
+) -> Stalled {
+    let id = insert_jobs(client, SCRIPTED, &[json!({"do": "write"})], 3).await[0];
+    let gate = Arc::new(Semaphore::new(0));
+    let gated = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let a = start(db, cfg, gated.clone()).await;
+    let step = tokio::spawn(async move { (a.step().await.unwrap(), a.stats()) });
+    eventually("A to be inside its handler", || {
+        let gated = gated.clone();
+        async move { gated.prepares.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    Stalled { id, gate, step }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,21 +214,7 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
 async fn a_stalled_executor_loses_its_commit_to_the_replica_that_recovered_the_job() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
-        unreachable!()
-    };
-    let gate = Arc::new(Semaphore::new(0));
-    let gated = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
-    let a = start(&db, config("replica-a"), gated.clone()).await;
-    let a_step = tokio::spawn(async move { (a.step().await.unwrap(), a.stats()) });
-    eventually("A to be inside its handler", || {
-        let gated = gated.clone();
-        async move { gated.prepares.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    let Stalled { id, gate, step } = stalled_replica(&db, &client, config("replica-a")).await;
     client
         .execute(
             "UPDATE etl_job_records SET lease_expires_at = now() - interval '1 hour'",
@@ -232,7 +226,7 @@ async fn a_stalled_executor_loses_its_commit_to_the_replica_that_recovered_the_j
     assert_eq!(b.recover().await.unwrap().expired, 1);
     assert_eq!(b.step().await.unwrap(), vec![(id, Transition::Succeeded)]);
     gate.add_permits(1);
-    let (a_done, a_stats) = a_step.await.unwrap();
+    let (a_done, a_stats) = step.await.unwrap();
     assert_eq!(a_done, vec![(id, Transition::LeaseLost)]);
     assert_eq!(a_stats.lease_lost, 1);
     assert_eq!(a_stats.succeeded, 0);
@@ -248,25 +242,11 @@ async fn a_stalled_executor_loses_its_commit_to_the_replica_that_recovered_the_j
 async fn a_dead_owners_jobs_are_claimable_at_once() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
-        unreachable!()
-    };
-    let gate = Arc::new(Semaphore::new(0));
-    let gated = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
     let mut cfg = config("doomed-a");
     cfg.lease = Duration::from_secs(600);
     cfg.heartbeat_interval = Duration::from_secs(60);
-    let a = start(&db, cfg, gated.clone()).await;
+    let Stalled { id, gate, step } = stalled_replica(&db, &client, cfg).await;
     let pid = session_pid(&client, &db).await;
-    let a_step = tokio::spawn(async move { a.step().await.unwrap() });
-    eventually("A to be inside its handler", || {
-        let gated = gated.clone();
-        async move { gated.prepares.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
     let b = start(&db, config("replica-b"), Scripted::default()).await;
     assert_eq!(
         b.recover().await.unwrap().dead_owner,
@@ -287,7 +267,7 @@ async fn a_dead_owners_jobs_are_claimable_at_once() {
     assert_eq!((recovered.dead_owner, recovered.expired), (1, 0));
     assert_eq!(b.step().await.unwrap(), vec![(id, Transition::Succeeded)]);
     gate.add_permits(1);
-    assert_eq!(a_step.await.unwrap(), vec![(id, Transition::LeaseLost)]);
+    assert_eq!(step.await.unwrap().0, vec![(id, Transition::LeaseLost)]);
     assert_eq!(count(&client, "etl_target_rows").await, 1);
 }
 
