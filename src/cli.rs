@@ -231,7 +231,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
                 pool,
                 db_config,
                 worker_config,
-                crate::handler::Registry::new(),
+                crate::handler::Registry::new().register(crate::etl::load::EtlLoad::default()),
                 crate::shutdown::signals(),
             )
             .await

@@ -54,6 +54,28 @@ pub enum Code {
     MigrationFailed,
     /// Another live process already runs with this replica's `lease_owner_id`.
     OwnerIdInUse,
+    /// The request body is not valid JSON.
+    RequestMalformed,
+    /// The request is not an object, or has a field v1 does not define.
+    RequestInvalid,
+    /// The request body is larger than the configured limit.
+    RequestTooLarge,
+    /// `dataset` is missing or not a name `[a-z][a-z0-9_]{0,62}`.
+    DatasetInvalid,
+    /// `key` is missing or not a field name of 1 to 128 characters.
+    KeyInvalid,
+    /// `records` is missing, not an array, or has an element that is not an object.
+    RecordsInvalid,
+    /// `records` has more elements than the configured limit.
+    TooManyRecords,
+    /// `transform` is not a valid transform spec.
+    TransformInvalid,
+    /// `run_at` is not an RFC 3339 instant.
+    RunAtInvalid,
+    /// The idempotency key is missing, empty or longer than 255 characters.
+    IdempotencyKeyInvalid,
+    /// The idempotency key was used before by the same owner with a different request.
+    IdempotencyKeyReused,
 }
 
 impl Code {
@@ -79,6 +101,17 @@ impl Code {
         Code::MigrationChecksumMismatch,
         Code::MigrationFailed,
         Code::OwnerIdInUse,
+        Code::RequestMalformed,
+        Code::RequestInvalid,
+        Code::RequestTooLarge,
+        Code::DatasetInvalid,
+        Code::KeyInvalid,
+        Code::RecordsInvalid,
+        Code::TooManyRecords,
+        Code::TransformInvalid,
+        Code::RunAtInvalid,
+        Code::IdempotencyKeyInvalid,
+        Code::IdempotencyKeyReused,
     ];
 
     /// The stable snake_case string of this code.
@@ -104,6 +137,17 @@ impl Code {
             Code::MigrationChecksumMismatch => "migration_checksum_mismatch",
             Code::MigrationFailed => "migration_failed",
             Code::OwnerIdInUse => "owner_id_in_use",
+            Code::RequestMalformed => "request_malformed",
+            Code::RequestInvalid => "request_invalid",
+            Code::RequestTooLarge => "request_too_large",
+            Code::DatasetInvalid => "dataset_invalid",
+            Code::KeyInvalid => "key_invalid",
+            Code::RecordsInvalid => "records_invalid",
+            Code::TooManyRecords => "too_many_records",
+            Code::TransformInvalid => "transform_invalid",
+            Code::RunAtInvalid => "run_at_invalid",
+            Code::IdempotencyKeyInvalid => "idempotency_key_invalid",
+            Code::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 

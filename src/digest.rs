@@ -34,6 +34,8 @@ pub enum DigestKind {
     IdempotencyKey,
     /// An API key.
     ApiKey,
+    /// A normalized request document (the request fingerprint).
+    Request,
 }
 
 impl DigestKind {
@@ -43,6 +45,7 @@ impl DigestKind {
             DigestKind::Principal => b"durable-etl/principal/v1\0",
             DigestKind::IdempotencyKey => b"durable-etl/idempotency-key/v1\0",
             DigestKind::ApiKey => b"durable-etl/api-key/v1\0",
+            DigestKind::Request => b"durable-etl/request/v1\0",
         }
     }
 }

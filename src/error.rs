@@ -8,6 +8,7 @@
 
 use crate::codes::Code;
 use crate::config::ConfigError;
+use crate::etl::request::Rejection;
 use crate::schema::SchemaError;
 use tokio_postgres::error::SqlState;
 
@@ -41,6 +42,9 @@ pub enum Error {
     /// Another live process runs with this replica's owner id.
     #[error("another live process holds this owner id")]
     OwnerIdInUse,
+    /// A request was refused at intake.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
 }
 
 impl Error {
@@ -53,13 +57,14 @@ impl Error {
             Error::Database(_) => Code::DatabaseError,
             Error::Schema(e) => e.code(),
             Error::OwnerIdInUse => Code::OwnerIdInUse,
+            Error::Rejected(r) => r.code,
         }
     }
 
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config(_) => EXIT_USAGE,
+            Error::Config(_) | Error::Rejected(_) => EXIT_USAGE,
             Error::Unavailable(_) => EXIT_DATABASE_UNREACHABLE,
             Error::Schema(e) if e.code() != Code::MigrationFailed => EXIT_SCHEMA_INCOMPATIBLE,
             _ => EXIT_FAILURE,
@@ -130,6 +135,11 @@ mod tests {
         assert_eq!(e.db_code(), None);
         assert_eq!(Error::OwnerIdInUse.code(), Code::OwnerIdInUse);
         assert_eq!(Error::OwnerIdInUse.exit_code(), EXIT_FAILURE);
+        let rejected = Error::from(Rejection::new(Code::DatasetInvalid, "/dataset"));
+        assert_eq!(
+            (rejected.code(), rejected.exit_code()),
+            (Code::DatasetInvalid, EXIT_USAGE)
+        );
         let unavailable = Error::Unavailable(None);
         assert_eq!(unavailable.code(), Code::DatabaseUnavailable);
         assert_eq!(unavailable.exit_code(), EXIT_DATABASE_UNREACHABLE);

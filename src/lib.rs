@@ -26,6 +26,7 @@ pub mod config;
 pub mod db;
 pub mod digest;
 pub mod error;
+pub mod etl;
 pub mod handler;
 pub mod schema;
 pub mod shutdown;

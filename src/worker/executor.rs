@@ -62,9 +62,11 @@ pub(crate) async fn execute(
     let outcome = match shared.registry.get(&job.ctx.kind) {
         None => Err(Failure::Code(Code::UnknownKind)),
         Some(handler) => match job.payload.clone() {
-            None => Err(Failure::Code(Code::InvalidPayload)),
+            // No payload: a job re-claimed after its effects committed (its ledger row settles
+            // it), or a broken row.
+            None => commit(shared, &job, None, deadline).await,
             Some(payload) => match prepare(&handler, &job, payload, deadline, &lost).await {
-                Ok(effects) => commit(shared, &job, effects, deadline).await,
+                Ok(effects) => commit(shared, &job, Some(effects), deadline).await,
                 Err(failure) => Err(failure),
             },
         },
@@ -96,11 +98,12 @@ async fn prepare(
 }
 
 /// The effects phase: one transaction that locks the fenced row, applies the effects, writes the
-/// ledger row and `succeeded`, and commits.
+/// ledger row and `succeeded`, and commits. Without effects (no payload), only a ledger row
+/// already present can make the job succeed; otherwise it fails `invalid_payload`.
 async fn commit(
     shared: &Shared,
     job: &ClaimedJob,
-    effects: Box<dyn Effects>,
+    effects: Option<Box<dyn Effects>>,
     deadline: Instant,
 ) -> Result<Transition, Failure> {
     let (id, claim) = (job.id(), job.claim_id());
@@ -115,11 +118,12 @@ async fn commit(
         .await
         .map_err(db_failure)?
         .map(|row| row.get(0));
-    let ledger = match ledger_exists {
-        None => return Err(Failure::LeaseLost),
+    let ledger = match (ledger_exists, effects) {
+        (None, _) => return Err(Failure::LeaseLost),
         // Effects already committed under an earlier claim: record success, run nothing again.
-        Some(true) => Default::default(),
-        Some(false) => {
+        (Some(true), _) => Default::default(),
+        (Some(false), None) => return Err(Failure::Code(Code::InvalidPayload)),
+        (Some(false), Some(effects)) => {
             let apply = AssertUnwindSafe(effects.apply(&tx)).catch_unwind();
             match timeout_at(deadline, apply).await {
                 Err(_) => return Err(Failure::Code(Code::ExecutionTimeout)),

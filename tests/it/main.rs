@@ -5,6 +5,7 @@
 mod claim_plan;
 mod cli;
 mod errors;
+mod etl;
 mod handlers;
 mod schema;
 mod support;

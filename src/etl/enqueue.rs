@@ -1,0 +1,196 @@
+//! Transactional, idempotent enqueue of ETL requests on the caller's own connection or
+//! transaction.
+//!
+//! Invariants this module keeps:
+//! - The enqueue runs on the caller's client: inside the caller's transaction, the caller's domain
+//!   writes and the job commit or roll back together.
+//! - Owner + idempotency key identify a request: the same key with the same (normalized) request
+//!   returns the original job; with a different request it is refused with
+//!   `idempotency_key_reused`. Keys, principals and requests are stored only as keyed digests
+//!   (and the request itself as the job payload, cleared when the job ends).
+//! - A batch is one INSERT statement, so the enqueue trigger notifies at most once.
+
+use crate::codes::Code;
+use crate::digest::{DigestKind, Secret};
+use crate::error::Error;
+use crate::etl::request::{EtlRequest, Rejection};
+use crate::etl::KIND;
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+/// Default attempt bound of an ETL job.
+pub const MAX_ATTEMPTS_DEFAULT: i32 = 5;
+
+/// One request to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewJob<'a> {
+    /// The client's idempotency key (1 to 255 characters); stored only as a keyed digest.
+    pub idempotency_key: &'a str,
+    /// The validated request.
+    pub request: &'a EtlRequest,
+    /// The attempt bound (1 to 100).
+    pub max_attempts: i32,
+}
+
+/// What an enqueue did for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id.
+    pub id: Uuid,
+    /// Whether the job existed already (an idempotent replay).
+    pub replayed: bool,
+}
+
+/// Inserts the jobs of one batch in one statement, skipping any whose owner + idempotency key
+/// exists already. `$1..$6` are parallel arrays; `$7` is the owner digest.
+///
+/// Locks: inserts new rows (and their unique-index entries). A concurrent insert of the same
+/// owner + key waits for the other transaction, then is skipped if it committed; the statement
+/// -level trigger notifies once, and only if a due job was inserted.
+pub const INSERT_SQL: &str = "
+INSERT INTO etl_job_records
+       (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload,
+        max_attempts, run_at)
+SELECT b.id, $7, b.key_digest, b.fingerprint, $8, b.payload, b.max_attempts,
+       coalesce(b.run_at, now())
+  FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[], $6::timestamptz[])
+       AS b(id, key_digest, fingerprint, payload, max_attempts, run_at)
+    ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
+RETURNING id";
+
+/// The existing jobs of an owner (`$1`) for idempotency key digests (`$2`).
+///
+/// Locks: none (a read through the idempotency unique index).
+pub const EXISTING_SQL: &str = "
+SELECT idempotency_key_digest, id, request_fingerprint
+  FROM etl_job_records
+ WHERE owner_key = $1 AND idempotency_key_digest = ANY($2)";
+
+/// Enqueues one request for `owner_key` on `client` (a connection or the caller's transaction).
+///
+/// # Errors
+/// [`Error::Rejected`] with `idempotency_key_invalid` or `idempotency_key_reused`; database errors.
+pub async fn enqueue(
+    client: &impl GenericClient,
+    secret: &Secret,
+    owner_key: &[u8; 32],
+    job: NewJob<'_>,
+) -> Result<Enqueued, Error> {
+    let done = enqueue_many(client, secret, owner_key, &[job]).await?;
+    // `enqueue_many` answers once per job it was given: here, exactly once.
+    done.into_iter().next().ok_or(Error::Unavailable(None))
+}
+
+/// Enqueues a batch for `owner_key` in one INSERT; returns one [`Enqueued`] per job, in order.
+/// If any job reuses a key with a different request, nothing is returned but the error (the
+/// caller's transaction should be rolled back; on a bare connection the new jobs stay).
+///
+/// # Errors
+/// [`Error::Rejected`] with `idempotency_key_invalid` or `idempotency_key_reused`; database errors.
+pub async fn enqueue_many(
+    client: &impl GenericClient,
+    secret: &Secret,
+    owner_key: &[u8; 32],
+    jobs: &[NewJob<'_>],
+) -> Result<Vec<Enqueued>, Error> {
+    let mut ids = Vec::with_capacity(jobs.len());
+    let mut key_digests = Vec::with_capacity(jobs.len());
+    let mut fingerprints = Vec::with_capacity(jobs.len());
+    let mut payloads = Vec::with_capacity(jobs.len());
+    let mut max_attempts = Vec::with_capacity(jobs.len());
+    let mut run_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        if !(1..=255).contains(&job.idempotency_key.chars().count()) {
+            return Err(Rejection::new(Code::IdempotencyKeyInvalid, "").into());
+        }
+        let payload = job.request.to_value();
+        ids.push(Uuid::now_v7());
+        key_digests.push(
+            secret
+                .digest(DigestKind::IdempotencyKey, job.idempotency_key.as_bytes())
+                .to_vec(),
+        );
+        fingerprints.push(fingerprint(secret, &payload).to_vec());
+        payloads.push(payload);
+        max_attempts.push(job.max_attempts.clamp(1, 100));
+        run_ats.push(job.request.run_at);
+    }
+    let owner: &[u8] = owner_key;
+    let inserted: Vec<Uuid> = client
+        .query_typed(
+            INSERT_SQL,
+            &[
+                (&ids, Type::UUID_ARRAY),
+                (&key_digests, Type::BYTEA_ARRAY),
+                (&fingerprints, Type::BYTEA_ARRAY),
+                (&payloads, Type::JSONB_ARRAY),
+                (&max_attempts, Type::INT4_ARRAY),
+                (&run_ats, Type::TIMESTAMPTZ_ARRAY),
+                (&owner, Type::BYTEA),
+                (&KIND, Type::TEXT),
+            ],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let existing: HashMap<Vec<u8>, (Uuid, Vec<u8>)> = if inserted.len() == jobs.len() {
+        HashMap::new()
+    } else {
+        client
+            .query_typed(
+                EXISTING_SQL,
+                &[(&owner, Type::BYTEA), (&key_digests, Type::BYTEA_ARRAY)],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2))))
+            .collect()
+    };
+    let mut out = Vec::with_capacity(jobs.len());
+    for i in 0..jobs.len() {
+        if inserted.contains(&ids[i]) {
+            out.push(Enqueued {
+                id: ids[i],
+                replayed: false,
+            });
+            continue;
+        }
+        match existing.get(&key_digests[i]) {
+            Some((id, stored)) if *stored == fingerprints[i] => {
+                out.push(Enqueued {
+                    id: *id,
+                    replayed: true,
+                });
+            }
+            _ => return Err(Rejection::new(Code::IdempotencyKeyReused, "").into()),
+        }
+    }
+    Ok(out)
+}
+
+/// The keyed fingerprint of a normalized request document (object keys sorted).
+pub fn fingerprint(secret: &Secret, payload: &serde_json::Value) -> [u8; 32] {
+    secret.digest(DigestKind::Request, payload.to_string().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+    use crate::digest::Secret;
+
+    #[test]
+    fn fingerprints_ignore_member_order() {
+        let secret = Secret::new("0123456789abcdef").unwrap();
+        let a: serde_json::Value =
+            serde_json::from_str(r#"{"a": 1, "b": {"x": 1, "y": 2}}"#).unwrap();
+        let b: serde_json::Value =
+            serde_json::from_str(r#"{"b": {"y": 2, "x": 1}, "a": 1}"#).unwrap();
+        assert_eq!(fingerprint(&secret, &a), fingerprint(&secret, &b));
+        let c: serde_json::Value = serde_json::from_str(r#"{"a": 2}"#).unwrap();
+        assert_ne!(fingerprint(&secret, &a), fingerprint(&secret, &c));
+    }
+}

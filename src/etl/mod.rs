@@ -1,0 +1,16 @@
+//! The shipped ETL job: intake (request validation and transactional, idempotent enqueue) and
+//! execution (transform, then an atomic load with its ledger summary).
+//!
+//! Invariants this module keeps:
+//! - Only requests that pass intake validation are enqueued; the stored payload is the normalized
+//!   request, and its keyed fingerprint decides idempotent replays.
+//! - The load runs inside the worker's fenced execution transaction: target rows, the ledger row
+//!   and `succeeded` commit together (see `worker::executor`).
+
+pub mod enqueue;
+pub mod load;
+pub mod request;
+pub mod transform;
+
+/// The job kind of ETL loads.
+pub const KIND: &str = "etl.load";

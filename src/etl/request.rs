@@ -1,0 +1,447 @@
+//! The ETL request (v1) and its intake validation.
+//!
+//! Invariants this module keeps:
+//! - A request that passes [`parse`] is structurally valid: every later failure is about a record's
+//!   data (found at execution, reported as `record_invalid` with the record's index).
+//! - A rejection carries a stable [`Code`] and the JSON pointer of the offending member, never
+//!   the offending value.
+//! - `run_at` is normalized to canonical UTC; the normalized request is what is stored and what the
+//!   request fingerprint is computed over.
+
+use crate::codes::Code;
+use crate::etl::transform::{Cast, Transform};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// Default largest number of records in one request.
+pub const MAX_RECORDS_DEFAULT: usize = 10_000;
+/// Default largest request body, in bytes.
+pub const MAX_BYTES_DEFAULT: usize = 1024 * 1024;
+
+/// Size limits of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntakeLimits {
+    /// Largest number of records. Defaults to [`MAX_RECORDS_DEFAULT`].
+    pub max_records: usize,
+    /// Largest body in bytes. Defaults to [`MAX_BYTES_DEFAULT`].
+    pub max_bytes: usize,
+}
+
+impl Default for IntakeLimits {
+    fn default() -> Self {
+        IntakeLimits {
+            max_records: MAX_RECORDS_DEFAULT,
+            max_bytes: MAX_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// Why a request was refused at intake: a stable code and where, as a JSON pointer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("request rejected: {code} at {pointer:?}")]
+pub struct Rejection {
+    /// The stable code.
+    pub code: Code,
+    /// The JSON pointer (RFC 6901) of the offending member; empty for the whole document.
+    pub pointer: String,
+}
+
+impl Rejection {
+    /// A rejection with `code` at `pointer`.
+    pub fn new(code: Code, pointer: impl Into<String>) -> Rejection {
+        Rejection {
+            code,
+            pointer: pointer.into(),
+        }
+    }
+}
+
+/// A structurally valid ETL request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EtlRequest {
+    /// The target dataset.
+    pub dataset: String,
+    /// The field whose value keys each record.
+    pub key: String,
+    /// The records to load.
+    pub records: Vec<Map<String, Value>>,
+    /// The transform applied to every record.
+    pub transform: Transform,
+    /// When the job becomes due (UTC); `None` means now.
+    pub run_at: Option<DateTime<Utc>>,
+}
+
+/// The members a v1 request may have.
+const FIELDS: &[&str] = &["dataset", "key", "records", "transform", "run_at"];
+
+/// Parses and validates a request body.
+///
+/// # Errors
+/// A [`Rejection`] naming the first problem found.
+pub fn parse_bytes(body: &[u8], limits: IntakeLimits) -> Result<EtlRequest, Rejection> {
+    if body.len() > limits.max_bytes {
+        return Err(Rejection::new(Code::RequestTooLarge, ""));
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|_| Rejection::new(Code::RequestMalformed, ""))?;
+    parse(&value, limits)
+}
+
+/// Validates a request document.
+///
+/// # Errors
+/// A [`Rejection`] naming the first problem found.
+pub fn parse(value: &Value, limits: IntakeLimits) -> Result<EtlRequest, Rejection> {
+    let doc = value
+        .as_object()
+        .ok_or_else(|| Rejection::new(Code::RequestInvalid, ""))?;
+    if let Some(unknown) = doc.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(Rejection::new(Code::RequestInvalid, pointer(&[unknown])));
+    }
+    let dataset = doc
+        .get("dataset")
+        .and_then(Value::as_str)
+        .filter(|d| valid_dataset(d))
+        .ok_or_else(|| Rejection::new(Code::DatasetInvalid, "/dataset"))?;
+    let key = doc
+        .get("key")
+        .and_then(Value::as_str)
+        .filter(|k| valid_field(k))
+        .ok_or_else(|| Rejection::new(Code::KeyInvalid, "/key"))?;
+    let raw_records = doc
+        .get("records")
+        .and_then(Value::as_array)
+        .ok_or_else(|| Rejection::new(Code::RecordsInvalid, "/records"))?;
+    if raw_records.len() > limits.max_records {
+        return Err(Rejection::new(Code::TooManyRecords, "/records"));
+    }
+    let records = raw_records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.as_object()
+                .cloned()
+                .ok_or_else(|| Rejection::new(Code::RecordsInvalid, format!("/records/{i}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let transform = match doc.get("transform") {
+        None | Some(Value::Null) => Transform::default(),
+        Some(spec) => parse_transform(spec)?,
+    };
+    let run_at = match doc.get("run_at") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_str()
+                .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+                .map(|t| t.with_timezone(&Utc))
+                .ok_or_else(|| Rejection::new(Code::RunAtInvalid, "/run_at"))?,
+        ),
+    };
+    Ok(EtlRequest {
+        dataset: dataset.to_owned(),
+        key: key.to_owned(),
+        records,
+        transform,
+        run_at,
+    })
+}
+
+/// Whether `name` is a dataset name: `[a-z][a-z0-9_]{0,62}`.
+pub fn valid_dataset(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some('a'..='z'))
+        && name.len() <= 63
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+}
+
+/// Whether `name` is a usable field name: 1 to 128 characters.
+fn valid_field(name: &str) -> bool {
+    (1..=128).contains(&name.chars().count())
+}
+
+/// A JSON pointer from reference tokens, escaped per RFC 6901.
+fn pointer(tokens: &[&str]) -> String {
+    tokens
+        .iter()
+        .map(|t| format!("/{}", t.replace('~', "~0").replace('/', "~1")))
+        .collect()
+}
+
+/// Parses the `transform` member.
+fn parse_transform(spec: &Value) -> Result<Transform, Rejection> {
+    let invalid = |tokens: &[&str]| {
+        let mut all = vec!["transform"];
+        all.extend_from_slice(tokens);
+        Rejection::new(Code::TransformInvalid, pointer(&all))
+    };
+    let spec = spec.as_object().ok_or_else(|| invalid(&[]))?;
+    let mut transform = Transform::default();
+    for (member, value) in spec {
+        match member.as_str() {
+            "select" | "required" => {
+                let names = value
+                    .as_array()
+                    .ok_or_else(|| invalid(&[member]))?
+                    .iter()
+                    .map(|n| n.as_str().filter(|n| valid_field(n)).map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| invalid(&[member]))?;
+                if member == "select" {
+                    transform.select = Some(names);
+                } else {
+                    transform.required = names;
+                }
+            }
+            "rename" => transform.rename = string_map(value).ok_or_else(|| invalid(&[member]))?,
+            "cast" => {
+                let casts = string_map(value).ok_or_else(|| invalid(&[member]))?;
+                for (field, kind) in casts {
+                    let cast = Cast::parse(&kind).ok_or_else(|| invalid(&[member, &field]))?;
+                    transform.cast.insert(field, cast);
+                }
+            }
+            "defaults" => {
+                let defaults = value.as_object().ok_or_else(|| invalid(&[member]))?;
+                transform.defaults = defaults
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+            }
+            _ => return Err(invalid(&[member])),
+        }
+    }
+    Ok(transform)
+}
+
+/// A JSON object whose values are all strings, as a sorted map; `None` otherwise.
+fn string_map(value: &Value) -> Option<BTreeMap<String, String>> {
+    value
+        .as_object()?
+        .iter()
+        .map(|(k, v)| Some((k.clone(), v.as_str().filter(|s| valid_field(s))?.to_owned())))
+        .collect()
+}
+
+impl EtlRequest {
+    /// The normalized request document: what is stored as the job's payload and fingerprinted.
+    /// `run_at` is rendered in canonical UTC (`…Z`); object keys are sorted.
+    pub fn to_value(&self) -> Value {
+        let mut doc = Map::new();
+        doc.insert("dataset".into(), Value::String(self.dataset.clone()));
+        doc.insert("key".into(), Value::String(self.key.clone()));
+        doc.insert(
+            "records".into(),
+            Value::Array(self.records.iter().cloned().map(Value::Object).collect()),
+        );
+        doc.insert("transform".into(), self.transform.to_value());
+        if let Some(run_at) = self.run_at {
+            doc.insert("run_at".into(), Value::String(canonical_utc(run_at)));
+        }
+        Value::Object(doc)
+    }
+}
+
+/// An instant as canonical UTC RFC 3339 (`2026-01-02T03:04:05Z`, fractional seconds only if any).
+pub fn canonical_utc(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The code and pointer `value` is rejected with.
+    fn rejected(value: Value) -> (Code, String) {
+        let r = parse(&value, IntakeLimits::default()).unwrap_err();
+        (r.code, r.pointer)
+    }
+
+    /// A minimal valid request with `extra` members merged in.
+    fn request(extra: Value) -> Value {
+        let mut base = json!({"dataset": "orders", "key": "id", "records": [{"id": 1}]});
+        for (k, v) in extra.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        base
+    }
+
+    #[test]
+    fn a_minimal_request_parses() {
+        let parsed = parse(&request(json!({})), IntakeLimits::default()).unwrap();
+        assert_eq!(parsed.dataset, "orders");
+        assert_eq!(parsed.records.len(), 1);
+        assert_eq!(parsed.run_at, None);
+        assert_eq!(parsed.transform, Transform::default());
+    }
+
+    #[test]
+    fn every_intake_code_names_its_pointer_not_its_value() {
+        let cases = [
+            (json!([1, 2]), Code::RequestInvalid, ""),
+            (
+                request(json!({"extra": "canary"})),
+                Code::RequestInvalid,
+                "/extra",
+            ),
+            (
+                request(json!({"a/b~c": 1})),
+                Code::RequestInvalid,
+                "/a~1b~0c",
+            ),
+            (
+                request(json!({"dataset": "Orders"})),
+                Code::DatasetInvalid,
+                "/dataset",
+            ),
+            (
+                request(json!({"dataset": "9orders"})),
+                Code::DatasetInvalid,
+                "/dataset",
+            ),
+            (
+                request(json!({"dataset": "a".repeat(64)})),
+                Code::DatasetInvalid,
+                "/dataset",
+            ),
+            (
+                request(json!({"dataset": 5})),
+                Code::DatasetInvalid,
+                "/dataset",
+            ),
+            (request(json!({"key": ""})), Code::KeyInvalid, "/key"),
+            (
+                request(json!({"key": "k".repeat(129)})),
+                Code::KeyInvalid,
+                "/key",
+            ),
+            (
+                request(json!({"records": {}})),
+                Code::RecordsInvalid,
+                "/records",
+            ),
+            (
+                request(json!({"records": [{}, 3]})),
+                Code::RecordsInvalid,
+                "/records/1",
+            ),
+            (
+                request(json!({"transform": []})),
+                Code::TransformInvalid,
+                "/transform",
+            ),
+            (
+                request(json!({"transform": {"explode": 1}})),
+                Code::TransformInvalid,
+                "/transform/explode",
+            ),
+            (
+                request(json!({"transform": {"select": "a"}})),
+                Code::TransformInvalid,
+                "/transform/select",
+            ),
+            (
+                request(json!({"transform": {"required": [1]}})),
+                Code::TransformInvalid,
+                "/transform/required",
+            ),
+            (
+                request(json!({"transform": {"rename": {"a": 1}}})),
+                Code::TransformInvalid,
+                "/transform/rename",
+            ),
+            (
+                request(json!({"transform": {"cast": {"a": "money"}}})),
+                Code::TransformInvalid,
+                "/transform/cast/a",
+            ),
+            (
+                request(json!({"transform": {"cast": []}})),
+                Code::TransformInvalid,
+                "/transform/cast",
+            ),
+            (
+                request(json!({"transform": {"defaults": 1}})),
+                Code::TransformInvalid,
+                "/transform/defaults",
+            ),
+            (
+                request(json!({"run_at": "tomorrow"})),
+                Code::RunAtInvalid,
+                "/run_at",
+            ),
+            (
+                request(json!({"run_at": 1700000000})),
+                Code::RunAtInvalid,
+                "/run_at",
+            ),
+        ];
+        for (value, code, ptr) in cases {
+            assert_eq!(rejected(value.clone()), (code, ptr.to_owned()), "{value}");
+        }
+    }
+
+    #[test]
+    fn size_limits_are_enforced_before_and_after_parsing() {
+        let limits = IntakeLimits {
+            max_records: 2,
+            max_bytes: 64,
+        };
+        let three =
+            serde_json::to_vec(&json!({"dataset": "d", "key": "k", "records": [{}, {}, {}]}))
+                .unwrap();
+        assert_eq!(
+            parse_bytes(&three, limits).unwrap_err().code,
+            Code::TooManyRecords
+        );
+        let big = vec![b' '; 65];
+        assert_eq!(
+            parse_bytes(&big, limits).unwrap_err().code,
+            Code::RequestTooLarge
+        );
+        assert_eq!(
+            parse_bytes(b"{not json", limits).unwrap_err().code,
+            Code::RequestMalformed
+        );
+        let two =
+            serde_json::to_vec(&json!({"dataset": "d", "key": "k", "records": [{}, {}]})).unwrap();
+        assert!(parse_bytes(&two, limits).is_ok());
+    }
+
+    #[test]
+    fn run_at_is_normalized_to_canonical_utc() {
+        let parsed = parse(
+            &request(json!({"run_at": "2026-03-01T10:00:00.5+02:00", "transform": null})),
+            IntakeLimits::default(),
+        )
+        .unwrap();
+        let doc = parsed.to_value();
+        assert_eq!(doc["run_at"], "2026-03-01T08:00:00.500Z");
+        assert_eq!(
+            canonical_utc(parsed.run_at.unwrap()),
+            "2026-03-01T08:00:00.500Z"
+        );
+        let whole = parse(
+            &request(json!({"run_at": "2026-03-01T10:00:00-01:00"})),
+            IntakeLimits::default(),
+        )
+        .unwrap();
+        assert_eq!(whole.to_value()["run_at"], "2026-03-01T11:00:00Z");
+    }
+
+    #[test]
+    fn a_full_transform_round_trips_through_the_normalized_document() {
+        let spec = json!({
+            "select": ["id", "total"], "required": ["id"], "rename": {"amount": "total"},
+            "cast": {"total": "decimal"}, "defaults": {"total": "0"}
+        });
+        let parsed = parse(
+            &request(json!({"transform": spec})),
+            IntakeLimits::default(),
+        )
+        .unwrap();
+        let again = parse(&parsed.to_value(), IntakeLimits::default()).unwrap();
+        assert_eq!(again, parsed);
+    }
+}
