@@ -87,6 +87,8 @@ impl DatabaseArgs {
 pub enum Command {
     /// Apply the schema migrations this release embeds (or reverse them with --down-to).
     Migrate(MigrateArgs),
+    /// Serve the HTTP API.
+    Serve(ServeArgs),
     /// Run a worker replica: claim, execute and complete jobs.
     Work(WorkArgs),
     /// Create or revoke API keys.
@@ -100,6 +102,54 @@ pub struct MigrateArgs {
     /// Reverse migrations until the schema is at this version (0 removes everything).
     #[arg(long, env = "DURABLE_ETL_DOWN_TO")]
     pub down_to: Option<i32>,
+}
+
+/// Options of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "DURABLE_ETL_LISTEN", default_value = config::API_LISTEN_DEFAULT)]
+    pub listen: SocketAddr,
+    /// Time one request may take.
+    #[arg(long, env = "DURABLE_ETL_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Requests served at once (more wait their turn).
+    #[arg(long, env = "DURABLE_ETL_MAX_CONCURRENCY", default_value_t = config::MAX_CONCURRENCY_DEFAULT)]
+    pub max_concurrency: usize,
+    /// Largest number of records in one request.
+    #[arg(long, env = "DURABLE_ETL_MAX_RECORDS", default_value_t = crate::etl::request::MAX_RECORDS_DEFAULT)]
+    pub max_records: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "DURABLE_ETL_MAX_BYTES", default_value_t = crate::etl::request::MAX_BYTES_DEFAULT)]
+    pub max_bytes: usize,
+    /// Secret key of the keyed digests (at least 16 bytes).
+    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
+}
+
+impl ServeArgs {
+    /// The validated API configuration and secret.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the broken rule.
+    pub fn config(&self) -> Result<(config::ApiConfig, Secret), Error> {
+        let api = config::ApiConfig {
+            listen: self.listen,
+            request_timeout: self.request_timeout,
+            max_concurrency: self.max_concurrency,
+            limits: crate::etl::request::IntakeLimits {
+                max_records: self.max_records,
+                max_bytes: self.max_bytes,
+            },
+        };
+        api.validate()?;
+        let secret = self
+            .secret
+            .clone()
+            .and_then(|s| Secret::new(s.into_bytes()))
+            .ok_or(config::ConfigError::Secret)?;
+        Ok((api, secret))
+    }
 }
 
 /// Options of `work`.
@@ -216,6 +266,15 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     let db_config = cli.database.config()?;
     match cli.command {
         Command::Migrate(args) => migrate(&db_config, args).await,
+        Command::Serve(args) => {
+            let (api_config, secret) = args.config()?;
+            let pool = db::connect_pool(&db_config, "api").await?;
+            let conn = pool.get().await.map_err(db::pool_error)?;
+            let version = schema::check_compatible(&conn).await?;
+            drop(conn);
+            tracing::info!(schema_version = version, "api starting");
+            crate::api::serve(pool, secret, api_config, crate::shutdown::signals()).await
+        }
         Command::Work(args) => {
             let worker_config = args.config()?;
             let pool = db::connect_pool(&db_config, "worker").await?;

@@ -76,6 +76,20 @@ pub enum Code {
     IdempotencyKeyInvalid,
     /// The idempotency key was used before by the same owner with a different request.
     IdempotencyKeyReused,
+    /// `replaces` is not a job id.
+    ReplacesInvalid,
+    /// Credentials are missing, malformed, unknown or revoked.
+    Unauthorized,
+    /// No such job for this owner (the same answer whether it exists for another owner or not).
+    NotFound,
+    /// The job is in a state that does not allow the request (for example, already terminal).
+    Conflict,
+    /// The request body is not `application/json`.
+    UnsupportedMediaType,
+    /// The request took longer than the server allows.
+    RequestTimeout,
+    /// A query parameter is not valid.
+    QueryInvalid,
 }
 
 impl Code {
@@ -112,6 +126,13 @@ impl Code {
         Code::RunAtInvalid,
         Code::IdempotencyKeyInvalid,
         Code::IdempotencyKeyReused,
+        Code::ReplacesInvalid,
+        Code::Unauthorized,
+        Code::NotFound,
+        Code::Conflict,
+        Code::UnsupportedMediaType,
+        Code::RequestTimeout,
+        Code::QueryInvalid,
     ];
 
     /// The stable snake_case string of this code.
@@ -148,6 +169,13 @@ impl Code {
             Code::RunAtInvalid => "run_at_invalid",
             Code::IdempotencyKeyInvalid => "idempotency_key_invalid",
             Code::IdempotencyKeyReused => "idempotency_key_reused",
+            Code::ReplacesInvalid => "replaces_invalid",
+            Code::Unauthorized => "unauthorized",
+            Code::NotFound => "not_found",
+            Code::Conflict => "conflict",
+            Code::UnsupportedMediaType => "unsupported_media_type",
+            Code::RequestTimeout => "request_timeout",
+            Code::QueryInvalid => "query_invalid",
         }
     }
 

@@ -76,6 +76,12 @@ pub enum ConfigError {
     /// The owner id is empty, too long, or has characters outside `[A-Za-z0-9._:-]`.
     #[error("owner id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -")]
     OwnerId,
+    /// The listen address cannot be bound (in use, or not this host's).
+    #[error("the listen address cannot be bound")]
+    Listen,
+    /// An API limit (concurrency, records, bytes) is zero.
+    #[error("max concurrency, max records and max bytes must be at least 1")]
+    ApiLimits,
     /// The digest secret is missing or shorter than 16 bytes.
     #[error("DURABLE_ETL_SECRET must be set to at least 16 bytes")]
     Secret,
@@ -267,18 +273,49 @@ pub fn generated_owner_id() -> String {
     format!("{host}-{}", &suffix[..8])
 }
 
+/// Default time one HTTP request may take.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Default number of HTTP requests served at once (more wait their turn).
+pub const MAX_CONCURRENCY_DEFAULT: usize = 256;
+
 /// How the HTTP API serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiConfig {
     /// The address the API listens on. Defaults to [`API_LISTEN_DEFAULT`].
     pub listen: SocketAddr,
+    /// Time one request may take before it is answered `503 request_timeout`. Defaults to
+    /// [`REQUEST_TIMEOUT_DEFAULT`].
+    pub request_timeout: Duration,
+    /// Requests served at once. Defaults to [`MAX_CONCURRENCY_DEFAULT`].
+    pub max_concurrency: usize,
+    /// Request size limits. Default to 10,000 records and 1 MiB.
+    pub limits: crate::etl::request::IntakeLimits,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            request_timeout: REQUEST_TIMEOUT_DEFAULT,
+            max_concurrency: MAX_CONCURRENCY_DEFAULT,
+            limits: crate::etl::request::IntakeLimits::default(),
         }
+    }
+}
+
+impl ApiConfig {
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// The first broken rule, as a [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.request_timeout.is_zero() {
+            return Err(ConfigError::ZeroDuration("request timeout"));
+        }
+        if self.max_concurrency == 0 || self.limits.max_records == 0 || self.limits.max_bytes == 0 {
+            return Err(ConfigError::ApiLimits);
+        }
+        Ok(())
     }
 }
 

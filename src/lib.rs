@@ -19,6 +19,7 @@
 //! - [`digest`]: keyed digests of principals and keys.
 //! - [`worker`]: the replica: claim, execute, heartbeat, recover, shut down.
 
+pub mod api;
 pub mod api_keys;
 pub mod cli;
 pub mod codes;
@@ -28,6 +29,7 @@ pub mod digest;
 pub mod error;
 pub mod etl;
 pub mod handler;
+pub mod jobs;
 pub mod schema;
 pub mod shutdown;
 pub mod telemetry;

@@ -9,12 +9,16 @@
 //!   `idempotency_key_reused`. Keys, principals and requests are stored only as keyed digests
 //!   (and the request itself as the job payload, cleared when the job ends).
 //! - A batch is one INSERT statement, so the enqueue trigger notifies at most once.
+//! - A request that `replaces` a job cancels it (as `replaced`) before it is inserted; on the
+//!   caller's transaction both commit or neither does. A replaced running job ends `cancelled`
+//!   when its worker next settles it, and its effects never commit.
 
 use crate::codes::Code;
 use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
 use crate::etl::request::{EtlRequest, Rejection};
 use crate::etl::KIND;
+use crate::jobs::{self, Cancel};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use tokio_postgres::types::Type;
@@ -45,7 +49,7 @@ pub struct Enqueued {
 }
 
 /// Inserts the jobs of one batch in one statement, skipping any whose owner + idempotency key
-/// exists already. `$1..$6` are parallel arrays; `$7` is the owner digest.
+/// exists already. `$1..$6` and `$9` are parallel arrays; `$7` is the owner digest, `$8` the kind.
 ///
 /// Locks: inserts new rows (and their unique-index entries). A concurrent insert of the same
 /// owner + key waits for the other transaction, then is skipped if it committed; the statement
@@ -53,11 +57,12 @@ pub struct Enqueued {
 pub const INSERT_SQL: &str = "
 INSERT INTO etl_job_records
        (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload,
-        max_attempts, run_at)
+        max_attempts, run_at, replaces_job_id)
 SELECT b.id, $7, b.key_digest, b.fingerprint, $8, b.payload, b.max_attempts,
-       coalesce(b.run_at, now())
-  FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[], $6::timestamptz[])
-       AS b(id, key_digest, fingerprint, payload, max_attempts, run_at)
+       coalesce(b.run_at, now()), b.replaces
+  FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[], $6::timestamptz[],
+              $9::uuid[])
+       AS b(id, key_digest, fingerprint, payload, max_attempts, run_at, replaces)
     ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
 RETURNING id";
 
@@ -102,6 +107,7 @@ pub async fn enqueue_many(
     let mut payloads = Vec::with_capacity(jobs.len());
     let mut max_attempts = Vec::with_capacity(jobs.len());
     let mut run_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(jobs.len());
+    let mut replaces: Vec<Option<Uuid>> = Vec::with_capacity(jobs.len());
     for job in jobs {
         if !(1..=255).contains(&job.idempotency_key.chars().count()) {
             return Err(Rejection::new(Code::IdempotencyKeyInvalid, "").into());
@@ -117,8 +123,10 @@ pub async fn enqueue_many(
         payloads.push(payload);
         max_attempts.push(job.max_attempts.clamp(1, 100));
         run_ats.push(job.request.run_at);
+        replaces.push(job.request.replaces);
     }
     let owner: &[u8] = owner_key;
+    replace_olds(client, owner_key, &key_digests, &replaces).await?;
     let inserted: Vec<Uuid> = client
         .query_typed(
             INSERT_SQL,
@@ -131,6 +139,7 @@ pub async fn enqueue_many(
                 (&run_ats, Type::TIMESTAMPTZ_ARRAY),
                 (&owner, Type::BYTEA),
                 (&KIND, Type::TEXT),
+                (&replaces, Type::UUID_ARRAY),
             ],
         )
         .await?
@@ -170,6 +179,39 @@ pub async fn enqueue_many(
         }
     }
     Ok(out)
+}
+
+/// Cancels (as `replaced`) the jobs the batch replaces, unless the replacing job exists already
+/// (an idempotent replay replaces nothing again). Atomic with the insert when the caller passes a
+/// transaction.
+async fn replace_olds(
+    client: &impl GenericClient,
+    owner_key: &[u8; 32],
+    key_digests: &[Vec<u8>],
+    replaces: &[Option<Uuid>],
+) -> Result<(), Error> {
+    let owner: &[u8] = owner_key;
+    for (digest, old) in key_digests.iter().zip(replaces) {
+        let Some(old) = *old else { continue };
+        let digests: &[&[u8]] = &[digest.as_slice()];
+        let replay = client
+            .query_typed_opt(
+                EXISTING_SQL,
+                &[(&owner, Type::BYTEA), (&digests, Type::BYTEA_ARRAY)],
+            )
+            .await?;
+        if replay.is_some() {
+            continue;
+        }
+        match jobs::cancel(client, owner_key, old, Code::Replaced).await? {
+            Cancel::Cancelled | Cancel::Requested => {}
+            Cancel::NotFound => return Err(Rejection::new(Code::NotFound, "/replaces").into()),
+            Cancel::AlreadyEnded(_) => {
+                return Err(Rejection::new(Code::Conflict, "/replaces").into())
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The keyed fingerprint of a normalized request document (object keys sorted).

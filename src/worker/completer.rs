@@ -28,6 +28,8 @@ pub enum Transition {
     Retried,
     /// The job is `failed` with this code.
     Failed(Code),
+    /// The job is `cancelled`: its owner asked, and its effects never committed.
+    Cancelled,
     /// The fence matched no row: another claim (or a cancellation, or recovery) owns the job now.
     LeaseLost,
     /// The transition could not be written (the database did not answer); the lease will expire
@@ -91,16 +93,21 @@ pub async fn succeed(
 }
 
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else
-/// `failed` with `attempts_exhausted` and the payload cleared (`$1` id, `$2` claim id).
+/// `failed` with `attempts_exhausted` and the payload cleared (`$1` id, `$2` claim id). A job
+/// whose owner asked to cancel it ends `cancelled` instead of retrying.
 ///
 /// Locks: row-locks the one fenced row; waits at most `lock_timeout` for an executor's lock.
 pub const RETRY_SQL: &str = "
 UPDATE etl_job_records
-   SET status = CASE WHEN attempts < max_attempts THEN 'pending' ELSE 'failed' END,
-       failure_code = CASE WHEN attempts < max_attempts THEN NULL ELSE 'attempts_exhausted' END,
-       request_payload = CASE WHEN attempts < max_attempts THEN request_payload END,
-       finished_at = CASE WHEN attempts < max_attempts THEN NULL ELSE now() END,
-       run_at = CASE WHEN attempts < max_attempts
+   SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                     WHEN attempts < max_attempts THEN 'pending' ELSE 'failed' END,
+       failure_code = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                           WHEN attempts < max_attempts THEN NULL ELSE 'attempts_exhausted' END,
+       request_payload = CASE WHEN cancel_requested_at IS NULL AND attempts < max_attempts
+                              THEN request_payload END,
+       finished_at = CASE WHEN cancel_requested_at IS NULL AND attempts < max_attempts
+                          THEN NULL ELSE now() END,
+       run_at = CASE WHEN cancel_requested_at IS NULL AND attempts < max_attempts
                      THEN now() + $3 * interval '1 millisecond' ELSE run_at END,
        lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, updated_at = now()
  WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'
@@ -126,19 +133,22 @@ pub async fn retry(
             ],
         )
         .await?;
-    Ok(match row {
+    Ok(match row.as_ref().map(|r| r.get::<_, &str>(0)) {
         None => Transition::LeaseLost,
-        Some(row) if row.get::<_, &str>(0) == "pending" => Transition::Retried,
+        Some("pending") => Transition::Retried,
+        Some("cancelled") => Transition::Cancelled,
         Some(_) => Transition::Failed(Code::AttemptsExhausted),
     })
 }
 
-/// Ends the job `failed` with code `$3` (and record index `$4`), clearing payload and lease.
+/// Ends the job `failed` with code `$3` (and record index `$4`) — or `cancelled` when `$3` is
+/// `cancelled` — clearing payload and lease.
 ///
 /// Locks: row-locks the one fenced row.
 pub const FAIL_SQL: &str = "
 UPDATE etl_job_records
-   SET status = 'failed', failure_code = $3, failure_record_index = $4, request_payload = NULL,
+   SET status = CASE WHEN $3 = 'cancelled' THEN 'cancelled' ELSE 'failed' END,
+       failure_code = $3, failure_record_index = $4, request_payload = NULL,
        lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL,
        finished_at = now(), updated_at = now()
  WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'";
@@ -166,10 +176,10 @@ pub async fn fail(
             ],
         )
         .await?;
-    Ok(if n == 1 {
-        Transition::Failed(code)
-    } else {
-        Transition::LeaseLost
+    Ok(match (n, code) {
+        (1, Code::Cancelled) => Transition::Cancelled,
+        (1, _) => Transition::Failed(code),
+        _ => Transition::LeaseLost,
     })
 }
 

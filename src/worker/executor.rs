@@ -27,12 +27,14 @@ use tokio_util::sync::CancellationToken;
 
 /// Locks the job row under the lease fence at the start of the execution transaction, and tells
 /// whether a ledger row already exists for it (then its effects committed before and must not
-/// run again).
+/// run again) and whether its owner asked to cancel it (then its effects must never commit).
 ///
 /// Locks: a row lock (`FOR UPDATE`) on the one job row, held until the transaction ends; this is
-/// what makes recovery and heartbeats skip the row while its effects commit.
+/// what makes recovery, heartbeats and cancellation wait for (or skip) the row while its effects
+/// commit, so a cancel and a commit can never both win.
 pub const LOCK_FENCED_SQL: &str = "
-SELECT EXISTS (SELECT 1 FROM etl_job_responses r WHERE r.job_id = j.id)
+SELECT EXISTS (SELECT 1 FROM etl_job_responses r WHERE r.job_id = j.id),
+       j.cancel_requested_at IS NOT NULL
   FROM etl_job_records j
  WHERE j.id = $1 AND j.lease_claim_id = $2 AND j.status = 'running'
    FOR UPDATE OF j";
@@ -49,6 +51,8 @@ enum Failure {
     Code(Code),
     /// The lease was gone when the effects transaction checked it.
     LeaseLost,
+    /// The owner asked to cancel the job.
+    Cancelled,
 }
 
 /// Runs `job` to a transition. `lost` is cancelled when a heartbeat finds the lease gone: the
@@ -113,11 +117,16 @@ async fn commit(
         .await
         .map_err(|_| Failure::Code(Code::TransientDatabase))?;
     let tx = conn.transaction().await.map_err(db_failure)?;
-    let ledger_exists: Option<bool> = tx
+    let fenced: Option<(bool, bool)> = tx
         .query_typed_opt(LOCK_FENCED_SQL, &[(&id, Type::UUID), (&claim, Type::UUID)])
         .await
         .map_err(db_failure)?
-        .map(|row| row.get(0));
+        .map(|row| (row.get(0), row.get(1)));
+    let ledger_exists = match fenced {
+        None => return Err(Failure::LeaseLost),
+        Some((_, true)) => return Err(Failure::Cancelled),
+        Some((ledger, false)) => Some(ledger),
+    };
     let ledger = match (ledger_exists, effects) {
         (None, _) => return Err(Failure::LeaseLost),
         // Effects already committed under an earlier claim: record success, run nothing again.
@@ -180,6 +189,7 @@ fn db_failure(e: tokio_postgres::Error) -> Failure {
 async fn settle_failure(shared: &Shared, job: &ClaimedJob, failure: Failure) -> Transition {
     let (code, record_index, transient) = match failure {
         Failure::LeaseLost => return Transition::LeaseLost,
+        Failure::Cancelled => (Code::Cancelled, None, false),
         Failure::Code(code) => (code, None, code == Code::TransientDatabase),
         Failure::Job(JobError::Transient(_)) => (Code::HandlerFailed, None, true),
         Failure::Job(JobError::Permanent {

@@ -19,13 +19,18 @@ use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
 /// The SET list of a recovery transition, shared by both recovery statements.
+/// A job whose owner asked to cancel it ends `cancelled` instead of going back to `pending`.
 macro_rules! recovery_set {
     () => {
-        "status = CASE WHEN j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
-         failure_code = CASE WHEN j.attempts < j.max_attempts THEN NULL
+        "status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                       WHEN j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
+         failure_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                             WHEN j.attempts < j.max_attempts THEN NULL
                              ELSE 'lease_expired_exhausted' END,
-         request_payload = CASE WHEN j.attempts < j.max_attempts THEN j.request_payload END,
-         finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
+         request_payload = CASE WHEN j.cancel_requested_at IS NULL
+                                 AND j.attempts < j.max_attempts THEN j.request_payload END,
+         finished_at = CASE WHEN j.cancel_requested_at IS NULL
+                             AND j.attempts < j.max_attempts THEN NULL ELSE now() END,
          lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL,
          updated_at = now()"
     };
@@ -92,7 +97,8 @@ pub struct Recovered {
     pub expired: u64,
     /// Rows recovered because their owner was dead.
     pub dead_owner: u64,
-    /// Of those, rows that ended `failed` (`lease_expired_exhausted`).
+    /// Of those, rows that ended instead of going back to `pending` (`lease_expired_exhausted`,
+    /// or `cancelled` at their owner's request).
     pub exhausted: u64,
 }
 
@@ -122,7 +128,7 @@ pub async fn recover(client: &impl GenericClient) -> Result<Recovered, tokio_pos
         } else {
             recovered.dead_owner += 1;
         }
-        if row.get::<_, &str>(1) == "failed" {
+        if row.get::<_, &str>(1) != "pending" {
             recovered.exhausted += 1;
         }
     }

@@ -46,6 +46,8 @@ counters! {
     failed,
     /// Attempts that went back to `pending` for a retry.
     retried,
+    /// Running jobs that ended `cancelled` at their owner's request.
+    cancelled,
     /// Jobs given back on shutdown.
     released,
     /// Fenced writes or heartbeats that found the lease gone.
@@ -125,6 +127,7 @@ impl WorkerStats {
                     _ => {}
                 }
             }
+            Transition::Cancelled => bump(&self.cancelled),
             Transition::LeaseLost => bump(&self.lease_lost),
             Transition::Unwritten => bump(&self.unwritten),
         }

@@ -2,6 +2,7 @@
 //! database (see `support`). One binary, so the tests compile and link once.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
 
+mod api;
 mod claim_plan;
 mod cli;
 mod errors;

@@ -108,6 +108,7 @@ async fn with_notify_suppressed_every_job_still_runs_by_the_poll() {
         .await
         .unwrap();
     let replica = Replica::start(&db, config("polled", Duration::from_millis(100), 4)).await;
+    replica.started().await;
     for _ in 0..5 {
         insert_jobs(&client, NOOP, &[json!({}), json!({})], 3).await;
     }

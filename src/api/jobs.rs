@@ -1,0 +1,333 @@
+//! The job resources: submit (`POST /v1/etl-jobs`), the status monitor (`GET
+//! /v1/etl-jobs/{id}`), the owner's listing (`GET /v1/etl-jobs`) and cancellation (`DELETE
+//! /v1/etl-jobs/{id}`).
+//!
+//! Invariants this module keeps:
+//! - Authentication happens before anything else is looked at; every query is owner-scoped.
+//! - A submission is validated completely before anything is written, then enqueued (with any
+//!   replacement) in one transaction.
+//! - Responses carry only the job's own id, status fields and ledger summary.
+
+use super::problem::Problem;
+use super::AppState;
+use crate::api_keys;
+use crate::codes::Code;
+use crate::db::pool_error;
+use crate::error::Error;
+use crate::etl::enqueue::{self, NewJob, MAX_ATTEMPTS_DEFAULT};
+use crate::etl::request::{self, EtlRequest};
+use crate::jobs::{self, Cancel, JobStatus};
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
+use uuid::Uuid;
+
+/// The owner digest of an authenticated request.
+pub(super) struct Owner([u8; 32]);
+
+impl FromRequestParts<AppState> for Owner {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Owner, Problem> {
+        let key = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| Problem::new(Code::Unauthorized))?;
+        let conn = state.pool.get().await.map_err(pool_error)?;
+        api_keys::authenticate(&*conn, &state.secret, key)
+            .await?
+            .map(Owner)
+            .ok_or_else(|| Problem::new(Code::Unauthorized))
+    }
+}
+
+/// The schema of the ETL request body, as the intake validator (`etl::request`) enforces it.
+impl PartialSchema for EtlRequest {
+    fn schema() -> RefOr<Schema> {
+        let field = serde_json::json!({"type": "string", "minLength": 1, "maxLength": 128});
+        let doc = serde_json::json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["dataset", "key", "records"],
+            "properties": {
+                "dataset": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,62}$"},
+                "key": field,
+                "records": {"type": "array", "items": {"type": "object"}},
+                "transform": {
+                    "type": ["object", "null"],
+                    "additionalProperties": false,
+                    "properties": {
+                        "select": {"type": "array", "items": field},
+                        "required": {"type": "array", "items": field},
+                        "rename": {"type": "object", "additionalProperties": field},
+                        "cast": {"type": "object", "additionalProperties": {
+                            "type": "string",
+                            "enum": ["string", "integer", "decimal", "boolean", "timestamp"]}},
+                        "defaults": {"type": "object"}
+                    }
+                },
+                "run_at": {"type": ["string", "null"], "format": "date-time"},
+                "replaces": {"type": ["string", "null"], "format": "uuid"}
+            }
+        });
+        serde_json::from_value(doc).unwrap_or_else(|_| RefOr::T(Schema::default()))
+    }
+}
+
+impl ToSchema for EtlRequest {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("EtlRequest")
+    }
+}
+
+/// The `Location` of job `id`'s status monitor.
+fn location(id: Uuid) -> String {
+    format!("/v1/etl-jobs/{id}")
+}
+
+/// `202 Accepted` pointing at the status monitor, with the job's status as the body.
+fn accepted(status: JobStatus) -> Response {
+    let mut response = (StatusCode::ACCEPTED, Json(&status)).into_response();
+    if let Ok(location) = HeaderValue::from_str(&location(status.id)) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// `200 OK` with the job's status, and `Retry-After` while it is not over.
+fn monitor(status: JobStatus) -> Response {
+    let active = status.is_active();
+    let mut response = Json(&status).into_response();
+    if active {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// Submits an ETL job.
+#[utoipa::path(
+    post,
+    path = "/v1/etl-jobs",
+    tag = "jobs",
+    request_body(content = EtlRequest, content_type = "application/json"),
+    params(("Idempotency-Key" = String, Header, description = "Client key that makes the submission idempotent (1 to 255 characters)")),
+    responses(
+        (status = 202, description = "Accepted: the body is the job's status; Location is its status monitor", body = JobStatus,
+         headers(("Location" = String, description = "The status monitor"), ("Retry-After" = u32, description = "Seconds before polling the monitor"))),
+        (status = 400, description = "Malformed JSON or Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The job to replace does not exist", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The job to replace has already ended", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Schema violation, or idempotency key reused", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn submit(
+    State(state): State<AppState>,
+    owner: Owner,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(Problem::new(Code::UnsupportedMediaType));
+    }
+    let body = body.map_err(|rejection| {
+        Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Code::RequestTooLarge
+        } else {
+            Code::RequestMalformed
+        })
+    })?;
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| Problem::new(Code::IdempotencyKeyInvalid))?;
+    let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
+    let mut conn = state.pool.get().await.map_err(pool_error)?;
+    let tx = conn.transaction().await.map_err(Error::from)?;
+    let job = NewJob {
+        idempotency_key: key,
+        request: &request,
+        max_attempts: MAX_ATTEMPTS_DEFAULT,
+    };
+    let enqueued = enqueue::enqueue(&tx, &state.secret, &owner.0, job).await?;
+    let status = jobs::status(&tx, &owner.0, enqueued.id).await?;
+    tx.commit().await.map_err(Error::from)?;
+    status
+        .map(accepted)
+        .ok_or_else(|| Problem::new(Code::NotFound))
+}
+
+/// The status monitor of one job.
+#[utoipa::path(
+    get,
+    path = "/v1/etl-jobs/{id}",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses(
+        (status = 200, description = "The job's status (Retry-After while pending or running)", body = JobStatus),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job for this owner", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn get_job(
+    State(state): State<AppState>,
+    owner: Owner,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    let id = Uuid::parse_str(&id).map_err(|_| Problem::new(Code::NotFound))?;
+    let conn = state.pool.get().await.map_err(pool_error)?;
+    jobs::status(&*conn, &owner.0, id)
+        .await?
+        .map(monitor)
+        .ok_or_else(|| Problem::new(Code::NotFound))
+}
+
+/// Query parameters of the listing.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct ListParams {
+    /// Only jobs in this status.
+    status: Option<String>,
+    /// Page size, 1 to 100 (default 20).
+    limit: Option<String>,
+    /// The `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// A page of the owner's jobs.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct JobList {
+    /// Jobs, newest first.
+    jobs: Vec<JobStatus>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<Uuid>,
+}
+
+/// Default page size of the listing.
+const PAGE_DEFAULT: i64 = 20;
+/// Largest page size of the listing.
+const PAGE_MAX: i64 = 100;
+
+/// The owner's jobs, newest first, with keyset pagination.
+#[utoipa::path(
+    get,
+    path = "/v1/etl-jobs",
+    tag = "jobs",
+    params(ListParams),
+    responses(
+        (status = 200, description = "A page of jobs", body = JobList),
+        (status = 400, description = "A query parameter is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn list(
+    State(state): State<AppState>,
+    owner: Owner,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<JobList>, Problem> {
+    let invalid = |name: &str| Problem::new(Code::QueryInvalid).at(format!("/{name}"));
+    let Query(params) = params.map_err(|_| Problem::new(Code::QueryInvalid))?;
+    let status = params.status.as_deref();
+    if status.is_some_and(|s| {
+        !matches!(
+            s,
+            "pending" | "running" | "succeeded" | "failed" | "cancelled"
+        )
+    }) {
+        return Err(invalid("status"));
+    }
+    let limit = match params.limit.as_deref() {
+        None => PAGE_DEFAULT,
+        Some(l) => l
+            .parse::<i64>()
+            .ok()
+            .filter(|l| (1..=PAGE_MAX).contains(l))
+            .ok_or_else(|| invalid("limit"))?,
+    };
+    let cursor = match params.cursor.as_deref() {
+        None => None,
+        Some(c) => Some(Uuid::parse_str(c).map_err(|_| invalid("cursor"))?),
+    };
+    let conn = state.pool.get().await.map_err(pool_error)?;
+    let mut page = jobs::list(&*conn, &owner.0, cursor, status, limit + 1).await?;
+    let more = page.len() as i64 > limit;
+    page.truncate(usize::try_from(limit).unwrap_or(0));
+    let next_cursor = if more {
+        page.last().map(|j| j.id)
+    } else {
+        None
+    };
+    Ok(Json(JobList {
+        jobs: page,
+        next_cursor,
+    }))
+}
+
+/// Cancels a job: a pending one at once, a running one by request (its effects never commit).
+#[utoipa::path(
+    delete,
+    path = "/v1/etl-jobs/{id}",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses(
+        (status = 200, description = "Cancelled", body = JobStatus),
+        (status = 202, description = "Running: cancel requested; poll the monitor", body = JobStatus,
+         headers(("Location" = String, description = "The status monitor"), ("Retry-After" = u32, description = "Seconds before polling"))),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job for this owner", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The job has already ended (job_status says how)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn cancel_job(
+    State(state): State<AppState>,
+    owner: Owner,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    let id = Uuid::parse_str(&id).map_err(|_| Problem::new(Code::NotFound))?;
+    let conn = state.pool.get().await.map_err(pool_error)?;
+    let outcome = jobs::cancel(&*conn, &owner.0, id, Code::Cancelled).await?;
+    let status = || async {
+        jobs::status(&*conn, &owner.0, id)
+            .await?
+            .ok_or_else(|| Problem::new(Code::NotFound))
+    };
+    match outcome {
+        Cancel::Cancelled => Ok(monitor(status().await?)),
+        Cancel::Requested => Ok(accepted(status().await?)),
+        Cancel::AlreadyEnded(s) => Err(Problem::conflict(s)),
+        Cancel::NotFound => Err(Problem::new(Code::NotFound)),
+    }
+}

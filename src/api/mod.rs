@@ -1,0 +1,157 @@
+//! The owner-scoped HTTP API (`durable-etl serve`): submit, monitor, list and cancel ETL jobs,
+//! with RFC 9110 `202 Accepted` status-monitor semantics.
+//!
+//! Invariants this module keeps:
+//! - Every job route authenticates a bearer API key and acts only on the key owner's jobs; a job
+//!   of another owner answers exactly like a job that does not exist (`404`).
+//! - Accepting a job answers `202` with `Location` (the status monitor) and `Retry-After`; the
+//!   monitor answers `200` with the job's status, and `Retry-After` while it is not over.
+//! - Errors are RFC 9457 problems with stable codes (see `problem`); no request value, SQL or
+//!   internal error text is ever echoed.
+//! - Request time, body size and concurrency are bounded by layers; the OpenAPI document is
+//!   generated from the same handlers that serve the routes.
+
+mod jobs;
+mod ops;
+pub mod problem;
+
+use crate::config::ApiConfig;
+use crate::db::Pool;
+use crate::digest::Secret;
+use crate::error::Error;
+use crate::shutdown::{Shutdown, Stage};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use problem::Problem;
+use std::sync::Arc;
+use tower::limit::ConcurrencyLimitLayer;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// The connection pool.
+    pool: Pool,
+    /// The digest secret.
+    secret: Secret,
+    /// The API configuration.
+    config: ApiConfig,
+    /// Response counters for `/metrics`.
+    metrics: Arc<ops::ApiMetrics>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// The state of an API serving `pool` with `secret` and `config`.
+    pub fn new(pool: Pool, secret: Secret, config: ApiConfig) -> AppState {
+        AppState {
+            pool,
+            secret,
+            config,
+            metrics: Arc::default(),
+        }
+    }
+}
+
+/// The OpenAPI document's fixed parts; the paths come from the routed handlers.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "durable-etl", description = "Owner-scoped ETL jobs with 202 Accepted status monitors."),
+    modifiers(&BearerAuth)
+)]
+struct ApiDoc;
+
+/// Adds the bearer security scheme.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The router and the OpenAPI document of the routes it serves.
+fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(jobs::submit, jobs::list))
+        .routes(routes!(jobs::get_job, jobs::cancel_job))
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .routes(routes!(ops::metrics))
+        .split_for_parts()
+}
+
+/// The OpenAPI 3.1 document of the API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes().1
+}
+
+/// The application: every route with its layers, over `state`.
+pub fn app(state: AppState) -> Router {
+    let (router, doc) = routes();
+    let doc = Arc::new(doc);
+    let body_limit = state.config.limits.max_bytes;
+    let concurrency = state.config.max_concurrency;
+    router
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let doc = Arc::clone(&doc);
+                async move { axum::Json(doc.as_ref().clone()) }
+            }),
+        )
+        .fallback(|| async { Problem::new(crate::codes::Code::NotFound) })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), bounded))
+        .layer(ConcurrencyLimitLayer::new(concurrency))
+        .with_state(state)
+}
+
+/// Bounds each request's time, and counts responses by status class.
+async fn bounded(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let response = match tokio::time::timeout(state.config.request_timeout, next.run(request)).await
+    {
+        Ok(response) => response,
+        Err(_) => Problem::new(crate::codes::Code::RequestTimeout).into_response(),
+    };
+    state.metrics.count(response.status());
+    response
+}
+
+/// Serves the API on `config.listen` until `shutdown` asks it to drain.
+///
+/// # Errors
+/// [`Error::Config`] when the address cannot be bound.
+pub async fn serve(
+    pool: Pool,
+    secret: Secret,
+    config: ApiConfig,
+    mut shutdown: Shutdown,
+) -> Result<(), Error> {
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|_| crate::config::ConfigError::Listen)?;
+    tracing::info!(listen = %config.listen, "serving");
+    let app = app(AppState::new(pool, secret, config));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.reached(Stage::Draining).await })
+        .await
+        .map_err(|_| Error::Unavailable(None))?;
+    tracing::info!("stopped serving");
+    Ok(())
+}

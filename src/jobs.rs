@@ -1,0 +1,253 @@
+//! Owner-scoped views and control of jobs: status, listing, cancellation.
+//!
+//! Invariants this module keeps:
+//! - Every query is scoped by the owner digest: a job of another owner is indistinguishable from
+//!   a job that does not exist.
+//! - A status view never contains the request (records, dataset, key) or any stored error text:
+//!   only ids, states, counts, times, the stable failure code and the ledger summary.
+//! - Cancellation is decided under the job's row lock: a pending job ends `cancelled` at once
+//!   (payload cleared); a running job gets a cancel request that its fenced commit honours; a
+//!   terminal job is left alone. A cancel and a commit can never both win.
+
+use crate::codes::Code;
+use crate::error::Error;
+use crate::etl::request::canonical_utc;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::types::Type;
+use tokio_postgres::{GenericClient, Row};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// The ledger summary of a succeeded job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct JobResult {
+    /// Target rows inserted.
+    pub rows_inserted: i32,
+    /// Target rows changed.
+    pub rows_updated: i32,
+    /// Target rows already as loaded.
+    pub rows_unchanged: i32,
+    /// Hex SHA-256 of the loaded data.
+    pub checksum: String,
+}
+
+/// Why a job failed or was cancelled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct JobFailure {
+    /// The stable failure code.
+    pub code: String,
+    /// For `record_invalid`: the index of the first bad record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record_index: Option<i32>,
+}
+
+/// A job's status: the representation the status monitor serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct JobStatus {
+    /// The job id.
+    pub id: Uuid,
+    /// `pending`, `running`, `succeeded`, `failed` or `cancelled`.
+    pub status: String,
+    /// Attempts started so far.
+    pub attempts: i32,
+    /// The attempt bound.
+    pub max_attempts: i32,
+    /// When the job is (or was) due, canonical UTC.
+    pub run_at: String,
+    /// When the job was accepted, canonical UTC.
+    pub created_at: String,
+    /// When the job last changed, canonical UTC.
+    pub updated_at: String,
+    /// When the latest attempt started, canonical UTC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// When the job ended, canonical UTC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Whether a cancel was requested while the job was running.
+    pub cancel_requested: bool,
+    /// The job this one replaced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<Uuid>,
+    /// Why it failed or was cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<JobFailure>,
+    /// The ledger summary, once succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<JobResult>,
+}
+
+impl JobStatus {
+    /// Whether the job is still to run or running.
+    pub fn is_active(&self) -> bool {
+        matches!(self.status.as_str(), "pending" | "running")
+    }
+
+    /// The status from a row of [`STATUS_COLUMNS`].
+    fn from_row(row: &Row) -> JobStatus {
+        let time = |i: usize| canonical_utc(row.get::<_, DateTime<Utc>>(i));
+        let opt_time = |i: usize| row.get::<_, Option<DateTime<Utc>>>(i).map(canonical_utc);
+        let failure = row.get::<_, Option<String>>(9).map(|code| JobFailure {
+            code,
+            record_index: row.get(10),
+        });
+        let status: String = row.get(1);
+        let result = row
+            .get::<_, Option<i32>>(13)
+            .map(|rows_inserted| JobResult {
+                rows_inserted,
+                rows_updated: row.get(14),
+                rows_unchanged: row.get(15),
+                checksum: hex::encode(row.get::<_, Vec<u8>>(16)),
+            });
+        JobStatus {
+            id: row.get(0),
+            // A retry-waiting pending job keeps no failure; only ended jobs report one.
+            failure: failure.filter(|_| matches!(status.as_str(), "failed" | "cancelled")),
+            status,
+            attempts: row.get(2),
+            max_attempts: row.get(3),
+            run_at: time(4),
+            created_at: time(5),
+            updated_at: time(6),
+            started_at: opt_time(7),
+            finished_at: opt_time(8),
+            cancel_requested: row.get(11),
+            replaces: row.get(12),
+            result,
+        }
+    }
+}
+
+/// The columns of a status view, in [`JobStatus::from_row`] order.
+macro_rules! status_select {
+    () => {
+        "SELECT j.id, j.status, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at,
+                j.started_at, j.finished_at, j.failure_code, j.failure_record_index,
+                j.cancel_requested_at IS NOT NULL, j.replaces_job_id,
+                r.rows_inserted, r.rows_updated, r.rows_unchanged, r.data_checksum
+           FROM etl_job_records j
+           LEFT JOIN etl_job_responses r ON r.job_id = j.id"
+    };
+}
+
+/// One job of one owner (`$1` id, `$2` owner digest). Locks: none.
+pub const STATUS_SQL: &str = concat!(status_select!(), " WHERE j.id = $1 AND j.owner_key = $2");
+
+/// An owner's jobs, newest first, after cursor `$2` (exclusive), optionally of status `$3`, at
+/// most `$4`. Locks: none; walks `etl_job_records_owner_listing_idx` backwards.
+pub const LIST_SQL: &str = concat!(
+    status_select!(),
+    " WHERE j.owner_key = $1 AND ($2::uuid IS NULL OR j.id < $2)
+        AND ($3::text IS NULL OR j.status = $3)
+      ORDER BY j.id DESC LIMIT $4"
+);
+
+/// The status of job `id` for `owner`, if that owner has it.
+///
+/// # Errors
+/// Database errors.
+pub async fn status(
+    client: &impl GenericClient,
+    owner: &[u8; 32],
+    id: Uuid,
+) -> Result<Option<JobStatus>, Error> {
+    let owner: &[u8] = owner;
+    let row = client
+        .query_typed_opt(STATUS_SQL, &[(&id, Type::UUID), (&owner, Type::BYTEA)])
+        .await?;
+    Ok(row.as_ref().map(JobStatus::from_row))
+}
+
+/// A page of `owner`'s jobs, newest first.
+///
+/// # Errors
+/// Database errors.
+pub async fn list(
+    client: &impl GenericClient,
+    owner: &[u8; 32],
+    after: Option<Uuid>,
+    status: Option<&str>,
+    limit: i64,
+) -> Result<Vec<JobStatus>, Error> {
+    let owner: &[u8] = owner;
+    let rows = client
+        .query_typed(
+            LIST_SQL,
+            &[
+                (&owner, Type::BYTEA),
+                (&after, Type::UUID),
+                (&status, Type::TEXT),
+                (&limit, Type::INT8),
+            ],
+        )
+        .await?;
+    Ok(rows.iter().map(JobStatus::from_row).collect())
+}
+
+/// Cancels job `$1` of owner `$2` with code `$3` (`cancelled` or `replaced`): a pending job ends
+/// at once, a running job gets a cancel request. Returns the status the job had before.
+///
+/// Locks: the `target` CTE row-locks the job (waiting for a claim or an executing commit that
+/// holds it, then seeing its new state), so the decision and the change happen on one version.
+pub const CANCEL_SQL: &str = "
+WITH target AS (
+    SELECT id, status FROM etl_job_records WHERE id = $1 AND owner_key = $2 FOR UPDATE
+), changed AS (
+    UPDATE etl_job_records j
+       SET status = CASE WHEN t.status = 'pending' THEN 'cancelled' ELSE j.status END,
+           failure_code = CASE WHEN t.status = 'pending' THEN $3 ELSE j.failure_code END,
+           request_payload = CASE WHEN t.status = 'pending' THEN NULL ELSE j.request_payload END,
+           finished_at = CASE WHEN t.status = 'pending' THEN now() ELSE j.finished_at END,
+           cancel_requested_at = CASE WHEN t.status = 'running'
+                                      THEN coalesce(j.cancel_requested_at, now())
+                                      ELSE j.cancel_requested_at END,
+           updated_at = now()
+      FROM target t
+     WHERE j.id = t.id AND t.status IN ('pending', 'running')
+)
+SELECT status FROM target";
+
+/// What a cancellation found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancel {
+    /// The job was pending and is `cancelled` now.
+    Cancelled,
+    /// The job was running; it will end `cancelled` and its effects will not commit.
+    Requested,
+    /// The job had already ended with this status.
+    AlreadyEnded(String),
+    /// The owner has no such job.
+    NotFound,
+}
+
+/// Cancels job `id` of `owner`; `code` is `cancelled` or `replaced`.
+///
+/// # Errors
+/// Database errors.
+pub async fn cancel(
+    client: &impl GenericClient,
+    owner: &[u8; 32],
+    id: Uuid,
+    code: Code,
+) -> Result<Cancel, Error> {
+    let owner: &[u8] = owner;
+    let code = code.as_str();
+    let row = client
+        .query_typed_opt(
+            CANCEL_SQL,
+            &[
+                (&id, Type::UUID),
+                (&owner, Type::BYTEA),
+                (&code, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(match row.map(|r| r.get::<_, String>(0)) {
+        None => Cancel::NotFound,
+        Some(s) if s == "pending" => Cancel::Cancelled,
+        Some(s) if s == "running" => Cancel::Requested,
+        Some(s) => Cancel::AlreadyEnded(s),
+    })
+}

@@ -1,0 +1,717 @@
+//! The HTTP API through a real socket against real PostgreSQL: every status code, idempotent
+//! replay, key reuse, owner scoping, cancellation, replacement, deferred jobs, and no request
+//! value in any response.
+
+use crate::support::{count, eventually, job_row, pool, TestDb};
+use durable_etl::api::{self, AppState};
+use durable_etl::api_keys;
+use durable_etl::config::{ApiConfig, WorkerConfig};
+use durable_etl::digest::Secret;
+use durable_etl::etl::load::EtlLoad;
+use durable_etl::etl::request::IntakeLimits;
+use durable_etl::handler::Registry;
+use durable_etl::worker::completer::Transition;
+use durable_etl::worker::Worker;
+use reqwest::{Client, Response, StatusCode};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// The secret of these tests.
+const SECRET: &str = "api-test-secret-0123456789";
+
+/// A running API on a real socket, with two owners' keys.
+struct Api {
+    /// The database.
+    db: TestDb,
+    /// `http://127.0.0.1:PORT`.
+    base: String,
+    /// Alice's API key.
+    alice: String,
+    /// Bob's API key.
+    bob: String,
+    /// The HTTP client.
+    http: Client,
+    /// Every response body seen, for the canary scan.
+    seen: std::sync::Mutex<Vec<String>>,
+}
+
+impl Api {
+    /// Starts the API on port 0 with small limits.
+    async fn start() -> Api {
+        let db = TestDb::migrated().await;
+        let secret = Secret::new(SECRET).unwrap();
+        let client = db.client().await;
+        let alice = api_keys::create(&client, &secret, "alice")
+            .await
+            .unwrap()
+            .key;
+        let bob = api_keys::create(&client, &secret, "bob").await.unwrap().key;
+        let config = ApiConfig {
+            limits: IntakeLimits {
+                max_records: 50,
+                max_bytes: 4096,
+            },
+            ..ApiConfig::default()
+        };
+        let app = api::app(AppState::new(pool(&db).await, secret, config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Api {
+            db,
+            base,
+            alice,
+            bob,
+            http: Client::new(),
+            seen: Default::default(),
+        }
+    }
+
+    /// Records a response's body and returns (status, headers, JSON body or Null).
+    async fn read(&self, response: Response) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        self.seen.lock().unwrap().push(text.clone());
+        (
+            status,
+            headers,
+            serde_json::from_str(&text).unwrap_or(Value::Null),
+        )
+    }
+
+    /// POSTs `body` as `key`'s job with idempotency key `idem`.
+    async fn submit(
+        &self,
+        key: &str,
+        idem: &str,
+        body: &Value,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let response = self
+            .http
+            .post(format!("{}/v1/etl-jobs", self.base))
+            .bearer_auth(key)
+            .header("Idempotency-Key", idem)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        self.read(response).await
+    }
+
+    /// GETs `path` as `key`.
+    async fn get(&self, key: &str, path: &str) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        self.read(response).await
+    }
+
+    /// DELETEs `path` as `key`.
+    async fn delete(
+        &self,
+        key: &str,
+        path: &str,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let response = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        self.read(response).await
+    }
+
+    /// A worker on this API's database.
+    async fn worker(&self, owner: &str) -> Worker {
+        let config = WorkerConfig {
+            owner_id: owner.to_owned(),
+            ..WorkerConfig::default()
+        };
+        Worker::start(
+            pool(&self.db).await,
+            &self.db.config,
+            config,
+            Registry::new().register(EtlLoad::default()),
+        )
+        .await
+        .unwrap()
+    }
+}
+
+/// A small valid request.
+fn small(n: i64) -> Value {
+    json!({"dataset": "orders", "key": "id", "records": [{"id": n, "v": "x"}]})
+}
+
+/// The job id in a status body.
+fn id_of(body: &Value) -> uuid::Uuid {
+    body["id"].as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_answers_202_with_a_status_monitor_and_replays_idempotently() {
+    let api = Api::start().await;
+    let (status, headers, body) = api.submit(&api.alice, "k-1", &small(1)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let id = id_of(&body);
+    assert_eq!(headers["location"], format!("/v1/etl-jobs/{id}").as_str());
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(
+        (body["status"].as_str(), body["attempts"].as_i64()),
+        (Some("pending"), Some(0))
+    );
+
+    let (status, _, replay) = api.submit(&api.alice, "k-1", &small(1)).await;
+    assert_eq!((status, id_of(&replay)), (StatusCode::ACCEPTED, id));
+    let (status, _, problem) = api.submit(&api.alice, "k-1", &small(2)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["code"], "idempotency_key_reused");
+
+    let (status, headers, monitor) = api.get(&api.alice, &format!("/v1/etl-jobs/{id}")).await;
+    assert_eq!(
+        (status, monitor["status"].as_str()),
+        (StatusCode::OK, Some("pending"))
+    );
+    assert_eq!(headers["retry-after"], "1");
+    let worker = api.worker("api-worker").await;
+    assert_eq!(
+        worker.step().await.unwrap(),
+        vec![(id, Transition::Succeeded)]
+    );
+    let (status, headers, done) = api.get(&api.alice, &format!("/v1/etl-jobs/{id}")).await;
+    assert_eq!(
+        (status, done["status"].as_str()),
+        (StatusCode::OK, Some("succeeded"))
+    );
+    assert!(headers.get("retry-after").is_none());
+    assert_eq!(done["result"]["rows_inserted"], 1);
+    assert_eq!(done["result"]["checksum"].as_str().unwrap().len(), 64);
+
+    // Another owner sees exactly what a nonexistent job looks like.
+    let (status, _, theirs) = api.get(&api.bob, &format!("/v1/etl-jobs/{id}")).await;
+    let (status2, _, none) = api
+        .get(&api.bob, &format!("/v1/etl-jobs/{}", uuid::Uuid::now_v7()))
+        .await;
+    assert_eq!(
+        (status, status2),
+        (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND)
+    );
+    assert_eq!(theirs, none);
+    let (status, _, _) = api.get(&api.alice, "/v1/etl-jobs/not-a-uuid").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_a_problem_with_a_stable_code() {
+    let api = Api::start().await;
+    let url = format!("{}/v1/etl-jobs", api.base);
+    let send =
+        |builder: reqwest::RequestBuilder| async { api.read(builder.send().await.unwrap()).await };
+
+    let (s, h, p) = send(
+        api.http
+            .post(&url)
+            .header("Idempotency-Key", "x")
+            .json(&small(1)),
+    )
+    .await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("unauthorized"))
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert_eq!(h["www-authenticate"], "Bearer");
+    let (s, _, _) = send(
+        api.http
+            .post(&url)
+            .bearer_auth("detl_wrong")
+            .header("Idempotency-Key", "x")
+            .json(&small(1)),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+
+    let (s, _, p) = send(
+        api.http
+            .post(&url)
+            .bearer_auth(&api.alice)
+            .header("Idempotency-Key", "x")
+            .header("content-type", "application/json")
+            .body("{not json"),
+    )
+    .await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("request_malformed"))
+    );
+    let (s, _, p) = send(api.http.post(&url).bearer_auth(&api.alice).json(&small(1))).await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("idempotency_key_invalid"))
+    );
+    let (s, _, p) = api
+        .submit(
+            &api.alice,
+            "x",
+            &json!({"dataset": "BAD", "key": "id", "records": []}),
+        )
+        .await;
+    assert_eq!(
+        (s, p["code"].as_str(), p["pointer"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("dataset_invalid"),
+            Some("/dataset")
+        )
+    );
+    let many: Vec<Value> = (0..51).map(|i| json!({"id": i})).collect();
+    let (s, _, p) = api
+        .submit(
+            &api.alice,
+            "x",
+            &json!({"dataset": "d", "key": "id", "records": many}),
+        )
+        .await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("too_many_records"))
+    );
+    let (s, _, p) = send(
+        api.http
+            .post(&url)
+            .bearer_auth(&api.alice)
+            .header("Idempotency-Key", "x")
+            .header("content-type", "application/json")
+            .body(vec![b' '; 5000]),
+    )
+    .await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("request_too_large"))
+    );
+    let (s, _, p) = send(
+        api.http
+            .post(&url)
+            .bearer_auth(&api.alice)
+            .header("Idempotency-Key", "x")
+            .header("content-type", "text/plain")
+            .body("{}"),
+    )
+    .await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Some("unsupported_media_type")
+        )
+    );
+    let (s, _, p) = api.get(&api.alice, "/v1/no-such-route").await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    let (s, _, p) = api.get(&api.alice, "/v1/etl-jobs?limit=0").await;
+    assert_eq!(
+        (s, p["pointer"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("/limit"))
+    );
+    let (s, _, p) = api.get(&api.alice, "/v1/etl-jobs?status=paused").await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("query_invalid"))
+    );
+    let (s, _, _) = api.get(&api.alice, "/v1/etl-jobs?cursor=zzz").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+
+    // A revoked key no longer works.
+    let client = api.db.client().await;
+    let secret = Secret::new(SECRET).unwrap();
+    let revocable = api_keys::create(&client, &secret, "carol").await.unwrap();
+    assert_eq!(
+        api.get(&revocable.key, "/v1/etl-jobs").await.0,
+        StatusCode::OK
+    );
+    api_keys::revoke(&client, revocable.id).await.unwrap();
+    assert_eq!(
+        api.get(&revocable.key, "/v1/etl-jobs").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees() {
+    let api = Api::start().await;
+    let (s, _, h) = api.get(&api.alice, "/readyz").await;
+    assert_eq!((s, h["status"].as_str()), (StatusCode::OK, Some("ready")));
+    let dead = durable_etl::config::DatabaseConfig {
+        url: "postgres://postgres@127.0.0.1:1/nowhere".into(),
+        connect_timeout: Duration::from_millis(200),
+        ..durable_etl::config::DatabaseConfig::default()
+    };
+    let manager = bb8_postgres::PostgresConnectionManager::new(
+        durable_etl::db::pg_config(&dead, "api").unwrap(),
+        tokio_postgres::NoTls,
+    );
+    let pool = bb8::Pool::builder()
+        .connection_timeout(Duration::from_millis(300))
+        .build_unchecked(manager);
+    let app = api::app(AppState::new(
+        pool,
+        Secret::new(SECRET).unwrap(),
+        ApiConfig::default(),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    for path in ["/v1/etl-jobs", "/readyz"] {
+        let response = api
+            .http
+            .get(format!("{base}{path}"))
+            .bearer_auth(&api.alice)
+            .send()
+            .await
+            .unwrap();
+        let (s, h, p) = api.read(response).await;
+        assert_eq!(
+            (s, p["code"].as_str()),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("database_unavailable")
+            ),
+            "{path}"
+        );
+        assert_eq!(h["retry-after"], "1");
+    }
+    let response = api
+        .http
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "liveness does not need the database"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listing_is_owner_scoped_newest_first_and_paginated() {
+    let api = Api::start().await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(id_of(
+            &api.submit(&api.alice, &format!("l-{i}"), &small(i)).await.2,
+        ));
+    }
+    api.submit(&api.bob, "bob-1", &small(9)).await;
+    let (s, _, page1) = api.get(&api.alice, "/v1/etl-jobs?limit=2").await;
+    assert_eq!(s, StatusCode::OK);
+    let got: Vec<_> = page1["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(id_of)
+        .collect();
+    assert_eq!(got, vec![ids[4], ids[3]]);
+    let cursor = page1["next_cursor"].as_str().unwrap();
+    let (_, _, page2) = api
+        .get(&api.alice, &format!("/v1/etl-jobs?limit=2&cursor={cursor}"))
+        .await;
+    let (_, _, page3) = api
+        .get(
+            &api.alice,
+            &format!(
+                "/v1/etl-jobs?limit=2&cursor={}",
+                page2["next_cursor"].as_str().unwrap()
+            ),
+        )
+        .await;
+    assert_eq!(
+        page3["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(id_of)
+            .collect::<Vec<_>>(),
+        vec![ids[0]]
+    );
+    assert!(page3.get("next_cursor").is_none());
+    api.delete(&api.alice, &format!("/v1/etl-jobs/{}", ids[1]))
+        .await;
+    let (_, _, cancelled) = api.get(&api.alice, "/v1/etl-jobs?status=cancelled").await;
+    assert_eq!(
+        cancelled["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(id_of)
+            .collect::<Vec<_>>(),
+        vec![ids[1]]
+    );
+    let (_, _, all) = api.get(&api.alice, "/v1/etl-jobs").await;
+    assert_eq!(
+        all["jobs"].as_array().unwrap().len(),
+        5,
+        "bob's job is not listed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_of_pending_running_and_terminal_jobs() {
+    let api = Api::start().await;
+    let client = api.db.client().await;
+    let pending = id_of(&api.submit(&api.alice, "c-1", &small(1)).await.2);
+    let (s, _, body) = api
+        .delete(&api.alice, &format!("/v1/etl-jobs/{pending}"))
+        .await;
+    assert_eq!(
+        (s, body["status"].as_str(), body["failure"]["code"].as_str()),
+        (StatusCode::OK, Some("cancelled"), Some("cancelled"))
+    );
+    assert!(job_row(&client, pending).await.payload_cleared);
+    let (s, _, p) = api
+        .delete(&api.alice, &format!("/v1/etl-jobs/{pending}"))
+        .await;
+    assert_eq!(
+        (s, p["job_status"].as_str()),
+        (StatusCode::CONFLICT, Some("cancelled"))
+    );
+    let (s, _, _) = api
+        .delete(&api.bob, &format!("/v1/etl-jobs/{pending}"))
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // A running job: claimed by a stalled replica, cancelled, then its commit is refused.
+    let running = id_of(&api.submit(&api.alice, "c-2", &small(2)).await.2);
+    let claimant = durable_etl::worker::claimer::Claimant {
+        owner_id: "stalled",
+        owner_locked: false,
+        lease: Duration::from_secs(60),
+    };
+    let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
+        .await
+        .unwrap();
+    assert_eq!(claimed[0].id(), running);
+    let (s, h, body) = api
+        .delete(&api.alice, &format!("/v1/etl-jobs/{running}"))
+        .await;
+    assert_eq!(
+        (s, body["cancel_requested"].as_bool()),
+        (StatusCode::ACCEPTED, Some(true))
+    );
+    assert!(h.get("location").is_some());
+    // The stalled replica's lease expires; a live replica recovers the job, which ends cancelled.
+    client.execute("UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second' WHERE id = $1", &[&running]).await.unwrap();
+    let worker = api.worker("api-worker").await;
+    assert_eq!(worker.recover().await.unwrap().exhausted, 1);
+    let (_, _, body) = api
+        .get(&api.alice, &format!("/v1/etl-jobs/{running}"))
+        .await;
+    assert_eq!(
+        (body["status"].as_str(), body["failure"]["code"].as_str()),
+        (Some("cancelled"), Some("cancelled"))
+    );
+    assert_eq!(count(&client, "etl_target_rows").await, 0);
+
+    // A job cancelled while its worker computes: its fenced commit is refused.
+    let racing = id_of(&api.submit(&api.alice, "c-3", &small(3)).await.2);
+    let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
+        .await
+        .unwrap();
+    api.delete(&api.alice, &format!("/v1/etl-jobs/{racing}"))
+        .await;
+    client
+        .execute(
+            "UPDATE etl_job_records SET lease_owner_id = 'api-worker' WHERE id = $1",
+            &[&racing],
+        )
+        .await
+        .unwrap();
+    drop(claimed);
+    let succeeded = api.submit(&api.alice, "c-4", &small(4)).await.2;
+    client.execute("UPDATE etl_job_records SET status = 'pending', lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, attempts = 0 WHERE id = $1 AND status = 'running'", &[&racing]).await.unwrap();
+    let done = worker.step().await.unwrap();
+    assert!(done.contains(&(racing, Transition::Cancelled)), "{done:?}");
+    assert!(done.contains(&(id_of(&succeeded), Transition::Succeeded)));
+    assert_eq!(
+        count(&client, "etl_target_rows").await,
+        1,
+        "only the uncancelled job loaded"
+    );
+    let (s, _, p) = api
+        .delete(&api.alice, &format!("/v1/etl-jobs/{}", id_of(&succeeded)))
+        .await;
+    assert_eq!(
+        (s, p["job_status"].as_str()),
+        (StatusCode::CONFLICT, Some("succeeded"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_cancels_the_old_job_atomically() {
+    let api = Api::start().await;
+    let client = api.db.client().await;
+    let old = id_of(&api.submit(&api.alice, "r-1", &small(1)).await.2);
+    let mut replacement = small(2);
+    replacement["replaces"] = json!(old.to_string());
+    let (s, _, new) = api.submit(&api.alice, "r-2", &replacement).await;
+    assert_eq!(
+        (s, new["replaces"].as_str()),
+        (StatusCode::ACCEPTED, Some(old.to_string().as_str()))
+    );
+    let old_row = job_row(&client, old).await;
+    assert_eq!(
+        (old_row.status.as_str(), old_row.failure_code.as_deref()),
+        ("cancelled", Some("replaced"))
+    );
+    // A replay replaces nothing again; replacing an ended job is a conflict; an unknown one, 404.
+    let (s, _, again) = api.submit(&api.alice, "r-2", &replacement).await;
+    assert_eq!((s, id_of(&again)), (StatusCode::ACCEPTED, id_of(&new)));
+    let (s, _, p) = api.submit(&api.alice, "r-3", &replacement).await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict"))
+    );
+    let mut unknown = small(3);
+    unknown["replaces"] = json!(uuid::Uuid::now_v7().to_string());
+    let (s, _, _) = api.submit(&api.alice, "r-4", &unknown).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    unknown["replaces"] = json!(old.to_string());
+    let (s, _, _) = api.submit(&api.bob, "r-5", &unknown).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "bob cannot replace alice's job");
+    assert_eq!(
+        count(&client, "etl_job_records").await,
+        2,
+        "refused replacements enqueued nothing"
+    );
+    let worker = api.worker("api-worker").await;
+    assert_eq!(
+        worker.step().await.unwrap(),
+        vec![(id_of(&new), Transition::Succeeded)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_job_shows_its_run_at_in_utc_and_succeeds_after_it() {
+    let api = Api::start().await;
+    let client = api.db.client().await;
+    let run_at = (chrono::Utc::now() + chrono::Duration::milliseconds(700))
+        .with_timezone(&chrono::FixedOffset::east_opt(3600 * 5).unwrap());
+    let mut body = small(1);
+    body["run_at"] = json!(run_at.to_rfc3339());
+    let (_, _, status) = api.submit(&api.alice, "d-1", &body).await;
+    let shown = status["run_at"].as_str().unwrap();
+    assert!(shown.ends_with('Z'), "{shown}");
+    let shown = chrono::DateTime::parse_from_rfc3339(shown).unwrap();
+    assert_eq!(
+        shown.timestamp_micros(),
+        run_at.timestamp_micros(),
+        "the same instant, in UTC"
+    );
+    let worker = api.worker("api-worker").await;
+    assert!(worker.step().await.unwrap().is_empty(), "not due yet");
+    eventually("the job to become due and run", || {
+        let worker = &worker;
+        async move { !worker.step().await.unwrap().is_empty() }
+    })
+    .await;
+    let id = id_of(&status);
+    assert_eq!(job_row(&client, id).await.status, "succeeded");
+    let not_early: bool = client
+        .query_one(
+            "SELECT started_at >= run_at FROM etl_job_records WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(not_early);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_request_value_appears_in_any_response() {
+    let api = Api::start().await;
+    let canary = json!({
+        "dataset": "canary_dataset", "key": "canary_key",
+        "records": [{"canary_key": "canary-record-key", "secret": "canary-value"}],
+        "transform": {"rename": {"canary_from": "canary_to"}}
+    });
+    let (_, _, status) = api.submit(&api.alice, "canary-idem-key", &canary).await;
+    let id = id_of(&status);
+    api.submit(
+        &api.alice,
+        "canary-idem-key",
+        &json!({"dataset": "canary_other", "key": "k", "records": []}),
+    )
+    .await;
+    api.submit(
+        &api.alice,
+        "canary-bad",
+        &json!({"dataset": "Canary-Bad", "key": "k", "records": []}),
+    )
+    .await;
+    api.submit(
+        &api.alice,
+        "canary-bad",
+        &json!({"dataset": "d", "key": "k", "records": [], "canary_field": "canary-x"}),
+    )
+    .await;
+    let worker = api.worker("api-worker").await;
+    worker.step().await.unwrap();
+    api.get(&api.alice, &format!("/v1/etl-jobs/{id}")).await;
+    api.get(&api.alice, "/v1/etl-jobs").await;
+    api.get("canary-bearer", "/v1/etl-jobs").await;
+    for body in api.seen.lock().unwrap().iter() {
+        assert!(
+            !body.to_lowercase().contains("canary"),
+            "a request value leaked: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_served_openapi_document_describes_every_route() {
+    let api = Api::start().await;
+    let (s, _, doc) = api.get(&api.alice, "/openapi.json").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
+    assert_eq!(doc, serde_json::to_value(api::openapi()).unwrap());
+    for (path, methods) in [
+        ("/v1/etl-jobs", vec!["get", "post"]),
+        ("/v1/etl-jobs/{id}", vec!["get", "delete"]),
+        ("/healthz", vec!["get"]),
+        ("/readyz", vec!["get"]),
+        ("/metrics", vec!["get"]),
+    ] {
+        for method in methods {
+            assert!(
+                doc["paths"][path][method].is_object(),
+                "{method} {path} undocumented"
+            );
+        }
+    }
+    assert_eq!(
+        doc["components"]["schemas"]["EtlRequest"]["properties"]["dataset"]["pattern"],
+        "^[a-z][a-z0-9_]{0,62}$"
+    );
+    let (s, h, _) = api.get(&api.alice, "/metrics").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(h["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    let metrics = api.seen.lock().unwrap().last().unwrap().clone();
+    assert!(
+        metrics.contains("durable_etl_http_responses_total{class=\"2xx\"}"),
+        "{metrics}"
+    );
+    let (s, _, h) = api.get(&api.alice, "/healthz").await;
+    assert_eq!((s, h["status"].as_str()), (StatusCode::OK, Some("ok")));
+}
