@@ -53,36 +53,14 @@ impl FromRequestParts<AppState> for Owner {
     }
 }
 
-/// The schema of the ETL request body, as the intake validator (`etl::request`) enforces it.
+/// The pattern of a string without U+0000 (PostgreSQL's `jsonb` cannot store one).
+const NO_NUL: &str = r"^[^\u0000]*$";
+
+/// Registers the request body as a component; its JSON Schema is [`request_schemas`], which
+/// `api::openapi` puts in place (utoipa's schema model cannot express all of it).
 impl PartialSchema for EtlRequest {
     fn schema() -> RefOr<Schema> {
-        let field = serde_json::json!({"type": "string", "minLength": 1, "maxLength": 128});
-        let doc = serde_json::json!({
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["dataset", "key", "records"],
-            "properties": {
-                "dataset": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,62}$"},
-                "key": field,
-                "records": {"type": "array", "items": {"type": "object"}},
-                "transform": {
-                    "type": ["object", "null"],
-                    "additionalProperties": false,
-                    "properties": {
-                        "select": {"type": "array", "items": field},
-                        "required": {"type": "array", "items": field},
-                        "rename": {"type": "object", "additionalProperties": field},
-                        "cast": {"type": "object", "additionalProperties": {
-                            "type": "string",
-                            "enum": ["string", "integer", "decimal", "boolean", "timestamp"]}},
-                        "defaults": {"type": "object"}
-                    }
-                },
-                "run_at": {"type": ["string", "null"], "format": "date-time"},
-                "replaces": {"type": ["string", "null"], "format": "uuid"}
-            }
-        });
-        serde_json::from_value(doc).unwrap_or_else(|_| RefOr::T(Schema::default()))
+        RefOr::T(Schema::default())
     }
 }
 
@@ -90,6 +68,47 @@ impl ToSchema for EtlRequest {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("EtlRequest")
     }
+}
+
+/// The JSON Schemas of the request body, as the intake validator (`etl::request`) enforces it:
+/// `EtlRequest`, and `JsonValue` (any JSON `jsonb` can store: no U+0000 in any string or name).
+pub(super) fn request_schemas() -> [(&'static str, serde_json::Value); 2] {
+    let value = serde_json::json!({"$ref": "#/components/schemas/JsonValue"});
+    let field =
+        serde_json::json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": NO_NUL});
+    let object = serde_json::json!({"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": value});
+    let request = serde_json::json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["dataset", "key", "records"],
+        "properties": {
+            "dataset": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,62}$"},
+            "key": field,
+            "records": {"type": "array", "items": object},
+            "transform": {
+                "type": ["object", "null"],
+                "additionalProperties": false,
+                "properties": {
+                    "select": {"type": "array", "items": field},
+                    "required": {"type": "array", "items": field},
+                    "rename": {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": field},
+                    "cast": {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": {
+                        "type": "string",
+                        "enum": ["string", "integer", "decimal", "boolean", "timestamp"]}},
+                    "defaults": object
+                }
+            },
+            "run_at": {"type": ["string", "null"], "format": "date-time"},
+            "replaces": {"type": ["string", "null"], "format": "uuid"}
+        }
+    });
+    let json_value = serde_json::json!({"anyOf": [
+        {"type": ["null", "boolean", "number"]},
+        {"type": "string", "pattern": NO_NUL},
+        {"type": "array", "items": value},
+        object
+    ]});
+    [("EtlRequest", request), ("JsonValue", json_value)]
 }
 
 /// The `Location` of job `id`'s status monitor.
@@ -127,7 +146,7 @@ fn monitor(status: JobStatus) -> Response {
     path = "/v1/etl-jobs",
     tag = "jobs",
     request_body(content = EtlRequest, content_type = "application/json"),
-    params(("Idempotency-Key" = String, Header, description = "Client key that makes the submission idempotent (1 to 255 characters)")),
+    params(("Idempotency-Key" = String, Header, min_length = 1, max_length = 255, description = "Client key that makes the submission idempotent (1 to 255 characters)")),
     responses(
         (status = 202, description = "Accepted: the body is the job's status; Location is its status monitor", body = JobStatus,
          headers(("Location" = String, description = "The status monitor"), ("Retry-After" = u32, description = "Seconds before polling the monitor"))),
@@ -210,16 +229,60 @@ pub(super) async fn get_job(
         .ok_or_else(|| Problem::new(Code::NotFound))
 }
 
-/// Query parameters of the listing.
+/// Query parameters of the listing (read as text, validated by `list` with precise codes).
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(super) struct ListParams {
     /// Only jobs in this status.
+    #[param(value_type = Option<JobState>, inline)]
     status: Option<String>,
     /// Page size, 1 to 100 (default 20).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 100)]
     limit: Option<String>,
     /// The `next_cursor` of the previous page.
+    #[param(value_type = Option<Uuid>)]
     cursor: Option<String>,
+}
+
+/// A job state, as a filter.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub(super) enum JobState {
+    /// Waiting to run (or to retry).
+    Pending,
+    /// Running under a lease.
+    Running,
+    /// Ended with its effects committed.
+    Succeeded,
+    /// Ended without effects, with a failure code.
+    Failed,
+    /// Cancelled by its owner (or replaced).
+    Cancelled,
+}
+
+impl JobState {
+    /// The state named `name`, if any.
+    fn parse(name: &str) -> Option<JobState> {
+        Some(match name {
+            "pending" => JobState::Pending,
+            "running" => JobState::Running,
+            "succeeded" => JobState::Succeeded,
+            "failed" => JobState::Failed,
+            "cancelled" => JobState::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// The stored name of this state.
+    fn as_str(&self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// A page of the owner's jobs.
@@ -258,15 +321,11 @@ pub(super) async fn list(
 ) -> Result<Json<JobList>, Problem> {
     let invalid = |name: &str| Problem::new(Code::QueryInvalid).at(format!("/{name}"));
     let Query(params) = params.map_err(|_| Problem::new(Code::QueryInvalid))?;
-    let status = params.status.as_deref();
-    if status.is_some_and(|s| {
-        !matches!(
-            s,
-            "pending" | "running" | "succeeded" | "failed" | "cancelled"
-        )
-    }) {
-        return Err(invalid("status"));
-    }
+    let status = params
+        .status
+        .as_deref()
+        .map(|s| JobState::parse(s).ok_or_else(|| invalid("status")))
+        .transpose()?;
     let limit = match params.limit.as_deref() {
         None => PAGE_DEFAULT,
         Some(l) => l
@@ -280,6 +339,7 @@ pub(super) async fn list(
         Some(c) => Some(Uuid::parse_str(c).map_err(|_| invalid("cursor"))?),
     };
     let conn = state.pool.get().await.map_err(pool_error)?;
+    let status = status.as_ref().map(JobState::as_str);
     let mut page = jobs::list(&*conn, &owner.0, cursor, status, limit + 1).await?;
     let more = page.len() as i64 > limit;
     page.truncate(usize::try_from(limit).unwrap_or(0));

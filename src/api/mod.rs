@@ -95,15 +95,24 @@ fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .split_for_parts()
 }
 
-/// The OpenAPI 3.1 document of the API.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    routes().1
+/// The OpenAPI 3.1 document of the API, as served at `/openapi.json`.
+pub fn openapi() -> serde_json::Value {
+    document(routes().1)
+}
+
+/// The JSON of `doc`, with the request-body schemas utoipa's model cannot express put in place.
+fn document(doc: utoipa::openapi::OpenApi) -> serde_json::Value {
+    let mut json = serde_json::to_value(doc).unwrap_or_default();
+    for (name, schema) in jobs::request_schemas() {
+        json["components"]["schemas"][name] = schema;
+    }
+    json
 }
 
 /// The application: every route with its layers, over `state`.
 pub fn app(state: AppState) -> Router {
     let (router, doc) = routes();
-    let doc = Arc::new(doc);
+    let doc = Arc::new(document(doc));
     let body_limit = state.config.limits.max_bytes;
     let concurrency = state.config.max_concurrency;
     router

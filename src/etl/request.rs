@@ -132,10 +132,14 @@ pub fn parse(value: &Value, limits: IntakeLimits) -> Result<EtlRequest, Rejectio
         .enumerate()
         .map(|(i, r)| {
             r.as_object()
+                .filter(|_| !has_nul(r))
                 .cloned()
                 .ok_or_else(|| Rejection::new(Code::RecordsInvalid, format!("/records/{i}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if has_nul(value) {
+        return Err(Rejection::new(Code::RequestInvalid, ""));
+    }
     let transform = match doc.get("transform") {
         None | Some(Value::Null) => Transform::default(),
         Some(spec) => parse_transform(spec)?,
@@ -165,6 +169,17 @@ pub fn parse(value: &Value, limits: IntakeLimits) -> Result<EtlRequest, Rejectio
         run_at,
         replaces,
     })
+}
+
+/// Whether any string or member name in `value` contains U+0000, which PostgreSQL's `jsonb`
+/// cannot store.
+fn has_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(members) => members.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
 }
 
 /// Whether `name` is a dataset name: `[a-z][a-z0-9_]{0,62}`.

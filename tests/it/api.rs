@@ -682,7 +682,12 @@ async fn the_served_openapi_document_describes_every_route() {
     let (s, _, doc) = api.get(&api.alice, "/openapi.json").await;
     assert_eq!(s, StatusCode::OK);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
-    assert_eq!(doc, serde_json::to_value(api::openapi()).unwrap());
+    assert_eq!(doc, api::openapi());
+    assert_eq!(
+        doc["components"]["schemas"]["EtlRequest"]["required"],
+        json!(["dataset", "key", "records"])
+    );
+    assert!(doc["components"]["schemas"]["JsonValue"]["anyOf"].is_array());
     for (path, methods) in [
         ("/v1/etl-jobs", vec!["get", "post"]),
         ("/v1/etl-jobs/{id}", vec!["get", "delete"]),

@@ -226,3 +226,54 @@ async fn work_starts_on_a_compatible_schema_and_exits_0_on_sigterm() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn serve_answers_until_sigterm_and_refuses_bad_configuration() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let db = TestDb::migrated().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env("DATABASE_URL", &db.config.url)
+        .env("DURABLE_ETL_SECRET", SECRET)
+        .env("RUST_LOG", "info")
+        .args(["serve", "--listen", &listen])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    assert!(lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("serving")));
+    let health = reqwest::get(format!("http://{listen}/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    // The port is taken now: a second server cannot bind it.
+    let taken = run(&db.config.url, &["serve", "--listen", &listen]);
+    assert_eq!(taken.status.code(), Some(2), "{}", stderr(&taken));
+    assert!(stderr(&taken).contains("cannot be bound"));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+
+    let mut no_secret = Command::new(env!("CARGO_BIN_EXE_durable-etl"));
+    no_secret
+        .env_remove("DURABLE_ETL_SECRET")
+        .env("DATABASE_URL", &db.config.url)
+        .args(["serve"]);
+    let out = no_secret.output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("DURABLE_ETL_SECRET"));
+    let out = run(&db.config.url, &["serve", "--max-concurrency", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+}
