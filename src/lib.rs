@@ -30,6 +30,7 @@ pub mod error;
 pub mod etl;
 pub mod handler;
 pub mod jobs;
+pub mod metrics;
 pub mod schema;
 pub mod shutdown;
 pub mod telemetry;

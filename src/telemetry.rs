@@ -3,7 +3,10 @@
 //! Invariants this module keeps:
 //! - Logs go to standard error; standard output is left to command results.
 //! - Only the fields call sites pass are logged; call sites pass only safe fields (ids, states,
-//!   codes, durations), never payloads, principals, keys, SQL or database error text.
+//!   codes, counts, durations), never payloads, principals, keys, SQL or database error text.
+//! - Libraries whose logs can carry SQL, bound parameters, headers or server messages
+//!   (tokio-postgres, hyper, …) are silenced whatever `RUST_LOG` says.
+//! - A panic is reported by location only: its message (which may quote data) is never printed.
 
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
@@ -20,16 +23,54 @@ pub enum LogFormat {
 /// The default filter when `RUST_LOG` is unset.
 const DEFAULT_FILTER: &str = "info";
 
-/// Installs the global subscriber. A second call does nothing.
+/// Targets silenced whatever the filter says: their logs may carry SQL text, bound parameters
+/// (payloads), HTTP headers (API keys) or PostgreSQL messages (which quote data).
+pub const SILENCED_TARGETS: &[&str] = &[
+    "tokio_postgres",
+    "postgres_protocol",
+    "bb8",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "reqwest",
+    "axum::rejection",
+    "tower_http",
+];
+
+/// The filter for `spec` (a `RUST_LOG` value), with [`SILENCED_TARGETS`] off.
+pub fn filter(spec: Option<&str>) -> EnvFilter {
+    let mut filter = spec
+        .and_then(|s| EnvFilter::try_new(s).ok())
+        .unwrap_or_else(|| EnvFilter::new(DEFAULT_FILTER));
+    for target in SILENCED_TARGETS {
+        if let Ok(directive) = format!("{target}=off").parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
+    filter
+}
+
+/// Installs the global subscriber (a second call does nothing) and the panic hook.
 pub fn init(format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let spec = std::env::var("RUST_LOG").ok();
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter(spec.as_deref()))
         .with_writer(std::io::stderr);
     // try_init fails only when a subscriber is already installed, which is fine to keep.
     let _ = match format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+    install_panic_hook();
+}
+
+/// Replaces the panic hook with one that logs where a panic happened, never its message.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        tracing::error!(%location, "a task panicked");
+    }));
 }

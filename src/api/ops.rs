@@ -96,8 +96,7 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
 pub(super) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    let mut out = state.metrics.render();
+    crate::metrics::render_shared(&mut out, &state.pool).await;
+    ([(header::CONTENT_TYPE, crate::metrics::TEXT_FORMAT)], out)
 }

@@ -50,7 +50,8 @@ UPDATE etl_job_records AS j
        updated_at = now()
   FROM due
  WHERE j.id = due.id
-RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id, j.owner_key";
+RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id, j.owner_key,
+          greatest(extract(epoch FROM now() - j.run_at), 0)::float8";
 
 /// Who claims, and on what terms.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +97,7 @@ pub async fn claim(
                 owner_key: row.get(6),
             },
             payload: row.get(2),
+            due_for: row.get(7),
         })
         .collect())
 }

@@ -36,6 +36,8 @@ pub struct ClaimedJob {
     pub ctx: JobContext,
     /// The request payload (`None` if the row had none).
     pub payload: Option<serde_json::Value>,
+    /// Seconds the job had been due when it was claimed (database clock).
+    pub due_for: f64,
 }
 
 impl ClaimedJob {

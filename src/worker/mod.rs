@@ -153,6 +153,7 @@ impl Worker {
     /// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it
     /// would only fail every job it took with `unknown_kind`). After a short claim, also returns
     /// how long until the next deferred job is due.
+    #[tracing::instrument(name = "claim", skip_all, fields(free, ?reason))]
     async fn claim(
         &self,
         free: usize,
@@ -169,6 +170,9 @@ impl Worker {
         };
         let jobs = claimer::claim(&*conn, claimant, free).await?;
         self.shared.stats.record_claim(reason, jobs.len());
+        for job in &jobs {
+            self.shared.stats.pickup_latency.observe(job.due_for);
+        }
         let next_due = if jobs.len() < free {
             claimer::next_due(&*conn).await?
         } else {
@@ -191,7 +195,7 @@ impl Worker {
             let shared = Arc::clone(&self.shared);
             tasks.spawn(async move {
                 let id = job.id();
-                let transition = executor::execute(&shared, job, CancellationToken::new()).await;
+                let transition = timed_execute(&shared, job, CancellationToken::new()).await;
                 shared.stats.record(transition);
                 (id, transition)
             });
@@ -205,6 +209,7 @@ impl Worker {
     ///
     /// # Errors
     /// Database errors.
+    #[tracing::instrument(name = "recovery", skip_all)]
     pub async fn recover(&self) -> Result<Recovered, Error> {
         let conn = self.shared.pool.get().await.map_err(pool_error)?;
         let recovered = rescuer::recover(&*conn).await?;
@@ -222,6 +227,7 @@ impl Worker {
 
     /// Renews the leases in `held`; cancels the jobs whose lease is gone. Their tasks then end
     /// with `LeaseLost` (counted when they are joined), unless they had already settled.
+    #[tracing::instrument(name = "heartbeat", skip_all, fields(held = held.len()))]
     async fn heartbeat(&self, held: &Held) -> Result<(), Error> {
         let claims: Vec<Uuid> = held.keys().copied().collect();
         let conn = self.shared.pool.get().await.map_err(pool_error)?;
@@ -242,6 +248,7 @@ impl Worker {
     /// [`Error::OwnerIdInUse`] when, after a reconnect, another process holds this owner id (the
     /// replica then stops at once and releases what it holds). Database errors are logged by code
     /// and retried at the next wake.
+    #[tracing::instrument(name = "replica", skip_all, fields(owner_id = %self.owner_id()))]
     pub async fn run(self, mut shutdown: Shutdown) -> Result<(), Error> {
         let config = self.shared.config.clone();
         let signals = self.session.as_ref().map(Session::signals);
@@ -327,6 +334,7 @@ impl Worker {
 
     /// Lets running jobs finish within the grace period (none when `now`), then releases the
     /// rest and closes the pool and the session.
+    #[tracing::instrument(name = "shutdown", skip_all, fields(running = tasks.len(), now))]
     async fn drain(
         self,
         mut tasks: JoinSet<(Uuid, Transition)>,
@@ -374,7 +382,7 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let token = CancellationToken::new();
         let lost = token.clone();
-        tasks.spawn(async move { (claim, executor::execute(&shared, job, lost).await) });
+        tasks.spawn(async move { (claim, timed_execute(&shared, job, lost).await) });
         held.insert(claim, (id, token));
     }
 
@@ -417,6 +425,20 @@ impl Worker {
     }
 }
 
+/// Executes `job` inside a span with its safe fields, recording its duration.
+async fn timed_execute(shared: &Shared, job: ClaimedJob, lost: CancellationToken) -> Transition {
+    let started = Instant::now();
+    let span = tracing::info_span!("execute", job_id = %job.id(), attempt = job.ctx.attempt);
+    let transition =
+        tracing::Instrument::instrument(executor::execute(shared, job, lost), span.clone()).await;
+    shared
+        .stats
+        .execution
+        .observe(started.elapsed().as_secs_f64());
+    span.in_scope(|| tracing::debug!(?transition, "job settled"));
+    transition
+}
+
 /// Waits for a permit of `signal`; never resolves when there is no signal (no session).
 async fn wait(signal: Option<&Notify>) {
     match signal {
@@ -456,10 +478,25 @@ pub async fn run(
     registry: Registry,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
-    Worker::start(pool, &db_config, config, registry)
-        .await?
-        .run(shutdown)
-        .await
+    let metrics = match config.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|_| crate::config::ConfigError::Listen)?,
+        ),
+        None => None,
+    };
+    let worker = Worker::start(pool.clone(), &db_config, config, registry).await?;
+    if let Some(listener) = metrics {
+        let serving =
+            crate::metrics::serve_worker(listener, worker.stats_handle(), pool, shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::warn!(code = %e.code(), "metrics endpoint stopped");
+            }
+        });
+    }
+    worker.run(shutdown).await
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! - No counter is labelled by a job id, a principal or any request value.
 
 use crate::codes::Code;
+use crate::metrics::{stored_codes, Histogram, BATCH_BUCKETS, LATENCY_BUCKETS};
 use crate::worker::completer::Transition;
 use crate::worker::rescuer::Recovered;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +13,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Declares the counters once, for both the live struct and its snapshot.
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
-        /// A replica's live counters.
-        #[derive(Debug, Default)]
+        /// A replica's live counters and histograms.
+        #[derive(Debug)]
         pub struct WorkerStats {
             $($(#[$doc])* pub $name: AtomicU64,)*
+            /// Jobs that ended `failed`, by stored code (in `metrics::stored_codes` order).
+            failed_by_code: Vec<AtomicU64>,
+            /// Seconds from a job becoming due to its claim (database clock).
+            pub pickup_latency: Histogram,
+            /// Seconds from claim to transition.
+            pub execution: Histogram,
+            /// Jobs per non-empty claim.
+            pub claim_batch: Histogram,
+        }
+
+        impl Default for WorkerStats {
+            fn default() -> Self {
+                WorkerStats {
+                    $($name: AtomicU64::new(0),)*
+                    failed_by_code: stored_codes().map(|_| AtomicU64::new(0)).collect(),
+                    pickup_latency: Histogram::new(LATENCY_BUCKETS),
+                    execution: Histogram::new(LATENCY_BUCKETS),
+                    claim_batch: Histogram::new(BATCH_BUCKETS),
+                }
+            }
         }
 
         /// A point-in-time copy of [`WorkerStats`].
@@ -121,6 +142,12 @@ impl WorkerStats {
             Transition::Retried => bump(&self.retried),
             Transition::Failed(code) => {
                 bump(&self.failed);
+                if let Some(counter) = stored_codes()
+                    .position(|c| c == code)
+                    .and_then(|i| self.failed_by_code.get(i))
+                {
+                    bump(counter);
+                }
                 match code {
                     Code::HandlerPanicked => bump(&self.panicked),
                     Code::ExecutionTimeout => bump(&self.timed_out),
@@ -133,11 +160,20 @@ impl WorkerStats {
         }
     }
 
+    /// Jobs that ended `failed`, by stored code.
+    pub fn failed_by_code(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        stored_codes()
+            .zip(&self.failed_by_code)
+            .map(|(code, n)| (code.as_str(), n.load(Ordering::Relaxed)))
+    }
+
     /// Counts one claim statement, made for `reason`, that returned `n` jobs.
     pub fn record_claim(&self, reason: ClaimReason, n: usize) {
         bump(&self.claims);
         if n == 0 {
             bump(&self.empty_claims);
+        } else {
+            self.claim_batch.observe(n as f64);
         }
         let n = n as u64;
         self.claimed.fetch_add(n, Ordering::Relaxed);

@@ -8,6 +8,7 @@ mod cli;
 mod errors;
 mod etl;
 mod handlers;
+mod privacy;
 mod schema;
 mod support;
 mod wake;
