@@ -94,6 +94,20 @@ pub enum Command {
     /// Create or revoke API keys.
     #[command(subcommand)]
     ApiKeys(ApiKeysCommand),
+    /// Run the whole product once on a local database: API, two replicas, sample jobs.
+    Demo(DemoArgs),
+}
+
+/// Options of `demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The database the demo creates (fresh) on the server of DATABASE_URL.
+    #[arg(
+        long,
+        env = "DURABLE_ETL_DEMO_DATABASE",
+        default_value = "durable_etl_demo"
+    )]
+    pub demo_database: String,
 }
 
 /// Options of `migrate`.
@@ -266,6 +280,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     let db_config = cli.database.config()?;
     match cli.command {
         Command::Migrate(args) => migrate(&db_config, args).await,
+        Command::Demo(args) => crate::demo::run(&db_config, &args.demo_database).await,
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;
             let pool = db::connect_pool(&db_config, "api").await?;

@@ -25,6 +25,7 @@ pub mod cli;
 pub mod codes;
 pub mod config;
 pub mod db;
+pub mod demo;
 pub mod digest;
 pub mod error;
 pub mod etl;

@@ -277,3 +277,58 @@ async fn serve_answers_until_sigterm_and_refuses_bad_configuration() {
     let out = run(&db.config.url, &["serve", "--max-concurrency", "0"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn the_demo_runs_to_completion_in_its_own_database() {
+    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
+    let out = run(
+        "postgres://postgres@127.0.0.1:5432/postgres",
+        &["demo", "--demo-database", &name],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", stderr(&out));
+    let row = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("{label} missing from:\n{stdout}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(
+        row("load 3 orders").contains("succeeded 1 - 3 0"),
+        "{stdout}"
+    );
+    assert!(row("deferred 3 s").contains("succeeded"), "{stdout}");
+    assert!(
+        row("cancelled").contains("cancelled 0 cancelled"),
+        "{stdout}"
+    );
+    assert!(
+        row("bad record").contains("failed 1 record_invalid"),
+        "{stdout}"
+    );
+    let locked = row("locked row");
+    assert!(
+        locked.contains("succeeded") && !locked.contains("succeeded 1 "),
+        "retried: {locked}"
+    );
+    assert!(stdout.contains("enqueue→start latency over"));
+    let admin = connect(&admin_config()).await;
+    admin
+        .batch_execute(&format!(
+            "DROP DATABASE {} WITH (FORCE)",
+            quote_ident(&name)
+        ))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn the_demo_says_in_one_line_what_to_do_without_a_server() {
+    let out = run("postgres://postgres@127.0.0.1:1/nowhere", &["demo"]);
+    assert_eq!(out.status.code(), Some(3));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.trim(), durable_etl::demo::NO_SERVER);
+}
