@@ -5,6 +5,7 @@
 mod api;
 mod claim_plan;
 mod cli;
+mod deploy;
 mod errors;
 mod etl;
 mod handlers;
