@@ -77,6 +77,17 @@ impl std::fmt::Debug for Worker {
     }
 }
 
+/// What the claim loop remembers between wakes.
+#[derive(Debug, Default)]
+struct WakeState {
+    /// The last claim came back full (or a wake found no free slot): claim when a slot frees.
+    backlog: bool,
+    /// A notification arrived since the last claim.
+    notified_since_claim: bool,
+    /// When the next known deferred job is due.
+    next_due: Option<Instant>,
+}
+
 /// The jobs a replica is running: claim id → (job id, token that cancels it when its lease is lost).
 type Held = HashMap<Uuid, (Uuid, CancellationToken)>;
 
@@ -151,16 +162,11 @@ impl Worker {
     }
 
     /// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it
-    /// would only fail every job it took with `unknown_kind`). After a short claim, also returns
-    /// how long until the next deferred job is due.
+    /// would only fail every job it took with `unknown_kind`).
     #[tracing::instrument(name = "claim", skip_all, fields(free, ?reason))]
-    async fn claim(
-        &self,
-        free: usize,
-        reason: ClaimReason,
-    ) -> Result<(Vec<ClaimedJob>, Option<Duration>), Error> {
+    async fn claim(&self, free: usize, reason: ClaimReason) -> Result<Vec<ClaimedJob>, Error> {
         if self.shared.registry.is_empty() {
-            return Ok((Vec::new(), None));
+            return Ok(Vec::new());
         }
         let conn = self.shared.pool.get().await.map_err(pool_error)?;
         let claimant = Claimant {
@@ -173,12 +179,14 @@ impl Worker {
         for job in &jobs {
             self.shared.stats.pickup_latency.observe(job.due_for);
         }
-        let next_due = if jobs.len() < free {
-            claimer::next_due(&*conn).await?
-        } else {
-            None
-        };
-        Ok((jobs, next_due))
+        Ok(jobs)
+    }
+
+    /// How long until the next deferred job is due, asked after a short claim (once its jobs
+    /// are already running, so the question never delays them).
+    async fn next_due(&self) -> Result<Option<Duration>, Error> {
+        let conn = self.shared.pool.get().await.map_err(pool_error)?;
+        Ok(claimer::next_due(&*conn).await?)
     }
 
     /// One step, for tests and tools: claims what is due now (up to the slots), runs every
@@ -187,7 +195,7 @@ impl Worker {
     /// # Errors
     /// Database errors of the claim.
     pub async fn step(&self) -> Result<Vec<(Uuid, Transition)>, Error> {
-        let (jobs, _) = self
+        let jobs = self
             .claim(self.shared.config.slots, ClaimReason::Step)
             .await?;
         let mut tasks = JoinSet::new();
@@ -257,33 +265,13 @@ impl Worker {
         let mut beat = ticker(config.heartbeat_interval);
         let mut rescue = ticker(config.poll_interval);
         let mut next_poll = Instant::now() + jittered(config.poll_interval);
-        let mut next_due: Option<Instant> = None;
+        let mut wake = WakeState::default();
         let mut reason = Some(ClaimReason::Startup);
-        let mut backlog = false;
-        let mut notified_since_claim = false;
         let mut fatal = false;
         loop {
             if let Some(why) = reason.take() {
-                let free = config.slots - tasks.len();
-                if free == 0 {
-                    backlog = true;
-                } else {
-                    match self.claim(free, why).await {
-                        Ok((jobs, due_in)) => {
-                            if why == ClaimReason::Poll && !jobs.is_empty() && !notified_since_claim
-                            {
-                                self.shared.stats.record_poll_found_work();
-                            }
-                            notified_since_claim = false;
-                            backlog = jobs.len() == free;
-                            next_due = due_in.map(|d| Instant::now() + d);
-                            for job in jobs {
-                                self.spawn_job(&mut tasks, &mut held, job);
-                            }
-                        }
-                        Err(e) => tracing::warn!(code = %e.code(), "claim failed"),
-                    }
-                }
+                self.claim_and_spawn(why, &mut tasks, &mut held, &mut wake)
+                    .await;
             }
             tokio::select! {
                 () = shutdown.reached(Stage::Draining) => break,
@@ -292,7 +280,7 @@ impl Worker {
                     break;
                 }
                 () = wait(signals.as_deref().map(|s| &s.notified)) => {
-                    notified_since_claim = true;
+                    wake.notified_since_claim = true;
                     reason = Some(ClaimReason::Notify);
                 }
                 () = wait(signals.as_deref().map(|s| &s.reconnected)) => {
@@ -302,13 +290,13 @@ impl Worker {
                     next_poll = Instant::now() + jittered(config.poll_interval);
                     reason = Some(ClaimReason::Poll);
                 }
-                () = sleep_until_opt(next_due) => {
-                    next_due = None;
+                () = sleep_until_opt(wake.next_due) => {
+                    wake.next_due = None;
                     reason = Some(ClaimReason::Due);
                 }
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                     self.finish_task(done, &mut held);
-                    if backlog {
+                    if wake.backlog {
                         reason = Some(ClaimReason::Drain);
                     }
                 }
@@ -329,6 +317,43 @@ impl Worker {
             Err(Error::OwnerIdInUse)
         } else {
             Ok(())
+        }
+    }
+
+    /// Claims for the free slots and starts the claimed jobs; then, after a short claim, learns
+    /// when the next deferred job is due (the jobs are already running by then).
+    async fn claim_and_spawn(
+        &self,
+        why: ClaimReason,
+        tasks: &mut JoinSet<(Uuid, Transition)>,
+        held: &mut Held,
+        wake: &mut WakeState,
+    ) {
+        let free = self.shared.config.slots - tasks.len();
+        if free == 0 {
+            wake.backlog = true;
+            return;
+        }
+        let jobs = match self.claim(free, why).await {
+            Ok(jobs) => jobs,
+            Err(e) => {
+                tracing::warn!(code = %e.code(), "claim failed");
+                return;
+            }
+        };
+        if why == ClaimReason::Poll && !jobs.is_empty() && !wake.notified_since_claim {
+            self.shared.stats.record_poll_found_work();
+        }
+        wake.notified_since_claim = false;
+        wake.backlog = jobs.len() == free;
+        for job in jobs {
+            self.spawn_job(tasks, held, job);
+        }
+        if !wake.backlog {
+            match self.next_due().await {
+                Ok(due_in) => wake.next_due = due_in.map(|d| Instant::now() + d),
+                Err(e) => tracing::warn!(code = %e.code(), "next-due query failed"),
+            }
         }
     }
 
