@@ -277,6 +277,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// # Errors
 /// Any [`Error`]; its `exit_code()` is the process exit code.
 pub async fn run(cli: Cli) -> Result<(), Error> {
+    // Installed first: a signal during start-up is a graceful request, not a kill.
+    let shutdown = crate::shutdown::signals();
     let db_config = cli.database.config()?;
     match cli.command {
         Command::Migrate(args) => migrate(&db_config, args).await,
@@ -288,7 +290,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             let version = schema::check_compatible(&conn).await?;
             drop(conn);
             tracing::info!(schema_version = version, "api starting");
-            crate::api::serve(pool, secret, api_config, crate::shutdown::signals()).await
+            crate::api::serve(pool, secret, api_config, shutdown).await
         }
         Command::Work(args) => {
             let worker_config = args.config()?;
@@ -306,7 +308,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
                 db_config,
                 worker_config,
                 crate::handler::Registry::new().register(crate::etl::load::EtlLoad::default()),
-                crate::shutdown::signals(),
+                shutdown,
             )
             .await
         }
