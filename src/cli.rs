@@ -60,6 +60,9 @@ pub struct DatabaseArgs {
     /// Session idle_in_transaction_session_timeout.
     #[arg(long, env = "DURABLE_ETL_IDLE_IN_TRANSACTION_TIMEOUT", default_value = "10s", value_parser = parse_duration, global = true)]
     pub idle_in_transaction_timeout: Duration,
+    /// Session client_connection_check_interval (PostgreSQL 14+; 0 leaves the server's, as 13 needs).
+    #[arg(long, env = "DURABLE_ETL_CLIENT_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration, global = true)]
+    pub client_check_interval: Duration,
 }
 
 impl DatabaseArgs {
@@ -75,6 +78,7 @@ impl DatabaseArgs {
             statement_timeout: self.statement_timeout,
             lock_timeout: self.lock_timeout,
             idle_in_transaction_timeout: self.idle_in_transaction_timeout,
+            client_check_interval: self.client_check_interval,
             ..DatabaseConfig::default()
         };
         cfg.validate()?;

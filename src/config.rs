@@ -21,6 +21,8 @@ pub const STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 pub const LOCK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 /// Default `idle_in_transaction_session_timeout` of every session.
 pub const IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default interval at which a backend running a query checks that its client is still there.
+pub const CLIENT_CHECK_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Default idle time before the first TCP keepalive probe.
 pub const KEEPALIVE_IDLE_DEFAULT: Duration = Duration::from_secs(10);
 
@@ -105,6 +107,11 @@ pub struct DatabaseConfig {
     pub idle_in_transaction_timeout: Duration,
     /// Idle time before TCP keepalive probes start. Defaults to [`KEEPALIVE_IDLE_DEFAULT`].
     pub keepalive_idle: Duration,
+    /// Session `client_connection_check_interval` (PostgreSQL 14+): a backend still running a
+    /// query for a process that died (say, waiting for a row lock) notices within this interval,
+    /// rolls back and frees the job's row. Zero leaves the server's setting (required on 13).
+    /// Defaults to [`CLIENT_CHECK_INTERVAL_DEFAULT`].
+    pub client_check_interval: Duration,
 }
 
 impl Default for DatabaseConfig {
@@ -117,6 +124,7 @@ impl Default for DatabaseConfig {
             lock_timeout: LOCK_TIMEOUT_DEFAULT,
             idle_in_transaction_timeout: IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
             keepalive_idle: KEEPALIVE_IDLE_DEFAULT,
+            client_check_interval: CLIENT_CHECK_INTERVAL_DEFAULT,
         }
     }
 }

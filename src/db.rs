@@ -25,13 +25,25 @@ pub fn pg_config(cfg: &DatabaseConfig, role: &str) -> Result<tokio_postgres::Con
         .connect_timeout(cfg.connect_timeout)
         .keepalives(true)
         .keepalives_idle(cfg.keepalive_idle)
-        .options(format!(
-            "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
-            cfg.statement_timeout.as_millis(),
-            cfg.lock_timeout.as_millis(),
-            cfg.idle_in_transaction_timeout.as_millis(),
-        ));
+        .options(options(cfg));
     Ok(pg)
+}
+
+/// The session settings sent in the startup packet.
+fn options(cfg: &DatabaseConfig) -> String {
+    let mut options = format!(
+        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+        cfg.statement_timeout.as_millis(),
+        cfg.lock_timeout.as_millis(),
+        cfg.idle_in_transaction_timeout.as_millis(),
+    );
+    if !cfg.client_check_interval.is_zero() {
+        options.push_str(&format!(
+            " -c client_connection_check_interval={}",
+            cfg.client_check_interval.as_millis()
+        ));
+    }
+    options
 }
 
 /// Opens the pool for `role` and proves the database answers by taking one connection.
@@ -110,6 +122,7 @@ pub fn quote_ident(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn quote_ident_doubles_quotes() {
@@ -129,6 +142,15 @@ mod tests {
             options.contains("idle_in_transaction_session_timeout=10000"),
             "{options}"
         );
+        assert!(
+            options.contains("client_connection_check_interval=1000"),
+            "{options}"
+        );
+        let pg13 = DatabaseConfig {
+            client_check_interval: Duration::ZERO,
+            ..DatabaseConfig::default()
+        };
+        assert!(!super::options(&pg13).contains("client_connection_check_interval"));
         let bad = DatabaseConfig {
             url: "postgres://h:x/db".into(),
             ..DatabaseConfig::default()
