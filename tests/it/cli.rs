@@ -232,12 +232,7 @@ async fn serve_answers_until_sigterm_and_refuses_bad_configuration() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let db = TestDb::migrated().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{}", crate::support::free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
         .env("DATABASE_URL", &db.config.url)
         .env("DURABLE_ETL_SECRET", SECRET)

@@ -2,7 +2,7 @@
 //! ids, one database), started as processes of the real binary, since no container engine runs
 //! here.
 
-use crate::support::{count, eventually, TestDb};
+use crate::support::{count, eventually, free_port, TestDb};
 use serde_json::json;
 use std::process::{Child, Command};
 
@@ -16,15 +16,6 @@ impl Drop for Processes {
             let _ = child.wait();
         }
     }
-}
-
-/// A free local port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 //! PostgreSQL error messages.
 
 use crate::handlers::{Scripted, SCRIPTED};
-use crate::support::{count, eventually, insert_jobs, pool, session_pid, TestDb};
+use crate::support::{count, eventually, free_port, insert_jobs, pool, session_pid, TestDb};
 use durable_etl::config::WorkerConfig;
 use durable_etl::handler::Registry;
 use durable_etl::shutdown::{self, Stage};
@@ -66,15 +66,6 @@ fn spawn_logged(url: &str, secret: &str, args: &[&str]) -> (Child, Arc<Mutex<Str
         }
     });
     (child, log)
-}
-
-/// A free local port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

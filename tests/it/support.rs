@@ -417,3 +417,12 @@ pub async fn session_pid(client: &Client, db: &TestDb) -> i32 {
         .unwrap()
         .get(0)
 }
+
+/// A free local TCP port (bound once, then released for the caller to use).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
