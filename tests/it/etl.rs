@@ -444,19 +444,7 @@ async fn a_locked_target_row_times_out_retries_with_backoff_and_succeeds_once_re
         );
         make_due(&client).await;
     }
-    drop(holder);
-    eventually("the holder's lock to go", || {
-        let client = &client;
-        async move {
-            count(
-                client,
-                "pg_locks WHERE locktype = 'transactionid' AND mode = 'ShareLock'",
-            )
-            .await
-                == 0
-        }
-    })
-    .await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(
         worker.step().await.unwrap(),
         vec![(job.id, Transition::Succeeded)]
@@ -523,7 +511,7 @@ async fn a_deadlock_with_another_session_is_retried() {
     eventually("the load to wait for row b", || {
         let client = &client;
         async move {
-            count(client, "pg_stat_activity WHERE application_name = 'durable-etl/test' AND wait_event_type = 'Lock'").await == 1
+            count(client, "pg_stat_activity WHERE application_name = 'durable-etl/test' AND wait_event_type = 'Lock' AND datname = current_database()").await == 1
         }
     })
     .await;
@@ -579,7 +567,7 @@ async fn a_load_whose_connection_is_killed_before_commit_leaves_nothing() {
     let holder = hold_row(&db, "z").await;
     let step = tokio::spawn(async move { (worker.step().await.unwrap(), worker) });
     let waiting =
-        "pg_stat_activity WHERE application_name = 'durable-etl/test' AND wait_event_type = 'Lock'";
+        "pg_stat_activity WHERE application_name = 'durable-etl/test' AND wait_event_type = 'Lock' AND datname = current_database()";
     eventually("the load to wait mid-transaction", || {
         let client = &client;
         async move { count(client, waiting).await == 1 }
@@ -595,7 +583,7 @@ async fn a_load_whose_connection_is_killed_before_commit_leaves_nothing() {
         .unwrap();
     let (done, worker) = step.await.unwrap();
     assert_eq!(done, vec![(job.id, Transition::Retried)]);
-    drop(holder);
+    holder.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(
         count(&client, "etl_target_rows WHERE record_key = 'a'").await,
         0,

@@ -183,7 +183,7 @@ async fn a_replica_whose_owner_id_is_taken_while_it_reconnects_stops() {
         async move {
             count(
                 client,
-                "pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                "pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             )
             .await
                 == 1
