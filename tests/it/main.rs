@@ -8,6 +8,7 @@ mod cli;
 mod deploy;
 mod errors;
 mod etl;
+mod faults;
 mod handlers;
 mod privacy;
 mod schema;
