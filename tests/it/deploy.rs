@@ -2,21 +2,9 @@
 //! ids, one database), started as processes of the real binary, since no container engine runs
 //! here.
 
-use crate::support::{count, eventually, free_port, TestDb};
+use crate::support::{count, eventually, free_port, signal, Processes, TestDb};
 use serde_json::json;
-use std::process::{Child, Command};
-
-/// Kills its processes on drop, so a failing test leaves nothing running.
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+use std::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_api_and_three_replicas_share_the_work() {
@@ -115,11 +103,7 @@ async fn one_api_and_three_replicas_share_the_work() {
     }
     assert_eq!(claimed, 30, "each job claimed once, across the replicas");
     for child in &mut processes.0 {
-        assert!(Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success());
+        signal(child, "TERM");
         assert_eq!(
             child.wait().unwrap().code(),
             Some(0),

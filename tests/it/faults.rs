@@ -1,32 +1,12 @@
 //! Faults with real processes: replicas of the real binary are SIGKILLed and SIGSTOPped in the
 //! middle of a load, and the invariants are checked from the database.
 
-use crate::support::{count, eventually, TestDb};
+use crate::support::{count, eventually, signal, Processes, TestDb};
 use durable_etl::digest::{DigestKind, Secret};
 use durable_etl::etl::enqueue::{enqueue, NewJob};
 use durable_etl::etl::request::{self, IntakeLimits};
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
-
-/// Kills its processes on drop (resuming stopped ones first), so a failing test leaves nothing.
-struct Replicas(Vec<Child>);
-
-impl Drop for Replicas {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            signal(child, "CONT");
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Sends `sig` to `child`.
-fn signal(child: &Child, sig: &str) {
-    let _ = Command::new("kill")
-        .args([&format!("-{sig}"), &child.id().to_string()])
-        .status();
-}
 
 /// Starts a worker replica of the real binary on `db` with `args`.
 fn replica(db: &TestDb, owner: &str, args: &[&str]) -> Child {
@@ -154,7 +134,7 @@ async fn a_replica_killed_mid_load_is_recovered_at_once_and_the_load_commits_onc
     let client = db.client().await;
     let (holder, id) = locked_update(&db, &client).await;
     // A long lease: only dead-owner detection can free the job quickly.
-    let mut replicas = Replicas(vec![replica(
+    let mut replicas = Processes(vec![replica(
         &db,
         "doomed",
         &[
@@ -200,7 +180,7 @@ async fn a_frozen_replica_loses_its_job_and_its_late_commit_matches_nothing() {
         "--idle-in-transaction-timeout",
         "1s",
     ];
-    let mut replicas = Replicas(vec![replica(&db, "frozen", &frozen_args)]);
+    let mut replicas = Processes(vec![replica(&db, "frozen", &frozen_args)]);
     until_load_waits(&client).await;
     signal(&replicas.0[0], "STOP");
     // The lock goes; the frozen replica's transaction takes it, writes, and then sits idle in
@@ -235,7 +215,7 @@ async fn a_frozen_replica_loses_its_job_and_its_late_commit_matches_nothing() {
 async fn a_second_replica_with_a_live_owner_id_refuses_to_start() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let _first = Replicas(vec![replica(&db, "twin", &[])]);
+    let _first = Processes(vec![replica(&db, "twin", &[])]);
     eventually("the first replica's session", || {
         let client = &client;
         async move {

@@ -4,7 +4,9 @@
 //! PostgreSQL error messages.
 
 use crate::handlers::{Scripted, SCRIPTED};
-use crate::support::{count, eventually, free_port, insert_jobs, pool, session_pid, TestDb};
+use crate::support::{
+    count, eventually, free_port, insert_jobs, pool, session_pid, signal, Processes, TestDb,
+};
 use durable_etl::config::WorkerConfig;
 use durable_etl::handler::Registry;
 use durable_etl::shutdown::{self, Stage};
@@ -92,9 +94,8 @@ async fn no_canary_sql_or_database_message_leaks_from_the_binaries() {
     let (api_port, metrics_port) = (free_port(), free_port());
     let api_listen = format!("127.0.0.1:{api_port}");
     let metrics_listen = format!("127.0.0.1:{metrics_port}");
-    let (mut api, api_log) =
-        spawn_logged(&db.config.url, secret, &["serve", "--listen", &api_listen]);
-    let (mut work, work_log) = spawn_logged(
+    let (api, api_log) = spawn_logged(&db.config.url, secret, &["serve", "--listen", &api_listen]);
+    let (work, work_log) = spawn_logged(
         &db.config.url,
         secret,
         &[
@@ -113,6 +114,7 @@ async fn no_canary_sql_or_database_message_leaks_from_the_binaries() {
             &metrics_listen,
         ],
     );
+    let mut running = Processes(vec![api, work]);
     let http = reqwest::Client::new();
     let base = format!("http://{api_listen}");
     eventually("the API to serve", || {
@@ -288,11 +290,8 @@ async fn no_canary_sql_or_database_message_leaks_from_the_binaries() {
         "{api_metrics}"
     );
 
-    for child in [&mut api, &mut work] {
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
+    for child in &mut running.0 {
+        signal(child, "TERM");
         assert_eq!(child.wait().unwrap().code(), Some(0));
     }
     let stored: Vec<String> = client

@@ -426,3 +426,24 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Sends signal `sig` (`TERM`, `KILL`, `STOP`, `CONT`) to `child`.
+pub fn signal(child: &std::process::Child, sig: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status();
+}
+
+/// Child processes killed on drop (stopped ones resumed first), so a failing test leaves none
+/// running.
+pub struct Processes(pub Vec<std::process::Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            signal(child, "CONT");
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
