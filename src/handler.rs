@@ -111,6 +111,13 @@ pub trait Effects: Send {
         self: Box<Self>,
         tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<LedgerEntry, JobError>>;
+
+    /// Whether [`Effects::apply`] writes anything. Effects that do not let the worker commit
+    /// their job together with others in one statement, without an explicit transaction.
+    /// Defaults to `true`.
+    fn writes(&self) -> bool {
+        true
+    }
 }
 
 /// Effects that write nothing (a job whose work happens outside PostgreSQL, or a no-op).
@@ -123,6 +130,10 @@ impl Effects for NoEffects {
         _tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
         Box::pin(async { Ok(LedgerEntry::default()) })
+    }
+
+    fn writes(&self) -> bool {
+        false
     }
 }
 

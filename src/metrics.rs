@@ -257,6 +257,12 @@ pub fn render_worker(stats: &WorkerStats) -> String {
     );
     counter(
         &mut out,
+        "durable_etl_db_round_trips_total",
+        "Statements the replica sent on pooled connections (claims, commits, heartbeats, ...).",
+        s.round_trips,
+    );
+    counter(
+        &mut out,
         "durable_etl_notifications_total",
         "Notifications received.",
         s.notifications,
@@ -327,6 +333,11 @@ pub fn render_worker(stats: &WorkerStats) -> String {
         &mut out,
         "durable_etl_claim_batch_size",
         "Jobs per non-empty claim.",
+    );
+    stats.commit_batch.render(
+        &mut out,
+        "durable_etl_commit_batch_size",
+        "Jobs per group commit.",
     );
     stats.pickup_latency.render(
         &mut out,

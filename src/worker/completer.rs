@@ -14,6 +14,7 @@
 use crate::codes::Code;
 use crate::handler::LedgerEntry;
 use crate::worker::lease::millis;
+use std::collections::HashSet;
 use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
@@ -37,59 +38,67 @@ pub enum Transition {
     Unwritten,
 }
 
-/// Marks the job `succeeded` and writes its response-ledger row, in the caller's execution
-/// transaction (`$1` id, `$2` claim id, `$3..$6` the ledger summary).
+/// Marks every job of a group `succeeded` and writes its response-ledger row, in one statement
+/// (`$1` job ids, `$2` claim ids, `$3..$6` the ledger summaries, pairwise). A job whose owner
+/// asked to cancel it is left as it is (the caller cancels it through [`FAIL_SQL`]).
 ///
-/// Locks: the UPDATE row-locks the job (already locked by the execution transaction's fence
-/// check); the INSERT takes the ledger's primary-key entry, so a second ledger row for the same
-/// job cannot exist (an existing one, from a commit whose status write was somehow lost, is kept
-/// as it is). Both commit with the effects or not at all. Returns how many job rows changed.
+/// Locks: the UPDATE row-locks each fenced job row (already locked when an execution transaction
+/// checked the fence first); the INSERT takes the ledger's primary-key entries, so a second
+/// ledger row for a job cannot exist (an existing one, from a commit whose status write was
+/// somehow lost, is kept as it is). Returns the ids of the jobs it succeeded.
 pub const SUCCEED_SQL: &str = "
-WITH done AS (
-    UPDATE etl_job_records
+WITH held AS (
+    SELECT *
+      FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::int4[], $6::bytea[])
+           AS h(id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
+), done AS (
+    UPDATE etl_job_records AS j
        SET status = 'succeeded', request_payload = NULL, failure_code = NULL,
            failure_record_index = NULL, lease_owner_id = NULL, lease_claim_id = NULL,
            lease_expires_at = NULL, finished_at = now(), updated_at = now()
-     WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'
- RETURNING id
+      FROM held
+     WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'
+       AND j.cancel_requested_at IS NULL
+ RETURNING held.*
 ), ledger AS (
     INSERT INTO etl_job_responses
            (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
-    SELECT id, $2, $3, $4, $5, $6 FROM done
+    SELECT id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum FROM done
         ON CONFLICT (job_id) DO NOTHING
 )
-SELECT count(*) FROM done";
+SELECT id FROM done";
 
-/// Writes the success transition and ledger row on `tx`. Returns `Succeeded` or `LeaseLost`.
+/// Writes the success transition and ledger row of every `(id, claim id, ledger)` entry on
+/// `client` (inside the caller's execution transaction, or on its own when nothing else is
+/// written). Returns the ids of the jobs that succeeded; the others' leases are lost or their
+/// owners asked to cancel them.
 ///
 /// # Errors
 /// The database error of the statement.
-pub async fn succeed(
-    tx: &impl GenericClient,
-    id: Uuid,
-    claim_id: Uuid,
-    ledger: &LedgerEntry,
-) -> Result<Transition, tokio_postgres::Error> {
-    let checksum: &[u8] = &ledger.data_checksum;
-    let n: i64 = tx
-        .query_typed_one(
+pub async fn succeed_many(
+    client: &impl GenericClient,
+    entries: &[(Uuid, Uuid, LedgerEntry)],
+) -> Result<HashSet<Uuid>, tokio_postgres::Error> {
+    let ids: Vec<Uuid> = entries.iter().map(|e| e.0).collect();
+    let claims: Vec<Uuid> = entries.iter().map(|e| e.1).collect();
+    let inserted: Vec<i32> = entries.iter().map(|e| e.2.rows_inserted).collect();
+    let updated: Vec<i32> = entries.iter().map(|e| e.2.rows_updated).collect();
+    let unchanged: Vec<i32> = entries.iter().map(|e| e.2.rows_unchanged).collect();
+    let checksums: Vec<&[u8]> = entries.iter().map(|e| &e.2.data_checksum[..]).collect();
+    let rows = client
+        .query_typed(
             SUCCEED_SQL,
             &[
-                (&id, Type::UUID),
-                (&claim_id, Type::UUID),
-                (&ledger.rows_inserted, Type::INT4),
-                (&ledger.rows_updated, Type::INT4),
-                (&ledger.rows_unchanged, Type::INT4),
-                (&checksum, Type::BYTEA),
+                (&ids, Type::UUID_ARRAY),
+                (&claims, Type::UUID_ARRAY),
+                (&inserted, Type::INT4_ARRAY),
+                (&updated, Type::INT4_ARRAY),
+                (&unchanged, Type::INT4_ARRAY),
+                (&checksums, Type::BYTEA_ARRAY),
             ],
         )
-        .await?
-        .get(0);
-    Ok(if n == 1 {
-        Transition::Succeeded
-    } else {
-        Transition::LeaseLost
-    })
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else

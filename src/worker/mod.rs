@@ -22,6 +22,7 @@
 pub mod claimer;
 pub mod completer;
 pub mod executor;
+pub mod group_commit;
 pub mod heartbeat;
 pub mod lease;
 pub mod rescuer;
@@ -59,6 +60,8 @@ pub(crate) struct Shared {
     config: WorkerConfig,
     /// The replica's counters.
     stats: Arc<WorkerStats>,
+    /// Where finished computations queue for their group commit.
+    group_commit: group_commit::GroupCommit,
 }
 
 /// A running replica.
@@ -135,12 +138,15 @@ impl Worker {
         if released > 0 {
             tracing::info!(released, "released the previous incarnation's running jobs");
         }
+        let group_commit =
+            group_commit::GroupCommit::start(pool.clone(), Arc::clone(&stats), config.slots);
         Ok(Worker {
             shared: Arc::new(Shared {
                 pool,
                 registry,
                 config,
                 stats,
+                group_commit,
             }),
             session,
         })
@@ -186,6 +192,7 @@ impl Worker {
     /// are already running, so the question never delays them).
     async fn next_due(&self) -> Result<Option<Duration>, Error> {
         let conn = self.shared.pool.get().await.map_err(pool_error)?;
+        self.shared.stats.record_round_trips(1);
         Ok(claimer::next_due(&*conn).await?)
     }
 
@@ -220,6 +227,7 @@ impl Worker {
     #[tracing::instrument(name = "recovery", skip_all)]
     pub async fn recover(&self) -> Result<Recovered, Error> {
         let conn = self.shared.pool.get().await.map_err(pool_error)?;
+        self.shared.stats.record_round_trips(1);
         let recovered = rescuer::recover(&*conn).await?;
         self.shared.stats.record_recovery(recovered);
         if recovered != Recovered::default() {
@@ -239,6 +247,7 @@ impl Worker {
     async fn heartbeat(&self, held: &Held) -> Result<(), Error> {
         let claims: Vec<Uuid> = held.keys().copied().collect();
         let conn = self.shared.pool.get().await.map_err(pool_error)?;
+        self.shared.stats.record_round_trips(1);
         let still_held =
             heartbeat::beat(&*conn, self.owner_id(), &claims, self.shared.config.lease).await?;
         for (claim, (id, token)) in held {
@@ -296,6 +305,11 @@ impl Worker {
                 }
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                     self.finish_task(done, &mut held);
+                    // A group commit frees its jobs' slots together: take them all before
+                    // claiming, so the next claim fills them in one statement.
+                    while let Some(done) = tasks.try_join_next() {
+                        self.finish_task(done, &mut held);
+                    }
                     if wake.backlog {
                         reason = Some(ClaimReason::Drain);
                     }
@@ -434,6 +448,7 @@ impl Worker {
             return;
         }
         let pairs: Vec<(Uuid, Uuid)> = held.iter().map(|(claim, (id, _))| (*id, *claim)).collect();
+        self.shared.stats.record_round_trips(1);
         let released = match self.shared.pool.get().await {
             Ok(conn) => completer::release(&*conn, &pairs)
                 .await

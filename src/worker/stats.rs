@@ -25,6 +25,8 @@ macro_rules! counters {
             pub execution: Histogram,
             /// Jobs per non-empty claim.
             pub claim_batch: Histogram,
+            /// Jobs per group commit.
+            pub commit_batch: Histogram,
         }
 
         impl Default for WorkerStats {
@@ -35,6 +37,7 @@ macro_rules! counters {
                     pickup_latency: Histogram::new(LATENCY_BUCKETS),
                     execution: Histogram::new(LATENCY_BUCKETS),
                     claim_batch: Histogram::new(BATCH_BUCKETS),
+                    commit_batch: Histogram::new(BATCH_BUCKETS),
                 }
             }
         }
@@ -59,6 +62,11 @@ counters! {
     claims,
     /// Claim statements that returned no job.
     empty_claims,
+    /// Statements (and transaction-control commands) the replica sent on pooled connections:
+    /// claims, next-due reads, group commits, failure writes, heartbeats, recovery and release.
+    round_trips,
+    /// Group commits (batches of finished jobs written together).
+    commit_batches,
     /// Jobs claimed.
     claimed,
     /// Jobs that ended `succeeded`.
@@ -170,6 +178,7 @@ impl WorkerStats {
     /// Counts one claim statement, made for `reason`, that returned `n` jobs.
     pub fn record_claim(&self, reason: ClaimReason, n: usize) {
         bump(&self.claims);
+        bump(&self.round_trips);
         if n == 0 {
             bump(&self.empty_claims);
         } else {
@@ -191,6 +200,17 @@ impl WorkerStats {
             ClaimReason::CatchUp => bump(&self.claims_by_reconnect),
             ClaimReason::Startup | ClaimReason::Step => {}
         }
+    }
+
+    /// Counts `n` round trips to the database.
+    pub fn record_round_trips(&self, n: u64) {
+        self.round_trips.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts one group commit of `n` jobs.
+    pub fn record_commit_batch(&self, n: usize) {
+        bump(&self.commit_batches);
+        self.commit_batch.observe(n as f64);
     }
 
     /// Counts a poll claim that found work no notification announced.

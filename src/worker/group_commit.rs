@@ -1,0 +1,751 @@
+//! Group commit: the effects phase of every job that finished computing meanwhile, in one fenced
+//! transaction, or in one statement when none of them writes; so a replica pays one commit (one
+//! WAL flush, one round trip for no-op effects) for a whole group of jobs instead of one each.
+//!
+//! Invariants this module keeps:
+//! - Batches form from what is already waiting, never by waiting: a lane takes the first ready
+//!   job, then whatever else is queued (up to the replica's slots), and commits at once. An idle
+//!   replica's single job commits as soon as it is ready.
+//! - A job's slot frees only after its transition is durable: its task waits for the reply, which
+//!   is sent after COMMIT returned (or after the outcome was resolved).
+//! - Every job of a batch is fenced on its own by `id + lease_claim_id + status = 'running'`, and
+//!   its row is locked (`FOR UPDATE`, in id order) before any effect is written. A batch never
+//!   commits effects or success for a job whose fence failed or whose owner asked to cancel it.
+//! - Each job's effects stay atomic: in a batch of more than one job, each job's effects run under
+//!   their own savepoint, so one job's failure rolls back its own writes only, and the rest of the
+//!   batch still commits. Effects, ledger row and `succeeded` of a job commit together.
+//! - A COMMIT whose outcome is unknown (connection lost) is resolved by reading the ledger under
+//!   each job's claim, never by running a job again.
+//! - A failure of the batch itself (not of one job's effects) fails every job of the batch that
+//!   had not already failed on its own, transiently when the SQLSTATE says so: each then takes the
+//!   ordinary fenced retry or failure path.
+
+use crate::codes::Code;
+use crate::db::Pool;
+use crate::error::{is_connection_loss, is_transient};
+use crate::handler::{Effects, LedgerEntry};
+use crate::worker::completer::{self, Transition};
+use crate::worker::executor::Failure;
+use crate::worker::stats::WorkerStats;
+use futures::FutureExt;
+use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::time::{timeout_at, Instant};
+use tokio_postgres::types::Type;
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+/// How many batches of one replica may commit at once. Two lanes let one batch form while the
+/// other waits for its WAL flush; more would only split the groups smaller on this workload.
+pub const COMMIT_LANES: usize = 2;
+
+/// Locks the batch's job rows under their fences, in id order, at the start of the execution
+/// transaction, and tells for each one still held whether a ledger row exists for it (its effects
+/// committed before: they must not run again) and whether its owner asked to cancel it (its
+/// effects must never commit). `$1` job ids, `$2` claim ids, pairwise.
+///
+/// Locks: a row lock (`FOR UPDATE`) on each fenced job row, taken in id order (the lock step runs
+/// above the sort) and held until the transaction ends; this is what makes recovery, heartbeats
+/// and cancellation skip or wait for the rows while their effects commit, so a cancel and a
+/// commit can never both win. Rows whose claim changed are not returned and not locked.
+pub const LOCK_FENCED_SQL: &str = "
+SELECT j.id,
+       EXISTS (SELECT 1 FROM etl_job_responses r WHERE r.job_id = j.id),
+       j.cancel_requested_at IS NOT NULL
+  FROM etl_job_records j
+  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
+    ON j.id = held.id AND j.lease_claim_id = held.claim_id
+ WHERE j.status = 'running'
+ ORDER BY j.id
+   FOR UPDATE OF j";
+
+/// The `(job id, claim id)` pairs in `$1`/`$2` whose ledger row was committed under that claim.
+///
+/// Locks: none (a snapshot read of the ledger's primary key).
+pub const LEDGER_BY_CLAIM_SQL: &str = "
+SELECT r.job_id
+  FROM etl_job_responses r
+  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
+    ON r.job_id = held.id AND r.lease_claim_id = held.claim_id";
+
+/// One job whose compute phase is done, waiting for its effects to commit.
+pub(crate) struct Ready {
+    /// The job's id.
+    pub(crate) id: Uuid,
+    /// The claim that fences it.
+    pub(crate) claim_id: Uuid,
+    /// Its effects; `None` for a job claimed without payload (only an existing ledger row can
+    /// make it succeed).
+    pub(crate) effects: Option<Box<dyn Effects>>,
+    /// When its execution time runs out.
+    pub(crate) deadline: Instant,
+}
+
+/// What a job of a batch came to.
+type Outcome = Result<Transition, Failure>;
+
+/// A ready job and where its outcome goes.
+struct Queued {
+    /// The job.
+    ready: Ready,
+    /// Its task, waiting.
+    reply: oneshot::Sender<Outcome>,
+}
+
+/// The replica's handle on its commit lanes; cloned into every job task.
+#[derive(Clone)]
+pub(crate) struct GroupCommit {
+    /// Where job tasks queue their ready jobs.
+    queue: mpsc::UnboundedSender<Queued>,
+}
+
+impl GroupCommit {
+    /// Starts [`COMMIT_LANES`] lanes committing on `pool`, in batches of at most `max_batch`. The
+    /// lanes end when the last handle is dropped and the queue is empty.
+    pub(crate) fn start(pool: Pool, stats: Arc<WorkerStats>, max_batch: usize) -> GroupCommit {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        let receiver = Arc::new(Mutex::new(receiver));
+        for _ in 0..COMMIT_LANES {
+            tokio::spawn(lane(
+                pool.clone(),
+                Arc::clone(&stats),
+                Arc::clone(&receiver),
+                max_batch.max(1),
+            ));
+        }
+        GroupCommit { queue }
+    }
+
+    /// Queues `ready` for the next batch and waits until its transition is durable.
+    pub(crate) async fn commit(&self, ready: Ready) -> Outcome {
+        let (reply, outcome) = oneshot::channel();
+        if self.queue.send(Queued { ready, reply }).is_err() {
+            return Err(Failure::Code(Code::TransientDatabase));
+        }
+        outcome
+            .await
+            .unwrap_or(Err(Failure::Code(Code::TransientDatabase)))
+    }
+}
+
+/// One commit lane: takes what is queued, commits it as one batch, answers each job, repeats.
+async fn lane(
+    pool: Pool,
+    stats: Arc<WorkerStats>,
+    receiver: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
+    max_batch: usize,
+) {
+    loop {
+        let batch = {
+            let mut receiver = receiver.lock().await;
+            let Some(first) = receiver.recv().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            while batch.len() < max_batch {
+                match receiver.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            batch
+        };
+        let (jobs, replies): (Vec<Ready>, Vec<_>) =
+            batch.into_iter().map(|q| (q.ready, q.reply)).unzip();
+        stats.record_commit_batch(jobs.len());
+        let outcomes = commit_batch(&pool, &stats, jobs).await;
+        for (reply, outcome) in replies.into_iter().zip(outcomes) {
+            // A task that is gone (aborted at shutdown) needs no answer: its fenced release
+            // settles against whatever committed.
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+/// Commits one batch; returns one outcome per job, in order.
+async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec<Outcome> {
+    let pairs: Vec<(Uuid, Uuid)> = jobs.iter().map(|j| (j.id, j.claim_id)).collect();
+    let mut outcomes: Vec<Option<Outcome>> = jobs.iter().map(|_| None).collect();
+    let written = match pool.get().await {
+        Err(_) => Err(None),
+        Ok(mut conn) => {
+            let writes_nothing = jobs
+                .iter()
+                .all(|j| j.effects.as_ref().is_some_and(|e| !e.writes()));
+            let written = if writes_nothing {
+                stats.record_round_trips(1);
+                completer::succeed_many(
+                    &*conn,
+                    &ledger_rows(&pairs, jobs.iter().map(|_| Some(LedgerEntry::default()))),
+                )
+                .await
+            } else {
+                write_effects(&mut conn, stats, jobs, &mut outcomes).await
+            };
+            written.map_err(Some)
+        }
+    };
+    match written {
+        Ok(succeeded) => {
+            for (outcome, (id, _)) in outcomes.iter_mut().zip(&pairs) {
+                if outcome.is_none() {
+                    // Fenced and locked, yet not succeeded: only a cancel request explains it
+                    // (the fenced cancellation write tells a lost lease apart).
+                    *outcome = Some(if succeeded.contains(id) {
+                        Ok(Transition::Succeeded)
+                    } else {
+                        Err(Failure::Cancelled)
+                    });
+                }
+            }
+        }
+        Err(Some(e)) if is_connection_loss(&e) => {
+            resolve_unknown_commit(pool, stats, &pairs, &mut outcomes).await;
+        }
+        Err(e) => {
+            let failure = e.as_ref().map_or(Code::TransientDatabase, batch_failure);
+            for outcome in outcomes.iter_mut().filter(|o| o.is_none()) {
+                *outcome = Some(Err(Failure::Code(failure)));
+            }
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or(Err(Failure::Code(Code::TransientDatabase))))
+        .collect()
+}
+
+/// The transaction of a batch that writes effects: locks the fenced rows, applies each job's
+/// effects (each under its own savepoint when the batch has several jobs), writes the ledger rows
+/// and `succeeded` for the jobs whose effects applied, and commits. Jobs that fail on their own
+/// get their outcome in `outcomes`; the returned set holds the jobs that succeeded.
+async fn write_effects(
+    conn: &mut tokio_postgres::Client,
+    stats: &WorkerStats,
+    jobs: Vec<Ready>,
+    outcomes: &mut [Option<Outcome>],
+) -> Result<HashSet<Uuid>, tokio_postgres::Error> {
+    let pairs: Vec<(Uuid, Uuid)> = jobs.iter().map(|j| (j.id, j.claim_id)).collect();
+    let isolate = jobs.len() > 1;
+    stats.record_round_trips(2);
+    let mut tx = conn.transaction().await?;
+    let fenced = lock_fenced(&tx, &pairs).await?;
+    let mut ledgers: Vec<Option<LedgerEntry>> = Vec::with_capacity(jobs.len());
+    for (job, outcome) in jobs.into_iter().zip(outcomes.iter_mut()) {
+        let ledger = match (fenced.get(&job.id), job.effects) {
+            (None, _) => Err(Failure::LeaseLost),
+            (Some(&(_, true)), _) => Err(Failure::Cancelled),
+            // Effects already committed under an earlier claim: record success, run nothing.
+            (Some(&(true, false)), _) => Ok(LedgerEntry::default()),
+            (Some(&(false, false)), None) => Err(Failure::Code(Code::InvalidPayload)),
+            (Some(&(false, false)), Some(effects)) if isolate => {
+                stats.record_round_trips(2);
+                let savepoint = tx.savepoint("job_effects").await?;
+                let applied = apply(&savepoint, effects, job.deadline).await;
+                if applied.is_ok() {
+                    savepoint.commit().await?;
+                } else {
+                    savepoint.rollback().await?;
+                }
+                applied
+            }
+            (Some(&(false, false)), Some(effects)) => apply(&tx, effects, job.deadline).await,
+        };
+        ledgers.push(match ledger {
+            Ok(ledger) => Some(ledger),
+            Err(failure) => {
+                *outcome = Some(Err(failure));
+                None
+            }
+        });
+    }
+    stats.record_round_trips(1);
+    if ledgers.iter().all(Option::is_none) {
+        tx.rollback().await?;
+        return Ok(HashSet::new());
+    }
+    stats.record_round_trips(1);
+    let succeeded = completer::succeed_many(&tx, &ledger_rows(&pairs, ledgers.into_iter())).await?;
+    tx.commit().await?;
+    Ok(succeeded)
+}
+
+/// The `(job id, claim id, ledger)` rows to succeed: every pair with a ledger entry (`None` in
+/// `ledgers` means the job failed on its own).
+fn ledger_rows(
+    pairs: &[(Uuid, Uuid)],
+    ledgers: impl Iterator<Item = Option<LedgerEntry>>,
+) -> Vec<(Uuid, Uuid, LedgerEntry)> {
+    pairs
+        .iter()
+        .zip(ledgers)
+        .filter_map(|(&(id, claim), ledger)| Some((id, claim, ledger?)))
+        .collect()
+}
+
+/// Locks the fenced rows of `pairs`; returns, per job still held, `(ledger exists, cancel
+/// requested)`.
+async fn lock_fenced(
+    tx: &Transaction<'_>,
+    pairs: &[(Uuid, Uuid)],
+) -> Result<HashMap<Uuid, (bool, bool)>, tokio_postgres::Error> {
+    let (ids, claims): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
+    let rows = tx
+        .query_typed(
+            LOCK_FENCED_SQL,
+            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect())
+}
+
+/// Applies one job's effects on `tx` within its deadline; a panic is the job's failure.
+async fn apply(
+    tx: &Transaction<'_>,
+    effects: Box<dyn Effects>,
+    deadline: Instant,
+) -> Result<LedgerEntry, Failure> {
+    let applied = AssertUnwindSafe(effects.apply(tx)).catch_unwind();
+    match timeout_at(deadline, applied).await {
+        Err(_) => Err(Failure::Code(Code::ExecutionTimeout)),
+        Ok(Err(_panic)) => Err(Failure::Code(Code::HandlerPanicked)),
+        Ok(Ok(Err(e))) => Err(Failure::Job(e)),
+        Ok(Ok(Ok(ledger))) => Ok(ledger),
+    }
+}
+
+/// The batch's connection was lost, perhaps during COMMIT: a job whose ledger row exists under
+/// its claim committed; the others did not, and fail transiently (their fenced retry follows).
+async fn resolve_unknown_commit(
+    pool: &Pool,
+    stats: &WorkerStats,
+    pairs: &[(Uuid, Uuid)],
+    outcomes: &mut [Option<Outcome>],
+) {
+    let (ids, claims): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
+    stats.record_round_trips(1);
+    let committed: Option<HashSet<Uuid>> = match pool.get().await {
+        Ok(conn) => conn
+            .query_typed(
+                LEDGER_BY_CLAIM_SQL,
+                &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
+            )
+            .await
+            .ok()
+            .map(|rows| rows.iter().map(|r| r.get(0)).collect()),
+        Err(_) => None,
+    };
+    for (outcome, (id, _)) in outcomes.iter_mut().zip(pairs) {
+        if outcome.is_none() {
+            let done = committed.as_ref().is_some_and(|c| c.contains(id));
+            *outcome = Some(if done {
+                Ok(Transition::Succeeded)
+            } else {
+                Err(Failure::Code(Code::TransientDatabase))
+            });
+        }
+    }
+}
+
+/// The code a failure of the batch statements themselves gives each of its jobs.
+fn batch_failure(e: &tokio_postgres::Error) -> Code {
+    if is_transient(e) {
+        Code::TransientDatabase
+    } else {
+        Code::HandlerFailed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The batch paths, driven directly against a scratch database so that each batch's
+    //! composition is exact (through a replica it depends on timing).
+
+    use super::*;
+    use crate::config::DatabaseConfig;
+    use crate::handler::JobError;
+    use crate::worker::claimer::{self, Claimant};
+    use futures::future::BoxFuture;
+    use std::time::Duration;
+
+    /// Effects that write one target row, fail, panic or overrun their deadline.
+    enum Scripted {
+        /// Inserts target row `key` for the job.
+        Write(Uuid, &'static str),
+        /// Writes its row, then fails permanently.
+        WriteThenFail(Uuid),
+        /// Panics.
+        Panic,
+        /// Sleeps past any deadline.
+        Hang,
+    }
+
+    impl Effects for Scripted {
+        fn apply<'a>(
+            self: Box<Self>,
+            tx: &'a Transaction<'a>,
+        ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+            Box::pin(async move {
+                let (job, key, fail) = match *self {
+                    Scripted::Write(job, key) => (job, key, false),
+                    Scripted::WriteThenFail(job) => (job, "failing", true),
+                    Scripted::Panic => panic!("scripted panic"),
+                    Scripted::Hang => {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        return Ok(LedgerEntry::default());
+                    }
+                };
+                tx.execute(
+                    "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
+                     VALUES (decode(repeat('ab', 32), 'hex'), 'd', $1, '{}', $2)",
+                    &[&key, &job],
+                )
+                .await?;
+                if fail {
+                    return Err(JobError::permanent(Code::RecordInvalid));
+                }
+                Ok(LedgerEntry {
+                    rows_inserted: 1,
+                    ..LedgerEntry::default()
+                })
+            })
+        }
+    }
+
+    /// A scratch database with the schema, dropped at the end of the test.
+    struct Scratch {
+        /// Its configuration.
+        config: DatabaseConfig,
+        /// A pool on it.
+        pool: Pool,
+        /// A plain client on it.
+        client: tokio_postgres::Client,
+    }
+
+    impl Scratch {
+        /// Creates and migrates a fresh database with `n` due jobs (payload `{}`), all claimed by
+        /// one owner. Returns the scratch database and the claimed `(id, claim id)` pairs.
+        async fn with_claimed(n: usize) -> (Scratch, Vec<(Uuid, Uuid)>) {
+            let base = std::env::var("DATABASE_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+            let (server, _) = base.rsplit_once('/').unwrap();
+            let name = format!("durable_etl_test_unit_{}", Uuid::new_v4().simple());
+            let config = DatabaseConfig {
+                url: format!("{server}/{name}"),
+                lock_timeout: Duration::from_millis(200),
+                ..DatabaseConfig::default()
+            };
+            crate::db::ensure_database(&config).await.unwrap();
+            let mut client = crate::db::connect(&config, "test").await.unwrap();
+            crate::schema::migrate_up(&mut client).await.unwrap();
+            client
+                .execute(
+                    "INSERT INTO etl_job_records
+                        (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                         request_payload, run_at)
+                     SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'), sha256(g::text::bytea),
+                            sha256(g::text::bytea), 'test', '{}', now() - interval '1 second'
+                       FROM generate_series(1, $1::int4) g",
+                    &[&i32::try_from(n).unwrap()],
+                )
+                .await
+                .unwrap();
+            let claimant = Claimant {
+                owner_id: "unit",
+                owner_locked: false,
+                lease: Duration::from_secs(60),
+            };
+            let mut claimed: Vec<(Uuid, Uuid)> = claimer::claim(&client, claimant, n)
+                .await
+                .unwrap()
+                .iter()
+                .map(|j| (j.id(), j.claim_id()))
+                .collect();
+            claimed.sort();
+            let pool = crate::db::connect_pool(&config, "test").await.unwrap();
+            (
+                Scratch {
+                    config,
+                    pool,
+                    client,
+                },
+                claimed,
+            )
+        }
+
+        /// Runs one batch of `jobs`, and names each outcome.
+        async fn commit(&self, jobs: Vec<Ready>) -> Vec<String> {
+            let stats = WorkerStats::default();
+            commit_batch(&self.pool, &stats, jobs)
+                .await
+                .into_iter()
+                .map(|o| match o {
+                    Ok(t) => format!("{t:?}"),
+                    Err(Failure::Job(e)) => format!("job error: {e}"),
+                    Err(Failure::Code(code)) => format!("code: {code}"),
+                    Err(Failure::LeaseLost) => "lease lost".to_owned(),
+                    Err(Failure::Cancelled) => "cancel".to_owned(),
+                })
+                .collect()
+        }
+
+        /// `SELECT count(*)` of `from`.
+        async fn count(&self, from: &str) -> i64 {
+            self.client
+                .query_one(&format!("SELECT count(*) FROM {from}"), &[])
+                .await
+                .unwrap()
+                .get(0)
+        }
+
+        /// Drops the database.
+        async fn drop_database(self) {
+            drop(self.pool);
+            drop(self.client);
+            let name = self.config.url.rsplit_once('/').unwrap().1.to_owned();
+            let admin = DatabaseConfig {
+                url: self.config.url.replace(&name, "postgres"),
+                ..DatabaseConfig::default()
+            };
+            let admin = crate::db::connect(&admin, "test").await.unwrap();
+            admin
+                .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                .await
+                .unwrap();
+        }
+    }
+
+    /// A ready job with `effects` and a deadline `within` from now.
+    fn ready(pair: (Uuid, Uuid), effects: Option<Box<dyn Effects>>, within: Duration) -> Ready {
+        Ready {
+            id: pair.0,
+            claim_id: pair.1,
+            effects,
+            deadline: Instant::now() + within,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_job_of_a_batch_commits_or_fails_on_its_own() {
+        let (db, jobs) = Scratch::with_claimed(7).await;
+        let minute = Duration::from_secs(60);
+        // Job 3's owner asked to cancel it; job 4's lease went to another claim.
+        db.client
+            .execute(
+                "UPDATE etl_job_records SET cancel_requested_at = now() WHERE id = $1",
+                &[&jobs[3].0],
+            )
+            .await
+            .unwrap();
+        db.client
+            .execute(
+                "UPDATE etl_job_records SET lease_claim_id = gen_random_uuid() WHERE id = $1",
+                &[&jobs[4].0],
+            )
+            .await
+            .unwrap();
+        let batch = vec![
+            ready(
+                jobs[0],
+                Some(Box::new(Scripted::Write(jobs[0].0, "a"))),
+                minute,
+            ),
+            ready(
+                jobs[1],
+                Some(Box::new(Scripted::WriteThenFail(jobs[1].0))),
+                minute,
+            ),
+            ready(jobs[2], Some(Box::new(Scripted::Panic)), minute),
+            ready(
+                jobs[3],
+                Some(Box::new(Scripted::Write(jobs[3].0, "c"))),
+                minute,
+            ),
+            ready(
+                jobs[4],
+                Some(Box::new(Scripted::Write(jobs[4].0, "l"))),
+                minute,
+            ),
+            ready(
+                jobs[5],
+                Some(Box::new(Scripted::Hang)),
+                Duration::from_millis(50),
+            ),
+            ready(
+                jobs[6],
+                Some(Box::new(Scripted::Write(jobs[6].0, "b"))),
+                minute,
+            ),
+        ];
+        assert_eq!(
+            db.commit(batch).await,
+            [
+                "Succeeded",
+                "job error: permanent failure: record_invalid",
+                "code: handler_panicked",
+                "cancel",
+                "lease lost",
+                "code: execution_timeout",
+                "Succeeded"
+            ]
+        );
+        // Only the two successes' writes and ledger rows committed.
+        let keys: Vec<String> = db
+            .client
+            .query("SELECT record_key FROM etl_target_rows ORDER BY 1", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(keys, ["a", "b"]);
+        assert_eq!(db.count("etl_job_responses").await, 2);
+        assert_eq!(
+            db.count("etl_job_records WHERE status = 'succeeded' AND request_payload IS NULL")
+                .await,
+            2
+        );
+        // The failures are still running under their claims: their fenced writes follow.
+        assert_eq!(
+            db.count("etl_job_records WHERE status = 'running'").await,
+            5
+        );
+        db.drop_database().await;
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs() {
+        let (db, jobs) = Scratch::with_claimed(3).await;
+        db.client
+            .execute(
+                "UPDATE etl_job_records SET cancel_requested_at = now() WHERE id = $1",
+                &[&jobs[1].0],
+            )
+            .await
+            .unwrap();
+        let batch = jobs
+            .iter()
+            .map(|&j| {
+                ready(
+                    j,
+                    Some(Box::new(crate::handler::NoEffects)),
+                    Duration::from_secs(9),
+                )
+            })
+            .collect();
+        let stats = WorkerStats::default();
+        let outcomes = commit_batch(&db.pool, &stats, batch).await;
+        assert!(matches!(
+            outcomes.as_slice(),
+            [
+                Ok(Transition::Succeeded),
+                Err(Failure::Cancelled),
+                Ok(Transition::Succeeded)
+            ]
+        ));
+        assert_eq!(stats.snapshot().round_trips, 1);
+        assert_eq!(db.count("etl_job_responses").await, 2);
+        db.drop_database().await;
+    }
+
+    #[tokio::test]
+    async fn a_lone_failure_rolls_back_and_a_reclaimed_job_with_a_ledger_runs_nothing() {
+        let (db, jobs) = Scratch::with_claimed(3).await;
+        let minute = Duration::from_secs(60);
+        // A lone job: no savepoint; its failure rolls the whole transaction back.
+        let lone = vec![ready(
+            jobs[0],
+            Some(Box::new(Scripted::WriteThenFail(jobs[0].0))),
+            minute,
+        )];
+        assert_eq!(
+            db.commit(lone).await,
+            ["job error: permanent failure: record_invalid"]
+        );
+        assert_eq!(db.count("etl_target_rows").await, 0);
+        // Job 1 already has a ledger row (its effects committed under an earlier claim): it
+        // succeeds without its effects running; job 2 has no payload and no ledger row.
+        db.client
+            .execute(
+                "INSERT INTO etl_job_responses (job_id, lease_claim_id, rows_inserted, rows_updated,
+                                                rows_unchanged, data_checksum)
+                 VALUES ($1, gen_random_uuid(), 1, 0, 0, decode(repeat('00', 32), 'hex'))",
+                &[&jobs[1].0],
+            )
+            .await
+            .unwrap();
+        let batch = vec![
+            ready(jobs[1], Some(Box::new(Scripted::Panic)), minute),
+            ready(jobs[2], None, minute),
+        ];
+        assert_eq!(
+            db.commit(batch).await,
+            ["Succeeded", "code: invalid_payload"]
+        );
+        // A batch where every job fails commits nothing at all.
+        let (db2, jobs2) = Scratch::with_claimed(2).await;
+        let batch = vec![
+            ready(
+                jobs2[0],
+                Some(Box::new(Scripted::WriteThenFail(jobs2[0].0))),
+                minute,
+            ),
+            ready(jobs2[1], None, minute),
+        ];
+        assert_eq!(
+            db2.commit(batch).await,
+            [
+                "job error: permanent failure: record_invalid",
+                "code: invalid_payload"
+            ]
+        );
+        assert_eq!(db2.count("etl_target_rows").await, 0);
+        assert_eq!(db2.count("etl_job_responses").await, 0);
+        db.drop_database().await;
+        db2.drop_database().await;
+    }
+
+    #[tokio::test]
+    async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
+        let (db, jobs) = Scratch::with_claimed(2).await;
+        // Another session holds job 1's row lock past the lock timeout.
+        let mut holder = crate::db::connect(&db.config, "test").await.unwrap();
+        let tx = holder.transaction().await.unwrap();
+        tx.execute(
+            "SELECT 1 FROM etl_job_records WHERE id = $1 FOR UPDATE",
+            &[&jobs[1].0],
+        )
+        .await
+        .unwrap();
+        let minute = Duration::from_secs(60);
+        let effects = |i: usize| -> Option<Box<dyn Effects>> {
+            Some(Box::new(Scripted::Write(jobs[i].0, "x")))
+        };
+        let batch = vec![
+            ready(jobs[0], effects(0), minute),
+            ready(jobs[1], effects(1), minute),
+        ];
+        assert_eq!(
+            db.commit(batch).await,
+            ["code: transient_database", "code: transient_database"]
+        );
+        // The same for a batch that writes nothing.
+        let batch = jobs
+            .iter()
+            .map(|&j| ready(j, Some(Box::new(crate::handler::NoEffects)), minute))
+            .collect();
+        assert_eq!(
+            db.commit(batch).await,
+            ["code: transient_database", "code: transient_database"]
+        );
+        tx.rollback().await.unwrap();
+        drop(holder);
+        assert_eq!(db.count("etl_job_responses").await, 0);
+        db.drop_database().await;
+    }
+}
