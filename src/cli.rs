@@ -100,6 +100,89 @@ pub enum Command {
     ApiKeys(ApiKeysCommand),
     /// Run the whole product once on a local database: API, two replicas, sample jobs.
     Demo(DemoArgs),
+    /// Measure throughput and latency of real replicas on a throw-away database.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// The load `bench` offers.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Insert --jobs due jobs, then start the replicas and time how fast they drain them.
+    BurnDown {
+        /// Jobs inserted before the replicas start.
+        #[arg(long, default_value_t = 20_000)]
+        jobs: usize,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Start idle replicas, then insert one job at a time at --rate for --duration.
+    OfferedLoad {
+        /// Jobs per second.
+        #[arg(long, default_value_t = 20.0)]
+        rate: f64,
+        /// How long the load lasts.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        duration: Duration,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+}
+
+/// Options every `bench` mode shares.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Replica processes (this binary's `work`).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Slots per replica.
+    #[arg(long, default_value_t = config::SLOTS_DEFAULT)]
+    pub slots: usize,
+    /// What the jobs do.
+    #[arg(long, value_enum, default_value = "noop")]
+    pub handler: crate::bench::BenchHandler,
+    /// The database the bench creates (and drops, unless --keep) on DATABASE_URL's server.
+    #[arg(long, default_value = crate::bench::DATABASE_PREFIX)]
+    pub bench_database: String,
+    /// Keep the bench database afterwards.
+    #[arg(long)]
+    pub keep: bool,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl BenchCommand {
+    /// The bench's settings, and whether to print JSON.
+    pub fn config(&self) -> (crate::bench::BenchConfig, bool) {
+        let (mode, common) = match self {
+            BenchCommand::BurnDown { jobs, common } => {
+                (crate::bench::Mode::BurnDown { jobs: *jobs }, common)
+            }
+            BenchCommand::OfferedLoad {
+                rate,
+                duration,
+                common,
+            } => (
+                crate::bench::Mode::OfferedLoad {
+                    rate: *rate,
+                    duration_s: duration.as_secs_f64(),
+                },
+                common,
+            ),
+        };
+        let config = crate::bench::BenchConfig {
+            mode,
+            replicas: common.replicas,
+            slots: common.slots,
+            handler: common.handler,
+            database: common.bench_database.clone(),
+            keep: common.keep,
+        };
+        (config, common.json)
+    }
 }
 
 /// Options of `demo`.
@@ -287,6 +370,19 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     match cli.command {
         Command::Migrate(args) => migrate(&db_config, args).await,
         Command::Demo(args) => crate::demo::run(&db_config, &args.demo_database).await,
+        Command::Bench(command) => {
+            let (config, json) = command.config();
+            let report = crate::bench::run(&db_config, config).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&report).map_err(|_| Error::Unavailable(None))?
+                );
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(())
+        }
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;
             let pool = db::connect_pool(&db_config, "api").await?;
@@ -311,7 +407,9 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
                 pool,
                 db_config,
                 worker_config,
-                crate::handler::Registry::new().register(crate::etl::load::EtlLoad::default()),
+                crate::handler::Registry::new()
+                    .register(crate::etl::load::EtlLoad::default())
+                    .register(crate::handler::Noop),
                 shutdown,
             )
             .await

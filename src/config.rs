@@ -87,6 +87,9 @@ pub enum ConfigError {
     /// The digest secret is missing or shorter than 16 bytes.
     #[error("DURABLE_ETL_SECRET must be set to at least 16 bytes")]
     Secret,
+    /// `bench` was given a database name that is not its own (it drops what it creates).
+    #[error("the bench database name must start with durable_etl_bench")]
+    BenchDatabase,
 }
 
 /// How every process connects to PostgreSQL.

@@ -114,6 +114,68 @@ pub async fn ensure_database(cfg: &DatabaseConfig) -> Result<bool, Error> {
     }
 }
 
+/// Drops database `name` (if it exists, disconnecting its sessions) and creates it afresh on the
+/// server of `base`; returns `base` pointed at it. For the tools that own a throw-away database
+/// (`demo`, `bench`).
+///
+/// # Errors
+/// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when no server answers;
+/// [`Error::Database`] from the server.
+pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<DatabaseConfig, Error> {
+    let mut target = pg_config(base, "admin")?;
+    let mut maintenance = target.clone();
+    maintenance.dbname("postgres");
+    let (client, connection) = maintenance.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let name_sql = quote_ident(name);
+    client
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name_sql} WITH (FORCE)"))
+        .await?;
+    client
+        .batch_execute(&format!("CREATE DATABASE {name_sql}"))
+        .await?;
+    target.dbname(name);
+    Ok(DatabaseConfig {
+        url: url_of(&target),
+        ..base.clone()
+    })
+}
+
+/// Drops database `name` on the server of `base` (disconnecting its sessions), if it exists.
+///
+/// # Errors
+/// As [`recreate_database`].
+pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
+    let mut maintenance = pg_config(base, "admin")?;
+    maintenance.dbname("postgres");
+    let (client, connection) = maintenance.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+        .batch_execute(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            quote_ident(name)
+        ))
+        .await?;
+    Ok(())
+}
+
+/// A URL for `config`'s database with its first host, port and user (no password: trust or
+/// `PGPASSWORD` authentication).
+fn url_of(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let name = config.get_dbname().unwrap_or("postgres");
+    format!("postgres://{user}@{host}:{port}/{name}")
+}
+
 /// Quotes an SQL identifier: wraps it in double quotes and doubles any inside.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))

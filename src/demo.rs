@@ -10,7 +10,7 @@
 
 use crate::api::{self, AppState};
 use crate::config::{ApiConfig, DatabaseConfig, WorkerConfig};
-use crate::db::{self, quote_ident};
+use crate::db;
 use crate::digest::Secret;
 use crate::error::Error;
 use crate::etl::load::EtlLoad;
@@ -95,36 +95,17 @@ fn samples() -> Vec<Sample> {
 /// [`Error::Unavailable`] when no server answers (after printing [`NO_SERVER`]); other errors of
 /// the run.
 pub async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
-    let mut admin = db::pg_config(base, "demo")?;
-    admin.dbname("postgres");
-    let (client, connection) = match admin.connect(tokio_postgres::NoTls).await {
-        Ok(pair) => pair,
+    let config = match db::recreate_database(base, name).await {
+        Ok(config) => DatabaseConfig {
+            lock_timeout: Duration::from_millis(300),
+            ..config
+        },
         Err(e) => {
-            println!("{NO_SERVER}");
-            return Err(e.into());
+            if matches!(e, Error::Unavailable(_)) {
+                println!("{NO_SERVER}");
+            }
+            return Err(e);
         }
-    };
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            quote_ident(name)
-        ))
-        .await?;
-    client
-        .batch_execute(&format!("CREATE DATABASE {}", quote_ident(name)))
-        .await?;
-    let mut target: tokio_postgres::Config = base
-        .url
-        .parse()
-        .map_err(|_| crate::config::ConfigError::DatabaseUrl)?;
-    target.dbname(name);
-    let config = DatabaseConfig {
-        url: url_of(&target, name),
-        lock_timeout: Duration::from_millis(300),
-        ..base.clone()
     };
     println!("demo database: {name} (left in place afterwards)");
     let mut session = db::connect(&config, "demo").await?;
@@ -178,17 +159,6 @@ pub async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
     }
     let _ = server.await;
     outcome
-}
-
-/// A URL for `name` with `config`'s first host, port and user.
-fn url_of(config: &tokio_postgres::Config, name: &str) -> String {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let user = config.get_user().unwrap_or("postgres");
-    format!("postgres://{user}@{host}:{port}/{name}")
 }
 
 /// Submits the samples, shows progress until every job has ended, and prints the summary.

@@ -137,6 +137,28 @@ impl Effects for NoEffects {
     }
 }
 
+/// The built-in kind that does nothing: every replica runs it, so a deployment can be smoke-tested
+/// and benchmarked without side effects.
+pub const NOOP_KIND: &str = "noop";
+
+/// The handler of [`NOOP_KIND`]: ignores its payload and writes nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Noop;
+
+impl Handler for Noop {
+    fn kind(&self) -> &'static str {
+        NOOP_KIND
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        _job: &'a JobContext,
+        _payload: serde_json::Value,
+    ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
+        Box::pin(async { Ok(Box::new(NoEffects) as Box<dyn Effects>) })
+    }
+}
+
 /// A job kind's behaviour.
 pub trait Handler: Send + Sync + 'static {
     /// The job kind this handler runs (matches `etl_job_records.kind`).

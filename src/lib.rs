@@ -21,6 +21,7 @@
 
 pub mod api;
 pub mod api_keys;
+pub mod bench;
 pub mod cli;
 pub mod codes;
 pub mod config;

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
 
 mod api;
+mod bench;
 mod claim_plan;
 mod cli;
 mod deploy;

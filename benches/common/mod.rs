@@ -1,0 +1,107 @@
+//! What every bench shares: a throw-away database on `DATABASE_URL`'s server, and queue fills
+//! done outside the timed region.
+//!
+//! The benches need PostgreSQL. Without one they print what to do and exit with status 2 instead
+//! of timing nothing.
+
+use durable_etl::config::DatabaseConfig;
+use durable_etl::db::{self, Pool};
+use std::time::Duration;
+use tokio::runtime::Runtime;
+
+/// The server the benches use, from `DATABASE_URL`.
+pub(crate) fn base_config() -> DatabaseConfig {
+    DatabaseConfig {
+        url: std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| durable_etl::config::DATABASE_URL_DEFAULT.to_owned()),
+        pool_max_size: 16,
+        ..DatabaseConfig::default()
+    }
+}
+
+/// A bench's own database, created fresh and migrated.
+pub(crate) struct BenchDb {
+    /// Its configuration.
+    pub(crate) config: DatabaseConfig,
+    /// A client for setup and cleanup.
+    pub(crate) client: tokio_postgres::Client,
+}
+
+impl BenchDb {
+    /// Creates database `name` afresh (it must start with `durable_etl_bench`) and migrates it.
+    /// Exits the process with a clear message when no server answers.
+    pub(crate) fn create(rt: &Runtime, name: &str) -> BenchDb {
+        let base = base_config();
+        rt.block_on(async {
+            let config = match db::recreate_database(&base, name).await {
+                Ok(config) => config,
+                Err(e) => {
+                    eprintln!(
+                        "these benches need PostgreSQL at DATABASE_URL ({}): start it \
+                         (pg_ctlcluster 15 main start) or point DATABASE_URL at one; \
+                         error code: {}",
+                        base.url,
+                        e.code()
+                    );
+                    std::process::exit(2);
+                }
+            };
+            let mut client = db::connect(&config, "bench").await.expect("connect");
+            durable_etl::schema::migrate_up(&mut client)
+                .await
+                .expect("migrate");
+            BenchDb { config, client }
+        })
+    }
+
+    /// A pool of `size` connections on the bench database.
+    pub(crate) async fn pool(&self, size: u32) -> Pool {
+        let config = DatabaseConfig {
+            pool_max_size: size,
+            ..self.config.clone()
+        };
+        db::connect_pool(&config, "bench").await.expect("pool")
+    }
+
+    /// Empties the queue and vacuums it, so every sample starts from the same table.
+    pub(crate) async fn reset(&self) {
+        self.client
+            .batch_execute("TRUNCATE etl_job_responses, etl_target_rows, etl_job_records")
+            .await
+            .expect("truncate");
+    }
+
+    /// Inserts `n` due no-op jobs in one statement.
+    pub(crate) async fn fill(&self, n: usize) {
+        let n = i64::try_from(n).expect("n");
+        self.client
+            .execute(
+                "INSERT INTO etl_job_records
+                        (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                         request_payload, run_at)
+                 SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
+                        sha256(g::text::bytea), 'noop', '{}'::jsonb,
+                        now() - interval '1 second'
+                   FROM generate_series(1, $1::int8) AS g",
+                &[&n],
+            )
+            .await
+            .expect("fill");
+    }
+}
+
+/// A criterion configuration sized for a 2-core machine: few samples, short windows.
+pub(crate) fn criterion() -> criterion::Criterion {
+    criterion::Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4))
+}
+
+/// A multi-threaded runtime for the benches.
+pub(crate) fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}

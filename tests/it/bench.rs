@@ -1,0 +1,119 @@
+//! `durable-etl bench`: both modes run real replicas to completion on their own database, report
+//! figures read from the database and the replicas, and leave nothing behind. No figure's size
+//! is asserted (tests never judge speed), only that each was measured.
+
+use crate::support::{admin_config, connect};
+use std::process::Command;
+
+/// Runs `durable-etl bench` with `args` on a database named after `tag`; returns the JSON report
+/// and the database name.
+fn bench(tag: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let name = format!(
+        "durable_etl_bench_test_{tag}_{}",
+        uuid::Uuid::new_v4().simple()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "warn")
+        .arg("bench")
+        .args(args)
+        .args(["--json", "--bench-database", &name])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (serde_json::from_slice(&out.stdout).unwrap(), name)
+}
+
+/// Whether database `name` exists.
+async fn exists(name: &str) -> bool {
+    connect(&admin_config())
+        .await
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await
+        .unwrap()
+        .is_some()
+}
+
+#[tokio::test]
+async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_database() {
+    let (report, name) = bench(
+        "burn",
+        &[
+            "burn-down",
+            "--jobs",
+            "300",
+            "--replicas",
+            "2",
+            "--slots",
+            "16",
+        ],
+    );
+    assert_eq!(report["config"]["mode"], "burn_down");
+    assert_eq!(report["succeeded"], 300);
+    assert_eq!(report["not_succeeded"], 0);
+    assert!(report["jobs_per_s"].as_f64().unwrap() > 0.0);
+    // Every claim and completion was counted by the replicas themselves.
+    let claims = report["claims"].as_u64().unwrap();
+    let commits = report["commit_batches"].as_u64().unwrap();
+    assert!(claims >= 300 / 16 / 2 && commits >= 1, "{report}");
+    assert!(report["round_trips_per_job"].as_f64().unwrap() > 0.0);
+    assert!(report["wal_bytes_per_job"].as_f64().unwrap() > 0.0);
+    assert!(report["replica_peak_rss_mib"].as_f64().unwrap() > 0.0);
+    assert!(report["ack_to_done_ms"].is_null());
+    assert!(!exists(&name).await, "the bench dropped its database");
+}
+
+#[tokio::test]
+async fn offered_load_reports_pickup_latency_of_etl_jobs_and_can_keep_its_database() {
+    let (report, name) = bench(
+        "offered",
+        &[
+            "offered-load",
+            "--rate",
+            "40",
+            "--duration",
+            "500ms",
+            "--handler",
+            "etl",
+            "--keep",
+        ],
+    );
+    assert_eq!(report["config"]["mode"], "offered_load");
+    assert_eq!(report["succeeded"], 20);
+    let ack = &report["ack_to_done_ms"];
+    assert!(ack["p50"].as_f64().unwrap() <= ack["max"].as_f64().unwrap());
+    assert!(report["enqueue_to_start_ms"]["max"].as_f64().unwrap() > 0.0);
+    // The kept database holds the loaded rows: 20 jobs x 10 records, each applied once.
+    assert!(exists(&name).await);
+    let mut config = admin_config();
+    config.dbname(&name);
+    let client = connect(&config).await;
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM etl_target_rows", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 200);
+    drop(client);
+    connect(&admin_config())
+        .await
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn bench_refuses_a_database_that_is_not_its_own() {
+    let out = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .args(["bench", "burn-down", "--bench-database", "postgres"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("durable_etl_bench"));
+}
