@@ -11,6 +11,7 @@ mod etl;
 mod faults;
 mod handlers;
 mod privacy;
+mod proxy;
 mod schema;
 mod support;
 mod wake;
