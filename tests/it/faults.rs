@@ -3,6 +3,7 @@
 //! network faults, PostgreSQL restarts, killed backends, racing migrations, cancellations racing
 //! commits, and a job that crashes its replica every time.
 
+mod backends;
 mod network;
 
 pub use crate::support::until_all_terminal;
