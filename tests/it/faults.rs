@@ -4,6 +4,7 @@
 //! commits, and a job that crashes its replica every time.
 
 mod backends;
+mod migrate;
 mod network;
 
 pub use crate::support::until_all_terminal;
