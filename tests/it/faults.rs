@@ -6,6 +6,7 @@
 mod backends;
 mod migrate;
 mod network;
+mod races;
 
 pub use crate::support::until_all_terminal;
 use crate::support::{
