@@ -4,6 +4,7 @@
 //! commits, and a job that crashes its replica every time.
 
 mod backends;
+mod crashloop;
 mod migrate;
 mod network;
 mod races;
