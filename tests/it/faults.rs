@@ -8,6 +8,7 @@ mod crashloop;
 mod migrate;
 mod network;
 mod races;
+mod restart;
 
 pub use crate::support::until_all_terminal;
 use crate::support::{
