@@ -154,7 +154,13 @@ async fn a_postgres_restart_mid_burn_loses_nothing_and_the_replicas_reconnect() 
         async move { crate::support::count(client, "etl_job_responses").await >= 50 }
     })
     .await;
+    let unfinished = crate::support::count(
+        &client,
+        "etl_job_records WHERE status IN ('pending', 'running')",
+    )
+    .await;
     cluster.pg_ctl(&["-m", "fast", "restart"]);
+    println!("restarted PostgreSQL with {unfinished} of 1000 jobs unfinished");
     let client = connect(&config).await;
     enqueue_loads(&client, "after", 100, 2, 5).await;
     super::until_all_terminal(&client).await;
