@@ -13,6 +13,7 @@ mod handlers;
 mod privacy;
 mod proxy;
 mod schema;
+mod soak;
 mod support;
 mod wake;
 mod worker;

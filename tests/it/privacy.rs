@@ -39,7 +39,7 @@ const FORBIDDEN: &[&str] = &[
 ];
 
 /// The first forbidden string found in `text` (case-insensitive), if any.
-fn leak(text: &str) -> Option<&'static str> {
+pub fn leak(text: &str) -> Option<&'static str> {
     let lower = text.to_lowercase();
     FORBIDDEN.iter().copied().find(|f| lower.contains(f))
 }

@@ -431,6 +431,7 @@ pub fn free_port() -> u16 {
 pub fn signal(child: &std::process::Child, sig: &str) {
     let _ = std::process::Command::new("kill")
         .args([&format!("-{sig}"), &child.id().to_string()])
+        .stderr(std::process::Stdio::null())
         .status();
 }
 
@@ -456,6 +457,17 @@ pub fn spawn_replica(
     args: &[&str],
     stderr: std::process::Stdio,
 ) -> std::process::Child {
+    spawn_replica_logged(url, owner, args, stderr, "warn")
+}
+
+/// [`spawn_replica`] with `RUST_LOG` set to `log`.
+pub fn spawn_replica_logged(
+    url: &str,
+    owner: &str,
+    args: &[&str],
+    stderr: std::process::Stdio,
+    log: &str,
+) -> std::process::Child {
     let poll: &[&str] = if args.contains(&"--poll-interval") {
         &[]
     } else {
@@ -463,7 +475,7 @@ pub fn spawn_replica(
     };
     std::process::Command::new(env!("CARGO_BIN_EXE_durable-etl"))
         .env("DATABASE_URL", url)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", log)
         .args(["work", "--owner-id", owner])
         .args(poll)
         .args(args)
@@ -483,8 +495,8 @@ pub fn load_owner() -> [u8; 32] {
 }
 
 /// Enqueues `n` ETL jobs through `enqueue_many`, batch by batch, with `max_attempts`. Job `i`
-/// upserts `records` target rows of dataset `d` keyed `{prefix}-{i}-{r}`, whose values carry a
-/// privacy canary. Returns the ids in order.
+/// upserts `records` target rows of dataset `d` keyed `{prefix}-{i}-{r}`, each with a privacy
+/// canary as a field name and as a value. Returns the ids in order.
 pub async fn enqueue_loads(
     client: &Client,
     prefix: &str,
@@ -502,7 +514,7 @@ pub async fn enqueue_loads(
             .iter()
             .map(|i| {
                 let rows: Vec<serde_json::Value> = (0..records)
-                    .map(|r| serde_json::json!({"id": format!("{prefix}-{i}-{r}"), "v": "canary-load-value"}))
+                    .map(|r| serde_json::json!({"id": format!("{prefix}-{i}-{r}"), "canary_field": "canary-load-value"}))
                     .collect();
                 parse(
                     &serde_json::json!({"dataset": "d", "key": "id", "records": rows}),
