@@ -128,6 +128,8 @@ async fn a_replica_whose_partition_heals_keeps_its_owner_id_and_works_on() {
         async move { proxy.startups_of("durable-etl/session") >= 2 }
     })
     .await;
+    // The held-back bytes flow now: the new session's owner lock must not be refused because the
+    // replica's own previous session (alive on the server all along) still holds it.
     proxy.set_mode(Mode::Pass);
     enqueue_loads(&client, "healed", 5, 2, 5).await;
     let mut exited = None;
@@ -147,6 +149,47 @@ async fn a_replica_whose_partition_heals_keeps_its_owner_id_and_works_on() {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     assert_settled_once(&client, 10).await;
+    signal(&replicas.0[0], "TERM");
+    assert_eq!(replicas.0[0].wait().unwrap().code(), Some(0));
+}
+
+/// Every connection of a replica is dropped (both sides closed) five times while 300 jobs flow:
+/// each time it reconnects its session and its pool and goes on, and every job loads once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_connections_are_dropped_mid_flow_reconnects_and_loads_each_job_once() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let proxy = Proxy::in_front_of_test_server().await;
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut replicas = Processes(vec![spawn_replica(
+        &proxy.url_for(&db.config.url),
+        "dropped",
+        &[
+            "--metrics-listen",
+            &metrics,
+            "--lease",
+            "2s",
+            "--heartbeat-interval",
+            "500ms",
+        ],
+        Stdio::null(),
+    )]);
+    until_metrics(&metrics).await;
+    for round in 1..=5 {
+        enqueue_loads(&client, &format!("drop{round}"), 60, 2, 10).await;
+        proxy.drop_all();
+        eventually("the session to come back", || {
+            let proxy = &proxy;
+            async move { proxy.startups_of("durable-etl/session") > round }
+        })
+        .await;
+    }
+    until_all_terminal(&client).await;
+    assert_settled_once(&client, 600).await;
+    assert!(
+        replicas.0[0].try_wait().unwrap().is_none(),
+        "the replica runs on"
+    );
     signal(&replicas.0[0], "TERM");
     assert_eq!(replicas.0[0].wait().unwrap().code(), Some(0));
 }
