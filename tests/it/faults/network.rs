@@ -32,6 +32,28 @@ async fn until_metrics(addr: &str) {
     .await;
 }
 
+/// Starts a proxy and, behind it, a replica `owner` of `db` with `args`, serving metrics; waits
+/// until it has started. Returns the proxy, the metrics address and the replica.
+async fn behind_proxy(
+    db: &TestDb,
+    owner: &str,
+    args: &[&str],
+    stderr: Stdio,
+) -> (Proxy, String, Processes) {
+    let proxy = Proxy::in_front_of_test_server().await;
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let replica = spawn_replica(
+        &proxy.url_for(&db.config.url),
+        owner,
+        &[args, &["--metrics-listen", &metrics]].concat(),
+        stderr,
+    );
+    let replicas = Processes(vec![replica]);
+    // Metrics are served once start-up is over, so no fault can stall start-up itself.
+    until_metrics(&metrics).await;
+    (proxy, metrics, replicas)
+}
+
 /// Reads counter `name` from the replica metrics served at `addr`.
 async fn metric(addr: &str, name: &str) -> u64 {
     let text = reqwest::get(format!("http://{addr}/metrics"))
@@ -111,17 +133,14 @@ async fn a_blackholed_replica_loses_its_job_and_commits_nothing_stale() {
 async fn a_replica_whose_partition_heals_keeps_its_owner_id_and_works_on() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let proxy = Proxy::in_front_of_test_server().await;
     let log = tempfile_path("healed");
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut replicas = Processes(vec![spawn_replica(
-        &proxy.url_for(&db.config.url),
+    let (proxy, _, mut replicas) = behind_proxy(
+        &db,
         "healed",
-        &[PARTITIONED_ARGS, &["--metrics-listen", &metrics]].concat(),
+        PARTITIONED_ARGS,
         Stdio::from(std::fs::File::create(&log).unwrap()),
-    )]);
-    // Metrics are served once start-up is over, so the partition cannot stall start-up itself.
-    until_metrics(&metrics).await;
+    )
+    .await;
     proxy.set_mode(Mode::Blackhole);
     eventually("the session to notice the partition", || {
         let proxy = &proxy;
@@ -159,22 +178,13 @@ async fn a_replica_whose_partition_heals_keeps_its_owner_id_and_works_on() {
 async fn a_replica_whose_connections_are_dropped_mid_flow_reconnects_and_loads_each_job_once() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let proxy = Proxy::in_front_of_test_server().await;
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut replicas = Processes(vec![spawn_replica(
-        &proxy.url_for(&db.config.url),
+    let (proxy, _, mut replicas) = behind_proxy(
+        &db,
         "dropped",
-        &[
-            "--metrics-listen",
-            &metrics,
-            "--lease",
-            "2s",
-            "--heartbeat-interval",
-            "500ms",
-        ],
+        &["--lease", "2s", "--heartbeat-interval", "500ms"],
         Stdio::null(),
-    )]);
-    until_metrics(&metrics).await;
+    )
+    .await;
     for round in 1..=5 {
         enqueue_loads(&client, &format!("drop{round}"), 60, 2, 10).await;
         proxy.drop_all();
@@ -209,15 +219,7 @@ fn tempfile_path(name: &str) -> std::path::PathBuf {
 async fn a_commit_whose_reply_is_lost_is_resolved_through_the_ledger_and_never_rerun() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let proxy = Proxy::in_front_of_test_server().await;
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut replicas = Processes(vec![spawn_replica(
-        &proxy.url_for(&db.config.url),
-        "unlucky",
-        &["--metrics-listen", &metrics],
-        Stdio::null(),
-    )]);
-    until_metrics(&metrics).await;
+    let (proxy, metrics, mut replicas) = behind_proxy(&db, "unlucky", &[], Stdio::null()).await;
     proxy.cut_next_commit();
     let [id] = enqueue_loads(&client, "cut", 1, 3, 5).await[..] else {
         unreachable!()
