@@ -1,33 +1,47 @@
 //! Faults with real processes: replicas of the real binary are SIGKILLed and SIGSTOPped in the
-//! middle of a load, and the invariants are checked from the database.
+//! middle of a load, and the invariants are checked from the database. The submodules add
+//! network faults, PostgreSQL restarts, killed backends, racing migrations, cancellations racing
+//! commits, and a job that crashes its replica every time.
 
-use crate::support::{count, eventually, signal, Processes, TestDb};
-use durable_etl::digest::{DigestKind, Secret};
+mod backends;
+mod crashloop;
+mod migrate;
+mod network;
+mod races;
+mod restart;
+
+pub use crate::support::until_all_terminal;
+use crate::support::{
+    count, eventually, load_owner, signal, spawn_replica, Processes, TestDb, LOAD_SECRET,
+};
+use durable_etl::digest::Secret;
 use durable_etl::etl::enqueue::{enqueue, NewJob};
 use durable_etl::etl::request::{self, IntakeLimits};
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 
 /// Starts a worker replica of the real binary on `db` with `args`.
-fn replica(db: &TestDb, owner: &str, args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_durable-etl"))
-        .env("DATABASE_URL", &db.config.url)
-        .env("RUST_LOG", "warn")
-        .args(["work", "--owner-id", owner, "--poll-interval", "100ms"])
-        .args(args)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+pub fn replica(db: &TestDb, owner: &str, args: &[&str]) -> Child {
+    spawn_replica(&db.config.url, owner, args, Stdio::null())
 }
 
 /// Seeds target row `k` (through a first job) and returns a session holding it locked, and the
-/// id of a second job that updates it.
-async fn locked_update(
+/// id of a second job (of 5 attempts) that updates it.
+pub async fn locked_update(
     db: &TestDb,
     client: &tokio_postgres::Client,
 ) -> (tokio_postgres::Client, uuid::Uuid) {
-    let secret = Secret::new("faults-secret-0123456789").unwrap();
-    let owner = secret.digest(DigestKind::Principal, b"faults");
+    locked_update_with(db, client, 5).await
+}
+
+/// [`locked_update`] with the update job's `max_attempts`.
+pub async fn locked_update_with(
+    db: &TestDb,
+    client: &tokio_postgres::Client,
+    max_attempts: i32,
+) -> (tokio_postgres::Client, uuid::Uuid) {
+    let secret = Secret::new(LOAD_SECRET).unwrap();
+    let owner = load_owner();
     let seed = request::parse(
         &json!({"dataset": "d", "key": "id", "records": [{"id": "k", "v": 0}]}),
         IntakeLimits::default(),
@@ -78,7 +92,7 @@ async fn locked_update(
         NewJob {
             idempotency_key: "update",
             request: &update,
-            max_attempts: 5,
+            max_attempts,
         },
     )
     .await
@@ -87,7 +101,7 @@ async fn locked_update(
 }
 
 /// Waits until a worker backend waits for a row lock.
-async fn until_load_waits(client: &tokio_postgres::Client) {
+pub async fn until_load_waits(client: &tokio_postgres::Client) {
     eventually("a load to wait for the row lock", || async move {
         count(client, "pg_stat_activity WHERE application_name = 'durable-etl/worker' AND wait_event_type = 'Lock' AND datname = current_database()").await == 1
     })
@@ -95,7 +109,7 @@ async fn until_load_waits(client: &tokio_postgres::Client) {
 }
 
 /// Asserts the job succeeded once: attempts, one ledger row, the row updated.
-async fn assert_done_once(client: &tokio_postgres::Client, id: uuid::Uuid, attempts: i32) {
+pub async fn assert_done_once(client: &tokio_postgres::Client, id: uuid::Uuid, attempts: i32) {
     eventually("the job to succeed", || async move {
         count(
             client,
@@ -235,4 +249,17 @@ async fn a_second_replica_with_a_live_owner_id_refuses_to_start() {
         .unwrap();
     assert_eq!(second.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&second.stderr).contains("[owner_id_in_use]"));
+}
+
+/// Waits until `n` replica sessions are connected to this test's database.
+pub async fn until_sessions(client: &tokio_postgres::Client, n: i64) {
+    eventually(&format!("{n} replica session(s)"), || async move {
+        count(
+            client,
+            "pg_stat_activity WHERE application_name = 'durable-etl/session' AND datname = current_database()",
+        )
+        .await
+            == n
+    })
+    .await;
 }

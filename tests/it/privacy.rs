@@ -5,7 +5,8 @@
 
 use crate::handlers::{Scripted, SCRIPTED};
 use crate::support::{
-    count, eventually, free_port, insert_jobs, pool, session_pid, signal, Processes, TestDb,
+    count, eventually, free_port, insert_jobs, pool, session_pid, signal, until_all_terminal,
+    Processes, TestDb,
 };
 use durable_etl::config::WorkerConfig;
 use durable_etl::handler::Registry;
@@ -38,7 +39,7 @@ const FORBIDDEN: &[&str] = &[
 ];
 
 /// The first forbidden string found in `text` (case-insensitive), if any.
-fn leak(text: &str) -> Option<&'static str> {
+pub fn leak(text: &str) -> Option<&'static str> {
     let lower = text.to_lowercase();
     FORBIDDEN.iter().copied().find(|f| lower.contains(f))
 }
@@ -173,18 +174,7 @@ async fn no_canary_sql_or_database_message_leaks_from_the_binaries() {
             .bearer_auth(&key),
     )
     .await;
-    eventually("the first jobs to end", || {
-        let client = &client;
-        async move {
-            count(
-                client,
-                "etl_job_records WHERE status IN ('pending', 'running')",
-            )
-            .await
-                == 0
-        }
-    })
-    .await;
+    until_all_terminal(&client).await;
     // A locked target row: the load times out, retries, and succeeds once the lock is gone.
     let holder = db.client().await;
     holder
@@ -227,18 +217,7 @@ async fn no_canary_sql_or_database_message_leaks_from_the_binaries() {
             .bearer_auth(&key),
     )
     .await;
-    eventually("every job to end", || {
-        let client = &client;
-        async move {
-            count(
-                client,
-                "etl_job_records WHERE status IN ('pending', 'running')",
-            )
-            .await
-                == 0
-        }
-    })
-    .await;
+    until_all_terminal(&client).await;
     for id in [&good["id"], &retried["id"]] {
         let (_, status) = call(
             http.get(format!("{base}/v1/etl-jobs/{}", id.as_str().unwrap()))
@@ -381,18 +360,7 @@ async fn panics_timeouts_and_handler_errors_leak_nothing_into_logs() {
     .unwrap();
     let (trigger, stop) = shutdown::manual();
     let run = tokio::spawn(worker.run(stop));
-    eventually("every job to end", || {
-        let client = &client;
-        async move {
-            count(
-                client,
-                "etl_job_records WHERE status IN ('pending', 'running')",
-            )
-            .await
-                == 0
-        }
-    })
-    .await;
+    until_all_terminal(&client).await;
     // Lease loss: a job whose claim is taken from it mid-run.
     insert_jobs(
         &client,

@@ -431,6 +431,7 @@ pub fn free_port() -> u16 {
 pub fn signal(child: &std::process::Child, sig: &str) {
     let _ = std::process::Command::new("kill")
         .args([&format!("-{sig}"), &child.id().to_string()])
+        .stderr(std::process::Stdio::null())
         .status();
 }
 
@@ -446,4 +447,147 @@ impl Drop for Processes {
             let _ = child.wait();
         }
     }
+}
+
+/// Starts a worker replica of the real binary against `url`, with `RUST_LOG=warn`, `args`, and
+/// a 100 ms poll unless `args` sets one; its standard error goes to `stderr`.
+pub fn spawn_replica(
+    url: &str,
+    owner: &str,
+    args: &[&str],
+    stderr: std::process::Stdio,
+) -> std::process::Child {
+    spawn_replica_logged(url, owner, args, stderr, "warn")
+}
+
+/// [`spawn_replica`] with `RUST_LOG` set to `log`.
+pub fn spawn_replica_logged(
+    url: &str,
+    owner: &str,
+    args: &[&str],
+    stderr: std::process::Stdio,
+    log: &str,
+) -> std::process::Child {
+    let poll: &[&str] = if args.contains(&"--poll-interval") {
+        &[]
+    } else {
+        &["--poll-interval", "100ms"]
+    };
+    std::process::Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", log)
+        .args(["work", "--owner-id", owner])
+        .args(poll)
+        .args(args)
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
+/// The secret the ETL-job helpers digest with.
+pub const LOAD_SECRET: &str = "faults-secret-0123456789";
+
+/// The owner digest (of principal `faults`) of every job the ETL-job helpers enqueue.
+pub fn load_owner() -> [u8; 32] {
+    durable_etl::digest::Secret::new(LOAD_SECRET)
+        .unwrap()
+        .digest(durable_etl::digest::DigestKind::Principal, b"faults")
+}
+
+/// Enqueues `n` ETL jobs through `enqueue_many`, batch by batch, with `max_attempts`. Job `i`
+/// upserts `records` target rows of dataset `d` keyed `{prefix}-{i}-{r}`, each with a privacy
+/// canary as a field name and as a value. Returns the ids in order.
+pub async fn enqueue_loads(
+    client: &Client,
+    prefix: &str,
+    n: usize,
+    records: usize,
+    max_attempts: i32,
+) -> Vec<uuid::Uuid> {
+    use durable_etl::etl::enqueue::{enqueue_many, NewJob};
+    use durable_etl::etl::request::{parse, IntakeLimits};
+    let secret = durable_etl::digest::Secret::new(LOAD_SECRET).unwrap();
+    let owner = load_owner();
+    let mut ids = Vec::with_capacity(n);
+    for batch in (0..n).collect::<Vec<_>>().chunks(500) {
+        let requests: Vec<_> = batch
+            .iter()
+            .map(|i| {
+                let rows: Vec<serde_json::Value> = (0..records)
+                    .map(|r| serde_json::json!({"id": format!("{prefix}-{i}-{r}"), "canary_field": "canary-load-value"}))
+                    .collect();
+                parse(
+                    &serde_json::json!({"dataset": "d", "key": "id", "records": rows}),
+                    IntakeLimits::default(),
+                )
+                .unwrap()
+            })
+            .collect();
+        let keys: Vec<String> = batch.iter().map(|i| format!("{prefix}-{i}")).collect();
+        let jobs: Vec<NewJob<'_>> = requests
+            .iter()
+            .zip(&keys)
+            .map(|(request, key)| NewJob {
+                idempotency_key: key,
+                request,
+                max_attempts,
+            })
+            .collect();
+        let done = enqueue_many(client, &secret, &owner, &jobs).await.unwrap();
+        ids.extend(done.iter().map(|e| e.id));
+    }
+    ids
+}
+
+/// Waits until every job of the database `client` is on is terminal.
+pub async fn until_all_terminal(client: &Client) {
+    eventually("every job to end", || async move {
+        count(
+            client,
+            "etl_job_records WHERE status IN ('pending', 'running')",
+        )
+        .await
+            == 0
+    })
+    .await;
+}
+
+/// Asserts the end-state invariants every fault test shares, from the database: no job left
+/// `pending` or `running`; no request payload on a terminal row; attempts within
+/// `max_attempts`; exactly one ledger row per succeeded job and none for any other; every
+/// ledger row inserted its target rows fresh (a second commit of the same job would have
+/// updated or left rows unchanged); and exactly `targets` target rows, each written by a
+/// succeeded job.
+pub async fn assert_settled_once(client: &Client, targets: i64) {
+    let bad = [
+        ("unfinished jobs", "etl_job_records WHERE status IN ('pending', 'running')"),
+        ("payloads on terminal rows", "etl_job_records WHERE request_payload IS NOT NULL"),
+        ("attempts above max_attempts", "etl_job_records WHERE attempts > max_attempts"),
+        (
+            "succeeded jobs without exactly one ledger row",
+            "etl_job_records j WHERE status = 'succeeded'
+               AND (SELECT count(*) FROM etl_job_responses r WHERE r.job_id = j.id) <> 1",
+        ),
+        (
+            "ledger rows of jobs that did not succeed",
+            "etl_job_responses r JOIN etl_job_records j ON j.id = r.job_id WHERE j.status <> 'succeeded'",
+        ),
+        (
+            "ledger rows of a repeated load",
+            "etl_job_responses WHERE rows_updated <> 0 OR rows_unchanged <> 0",
+        ),
+        (
+            "target rows not written by a succeeded job",
+            "etl_target_rows t LEFT JOIN etl_job_records j ON j.id = t.written_by_job
+              WHERE j.status IS DISTINCT FROM 'succeeded'",
+        ),
+    ];
+    for (what, from) in bad {
+        assert_eq!(count(client, from).await, 0, "{what}");
+    }
+    assert_eq!(
+        count(client, "etl_target_rows").await,
+        targets,
+        "target rows"
+    );
 }
