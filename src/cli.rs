@@ -386,7 +386,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;
             let pool = db::connect_pool(&db_config, "api").await?;
-            let conn = pool.get().await.map_err(db::pool_error)?;
+            let conn = db::checkout(&pool).await?;
             let version = schema::check_compatible(&conn).await?;
             drop(conn);
             tracing::info!(schema_version = version, "api starting");
@@ -395,7 +395,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Work(args) => {
             let worker_config = args.config()?;
             let pool = db::connect_pool(&db_config, "worker").await?;
-            let conn = pool.get().await.map_err(db::pool_error)?;
+            let conn = db::checkout(&pool).await?;
             let version = schema::check_compatible(&conn).await?;
             drop(conn);
             tracing::info!(
@@ -416,7 +416,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::ApiKeys(command) => {
             let pool = db::connect_pool(&db_config, "admin").await?;
-            let conn = pool.get().await.map_err(db::pool_error)?;
+            let conn = db::checkout(&pool).await?;
             schema::check_compatible(&conn).await?;
             match command {
                 ApiKeysCommand::Create(args) => {

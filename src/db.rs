@@ -13,7 +13,10 @@ use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::{Client, NoTls};
 
 /// The connection pool every component shares.
-pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+pub type Pool = bb8::Pool<Manager>;
+
+/// The connection manager of [`Pool`].
+pub type Manager = PostgresConnectionManager<NoTls>;
 
 /// The tokio-postgres configuration for `role` (a fixed word such as `worker` or `api`).
 ///
@@ -29,13 +32,25 @@ pub fn pg_config(cfg: &DatabaseConfig, role: &str) -> Result<tokio_postgres::Con
     Ok(pg)
 }
 
+/// Seconds between server-side keepalive probes once they start.
+const KEEPALIVE_PROBE_INTERVAL_SECS: u64 = 5;
+
+/// Unanswered server-side keepalive probes after which the server drops the connection.
+const KEEPALIVE_PROBES: u32 = 3;
+
 /// The session settings sent in the startup packet.
 fn options(cfg: &DatabaseConfig) -> String {
+    // Server-side keepalives too: without them the server keeps a vanished client's backend
+    // (and its locks, such as a replica's owner lock) for the kernel default, about two hours.
     let mut options = format!(
-        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={} \
+         -c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={}",
         cfg.statement_timeout.as_millis(),
         cfg.lock_timeout.as_millis(),
         cfg.idle_in_transaction_timeout.as_millis(),
+        cfg.keepalive_idle.as_secs().max(1),
+        KEEPALIVE_PROBE_INTERVAL_SECS,
+        KEEPALIVE_PROBES,
     );
     if !cfg.client_check_interval.is_zero() {
         options.push_str(&format!(
@@ -55,10 +70,30 @@ pub async fn connect_pool(cfg: &DatabaseConfig, role: &str) -> Result<Pool, Erro
     let pool = bb8::Pool::builder()
         .max_size(cfg.pool_max_size)
         .connection_timeout(cfg.connect_timeout)
+        // No validation query on checkout (it would cost a round trip on every claim and
+        // commit); `checkout` skips connections already known closed instead.
+        .test_on_check_out(false)
         .build(manager)
         .await?;
     drop(pool.get().await.map_err(pool_error)?);
     Ok(pool)
+}
+
+/// A pooled connection that is not known to be closed. Connections whose backend ended while
+/// idle (terminated, server restarted) are skipped (the pool discards them when they return);
+/// one whose loss is not yet noticed fails its first statement, which callers treat as any lost
+/// connection.
+///
+/// # Errors
+/// [`Error::Unavailable`] when the pool cannot hand out a live connection in time.
+pub async fn checkout(pool: &Pool) -> Result<bb8::PooledConnection<'_, Manager>, Error> {
+    for _ in 0..=pool.state().connections {
+        let conn = pool.get().await.map_err(pool_error)?;
+        if !conn.is_closed() {
+            return Ok(conn);
+        }
+    }
+    pool.get().await.map_err(pool_error)
 }
 
 /// Maps a pool checkout failure to [`Error`].

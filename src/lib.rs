@@ -19,6 +19,15 @@
 //! - [`digest`]: keyed digests of principals and keys.
 //! - [`worker`]: the replica: claim, execute, heartbeat, recover, shut down.
 
+/// A crash point: with the `failpoints` feature and `FAILPOINTS=<name>=return` (the `fail`
+/// crate's syntax, e.g. `1*return` to fire once), the process aborts right here, as if killed at
+/// this step; without the feature it compiles to nothing. The fault tests place kills exactly.
+macro_rules! crash_point {
+    ($name:literal) => {
+        fail::fail_point!($name, |_| std::process::abort())
+    };
+}
+
 pub mod api;
 pub mod api_keys;
 pub mod bench;

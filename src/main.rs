@@ -8,6 +8,9 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Reads FAILPOINTS from the environment; the scenario lives as long as the process.
+    #[cfg(feature = "failpoints")]
+    let _crash_points = fail::FailScenario::setup();
     durable_etl::telemetry::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -168,7 +168,7 @@ pub async fn render_shared(out: &mut String, pool: &Pool) {
         "Idle pooled connections.",
         state.idle_connections,
     );
-    let sample = match pool.get().await {
+    let sample = match crate::db::checkout(pool).await {
         Ok(conn) => sample_queue(&*conn).await.ok(),
         Err(_) => None,
     };

@@ -12,7 +12,6 @@ use super::problem::Problem;
 use super::AppState;
 use crate::api_keys;
 use crate::codes::Code;
-use crate::db::pool_error;
 use crate::error::Error;
 use crate::etl::enqueue::{self, NewJob, MAX_ATTEMPTS_DEFAULT};
 use crate::etl::request::{self, EtlRequest};
@@ -45,7 +44,7 @@ impl FromRequestParts<AppState> for Owner {
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .ok_or_else(|| Problem::new(Code::Unauthorized))?;
-        let conn = state.pool.get().await.map_err(pool_error)?;
+        let conn = crate::db::checkout(&state.pool).await?;
         api_keys::authenticate(&*conn, &state.secret, key)
             .await?
             .map(Owner)
@@ -187,7 +186,7 @@ pub(super) async fn submit(
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| Problem::new(Code::IdempotencyKeyInvalid))?;
     let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
-    let mut conn = state.pool.get().await.map_err(pool_error)?;
+    let mut conn = crate::db::checkout(&state.pool).await?;
     let tx = conn.transaction().await.map_err(Error::from)?;
     let job = NewJob {
         idempotency_key: key,
@@ -222,7 +221,7 @@ pub(super) async fn get_job(
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
     let id = Uuid::parse_str(&id).map_err(|_| Problem::new(Code::NotFound))?;
-    let conn = state.pool.get().await.map_err(pool_error)?;
+    let conn = crate::db::checkout(&state.pool).await?;
     jobs::status(&*conn, &owner.0, id)
         .await?
         .map(monitor)
@@ -338,7 +337,7 @@ pub(super) async fn list(
         None => None,
         Some(c) => Some(Uuid::parse_str(c).map_err(|_| invalid("cursor"))?),
     };
-    let conn = state.pool.get().await.map_err(pool_error)?;
+    let conn = crate::db::checkout(&state.pool).await?;
     let status = status.as_ref().map(JobState::as_str);
     let mut page = jobs::list(&*conn, &owner.0, cursor, status, limit + 1).await?;
     let more = page.len() as i64 > limit;
@@ -377,7 +376,7 @@ pub(super) async fn cancel_job(
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
     let id = Uuid::parse_str(&id).map_err(|_| Problem::new(Code::NotFound))?;
-    let conn = state.pool.get().await.map_err(pool_error)?;
+    let conn = crate::db::checkout(&state.pool).await?;
     let outcome = jobs::cancel(&*conn, &owner.0, id, Code::Cancelled).await?;
     let status = || async {
         jobs::status(&*conn, &owner.0, id)

@@ -7,7 +7,6 @@
 
 use super::problem::Problem;
 use super::AppState;
-use crate::db::pool_error;
 use crate::schema;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -82,7 +81,7 @@ pub(super) async fn healthz() -> Json<Health> {
         (status = 503, description = "Database unavailable or schema incompatible", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, Problem> {
-    let conn = state.pool.get().await.map_err(pool_error)?;
+    let conn = crate::db::checkout(&state.pool).await?;
     match schema::check_compatible(&conn).await {
         Ok(_) => Ok(Json(Health { status: "ready" })),
         Err(e) => {

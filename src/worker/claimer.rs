@@ -19,7 +19,9 @@ use tokio_postgres::GenericClient;
 /// the owner holds its owner lock (so recovery may treat the lock's absence as death).
 ///
 /// Locks: the CTE walks `etl_job_records_pending_due_idx` in `(run_at, id)` order and takes a row
-/// lock (`FOR UPDATE`) on each due pending row, skipping (`SKIP LOCKED`) rows another claimer,
+/// lock (`FOR NO KEY UPDATE`: the claim changes no key, so the `FOR KEY SHARE` locks that
+/// foreign-key checks of rows referencing a job take never make a claim skip it) on each due
+/// pending row, skipping (`SKIP LOCKED`) rows another claimer,
 /// canceller or recovery holds, so concurrent claimers never wait for each other and never take
 /// the same row. After locking, PostgreSQL re-checks the row's current version against
 /// `status = 'pending' AND run_at <= now()`, so a row that another transaction changed meanwhile
@@ -37,7 +39,7 @@ WITH due AS (
      WHERE status = 'pending' AND run_at <= now()
      ORDER BY run_at, id
      LIMIT $1
-     FOR UPDATE SKIP LOCKED
+     FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE etl_job_records AS j
    SET status = 'running',

@@ -115,11 +115,12 @@ async fn settle_failure(shared: &Shared, job: &ClaimedJob, failure: Failure) -> 
     } else {
         Code::HandlerFailed
     };
-    let Ok(conn) = shared.pool.get().await else {
+    let Ok(conn) = crate::db::checkout(&shared.pool).await else {
         return Transition::Unwritten;
     };
     shared.stats.record_round_trips(1);
     let written = if transient {
+        crash_point!("retry.schedule");
         let delay = retry::delay(
             job.ctx.attempt,
             shared.config.retry_min_delay,

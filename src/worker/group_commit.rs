@@ -9,7 +9,7 @@
 //! - A job's slot frees only after its transition is durable: its task waits for the reply, which
 //!   is sent after COMMIT returned (or after the outcome was resolved).
 //! - Every job of a batch is fenced on its own by `id + lease_claim_id + status = 'running'`, and
-//!   its row is locked (`FOR UPDATE`, in id order) before any effect is written. A batch never
+//!   its row is locked (`FOR NO KEY UPDATE`, in id order) before any effect is written. A batch never
 //!   commits effects or success for a job whose fence failed or whose owner asked to cancel it.
 //! - Each job's effects stay atomic: in a batch of more than one job, each job's effects run under
 //!   their own savepoint, so one job's failure rolls back its own writes only, and the rest of the
@@ -46,7 +46,8 @@ pub const COMMIT_LANES: usize = 2;
 /// committed before: they must not run again) and whether its owner asked to cancel it (its
 /// effects must never commit). `$1` job ids, `$2` claim ids, pairwise.
 ///
-/// Locks: a row lock (`FOR UPDATE`) on each fenced job row, taken in id order (the lock step runs
+/// Locks: a row lock (`FOR NO KEY UPDATE`, which conflicts with every other writer and with the
+/// `FOR UPDATE` of recovery, heartbeats and cancellation) on each fenced job row, taken in id order (the lock step runs
 /// above the sort) and held until the transaction ends; this is what makes recovery, heartbeats
 /// and cancellation skip or wait for the rows while their effects commit, so a cancel and a
 /// commit can never both win. Rows whose claim changed are not returned and not locked.
@@ -59,7 +60,7 @@ SELECT j.id,
     ON j.id = held.id AND j.lease_claim_id = held.claim_id
  WHERE j.status = 'running'
  ORDER BY j.id
-   FOR UPDATE OF j";
+   FOR NO KEY UPDATE OF j";
 
 /// The `(job id, claim id)` pairs in `$1`/`$2` whose ledger row was committed under that claim.
 ///
@@ -168,7 +169,7 @@ async fn lane(
 async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec<Outcome> {
     let pairs: Vec<(Uuid, Uuid)> = jobs.iter().map(|j| (j.id, j.claim_id)).collect();
     let mut outcomes: Vec<Option<Outcome>> = jobs.iter().map(|_| None).collect();
-    let written = match pool.get().await {
+    let written = match crate::db::checkout(pool).await {
         Err(_) => Err(None),
         Ok(mut conn) => {
             let writes_nothing = jobs
@@ -189,6 +190,7 @@ async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec
     };
     match written {
         Ok(succeeded) => {
+            crash_point!("commit.after");
             for (outcome, (id, _)) in outcomes.iter_mut().zip(&pairs) {
                 if outcome.is_none() {
                     // Fenced and locked, yet not succeeded: only a cancel request explains it
@@ -253,6 +255,7 @@ async fn write_effects(
             }
             (Some(&(false, false)), Some(effects)) => apply(&tx, effects, job.deadline).await,
         };
+        crash_point!("effects.applied");
         ledgers.push(match ledger {
             Ok(ledger) => Some(ledger),
             Err(failure) => {
@@ -268,6 +271,7 @@ async fn write_effects(
     }
     stats.record_round_trips(1);
     let succeeded = completer::succeed_many(&tx, &ledger_rows(&pairs, ledgers.into_iter())).await?;
+    crash_point!("commit.before");
     tx.commit().await?;
     Ok(succeeded)
 }
@@ -329,7 +333,7 @@ async fn resolve_unknown_commit(
 ) {
     let (ids, claims): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
     stats.record_round_trips(1);
-    let committed: Option<HashSet<Uuid>> = match pool.get().await {
+    let committed: Option<HashSet<Uuid>> = match crate::db::checkout(pool).await {
         Ok(conn) => conn
             .query_typed(
                 LEDGER_BY_CLAIM_SQL,

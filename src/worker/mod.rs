@@ -10,6 +10,8 @@
 //!   for more jobs than there are free slots. After a claim that came back full (or a wake that
 //!   found no free slot), the replica claims again as soon as a slot frees; after a short one it
 //!   waits for the next signal.
+//! - A claim that fails (a lost connection, a timeout) is tried again after
+//!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll.
 //! - The poll runs whatever happens to notifications, every `poll_interval` with ±10% jitter so
 //!   replicas do not poll in lockstep; when a deferred job is due sooner, the loop wakes then.
 //! - Every running job is in `held` until its task ends; heartbeats renew exactly those claims,
@@ -31,7 +33,7 @@ pub mod session;
 pub mod stats;
 
 use crate::config::{DatabaseConfig, WorkerConfig};
-use crate::db::{pool_error, Pool};
+use crate::db::Pool;
 use crate::error::Error;
 use crate::handler::Registry;
 use crate::shutdown::{Shutdown, Stage};
@@ -49,6 +51,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+/// How soon a failed claim is tried again.
+pub const CLAIM_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// What every job task of a replica shares.
 pub(crate) struct Shared {
@@ -116,7 +121,7 @@ impl Worker {
                  jobs are recovered by lease expiry only, and a second replica with the same \
                  owner id cannot be detected"
             );
-            let conn = pool.get().await.map_err(pool_error)?;
+            let conn = crate::db::checkout(&pool).await?;
             let released = rescuer::recover_own(&*conn, &config.owner_id).await?;
             stats.record_released(released);
             None
@@ -174,13 +179,15 @@ impl Worker {
         if self.shared.registry.is_empty() {
             return Ok(Vec::new());
         }
-        let conn = self.shared.pool.get().await.map_err(pool_error)?;
+        let conn = crate::db::checkout(&self.shared.pool).await?;
         let claimant = Claimant {
             owner_id: self.owner_id(),
             owner_locked: self.session.is_some(),
             lease: self.shared.config.lease,
         };
+        crash_point!("claim.before");
         let jobs = claimer::claim(&*conn, claimant, free).await?;
+        crash_point!("claim.after_commit");
         self.shared.stats.record_claim(reason, jobs.len());
         for job in &jobs {
             self.shared.stats.pickup_latency.observe(job.due_for);
@@ -191,7 +198,7 @@ impl Worker {
     /// How long until the next deferred job is due, asked after a short claim (once its jobs
     /// are already running, so the question never delays them).
     async fn next_due(&self) -> Result<Option<Duration>, Error> {
-        let conn = self.shared.pool.get().await.map_err(pool_error)?;
+        let conn = crate::db::checkout(&self.shared.pool).await?;
         self.shared.stats.record_round_trips(1);
         Ok(claimer::next_due(&*conn).await?)
     }
@@ -226,7 +233,7 @@ impl Worker {
     /// Database errors.
     #[tracing::instrument(name = "recovery", skip_all)]
     pub async fn recover(&self) -> Result<Recovered, Error> {
-        let conn = self.shared.pool.get().await.map_err(pool_error)?;
+        let conn = crate::db::checkout(&self.shared.pool).await?;
         self.shared.stats.record_round_trips(1);
         let recovered = rescuer::recover(&*conn).await?;
         self.shared.stats.record_recovery(recovered);
@@ -246,7 +253,10 @@ impl Worker {
     #[tracing::instrument(name = "heartbeat", skip_all, fields(held = held.len()))]
     async fn heartbeat(&self, held: &Held) -> Result<(), Error> {
         let claims: Vec<Uuid> = held.keys().copied().collect();
-        let conn = self.shared.pool.get().await.map_err(pool_error)?;
+        let conn = crate::db::checkout(&self.shared.pool).await?;
+        if !claims.is_empty() {
+            crash_point!("heartbeat");
+        }
         self.shared.stats.record_round_trips(1);
         let still_held =
             heartbeat::beat(&*conn, self.owner_id(), &claims, self.shared.config.lease).await?;
@@ -351,7 +361,11 @@ impl Worker {
         let jobs = match self.claim(free, why).await {
             Ok(jobs) => jobs,
             Err(e) => {
+                // Claim again soon rather than at the next wake, which may be a whole poll away
+                // (a notification that caused this claim will not come again).
                 tracing::warn!(code = %e.code(), "claim failed");
+                let retry = Instant::now() + CLAIM_RETRY_DELAY;
+                wake.next_due = Some(wake.next_due.map_or(retry, |due| due.min(retry)));
                 return;
             }
         };
@@ -448,12 +462,13 @@ impl Worker {
             return;
         }
         let pairs: Vec<(Uuid, Uuid)> = held.iter().map(|(claim, (id, _))| (*id, *claim)).collect();
+        crash_point!("release");
         self.shared.stats.record_round_trips(1);
-        let released = match self.shared.pool.get().await {
+        let released = match crate::db::checkout(&self.shared.pool).await {
             Ok(conn) => completer::release(&*conn, &pairs)
                 .await
                 .map_err(Error::from),
-            Err(e) => Err(pool_error(e)),
+            Err(e) => Err(e),
         };
         match released {
             Ok(n) => {

@@ -9,7 +9,10 @@
 //! - On any error, end of stream, or failed same-session probe (`pg_listening_channels()`), the
 //!   session reconnects with capped exponential backoff (`backon`), LISTENs again, takes the owner
 //!   lock again, and signals one catch-up claim: notifications sent while it was away are lost.
-//! - If the owner lock cannot be taken again (another process took the owner id meanwhile), the
+//! - If the owner lock cannot be taken again because the replica's own previous backend still
+//!   holds it (the old connection vanished without the server noticing, e.g. a network drop),
+//!   that backend — and only that one, identified by its pid — is terminated and the lock taken
+//!   on the next attempt. If another process holds it (it took the owner id meanwhile), the
 //!   session signals a fatal stop instead of running as a twin.
 //! - Notification payloads are never read: the channel only says "look".
 
@@ -80,6 +83,8 @@ impl Drop for Session {
 struct Live {
     /// The session's client.
     client: Client,
+    /// The session's backend pid: after a reconnect, the only lock holder that may be evicted.
+    backend_pid: i32,
     /// Fires when the connection ends.
     ended: oneshot::Receiver<()>,
 }
@@ -96,7 +101,7 @@ impl Session {
         stats: Arc<WorkerStats>,
     ) -> Result<(Session, u64), Error> {
         let signals = Arc::new(Signals::default());
-        let live = open(&config, &signals, &stats).await?;
+        let live = open(&config, &signals, &stats, None).await?;
         let released = rescuer::recover_own(&live.client, &config.owner_id).await?;
         let task = tokio::spawn(maintain(live, config, Arc::clone(&signals), stats));
         Ok((Session { task, signals }, released))
@@ -108,11 +113,23 @@ impl Session {
     }
 }
 
-/// Connects, starts driving the connection, LISTENs and takes the owner lock.
+/// The backend holding owner `$1`'s lock in this database, if any.
+///
+/// Locks: none (reads `pg_locks`).
+pub const LOCK_HOLDER_SQL: &str = "
+SELECT l.pid
+  FROM pg_locks l
+ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = durable_etl_owner_lock_key($1)";
+
+/// Connects, starts driving the connection, LISTENs and takes the owner lock. `previous` is the
+/// backend pid of this replica's lost session, if it reconnects.
 async fn open(
     config: &SessionConfig,
     signals: &Arc<Signals>,
     stats: &Arc<WorkerStats>,
+    previous: Option<i32>,
 ) -> Result<Live, Error> {
     let (client, mut connection) = db::pg_config(&config.database, "session")?
         .connect(NoTls)
@@ -135,18 +152,50 @@ async fn open(
     if config.listen {
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
     }
-    let locked: bool = client
+    let row = client
         .query_typed_one(
-            "SELECT pg_try_advisory_lock(durable_etl_owner_lock_key($1))",
+            "SELECT pg_try_advisory_lock(durable_etl_owner_lock_key($1)), pg_backend_pid()",
             &[(&config.owner_id, Type::TEXT)],
         )
-        .await?
-        .get(0);
+        .await?;
+    let (locked, backend_pid): (bool, i32) = (row.get(0), row.get(1));
     if !locked {
-        return Err(Error::OwnerIdInUse);
+        return Err(evict_own_previous(&client, &config.owner_id, previous).await);
     }
     stats.session_up.store(1, Ordering::Relaxed);
-    Ok(Live { client, ended })
+    Ok(Live {
+        client,
+        backend_pid,
+        ended,
+    })
+}
+
+/// The owner lock is taken. If this replica's own lost session holds it, terminates that
+/// backend and answers `Unavailable` (the next attempt takes the lock); otherwise another process
+/// holds the owner id: `OwnerIdInUse`.
+async fn evict_own_previous(client: &Client, owner_id: &str, previous: Option<i32>) -> Error {
+    let holder = client
+        .query_typed_opt(LOCK_HOLDER_SQL, &[(&owner_id, Type::TEXT)])
+        .await;
+    match (holder, previous) {
+        (Ok(Some(row)), Some(previous)) if row.get::<_, i32>(0) == previous => {
+            tracing::warn!("the lost session still holds the owner lock; ending it");
+            match client
+                .query_typed_one(
+                    "SELECT pg_terminate_backend($1)",
+                    &[(&previous, Type::INT4)],
+                )
+                .await
+            {
+                Ok(_) => Error::Unavailable(None),
+                Err(e) => e.into(),
+            }
+        }
+        // The holder just went away: try again.
+        (Ok(None), _) => Error::Unavailable(None),
+        (Err(e), _) => e.into(),
+        _ => Error::OwnerIdInUse,
+    }
 }
 
 /// Keeps the session alive: waits for it to fail, then reconnects with capped backoff.
@@ -158,6 +207,9 @@ async fn maintain(
 ) {
     loop {
         live.until_lost(config.listen).await;
+        let previous = live.backend_pid;
+        // Close our side of the lost connection before opening the next one.
+        drop(live);
         stats.session_up.store(0, Ordering::Relaxed);
         tracing::warn!(code = "database_unavailable", "session lost; reconnecting");
         let mut delays = ExponentialBuilder::default()
@@ -168,7 +220,7 @@ async fn maintain(
             .build();
         live = loop {
             tokio::time::sleep(delays.next().unwrap_or(RECONNECT_MAX_DELAY)).await;
-            match open(&config, &signals, &stats).await {
+            match open(&config, &signals, &stats, Some(previous)).await {
                 Ok(live) => break live,
                 Err(Error::OwnerIdInUse) => {
                     tracing::error!(

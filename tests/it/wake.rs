@@ -366,3 +366,36 @@ async fn poll_only_mode_without_a_session_recovers_by_expiry_only() {
     client.execute("UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'", &[]).await.unwrap();
     assert_eq!(checker.recover().await.unwrap().expired, 1);
 }
+
+/// A claim that fails is tried again shortly, without waiting for another notification or the
+/// (here two-minute) poll: the first claim after the notification hits an error raised once by a
+/// trigger, and the job still runs.
+#[tokio::test]
+async fn a_failed_claim_is_retried_without_waiting_for_the_poll() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let replica = Replica::start(&db, config("retrying", Duration::from_secs(120), 4)).await;
+    replica.started().await;
+    client
+        .batch_execute(
+            // A sequence, not a table: its advance survives the failing statement's rollback.
+            "CREATE SEQUENCE claim_attempts;
+             CREATE FUNCTION fail_claim_once() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.status = 'running' AND nextval('claim_attempts') = 1 THEN
+                 RAISE EXCEPTION 'claim fails once';
+               END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER fail_claim_once BEFORE UPDATE ON etl_job_records
+               FOR EACH ROW EXECUTE FUNCTION fail_claim_once();",
+        )
+        .await
+        .unwrap();
+    insert_job(&client, "now()").await;
+    until_succeeded(&client, 1).await;
+    let stats = replica.stats.snapshot();
+    // The start-up claim, the failed one (counted nowhere but in the log) and its retry.
+    assert_eq!((stats.claims, stats.claims_by_due), (2, 1));
+    replica.stop().await.unwrap();
+}

@@ -1,0 +1,214 @@
+//! Crash points: the real binary, built with the `failpoints` feature, is told through
+//! `FAILPOINTS=<site>=return` to abort at one exact step of a job's life (after the claim, with
+//! effects written, between effects and COMMIT, after COMMIT, in a heartbeat, while scheduling a
+//! retry, while releasing on shutdown). A second replica then takes over, and the invariants are
+//! read from the database: the job ends `succeeded` exactly once (one ledger row, its target
+//! rows once, payload cleared), with the attempts the crash point implies.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
+// This binary uses part of the shared test support.
+#[allow(dead_code)]
+#[path = "../it/support.rs"]
+mod support;
+
+use durable_etl::digest::{DigestKind, Secret};
+use durable_etl::etl::enqueue::{enqueue, NewJob};
+use durable_etl::etl::request::{self, IntakeLimits};
+use serde_json::json;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use support::{count, eventually, signal, Processes, TestDb};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+/// Records each test job loads.
+const RECORDS: i64 = 3;
+
+/// SIGABRT, which `std::process::abort` raises at a crash point.
+const SIGABRT: i32 = 6;
+
+/// Starts a replica of the real binary on `db` as `owner`, with crash point `crash` armed (if
+/// any) and extra `args`.
+fn replica(db: &TestDb, owner: &str, crash: Option<&str>, args: &[&str]) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_durable-etl"));
+    command
+        .env("DATABASE_URL", &db.config.url)
+        .env("RUST_LOG", "warn")
+        .env_remove("FAILPOINTS")
+        .args(["work", "--owner-id", owner, "--poll-interval", "100ms"])
+        .args(args)
+        .stderr(Stdio::null());
+    if let Some(site) = crash {
+        command.env("FAILPOINTS", format!("{site}=return"));
+    }
+    command.spawn().unwrap()
+}
+
+/// Enqueues one ETL job loading [`RECORDS`] rows (keys `k0..`); returns its id.
+async fn enqueue_load(client: &Client) -> Uuid {
+    let secret = Secret::new("failpoints-secret-0123456789").unwrap();
+    let owner = secret.digest(DigestKind::Principal, b"failpoints");
+    let records: Vec<_> = (0..RECORDS)
+        .map(|i| json!({"id": format!("k{i}"), "v": i}))
+        .collect();
+    let parsed = request::parse(
+        &json!({"dataset": "d", "key": "id", "records": records}),
+        IntakeLimits::default(),
+    )
+    .unwrap();
+    let job = NewJob {
+        idempotency_key: "crash",
+        request: &parsed,
+        max_attempts: 5,
+    };
+    enqueue(client, &secret, &owner, job).await.unwrap().id
+}
+
+/// Opens a transaction on a new session that inserts target row `k0` uncommitted, so the job's
+/// load waits on it (or times out on it) until the returned client is dropped.
+async fn block_first_row(db: &TestDb, job: Uuid) -> Client {
+    let holder = db.client().await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
+             SELECT owner_key, 'd', 'k0', '{{}}', id FROM etl_job_records WHERE id = '{job}'"
+        ))
+        .await
+        .unwrap();
+    holder
+}
+
+/// Waits (bounded) for `child` to end, and asserts it aborted at its crash point.
+async fn aborted(child: &mut Child) {
+    for _ in 0..3000 {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(
+                status.signal(),
+                Some(SIGABRT),
+                "ended by its crash point: {status}"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the replica never reached its crash point");
+}
+
+/// Waits until `job` is running (claimed).
+async fn until_running(client: &Client, job: Uuid) {
+    eventually("the job is running", || async {
+        count(
+            client,
+            &format!("etl_job_records WHERE id = '{job}' AND status = 'running'"),
+        )
+        .await
+            == 1
+    })
+    .await;
+}
+
+/// Starts a clean replica, waits for `job` to succeed, and checks it happened exactly once,
+/// after `attempts` attempts.
+async fn recovered_exactly_once(db: &TestDb, client: &Client, job: Uuid, attempts: i32) {
+    let _b = Processes(vec![replica(db, "b", None, &[])]);
+    eventually("the job succeeded", || async {
+        count(
+            client,
+            &format!("etl_job_records WHERE id = '{job}' AND status = 'succeeded'"),
+        )
+        .await
+            == 1
+    })
+    .await;
+    let row = support::job_row(client, job).await;
+    assert_eq!(row.attempts, attempts);
+    assert_eq!(count(client, "etl_job_responses").await, 1);
+    assert_eq!(count(client, "etl_target_rows").await, RECORDS);
+    assert_eq!(
+        count(client, "etl_job_records WHERE request_payload IS NOT NULL").await,
+        0
+    );
+}
+
+/// The job is enqueued, replica `a` aborts at `site` on its own, and `b` finishes the job.
+/// Returns the job's status right after the crash.
+async fn crash_at(site: &str, attempts: i32) -> String {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let job = enqueue_load(&client).await;
+    let mut a = Processes(vec![replica(&db, "a", Some(site), &[])]);
+    aborted(&mut a.0[0]).await;
+    let after_crash = support::job_row(&client, job).await.status;
+    recovered_exactly_once(&db, &client, job, attempts).await;
+    after_crash
+}
+
+#[tokio::test]
+async fn a_crash_before_the_claim_leaves_the_job_pending() {
+    assert_eq!(crash_at("claim.before", 1).await, "pending");
+}
+
+#[tokio::test]
+async fn a_crash_right_after_the_claim_commits_is_recovered_from_the_dead_owner() {
+    assert_eq!(crash_at("claim.after_commit", 2).await, "running");
+}
+
+#[tokio::test]
+async fn a_crash_with_effects_written_but_uncommitted_leaves_no_effect() {
+    assert_eq!(crash_at("effects.applied", 2).await, "running");
+}
+
+#[tokio::test]
+async fn a_crash_between_effects_and_commit_leaves_no_effect() {
+    assert_eq!(crash_at("commit.before", 2).await, "running");
+}
+
+#[tokio::test]
+async fn a_crash_right_after_commit_never_runs_the_job_again() {
+    assert_eq!(crash_at("commit.after", 1).await, "succeeded");
+}
+
+#[tokio::test]
+async fn a_crash_in_a_heartbeat_is_recovered_and_the_load_commits_once() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let job = enqueue_load(&client).await;
+    let holder = block_first_row(&db, job).await;
+    let args = ["--heartbeat-interval", "200ms", "--lease", "1s"];
+    let mut a = Processes(vec![replica(&db, "a", Some("heartbeat"), &args)]);
+    aborted(&mut a.0[0]).await;
+    drop(holder);
+    recovered_exactly_once(&db, &client, job, 2).await;
+}
+
+#[tokio::test]
+async fn a_crash_while_scheduling_a_retry_is_recovered_and_the_load_commits_once() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let job = enqueue_load(&client).await;
+    // The load times out on the held row: a transient failure, so the replica schedules a retry.
+    let holder = block_first_row(&db, job).await;
+    let args = ["--lock-timeout", "200ms"];
+    let mut a = Processes(vec![replica(&db, "a", Some("retry.schedule"), &args)]);
+    aborted(&mut a.0[0]).await;
+    drop(holder);
+    recovered_exactly_once(&db, &client, job, 2).await;
+}
+
+#[tokio::test]
+async fn a_crash_while_releasing_on_shutdown_is_recovered_and_the_load_commits_once() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let job = enqueue_load(&client).await;
+    let holder = block_first_row(&db, job).await;
+    let args = ["--shutdown-grace", "100ms"];
+    let mut a = Processes(vec![replica(&db, "a", Some("release"), &args)]);
+    until_running(&client, job).await;
+    signal(&a.0[0], "TERM");
+    aborted(&mut a.0[0]).await;
+    // The release never ran: the job is still running under the dead replica's claim.
+    assert_eq!(support::job_row(&client, job).await.status, "running");
+    drop(holder);
+    recovered_exactly_once(&db, &client, job, 2).await;
+}
