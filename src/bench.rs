@@ -153,6 +153,11 @@ pub struct Report {
     pub wal_bytes_per_job: f64,
     /// The largest peak resident set size of a replica, in MiB.
     pub replica_peak_rss_mib: f64,
+    /// CPU the replica processes used, in microseconds per succeeded job.
+    pub replica_cpu_us_per_job: f64,
+    /// CPU the server backends of the bench database used, in microseconds per succeeded job
+    /// (read from `/proc`, so only when the server runs on this host; 0 otherwise).
+    pub server_cpu_us_per_job: f64,
 }
 
 impl Report {
@@ -191,12 +196,15 @@ impl Report {
         out.push_str(&format!(
             "round trips per job  {:.3} ({} claims, {} empty, {} group commits)\n\
              WAL per job          {:.0} bytes\n\
+             CPU per job          replicas {:.1} us, server backends {:.1} us\n\
              replica peak RSS     {:.1} MiB\n",
             self.round_trips_per_job,
             self.claims,
             self.empty_claims,
             self.commit_batches,
             self.wal_bytes_per_job,
+            self.replica_cpu_us_per_job,
+            self.server_cpu_us_per_job,
             self.replica_peak_rss_mib,
         ));
         out
@@ -243,6 +251,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         Mode::OfferedLoad { rate, .. } => Some(offer(&client, config.handler, jobs, rate).await?),
     };
     let waited = wait_until_done(&client).await;
+    let server_cpu = server_cpu_seconds(&client).await?;
     let scraped = replicas.scrape().await;
     replicas.stop().await;
     waited?;
@@ -312,6 +321,8 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         commit_batches: scraped.commit_batches,
         wal_bytes_per_job: per_job(wal_bytes),
         replica_peak_rss_mib: scraped.peak_rss_kib as f64 / 1024.0,
+        replica_cpu_us_per_job: per_job(scraped.cpu_seconds * 1e6),
+        server_cpu_us_per_job: per_job(server_cpu * 1e6),
     })
 }
 
@@ -461,6 +472,8 @@ struct Scraped {
     commit_batches: u64,
     /// The largest `VmHWM` of a replica, in KiB.
     peak_rss_kib: u64,
+    /// CPU seconds the replicas used.
+    cpu_seconds: f64,
 }
 
 /// The replica processes of a run and their metrics addresses.
@@ -525,6 +538,7 @@ impl Replicas {
             scraped.commit_batches += value(&metrics, "durable_etl_commit_batch_size_count");
             let hwm = child.id().map_or(0, peak_rss_kib);
             scraped.peak_rss_kib = scraped.peak_rss_kib.max(hwm);
+            scraped.cpu_seconds += child.id().map_or(0.0, cpu_seconds);
         }
         Ok(scraped)
     }
@@ -564,6 +578,39 @@ fn value(text: &str, name: &str) -> u64 {
         })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// CPU seconds (user + system) process `pid` has used so far (0 when unreadable). Assumes the
+/// usual 100 clock ticks per second.
+fn cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name (which may hold spaces) start at the state field.
+            let after_name = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after_name.split_whitespace().collect();
+            let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+            Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// CPU seconds used by the server backends connected to the bench database, the bench's own
+/// session excepted (0 each when
+/// `/proc` cannot show them: a server on another host).
+async fn server_cpu_seconds(client: &tokio_postgres::Client) -> Result<f64, Error> {
+    let rows = client
+        .query(
+            "SELECT pid FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| u32::try_from(r.get::<_, i32>(0)).ok())
+        .map(cpu_seconds)
+        .sum())
 }
 
 /// The peak resident set size (`VmHWM`) of process `pid`, in KiB (0 when unreadable).

@@ -5,6 +5,11 @@
 //! - Every claimed row gets a fresh `lease_claim_id`, this replica's `lease_owner_id`, a lease on
 //!   the database clock, and `attempts + 1`: attempts are counted at claim time, so a job that
 //!   kills its worker every time still reaches its bound.
+//! - The claim commits asynchronously (`synchronous_commit = off` for its own transaction only,
+//!   set from its RETURNING list, so an empty claim changes nothing): a job starts one WAL flush
+//!   sooner. This is safe because a claim's durability protects nothing: if a server crash loses
+//!   it, the row is back to `pending` with its old claim id, and the fence refuses every write of
+//!   the lost claim, effects included. Completions, retries and failures stay synchronous.
 //! - The statement is sent unnamed with typed parameters (`query_typed`): one round trip, planned
 //!   with the actual values every time, so no cached generic plan made while the table was empty
 //!   can turn the claim into a sequential scan as the table fills.
@@ -53,7 +58,9 @@ UPDATE etl_job_records AS j
   FROM due
  WHERE j.id = due.id
 RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id, j.owner_key,
-          greatest(extract(epoch FROM now() - j.run_at), 0)::float8";
+          greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
+          -- Commit this claim without waiting for its WAL flush (see the invariants above).
+          set_config('synchronous_commit', 'off', true)";
 
 /// Who claims, and on what terms.
 #[derive(Debug, Clone, Copy)]
