@@ -66,6 +66,12 @@ pub enum Mode {
         /// Seconds of load.
         duration_s: f64,
     },
+    /// `trials` times: SIGKILL the replica running a (held) job and time until a live replica
+    /// runs it again.
+    Recovery {
+        /// Kills to time.
+        trials: usize,
+    },
 }
 
 /// One bench run's settings.
@@ -141,6 +147,9 @@ pub struct Report {
     /// Offered load only: the producer's commit acknowledgement → the start of the statement
     /// that completed the job (an upper bound on acknowledgement → handler start).
     pub ack_to_done_ms: Option<Percentiles>,
+    /// Recovery only: SIGKILL of the replica running a job → a live replica's claim of that job
+    /// (database clock).
+    pub recovery_ms: Option<Percentiles>,
     /// Statements the replicas sent on pooled connections, per succeeded job.
     pub round_trips_per_job: f64,
     /// Claims the replicas made.
@@ -169,6 +178,7 @@ impl Report {
             Mode::OfferedLoad { rate, duration_s } => {
                 format!("offered load of {rate} jobs/s for {duration_s} s")
             }
+            Mode::Recovery { trials } => format!("recovery from {trials} SIGKILLs"),
         };
         let p = |p: &Percentiles| {
             format!(
@@ -192,6 +202,9 @@ impl Report {
         );
         if let Some(ack) = &self.ack_to_done_ms {
             out.push_str(&format!("ack->done            {}\n", p(ack)));
+        }
+        if let Some(recovery) = &self.recovery_ms {
+            out.push_str(&format!("kill->reclaimed      {}\n", p(recovery)));
         }
         out.push_str(&format!(
             "round trips per job  {:.3} ({} claims, {} empty, {} group commits)\n\
@@ -236,6 +249,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
     let jobs = match config.mode {
         Mode::BurnDown { jobs } => jobs,
         Mode::OfferedLoad { rate, duration_s } => (rate * duration_s).round() as usize,
+        Mode::Recovery { trials } => trials,
     };
     if let Mode::BurnDown { jobs } = config.mode {
         fill(&client, config.handler, jobs).await?;
@@ -246,9 +260,18 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         .await?
         .get(0);
     let mut replicas = Replicas::start(db_config, config).await?;
-    let acks = match config.mode {
-        Mode::BurnDown { .. } => None,
-        Mode::OfferedLoad { rate, .. } => Some(offer(&client, config.handler, jobs, rate).await?),
+    let (acks, recovery) = match config.mode {
+        Mode::BurnDown { .. } => (None, None),
+        Mode::OfferedLoad { rate, .. } => (
+            Some(offer(&client, config.handler, jobs, rate).await?),
+            None,
+        ),
+        Mode::Recovery { trials } => (
+            None,
+            Some(Percentiles::of(
+                recoveries(db_config, &client, &mut replicas, trials).await?,
+            )),
+        ),
     };
     let waited = wait_until_done(&client).await;
     let server_cpu = server_cpu_seconds(&client).await?;
@@ -315,6 +338,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         },
         enqueue_to_start_ms: Percentiles::of(enqueue_to_start),
         ack_to_done_ms: ack_to_done,
+        recovery_ms: recovery,
         round_trips_per_job: per_job(scraped.round_trips as f64),
         claims: scraped.claims,
         empty_claims: scraped.empty_claims,
@@ -409,6 +433,100 @@ async fn insert_loads(
     Ok(enqueued.iter().map(|e| e.id).collect())
 }
 
+/// Times `trials` recoveries: each time an ETL job is enqueued whose first row another session
+/// holds, so its load waits inside its effects; the replica running it is SIGKILLed; and the
+/// time until a live replica claims it again is read from the database clock. The killed replica
+/// is restarted only after that (its own restart would release the job at once).
+async fn recoveries(
+    db_config: &DatabaseConfig,
+    client: &tokio_postgres::Client,
+    replicas: &mut Replicas,
+    trials: usize,
+) -> Result<Vec<f64>, Error> {
+    let (secret, owner) = bench_owner()?;
+    let mut times = Vec::with_capacity(trials);
+    for trial in 0..trials {
+        // The job and its first target row are committed with the job deferred; then another
+        // session locks that row, and only then does the job become due: its load must wait.
+        let holder = db::connect(db_config, "bench").await?;
+        holder.batch_execute("BEGIN").await?;
+        let job = insert_loads(&holder, &secret, &owner, trial, 1).await?;
+        let key = format!("{trial}-0");
+        holder
+            .execute(
+                "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
+                 VALUES ($1, 'bench', $2, '{}', $3)",
+                &[&owner.as_slice(), &key, &job.first()],
+            )
+            .await?;
+        holder
+            .execute(
+                "UPDATE etl_job_records SET run_at = now() + interval '1 hour' WHERE id = $1",
+                &[&job.first()],
+            )
+            .await?;
+        holder.batch_execute("COMMIT; BEGIN").await?;
+        holder
+            .execute(
+                "SELECT 1 FROM etl_target_rows WHERE owner_key = $1 AND record_key = $2 FOR UPDATE",
+                &[&owner.as_slice(), &key],
+            )
+            .await?;
+        client
+            .execute(
+                "UPDATE etl_job_records SET run_at = now() WHERE id = $1",
+                &[&job.first()],
+            )
+            .await?;
+        client
+            .batch_execute("SELECT pg_notify('durable_etl_jobs', '')")
+            .await?;
+        let running = until_running(client, job.first(), None).await?;
+        let victim = running
+            .strip_prefix("bench-")
+            .and_then(|i| i.parse::<usize>().ok())
+            .unwrap_or(0);
+        let killed_at: f64 = client
+            .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+            .await?
+            .get(0);
+        replicas.kill(victim).await;
+        let reclaimed_at = until_running(client, job.first(), Some(&running)).await?;
+        let reclaimed_at: f64 = reclaimed_at.parse().unwrap_or(killed_at);
+        times.push((reclaimed_at - killed_at) * 1000.0);
+        drop(holder);
+        replicas.restart(victim).await?;
+    }
+    Ok(times)
+}
+
+/// Waits (bounded) until `job` is running under an owner other than `not_owner`; returns that
+/// owner (when `not_owner` is `None`) or the claim's start as Unix seconds (otherwise).
+async fn until_running(
+    client: &tokio_postgres::Client,
+    job: Option<&uuid::Uuid>,
+    not_owner: Option<&str>,
+) -> Result<String, Error> {
+    let deadline = Instant::now() + WAIT_LIMIT;
+    loop {
+        let row = client
+            .query_opt(
+                "SELECT lease_owner_id, extract(epoch FROM started_at)::float8::text
+                   FROM etl_job_records
+                  WHERE id = $1 AND status = 'running' AND lease_owner_id IS DISTINCT FROM $2",
+                &[&job, &not_owner],
+            )
+            .await?;
+        if let Some(row) = row {
+            return Ok(row.get(if not_owner.is_some() { 1 } else { 0 }));
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Unavailable(None));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Offers `jobs` jobs at `rate` per second, one autocommit INSERT each; returns each job's
 /// commit-acknowledgement time (Unix seconds) by id.
 async fn offer(
@@ -480,48 +598,86 @@ struct Scraped {
 struct Replicas {
     /// `(process, metrics address)` per replica.
     children: Vec<(Child, String)>,
+    /// The bench database's URL.
+    url: String,
+    /// Slots per replica.
+    slots: usize,
 }
 
 impl Replicas {
     /// Starts `config.replicas` replicas of this binary on `db_config`, and waits until each one's
     /// session is up.
     async fn start(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Replicas, Error> {
-        let exe = std::env::current_exe().map_err(|_| Error::Unavailable(None))?;
         let mut replicas = Replicas {
             children: Vec::new(),
+            url: db_config.url.clone(),
+            slots: config.slots,
         };
         for i in 0..config.replicas {
-            let addr = free_local_addr()?;
-            let child = Command::new(&exe)
-                .env("DATABASE_URL", &db_config.url)
-                .env("RUST_LOG", "warn")
-                .args(["work", "--owner-id", &format!("bench-{i}")])
-                .args(["--slots", &config.slots.to_string()])
-                .args(["--metrics-listen", &addr])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|_| Error::Unavailable(None))?;
-            replicas.children.push((child, addr));
+            let replica = replicas.spawn(i)?;
+            replicas.children.push(replica);
         }
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + WAIT_LIMIT;
-        for (_, addr) in &replicas.children {
-            loop {
-                let up = metrics_of(&http, addr)
-                    .await
-                    .is_some_and(|m| value(&m, "durable_etl_session_up") == 1);
-                if up {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(Error::Unavailable(None));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        for i in 0..config.replicas {
+            replicas.until_up(i).await?;
         }
         Ok(replicas)
+    }
+
+    /// Spawns replica `i` (owner id `bench-{i}`) on a fresh metrics address.
+    fn spawn(&self, i: usize) -> Result<(Child, String), Error> {
+        let exe = std::env::current_exe().map_err(|_| Error::Unavailable(None))?;
+        let addr = free_local_addr()?;
+        let child = Command::new(&exe)
+            .env("DATABASE_URL", &self.url)
+            .env("RUST_LOG", "warn")
+            .args(["work", "--owner-id", &format!("bench-{i}")])
+            .args(["--slots", &self.slots.to_string()])
+            .args(["--metrics-listen", &addr])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|_| Error::Unavailable(None))?;
+        Ok((child, addr))
+    }
+
+    /// Waits (bounded) until replica `i`'s session is up.
+    async fn until_up(&self, i: usize) -> Result<(), Error> {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + WAIT_LIMIT;
+        let addr = self
+            .children
+            .get(i)
+            .map(|c| c.1.as_str())
+            .unwrap_or_default();
+        loop {
+            let up = metrics_of(&http, addr)
+                .await
+                .is_some_and(|m| value(&m, "durable_etl_session_up") == 1);
+            if up {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Unavailable(None));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILLs replica `i` and reaps it.
+    async fn kill(&mut self, i: usize) {
+        if let Some((child, _)) = self.children.get_mut(i) {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Starts replica `i` again (same owner id) and waits until it is up.
+    async fn restart(&mut self, i: usize) -> Result<(), Error> {
+        let restarted = self.spawn(i)?;
+        if let Some(slot) = self.children.get_mut(i) {
+            *slot = restarted;
+        }
+        self.until_up(i).await
     }
 
     /// Reads every replica's counters and peak RSS.

@@ -129,6 +129,16 @@ pub enum BenchCommand {
         #[command(flatten)]
         common: BenchArgs,
     },
+    /// Time how soon a live replica runs the job of a SIGKILLed one (default settings; at least
+    /// two replicas; ETL jobs held inside their effects).
+    Recovery {
+        /// Kills to time.
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
 }
 
 /// Options every `bench` mode shares.
@@ -172,10 +182,17 @@ impl BenchCommand {
                 },
                 common,
             ),
+            BenchCommand::Recovery { trials, common } => {
+                (crate::bench::Mode::Recovery { trials: *trials }, common)
+            }
+        };
+        let replicas = match mode {
+            crate::bench::Mode::Recovery { .. } => common.replicas.max(2),
+            _ => common.replicas,
         };
         let config = crate::bench::BenchConfig {
             mode,
-            replicas: common.replicas,
+            replicas,
             slots: common.slots,
             handler: common.handler,
             database: common.bench_database.clone(),

@@ -8,8 +8,9 @@
 //! - ONE claim loop per replica. Notifications, the poll, due deferred jobs, freed slots and
 //!   session reconnects all feed it, and each wake causes at most one claim. A claim never asks
 //!   for more jobs than there are free slots. After a claim that came back full (or a wake that
-//!   found no free slot), the replica claims again as soon as a slot frees; after a short one it
-//!   waits for the next signal.
+//!   found no free slot), the replica claims again as soon as half its slots are free, or
+//!   [`REFILL_DELAY`] after the first slot freed (so claims and group commits stay batches, and
+//!   no slot idles behind long jobs); after a short one it waits for the next signal.
 //! - A claim that fails (a lost connection, a timeout) is tried again after
 //!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll.
 //! - The poll runs whatever happens to notifications, every `poll_interval` with ±10% jitter so
@@ -51,6 +52,11 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+/// How long slots freed under a backlog wait for more to free before they are claimed anyway:
+/// long enough to gather the next group commit's slots, short enough that a slot never idles
+/// behind long-running jobs.
+pub const REFILL_DELAY: Duration = Duration::from_millis(25);
 
 /// How soon a failed claim is tried again.
 pub const CLAIM_RETRY_DELAY: Duration = Duration::from_millis(100);
@@ -94,6 +100,8 @@ struct WakeState {
     notified_since_claim: bool,
     /// When the next known deferred job is due.
     next_due: Option<Instant>,
+    /// When slots freed under a backlog are claimed even if fewer than half are free.
+    refill_at: Option<Instant>,
 }
 
 /// The jobs a replica is running: claim id → (job id, token that cancels it when its lease is lost).
@@ -321,8 +329,16 @@ impl Worker {
                         self.finish_task(done, &mut held);
                     }
                     if wake.backlog {
-                        reason = Some(ClaimReason::Drain);
+                        if refill_now(config.slots, tasks.len()) {
+                            reason = Some(ClaimReason::Drain);
+                        } else if wake.refill_at.is_none() {
+                            wake.refill_at = Some(Instant::now() + REFILL_DELAY);
+                        }
                     }
+                }
+                () = sleep_until_opt(wake.refill_at) => {
+                    wake.refill_at = None;
+                    reason = Some(ClaimReason::Drain);
                 }
                 _ = beat.tick() => self.heartbeat_logged(&held).await,
                 _ = rescue.tick() => {
@@ -353,6 +369,7 @@ impl Worker {
         held: &mut Held,
         wake: &mut WakeState,
     ) {
+        wake.refill_at = None;
         let free = self.shared.config.slots - tasks.len();
         if free == 0 {
             wake.backlog = true;
@@ -494,6 +511,13 @@ async fn timed_execute(shared: &Shared, job: ClaimedJob, lost: CancellationToken
     transition
 }
 
+/// Whether a replica draining a backlog should claim now, with `running` of its `slots` busy:
+/// once at least half its slots are free, so each claim (and the group commits that follow)
+/// carries a batch worth its statement, instead of one claim per freed job.
+fn refill_now(slots: usize, running: usize) -> bool {
+    slots - running >= slots.div_ceil(2)
+}
+
 /// Waits for a permit of `signal`; never resolves when there is no signal (no session).
 async fn wait(signal: Option<&Notify>) {
     match signal {
@@ -558,6 +582,16 @@ pub async fn run(
 mod tests {
     use super::jittered;
     use std::time::Duration;
+
+    #[test]
+    fn a_draining_replica_refills_once_half_its_slots_are_free() {
+        assert!(!super::refill_now(8, 5));
+        assert!(super::refill_now(8, 4));
+        assert!(super::refill_now(1, 0));
+        assert!(!super::refill_now(1, 1));
+        assert!(super::refill_now(3, 1));
+        assert!(!super::refill_now(3, 2));
+    }
 
     #[test]
     fn the_poll_jitters_within_ten_percent() {

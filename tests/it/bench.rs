@@ -10,10 +10,9 @@ use std::process::Command;
 fn bench(tag: &str, args: &[&str]) -> (serde_json::Value, String) {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let name = format!(
-        "durable_etl_bench_test_{tag}_{}",
-        uuid::Uuid::new_v4().simple()
-    );
+    // Database names are at most 63 bytes: a 12-digit unique suffix keeps them under.
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    let name = format!("durable_etl_bench_test_{tag}_{}", &unique[..12]);
     let out = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
         .env("DATABASE_URL", url)
         .env("RUST_LOG", "warn")
@@ -116,4 +115,19 @@ fn bench_refuses_a_database_that_is_not_its_own() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("durable_etl_bench"));
+}
+
+#[tokio::test]
+async fn recovery_times_each_kill_until_a_live_replica_runs_the_job_again() {
+    let (report, name) = bench(
+        "recovery",
+        &["recovery", "--trials", "2", "--replicas", "1"],
+    );
+    assert_eq!(report["config"]["mode"], "recovery");
+    // At least two replicas, whatever was asked: one to kill, one to take over.
+    assert_eq!(report["config"]["replicas"], 2);
+    assert_eq!(report["succeeded"], 2, "{report}");
+    let recovery = &report["recovery_ms"];
+    assert!(recovery["p50"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(!exists(&name).await);
 }

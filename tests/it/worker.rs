@@ -725,3 +725,38 @@ async fn a_commit_lost_with_its_connection_is_resolved_through_the_ledger() {
     );
     assert_eq!(count(&client, "etl_target_rows").await, 1);
 }
+
+/// The claim commits asynchronously, but only itself: the setting is local to the claim's own
+/// transaction, so the completions that follow on the same pooled connection stay durable.
+#[tokio::test]
+async fn the_asynchronous_claim_commit_does_not_leak_to_later_statements() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    insert_jobs(&client, NOOP, &[json!({}), json!({})], 5).await;
+    let claimant = claimer::Claimant {
+        owner_id: "async-claim",
+        owner_locked: false,
+        lease: Duration::from_secs(30),
+    };
+    assert_eq!(claimer::claim(&client, claimant, 1).await.unwrap().len(), 1);
+    assert_eq!(synchronous_commit(&client).await, "on");
+    // Inside an explicit transaction the claim's setting ends with that transaction too.
+    client.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(claimer::claim(&client, claimant, 1).await.unwrap().len(), 1);
+    assert_eq!(synchronous_commit(&client).await, "off");
+    client.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(synchronous_commit(&client).await, "on");
+    assert_eq!(
+        count(&client, "etl_job_records WHERE status = 'running'").await,
+        2
+    );
+}
+
+/// The session's current `synchronous_commit`.
+async fn synchronous_commit(client: &tokio_postgres::Client) -> String {
+    client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
