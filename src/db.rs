@@ -52,6 +52,11 @@ fn options(cfg: &DatabaseConfig) -> String {
         KEEPALIVE_PROBE_INTERVAL_SECS,
         KEEPALIVE_PROBES,
     );
+    // Every statement of this crate has an index path. Without statistics (a new or truncated
+    // queue table after a bulk insert, before autoanalyze) the planner guesses a handful of
+    // pending rows and prefers a bitmap scan plus a sort of every pending row for the claim,
+    // which grows with the queue; discouraging both keeps the ordered index walk.
+    options.push_str(" -c enable_sort=off -c enable_bitmapscan=off");
     if !cfg.client_check_interval.is_zero() {
         options.push_str(&format!(
             " -c client_connection_check_interval={}",
@@ -235,6 +240,11 @@ mod tests {
         let options = pg.get_options().unwrap();
         assert!(options.contains("statement_timeout=30000"), "{options}");
         assert!(options.contains("lock_timeout=5000"), "{options}");
+        assert!(
+            options.contains("enable_sort=off -c enable_bitmapscan=off"),
+            "{options}"
+        );
+        assert!(options.contains("tcp_keepalives_idle="), "{options}");
         assert!(
             options.contains("idle_in_transaction_session_timeout=10000"),
             "{options}"

@@ -290,7 +290,7 @@ impl Worker {
         let mut tasks: JoinSet<(Uuid, Transition)> = JoinSet::new();
         let mut held = Held::new();
         let mut beat = ticker(config.heartbeat_interval);
-        let mut rescue = ticker(config.poll_interval);
+        let mut rescue = ticker(rescue_interval(config.poll_interval));
         let mut next_poll = Instant::now() + jittered(config.poll_interval);
         let mut wake = WakeState::default();
         let mut reason = Some(ClaimReason::Startup);
@@ -511,6 +511,15 @@ async fn timed_execute(shared: &Shared, job: ClaimedJob, lost: CancellationToken
     transition
 }
 
+/// How often a replica runs recovery: twice per poll interval. A SIGKILLed replica's lock goes
+/// at once, but a row its dying backend still locks (mid-effects) is skipped until the server
+/// ends that backend (`client_connection_check_interval`); the second look comes half a poll
+/// later instead of a whole one, so such a job runs again within about one poll interval plus
+/// the check interval (under 2 s with the defaults).
+fn rescue_interval(poll_interval: Duration) -> Duration {
+    poll_interval / 2
+}
+
 /// Whether a replica draining a backlog should claim now, with `running` of its `slots` busy:
 /// once at least half its slots are free, so each claim (and the group commits that follow)
 /// carries a batch worth its statement, instead of one claim per freed job.
@@ -582,6 +591,14 @@ pub async fn run(
 mod tests {
     use super::jittered;
     use std::time::Duration;
+
+    #[test]
+    fn recovery_runs_twice_per_poll_interval() {
+        assert_eq!(
+            super::rescue_interval(Duration::from_secs(1)),
+            Duration::from_millis(500)
+        );
+    }
 
     #[test]
     fn a_draining_replica_refills_once_half_its_slots_are_free() {
