@@ -45,7 +45,7 @@ pub enum Transition {
 /// Locks: the UPDATE row-locks each fenced job row (already locked when an execution transaction
 /// checked the fence first); the INSERT takes the ledger's primary-key entries, so a second
 /// ledger row for a job cannot exist (an existing one, from a commit whose status write was
-/// somehow lost, is kept as it is). Returns the ids of the jobs it succeeded.
+/// somehow lost, is kept as it is). Returns the `(id, claim id)` pairs it succeeded.
 pub const SUCCEED_SQL: &str = "
 WITH held AS (
     SELECT *
@@ -66,19 +66,20 @@ WITH held AS (
     SELECT id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum FROM done
         ON CONFLICT (job_id) DO NOTHING
 )
-SELECT id FROM done";
+SELECT id, claim_id FROM done";
 
 /// Writes the success transition and ledger row of every `(id, claim id, ledger)` entry on
 /// `client` (inside the caller's execution transaction, or on its own when nothing else is
-/// written). Returns the ids of the jobs that succeeded; the others' leases are lost or their
-/// owners asked to cancel them.
+/// written). Returns the `(id, claim id)` pairs that succeeded (by pair, not by id: a stale
+/// claim of the same job in the same group must never read as the live one's success); the
+/// others' leases are lost or their owners asked to cancel them.
 ///
 /// # Errors
 /// The database error of the statement.
 pub async fn succeed_many(
     client: &impl GenericClient,
     entries: &[(Uuid, Uuid, LedgerEntry)],
-) -> Result<HashSet<Uuid>, tokio_postgres::Error> {
+) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
     let ids: Vec<Uuid> = entries.iter().map(|e| e.0).collect();
     let claims: Vec<Uuid> = entries.iter().map(|e| e.1).collect();
     let inserted: Vec<i32> = entries.iter().map(|e| e.2.rows_inserted).collect();
@@ -98,7 +99,7 @@ pub async fn succeed_many(
             ],
         )
         .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else

@@ -52,7 +52,7 @@ pub const COMMIT_LANES: usize = 2;
 /// and cancellation skip or wait for the rows while their effects commit, so a cancel and a
 /// commit can never both win. Rows whose claim changed are not returned and not locked.
 pub const LOCK_FENCED_SQL: &str = "
-SELECT j.id,
+SELECT j.id, held.claim_id,
        EXISTS (SELECT 1 FROM etl_job_responses r WHERE r.job_id = j.id),
        j.cancel_requested_at IS NOT NULL
   FROM etl_job_records j
@@ -66,7 +66,7 @@ SELECT j.id,
 ///
 /// Locks: none (a snapshot read of the ledger's primary key).
 pub const LEDGER_BY_CLAIM_SQL: &str = "
-SELECT r.job_id
+SELECT r.job_id, r.lease_claim_id
   FROM etl_job_responses r
   JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
     ON r.job_id = held.id AND r.lease_claim_id = held.claim_id";
@@ -191,11 +191,11 @@ async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec
     match written {
         Ok(succeeded) => {
             crash_point!("commit.after");
-            for (outcome, (id, _)) in outcomes.iter_mut().zip(&pairs) {
+            for (outcome, pair) in outcomes.iter_mut().zip(&pairs) {
                 if outcome.is_none() {
                     // Fenced and locked, yet not succeeded: only a cancel request explains it
                     // (the fenced cancellation write tells a lost lease apart).
-                    *outcome = Some(if succeeded.contains(id) {
+                    *outcome = Some(if succeeded.contains(pair) {
                         Ok(Transition::Succeeded)
                     } else {
                         Err(Failure::Cancelled)
@@ -228,7 +228,7 @@ async fn write_effects(
     stats: &WorkerStats,
     jobs: Vec<Ready>,
     outcomes: &mut [Option<Outcome>],
-) -> Result<HashSet<Uuid>, tokio_postgres::Error> {
+) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
     let pairs: Vec<(Uuid, Uuid)> = jobs.iter().map(|j| (j.id, j.claim_id)).collect();
     let isolate = jobs.len() > 1;
     stats.record_round_trips(2);
@@ -236,7 +236,7 @@ async fn write_effects(
     let fenced = lock_fenced(&tx, &pairs).await?;
     let mut ledgers: Vec<Option<LedgerEntry>> = Vec::with_capacity(jobs.len());
     for (job, outcome) in jobs.into_iter().zip(outcomes.iter_mut()) {
-        let ledger = match (fenced.get(&job.id), job.effects) {
+        let ledger = match (fenced.get(&(job.id, job.claim_id)), job.effects) {
             (None, _) => Err(Failure::LeaseLost),
             (Some(&(_, true)), _) => Err(Failure::Cancelled),
             // Effects already committed under an earlier claim: record success, run nothing.
@@ -289,12 +289,14 @@ fn ledger_rows(
         .collect()
 }
 
-/// Locks the fenced rows of `pairs`; returns, per job still held, `(ledger exists, cancel
-/// requested)`.
+/// Locks the fenced rows of `pairs`; returns, per `(job id, claim id)` still held, `(ledger
+/// exists, cancel requested)`. Keyed by the pair: when a batch holds a stale claim and the live
+/// claim of the same job (the replica lost the job, then claimed it again), only the live one
+/// is fenced.
 async fn lock_fenced(
     tx: &Transaction<'_>,
     pairs: &[(Uuid, Uuid)],
-) -> Result<HashMap<Uuid, (bool, bool)>, tokio_postgres::Error> {
+) -> Result<HashMap<(Uuid, Uuid), (bool, bool)>, tokio_postgres::Error> {
     let (ids, claims): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
     let rows = tx
         .query_typed(
@@ -304,7 +306,7 @@ async fn lock_fenced(
         .await?;
     Ok(rows
         .iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
         .collect())
 }
 
@@ -333,7 +335,7 @@ async fn resolve_unknown_commit(
 ) {
     let (ids, claims): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
     stats.record_round_trips(1);
-    let committed: Option<HashSet<Uuid>> = match crate::db::checkout(pool).await {
+    let committed: Option<HashSet<(Uuid, Uuid)>> = match crate::db::checkout(pool).await {
         Ok(conn) => conn
             .query_typed(
                 LEDGER_BY_CLAIM_SQL,
@@ -341,12 +343,12 @@ async fn resolve_unknown_commit(
             )
             .await
             .ok()
-            .map(|rows| rows.iter().map(|r| r.get(0)).collect()),
+            .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect()),
         Err(_) => None,
     };
-    for (outcome, (id, _)) in outcomes.iter_mut().zip(pairs) {
+    for (outcome, pair) in outcomes.iter_mut().zip(pairs) {
         if outcome.is_none() {
-            let done = committed.as_ref().is_some_and(|c| c.contains(id));
+            let done = committed.as_ref().is_some_and(|c| c.contains(pair));
             *outcome = Some(if done {
                 Ok(Transition::Succeeded)
             } else {
@@ -710,6 +712,41 @@ mod tests {
         );
         assert_eq!(db2.count("etl_target_rows").await, 0);
         assert_eq!(db2.count("etl_job_responses").await, 0);
+        db.drop_database().await;
+        db2.drop_database().await;
+    }
+
+    #[tokio::test]
+    async fn a_stale_claim_beside_the_live_claim_of_the_same_job_is_fenced_out() {
+        // The replica lost the job (claim `stale`) and claimed it again: both tasks reach the
+        // same batch. Only the live claim may apply effects and succeed.
+        let (db, jobs) = Scratch::with_claimed(1).await;
+        let (id, live) = jobs[0];
+        let stale = (id, Uuid::new_v4());
+        let minute = Duration::from_secs(60);
+        let batch = vec![
+            ready(stale, Some(Box::new(Scripted::Write(id, "k"))), minute),
+            ready(jobs[0], Some(Box::new(Scripted::Write(id, "k"))), minute),
+        ];
+        assert_eq!(db.commit(batch).await, ["lease lost", "Succeeded"]);
+        assert_eq!(db.count("etl_target_rows").await, 1);
+        let ledger_claim: Uuid = db
+            .client
+            .query_one("SELECT lease_claim_id FROM etl_job_responses", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(ledger_claim, live);
+        // The same without effects: the stale claim is not reported as succeeded.
+        let (db2, jobs2) = Scratch::with_claimed(1).await;
+        let stale2 = (jobs2[0].0, Uuid::new_v4());
+        let none = || -> Option<Box<dyn Effects>> { Some(Box::new(crate::handler::NoEffects)) };
+        let batch = vec![
+            ready(stale2, none(), minute),
+            ready(jobs2[0], none(), minute),
+        ];
+        assert_eq!(db2.commit(batch).await, ["cancel", "Succeeded"]);
+        assert_eq!(db2.count("etl_job_responses").await, 1);
         db.drop_database().await;
         db2.drop_database().await;
     }
