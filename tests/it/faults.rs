@@ -254,9 +254,14 @@ async fn a_second_replica_with_a_live_owner_id_refuses_to_start() {
 /// Waits until `n` replica sessions are connected to this test's database.
 pub async fn until_sessions(client: &tokio_postgres::Client, n: i64) {
     eventually(&format!("{n} replica session(s)"), || async move {
+        // A session counts once its start-up is over: it is idle after the release of its
+        // previous incarnation's jobs (or after a later probe). Faults injected earlier would
+        // only make the replica fail to start, which is not what these tests are about.
         count(
             client,
-            "pg_stat_activity WHERE application_name = 'durable-etl/session' AND datname = current_database()",
+            "pg_stat_activity WHERE application_name = 'durable-etl/session'
+               AND datname = current_database() AND state = 'idle'
+               AND (query LIKE '%lease_owner_id = $1%' OR query LIKE '%pg_listening_channels%')",
         )
         .await
             == n
