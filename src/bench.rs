@@ -34,6 +34,9 @@ pub const RECORDS_PER_ETL_JOB: usize = 10;
 /// The longest a bench waits for its jobs to end, or for a replica to come up.
 const WAIT_LIMIT: Duration = Duration::from_secs(600);
 
+/// How long a replica gets to stop after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// How often the bench looks whether the jobs have ended.
 const DONE_POLL: Duration = Duration::from_millis(20);
 
@@ -699,10 +702,22 @@ impl Replicas {
         Ok(scraped)
     }
 
-    /// Kills every replica and reaps it.
+    /// Stops every replica the way an orchestrator would: SIGTERM, then SIGKILL if it has not
+    /// ended within [`STOP_GRACE`].
     async fn stop(&mut self) {
         for (child, _) in &mut self.children {
-            let _ = child.kill().await;
+            if let Some(pid) = child.id() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status()
+                    .await;
+            }
+            if tokio::time::timeout(STOP_GRACE, child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
         }
     }
 }
