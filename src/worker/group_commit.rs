@@ -183,7 +183,7 @@ async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec
                 )
                 .await
             } else {
-                write_effects(&mut conn, stats, jobs, &mut outcomes).await
+                write_effects(&mut conn, stats, jobs, &pairs, &mut outcomes).await
             };
             written.map_err(Some)
         }
@@ -222,18 +222,19 @@ async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec
 /// The transaction of a batch that writes effects: locks the fenced rows, applies each job's
 /// effects (each under its own savepoint when the batch has several jobs), writes the ledger rows
 /// and `succeeded` for the jobs whose effects applied, and commits. Jobs that fail on their own
-/// get their outcome in `outcomes`; the returned set holds the jobs that succeeded.
+/// get their outcome in `outcomes` (`pairs` are the jobs' `(id, claim id)`, in order); the
+/// returned set holds the pairs that succeeded.
 async fn write_effects(
     conn: &mut tokio_postgres::Client,
     stats: &WorkerStats,
     jobs: Vec<Ready>,
+    pairs: &[(Uuid, Uuid)],
     outcomes: &mut [Option<Outcome>],
 ) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
-    let pairs: Vec<(Uuid, Uuid)> = jobs.iter().map(|j| (j.id, j.claim_id)).collect();
     let isolate = jobs.len() > 1;
     stats.record_round_trips(2);
     let mut tx = conn.transaction().await?;
-    let fenced = lock_fenced(&tx, &pairs).await?;
+    let fenced = lock_fenced(&tx, pairs).await?;
     let mut ledgers: Vec<Option<LedgerEntry>> = Vec::with_capacity(jobs.len());
     for (job, outcome) in jobs.into_iter().zip(outcomes.iter_mut()) {
         let ledger = match (fenced.get(&(job.id, job.claim_id)), job.effects) {
@@ -270,7 +271,7 @@ async fn write_effects(
         return Ok(HashSet::new());
     }
     stats.record_round_trips(1);
-    let succeeded = completer::succeed_many(&tx, &ledger_rows(&pairs, ledgers.into_iter())).await?;
+    let succeeded = completer::succeed_many(&tx, &ledger_rows(pairs, ledgers.into_iter())).await?;
     crash_point!("commit.before");
     tx.commit().await?;
     Ok(succeeded)

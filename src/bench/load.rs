@@ -1,0 +1,241 @@
+//! What the bench does to the queue: fills it, offers load at a rate, holds and times
+//! recoveries, and waits until every job has ended.
+
+use super::{BenchHandler, Replicas, INSERT_CHUNK, RECORDS_PER_ETL_JOB, WAIT_LIMIT};
+use crate::config::{ConfigError, DatabaseConfig};
+use crate::db;
+use crate::digest::Secret;
+use crate::error::Error;
+use crate::etl::enqueue::{enqueue_many, NewJob};
+use crate::etl::request::{self, IntakeLimits};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+/// How often the bench looks whether the jobs have ended.
+const DONE_POLL: Duration = Duration::from_millis(20);
+
+/// A throw-away secret and owner for the bench's ETL jobs.
+fn bench_owner() -> Result<(Secret, [u8; 32]), Error> {
+    let secret = Secret::new(uuid::Uuid::new_v4().simple().to_string().into_bytes())
+        .ok_or(ConfigError::Secret)?;
+    let owner = secret.digest(crate::digest::DigestKind::Principal, b"bench");
+    Ok((secret, owner))
+}
+
+/// Inserts `jobs` due jobs in chunks (one statement each), before any replica runs.
+pub(super) async fn fill(
+    client: &tokio_postgres::Client,
+    handler: BenchHandler,
+    jobs: usize,
+) -> Result<(), Error> {
+    let (secret, owner) = bench_owner()?;
+    let mut done = 0;
+    while done < jobs {
+        let n = INSERT_CHUNK.min(jobs - done);
+        match handler {
+            BenchHandler::Noop => insert_noops(client, done, n).await?,
+            BenchHandler::Etl => insert_loads(client, &secret, &owner, done, n).await?,
+        };
+        done += n;
+    }
+    Ok(())
+}
+
+/// Inserts `n` due `noop` jobs numbered from `first`, in one statement; returns their ids.
+async fn insert_noops(
+    client: &tokio_postgres::Client,
+    first: usize,
+    n: usize,
+) -> Result<Vec<uuid::Uuid>, Error> {
+    let (first, n) = (
+        i64::try_from(first).unwrap_or(i64::MAX),
+        i64::try_from(n).unwrap_or(0),
+    );
+    let rows = client
+        .query(
+            "INSERT INTO etl_job_records
+                    (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                     request_payload)
+             SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
+                    sha256(g::text::bytea), $3, '{}'::jsonb
+               FROM generate_series($1::int8, $1::int8 + $2::int8 - 1) AS g
+             RETURNING id",
+            &[&first, &n, &crate::handler::NOOP_KIND],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Enqueues `n` ETL loads numbered from `first` through the library's enqueue, in one statement.
+async fn insert_loads(
+    client: &tokio_postgres::Client,
+    secret: &Secret,
+    owner: &[u8; 32],
+    first: usize,
+    n: usize,
+) -> Result<Vec<uuid::Uuid>, Error> {
+    let requests = (first..first + n)
+        .map(|job| {
+            let records: Vec<serde_json::Value> = (0..RECORDS_PER_ETL_JOB)
+                .map(|k| serde_json::json!({"id": format!("{job}-{k}"), "value": k}))
+                .collect();
+            let body = serde_json::json!({"dataset": "bench", "key": "id", "records": records});
+            request::parse(&body, IntakeLimits::default())
+                .map(|r| (job.to_string(), r))
+                .map_err(Error::from)
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let jobs: Vec<NewJob<'_>> = requests
+        .iter()
+        .map(|(key, request)| NewJob {
+            idempotency_key: key,
+            request,
+            max_attempts: crate::etl::enqueue::MAX_ATTEMPTS_DEFAULT,
+        })
+        .collect();
+    let enqueued = enqueue_many(client, secret, owner, &jobs).await?;
+    Ok(enqueued.iter().map(|e| e.id).collect())
+}
+
+/// Times `trials` recoveries: each time an ETL job is enqueued whose first row another session
+/// holds, so its load waits inside its effects; the replica running it is SIGKILLed; and the
+/// time until a live replica claims it again is read from the database clock. The killed replica
+/// is restarted only after that (its own restart would release the job at once).
+pub(super) async fn recoveries(
+    db_config: &DatabaseConfig,
+    client: &tokio_postgres::Client,
+    replicas: &mut Replicas,
+    trials: usize,
+) -> Result<Vec<f64>, Error> {
+    let (secret, owner) = bench_owner()?;
+    let mut times = Vec::with_capacity(trials);
+    for trial in 0..trials {
+        // The job and its first target row are committed with the job deferred; then another
+        // session locks that row, and only then does the job become due: its load must wait.
+        let holder = db::connect(db_config, "bench").await?;
+        holder.batch_execute("BEGIN").await?;
+        let job = insert_loads(&holder, &secret, &owner, trial, 1).await?;
+        let key = format!("{trial}-0");
+        holder
+            .execute(
+                "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
+                 VALUES ($1, 'bench', $2, '{}', $3)",
+                &[&owner.as_slice(), &key, &job.first()],
+            )
+            .await?;
+        holder
+            .execute(
+                "UPDATE etl_job_records SET run_at = now() + interval '1 hour' WHERE id = $1",
+                &[&job.first()],
+            )
+            .await?;
+        holder.batch_execute("COMMIT; BEGIN").await?;
+        holder
+            .execute(
+                "SELECT 1 FROM etl_target_rows WHERE owner_key = $1 AND record_key = $2 FOR UPDATE",
+                &[&owner.as_slice(), &key],
+            )
+            .await?;
+        client
+            .execute(
+                "UPDATE etl_job_records SET run_at = now() WHERE id = $1",
+                &[&job.first()],
+            )
+            .await?;
+        client
+            .batch_execute("SELECT pg_notify('durable_etl_jobs', '')")
+            .await?;
+        let (running, _) = until_running(client, job.first(), None).await?;
+        let victim = running
+            .strip_prefix("bench-")
+            .and_then(|i| i.parse::<usize>().ok())
+            .unwrap_or(0);
+        let killed_at: f64 = client
+            .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+            .await?
+            .get(0);
+        replicas.kill(victim).await;
+        let (_, reclaimed_at) = until_running(client, job.first(), Some(&running)).await?;
+        times.push((reclaimed_at - killed_at) * 1000.0);
+        drop(holder);
+        replicas.restart(victim).await?;
+    }
+    Ok(times)
+}
+
+/// Waits (bounded) until `job` is running under an owner other than `not_owner`; returns that
+/// owner and the claim's start (Unix seconds, database clock).
+async fn until_running(
+    client: &tokio_postgres::Client,
+    job: Option<&uuid::Uuid>,
+    not_owner: Option<&str>,
+) -> Result<(String, f64), Error> {
+    let deadline = Instant::now() + WAIT_LIMIT;
+    loop {
+        let row = client
+            .query_opt(
+                "SELECT lease_owner_id, extract(epoch FROM started_at)::float8
+                   FROM etl_job_records
+                  WHERE id = $1 AND status = 'running' AND lease_owner_id IS DISTINCT FROM $2",
+                &[&job, &not_owner],
+            )
+            .await?;
+        if let Some(row) = row {
+            return Ok((row.get(0), row.get(1)));
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Unavailable(None));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Offers `jobs` jobs at `rate` per second, one autocommit INSERT each; returns each job's
+/// commit-acknowledgement time (Unix seconds) by id.
+pub(super) async fn offer(
+    client: &tokio_postgres::Client,
+    handler: BenchHandler,
+    jobs: usize,
+    rate: f64,
+) -> Result<std::collections::HashMap<String, f64>, Error> {
+    let (secret, owner) = bench_owner()?;
+    let mut acks = std::collections::HashMap::with_capacity(jobs);
+    let start = Instant::now();
+    for i in 0..jobs {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        let ids = match handler {
+            BenchHandler::Noop => insert_noops(client, i, 1).await?,
+            BenchHandler::Etl => insert_loads(client, &secret, &owner, i, 1).await?,
+        };
+        let ack = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        for id in ids {
+            acks.insert(id.to_string(), ack);
+        }
+    }
+    Ok(acks)
+}
+
+/// Waits until no job is pending or running, looking every [`DONE_POLL`] through the partial
+/// indexes (cheap), for at most [`WAIT_LIMIT`].
+pub(super) async fn wait_until_done(client: &tokio_postgres::Client) -> Result<(), Error> {
+    let deadline = Instant::now() + WAIT_LIMIT;
+    loop {
+        let busy: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM etl_job_records WHERE status = 'pending')
+                     OR EXISTS (SELECT 1 FROM etl_job_records WHERE status = 'running')",
+                &[],
+            )
+            .await?
+            .get(0);
+        if !busy {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Unavailable(None));
+        }
+        tokio::time::sleep(DONE_POLL).await;
+    }
+}

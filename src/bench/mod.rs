@@ -1,0 +1,364 @@
+//! `durable-etl bench`: end-to-end figures of real replicas (child processes of this binary)
+//! against a throw-away database, in two modes.
+//!
+//! - **Burn-down**: `jobs` due jobs are inserted before any replica starts; the replicas then
+//!   drain them. Throughput = jobs / (last `finished_at` − first `started_at`), database clock, so
+//!   process start-up and the inserts are not timed (the peers' harness times the same span).
+//! - **Offered load**: idle replicas first; then one producer inserts one job per autocommit
+//!   statement at `rate` jobs/s for `duration`, and the figures describe pickup latency.
+//!
+//! Invariants this module keeps:
+//! - It only ever touches the database it creates (`--bench-database`), which it drops at the
+//!   end unless told to keep it; it refuses to run against a name that is not its own prefix.
+//! - Every figure comes from the database (timestamps, WAL position) or from the replicas' own
+//!   metrics endpoints, never from the bench's guess about what the replicas did.
+//! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
+
+mod load;
+mod replicas;
+
+use crate::config::{ConfigError, DatabaseConfig};
+use crate::db;
+use crate::error::Error;
+use load::{fill, offer, recoveries, wait_until_done};
+use replicas::{server_cpu_seconds, Replicas};
+use serde::Serialize;
+use std::time::Duration;
+
+/// The database name every bench database starts with.
+pub const DATABASE_PREFIX: &str = "durable_etl_bench";
+
+/// Records per ETL job (each job loads this many distinct rows).
+pub const RECORDS_PER_ETL_JOB: usize = 10;
+
+/// The longest a bench waits for its jobs to end, or for a replica to come up.
+const WAIT_LIMIT: Duration = Duration::from_secs(600);
+
+/// Jobs inserted per statement when filling the queue.
+const INSERT_CHUNK: usize = 2_000;
+
+/// What the replicas run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchHandler {
+    /// The built-in `noop` kind: no effects, completions only.
+    Noop,
+    /// ETL loads of [`RECORDS_PER_ETL_JOB`] rows each.
+    Etl,
+}
+
+/// What load the bench offers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum Mode {
+    /// Drain `jobs` pre-inserted jobs.
+    BurnDown {
+        /// Jobs inserted before the replicas start.
+        jobs: usize,
+    },
+    /// Insert jobs one by one at `rate` per second for `duration_s` seconds.
+    OfferedLoad {
+        /// Jobs per second.
+        rate: f64,
+        /// Seconds of load.
+        duration_s: f64,
+    },
+    /// `trials` times: SIGKILL the replica running a (held) job and time until a live replica
+    /// runs it again.
+    Recovery {
+        /// Kills to time.
+        trials: usize,
+    },
+}
+
+/// One bench run's settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchConfig {
+    /// The load.
+    #[serde(flatten)]
+    pub mode: Mode,
+    /// Replica processes.
+    pub replicas: usize,
+    /// Slots per replica.
+    pub slots: usize,
+    /// What the jobs do.
+    pub handler: BenchHandler,
+    /// The database the bench creates and drops.
+    pub database: String,
+    /// Keep the database afterwards.
+    pub keep: bool,
+}
+
+/// Percentiles of a latency sample, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `sample` (empty: all zero).
+    pub fn of(mut sample: Vec<f64>) -> Percentiles {
+        if sample.is_empty() {
+            return Percentiles::default();
+        }
+        sample.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let rank = (q * sample.len() as f64).ceil() as usize;
+            sample[rank.clamp(1, sample.len()) - 1]
+        };
+        Percentiles {
+            p50: at(0.50),
+            p95: at(0.95),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: at(1.0),
+        }
+    }
+}
+
+/// The figures of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The settings.
+    pub config: BenchConfig,
+    /// Jobs that ended `succeeded`.
+    pub succeeded: u64,
+    /// Jobs that ended otherwise (should be 0).
+    pub not_succeeded: u64,
+    /// Seconds from the first claim to the last completion (database clock).
+    pub elapsed_s: f64,
+    /// `succeeded / elapsed_s`.
+    pub jobs_per_s: f64,
+    /// Enqueue → claim: the inserting transaction's start → the claiming transaction's start
+    /// (database clock). In burn-down this is queueing time.
+    pub enqueue_to_start_ms: Percentiles,
+    /// Offered load only: the producer's commit acknowledgement → the start of the statement
+    /// that completed the job (an upper bound on acknowledgement → handler start).
+    pub ack_to_done_ms: Option<Percentiles>,
+    /// Recovery only: SIGKILL of the replica running a job → a live replica's claim of that job
+    /// (database clock).
+    pub recovery_ms: Option<Percentiles>,
+    /// Statements the replicas sent on pooled connections, per succeeded job.
+    pub round_trips_per_job: f64,
+    /// Claims the replicas made.
+    pub claims: u64,
+    /// Claims that found nothing.
+    pub empty_claims: u64,
+    /// Group commits the replicas made.
+    pub commit_batches: u64,
+    /// WAL the run wrote, per succeeded job (whole server: other databases' writes count too).
+    pub wal_bytes_per_job: f64,
+    /// The largest peak resident set size of a replica, in MiB.
+    pub replica_peak_rss_mib: f64,
+    /// CPU the replica processes used, in microseconds per succeeded job.
+    pub replica_cpu_us_per_job: f64,
+    /// CPU the server backends of the bench database used, in microseconds per succeeded job
+    /// (read from `/proc`, so only when the server runs on this host; 0 otherwise).
+    pub server_cpu_us_per_job: f64,
+}
+
+impl Report {
+    /// The report as a few aligned lines.
+    pub fn to_text(&self) -> String {
+        let c = &self.config;
+        let mode = match c.mode {
+            Mode::BurnDown { jobs } => format!("burn-down of {jobs} jobs"),
+            Mode::OfferedLoad { rate, duration_s } => {
+                format!("offered load of {rate} jobs/s for {duration_s} s")
+            }
+            Mode::Recovery { trials } => format!("recovery from {trials} SIGKILLs"),
+        };
+        let p = |p: &Percentiles| {
+            format!(
+                "p50 {:.3}  p95 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3} ms",
+                p.p50, p.p95, p.p99, p.p999, p.max
+            )
+        };
+        let mut out = format!(
+            "{mode}, {} replica(s) x {} slots, handler {:?}\n\
+             succeeded            {} (not succeeded: {})\n\
+             throughput           {:.0} jobs/s over {:.3} s\n\
+             enqueue->start       {}\n",
+            c.replicas,
+            c.slots,
+            c.handler,
+            self.succeeded,
+            self.not_succeeded,
+            self.jobs_per_s,
+            self.elapsed_s,
+            p(&self.enqueue_to_start_ms),
+        );
+        if let Some(ack) = &self.ack_to_done_ms {
+            out.push_str(&format!("ack->done            {}\n", p(ack)));
+        }
+        if let Some(recovery) = &self.recovery_ms {
+            out.push_str(&format!("kill->reclaimed      {}\n", p(recovery)));
+        }
+        out.push_str(&format!(
+            "round trips per job  {:.3} ({} claims, {} empty, {} group commits)\n\
+             WAL per job          {:.0} bytes\n\
+             CPU per job          replicas {:.1} us, server backends {:.1} us\n\
+             replica peak RSS     {:.1} MiB\n",
+            self.round_trips_per_job,
+            self.claims,
+            self.empty_claims,
+            self.commit_batches,
+            self.wal_bytes_per_job,
+            self.replica_cpu_us_per_job,
+            self.server_cpu_us_per_job,
+            self.replica_peak_rss_mib,
+        ));
+        out
+    }
+}
+
+/// Runs one bench on the server of `base`.
+///
+/// # Errors
+/// [`Error::Config`] for a database name without the bench prefix or a bad URL;
+/// [`Error::Unavailable`] when the server or a replica does not answer in time; database errors.
+pub async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Report, Error> {
+    if !config.database.starts_with(DATABASE_PREFIX) {
+        return Err(ConfigError::BenchDatabase.into());
+    }
+    let db_config = db::recreate_database(base, &config.database).await?;
+    let outcome = measure(&db_config, &config).await;
+    if !config.keep {
+        db::drop_database(base, &config.database).await?;
+    }
+    outcome
+}
+
+/// Fills the queue (burn-down), starts the replicas, offers the load, waits for every job, and
+/// reads the figures.
+async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Report, Error> {
+    let mut client = db::connect(db_config, "bench").await?;
+    crate::schema::migrate_up(&mut client).await?;
+    let jobs = match config.mode {
+        Mode::BurnDown { jobs } => jobs,
+        Mode::OfferedLoad { rate, duration_s } => (rate * duration_s).round() as usize,
+        Mode::Recovery { trials } => trials,
+    };
+    if let Mode::BurnDown { jobs } = config.mode {
+        fill(&client, config.handler, jobs).await?;
+        client.batch_execute("ANALYZE etl_job_records").await?;
+    }
+    let wal_start: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let mut replicas = Replicas::start(db_config, config).await?;
+    let (acks, recovery) = match config.mode {
+        Mode::BurnDown { .. } => (None, None),
+        Mode::OfferedLoad { rate, .. } => (
+            Some(offer(&client, config.handler, jobs, rate).await?),
+            None,
+        ),
+        Mode::Recovery { trials } => (
+            None,
+            Some(Percentiles::of(
+                recoveries(db_config, &client, &mut replicas, trials).await?,
+            )),
+        ),
+    };
+    let waited = wait_until_done(&client).await;
+    let server_cpu = server_cpu_seconds(&client).await?;
+    let scraped = replicas.scrape().await;
+    replicas.stop().await;
+    waited?;
+    let scraped = scraped?;
+    let wal_bytes: f64 = client
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8",
+            &[&wal_start],
+        )
+        .await?
+        .get(0);
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded'),
+                    count(*) FILTER (WHERE status <> 'succeeded'),
+                    coalesce(extract(epoch FROM max(finished_at) - min(started_at))::float8, 0)
+               FROM etl_job_records",
+            &[],
+        )
+        .await?;
+    let (succeeded, not_succeeded, elapsed_s): (i64, i64, f64) =
+        (row.get(0), row.get(1), row.get(2));
+    let succeeded = u64::try_from(succeeded).unwrap_or(0);
+    let latencies = client
+        .query(
+            "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000,
+                    extract(epoch FROM finished_at)::float8, id::text
+               FROM etl_job_records WHERE status = 'succeeded'",
+            &[],
+        )
+        .await?;
+    let enqueue_to_start = latencies.iter().map(|r| r.get::<_, f64>(0)).collect();
+    let ack_to_done = acks.map(|acks| {
+        Percentiles::of(
+            latencies
+                .iter()
+                .filter_map(|r| {
+                    let done: f64 = r.get(1);
+                    acks.get(r.get::<_, &str>(2))
+                        .map(|ack| (done - ack) * 1000.0)
+                })
+                .collect(),
+        )
+    });
+    let per_job = |v: f64| {
+        if succeeded == 0 {
+            0.0
+        } else {
+            v / succeeded as f64
+        }
+    };
+    Ok(Report {
+        config: config.clone(),
+        succeeded,
+        not_succeeded: u64::try_from(not_succeeded).unwrap_or(0),
+        elapsed_s,
+        jobs_per_s: if elapsed_s > 0.0 {
+            succeeded as f64 / elapsed_s
+        } else {
+            0.0
+        },
+        enqueue_to_start_ms: Percentiles::of(enqueue_to_start),
+        ack_to_done_ms: ack_to_done,
+        recovery_ms: recovery,
+        round_trips_per_job: per_job(scraped.round_trips as f64),
+        claims: scraped.claims,
+        empty_claims: scraped.empty_claims,
+        commit_batches: scraped.commit_batches,
+        wal_bytes_per_job: per_job(wal_bytes),
+        replica_peak_rss_mib: scraped.peak_rss_kib as f64 / 1024.0,
+        replica_cpu_us_per_job: per_job(scraped.cpu_seconds * 1e6),
+        server_cpu_us_per_job: per_job(server_cpu * 1e6),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let sample: Vec<f64> = (1..=1000).map(f64::from).collect();
+        let p = Percentiles::of(sample);
+        assert_eq!(
+            (p.p50, p.p95, p.p99, p.p999, p.max),
+            (500.0, 950.0, 990.0, 999.0, 1000.0)
+        );
+        assert_eq!(Percentiles::of(Vec::new()), Percentiles::default());
+    }
+}

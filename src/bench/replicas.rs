@@ -1,0 +1,245 @@
+//! The replica processes of a run, and what they and the server say about themselves: their
+//! metrics endpoints and their `/proc` entries.
+
+use super::{BenchConfig, WAIT_LIMIT};
+use crate::config::{ConfigError, DatabaseConfig};
+use crate::error::Error;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// How long a replica gets to stop after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// What the replicas' metrics endpoints and `/proc` said at the end.
+#[derive(Debug, Default)]
+pub(super) struct Scraped {
+    /// Sum of `durable_etl_db_round_trips_total`.
+    pub(super) round_trips: u64,
+    /// Sum of `durable_etl_claims_total`.
+    pub(super) claims: u64,
+    /// Sum of `durable_etl_claims_empty_total`.
+    pub(super) empty_claims: u64,
+    /// Sum of `durable_etl_commit_batch_size_count`.
+    pub(super) commit_batches: u64,
+    /// The largest `VmHWM` of a replica, in KiB.
+    pub(super) peak_rss_kib: u64,
+    /// CPU seconds the replicas used.
+    pub(super) cpu_seconds: f64,
+}
+
+/// The replica processes of a run and their metrics addresses.
+pub(super) struct Replicas {
+    /// `(process, metrics address)` per replica.
+    children: Vec<(Child, String)>,
+    /// The bench database's URL.
+    url: String,
+    /// Slots per replica.
+    slots: usize,
+}
+
+impl Replicas {
+    /// Starts `config.replicas` replicas of this binary on `db_config`, and waits until each one's
+    /// session is up.
+    pub(super) async fn start(
+        db_config: &DatabaseConfig,
+        config: &BenchConfig,
+    ) -> Result<Replicas, Error> {
+        let mut replicas = Replicas {
+            children: Vec::new(),
+            url: db_config.url.clone(),
+            slots: config.slots,
+        };
+        for i in 0..config.replicas {
+            let replica = replicas.spawn(i)?;
+            replicas.children.push(replica);
+        }
+        for i in 0..config.replicas {
+            replicas.until_up(i).await?;
+        }
+        Ok(replicas)
+    }
+
+    /// Spawns replica `i` (owner id `bench-{i}`) on a fresh metrics address.
+    fn spawn(&self, i: usize) -> Result<(Child, String), Error> {
+        let exe = std::env::current_exe().map_err(|_| Error::Unavailable(None))?;
+        let addr = free_local_addr()?;
+        let child = Command::new(&exe)
+            .env("DATABASE_URL", &self.url)
+            .env("RUST_LOG", "warn")
+            .args(["work", "--owner-id", &format!("bench-{i}")])
+            .args(["--slots", &self.slots.to_string()])
+            .args(["--metrics-listen", &addr])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|_| Error::Unavailable(None))?;
+        Ok((child, addr))
+    }
+
+    /// Waits (bounded) until replica `i`'s session is up.
+    async fn until_up(&self, i: usize) -> Result<(), Error> {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + WAIT_LIMIT;
+        let addr = self
+            .children
+            .get(i)
+            .map(|c| c.1.as_str())
+            .unwrap_or_default();
+        loop {
+            let up = metrics_of(&http, addr)
+                .await
+                .is_some_and(|m| value(&m, "durable_etl_session_up") == 1);
+            if up {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Unavailable(None));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILLs replica `i` and reaps it.
+    pub(super) async fn kill(&mut self, i: usize) {
+        if let Some((child, _)) = self.children.get_mut(i) {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Starts replica `i` again (same owner id) and waits until it is up.
+    pub(super) async fn restart(&mut self, i: usize) -> Result<(), Error> {
+        let restarted = self.spawn(i)?;
+        if let Some(slot) = self.children.get_mut(i) {
+            *slot = restarted;
+        }
+        self.until_up(i).await
+    }
+
+    /// Reads every replica's counters and peak RSS.
+    pub(super) async fn scrape(&self) -> Result<Scraped, Error> {
+        let http = reqwest::Client::new();
+        let mut scraped = Scraped::default();
+        for (child, addr) in &self.children {
+            let metrics = metrics_of(&http, addr)
+                .await
+                .ok_or(Error::Unavailable(None))?;
+            scraped.round_trips += value(&metrics, "durable_etl_db_round_trips_total");
+            scraped.claims += value(&metrics, "durable_etl_claims_total");
+            scraped.empty_claims += value(&metrics, "durable_etl_claims_empty_total");
+            scraped.commit_batches += value(&metrics, "durable_etl_commit_batch_size_count");
+            let hwm = child.id().map_or(0, peak_rss_kib);
+            scraped.peak_rss_kib = scraped.peak_rss_kib.max(hwm);
+            scraped.cpu_seconds += child.id().map_or(0.0, cpu_seconds);
+        }
+        Ok(scraped)
+    }
+
+    /// Stops every replica the way an orchestrator would: SIGTERM, then SIGKILL if it has not
+    /// ended within [`STOP_GRACE`].
+    pub(super) async fn stop(&mut self) {
+        for (child, _) in &mut self.children {
+            if let Some(pid) = child.id() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status()
+                    .await;
+            }
+            if tokio::time::timeout(STOP_GRACE, child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+/// A free loopback address to give a replica's metrics endpoint.
+fn free_local_addr() -> Result<String, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|_| ConfigError::Listen)?;
+    let addr = listener.local_addr().map_err(|_| ConfigError::Listen)?;
+    Ok(addr.to_string())
+}
+
+/// The Prometheus text a replica serves, if it answers.
+async fn metrics_of(http: &reqwest::Client, addr: &str) -> Option<String> {
+    let response = http
+        .get(format!("http://{addr}/metrics"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    response.text().await.ok()
+}
+
+/// The sum of the samples of metric `name` (every label set) in Prometheus `text`.
+fn value(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// CPU seconds (user + system) process `pid` has used so far (0 when unreadable). Assumes the
+/// usual 100 clock ticks per second.
+fn cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name (which may hold spaces) start at the state field.
+            let after_name = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after_name.split_whitespace().collect();
+            let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+            Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// CPU seconds used by the server backends connected to the bench database, the bench's own
+/// session excepted (0 each when
+/// `/proc` cannot show them: a server on another host).
+pub(super) async fn server_cpu_seconds(client: &tokio_postgres::Client) -> Result<f64, Error> {
+    let rows = client
+        .query(
+            "SELECT pid FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| u32::try_from(r.get::<_, i32>(0)).ok())
+        .map(cpu_seconds)
+        .sum())
+}
+
+/// The peak resident set size (`VmHWM`) of process `pid`, in KiB (0 when unreadable).
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::value;
+
+    #[test]
+    fn metric_values_sum_every_label_set_of_exactly_that_name() {
+        let text =
+            "# HELP x\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3\nfoo_total_x 9\nfoo_total 1\n";
+        assert_eq!(value(text, "foo_total"), 6);
+        assert_eq!(value(text, "bar"), 0);
+    }
+}
