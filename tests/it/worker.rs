@@ -553,6 +553,19 @@ async fn run_drains_the_queue_renews_leases_and_abandons_lost_ones() {
         async move { count(client, "etl_job_records WHERE status = 'succeeded'").await == 50 }
     })
     .await;
+    // The gated job may be claimed just after the last no-op job ended (by the refill).
+    eventually("the gated job to be claimed", || {
+        let client = &client;
+        async move {
+            count(
+                client,
+                &format!("etl_job_records WHERE id = '{gated_id}' AND status = 'running'"),
+            )
+            .await
+                == 1
+        }
+    })
+    .await;
     // The gated job outlives its 1 s lease only because heartbeats renew it.
     let first: std::time::SystemTime = client
         .query_one(
@@ -759,4 +772,50 @@ async fn synchronous_commit(client: &tokio_postgres::Client) -> String {
         .await
         .unwrap()
         .get(0)
+}
+
+/// Under a backlog a replica refills once half its slots are free, or else shortly after the
+/// first one freed: a freed slot never idles behind jobs that keep the others busy. The poll is
+/// a minute away, so only the refill can take the fifth job.
+#[tokio::test]
+async fn a_freed_slot_is_refilled_while_most_slots_stay_busy() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let gate = Arc::new(Semaphore::new(0));
+    let scripted = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let prepares = Arc::clone(&scripted.prepares);
+    insert_jobs(&client, SCRIPTED, &vec![json!({"do": "ok"}); 6], 5).await;
+    let config = WorkerConfig {
+        slots: 4,
+        poll_interval: Duration::from_secs(60),
+        ..config("refill")
+    };
+    let worker = start(&db, config, scripted).await;
+    let (trigger, shutdown) = shutdown::manual();
+    let task = tokio::spawn(worker.run(shutdown));
+    let started = |n: usize| {
+        let prepares = Arc::clone(&prepares);
+        move || {
+            let prepares = Arc::clone(&prepares);
+            async move { prepares.load(Ordering::SeqCst) == n }
+        }
+    };
+    eventually("four jobs started", started(4)).await;
+    // One job ends: one slot of four is free, fewer than half.
+    gate.add_permits(1);
+    eventually("the freed slot refilled", started(5)).await;
+    assert_eq!(
+        count(&client, "etl_job_records WHERE status = 'running'").await,
+        4
+    );
+    gate.add_permits(10);
+    eventually("every job succeeded", || async {
+        count(&client, "etl_job_records WHERE status = 'succeeded'").await == 6
+    })
+    .await;
+    trigger.request(Stage::Draining);
+    task.await.unwrap().unwrap();
 }
