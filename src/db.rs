@@ -4,12 +4,15 @@
 //! - Every session this crate opens sets `statement_timeout`, `lock_timeout` and
 //!   `idle_in_transaction_session_timeout` at start-up (in the startup packet, so it costs no round
 //!   trip), so a frozen process cannot hold a row lock forever.
-//! - Every socket has TCP keepalives on, so a silently lost server is noticed.
+//! - Every socket has TCP keepalives (idle, interval and count) and a `TCP_USER_TIMEOUT` on both
+//!   sides, so a silently lost server or client is noticed, even mid-statement.
+//! - The worker bounds its own statements client-side too ([`bounded`]).
 //! - `application_name` is `durable-etl/<role>`: never an id, a payload or a principal.
 
 use crate::config::{ConfigError, DatabaseConfig};
 use crate::error::Error;
 use bb8_postgres::PostgresConnectionManager;
+use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 
 /// The connection pool every component shares.
@@ -28,15 +31,28 @@ pub fn pg_config(cfg: &DatabaseConfig, role: &str) -> Result<tokio_postgres::Con
         .connect_timeout(cfg.connect_timeout)
         .keepalives(true)
         .keepalives_idle(cfg.keepalive_idle)
+        .keepalives_interval(KEEPALIVE_PROBE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_PROBES)
+        // Keepalives probe only an idle socket; a statement whose bytes the server never
+        // acknowledges (a half-open connection mid-query) would otherwise wait out the kernel's
+        // retransmissions, about 15 minutes.
+        .tcp_user_timeout(dead_peer_timeout(cfg))
         .options(options(cfg));
     Ok(pg)
 }
 
-/// Seconds between server-side keepalive probes once they start.
-const KEEPALIVE_PROBE_INTERVAL_SECS: u64 = 5;
+/// Time between keepalive probes once they start, on both sides of every connection.
+const KEEPALIVE_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Unanswered server-side keepalive probes after which the server drops the connection.
+/// Unanswered keepalive probes after which either side drops the connection.
 const KEEPALIVE_PROBES: u32 = 3;
+
+/// How long this side waits on a silent peer before dropping the connection (`TCP_USER_TIMEOUT`):
+/// as long as the keepalives take to give up on an idle one.
+fn dead_peer_timeout(cfg: &DatabaseConfig) -> Duration {
+    cfg.keepalive_idle
+        .saturating_add(KEEPALIVE_PROBE_INTERVAL.saturating_mul(KEEPALIVE_PROBES))
+}
 
 /// The session settings sent in the startup packet.
 fn options(cfg: &DatabaseConfig) -> String {
@@ -49,7 +65,7 @@ fn options(cfg: &DatabaseConfig) -> String {
         cfg.lock_timeout.as_millis(),
         cfg.idle_in_transaction_timeout.as_millis(),
         cfg.keepalive_idle.as_secs().max(1),
-        KEEPALIVE_PROBE_INTERVAL_SECS,
+        KEEPALIVE_PROBE_INTERVAL.as_secs(),
         KEEPALIVE_PROBES,
     );
     // Every statement of this crate has an index path. Without statistics (a new or truncated
@@ -99,6 +115,26 @@ pub async fn checkout(pool: &Pool) -> Result<bb8::PooledConnection<'_, Manager>,
         }
     }
     pool.get().await.map_err(pool_error)
+}
+
+/// Runs `statement` (a future of one or a few statements on one connection) within `limit`, so a
+/// half-open connection can never hang its caller: the server bounds a statement it is running
+/// (`statement_timeout`), but only the client can bound one whose connection died silently.
+///
+/// # Errors
+/// The statement's own error; [`Error::Unavailable`] when `limit` passed first (the connection is
+/// presumed lost; its socket's own timeouts close it).
+pub async fn bounded<T, E>(
+    limit: Duration,
+    statement: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, Error>
+where
+    Error: From<E>,
+{
+    match tokio::time::timeout(limit, statement).await {
+        Ok(done) => done.map_err(Error::from),
+        Err(_) => Err(Error::Unavailable(None)),
+    }
 }
 
 /// Maps a pool checkout failure to [`Error`].
@@ -224,7 +260,33 @@ pub fn quote_ident(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_statement_past_its_bound_is_unavailable_and_one_within_it_answers() {
+        let hung = bounded(
+            Duration::from_millis(10),
+            std::future::pending::<Result<(), tokio_postgres::Error>>(),
+        )
+        .await;
+        assert!(matches!(hung, Err(Error::Unavailable(None))));
+        let answered = bounded(Duration::from_secs(5), async {
+            Ok::<_, tokio_postgres::Error>(7)
+        })
+        .await;
+        assert!(matches!(answered, Ok(7)));
+    }
+
+    #[test]
+    fn every_connection_gives_up_on_a_silent_server_after_its_keepalives() {
+        let cfg = DatabaseConfig::default();
+        let pg = pg_config(&cfg, "test").unwrap();
+        assert_eq!(pg.get_keepalives_interval(), Some(KEEPALIVE_PROBE_INTERVAL));
+        assert_eq!(pg.get_keepalives_retries(), Some(KEEPALIVE_PROBES));
+        assert_eq!(
+            pg.get_tcp_user_timeout(),
+            Some(&(cfg.keepalive_idle + KEEPALIVE_PROBE_INTERVAL * KEEPALIVE_PROBES))
+        );
+    }
 
     #[test]
     fn quote_ident_doubles_quotes() {

@@ -57,6 +57,15 @@ pub static MIGRATIONS: &[Migration] = &[
         down: include_str!("../migrations/0002_lease_owner_locked.down.sql"),
         min_reader_version: 1,
     },
+    Migration {
+        version: 3,
+        name: "cancel_requests_lease_renewal",
+        up: include_str!("../migrations/0004_cancel_requests_lease_renewal.up.sql"),
+        down: include_str!("../migrations/0004_cancel_requests_lease_renewal.down.sql"),
+        // A release before it would ignore cancel requests recorded here and recover the jobs of
+        // a replica whose session is only reconnecting.
+        min_reader_version: 3,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

@@ -46,7 +46,8 @@ pub enum Transition {
 /// checked the fence first); the INSERT takes the ledger's primary-key entries, so a second
 /// ledger row for a job cannot exist (an existing one, from a commit whose status write was
 /// somehow lost, is kept as it is). Returns the `(id, claim id)` pairs it succeeded.
-pub const SUCCEED_SQL: &str = "
+pub const SUCCEED_SQL: &str = concat!(
+    "
 WITH held AS (
     SELECT *
       FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::int4[], $6::bytea[])
@@ -54,11 +55,14 @@ WITH held AS (
 ), done AS (
     UPDATE etl_job_records AS j
        SET status = 'succeeded', request_payload = NULL, failure_code = NULL,
-           failure_record_index = NULL, lease_owner_id = NULL, lease_claim_id = NULL,
-           lease_expires_at = NULL, finished_at = now(), updated_at = now()
+           failure_record_index = NULL, finished_at = now(), updated_at = now(), ",
+    lease_cleared!(),
+    "
       FROM held
      WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'
-       AND j.cancel_requested_at IS NULL
+       AND NOT ",
+    cancel_requested!(),
+    "
  RETURNING held.*
 ), ledger AS (
     INSERT INTO etl_job_responses
@@ -66,7 +70,8 @@ WITH held AS (
     SELECT id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum FROM done
         ON CONFLICT (job_id) DO NOTHING
 )
-SELECT id, claim_id FROM done";
+SELECT id, claim_id FROM done"
+);
 
 /// Writes the success transition and ledger row of every `(id, claim id, ledger)` entry on
 /// `client` (inside the caller's execution transaction, or on its own when nothing else is
@@ -107,21 +112,26 @@ pub async fn succeed_many(
 /// whose owner asked to cancel it ends `cancelled` instead of retrying.
 ///
 /// Locks: row-locks the one fenced row; waits at most `lock_timeout` for an executor's lock.
-pub const RETRY_SQL: &str = "
-UPDATE etl_job_records
-   SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                     WHEN attempts < max_attempts THEN 'pending' ELSE 'failed' END,
-       failure_code = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                           WHEN attempts < max_attempts THEN NULL ELSE 'attempts_exhausted' END,
-       request_payload = CASE WHEN cancel_requested_at IS NULL AND attempts < max_attempts
-                              THEN request_payload END,
-       finished_at = CASE WHEN cancel_requested_at IS NULL AND attempts < max_attempts
-                          THEN NULL ELSE now() END,
-       run_at = CASE WHEN cancel_requested_at IS NULL AND attempts < max_attempts
-                     THEN now() + $3 * interval '1 millisecond' ELSE run_at END,
-       lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, updated_at = now()
- WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'
-RETURNING status";
+pub const RETRY_SQL: &str = concat!(
+    "
+UPDATE etl_job_records AS j
+   SET (status, failure_code, request_payload, finished_at, run_at) =
+       (SELECT CASE WHEN c.cancel THEN 'cancelled' WHEN c.again THEN 'pending' ELSE 'failed' END,
+               CASE WHEN c.cancel THEN 'cancelled' WHEN c.again THEN NULL
+                    ELSE 'attempts_exhausted' END,
+               CASE WHEN c.again AND NOT c.cancel THEN j.request_payload END,
+               CASE WHEN c.again AND NOT c.cancel THEN NULL ELSE now() END,
+               CASE WHEN c.again AND NOT c.cancel THEN now() + $3 * interval '1 millisecond'
+                    ELSE j.run_at END
+          FROM (SELECT ",
+    cancel_requested!(),
+    " AS cancel, j.attempts < j.max_attempts AS again) AS c),
+       updated_at = now(), ",
+    lease_cleared!(),
+    "
+ WHERE j.id = $1 AND j.lease_claim_id = $2 AND j.status = 'running'
+RETURNING j.status"
+);
 
 /// Schedules a retry after `delay` (or ends the job `attempts_exhausted`).
 ///
@@ -155,13 +165,16 @@ pub async fn retry(
 /// `cancelled` — clearing payload and lease.
 ///
 /// Locks: row-locks the one fenced row.
-pub const FAIL_SQL: &str = "
+pub const FAIL_SQL: &str = concat!(
+    "
 UPDATE etl_job_records
    SET status = CASE WHEN $3 = 'cancelled' THEN 'cancelled' ELSE 'failed' END,
        failure_code = $3, failure_record_index = $4, request_payload = NULL,
-       lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL,
-       finished_at = now(), updated_at = now()
- WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'";
+       finished_at = now(), updated_at = now(), ",
+    lease_cleared!(),
+    "
+ WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'"
+);
 
 /// Ends the job `failed` with `code` (a stored code) and the optional record index.
 ///
@@ -194,15 +207,28 @@ pub async fn fail(
 }
 
 /// Gives unfinished jobs back on shutdown: `pending`, attempt not charged, lease cleared, for
-/// every `(id, claim id)` pair in `$1`/`$2` still running under that claim.
+/// every `(id, claim id)` pair in `$1`/`$2` still running under that claim; a job whose owner
+/// asked to cancel it ends `cancelled` (payload cleared) instead of running again.
 ///
 /// Locks: row-locks each fenced row; rows whose claim changed are not touched.
-pub const RELEASE_SQL: &str = "
+pub const RELEASE_SQL: &str = concat!(
+    "
 UPDATE etl_job_records AS j
-   SET status = 'pending', attempts = j.attempts - 1,
-       lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, updated_at = now()
+   SET (status, failure_code, request_payload, finished_at, attempts) =
+       (SELECT CASE WHEN c.cancel THEN 'cancelled' ELSE 'pending' END,
+               CASE WHEN c.cancel THEN 'cancelled' ELSE j.failure_code END,
+               CASE WHEN c.cancel THEN NULL ELSE j.request_payload END,
+               CASE WHEN c.cancel THEN now() END,
+               CASE WHEN c.cancel THEN j.attempts ELSE j.attempts - 1 END
+          FROM (SELECT ",
+    cancel_requested!(),
+    " AS cancel) AS c),
+       updated_at = now(), ",
+    lease_cleared!(),
+    "
   FROM unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
- WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'";
+ WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'"
+);
 
 /// Releases the given `(id, claim id)` leases; returns how many were still held.
 ///

@@ -22,6 +22,24 @@
 //!   signal); then unfinished leases are released at once (attempt not charged), the pool and
 //!   the session are closed.
 
+/// The SET items that end a lease, shared by every statement that takes a row out of `running`
+/// (success, retry, failure, release, recovery), so none forgets a lease column.
+macro_rules! lease_cleared {
+    () => {
+        "lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, \
+         lease_owner_locked = false, lease_renewed_at = NULL"
+    };
+}
+
+/// Whether the owner of the job row aliased `j` asked to cancel it: the row's own
+/// `cancel_requested_at` (written by releases before migration 0004) or a row of
+/// `etl_job_cancel_requests` (a primary-key probe), so a request never waits for the job's row.
+macro_rules! cancel_requested {
+    () => {
+        "durable_etl_cancel_requested(j.id, j.cancel_requested_at)"
+    };
+}
+
 pub mod claimer;
 pub mod completer;
 pub mod executor;
@@ -34,7 +52,7 @@ pub mod session;
 pub mod stats;
 
 use crate::config::{DatabaseConfig, WorkerConfig};
-use crate::db::Pool;
+use crate::db::{self, Pool};
 use crate::error::Error;
 use crate::handler::Registry;
 use crate::shutdown::{Shutdown, Stage};
@@ -45,6 +63,7 @@ use rescuer::Recovered;
 use session::{Session, SessionConfig};
 use stats::{ClaimReason, StatsSnapshot, WorkerStats};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -73,7 +92,13 @@ pub(crate) struct Shared {
     stats: Arc<WorkerStats>,
     /// Where finished computations queue for their group commit.
     group_commit: group_commit::GroupCommit,
+    /// The client-side bound on the replica's own statements: the server's `statement_timeout`
+    /// plus [`STATEMENT_BOUND_SLACK`], so only a connection that died silently ever reaches it.
+    statement_bound: Duration,
 }
+
+/// What the client-side statement bound allows beyond the server's `statement_timeout`.
+pub const STATEMENT_BOUND_SLACK: Duration = Duration::from_secs(2);
 
 /// A running replica.
 pub struct Worker {
@@ -104,8 +129,79 @@ struct WakeState {
     refill_at: Option<Instant>,
 }
 
-/// The jobs a replica is running: claim id → (job id, token that cancels it when its lease is lost).
-type Held = HashMap<Uuid, (Uuid, CancellationToken)>;
+/// A job a replica is running, as its claim loop tracks it.
+#[derive(Debug)]
+struct HeldJob {
+    /// The job's id.
+    id: Uuid,
+    /// Cancels the job's compute phase when its lease is lost or no longer trusted.
+    lost: CancellationToken,
+    /// The job's local lease clock, moved forward by each renewal.
+    clock: Arc<LeaseClock>,
+}
+
+/// The local lease clock of one held job: the instant after which the replica no longer trusts
+/// the lease (its last renewal, measured from when that renewal was sent, plus the lease, less
+/// the [`trust_margin`]). The job's own task watches it ([`watch_lease`]), so the job is
+/// abandoned before the database lets another replica take it, however busy the claim loop is.
+#[derive(Debug)]
+struct LeaseClock {
+    /// The instant the offsets count from.
+    base: Instant,
+    /// Milliseconds after `base` until which the lease is trusted.
+    trusted_ms: AtomicU64,
+}
+
+impl LeaseClock {
+    /// A clock trusted until `until`.
+    fn new(until: Instant) -> LeaseClock {
+        let base = Instant::now();
+        let clock = LeaseClock {
+            base,
+            trusted_ms: AtomicU64::new(0),
+        };
+        clock.trust_until(until);
+        clock
+    }
+
+    /// Moves the trusted end to `until` (never backwards: renewals may answer out of order).
+    fn trust_until(&self, until: Instant) {
+        let ms = u64::try_from(until.saturating_duration_since(self.base).as_millis())
+            .unwrap_or(u64::MAX);
+        self.trusted_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// The instant until which the lease is trusted.
+    fn trusted_until(&self) -> Instant {
+        self.base + Duration::from_millis(self.trusted_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// Waits until `clock` runs out without being renewed, then cancels the job (`lost`). Never
+/// returns while the lease is trusted.
+async fn watch_lease(clock: &LeaseClock, lost: &CancellationToken, id: Uuid) {
+    loop {
+        let until = clock.trusted_until();
+        if Instant::now() >= until {
+            if !lost.is_cancelled() {
+                tracing::warn!(
+                    job_id = %id,
+                    code = "lease_lost",
+                    "lease not renewed in time; abandoning the job"
+                );
+                lost.cancel();
+            }
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => {}
+            () = lost.cancelled() => return,
+        }
+    }
+}
+
+/// The jobs a replica is running, by claim id.
+type Held = HashMap<Uuid, HeldJob>;
 
 impl Worker {
     /// Starts a replica: validates `config`, opens its session (LISTEN and owner lock, unless in
@@ -160,6 +256,9 @@ impl Worker {
                 config,
                 stats,
                 group_commit,
+                statement_bound: db_config
+                    .statement_timeout
+                    .saturating_add(STATEMENT_BOUND_SLACK),
             }),
             session,
         })
@@ -180,6 +279,13 @@ impl Worker {
         Arc::clone(&self.shared.stats)
     }
 
+    /// Whether this replica's session holds its owner lock right now: what its claims and
+    /// heartbeats stamp into `lease_owner_locked`, so recovery treats a missing lock as a sign of
+    /// death only for owners that really held one.
+    fn owner_locked(&self) -> bool {
+        self.session.as_ref().is_some_and(Session::is_locked)
+    }
+
     /// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it
     /// would only fail every job it took with `unknown_kind`).
     #[tracing::instrument(name = "claim", skip_all, fields(free, ?reason))]
@@ -190,11 +296,15 @@ impl Worker {
         let conn = crate::db::checkout(&self.shared.pool).await?;
         let claimant = Claimant {
             owner_id: self.owner_id(),
-            owner_locked: self.session.is_some(),
+            owner_locked: self.owner_locked(),
             lease: self.shared.config.lease,
         };
         crash_point!("claim.before");
-        let jobs = claimer::claim(&*conn, claimant, free).await?;
+        let jobs = db::bounded(
+            self.shared.statement_bound,
+            claimer::claim(&*conn, claimant, free),
+        )
+        .await?;
         crash_point!("claim.after_commit");
         self.shared.stats.record_claim(reason, jobs.len());
         for job in &jobs {
@@ -208,7 +318,7 @@ impl Worker {
     async fn next_due(&self) -> Result<Option<Duration>, Error> {
         let conn = crate::db::checkout(&self.shared.pool).await?;
         self.shared.stats.record_round_trips(1);
-        Ok(claimer::next_due(&*conn).await?)
+        db::bounded(self.shared.statement_bound, claimer::next_due(&*conn)).await
     }
 
     /// One step, for tests and tools: claims what is due now (up to the slots), runs every
@@ -243,7 +353,12 @@ impl Worker {
     pub async fn recover(&self) -> Result<Recovered, Error> {
         let conn = crate::db::checkout(&self.shared.pool).await?;
         self.shared.stats.record_round_trips(1);
-        let recovered = rescuer::recover(&*conn).await?;
+        let silence = rescuer::owner_silence(self.shared.config.heartbeat_interval);
+        let recovered = db::bounded(
+            self.shared.statement_bound,
+            rescuer::recover(&*conn, silence),
+        )
+        .await?;
         self.shared.stats.record_recovery(recovered);
         if recovered != Recovered::default() {
             tracing::info!(
@@ -257,7 +372,8 @@ impl Worker {
     }
 
     /// Renews the leases in `held`; cancels the jobs whose lease is gone. Their tasks then end
-    /// with `LeaseLost` (counted when they are joined), unless they had already settled.
+    /// with `LeaseLost` (counted when they are joined), unless they had already settled. A
+    /// renewal moves each still-held job's local lease clock forward, from when it was sent.
     #[tracing::instrument(name = "heartbeat", skip_all, fields(held = held.len()))]
     async fn heartbeat(&self, held: &Held) -> Result<(), Error> {
         let claims: Vec<Uuid> = held.keys().copied().collect();
@@ -266,12 +382,31 @@ impl Worker {
             crash_point!("heartbeat");
         }
         self.shared.stats.record_round_trips(1);
-        let still_held =
-            heartbeat::beat(&*conn, self.owner_id(), &claims, self.shared.config.lease).await?;
-        for (claim, (id, token)) in held {
-            if !still_held.contains(claim) && !token.is_cancelled() {
-                token.cancel();
-                tracing::debug!(job_id = %id, "heartbeat found the lease gone");
+        let sent = Instant::now();
+        let config = &self.shared.config;
+        // A heartbeat slower than its interval is as good as lost: the next one is due.
+        let still_held = db::bounded(
+            config.heartbeat_interval.min(self.shared.statement_bound),
+            heartbeat::beat(
+                &*conn,
+                self.owner_id(),
+                &claims,
+                config.lease,
+                self.owner_locked(),
+            ),
+        )
+        .await?;
+        let trusted_until = sent + trusted_for(config.lease);
+        for (claim, job) in held {
+            match still_held.get(claim) {
+                Some(true) => job.clock.trust_until(trusted_until),
+                // Held but locked by this replica's own commit: not renewed, not lost.
+                Some(false) => {}
+                None if job.lost.is_cancelled() => {}
+                None => {
+                    job.lost.cancel();
+                    tracing::debug!(job_id = %job.id, "heartbeat found the lease gone");
+                }
             }
         }
         Ok(())
@@ -375,6 +510,7 @@ impl Worker {
             wake.backlog = true;
             return;
         }
+        let claimed = Instant::now();
         let jobs = match self.claim(free, why).await {
             Ok(jobs) => jobs,
             Err(e) => {
@@ -392,7 +528,7 @@ impl Worker {
         wake.notified_since_claim = false;
         wake.backlog = jobs.len() == free;
         for job in jobs {
-            self.spawn_job(tasks, held, job);
+            self.spawn_job(tasks, held, job, claimed);
         }
         if !wake.backlog {
             match self.next_due().await {
@@ -439,21 +575,40 @@ impl Worker {
         tracing::info!("stopped");
     }
 
-    /// A heartbeat whose failure is logged by code and left to the next tick.
+    /// A heartbeat whose failure is logged by code and left to the next tick (the jobs' lease
+    /// clocks abandon them if renewals fail for too long).
     async fn heartbeat_logged(&self, held: &Held) {
         if let Err(e) = self.heartbeat(held).await {
             tracing::warn!(code = %e.code(), "heartbeat failed");
         }
     }
 
-    /// Starts a task for `job` and records it as held.
-    fn spawn_job(&self, tasks: &mut JoinSet<(Uuid, Transition)>, held: &mut Held, job: ClaimedJob) {
+    /// Starts a task for `job`, claimed by a statement sent at `claimed`, and records it as held.
+    fn spawn_job(
+        &self,
+        tasks: &mut JoinSet<(Uuid, Transition)>,
+        held: &mut Held,
+        job: ClaimedJob,
+        claimed: Instant,
+    ) {
         let (id, claim) = (job.id(), job.claim_id());
         let shared = Arc::clone(&self.shared);
-        let token = CancellationToken::new();
-        let lost = token.clone();
-        tasks.spawn(async move { (claim, timed_execute(&shared, job, lost).await) });
-        held.insert(claim, (id, token));
+        let lost = CancellationToken::new();
+        let clock = Arc::new(LeaseClock::new(
+            claimed + trusted_for(self.shared.config.lease),
+        ));
+        let (task_lost, task_clock) = (lost.clone(), Arc::clone(&clock));
+        tasks.spawn(async move {
+            let execution = timed_execute(&shared, job, task_lost.clone());
+            tokio::pin!(execution);
+            let transition = tokio::select! {
+                transition = &mut execution => transition,
+                // The clock ran out and cancelled the job: let it settle as a lost lease.
+                () = watch_lease(&task_clock, &task_lost, id) => execution.await,
+            };
+            (claim, transition)
+        });
+        held.insert(claim, HeldJob { id, lost, clock });
     }
 
     /// Records a finished task and forgets its claim. A task aborted by shutdown stays in `held`,
@@ -464,9 +619,9 @@ impl Worker {
         held: &mut Held,
     ) {
         if let Ok((claim, transition)) = done {
-            if let Some((id, _)) = held.remove(&claim) {
+            if let Some(job) = held.remove(&claim) {
                 if transition == Transition::LeaseLost {
-                    tracing::warn!(job_id = %id, code = "lease_lost", "abandoned job: lease lost");
+                    tracing::warn!(job_id = %job.id, code = "lease_lost", "abandoned job: lease lost");
                 }
             }
             self.shared.stats.record(transition);
@@ -478,13 +633,17 @@ impl Worker {
         if held.is_empty() {
             return;
         }
-        let pairs: Vec<(Uuid, Uuid)> = held.iter().map(|(claim, (id, _))| (*id, *claim)).collect();
+        let pairs: Vec<(Uuid, Uuid)> = held.iter().map(|(claim, job)| (job.id, *claim)).collect();
         crash_point!("release");
         self.shared.stats.record_round_trips(1);
         let released = match crate::db::checkout(&self.shared.pool).await {
-            Ok(conn) => completer::release(&*conn, &pairs)
+            Ok(conn) => {
+                db::bounded(
+                    self.shared.statement_bound,
+                    completer::release(&*conn, &pairs),
+                )
                 .await
-                .map_err(Error::from),
+            }
             Err(e) => Err(e),
         };
         match released {
@@ -509,6 +668,19 @@ async fn timed_execute(shared: &Shared, job: ClaimedJob, lost: CancellationToken
         .observe(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::debug!(?transition, "job settled"));
     transition
+}
+
+/// How long after a renewal is sent the replica still trusts the lease: the lease less the
+/// [`trust_margin`], so the job is abandoned locally before the database's lease (which starts
+/// no earlier than the renewal was sent) lets another replica take it.
+fn trusted_for(lease: Duration) -> Duration {
+    lease.saturating_sub(trust_margin(lease))
+}
+
+/// The part of a lease the replica never relies on: a fifth of it, covering the clock drift
+/// between this process and the database and the time an abandoned handler takes to stop.
+fn trust_margin(lease: Duration) -> Duration {
+    lease / 5
 }
 
 /// How often a replica runs recovery: twice per poll interval. A SIGKILLed replica's lock goes

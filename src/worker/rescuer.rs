@@ -6,37 +6,58 @@
 //! - Each live replica holds a session-level advisory lock keyed by
 //!   `durable_etl_owner_lock_key(lease_owner_id)` on its long-lived owner session; a second
 //!   process with the same owner id cannot take it and refuses to start.
-//! - A `running` row claimed by a lock-backed owner (`lease_owner_locked`) whose lock is gone is
-//!   reclaimable at once; a `running` row whose lease expired is reclaimable whatever its owner. Nothing else is touched: recovery re-checks
-//!   `status = 'running'` in the statement that changes the row, skips rows locked by a live
-//!   executor, and never touches terminal rows.
+//! - A `running` row claimed by a lock-backed owner (`lease_owner_locked`) is reclaimable before
+//!   its lease expires only on two pieces of evidence together: the owner lock is gone AND the
+//!   lease has not been renewed for [`owner_silence`] (two heartbeat intervals of the recovering
+//!   replica). The lock alone is not evidence: it also vanishes while a live replica's session
+//!   reconnects (a terminated backend, a restart or failover, a cut to the direct URL), and its
+//!   pool goes on renewing meanwhile. Claims and heartbeats stamp `lease_owner_locked` from
+//!   whether the session holds the lock right then.
+//! - A `running` row whose lease expired is reclaimable whatever its owner. Nothing else is
+//!   touched: recovery re-checks `status = 'running'` in the statement that changes the row,
+//!   skips rows locked by a live executor, and never touches terminal rows.
+//! - Every path back to `pending` honours a cancel request (the job ends `cancelled`, payload
+//!   cleared) and clears the whole lease, `lease_owner_locked` included.
 //! - Recovery charges the attempt (it was counted at claim and the job did not finish), so a job
 //!   that kills its worker every time still stops at `max_attempts`.
 //! - Where no direct session can hold the lock (a transaction-mode pooler), dead owners are found
 //!   by lease expiry alone.
 
+use crate::worker::lease::millis;
+use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
+
+/// How long a lock-backed owner whose lock is gone must also have left its leases unrenewed
+/// before recovery treats it as dead: two heartbeat intervals, so one late or failed heartbeat is
+/// not enough, while a replica whose session is only reconnecting (its pool still renews) is
+/// never taken for dead.
+pub fn owner_silence(heartbeat_interval: Duration) -> Duration {
+    heartbeat_interval.saturating_mul(2)
+}
 
 /// The SET list of a recovery transition, shared by both recovery statements.
 /// A job whose owner asked to cancel it ends `cancelled` instead of going back to `pending`.
 macro_rules! recovery_set {
     () => {
-        "status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                       WHEN j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
-         failure_code = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                             WHEN j.attempts < j.max_attempts THEN NULL
-                             ELSE 'lease_expired_exhausted' END,
-         request_payload = CASE WHEN j.cancel_requested_at IS NULL
-                                 AND j.attempts < j.max_attempts THEN j.request_payload END,
-         finished_at = CASE WHEN j.cancel_requested_at IS NULL
-                             AND j.attempts < j.max_attempts THEN NULL ELSE now() END,
-         lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL,
-         updated_at = now()"
+        concat!(
+            "(status, failure_code, request_payload, finished_at) =
+       (SELECT CASE WHEN c.cancel THEN 'cancelled' WHEN c.again THEN 'pending' ELSE 'failed' END,
+               CASE WHEN c.cancel THEN 'cancelled' WHEN c.again THEN NULL
+                    ELSE 'lease_expired_exhausted' END,
+               CASE WHEN c.again AND NOT c.cancel THEN j.request_payload END,
+               CASE WHEN c.again AND NOT c.cancel THEN NULL ELSE now() END
+          FROM (SELECT ",
+            cancel_requested!(),
+            " AS cancel, j.attempts < j.max_attempts AS again) AS c),
+       updated_at = now(), ",
+            lease_cleared!()
+        )
     };
 }
 
-/// Recovers every `running` row whose lease expired or whose owner holds no owner lock.
+/// Recovers every `running` row whose lease expired, or whose lock-backed owner holds no owner
+/// lock and has not renewed the lease for `$1` milliseconds.
 ///
 /// Locks: `live_owners` reads `pg_locks` once (a brief look at the lock manager). `stale` walks
 /// the small `status = 'running'` partial index and row-locks each candidate with
@@ -58,6 +79,7 @@ stale AS (
      WHERE j.status = 'running'
        AND (j.lease_expires_at < now()
             OR (j.lease_owner_locked
+                AND coalesce(j.lease_renewed_at, '-infinity') < now() - $1 * interval '1 millisecond'
                 AND NOT EXISTS (SELECT 1 FROM live_owners o
                                  WHERE o.lock_key = durable_etl_owner_lock_key(j.lease_owner_id))))
        FOR UPDATE OF j SKIP LOCKED
@@ -115,12 +137,18 @@ pub async fn recover_own(
         .await
 }
 
-/// Runs one recovery pass.
+/// Runs one recovery pass. A lock-backed owner whose lock is gone counts as dead only once its
+/// leases have also gone unrenewed for `silence` (see [`owner_silence`]).
 ///
 /// # Errors
 /// The database error of the statement.
-pub async fn recover(client: &impl GenericClient) -> Result<Recovered, tokio_postgres::Error> {
-    let rows = client.query_typed(RECOVER_SQL, &[]).await?;
+pub async fn recover(
+    client: &impl GenericClient,
+    silence: Duration,
+) -> Result<Recovered, tokio_postgres::Error> {
+    let rows = client
+        .query_typed(RECOVER_SQL, &[(&millis(silence), Type::INT8)])
+        .await?;
     let mut recovered = Recovered::default();
     for row in rows {
         if row.get::<_, bool>(0) {

@@ -23,7 +23,7 @@ use crate::worker::rescuer;
 use crate::worker::stats::WorkerStats;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
@@ -62,6 +62,10 @@ pub struct Signals {
     pub reconnected: Notify,
     /// The owner lock is held by another process now: stop.
     pub fatal: Notify,
+    /// Whether the session holds the owner lock right now, as far as the replica knows: set when
+    /// the lock is taken, cleared as soon as the session is found lost. Claims and heartbeats
+    /// stamp it into `lease_owner_locked`.
+    pub locked: AtomicBool,
 }
 
 /// A running session; dropping it ends the session (and with it the owner lock).
@@ -101,7 +105,7 @@ impl Session {
         stats: Arc<WorkerStats>,
     ) -> Result<(Session, u64), Error> {
         let signals = Arc::new(Signals::default());
-        let live = open(&config, &signals, &stats, None).await?;
+        let live = open_at_start(&config, &signals, &stats).await?;
         let released = rescuer::recover_own(&live.client, &config.owner_id).await?;
         let task = tokio::spawn(maintain(live, config, Arc::clone(&signals), stats));
         Ok((Session { task, signals }, released))
@@ -110,6 +114,11 @@ impl Session {
     /// The signals for the claim loop.
     pub fn signals(&self) -> Arc<Signals> {
         Arc::clone(&self.signals)
+    }
+
+    /// Whether the session holds the owner lock right now (see [`Signals::locked`]).
+    pub fn is_locked(&self) -> bool {
+        self.signals.locked.load(Ordering::Relaxed)
     }
 }
 
@@ -130,6 +139,57 @@ async fn open(
     signals: &Arc<Signals>,
     stats: &Arc<WorkerStats>,
     previous: Option<i32>,
+) -> Result<Live, Error> {
+    let live = connect(config, signals, stats).await?;
+    if !try_lock(&live.client, &config.owner_id).await? {
+        return Err(evict_own_previous(&live.client, &config.owner_id, previous).await);
+    }
+    Ok(locked(live, signals, stats))
+}
+
+/// [`open`] at start-up, where no previous backend of this replica is known. If another backend
+/// holds the owner lock, it is watched: a live replica's session shows activity at least every
+/// [`PROBE_INTERVAL`], so a holder that does is a twin (`OwnerIdInUse`), while one that stays
+/// silent for [`SILENT_HOLDER`] is the orphaned session of a lost node (its client gone without
+/// the server noticing yet) and is terminated, so a replica restarted with the same owner id
+/// after a node loss takes its lock instead of failing until the server reaps the old backend.
+async fn open_at_start(
+    config: &SessionConfig,
+    signals: &Arc<Signals>,
+    stats: &Arc<WorkerStats>,
+) -> Result<Live, Error> {
+    let live = connect(config, signals, stats).await?;
+    let mut first_seen: Option<Holder> = None;
+    loop {
+        if try_lock(&live.client, &config.owner_id).await? {
+            return Ok(locked(live, signals, stats));
+        }
+        let holder = lock_holder(&live.client, &config.owner_id).await?;
+        match (holder, first_seen) {
+            // The holder just went away: take the lock on the next look.
+            (None, _) => {}
+            (Some(h), _) if !h.is_session => return Err(Error::OwnerIdInUse),
+            (Some(h), Some(seen)) if h.pid == seen.pid && h.last_active != seen.last_active => {
+                return Err(Error::OwnerIdInUse)
+            }
+            (Some(h), _) if h.silent_for >= SILENT_HOLDER.as_secs_f64() => {
+                tracing::warn!("the owner lock is held by a silent session; ending it");
+                live.client
+                    .query_typed_one("SELECT pg_terminate_backend($1)", &[(&h.pid, Type::INT4)])
+                    .await?;
+            }
+            (Some(h), Some(seen)) if h.pid == seen.pid => {}
+            (Some(h), _) => first_seen = Some(h),
+        }
+        tokio::time::sleep(HOLDER_RECHECK).await;
+    }
+}
+
+/// Connects a session, starts driving its connection (forwarding notifications) and LISTENs.
+async fn connect(
+    config: &SessionConfig,
+    signals: &Arc<Signals>,
+    stats: &Arc<WorkerStats>,
 ) -> Result<Live, Error> {
     let (client, mut connection) = db::pg_config(&config.database, "session")?
         .connect(NoTls)
@@ -152,22 +212,83 @@ async fn open(
     if config.listen {
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
     }
-    let row = client
-        .query_typed_one(
-            "SELECT pg_try_advisory_lock(durable_etl_owner_lock_key($1)), pg_backend_pid()",
-            &[(&config.owner_id, Type::TEXT)],
-        )
-        .await?;
-    let (locked, backend_pid): (bool, i32) = (row.get(0), row.get(1));
-    if !locked {
-        return Err(evict_own_previous(&client, &config.owner_id, previous).await);
-    }
-    stats.session_up.store(1, Ordering::Relaxed);
+    let backend_pid = client
+        .query_typed_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
     Ok(Live {
         client,
         backend_pid,
         ended,
     })
+}
+
+/// Tries once to take owner `owner_id`'s lock on `client`'s session.
+async fn try_lock(client: &Client, owner_id: &str) -> Result<bool, Error> {
+    let row = client
+        .query_typed_one(
+            "SELECT pg_try_advisory_lock(durable_etl_owner_lock_key($1))",
+            &[(&owner_id, Type::TEXT)],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Marks `live` as holding the owner lock and returns it.
+fn locked(live: Live, signals: &Signals, stats: &WorkerStats) -> Live {
+    signals.locked.store(true, Ordering::Relaxed);
+    stats.session_up.store(1, Ordering::Relaxed);
+    live
+}
+
+/// How long the backend holding an owner lock must have shown no activity before a starting
+/// replica takes it for the orphaned session of a lost node: three probe intervals, so a live
+/// replica's session (which probes every [`PROBE_INTERVAL`]) is never mistaken for one.
+pub const SILENT_HOLDER: Duration = Duration::from_secs(3 * PROBE_INTERVAL.as_secs());
+
+/// How often a starting replica looks again at the backend that holds its owner lock.
+const HOLDER_RECHECK: Duration = Duration::from_millis(250);
+
+/// The backend holding owner `$1`'s lock: its pid, whether it is a durable-etl session, when its
+/// state last changed, and for how many seconds it has been silent.
+///
+/// Locks: none (reads `pg_locks` and `pg_stat_activity`).
+pub const HOLDER_ACTIVITY_SQL: &str = "
+SELECT h.pid, a.application_name = 'durable-etl/session', a.state_change,
+       extract(epoch FROM clock_timestamp() - a.state_change)::float8
+  FROM (SELECT l.pid
+          FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND ((l.classid::bigint << 32) | l.objid::bigint) = durable_etl_owner_lock_key($1)) h
+  JOIN pg_stat_activity a ON a.pid = h.pid";
+
+/// What a starting replica sees of the backend holding its owner lock.
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    /// The holder's backend pid.
+    pid: i32,
+    /// Whether it is a durable-etl session (anything else holding the key is never evicted).
+    is_session: bool,
+    /// When its state last changed (a live session's probes change it).
+    last_active: chrono::DateTime<chrono::Utc>,
+    /// Seconds since then.
+    silent_for: f64,
+}
+
+/// The backend holding `owner_id`'s lock, if any.
+async fn lock_holder(client: &Client, owner_id: &str) -> Result<Option<Holder>, Error> {
+    let row = client
+        .query_typed_opt(HOLDER_ACTIVITY_SQL, &[(&owner_id, Type::TEXT)])
+        .await?;
+    Ok(row.map(|r| Holder {
+        pid: r.get(0),
+        is_session: r.get::<_, Option<bool>>(1).unwrap_or(false),
+        last_active: r
+            .get::<_, Option<chrono::DateTime<chrono::Utc>>>(2)
+            .unwrap_or_default(),
+        silent_for: r.get::<_, Option<f64>>(3).unwrap_or(0.0),
+    }))
 }
 
 /// The owner lock is taken. If this replica's own lost session holds it, terminates that
@@ -210,6 +331,7 @@ async fn maintain(
         let previous = live.backend_pid;
         // Close our side of the lost connection before opening the next one.
         drop(live);
+        signals.locked.store(false, Ordering::Relaxed);
         stats.session_up.store(0, Ordering::Relaxed);
         tracing::warn!(code = "database_unavailable", "session lost; reconnecting");
         let mut delays = ExponentialBuilder::default()

@@ -11,6 +11,7 @@ mod errors;
 mod etl;
 mod faults;
 mod handlers;
+mod leases;
 mod privacy;
 mod proxy;
 mod schema;

@@ -182,7 +182,7 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
         .is_empty());
     tx.rollback().await.unwrap();
     assert!(
-        heartbeat::beat(&a, "stale-a", &[stale_claim], Duration::from_secs(30))
+        heartbeat::beat(&a, "stale-a", &[stale_claim], Duration::from_secs(30), true)
             .await
             .unwrap()
             .is_empty()

@@ -1,0 +1,8 @@
+-- 0004 down. Pending cancel requests are folded back into the job rows first, so none is lost.
+UPDATE etl_job_records j
+   SET cancel_requested_at = c.requested_at
+  FROM etl_job_cancel_requests c
+ WHERE c.job_id = j.id AND j.cancel_requested_at IS NULL AND j.status = 'running';
+DROP FUNCTION durable_etl_cancel_requested(uuid, timestamptz);
+DROP TABLE etl_job_cancel_requests;
+ALTER TABLE etl_job_records DROP COLUMN IF EXISTS lease_renewed_at;

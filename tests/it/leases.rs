@@ -1,0 +1,265 @@
+//! Leases held by a live replica against what can go wrong around them: a session that keeps
+//! dropping (the owner lock comes and goes while the pool still renews), heartbeats that stop
+//! reaching the database (the local lease clock must abandon the job before the database lease
+//! ends), and an owner that really died (recovered once it has also stopped renewing).
+
+use crate::handlers::{Noop, Scripted, SCRIPTED};
+use crate::proxy::{Mode, Proxy};
+use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
+use durable_etl::config::{DatabaseConfig, WorkerConfig};
+use durable_etl::error::Error;
+use durable_etl::handler::Registry;
+use durable_etl::shutdown::{self, Stage, Trigger};
+use durable_etl::worker::stats::WorkerStats;
+use durable_etl::worker::Worker;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+/// A replica configuration with frequent heartbeats and no poll to speak of.
+fn config(owner: &str, lease: Duration) -> WorkerConfig {
+    WorkerConfig {
+        owner_id: owner.to_owned(),
+        slots: 8,
+        poll_interval: Duration::from_secs(60),
+        lease,
+        heartbeat_interval: Duration::from_millis(200),
+        execution_timeout: Duration::from_secs(60),
+        shutdown_grace: Duration::from_millis(300),
+        ..WorkerConfig::default()
+    }
+}
+
+/// A running replica: its counters, its shutdown trigger and its `run` task.
+struct Running {
+    /// Live counters.
+    stats: Arc<WorkerStats>,
+    /// Asks it to stop.
+    trigger: Trigger,
+    /// The `run` task.
+    task: JoinHandle<Result<(), Error>>,
+}
+
+impl Running {
+    /// Starts `worker` running.
+    fn start(worker: Worker) -> Running {
+        let stats = worker.stats_handle();
+        let (trigger, shutdown) = shutdown::manual();
+        let task = tokio::spawn(worker.run(shutdown));
+        Running {
+            stats,
+            trigger,
+            task,
+        }
+    }
+
+    /// Stops it; it must stop cleanly.
+    async fn stop(self) {
+        self.trigger.request(Stage::Draining);
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// Terminates the backend holding `owner`'s lock, if one does; returns whether one did.
+async fn terminate_owner_session(client: &tokio_postgres::Client, owner: &str) -> bool {
+    client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid))
+               FROM pg_locks
+              WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND ((classid::bigint << 32) | objid::bigint) = durable_etl_owner_lock_key($1)",
+            &[&owner],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_in_flight_survive_a_session_terminated_again_and_again() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let ids = insert_jobs(&client, SCRIPTED, &vec![json!({"do": "write"}); 3], 3).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let gated = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let a = Worker::start(
+        pool(&db).await,
+        &db.config,
+        config("flaky-session", Duration::from_secs(10)),
+        Registry::new().register(gated.clone()),
+    )
+    .await
+    .unwrap();
+    let a = Running::start(a);
+    eventually("A to run the three jobs", || {
+        let gated = gated.clone();
+        async move { gated.prepares.load(Ordering::SeqCst) == 3 }
+    })
+    .await;
+    // B recovers as often as it can while A's session is terminated again and again; A's pool
+    // keeps renewing, so nothing of A's is ever a dead owner's.
+    let b = Worker::start(
+        pool(&db).await,
+        &db.config,
+        config("rescuer-b", Duration::from_secs(10)),
+        Registry::new().register(Noop),
+    )
+    .await
+    .unwrap();
+    let mut terminated = 0;
+    for _ in 0..12 {
+        terminated += usize::from(terminate_owner_session(&client, "flaky-session").await);
+        for _ in 0..5 {
+            let recovered = b.recover().await.unwrap();
+            assert_eq!(
+                (recovered.dead_owner, recovered.expired),
+                (0, 0),
+                "a live replica's jobs were recovered"
+            );
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+    }
+    assert!(
+        terminated >= 3,
+        "the session was terminated {terminated} times"
+    );
+    gate.add_permits(3);
+    eventually("the three jobs to succeed", || {
+        let client = &client;
+        async move { count(client, "etl_job_records WHERE status = 'succeeded'").await == 3 }
+    })
+    .await;
+    for id in ids {
+        let row = job_row(&client, id).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("succeeded", 1));
+    }
+    assert_eq!(count(&client, "etl_target_rows").await, 3);
+    assert_eq!(count(&client, "etl_job_responses").await, 3);
+    assert_eq!(a.stats.snapshot().lease_lost, 0);
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_owner_is_recovered_once_it_has_also_stopped_renewing() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
+        unreachable!()
+    };
+    let gate = Arc::new(Semaphore::new(0));
+    let gated = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let a = Worker::start(
+        pool(&db).await,
+        &db.config,
+        config("doomed", Duration::from_secs(600)),
+        Registry::new().register(gated.clone()),
+    )
+    .await
+    .unwrap();
+    let a = Running::start(a);
+    eventually("A to run the job", || {
+        let gated = gated.clone();
+        async move { gated.prepares.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    // A stops renewing (its task is gone, as in a crash) and its session ends.
+    a.task.abort();
+    let _ = a.task.await;
+    terminate_owner_session(&client, "doomed").await;
+    let b = Worker::start(
+        pool(&db).await,
+        &db.config,
+        config("rescuer-b", Duration::from_secs(10)),
+        Registry::new().register(gated.clone()),
+    )
+    .await
+    .unwrap();
+    // The lease has ten minutes left; the job comes back as a dead owner's, not an expired one.
+    let mut recovered = b.recover().await.unwrap();
+    for _ in 0..300 {
+        if recovered.dead_owner > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        recovered = b.recover().await.unwrap();
+    }
+    assert_eq!((recovered.dead_owner, recovered.expired), (1, 0));
+    let row = job_row(&client, id).await;
+    assert_eq!((row.status.as_str(), row.attempts), ("pending", 1));
+    assert_eq!(
+        count(
+            &client,
+            "etl_job_records WHERE lease_owner_locked OR lease_renewed_at IS NOT NULL"
+        )
+        .await,
+        0,
+        "the lease is cleared whole on the way back to pending"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_heartbeats_fail_abandons_its_job_before_the_lease_expires() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
+        unreachable!()
+    };
+    // The pool goes through a proxy; the session does not, so only renewals are cut.
+    let proxy = Proxy::in_front_of_test_server().await;
+    let behind = DatabaseConfig {
+        url: proxy.url_for(&db.config.url),
+        ..db.config.clone()
+    };
+    let pool = durable_etl::db::connect_pool(&behind, "test")
+        .await
+        .unwrap();
+    let mut cfg = config("cut-off", Duration::from_secs(5));
+    cfg.session_database_url = Some(db.config.url.clone());
+    let gate = Arc::new(Semaphore::new(0));
+    let gated = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let worker = Worker::start(pool, &behind, cfg, Registry::new().register(gated.clone()))
+        .await
+        .unwrap();
+    let a = Running::start(worker);
+    eventually("the job to run", || {
+        let gated = gated.clone();
+        async move { gated.prepares.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    proxy.set_mode(Mode::Blackhole);
+    eventually("the job to be abandoned by its lease clock", || {
+        let stats = Arc::clone(&a.stats);
+        async move { stats.snapshot().lease_lost == 1 }
+    })
+    .await;
+    // Abandoned while the database still grants the lease: nobody else could have taken it yet.
+    let row = client
+        .query_one(
+            "SELECT status, lease_expires_at > now() FROM etl_job_records WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, &str>(0), "running");
+    assert!(
+        row.get::<_, bool>(1),
+        "abandoned only after the lease expired"
+    );
+    proxy.set_mode(Mode::Pass);
+    a.stop().await;
+    gate.add_permits(1);
+}
