@@ -125,7 +125,7 @@ macro_rules! status_select {
     () => {
         "SELECT j.id, j.status, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at,
                 j.started_at, j.finished_at, j.failure_code, j.failure_record_index,
-                j.cancel_requested_at IS NOT NULL, j.replaces_job_id,
+                durable_etl_cancel_requested(j.id, j.cancel_requested_at), j.replaces_job_id,
                 r.rows_inserted, r.rows_updated, r.rows_unchanged, r.data_checksum
            FROM etl_job_records j
            LEFT JOIN etl_job_responses r ON r.job_id = j.id"
@@ -187,27 +187,36 @@ pub async fn list(
 }
 
 /// Cancels job `$1` of owner `$2` with code `$3` (`cancelled` or `replaced`): a pending job ends
-/// at once, a running job gets a cancel request. Returns the status the job had before.
+/// at once, a running job gets a cancel request. Returns the status the job had in the
+/// statement's snapshot, and whether a pending job was cancelled by it.
 ///
-/// Locks: the `target` CTE row-locks the job (waiting for a claim or an executing commit that
-/// holds it, then seeing its new state), so the decision and the change happen on one version.
+/// Locks: `target` takes none. `cancelled` row-locks the job only if the snapshot saw it
+/// `pending` (waiting, at most for a claim's short transaction, then re-checking that it is still
+/// `pending`); a running job's row is never locked or waited for: its request is a row of
+/// `etl_job_cancel_requests`, whose foreign-key check takes FOR KEY SHARE on the job row, which
+/// the FOR NO KEY UPDATE locks of claims and executing commits do not block. Every path that ends
+/// the attempt reads the request (`durable_etl_cancel_requested`).
 pub const CANCEL_SQL: &str = "
 WITH target AS (
-    SELECT id, status FROM etl_job_records WHERE id = $1 AND owner_key = $2 FOR UPDATE
-), changed AS (
+    SELECT id, status FROM etl_job_records WHERE id = $1 AND owner_key = $2
+), cancelled AS (
     UPDATE etl_job_records j
-       SET status = CASE WHEN t.status = 'pending' THEN 'cancelled' ELSE j.status END,
-           failure_code = CASE WHEN t.status = 'pending' THEN $3 ELSE j.failure_code END,
-           request_payload = CASE WHEN t.status = 'pending' THEN NULL ELSE j.request_payload END,
-           finished_at = CASE WHEN t.status = 'pending' THEN now() ELSE j.finished_at END,
-           cancel_requested_at = CASE WHEN t.status = 'running'
-                                      THEN coalesce(j.cancel_requested_at, now())
-                                      ELSE j.cancel_requested_at END,
+       SET status = 'cancelled', failure_code = $3, request_payload = NULL, finished_at = now(),
            updated_at = now()
       FROM target t
-     WHERE j.id = t.id AND t.status IN ('pending', 'running')
+     WHERE j.id = t.id AND t.status = 'pending' AND j.status = 'pending'
+ RETURNING j.id
+), requested AS (
+    INSERT INTO etl_job_cancel_requests (job_id)
+    SELECT id FROM target WHERE status = 'running'
+        ON CONFLICT (job_id) DO NOTHING
 )
-SELECT status FROM target";
+SELECT t.status, EXISTS (SELECT 1 FROM cancelled) FROM target t";
+
+/// How many times a cancellation looks again at a job that stopped being `pending` between its
+/// snapshot and its row lock (claimed meanwhile): each retry sees the claim, so one is enough in
+/// practice; the bound only keeps a pathological loop finite.
+const CANCEL_ATTEMPTS: usize = 3;
 
 /// What a cancellation found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,20 +243,28 @@ pub async fn cancel(
 ) -> Result<Cancel, Error> {
     let owner: &[u8] = owner;
     let code = code.as_str();
-    let row = client
-        .query_typed_opt(
-            CANCEL_SQL,
-            &[
-                (&id, Type::UUID),
-                (&owner, Type::BYTEA),
-                (&code, Type::TEXT),
-            ],
-        )
-        .await?;
-    Ok(match row.map(|r| r.get::<_, String>(0)) {
-        None => Cancel::NotFound,
-        Some(s) if s == "pending" => Cancel::Cancelled,
-        Some(s) if s == "running" => Cancel::Requested,
-        Some(s) => Cancel::AlreadyEnded(s),
-    })
+    for _ in 0..CANCEL_ATTEMPTS {
+        let row = client
+            .query_typed_opt(
+                CANCEL_SQL,
+                &[
+                    (&id, Type::UUID),
+                    (&owner, Type::BYTEA),
+                    (&code, Type::TEXT),
+                ],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(Cancel::NotFound);
+        };
+        let (status, cancelled): (String, bool) = (row.get(0), row.get(1));
+        return Ok(match status.as_str() {
+            "pending" if cancelled => Cancel::Cancelled,
+            // Claimed between the snapshot and the row lock: look again.
+            "pending" => continue,
+            "running" => Cancel::Requested,
+            _ => Cancel::AlreadyEnded(status),
+        });
+    }
+    Err(Error::Unavailable(None))
 }

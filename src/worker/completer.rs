@@ -38,16 +38,18 @@ pub enum Transition {
     Unwritten,
 }
 
-/// Marks every job of a group `succeeded` and writes its response-ledger row, in one statement
-/// (`$1` job ids, `$2` claim ids, `$3..$6` the ledger summaries, pairwise). A job whose owner
-/// asked to cancel it is left as it is (the caller cancels it through [`FAIL_SQL`]).
+/// The statement that marks every job of a group `succeeded` and writes its response-ledger row
+/// (`$1` job ids, `$2` claim ids, `$3..$6` the ledger summaries, pairwise), with `$fence`
+/// appended to each job's lease fence.
 ///
 /// Locks: the UPDATE row-locks each fenced job row (already locked when an execution transaction
 /// checked the fence first); the INSERT takes the ledger's primary-key entries, so a second
 /// ledger row for a job cannot exist (an existing one, from a commit whose status write was
 /// somehow lost, is kept as it is). Returns the `(id, claim id)` pairs it succeeded.
-pub const SUCCEED_SQL: &str = concat!(
-    "
+macro_rules! succeed_sql {
+    ($fence:expr) => {
+        concat!(
+            "
 WITH held AS (
     SELECT *
       FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::int4[], $6::bytea[])
@@ -56,13 +58,12 @@ WITH held AS (
     UPDATE etl_job_records AS j
        SET status = 'succeeded', request_payload = NULL, failure_code = NULL,
            failure_record_index = NULL, finished_at = now(), updated_at = now(), ",
-    lease_cleared!(),
-    "
+            lease_cleared!(),
+            "
       FROM held
-     WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'
-       AND NOT ",
-    cancel_requested!(),
-    "
+     WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'",
+            $fence,
+            "
  RETURNING held.*
 ), ledger AS (
     INSERT INTO etl_job_responses
@@ -71,7 +72,22 @@ WITH held AS (
         ON CONFLICT (job_id) DO NOTHING
 )
 SELECT id, claim_id FROM done"
-);
+        )
+    };
+}
+
+/// Succeeds a group of jobs that write nothing, in one statement of its own: a job whose owner
+/// asked to cancel it is left as it is (the caller cancels it through [`FAIL_SQL`]). See
+/// `succeed_sql` for the parameters and locks.
+pub const SUCCEED_SQL: &str = succeed_sql!(concat!(" AND NOT ", cancel_requested!()));
+
+/// Succeeds the jobs of an execution transaction whose rows [`LOCK_FENCED_SQL`] already locked
+/// and checked for cancel requests: it must not look again, since a request recorded after that
+/// check (requests never wait for the row) would leave the job's applied effects in the
+/// transaction without their success. See `succeed_sql` for the parameters and locks.
+///
+/// [`LOCK_FENCED_SQL`]: crate::worker::group_commit::LOCK_FENCED_SQL
+pub const SUCCEED_LOCKED_SQL: &str = succeed_sql!("");
 
 /// Writes the success transition and ledger row of every `(id, claim id, ledger)` entry on
 /// `client` (inside the caller's execution transaction, or on its own when nothing else is
@@ -85,6 +101,27 @@ pub async fn succeed_many(
     client: &impl GenericClient,
     entries: &[(Uuid, Uuid, LedgerEntry)],
 ) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
+    succeed(client, SUCCEED_SQL, entries).await
+}
+
+/// [`succeed_many`] inside an execution transaction that locked the rows and checked their cancel
+/// requests first ([`SUCCEED_LOCKED_SQL`]): every fenced entry succeeds.
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn succeed_locked(
+    tx: &tokio_postgres::Transaction<'_>,
+    entries: &[(Uuid, Uuid, LedgerEntry)],
+) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
+    succeed(tx, SUCCEED_LOCKED_SQL, entries).await
+}
+
+/// Runs success statement `sql` for `entries`.
+async fn succeed(
+    client: &impl GenericClient,
+    sql: &str,
+    entries: &[(Uuid, Uuid, LedgerEntry)],
+) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
     let ids: Vec<Uuid> = entries.iter().map(|e| e.0).collect();
     let claims: Vec<Uuid> = entries.iter().map(|e| e.1).collect();
     let inserted: Vec<i32> = entries.iter().map(|e| e.2.rows_inserted).collect();
@@ -93,7 +130,7 @@ pub async fn succeed_many(
     let checksums: Vec<&[u8]> = entries.iter().map(|e| &e.2.data_checksum[..]).collect();
     let rows = client
         .query_typed(
-            SUCCEED_SQL,
+            sql,
             &[
                 (&ids, Type::UUID_ARRAY),
                 (&claims, Type::UUID_ARRAY),

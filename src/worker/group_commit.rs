@@ -51,16 +51,20 @@ pub const COMMIT_LANES: usize = 2;
 /// above the sort) and held until the transaction ends; this is what makes recovery, heartbeats
 /// and cancellation skip or wait for the rows while their effects commit, so a cancel and a
 /// commit can never both win. Rows whose claim changed are not returned and not locked.
-pub const LOCK_FENCED_SQL: &str = "
+pub const LOCK_FENCED_SQL: &str = concat!(
+    "
 SELECT j.id, held.claim_id,
        EXISTS (SELECT 1 FROM etl_job_responses r WHERE r.job_id = j.id),
-       j.cancel_requested_at IS NOT NULL
+       ",
+    cancel_requested!(),
+    "
   FROM etl_job_records j
   JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
     ON j.id = held.id AND j.lease_claim_id = held.claim_id
  WHERE j.status = 'running'
  ORDER BY j.id
-   FOR NO KEY UPDATE OF j";
+   FOR NO KEY UPDATE OF j"
+);
 
 /// The `(job id, claim id)` pairs in `$1`/`$2` whose ledger row was committed under that claim.
 ///
@@ -271,7 +275,8 @@ async fn write_effects(
         return Ok(HashSet::new());
     }
     stats.record_round_trips(1);
-    let succeeded = completer::succeed_many(&tx, &ledger_rows(pairs, ledgers.into_iter())).await?;
+    let succeeded =
+        completer::succeed_locked(&tx, &ledger_rows(pairs, ledgers.into_iter())).await?;
     crash_point!("commit.before");
     tx.commit().await?;
     Ok(succeeded)

@@ -1,0 +1,252 @@
+//! Cancel requests of running jobs: recorded at once, whatever holds the job's row, and honoured
+//! by every path that ends an attempt or gives the job back (retry, shutdown release, recovery).
+
+use crate::handlers::{Scripted, SCRIPTED};
+use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
+use durable_etl::codes::Code;
+use durable_etl::config::WorkerConfig;
+use durable_etl::handler::Registry;
+use durable_etl::jobs::{self, Cancel};
+use durable_etl::shutdown::{self, Stage};
+use durable_etl::worker::completer::Transition;
+use durable_etl::worker::Worker;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+/// A test configuration: fast timers, a short grace.
+fn config(owner: &str) -> WorkerConfig {
+    WorkerConfig {
+        owner_id: owner.to_owned(),
+        slots: 4,
+        poll_interval: Duration::from_secs(60),
+        lease: Duration::from_secs(10),
+        heartbeat_interval: Duration::from_millis(200),
+        execution_timeout: Duration::from_secs(30),
+        shutdown_grace: Duration::from_millis(200),
+        ..WorkerConfig::default()
+    }
+}
+
+/// One `SCRIPTED` job doing `action`, and a worker whose handler waits at `gate` first.
+async fn gated_job(
+    db: &TestDb,
+    client: &tokio_postgres::Client,
+    owner: &str,
+    action: &str,
+) -> (Uuid, [u8; 32], Worker, Scripted, Arc<Semaphore>) {
+    let [id] = insert_jobs(client, SCRIPTED, &[json!({ "do": action })], 3).await[..] else {
+        unreachable!()
+    };
+    let owner_key: Vec<u8> = client
+        .query_one(
+            "SELECT owner_key FROM etl_job_records WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let gate = Arc::new(Semaphore::new(0));
+    let scripted = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let worker = Worker::start(
+        pool(db).await,
+        &db.config,
+        config(owner),
+        Registry::new().register(scripted.clone()),
+    )
+    .await
+    .unwrap();
+    (id, owner_key.try_into().unwrap(), worker, scripted, gate)
+}
+
+/// Waits until `scripted` has started `n` handlers.
+async fn until_prepared(scripted: &Scripted, n: usize) {
+    eventually("the handler to start", || {
+        let scripted = scripted.clone();
+        async move { scripted.prepares.load(Ordering::SeqCst) == n }
+    })
+    .await;
+}
+
+/// Asserts that job `id` ended `cancelled` by its owner, payload cleared, no effect written.
+async fn assert_cancelled(client: &tokio_postgres::Client, id: Uuid) {
+    let row = job_row(client, id).await;
+    assert_eq!(
+        (
+            row.status.as_str(),
+            row.failure_code.as_deref(),
+            row.payload_cleared,
+            row.lease_cleared
+        ),
+        ("cancelled", Some("cancelled"), true, true)
+    );
+    assert_eq!(count(client, "etl_target_rows").await, 0);
+    assert_eq!(count(client, "etl_job_responses").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_is_recorded_at_once_while_the_jobs_commit_waits_on_a_row_lock() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, owner, worker, scripted, gate) = gated_job(&db, &client, "blocked", "write").await;
+    // Another transaction holds the target row the job's effects will write.
+    let mut blocker = db.client().await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
+         VALUES ($1, 'tests', $2, '{}'::jsonb, $3)",
+        &[&owner.to_vec(), &id.to_string(), &id],
+    )
+    .await
+    .unwrap();
+    let step = tokio::spawn(async move { worker.step().await.unwrap() });
+    until_prepared(&scripted, 1).await;
+    gate.add_permits(1);
+    eventually("the commit to wait on the row lock", || {
+        let client = &client;
+        async move {
+            count(
+                client,
+                "pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'durable-etl/test'",
+            )
+            .await
+                == 1
+        }
+    })
+    .await;
+    // The commit holds the job's row; the cancel neither waits for it nor times out.
+    let cancel = tokio::time::timeout(
+        Duration::from_secs(3),
+        jobs::cancel(&client, &owner, id, Code::Cancelled),
+    )
+    .await
+    .expect("the cancel waited for the job's row")
+    .unwrap();
+    assert_eq!(cancel, Cancel::Requested);
+    assert_eq!(count(&client, "etl_job_cancel_requests").await, 1);
+    tx.rollback().await.unwrap();
+    // The commit had checked its fence before the request: it wins, with its effects once.
+    assert_eq!(step.await.unwrap(), vec![(id, Transition::Succeeded)]);
+    assert_eq!(job_row(&client, id).await.status, "succeeded");
+    assert_eq!(count(&client, "etl_target_rows").await, 1);
+    assert_eq!(count(&client, "etl_job_responses").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_released_at_shutdown_after_a_cancel_request_ends_cancelled() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, owner, worker, scripted, _gate) = gated_job(&db, &client, "leaving", "write").await;
+    let (trigger, shutdown) = shutdown::manual();
+    let run = tokio::spawn(worker.run(shutdown));
+    until_prepared(&scripted, 1).await;
+    assert_eq!(
+        jobs::cancel(&client, &owner, id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::Requested
+    );
+    // The handler never finishes: the grace runs out and the lease is released.
+    trigger.request(Stage::Draining);
+    run.await.unwrap().unwrap();
+    assert_cancelled(&client, id).await;
+    assert_eq!(job_row(&client, id).await.attempts, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_after_a_cancel_request_ends_cancelled() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, owner, worker, scripted, gate) =
+        gated_job(&db, &client, "retrying", "write_then_transient").await;
+    let step = tokio::spawn(async move { worker.step().await.unwrap() });
+    until_prepared(&scripted, 1).await;
+    assert_eq!(
+        jobs::cancel(&client, &owner, id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::Requested
+    );
+    gate.add_permits(1);
+    assert_eq!(step.await.unwrap(), vec![(id, Transition::Cancelled)]);
+    assert_cancelled(&client, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_job_with_a_cancel_request_ends_cancelled() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, owner, worker, scripted, _gate) = gated_job(&db, &client, "expiring", "write").await;
+    let step = tokio::spawn(async move { worker.step().await });
+    until_prepared(&scripted, 1).await;
+    assert_eq!(
+        jobs::cancel(&client, &owner, id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::Requested
+    );
+    client
+        .execute(
+            "UPDATE etl_job_records SET lease_expires_at = now() - interval '1 hour'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let rescuer = Worker::start(
+        pool(&db).await,
+        &db.config,
+        config("rescuer"),
+        Registry::new(),
+    )
+    .await
+    .unwrap();
+    let recovered = rescuer.recover().await.unwrap();
+    assert_eq!((recovered.expired, recovered.exhausted), (1, 1));
+    assert_cancelled(&client, id).await;
+    step.abort();
+}
+
+#[tokio::test]
+async fn a_pending_job_is_cancelled_at_once_and_an_ended_one_is_refused() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
+        unreachable!()
+    };
+    let owner: [u8; 32] = client
+        .query_one(
+            "SELECT owner_key FROM etl_job_records WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get::<_, Vec<u8>>(0)
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        jobs::cancel(&client, &owner, id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::Cancelled
+    );
+    assert_cancelled(&client, id).await;
+    assert_eq!(count(&client, "etl_job_cancel_requests").await, 0);
+    assert_eq!(
+        jobs::cancel(&client, &owner, id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::AlreadyEnded("cancelled".into())
+    );
+    assert_eq!(
+        jobs::cancel(&client, &[7; 32], id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::NotFound
+    );
+}
