@@ -7,6 +7,7 @@ mod backends;
 mod crashloop;
 mod migrate;
 mod network;
+mod owner;
 mod races;
 mod restart;
 
