@@ -57,6 +57,16 @@ pub static MIGRATIONS: &[Migration] = &[
         down: include_str!("../migrations/0002_lease_owner_locked.down.sql"),
         min_reader_version: 1,
     },
+    Migration {
+        version: 3,
+        name: "fencing_token_claim_plan_retention",
+        up: include_str!("../migrations/0003_fencing_token_claim_plan_retention.up.sql"),
+        down: include_str!("../migrations/0003_fencing_token_claim_plan_retention.down.sql"),
+        // Breaking for readers: a release that knows only 0001 or 0002 claims without advancing
+        // the fencing token or stamping the renewal time, and its recovery kills the jobs of
+        // live replicas whose owner lock is briefly gone (docs/migrations.md).
+        min_reader_version: 3,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.
