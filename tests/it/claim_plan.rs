@@ -412,7 +412,8 @@ async fn no_hot_statement_walks_the_history_of_terminal_rows() {
 
 /// The fencing token of a job grows by one with every claim and is never given back: not by a
 /// shutdown release (which refunds the attempt), a retry or a recovery. The handler's context
-/// carries the token the row stores.
+/// carries the token the row stores, and the claim stamps the owner's lock state and the renewal
+/// time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fencing_token_grows_with_every_claim_and_never_goes_back() {
     let db = TestDb::migrated().await;
@@ -451,9 +452,23 @@ async fn the_fencing_token_grows_with_every_claim_and_never_goes_back() {
         .unwrap();
     assert_eq!(rescuer::recover(&client).await.unwrap().expired, 1);
 
-    let job = claimer::claim(&client, PLANNER, 1).await.unwrap().remove(0);
+    // A lock-backed claimant: the claim stamps the lock state it is given, and the renewal time.
+    let locked = claimer::Claimant {
+        owner_locked: true,
+        ..PLANNER
+    };
+    let job = claimer::claim(&client, locked, 1).await.unwrap().remove(0);
     seen.push(job.ctx.fencing_token);
     assert_eq!(seen, vec![1, 2, 3, 4], "one more per claim");
+    let stamped = client
+        .query_one(
+            "SELECT lease_owner_locked, lease_renewed_at = started_at FROM etl_job_records
+              WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!((stamped.get(0), stamped.get(1)), (true, Some(true)));
     assert_eq!(
         stored(client.query_one(read, &[&id]).await.unwrap()),
         (4, 3),
