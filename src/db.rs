@@ -68,11 +68,9 @@ fn options(cfg: &DatabaseConfig) -> String {
         KEEPALIVE_PROBE_INTERVAL.as_secs(),
         KEEPALIVE_PROBES,
     );
-    // Every statement of this crate has an index path. Without statistics (a new or truncated
-    // queue table after a bulk insert, before autoanalyze) the planner guesses a handful of
-    // pending rows and prefers a bitmap scan plus a sort of every pending row for the claim,
-    // which grows with the queue; discouraging both keeps the ordered index walk.
-    options.push_str(" -c enable_sort=off -c enable_bitmapscan=off");
+    // No planner switches here: they would reach every statement of the session, a library
+    // user's effects included (with sorts off, a group commit's lock step walked the whole
+    // primary key). The claim pins its own plan (`worker::claimer`).
     if !cfg.client_check_interval.is_zero() {
         options.push_str(&format!(
             " -c client_connection_check_interval={}",
@@ -303,8 +301,8 @@ mod tests {
         assert!(options.contains("statement_timeout=30000"), "{options}");
         assert!(options.contains("lock_timeout=5000"), "{options}");
         assert!(
-            options.contains("enable_sort=off -c enable_bitmapscan=off"),
-            "{options}"
+            !options.contains("enable_sort") && !options.contains("enable_bitmapscan"),
+            "planner switches must not be session-wide: {options}"
         );
         assert!(options.contains("tcp_keepalives_idle="), "{options}");
         assert!(

@@ -27,8 +27,16 @@ pub struct JobContext {
     pub id: Uuid,
     /// The job's kind (the handler's [`Handler::kind`]).
     pub kind: String,
-    /// The fencing token of this claim: pass it to external systems so they can refuse a stale one.
+    /// The id of this claim: unique per claim, and what this crate's own fences compare. It is
+    /// random, so it says nothing about which of two claims is newer: give external systems
+    /// [`JobContext::fencing_token`] instead.
     pub lease_claim_id: Uuid,
+    /// The fencing token of this claim: it grows with every claim of this job and never
+    /// decreases, not even when a shutdown gives the attempt back. Pass it, with the job id, to
+    /// an external system that can refuse a write carrying a token lower than the highest it has
+    /// seen for the job: a replica that stalled past its lease then cannot overwrite the work of
+    /// the attempt that replaced it.
+    pub fencing_token: i64,
     /// Which attempt this is, from 1.
     pub attempt: i32,
     /// The job's attempt bound.

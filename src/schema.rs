@@ -59,12 +59,21 @@ pub static MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
-        name: "cancel_requests_lease_renewal",
-        up: include_str!("../migrations/0004_cancel_requests_lease_renewal.up.sql"),
-        down: include_str!("../migrations/0004_cancel_requests_lease_renewal.down.sql"),
-        // A release before it would ignore cancel requests recorded here and recover the jobs of
-        // a replica whose session is only reconnecting.
+        name: "fencing_token_claim_plan_retention",
+        up: include_str!("../migrations/0003_fencing_token_claim_plan_retention.up.sql"),
+        down: include_str!("../migrations/0003_fencing_token_claim_plan_retention.down.sql"),
+        // Breaking for readers: a release that knows only 0001 or 0002 claims without advancing
+        // the fencing token or stamping the renewal time, and its recovery kills the jobs of
+        // live replicas whose owner lock is briefly gone (docs/migrations.md).
         min_reader_version: 3,
+    },
+    Migration {
+        version: 4,
+        name: "cancel_requests",
+        up: include_str!("../migrations/0004_cancel_requests.up.sql"),
+        down: include_str!("../migrations/0004_cancel_requests.down.sql"),
+        // A release before it would ignore the cancel requests recorded here.
+        min_reader_version: 4,
     },
 ];
 

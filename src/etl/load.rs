@@ -165,6 +165,7 @@ mod tests {
             id: Uuid::now_v7(),
             kind: KIND.into(),
             lease_claim_id: Uuid::new_v4(),
+            fencing_token: 1,
             attempt: 1,
             max_attempts: 3,
             owner_key: vec![1; 32],

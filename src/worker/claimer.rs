@@ -3,16 +3,20 @@
 //! Invariants this module keeps:
 //! - `n` is never more than the replica's free execution slots (the caller passes free slots).
 //! - Every claimed row gets a fresh `lease_claim_id`, this replica's `lease_owner_id`, a lease on
-//!   the database clock, and `attempts + 1`: attempts are counted at claim time, so a job that
-//!   kills its worker every time still reaches its bound.
+//!   the database clock, `lease_renewed_at = now()`, `attempts + 1` and `fencing_token + 1`:
+//!   attempts are counted at claim time, so a job that kills its worker every time still reaches
+//!   its bound, and the fencing token grows with every claim and is never given back.
 //! - The claim commits asynchronously (`synchronous_commit = off` for its own transaction only,
-//!   set from its RETURNING list, so an empty claim changes nothing): a job starts one WAL flush
+//!   set from its select list, so an empty claim changes nothing): a job starts one WAL flush
 //!   sooner. This is safe because a claim's durability protects nothing: if a server crash loses
 //!   it, the row is back to `pending` with its old claim id, and the fence refuses every write of
 //!   the lost claim, effects included. Completions, retries and failures stay synchronous.
-//! - The statement is sent unnamed with typed parameters (`query_typed`): one round trip, planned
-//!   with the actual values every time, so no cached generic plan made while the table was empty
-//!   can turn the claim into a sequential scan as the table fills.
+//! - The claim's plan is pinned by the claim alone: the statement calls the SQL function
+//!   `durable_etl_claim` (migration 0003), whose `SET` clause turns sorts and bitmap scans off
+//!   for the call only, so the claim walks the pending index in order even on a table without
+//!   statistics, and no planner switch leaks into the session's other statements. A change to
+//!   the claim is a new migration that replaces the function.
+//! - The statement is sent unnamed with typed parameters (`query_typed`): one round trip.
 
 use crate::handler::JobContext;
 use crate::worker::lease::{millis, ClaimedJob};
@@ -23,44 +27,27 @@ use tokio_postgres::GenericClient;
 /// Claims up to `$1` due jobs for owner `$2` with a lease of `$3` milliseconds; `$4` says whether
 /// the owner holds its owner lock (so recovery may treat the lock's absence as death).
 ///
-/// Locks: the CTE walks `etl_job_records_pending_due_idx` in `(run_at, id)` order and takes a row
-/// lock (`FOR NO KEY UPDATE`: the claim changes no key, so the `FOR KEY SHARE` locks that
-/// foreign-key checks of rows referencing a job take never make a claim skip it) on each due
-/// pending row, skipping (`SKIP LOCKED`) rows another claimer,
-/// canceller or recovery holds, so concurrent claimers never wait for each other and never take
-/// the same row. After locking, PostgreSQL re-checks the row's current version against
-/// `status = 'pending' AND run_at <= now()`, so a row that another transaction changed meanwhile
-/// is left out. The UPDATE rewrites only the rows the CTE locked, and stops after `$1` of them.
-/// Only `status = 'pending'` appears in the predicate (no OR across states), so the partial index
-/// is always usable; expired leases are returned to `pending` by recovery, not here. There is no
-/// filter on `kind` on purpose: with stale statistics its selectivity estimate made the planner
-/// trade the ordered index scan for a bitmap scan plus a sort of every pending row (caught by the
-/// `claim_plan` test). So every replica must register every kind; a job of a kind the claiming
-/// replica does not know ends `failed` with `unknown_kind`.
+/// Locks: those of `durable_etl_claim` (see migration 0003): the function walks
+/// `etl_job_records_pending_due_idx` in `(run_at, id)` order and takes a row lock
+/// (`FOR NO KEY UPDATE`: the claim changes no key, so the `FOR KEY SHARE` locks that foreign-key
+/// checks of rows referencing a job take never make a claim skip it) on each due pending row,
+/// skipping (`SKIP LOCKED`) rows another claimer, canceller or recovery holds, so concurrent
+/// claimers never wait for each other and never take the same row. After locking, PostgreSQL
+/// re-checks the row's current version against `status = 'pending' AND run_at <= now()`, so a
+/// row that another transaction changed meanwhile is left out. The UPDATE rewrites only the rows
+/// the CTE locked, and stops after `$1` of them. Only `status = 'pending'` appears in the
+/// predicate (no OR across states), so the partial index is always usable; expired leases are
+/// returned to `pending` by recovery, not here. There is no filter on `kind` on purpose: with
+/// stale statistics its selectivity estimate made the planner trade the ordered index scan for a
+/// bitmap scan plus a sort of every pending row (caught by the `claim_plan` test). So every
+/// replica must register every kind; a job of a kind the claiming replica does not know ends
+/// `failed` with `unknown_kind`.
 pub const CLAIM_SQL: &str = "
-WITH due AS (
-    SELECT id
-      FROM etl_job_records
-     WHERE status = 'pending' AND run_at <= now()
-     ORDER BY run_at, id
-     LIMIT $1
-     FOR NO KEY UPDATE SKIP LOCKED
-)
-UPDATE etl_job_records AS j
-   SET status = 'running',
-       attempts = j.attempts + 1,
-       lease_claim_id = gen_random_uuid(),
-       lease_owner_id = $2,
-       lease_owner_locked = $4,
-       lease_expires_at = now() + $3 * interval '1 millisecond',
-       started_at = now(),
-       updated_at = now()
-  FROM due
- WHERE j.id = due.id
-RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id, j.owner_key,
-          greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
-          -- Commit this claim without waiting for its WAL flush (see the invariants above).
-          set_config('synchronous_commit', 'off', true)";
+SELECT c.id, c.kind, c.request_payload, c.attempts, c.max_attempts, c.lease_claim_id, c.owner_key,
+       c.due_for, c.fencing_token,
+       -- Commit this claim without waiting for its WAL flush (see the invariants above).
+       set_config('synchronous_commit', 'off', true)
+  FROM durable_etl_claim($1, $2, $3, $4) AS c";
 
 /// Who claims, and on what terms.
 #[derive(Debug, Clone, Copy)]
@@ -103,6 +90,7 @@ pub async fn claim(
                 attempt: row.get(3),
                 max_attempts: row.get(4),
                 lease_claim_id: row.get(5),
+                fencing_token: row.get(8),
                 owner_key: row.get(6),
             },
             payload: row.get(2),

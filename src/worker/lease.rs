@@ -3,8 +3,10 @@
 //! # State model
 //! A claim moves a `pending` row to `running` and stamps it with a lease: the replica's stable
 //! `lease_owner_id`, a fresh `lease_claim_id` (unique per claim) and `lease_expires_at` (database
-//! clock). A lease is a *term*: it ends when the job reaches a terminal state, is released, or is
-//! recovered by any replica after the owner died or the lease expired.
+//! clock). It also adds 1 to the job's `fencing_token`, which nothing else writes: the token
+//! numbers the job's terms in order, for external systems that must refuse a stale term. A lease
+//! is a *term*: it ends when the job reaches a terminal state, is released, or is recovered by
+//! any replica after the owner died or the lease expired.
 //!
 //! # Term-scoped operations
 //! Every write after the claim (heartbeat, effects commit, retry scheduling, failure, release)
@@ -32,7 +34,7 @@ pub const FENCE: &str = "id = $1 AND lease_claim_id = $2 AND status = 'running'"
 /// A job this replica claimed, with the lease that fences it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimedJob {
-    /// What the handler sees, including the fencing token.
+    /// What the handler sees, including the claim id and the fencing token.
     pub ctx: JobContext,
     /// The request payload (`None` if the row had none).
     pub payload: Option<serde_json::Value>,
@@ -46,7 +48,7 @@ impl ClaimedJob {
         self.ctx.id
     }
 
-    /// The claim's fencing token.
+    /// The claim's id, which every fenced write of this crate compares.
     pub fn claim_id(&self) -> Uuid {
         self.ctx.lease_claim_id
     }

@@ -15,6 +15,7 @@ use durable_etl::worker::Worker;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{json, Value};
 use std::time::Duration;
+use tokio_postgres::types::Type;
 
 /// The secret of these tests.
 const SECRET: &str = "api-test-secret-0123456789";
@@ -461,6 +462,92 @@ async fn the_listing_is_owner_scoped_newest_first_and_paginated() {
         5,
         "bob's job is not listed"
     );
+}
+
+/// `?status=` pages through one status of the owner's jobs by the owner + status index: behind
+/// 20,000 newer succeeded jobs, the three cancelled ones come newest first, two pages of them,
+/// and the listing's plan reads them through `etl_job_records_owner_status_listing_idx` without
+/// filtering out a single other job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_listing_reads_one_page_of_the_owner_status_index() {
+    let api = Api::start().await;
+    let client = api.db.client().await;
+    let mut cancelled = Vec::new();
+    for i in 0..3 {
+        let id = id_of(&api.submit(&api.alice, &format!("s-{i}"), &small(i)).await.2);
+        api.delete(&api.alice, &format!("/v1/etl-jobs/{id}")).await;
+        cancelled.push(id);
+    }
+    // 20,000 newer succeeded jobs of the same owner (time-ordered ids after the cancelled ones).
+    client
+        .execute(
+            "INSERT INTO etl_job_records
+                 (id, owner_key, idempotency_key_digest, request_fingerprint, kind, status,
+                  finished_at)
+             SELECT (lpad(to_hex((extract(epoch FROM now()) * 1000)::int8 + 1000 + g), 12, '0')
+                     || '70008' || lpad(to_hex(g), 15, '0'))::uuid,
+                    j.owner_key, sha256(g::text::bytea), sha256(g::text::bytea), j.kind,
+                    'succeeded', now()
+               FROM generate_series(1, 20000) g,
+                    (SELECT owner_key, kind FROM etl_job_records WHERE id = $1) j",
+            &[&cancelled[0]],
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute("ANALYZE etl_job_records")
+        .await
+        .unwrap();
+
+    let ids = |page: &Value| -> Vec<uuid::Uuid> {
+        page["jobs"].as_array().unwrap().iter().map(id_of).collect()
+    };
+    let (s, _, first) = api
+        .get(&api.alice, "/v1/etl-jobs?status=cancelled&limit=2")
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(ids(&first), vec![cancelled[2], cancelled[1]]);
+    let cursor = first["next_cursor"].as_str().unwrap();
+    let (_, _, second) = api
+        .get(
+            &api.alice,
+            &format!("/v1/etl-jobs?status=cancelled&limit=2&cursor={cursor}"),
+        )
+        .await;
+    assert_eq!(ids(&second), vec![cancelled[0]]);
+    assert!(second.get("next_cursor").is_none());
+
+    let owner: Vec<u8> = client
+        .query_one(
+            "SELECT owner_key FROM etl_job_records WHERE id = $1",
+            &[&cancelled[0]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let explain = format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+        durable_etl::jobs::LIST_SQL
+    );
+    let plan: Value = client
+        .query_typed(
+            &explain,
+            &[
+                (&owner, Type::BYTEA),
+                (&None::<uuid::Uuid>, Type::UUID),
+                (&"cancelled", Type::TEXT),
+                (&51i64, Type::INT8),
+            ],
+        )
+        .await
+        .unwrap()[0]
+        .get(0);
+    let text = plan.to_string();
+    assert!(
+        text.contains("\"Index Name\":\"etl_job_records_owner_status_listing_idx\""),
+        "{plan:#}"
+    );
+    assert!(!text.contains("Rows Removed by Filter"), "{plan:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

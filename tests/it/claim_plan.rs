@@ -1,13 +1,19 @@
-//! The claim's query plan: it walks the pending partial index, even on a table full of terminal
-//! rows that was analyzed while empty, because every claim is planned with its real parameters.
+//! The claim and the other hot statements: the claim walks the pending partial index, even on a
+//! table full of terminal rows that was analyzed while empty or never analyzed at all; no hot
+//! statement walks the history of terminal rows, on a worker session that plans like any other;
+//! and every claim of a job advances its fencing token.
 
 use crate::support::{insert_jobs, TestDb};
-use durable_etl::worker::claimer;
+use durable_etl::codes::Code;
+use durable_etl::jobs;
+use durable_etl::worker::{claimer, completer, group_commit, heartbeat, rescuer};
 use futures::StreamExt;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, GenericClient, NoTls};
+use uuid::Uuid;
 
 /// The claimant of this test.
 const PLANNER: claimer::Claimant<'static> = claimer::Claimant {
@@ -16,8 +22,19 @@ const PLANNER: claimer::Claimant<'static> = claimer::Claimant {
     lease: Duration::from_secs(30),
 };
 
+/// The owner digest [`insert_jobs`] gives every job (`ab` × 32).
+const OWNER: [u8; 32] = [0xab; 32];
+
+/// Terminal rows in the history of the hot-statement test.
+const HISTORY: i64 = 200_000;
+
+/// The most rows any scan of a hot statement may examine on a table with [`HISTORY`] terminal
+/// rows: far above what the statements touch (tens of rows), far below a walk of the history.
+const EXAMINED_BOUND: f64 = 2_000.0;
+
 /// A session with `config` that reports, through the returned channel, the plan of every
-/// statement it runs (`auto_explain` at notice level).
+/// statement it runs, nested ones (SQL functions, foreign-key checks) included, with the rows
+/// each node produced and removed (`auto_explain` at notice level).
 async fn explained(
     config: tokio_postgres::Config,
 ) -> (tokio_postgres::Client, mpsc::UnboundedReceiver<String>) {
@@ -36,11 +53,93 @@ async fn explained(
             "LOAD 'auto_explain';
              SET auto_explain.log_min_duration = 0;
              SET auto_explain.log_level = 'notice';
-             SET auto_explain.log_format = 'json';",
+             SET auto_explain.log_format = 'json';
+             SET auto_explain.log_analyze = on;
+             SET auto_explain.log_timing = off;
+             SET auto_explain.log_nested_statements = on;",
         )
         .await
         .unwrap();
     (session, plans)
+}
+
+/// The plans reported since the last call. The connection task forwards a statement's notices
+/// before its reply, so every plan of a statement that returned is already in the channel.
+fn plans_since(plans: &mut mpsc::UnboundedReceiver<String>) -> Vec<Value> {
+    let mut out = Vec::new();
+    while let Ok(notice) = plans.try_recv() {
+        if let Some(start) = notice.find('{') {
+            out.push(serde_json::from_str(&notice[start..]).unwrap());
+        }
+    }
+    out
+}
+
+/// Every plan node under `node`, depth first.
+fn nodes<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
+    out.push(node);
+    for child in node["Plans"].as_array().into_iter().flatten() {
+        nodes(child, out);
+    }
+}
+
+/// Every node of every plan in `plans`.
+fn all_nodes(plans: &[Value]) -> Vec<&Value> {
+    let mut out = Vec::new();
+    for plan in plans {
+        nodes(&plan["Plan"], &mut out);
+    }
+    out
+}
+
+/// Asserts that `plans` (of the statement `what`) read the job tables only through index
+/// conditions that keep them off the history: no sequential scan of a job table, and no scan
+/// that examined (returned or filtered out) more than [`EXAMINED_BOUND`] rows.
+fn assert_no_history_walk(what: &str, plans: &[Value]) {
+    assert!(!plans.is_empty(), "{what}: no plan was reported");
+    for node in all_nodes(plans) {
+        let Some(relation) = node["Relation Name"].as_str() else {
+            continue;
+        };
+        let kind = node["Node Type"].as_str().unwrap_or("");
+        // The cancel-request table holds a row per cancel of a running job only; while it is
+        // small the planner rightly scans it whole, and the examined bound below still catches
+        // a scan that grows.
+        assert!(
+            !(kind == "Seq Scan"
+                && relation.starts_with("etl_")
+                && relation != "etl_job_cancel_requests"),
+            "{what}: sequential scan of {relation}:\n{plans:#?}"
+        );
+        let count = |key: &str| node[key].as_f64().unwrap_or(0.0);
+        let examined = (count("Actual Rows")
+            + count("Rows Removed by Filter")
+            + count("Rows Removed by Index Recheck"))
+            * count("Actual Loops").max(1.0);
+        assert!(
+            examined <= EXAMINED_BOUND,
+            "{what}: {kind} on {relation} examined {examined} rows:\n{plans:#?}"
+        );
+    }
+}
+
+/// Asserts that `plans` (of a claim) walked the pending index in order: it names
+/// `etl_job_records_pending_due_idx`, and no node sorts or scans another way.
+fn assert_walks_the_pending_index(plans: &[Value]) {
+    let nodes = all_nodes(plans);
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n["Index Name"] == "etl_job_records_pending_due_idx"),
+        "the claim must walk the pending index:\n{plans:#?}"
+    );
+    for node in nodes {
+        let kind = node["Node Type"].as_str().unwrap_or("");
+        assert!(
+            !["Seq Scan", "Bitmap Heap Scan", "Sort"].contains(&kind),
+            "index order needs no {kind}:\n{plans:#?}"
+        );
+    }
 }
 
 /// Claims 10 jobs on `session` and asserts the plan walked the pending index in order.
@@ -48,23 +147,10 @@ async fn claim_walks_the_pending_index(
     session: &tokio_postgres::Client,
     plans: &mut mpsc::UnboundedReceiver<String>,
 ) {
-    while plans.try_recv().is_ok() {}
+    plans_since(plans);
     let claimed = claimer::claim(session, PLANNER, 10).await.unwrap();
     assert_eq!(claimed.len(), 10);
-    let plan = tokio::time::timeout(Duration::from_secs(10), plans.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        plan.contains("\"Index Name\": \"etl_job_records_pending_due_idx\""),
-        "the claim must walk the pending index:\n{plan}"
-    );
-    for node in ["Seq Scan", "Bitmap Heap Scan", "Sort"] {
-        assert!(
-            !plan.contains(&format!("\"Node Type\": \"{node}\"")),
-            "index order needs no {node}:\n{plan}"
-        );
-    }
+    assert_walks_the_pending_index(&plans_since(plans));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,28 +170,17 @@ async fn the_claim_uses_the_pending_index_even_when_the_table_was_analyzed_empty
     }
     // The table fills: 100,000 terminal rows and 10,000 pending rows, never analyzed since.
     let filler = db.client().await;
-    filler
-        .batch_execute(
-            "SET auto_explain.log_min_duration = -1;
-             INSERT INTO etl_job_records
-                 (id, owner_key, idempotency_key_digest, request_fingerprint, kind, status,
-                  failure_code, finished_at, run_at)
-             SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'), sha256(g::text::bytea),
-                    sha256(g::text::bytea), 'test.noop', 'failed', 'handler_failed', now(),
-                    now() - interval '1 day'
-               FROM generate_series(1, 100000) g",
-        )
-        .await
-        .unwrap();
+    fill_history(&filler, 100_000).await;
     let payloads = vec![json!({}); 10_000];
     insert_jobs(&filler, "test.noop", &payloads, 3).await;
     claim_walks_the_pending_index(&session, &mut plans).await;
 }
 
 /// A table never analyzed (new, or truncated) that receives a bulk insert has no statistics:
-/// the planner then guesses a handful of pending rows and, on a plain session, prefers a bitmap
-/// scan plus a sort of every pending row. Worker sessions plan with sorts and bitmap scans
-/// discouraged, so the claim still walks the index.
+/// the planner then guesses a handful of pending rows and, left to itself, prefers a bitmap scan
+/// plus a sort of every pending row. The claim pins its own plan, so a worker session, which
+/// plans every other statement with the server's defaults (no planner switch leaks into it),
+/// still claims through the index.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_session_claims_through_the_index_on_a_never_analyzed_table() {
     let db = TestDb::migrated().await;
@@ -118,4 +193,298 @@ async fn a_worker_session_claims_through_the_index_on_a_never_analyzed_table() {
         .unwrap();
     insert_jobs(&filler, "test.noop", &vec![json!({}); 5_000], 3).await;
     claim_walks_the_pending_index(&session, &mut plans).await;
+    // The switches that pin the claim's plan are the function's own, and end with its call.
+    let pinned: Vec<String> = filler
+        .query_one(
+            "SELECT proconfig FROM pg_proc WHERE proname = 'durable_etl_claim'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for setting in ["enable_sort=off", "enable_bitmapscan=off"] {
+        assert!(pinned.iter().any(|s| s == setting), "{pinned:?}");
+    }
+    for setting in ["enable_sort", "enable_bitmapscan"] {
+        let value: String = session
+            .query_one(&format!("SHOW {setting}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(value, "on", "{setting} leaks into the session");
+    }
+}
+
+/// Inserts `n` terminal jobs of [`OWNER`] with time-ordered ids (UUIDv7 layout, two days old),
+/// oldest first: all `succeeded` but the 100 oldest, which are `cancelled` (so a listing of
+/// cancelled jobs that filtered the owner's jobs one by one would walk all of them); every
+/// succeeded one has its ledger row.
+async fn fill_history(client: &tokio_postgres::Client, n: i64) {
+    client
+        .execute(
+            "INSERT INTO etl_job_records
+                 (id, owner_key, idempotency_key_digest, request_fingerprint, kind, status,
+                  failure_code, finished_at, run_at, created_at)
+             SELECT (lpad(to_hex((extract(epoch FROM now() - interval '2 days') * 1000)::int8 + g),
+                          12, '0') || '70008' || lpad(to_hex(g), 15, '0'))::uuid,
+                    decode(repeat('ab', 32), 'hex'), sha256(g::text::bytea),
+                    sha256(g::text::bytea), 'test.noop',
+                    CASE WHEN g <= 100 THEN 'cancelled' ELSE 'succeeded' END,
+                    CASE WHEN g <= 100 THEN 'cancelled' END, now(), now() - interval '1 day',
+                    now() - interval '1 day'
+               FROM generate_series(1, $1::int8) g",
+            &[&n],
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO etl_job_responses
+                 (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged,
+                  data_checksum)
+             SELECT id, gen_random_uuid(), 1, 0, 0, sha256(id::text::bytea)
+               FROM etl_job_records WHERE status = 'succeeded'",
+        )
+        .await
+        .unwrap();
+}
+
+/// Runs `sql` with the job ids `$1` and claim ids `$2` (pairwise) and counts the rows it returns.
+async fn rows_by_pairs(
+    client: &impl GenericClient,
+    sql: &str,
+    ids: &[Uuid],
+    claims: &[Uuid],
+) -> usize {
+    let params: [(&(dyn ToSql + Sync), Type); 2] =
+        [(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)];
+    client.query_typed(sql, &params).await.unwrap().len()
+}
+
+/// Runs every hot statement once on `session` and asserts none walked the history. `pass` names
+/// the statistics the table had.
+async fn hot_statements_stay_off_the_history(
+    session: &mut tokio_postgres::Client,
+    plans: &mut mpsc::UnboundedReceiver<String>,
+    pass: &str,
+) {
+    let check = |what: &str, plans: &mut mpsc::UnboundedReceiver<String>| {
+        let seen = plans_since(plans);
+        assert_no_history_walk(&format!("{pass}: {what}"), &seen);
+        seen
+    };
+    plans_since(plans);
+    let claimed = claimer::claim(&*session, PLANNER, 8).await.unwrap();
+    assert_eq!(claimed.len(), 8, "{pass}");
+    assert_walks_the_pending_index(&check("claim", plans));
+    claimer::next_due(&*session).await.unwrap();
+    check("next due", plans);
+    let claims: Vec<Uuid> = claimed.iter().map(|c| c.claim_id()).collect();
+    let held = heartbeat::beat(&*session, PLANNER.owner_id, &claims, PLANNER.lease, true)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 8, "{pass}");
+    check("heartbeat", plans);
+
+    // The group commit of the first four: lock under the fences, then succeed.
+    let pairs: Vec<(Uuid, Uuid)> = claimed.iter().map(|c| (c.id(), c.claim_id())).collect();
+    let (ids, claim_ids): (Vec<Uuid>, Vec<Uuid>) = pairs[..4].iter().copied().unzip();
+    let tx = session.transaction().await.unwrap();
+    let locked = rows_by_pairs(&tx, group_commit::LOCK_FENCED_SQL, &ids, &claim_ids).await;
+    assert_eq!(locked, 4, "{pass}");
+    // Inside a transaction block a statement's portal (and so its plan report) ends only when the
+    // next statement starts.
+    tx.batch_execute("SELECT 1").await.unwrap();
+    check("group-commit lock", plans);
+    let entries: Vec<_> = pairs[..4]
+        .iter()
+        .map(|&(id, claim)| (id, claim, Default::default()))
+        .collect();
+    let succeeded = completer::succeed_many(&tx, &entries).await.unwrap();
+    assert_eq!(succeeded.len(), 4, "{pass}");
+    tx.commit().await.unwrap();
+    check("success", plans);
+    let ledger = rows_by_pairs(
+        &*session,
+        group_commit::LEDGER_BY_CLAIM_SQL,
+        &ids,
+        &claim_ids,
+    )
+    .await;
+    assert_eq!(ledger, 4, "{pass}");
+    check("ledger by claim", plans);
+
+    let (id, claim) = pairs[4];
+    let retried = completer::retry(&*session, id, claim, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(retried, completer::Transition::Retried, "{pass}");
+    check("retry", plans);
+    let (id, claim) = pairs[5];
+    let failed = completer::fail(&*session, id, claim, Code::HandlerFailed, None)
+        .await
+        .unwrap();
+    assert_eq!(failed, completer::Transition::Failed(Code::HandlerFailed));
+    check("fail", plans);
+    assert_eq!(
+        completer::release(&*session, &pairs[6..7]).await.unwrap(),
+        1
+    );
+    check("release", plans);
+
+    // Recovery: one lease expired (pairs[7]), then this owner's own leftovers.
+    session
+        .execute(
+            "UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second'
+              WHERE id = $1",
+            &[&pairs[7].0],
+        )
+        .await
+        .unwrap();
+    plans_since(plans);
+    let recovered = rescuer::recover(&*session, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(recovered.expired, 1, "{pass}");
+    check("recovery", plans);
+    claimer::claim(&*session, PLANNER, 1).await.unwrap();
+    plans_since(plans);
+    assert_eq!(
+        rescuer::recover_own(&*session, PLANNER.owner_id)
+            .await
+            .unwrap(),
+        1
+    );
+    check("own recovery", plans);
+
+    // The owner's views.
+    let status = jobs::status(&*session, &OWNER, pairs[0].0).await.unwrap();
+    assert_eq!(status.unwrap().status, "succeeded", "{pass}");
+    check("status read", plans);
+    let newest = jobs::list(&*session, &OWNER, None, None, 50).await.unwrap();
+    assert_eq!(newest.len(), 50, "{pass}");
+    check("listing", plans);
+    let cancelled = jobs::list(&*session, &OWNER, None, Some("cancelled"), 50)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.len(), 50, "{pass}");
+    assert!(cancelled.iter().all(|j| j.status == "cancelled"), "{pass}");
+    check("listing by status", plans);
+    let next = jobs::list(
+        &*session,
+        &OWNER,
+        cancelled.last().map(|j| j.id),
+        Some("cancelled"),
+        50,
+    )
+    .await
+    .unwrap();
+    assert_eq!(next.len(), 50, "{pass}");
+    check("listing by status, next page", plans);
+    let cancel = jobs::cancel(&*session, &OWNER, pairs[4].0, Code::Cancelled)
+        .await
+        .unwrap();
+    assert_eq!(cancel, jobs::Cancel::Cancelled, "{pass}");
+    check("cancel", plans);
+}
+
+/// Every hot statement on a worker session, on a table with 200,000 terminal rows: first never
+/// analyzed (a bulk load before autovacuum's analyze), then analyzed. None of them walks the
+/// history: the lock step of a group commit takes its rows through the primary key, and the
+/// listing by status through the owner + status index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_hot_statement_walks_the_history_of_terminal_rows() {
+    let db = TestDb::migrated().await;
+    let config = durable_etl::db::pg_config(&db.config, "worker").unwrap();
+    let (mut session, mut plans) = explained(config).await;
+    let filler = db.client().await;
+    // Autovacuum must not analyze the table behind the first pass's back.
+    filler
+        .batch_execute(
+            "SET auto_explain.log_min_duration = -1;
+             ALTER TABLE etl_job_records SET (autovacuum_enabled = false);
+             ALTER TABLE etl_job_responses SET (autovacuum_enabled = false);",
+        )
+        .await
+        .unwrap();
+    fill_history(&filler, HISTORY).await;
+    for pass in ["never analyzed", "analyzed"] {
+        if pass == "analyzed" {
+            filler.batch_execute("ANALYZE").await.unwrap();
+        }
+        insert_jobs(&filler, "test.noop", &vec![json!({}); 100], 3).await;
+        hot_statements_stay_off_the_history(&mut session, &mut plans, pass).await;
+    }
+}
+
+/// The fencing token of a job grows by one with every claim and is never given back: not by a
+/// shutdown release (which refunds the attempt), a retry or a recovery. The handler's context
+/// carries the token the row stores, and the claim stamps the owner's lock state and the renewal
+/// time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fencing_token_grows_with_every_claim_and_never_goes_back() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let id = insert_jobs(&client, "test.noop", &[json!({})], 5).await[0];
+    let stored = |row: tokio_postgres::Row| (row.get::<_, i64>(0), row.get::<_, i32>(1));
+    let read = "SELECT fencing_token, attempts FROM etl_job_records WHERE id = $1";
+    let mut seen = Vec::new();
+
+    // A shutdown release gives the attempt back, never the token.
+    let job = claimer::claim(&client, PLANNER, 1).await.unwrap().remove(0);
+    seen.push(job.ctx.fencing_token);
+    let released = completer::release(&client, &[(job.id(), job.claim_id())]).await;
+    assert_eq!(released.unwrap(), 1);
+    assert_eq!(
+        stored(client.query_one(read, &[&id]).await.unwrap()),
+        (1, 0)
+    );
+
+    // A retry due at once.
+    let job = claimer::claim(&client, PLANNER, 1).await.unwrap().remove(0);
+    seen.push(job.ctx.fencing_token);
+    let retried = completer::retry(&client, id, job.claim_id(), Duration::ZERO).await;
+    assert_eq!(retried.unwrap(), completer::Transition::Retried);
+
+    // A lease that expired, recovered.
+    let job = claimer::claim(&client, PLANNER, 1).await.unwrap().remove(0);
+    seen.push(job.ctx.fencing_token);
+    client
+        .execute(
+            "UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second'
+              WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rescuer::recover(&client, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .expired,
+        1
+    );
+
+    // A lock-backed claimant: the claim stamps the lock state it is given, and the renewal time.
+    let locked = claimer::Claimant {
+        owner_locked: true,
+        ..PLANNER
+    };
+    let job = claimer::claim(&client, locked, 1).await.unwrap().remove(0);
+    seen.push(job.ctx.fencing_token);
+    assert_eq!(seen, vec![1, 2, 3, 4], "one more per claim");
+    let stamped = client
+        .query_one(
+            "SELECT lease_owner_locked, lease_renewed_at = started_at FROM etl_job_records
+              WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!((stamped.get(0), stamped.get(1)), (true, Some(true)));
+    assert_eq!(
+        stored(client.query_one(read, &[&id]).await.unwrap()),
+        (4, 3),
+        "the token counts claims; attempts count only those charged"
+    );
 }

@@ -1,11 +1,12 @@
 //! The schema and its migrations: up/down/up, concurrent migrate, checksum refusal, the
 //! release-compatibility check, the CHECK constraints and the enqueue trigger.
 
-use crate::support::{catalog_snapshot, insert_job, Listener, TestDb};
+use crate::support::{catalog_snapshot, count, insert_job, Listener, TestDb};
 use durable_etl::codes::Code;
 use durable_etl::error::Error;
 use durable_etl::schema::{self, SchemaError};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
 
 #[tokio::test]
 async fn up_down_up_restores_the_catalog_exactly() {
@@ -339,4 +340,219 @@ async fn owner_lock_key_is_stable_and_spreads_owner_ids() {
     let (a1, a2, b): (i64, i64, i64) = (rows[0].get(0), rows[0].get(1), rows[0].get(2));
     assert_eq!(a1, a2);
     assert_ne!(a1, b);
+}
+
+/// The claim of a release that knows only migrations 0001 and 0002, as it shipped.
+const CLAIM_SQL_0002: &str = "
+WITH due AS (
+    SELECT id FROM etl_job_records
+     WHERE status = 'pending' AND run_at <= now()
+     ORDER BY run_at, id LIMIT $1
+     FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE etl_job_records AS j
+   SET status = 'running', attempts = j.attempts + 1, lease_claim_id = gen_random_uuid(),
+       lease_owner_id = $2, lease_owner_locked = $4,
+       lease_expires_at = now() + $3 * interval '1 millisecond', started_at = now(),
+       updated_at = now()
+  FROM due
+ WHERE j.id = due.id
+RETURNING j.id";
+
+/// Migration 0003 is not readable by releases that know less: their claims would advance no
+/// fencing token and stamp no renewal time. It says so in the history (an older release refuses
+/// to start), and an older replica still running when it is applied can claim nothing.
+#[tokio::test]
+async fn releases_older_than_0003_refuse_it_and_cannot_claim_under_it() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let declared: i32 = client
+        .query_one(
+            "SELECT min_reader_version FROM durable_etl_schema_history WHERE version = 3",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(declared, 3);
+    let readers = schema::MIGRATIONS.iter().map(|m| m.min_reader_version);
+    assert!(
+        readers.max() >= Some(3),
+        "a release knowing 2 gets schema_too_new"
+    );
+
+    let id = insert_job(&client, "now() - interval '1 second'").await;
+    let err = client
+        .query_typed(
+            CLAIM_SQL_0002,
+            &[
+                (&10i64, Type::INT8),
+                (&"old-replica", Type::TEXT),
+                (&30_000i64, Type::INT8),
+                (&true, Type::BOOL),
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::CHECK_VIOLATION));
+    assert_eq!(
+        err.as_db_error().unwrap().constraint(),
+        Some("etl_job_records_running_has_renewal")
+    );
+    let status: String = client
+        .query_one("SELECT status FROM etl_job_records WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "pending");
+}
+
+/// The SQL block of the retention runbook in `docs/operations.md`, verbatim.
+fn retention_runbook() -> String {
+    let doc = include_str!("../../docs/operations.md");
+    let marker = doc
+        .find("the_retention_runbook_deletes_old_jobs_as_written")
+        .expect("the runbook names its test");
+    let start = marker + doc[marker..].find("```sql\n").unwrap() + "```sql\n".len();
+    let end = start + doc[start..].find("```").unwrap();
+    doc[start..end].to_owned()
+}
+
+/// Inserts one job of the test owner with `status`, `finished_at` (an SQL expression) and the
+/// job it replaces; returns its id. Terminal jobs get their code and no payload.
+async fn job_finished(
+    client: &tokio_postgres::Client,
+    status: &str,
+    finished_at: &str,
+    replaces: Option<uuid::Uuid>,
+) -> uuid::Uuid {
+    let id = uuid::Uuid::now_v7();
+    client
+        .execute(
+            &format!(
+                "INSERT INTO etl_job_records
+                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind, status,
+                      request_payload, failure_code, finished_at, replaces_job_id)
+                 SELECT $1, decode(repeat('ab', 32), 'hex'), sha256($1::uuid::text::bytea),
+                        sha256($1::uuid::text::bytea), 'test.noop', $2::text,
+                        CASE WHEN $2 = 'pending' THEN '{{}}'::jsonb END,
+                        CASE $2 WHEN 'cancelled' THEN 'replaced'
+                                WHEN 'failed' THEN 'handler_failed' END,
+                        {finished_at}, $3"
+            ),
+            &[&id, &status, &replaces],
+        )
+        .await
+        .unwrap();
+    if status == "succeeded" {
+        client
+            .execute(
+                "INSERT INTO etl_job_responses
+                     (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged,
+                      data_checksum)
+                 VALUES ($1, gen_random_uuid(), 1, 0, 0, sha256($1::uuid::text::bytea))",
+                &[&id],
+            )
+            .await
+            .unwrap();
+    }
+    id
+}
+
+/// Writes target row `key` as job `job` (insert or overwrite).
+async fn write_target(client: &tokio_postgres::Client, key: &str, job: uuid::Uuid) {
+    client
+        .execute(
+            "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
+             VALUES (decode(repeat('ab', 32), 'hex'), 'orders', $1, '{}', $2)
+             ON CONFLICT (owner_key, dataset, record_key)
+             DO UPDATE SET written_by_job = EXCLUDED.written_by_job",
+            &[&key, &job],
+        )
+        .await
+        .unwrap();
+}
+
+/// The retention runbook, run exactly as `docs/operations.md` prints it, deletes every terminal
+/// job older than its cutoff, in several batches, whatever names them: target rows it wrote
+/// (they keep their data, without a writer), jobs that replaced it (old and recent), and its
+/// ledger row. Recent and active jobs stay.
+#[tokio::test]
+async fn the_retention_runbook_deletes_old_jobs_as_written() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let old = "now() - interval '31 days'";
+    let recent = "now() - interval '1 day'";
+    // Succeeded jobs that wrote target rows, one overwriting another's row, one recent.
+    let first = job_finished(&client, "succeeded", old, None).await;
+    write_target(&client, "a", first).await;
+    write_target(&client, "b", first).await;
+    let second = job_finished(&client, "succeeded", old, None).await;
+    write_target(&client, "b", second).await;
+    let kept = job_finished(&client, "succeeded", recent, None).await;
+    write_target(&client, "c", kept).await;
+    // An old replacement chain, and an old job replaced by a recent one.
+    let replaced = job_finished(&client, "cancelled", old, None).await;
+    let middle = job_finished(&client, "cancelled", old, Some(replaced)).await;
+    job_finished(&client, "succeeded", old, Some(middle)).await;
+    let replaced_recently = job_finished(&client, "cancelled", old, None).await;
+    let replacer = job_finished(&client, "succeeded", recent, Some(replaced_recently)).await;
+    // More old jobs than one batch holds, and active jobs.
+    client
+        .execute(
+            "INSERT INTO etl_job_records
+                 (id, owner_key, idempotency_key_digest, request_fingerprint, kind, status,
+                  failure_code, finished_at)
+             SELECT gen_random_uuid(), decode(repeat('cd', 32), 'hex'), sha256(g::text::bytea),
+                    sha256(g::text::bytea), 'test.noop', 'failed', 'handler_failed',
+                    now() - interval '40 days'
+               FROM generate_series(1, 2500) g",
+            &[],
+        )
+        .await
+        .unwrap();
+    let pending = job_finished(&client, "pending", "NULL", None).await;
+
+    client.batch_execute(&retention_runbook()).await.unwrap();
+
+    let remaining: Vec<uuid::Uuid> = client
+        .query("SELECT id FROM etl_job_records ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(remaining, vec![kept, replacer, pending]);
+    assert_eq!(
+        count(&client, "etl_job_responses").await,
+        2,
+        "kept's and replacer's"
+    );
+    let targets: Vec<(String, Option<uuid::Uuid>)> = client
+        .query(
+            "SELECT record_key, written_by_job FROM etl_target_rows ORDER BY record_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        targets,
+        vec![
+            ("a".to_owned(), None),
+            ("b".to_owned(), None),
+            ("c".to_owned(), Some(kept))
+        ]
+    );
+    let replaces: Option<uuid::Uuid> = client
+        .query_one(
+            "SELECT replaces_job_id FROM etl_job_records WHERE id = $1",
+            &[&replacer],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(replaces, None);
 }

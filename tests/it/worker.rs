@@ -2,7 +2,7 @@
 //! failures, recovery of dead and expired owners, heartbeats and shutdown.
 
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
-use crate::support::{count, eventually, insert_jobs, job_row, pool, session_pid, TestDb};
+use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
 use durable_etl::codes::Code;
 use durable_etl::config::WorkerConfig;
 use durable_etl::error::Error;
@@ -237,35 +237,48 @@ async fn a_stalled_executor_loses_its_commit_to_the_replica_that_recovered_the_j
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_owners_jobs_are_claimable_at_once() {
+async fn a_dead_owners_jobs_are_claimable_long_before_their_lease_expires() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let mut cfg = config("doomed-a");
     cfg.lease = Duration::from_secs(600);
     cfg.heartbeat_interval = Duration::from_secs(60);
     let Stalled { id, gate, step } = stalled_replica(&db, &client, cfg).await;
-    let pid = session_pid(&client, &db).await;
     let b = start(&db, config("replica-b"), Scripted::default()).await;
     assert_eq!(
         b.recover().await.unwrap().dead_owner,
         0,
         "A is alive: nothing to recover"
     );
-    client
-        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap();
+    // A dies: its task, its session and its owner lock are gone at once.
+    step.abort();
+    let _ = step.await;
     eventually("A's owner session to end", || {
         let client = &client;
-        async move { count(client, &format!("pg_stat_activity WHERE pid = {pid}")).await == 0 }
+        async move {
+            count(
+                client,
+                "pg_locks WHERE locktype = 'advisory' AND granted
+                   AND ((classid::bigint << 32) | objid::bigint) = durable_etl_owner_lock_key('doomed-a')",
+            )
+            .await
+                == 0
+        }
     })
     .await;
-    // The lease has ten minutes left, yet the job is recovered now.
-    let recovered = b.recover().await.unwrap();
+    // The lease has ten minutes left, yet the job is recovered as soon as A has also left it
+    // unrenewed for two of B's heartbeat intervals.
+    let mut recovered = b.recover().await.unwrap();
+    for _ in 0..100 {
+        if recovered.dead_owner > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        recovered = b.recover().await.unwrap();
+    }
     assert_eq!((recovered.dead_owner, recovered.expired), (1, 0));
     assert_eq!(b.step().await.unwrap(), vec![(id, Transition::Succeeded)]);
     gate.add_permits(1);
-    assert_eq!(step.await.unwrap().0, vec![(id, Transition::LeaseLost)]);
     assert_eq!(count(&client, "etl_target_rows").await, 1);
 }
 
@@ -511,6 +524,14 @@ async fn recovery_of_a_job_on_its_last_attempt_ends_it_lease_expired_exhausted()
         unreachable!()
     };
     claimer::claim(&client, claimant("crashed", 600), 1)
+        .await
+        .unwrap();
+    // The crashed owner has not renewed for an hour (aged in SQL, no sleeping).
+    client
+        .execute(
+            "UPDATE etl_job_records SET lease_renewed_at = now() - interval '1 hour'",
+            &[],
+        )
         .await
         .unwrap();
     let worker = start(&db, config("rescuer"), Scripted::default()).await;

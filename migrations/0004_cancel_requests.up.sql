@@ -1,5 +1,4 @@
--- 0004: cancel requests that never wait for a job's row, and the lease-renewal time that recovery
--- needs before it treats a missing owner lock as a dead owner.
+-- 0004: cancel requests that never wait for a job's row.
 
 -- A cancel request for a running job, recorded without touching (or waiting for the lock of) the
 -- job's row: a commit or a claim may hold that row for as long as a job's effects take. Every path
@@ -23,9 +22,3 @@ CREATE FUNCTION durable_etl_cancel_requested(job_id uuid, requested_at timestamp
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$ SELECT $2 IS NOT NULL
               OR EXISTS (SELECT 1 FROM etl_job_cancel_requests c WHERE c.job_id = $1) $$;
-
--- When the running row's lease was last renewed (by its claim or a heartbeat); NULL unless running.
--- A missing owner lock means a dead owner only once the owner has also stopped renewing: a replica
--- whose session is reconnecting keeps renewing on its pool. In no index, so renewals stay HOT.
-ALTER TABLE etl_job_records
-    ADD COLUMN IF NOT EXISTS lease_renewed_at timestamptz;

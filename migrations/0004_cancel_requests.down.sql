@@ -5,4 +5,3 @@ UPDATE etl_job_records j
  WHERE c.job_id = j.id AND j.cancel_requested_at IS NULL AND j.status = 'running';
 DROP FUNCTION durable_etl_cancel_requested(uuid, timestamptz);
 DROP TABLE etl_job_cancel_requests;
-ALTER TABLE etl_job_records DROP COLUMN IF EXISTS lease_renewed_at;
