@@ -16,12 +16,14 @@
 //!
 //! # Trust window
 //! Heartbeats renew the lease every `heartbeat_interval`, at most a third of the lease, so two
-//! lost heartbeats still leave the lease alive. A job whose heartbeat did not renew it is abandoned
-//! locally at once, before the database lets another replica take it.
+//! lost heartbeats still leave the lease alive. A job whose lease the heartbeat finds gone is
+//! abandoned locally at once. Each job also has a local lease clock: trusted until the last
+//! successful renewal's send time plus the lease less a fifth of it. When renewals fail for that
+//! long, the job is abandoned locally before the database lets another replica take it.
 //!
 //! # Failure handling
-//! A dead owner (its advisory lock gone with its session) or an expired lease makes the row
-//! reclaimable by recovery. Recovery, like every fenced write, re-checks `status = 'running'` in
+//! A dead owner (its advisory lock gone with its session, and its leases unrenewed for two
+//! heartbeat intervals) or an expired lease makes the row reclaimable by recovery. Recovery, like every fenced write, re-checks `status = 'running'` in
 //! the statement that changes the row and skips rows locked by a live executor.
 
 use crate::handler::JobContext;
