@@ -77,7 +77,8 @@ pub struct EtlRequest {
     pub records: Vec<Map<String, Value>>,
     /// The transform applied to every record.
     pub transform: Transform,
-    /// When the job becomes due (UTC); `None` means now.
+    /// When the job becomes due (UTC); `None`, or an instant already past when it is enqueued,
+    /// means now.
     pub run_at: Option<DateTime<Utc>>,
     /// The job this one replaces (cancelled atomically when this one is accepted).
     pub replaces: Option<uuid::Uuid>,

@@ -34,9 +34,11 @@ pub const MAX_NUMBER_CHARS: usize = 40;
 pub enum Cast {
     /// A JSON string (numbers and booleans are rendered as text).
     String,
-    /// A 64-bit integer (from an integral number or its decimal text).
+    /// A 64-bit integer (from a number with no fractional part, `1.0` and `1e2` included, or
+    /// from integer text such as `" -42 "`).
     Integer,
-    /// A decimal, kept as canonical text (`-12.50` stays `-12.50`; `007` becomes `7`).
+    /// A decimal, kept as canonical text (`-12.50` stays `-12.50`; `007` becomes `7`): from any
+    /// number, written out exactly (`1e21`, `1e-7`), or from plain decimal text (no exponent).
     Decimal,
     /// A boolean (from `true`/`false` in any case, or 0/1).
     Boolean,

@@ -196,3 +196,55 @@ async fn concurrent_identical_replacements_with_one_key_replay() {
         Some("replaced")
     );
 }
+
+#[tokio::test]
+async fn intake_writes_numbers_exactly_as_postgresql_stores_them() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let texts = [
+        "0",
+        "-0",
+        "-0.00",
+        "7",
+        "-7",
+        "1.0",
+        "1.50",
+        "-1.50",
+        "1e2",
+        "1E+2",
+        "1e-2",
+        "1.5e1",
+        "1.50e1",
+        "100e-2",
+        "0.00e-2",
+        "0.001e3",
+        "0.0e5",
+        "12345678901234567.89",
+        "123456789012345678901234567890",
+        "1e21",
+        "1e-7",
+        "-2.5E-3",
+        "9.99e38",
+        "1e39",
+        "1e-38",
+        "123.456e-10",
+        "5e0",
+        "5e-0",
+        "18446744073709551616",
+    ];
+    let stored: Vec<String> = client
+        .query(
+            "SELECT t::jsonb::text FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n) ORDER BY n",
+            &[&texts.to_vec()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let ours: Vec<String> = texts
+        .iter()
+        .map(|t| durable_etl::etl::transform::canonical_number(t).unwrap())
+        .collect();
+    assert_eq!(ours, stored);
+}
