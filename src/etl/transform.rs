@@ -317,9 +317,12 @@ impl Transform {
             .filter_map(|(from, to)| out.remove(from).map(|value| (to, value)))
             .collect();
         for (to, value) in moved {
-            if out.insert(to.clone(), value).is_some() {
+            // Onto a field the record itself keeps, one value would be lost; a default for the
+            // target only stood in for an absent field, and the renamed value replaces it.
+            if record.contains_key(to) && !self.rename.contains_key(to) {
                 return None;
             }
+            out.insert(to.clone(), value);
         }
         for (field, cast) in &self.cast {
             if let Some(value) = out.get_mut(field) {
@@ -570,6 +573,19 @@ mod tests {
         assert_eq!(
             onto_kept.apply(&record(json!({"a": 1}))),
             Some(record(json!({"b": 1})))
+        );
+        let onto_default = Transform {
+            defaults: [("b".to_owned(), json!(0))].into(),
+            ..onto_kept
+        };
+        assert_eq!(
+            onto_default.apply(&record(json!({"a": 1}))),
+            Some(record(json!({"b": 1}))),
+            "the renamed value replaces the default"
+        );
+        assert_eq!(
+            onto_default.apply(&record(json!({}))),
+            Some(record(json!({"b": 0})))
         );
     }
 }
