@@ -72,7 +72,8 @@ pub enum Code {
     TransformInvalid,
     /// `transform` names more fields, or carries larger `defaults`, than a request may.
     TransformTooLarge,
-    /// The transformed records would exceed the output bound (fields across all records, or bytes).
+    /// The records would exceed the transform's bound (fields or bytes across all records, before
+    /// or after `select`).
     OutputTooLarge,
     /// A number's exponent would expand it beyond the digits a request may store exactly.
     NumberOutOfRange,

@@ -138,11 +138,10 @@ pub fn parse(value: &Value, limits: IntakeLimits) -> Result<EtlRequest, Rejectio
     // transformed at execution, so they are not charged here either.
     let mut budget = OutputBudget::default();
     for record in &request.records {
-        let Some(out) = request.transform.apply(record) else {
-            break;
-        };
-        if budget.charge(&out).is_err() {
-            return Err(Rejection::new(Code::OutputTooLarge, "/records"));
+        match request.transform.apply_within(record, &mut budget) {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(_) => return Err(Rejection::new(Code::OutputTooLarge, "/records")),
         }
     }
     Ok(request)
@@ -587,6 +586,13 @@ mod tests {
         assert_eq!(
             rejected(request(json!({"transform": {"select": long_select}}))),
             (Code::TransformTooLarge, "/transform/select".to_owned())
+        );
+        // Dropped again by `select`, a large default still costs a copy per record.
+        let dropped = request(json!({"records": numbered(1_200), "transform": {
+            "defaults": {"pad": "x".repeat(60_000)}, "select": ["id"]}}));
+        assert_eq!(
+            rejected(dropped),
+            (Code::OutputTooLarge, "/records".to_owned())
         );
         let fits =
             request(json!({"records": numbered(2_000), "transform": {"defaults": defaults(50)}}));

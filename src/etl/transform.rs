@@ -25,6 +25,12 @@ pub const MAX_DEFAULTS_BYTES: usize = 64 * 1024;
 pub const MAX_OUTPUT_FIELDS: usize = 250_000;
 /// The most bytes the transformed records of one request may hold, as JSON text, all together.
 pub const MAX_OUTPUT_BYTES: usize = 8 * 1024 * 1024;
+/// The most fields the records of one request may hold before `select` drops some, all records
+/// together (what `defaults` added included).
+pub const MAX_HANDLED_FIELDS: usize = 1_000_000;
+/// The most bytes the records of one request may hold before `select` drops some, as JSON text,
+/// all records together (what `defaults` added included).
+pub const MAX_HANDLED_BYTES: usize = 64 * 1024 * 1024;
 /// The most characters a number may take once its exponent is written out (`1e21` takes 22),
 /// unless its own text is longer (a number written out in full is kept as it is).
 pub const MAX_NUMBER_CHARS: usize = 40;
@@ -222,7 +228,7 @@ pub fn canonicalize_numbers(value: &mut Value) -> bool {
 }
 
 /// The transformed records of one request went over [`MAX_OUTPUT_FIELDS`] or
-/// [`MAX_OUTPUT_BYTES`].
+/// [`MAX_OUTPUT_BYTES`], or before `select` over [`MAX_HANDLED_FIELDS`] or [`MAX_HANDLED_BYTES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the transformed records exceed the output bound")]
 pub struct OutputExceeded;
@@ -231,17 +237,18 @@ pub struct OutputExceeded;
 /// order, the same way at intake and at execution, so a request intake accepted never exceeds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutputBudget {
-    /// Fields left. Starts at [`MAX_OUTPUT_FIELDS`].
-    fields: usize,
-    /// JSON bytes left. Starts at [`MAX_OUTPUT_BYTES`].
-    bytes: usize,
+    /// Output fields and JSON bytes left. Start at [`MAX_OUTPUT_FIELDS`], [`MAX_OUTPUT_BYTES`].
+    output: (usize, usize),
+    /// Fields and JSON bytes before `select` left. Start at [`MAX_HANDLED_FIELDS`],
+    /// [`MAX_HANDLED_BYTES`].
+    handled: (usize, usize),
 }
 
 impl Default for OutputBudget {
     fn default() -> Self {
         OutputBudget {
-            fields: MAX_OUTPUT_FIELDS,
-            bytes: MAX_OUTPUT_BYTES,
+            output: (MAX_OUTPUT_FIELDS, MAX_OUTPUT_BYTES),
+            handled: (MAX_HANDLED_FIELDS, MAX_HANDLED_BYTES),
         }
     }
 }
@@ -252,16 +259,23 @@ impl OutputBudget {
     /// # Errors
     /// [`OutputExceeded`] once the records charged so far exceed the bound.
     pub fn charge(&mut self, record: &Map<String, Value>) -> Result<(), OutputExceeded> {
-        self.fields = self
-            .fields
-            .checked_sub(record.len())
-            .ok_or(OutputExceeded)?;
-        self.bytes = self
-            .bytes
-            .checked_sub(json_len(record))
-            .ok_or(OutputExceeded)?;
-        Ok(())
+        take(&mut self.output, record)
     }
+
+    /// Charges one record as it was before `select`.
+    ///
+    /// # Errors
+    /// [`OutputExceeded`] once the records charged so far exceed the bound.
+    pub fn charge_handled(&mut self, record: &Map<String, Value>) -> Result<(), OutputExceeded> {
+        take(&mut self.handled, record)
+    }
+}
+
+/// Takes `record`'s fields and JSON bytes from `left`.
+fn take(left: &mut (usize, usize), record: &Map<String, Value>) -> Result<(), OutputExceeded> {
+    left.0 = left.0.checked_sub(record.len()).ok_or(OutputExceeded)?;
+    left.1 = left.1.checked_sub(json_len(record)).ok_or(OutputExceeded)?;
+    Ok(())
 }
 
 /// Counts the bytes written to it.
@@ -306,6 +320,37 @@ impl Transform {
     /// Applies the transform to one record; `None` if a cast fails, a required field is missing,
     /// or a field would be renamed onto a field the record keeps.
     pub fn apply(&self, record: &Map<String, Value>) -> Option<Map<String, Value>> {
+        let mut out = self.apply_before_select(record)?;
+        if let Some(keep) = &self.select {
+            out.retain(|field, _| keep.contains(field));
+        }
+        Some(out)
+    }
+
+    /// Applies the transform to one record, charging `budget` for it: `Ok(None)` where
+    /// [`Transform::apply`] gives `None`.
+    ///
+    /// # Errors
+    /// [`OutputExceeded`] once the records charged so far exceed the budget, before `select` or
+    /// after it.
+    pub fn apply_within(
+        &self,
+        record: &Map<String, Value>,
+        budget: &mut OutputBudget,
+    ) -> Result<Option<Map<String, Value>>, OutputExceeded> {
+        let Some(mut out) = self.apply_before_select(record) else {
+            return Ok(None);
+        };
+        if let Some(keep) = &self.select {
+            budget.charge_handled(&out)?;
+            out.retain(|field, _| keep.contains(field));
+        }
+        budget.charge(&out)?;
+        Ok(Some(out))
+    }
+
+    /// Every step but `select`; `None` where [`Transform::apply`] gives `None`.
+    fn apply_before_select(&self, record: &Map<String, Value>) -> Option<Map<String, Value>> {
         let mut out = record.clone();
         for (field, value) in &self.defaults {
             out.entry(field.clone()).or_insert_with(|| value.clone());
@@ -335,9 +380,6 @@ impl Transform {
             .any(|f| out.get(f).is_none_or(Value::is_null))
         {
             return None;
-        }
-        if let Some(keep) = &self.select {
-            out.retain(|field, _| keep.contains(field));
         }
         Some(out)
     }
