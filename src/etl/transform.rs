@@ -7,7 +7,8 @@
 //! - Numbers are kept as their text, never floats, so no precision is lost: decimals are carried
 //!   as canonical strings, and a number is only ever rewritten into the form PostgreSQL's
 //!   `numeric` stores (`1e2` is `100`); timestamps are normalized to canonical UTC.
-//! - `rename` moves every field at once, and never onto a field the record keeps.
+//! - `rename` moves every field at once, and never onto a field the record keeps or onto a name
+//!   another of the record's fields lands on: such a record fails, no value is ever dropped.
 //! - What a transform may produce is bounded ([`OutputBudget`]): intake refuses a request whose
 //!   records would exceed it, and execution stops a plan the moment it does, so no request can
 //!   make a replica allocate without bound.
@@ -32,8 +33,9 @@ pub const MAX_HANDLED_FIELDS: usize = 1_000_000;
 /// all records together (what `defaults` added included).
 pub const MAX_HANDLED_BYTES: usize = 64 * 1024 * 1024;
 /// The most characters a number may take once its exponent is written out (`1e21` takes 22),
-/// unless its own text is longer (a number written out in full is kept as it is).
-pub const MAX_NUMBER_CHARS: usize = 40;
+/// unless its own text is longer (a number written out in full is kept as it is): enough for
+/// every number a 64-bit float can write (`5e-324` takes 326), which earlier releases accepted.
+pub const MAX_NUMBER_CHARS: usize = 400;
 
 /// A cast target type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -306,7 +308,8 @@ pub fn json_len<T: serde::Serialize + ?Sized>(value: &T) -> usize {
 pub struct Transform {
     /// Keep only these fields (after rename), if set.
     pub select: Option<BTreeSet<String>>,
-    /// Rename fields, all at once: old name → new name (no two onto the same name).
+    /// Rename fields, all at once: old name → new name. Two may share a new name (alternative
+    /// source names); a record that has both fails.
     pub rename: BTreeMap<String, String>,
     /// Cast fields (by their name after rename).
     pub cast: BTreeMap<String, Cast>,
@@ -361,10 +364,13 @@ impl Transform {
             .iter()
             .filter_map(|(from, to)| out.remove(from).map(|value| (to, value)))
             .collect();
+        let mut landed = BTreeSet::new();
         for (to, value) in moved {
-            // Onto a field the record itself keeps, one value would be lost; a default for the
-            // target only stood in for an absent field, and the renamed value replaces it.
-            if record.contains_key(to) && !self.rename.contains_key(to) {
+            // Onto a field the record itself keeps, or onto a name another of its fields was
+            // renamed to, one value would be lost. A default for the target only stood in for an
+            // absent field, and the renamed value replaces it.
+            let kept = record.contains_key(to) && !self.rename.contains_key(to);
+            if kept || !landed.insert(to) {
                 return None;
             }
             out.insert(to.clone(), value);
@@ -615,6 +621,16 @@ mod tests {
         assert_eq!(
             onto_kept.apply(&record(json!({"a": 1}))),
             Some(record(json!({"b": 1})))
+        );
+        let coalesce = renaming(&[("amount", "total"), ("amt", "total")]);
+        assert_eq!(
+            coalesce.apply(&record(json!({"amt": 1}))),
+            Some(record(json!({"total": 1})))
+        );
+        assert_eq!(
+            coalesce.apply(&record(json!({"amount": 1, "amt": 2}))),
+            None,
+            "two fields renamed onto one name would lose one of them"
         );
         let onto_default = Transform {
             defaults: [("b".to_owned(), json!(0))].into(),
