@@ -70,6 +70,13 @@ pub enum Code {
     TooManyRecords,
     /// `transform` is not a valid transform spec.
     TransformInvalid,
+    /// `transform` names more fields, or carries larger `defaults`, than a request may.
+    TransformTooLarge,
+    /// The records would exceed the transform's bound (fields or bytes across all records, before
+    /// or after `select`).
+    OutputTooLarge,
+    /// A number's exponent would expand it beyond the digits a request may store exactly.
+    NumberOutOfRange,
     /// `run_at` is not an RFC 3339 instant.
     RunAtInvalid,
     /// The idempotency key is missing, empty or longer than 255 characters.
@@ -123,6 +130,9 @@ impl Code {
         Code::RecordsInvalid,
         Code::TooManyRecords,
         Code::TransformInvalid,
+        Code::TransformTooLarge,
+        Code::OutputTooLarge,
+        Code::NumberOutOfRange,
         Code::RunAtInvalid,
         Code::IdempotencyKeyInvalid,
         Code::IdempotencyKeyReused,
@@ -166,6 +176,9 @@ impl Code {
             Code::RecordsInvalid => "records_invalid",
             Code::TooManyRecords => "too_many_records",
             Code::TransformInvalid => "transform_invalid",
+            Code::TransformTooLarge => "transform_too_large",
+            Code::OutputTooLarge => "output_too_large",
+            Code::NumberOutOfRange => "number_out_of_range",
             Code::RunAtInvalid => "run_at_invalid",
             Code::IdempotencyKeyInvalid => "idempotency_key_invalid",
             Code::IdempotencyKeyReused => "idempotency_key_reused",

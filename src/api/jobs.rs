@@ -72,6 +72,7 @@ impl ToSchema for EtlRequest {
 /// The JSON Schemas of the request body, as the intake validator (`etl::request`) enforces it:
 /// `EtlRequest`, and `JsonValue` (any JSON `jsonb` can store: no U+0000 in any string or name).
 pub(super) fn request_schemas() -> [(&'static str, serde_json::Value); 2] {
+    use crate::etl::transform::MAX_SPEC_FIELDS;
     let value = serde_json::json!({"$ref": "#/components/schemas/JsonValue"});
     let field =
         serde_json::json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": NO_NUL});
@@ -88,13 +89,15 @@ pub(super) fn request_schemas() -> [(&'static str, serde_json::Value); 2] {
                 "type": ["object", "null"],
                 "additionalProperties": false,
                 "properties": {
-                    "select": {"type": "array", "items": field},
-                    "required": {"type": "array", "items": field},
-                    "rename": {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": field},
-                    "cast": {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": {
+                    "select": {"type": "array", "items": field, "maxItems": MAX_SPEC_FIELDS},
+                    "required": {"type": "array", "items": field, "maxItems": MAX_SPEC_FIELDS},
+                    "rename": {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": field,
+                               "maxProperties": MAX_SPEC_FIELDS},
+                    "cast": {"type": "object", "propertyNames": {"pattern": NO_NUL}, "maxProperties": MAX_SPEC_FIELDS, "additionalProperties": {
                         "type": "string",
                         "enum": ["string", "integer", "decimal", "boolean", "timestamp"]}},
-                    "defaults": object
+                    "defaults": {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": value,
+                                 "maxProperties": MAX_SPEC_FIELDS}
                 }
             },
             "run_at": {"type": ["string", "null"], "format": "date-time"},

@@ -60,6 +60,9 @@ fn status_and_title(code: Code) -> (StatusCode, &'static str) {
         | Code::RecordsInvalid
         | Code::TooManyRecords
         | Code::TransformInvalid
+        | Code::TransformTooLarge
+        | Code::OutputTooLarge
+        | Code::NumberOutOfRange
         | Code::RunAtInvalid
         | Code::ReplacesInvalid => (
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -12,6 +12,11 @@
 //! - A request that `replaces` a job cancels it (as `replaced`) before it is inserted; on the
 //!   caller's transaction both commit or neither does. A replaced running job ends `cancelled`
 //!   when its worker next settles it, and its effects never commit.
+//! - Two concurrent submissions replacing one job under the same key answer as if they came one
+//!   after the other: the loser waits for the replaced job's row lock, finds the job ended, sees
+//!   the winner's key and replays it. This holds on a transaction; on a bare connection the cancel
+//!   commits before the insert, and the loser may find neither the job pending nor the key
+//!   (`conflict`).
 
 use crate::codes::Code;
 use crate::digest::{DigestKind, Secret};
@@ -50,6 +55,8 @@ pub struct Enqueued {
 
 /// Inserts the jobs of one batch in one statement, skipping any whose owner + idempotency key
 /// exists already. `$1..$6` and `$9` are parallel arrays; `$7` is the owner digest, `$8` the kind.
+/// A `run_at` in the past (or none) becomes `now()`: a job cannot be dated before the jobs
+/// already due, jump ahead of them, or skew the enqueue-to-start latency.
 ///
 /// Locks: inserts new rows (and their unique-index entries). A concurrent insert of the same
 /// owner + key waits for the other transaction, then is skipped if it committed; the statement
@@ -59,7 +66,7 @@ INSERT INTO etl_job_records
        (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload,
         max_attempts, run_at, replaces_job_id)
 SELECT b.id, $7, b.key_digest, b.fingerprint, $8, b.payload, b.max_attempts,
-       coalesce(b.run_at, now()), b.replaces
+       greatest(b.run_at, now()), b.replaces
   FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[], $6::timestamptz[],
               $9::uuid[])
        AS b(id, key_digest, fingerprint, payload, max_attempts, run_at, replaces)
@@ -190,28 +197,42 @@ async fn replace_olds(
     key_digests: &[Vec<u8>],
     replaces: &[Option<Uuid>],
 ) -> Result<(), Error> {
-    let owner: &[u8] = owner_key;
     for (digest, old) in key_digests.iter().zip(replaces) {
         let Some(old) = *old else { continue };
-        let digests: &[&[u8]] = &[digest.as_slice()];
-        let replay = client
-            .query_typed_opt(
-                EXISTING_SQL,
-                &[(&owner, Type::BYTEA), (&digests, Type::BYTEA_ARRAY)],
-            )
-            .await?;
-        if replay.is_some() {
+        if key_exists(client, owner_key, digest).await? {
             continue;
         }
         match jobs::cancel(client, owner_key, old, Code::Replaced).await? {
             Cancel::Cancelled | Cancel::Requested => {}
             Cancel::NotFound => return Err(Rejection::new(Code::NotFound, "/replaces").into()),
+            // Lost the race to a concurrent submission with the same key, which replaced the job
+            // and committed while this cancel waited for its row lock: the insert then replays
+            // it (or refuses a different request), as if it had come first.
+            Cancel::AlreadyEnded(_) if key_exists(client, owner_key, digest).await? => {}
             Cancel::AlreadyEnded(_) => {
                 return Err(Rejection::new(Code::Conflict, "/replaces").into())
             }
         }
     }
     Ok(())
+}
+
+/// Whether owner `owner_key` has a job under the idempotency key digest `digest` (committed, or
+/// inserted earlier in the caller's transaction).
+async fn key_exists(
+    client: &impl GenericClient,
+    owner_key: &[u8; 32],
+    digest: &[u8],
+) -> Result<bool, Error> {
+    let owner: &[u8] = owner_key;
+    let digests: &[&[u8]] = &[digest];
+    let found = client
+        .query_typed_opt(
+            EXISTING_SQL,
+            &[(&owner, Type::BYTEA), (&digests, Type::BYTEA_ARRAY)],
+        )
+        .await?;
+    Ok(found.is_some())
 }
 
 /// The keyed fingerprint of a normalized request document (object keys sorted).

@@ -5,13 +5,18 @@
 //! Invariants this module keeps:
 //! - A record that cannot be transformed, has no usable key, or repeats a key fails the job with
 //!   `record_invalid` and the record's index; its value is never reported.
+//! - The plan runs on tokio's blocking pool, never on an async worker thread, and within the
+//!   transform's [`OutputBudget`]: a plan that exceeds it fails its job with `invalid_payload`
+//!   (intake refuses such requests, so only a payload that bypassed intake can), never the
+//!   process. Execution re-applies no intake limit: what one replica accepted, every replica runs.
 //! - The load is one statement. Rows are upserted in key order, so concurrent loads lock rows in
 //!   the same order and do not deadlock each other; a row whose data is unchanged is not
 //!   rewritten (and keeps the job that last changed it).
 //! - Loading the same request again yields the same rows and the same checksum.
 
 use crate::codes::Code;
-use crate::etl::request::{self, IntakeLimits};
+use crate::etl::request;
+use crate::etl::transform::OutputBudget;
 use crate::etl::KIND;
 use crate::handler::{Effects, Handler, JobContext, JobError, LedgerEntry};
 use futures::future::BoxFuture;
@@ -22,12 +27,11 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
-/// The ETL handler (`etl.load`).
+/// The ETL handler (`etl.load`). It has no settings: execution applies no intake limit, only the
+/// fixed bounds of [`crate::etl::transform`]. Build it with `EtlLoad::default()`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct EtlLoad {
-    /// Limits re-checked when the stored payload is parsed.
-    pub limits: IntakeLimits,
-}
+#[non_exhaustive]
+pub struct EtlLoad {}
 
 impl Handler for EtlLoad {
     fn kind(&self) -> &'static str {
@@ -39,9 +43,15 @@ impl Handler for EtlLoad {
         job: &'a JobContext,
         payload: Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
+        let job = job.clone();
         Box::pin(async move {
-            let load = plan(job, &payload, self.limits)?;
-            Ok(Box::new(load) as Box<dyn Effects>)
+            match tokio::task::spawn_blocking(move || plan(&job, &payload)).await {
+                Ok(load) => Ok(Box::new(load?) as Box<dyn Effects>),
+                // A panic in the plan is the handler's panic: the executor's guard records it.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // The runtime is shutting down: the attempt did not run.
+                Err(e) => Err(JobError::transient(e)),
+            }
         })
     }
 }
@@ -59,19 +69,22 @@ pub struct Load {
     rows: BTreeMap<String, Value>,
 }
 
-/// Validates the stored request and transforms every record.
+/// Validates the stored request and transforms every record, within an [`OutputBudget`].
+/// CPU-bound: [`EtlLoad`] runs it on the blocking pool.
 ///
 /// # Errors
-/// `invalid_payload` for a payload that is not a valid request; `record_invalid` with the index
-/// of the first record that fails.
-pub fn plan(job: &JobContext, payload: &Value, limits: IntakeLimits) -> Result<Load, JobError> {
+/// `invalid_payload` for a payload that is not a valid request or whose records exceed the
+/// budget; `record_invalid` with the index of the first record that fails.
+pub fn plan(job: &JobContext, payload: &Value) -> Result<Load, JobError> {
     let request =
-        request::parse(payload, limits).map_err(|_| JobError::permanent(Code::InvalidPayload))?;
+        request::parse_stored(payload).map_err(|_| JobError::permanent(Code::InvalidPayload))?;
+    let mut budget = OutputBudget::default();
     let mut rows = BTreeMap::new();
     for (index, record) in request.records.iter().enumerate() {
         let out = request
             .transform
-            .apply(record)
+            .apply_within(record, &mut budget)
+            .map_err(|_| JobError::permanent(Code::InvalidPayload))?
             .ok_or_else(|| JobError::record_invalid(index))?;
         let key = match out.get(&request.key) {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
@@ -157,6 +170,7 @@ impl Effects for Load {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
     use serde_json::json;
 
     /// A job context for planning.
@@ -174,7 +188,7 @@ mod tests {
 
     /// The failure `payload` plans to.
     fn failure(payload: Value) -> (Code, Option<i32>) {
-        match plan(&job(), &payload, IntakeLimits::default()) {
+        match plan(&job(), &payload) {
             Err(JobError::Permanent {
                 code, record_index, ..
             }) => (code, record_index),
@@ -186,8 +200,8 @@ mod tests {
     fn records_are_keyed_transformed_and_checksummed_deterministically() {
         let payload = json!({"dataset": "d", "key": "id", "records": [{"id": 2, "v": "1"}, {"id": "a", "v": "2"}],
                              "transform": {"cast": {"v": "integer"}}});
-        let a = plan(&job(), &payload, IntakeLimits::default()).unwrap();
-        let b = plan(&job(), &payload, IntakeLimits::default()).unwrap();
+        let a = plan(&job(), &payload).unwrap();
+        let b = plan(&job(), &payload).unwrap();
         assert_eq!(a.rows.keys().collect::<Vec<_>>(), vec!["2", "a"]);
         assert_eq!(a.rows["a"], json!({"id": "a", "v": 2}));
         assert_eq!(a.checksum(), b.checksum());
@@ -224,5 +238,20 @@ mod tests {
             failure(json!({"dataset": "BAD"})),
             (Code::InvalidPayload, None)
         );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_plan_runs_off_the_async_thread() {
+        let records: Vec<Value> = (0..10_000).map(|i| json!({"id": i, "v": "x"})).collect();
+        let payload = json!({"dataset": "d", "key": "id", "records": records});
+        let (job, handler) = (job(), EtlLoad::default());
+        // A plan computed inside the poll would be done after the first one; on the blocking
+        // pool it is still running (10,000 records take far longer than one poll).
+        let first_poll = handler.prepare(&job, payload.clone()).now_or_never();
+        assert!(
+            first_poll.is_none(),
+            "the plan must not hold the runtime's thread"
+        );
+        assert!(handler.prepare(&job, payload).await.is_ok());
     }
 }

@@ -7,14 +7,21 @@
 //!   the offending value. Pointers are built only from names the schema defines and array
 //!   indices: a member the client named (an unknown member, a field in `cast`) is pointed at
 //!   through its parent, so no client-chosen text is ever echoed.
-//! - `run_at` is normalized to canonical UTC; the normalized request is what is stored and what the
+//! - `run_at` is normalized to canonical UTC and every number to the form PostgreSQL stores it in
+//!   (`1e2` is `100`, never a float); the normalized request is what is stored and what the
 //!   request fingerprint is computed over.
+//! - Intake ([`parse`]) applies the configured [`IntakeLimits`] and the fixed bounds of the
+//!   transform module (spec size, output size, number length); execution ([`parse_stored`])
+//!   applies only the fixed bounds, so a request a replica's intake accepted under larger limits
+//!   is never refused by another replica's execution.
 
 use crate::codes::Code;
-use crate::etl::transform::{Cast, Transform};
+use crate::etl::transform::{
+    self, Cast, OutputBudget, Transform, MAX_DEFAULTS_BYTES, MAX_SPEC_FIELDS,
+};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Default largest number of records in one request.
 pub const MAX_RECORDS_DEFAULT: usize = 10_000;
@@ -70,7 +77,8 @@ pub struct EtlRequest {
     pub records: Vec<Map<String, Value>>,
     /// The transform applied to every record.
     pub transform: Transform,
-    /// When the job becomes due (UTC); `None` means now.
+    /// When the job becomes due (UTC); `None`, or an instant already past when it is enqueued,
+    /// means now.
     pub run_at: Option<DateTime<Utc>>,
     /// The job this one replaces (cancelled atomically when this one is accepted).
     pub replaces: Option<uuid::Uuid>,
@@ -99,11 +107,57 @@ pub fn parse_bytes(body: &[u8], limits: IntakeLimits) -> Result<EtlRequest, Reje
     parse(&value, limits)
 }
 
-/// Validates a request document.
+/// Validates a request document at intake: its structure, the configured `limits`, and the
+/// fixed bounds (numbers that cannot be kept exactly, a transform spec or output too large).
+/// Numbers are normalized as PostgreSQL stores them.
 ///
 /// # Errors
 /// A [`Rejection`] naming the first problem found.
 pub fn parse(value: &Value, limits: IntakeLimits) -> Result<EtlRequest, Rejection> {
+    let mut request = parse_document(value, Some(limits))?;
+    for (i, record) in request.records.iter_mut().enumerate() {
+        for field in record.values_mut() {
+            if !transform::canonicalize_numbers(field) {
+                return Err(Rejection::new(
+                    Code::NumberOutOfRange,
+                    format!("/records/{i}"),
+                ));
+            }
+        }
+    }
+    for value in request.transform.defaults.values_mut() {
+        if !transform::canonicalize_numbers(value) {
+            return Err(Rejection::new(
+                Code::NumberOutOfRange,
+                "/transform/defaults",
+            ));
+        }
+    }
+    // The same charge, record by record, as execution makes: a request accepted here never
+    // exceeds the budget there. Records after the first that fails its transform are never
+    // transformed at execution, so they are not charged here either.
+    let mut budget = OutputBudget::default();
+    for record in &request.records {
+        match request.transform.apply_within(record, &mut budget) {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(_) => return Err(Rejection::new(Code::OutputTooLarge, "/records")),
+        }
+    }
+    Ok(request)
+}
+
+/// Validates a stored request (a job's payload) at execution: its structure and the fixed spec
+/// bounds, but none of the intake limits, which another replica may have configured larger.
+///
+/// # Errors
+/// A [`Rejection`] naming the first problem found.
+pub fn parse_stored(value: &Value) -> Result<EtlRequest, Rejection> {
+    parse_document(value, None)
+}
+
+/// Validates a request document's structure, and its record count against `limits` if given.
+fn parse_document(value: &Value, limits: Option<IntakeLimits>) -> Result<EtlRequest, Rejection> {
     let doc = value
         .as_object()
         .ok_or_else(|| Rejection::new(Code::RequestInvalid, ""))?;
@@ -124,7 +178,7 @@ pub fn parse(value: &Value, limits: IntakeLimits) -> Result<EtlRequest, Rejectio
         .get("records")
         .and_then(Value::as_array)
         .ok_or_else(|| Rejection::new(Code::RecordsInvalid, "/records"))?;
-    if raw_records.len() > limits.max_records {
+    if limits.is_some_and(|l| raw_records.len() > l.max_records) {
         return Err(Rejection::new(Code::TooManyRecords, "/records"));
     }
     let records = raw_records
@@ -200,6 +254,9 @@ fn pointer(tokens: &[&str]) -> String {
     tokens.iter().map(|t| format!("/{t}")).collect()
 }
 
+/// The members a transform spec may have.
+const FIELDS_OF_TRANSFORM: &[&str] = &["select", "required", "rename", "cast", "defaults"];
+
 /// Parses the `transform` member.
 fn parse_transform(spec: &Value) -> Result<Transform, Rejection> {
     let invalid = |tokens: &[&str]| {
@@ -210,6 +267,19 @@ fn parse_transform(spec: &Value) -> Result<Transform, Rejection> {
     let spec = spec.as_object().ok_or_else(|| invalid(&[]))?;
     let mut transform = Transform::default();
     for (member, value) in spec {
+        let named = match value {
+            Value::Array(items) => items.len(),
+            Value::Object(members) => members.len(),
+            _ => 0,
+        };
+        let too_large = named > MAX_SPEC_FIELDS
+            || (member == "defaults" && transform::json_len(value) > MAX_DEFAULTS_BYTES);
+        if too_large && FIELDS_OF_TRANSFORM.contains(&member.as_str()) {
+            return Err(Rejection::new(
+                Code::TransformTooLarge,
+                pointer(&["transform", member]),
+            ));
+        }
         match member.as_str() {
             "select" | "required" => {
                 let names = value
@@ -217,7 +287,7 @@ fn parse_transform(spec: &Value) -> Result<Transform, Rejection> {
                     .ok_or_else(|| invalid(&[member]))?
                     .iter()
                     .map(|n| n.as_str().filter(|n| valid_field(n)).map(str::to_owned))
-                    .collect::<Option<Vec<_>>>()
+                    .collect::<Option<BTreeSet<_>>>()
                     .ok_or_else(|| invalid(&[member]))?;
                 if member == "select" {
                     transform.select = Some(names);
@@ -473,5 +543,88 @@ mod tests {
         .unwrap();
         let again = parse(&parsed.to_value(), IntakeLimits::default()).unwrap();
         assert_eq!(again, parsed);
+    }
+
+    /// `n` records, each `{"id": i}`.
+    fn numbered(n: usize) -> Value {
+        Value::Array((0..n).map(|i| json!({ "id": i })).collect())
+    }
+
+    /// A `defaults` object of `n` short fields.
+    fn defaults(n: usize) -> Value {
+        Value::Object(
+            (0..n)
+                .map(|i| (format!("f{i}"), json!("0123456789")))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_transform_spec_and_its_output_are_bounded() {
+        let amplifier = request(
+            json!({"records": numbered(2_000), "transform": {"defaults": defaults(1_000)}}),
+        );
+        assert_eq!(
+            rejected(amplifier),
+            (Code::TransformTooLarge, "/transform/defaults".to_owned())
+        );
+        let wide =
+            request(json!({"records": numbered(2_000), "transform": {"defaults": defaults(200)}}));
+        assert_eq!(
+            rejected(wide),
+            (Code::OutputTooLarge, "/records".to_owned())
+        );
+        let long_select: Vec<String> = (0..1_000).map(|i| format!("f{i}")).collect();
+        assert_eq!(
+            rejected(request(json!({"transform": {"select": long_select}}))),
+            (Code::TransformTooLarge, "/transform/select".to_owned())
+        );
+        // Dropped again by `select`, a large default still costs a copy per record.
+        let dropped = request(json!({"records": numbered(1_200), "transform": {
+            "defaults": {"pad": "x".repeat(60_000)}, "select": ["id"]}}));
+        assert_eq!(
+            rejected(dropped),
+            (Code::OutputTooLarge, "/records".to_owned())
+        );
+        let fits =
+            request(json!({"records": numbered(2_000), "transform": {"defaults": defaults(50)}}));
+        assert!(parse(&fits, IntakeLimits::default()).is_ok());
+    }
+
+    #[test]
+    fn numbers_are_kept_as_postgresql_stores_them_or_refused() {
+        let doc: Value = serde_json::from_str(
+            r#"{"dataset": "d", "key": "id", "records": [{"id": 1, "a": 1e2, "b": 1.50, "c": 12345678901234567.89}],
+                "transform": {"defaults": {"z": 1e-2}}}"#,
+        )
+        .unwrap();
+        let normalized = parse(&doc, IntakeLimits::default())
+            .unwrap()
+            .to_value()
+            .to_string();
+        assert!(
+            normalized.contains(r#"{"a":100,"b":1.50,"c":12345678901234567.89,"id":1}"#),
+            "{normalized}"
+        );
+        assert!(
+            normalized.contains(r#""defaults":{"z":0.01}"#),
+            "{normalized}"
+        );
+        let huge: Value = serde_json::from_str(
+            r#"{"dataset": "d", "key": "id", "records": [{"id": 1}, {"id": [1e131071]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            rejected(huge),
+            (Code::NumberOutOfRange, "/records/1".to_owned())
+        );
+        let huge_default: Value = serde_json::from_str(
+            r#"{"dataset": "d", "key": "id", "records": [], "transform": {"defaults": {"z": 1e-999}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            rejected(huge_default),
+            (Code::NumberOutOfRange, "/transform/defaults".to_owned())
+        );
     }
 }

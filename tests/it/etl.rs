@@ -16,22 +16,22 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// The secret of these tests.
-fn secret() -> Secret {
+pub(crate) fn secret() -> Secret {
     Secret::new("etl-test-secret-0123456789").unwrap()
 }
 
 /// The owner digest of `name`.
-fn owner(name: &str) -> [u8; 32] {
+pub(crate) fn owner(name: &str) -> [u8; 32] {
     secret().digest(DigestKind::Principal, name.as_bytes())
 }
 
 /// A validated request from a JSON document.
-fn req(doc: Value) -> EtlRequest {
+pub(crate) fn req(doc: Value) -> EtlRequest {
     request::parse(&doc, IntakeLimits::default()).unwrap()
 }
 
 /// A new job for `request` under `key`.
-fn new_job<'a>(key: &'a str, request: &'a EtlRequest, max_attempts: i32) -> NewJob<'a> {
+pub(crate) fn new_job<'a>(key: &'a str, request: &'a EtlRequest, max_attempts: i32) -> NewJob<'a> {
     NewJob {
         idempotency_key: key,
         request,
@@ -40,7 +40,7 @@ fn new_job<'a>(key: &'a str, request: &'a EtlRequest, max_attempts: i32) -> NewJ
 }
 
 /// A worker running ETL loads, its sessions bounded by `lock_timeout`.
-async fn etl_worker(db: &TestDb, owner_id: &str, lock_timeout: Duration) -> Worker {
+pub(crate) async fn etl_worker(db: &TestDb, owner_id: &str, lock_timeout: Duration) -> Worker {
     let db_config = DatabaseConfig {
         lock_timeout,
         ..db.config.clone()

@@ -10,6 +10,7 @@ mod cli;
 mod deploy;
 mod errors;
 mod etl;
+mod etl_limits;
 mod faults;
 mod handlers;
 mod leases;
