@@ -720,3 +720,45 @@ async fn the_served_openapi_document_describes_every_route() {
     let (s, _, h) = api.get(&api.alice, "/healthz").await;
     assert_eq!((s, h["status"].as_str()), (StatusCode::OK, Some("ok")));
 }
+
+#[tokio::test]
+async fn every_error_is_a_problem_and_the_bearer_scheme_is_case_insensitive() {
+    let api = Api::start().await;
+    // A path segment that is not UTF-8 once decoded: no such job, as a problem.
+    let (s, h, p) = api.get(&api.alice, "/v1/etl-jobs/%FF").await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    let (s, h, p) = api.delete(&api.alice, "/v1/etl-jobs/%FF").await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    // A method no route serves: 405 with Allow, as a problem.
+    let put = api.http.put(format!("{}/v1/etl-jobs", api.base));
+    let (s, h, p) = api
+        .read(put.bearer_auth(&api.alice).send().await.unwrap())
+        .await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed"))
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    let allow = h["allow"].to_str().unwrap().to_owned();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+    // RFC 9110: the scheme name is case-insensitive; another scheme is still refused.
+    for (scheme, expected) in [
+        ("bearer", StatusCode::OK),
+        ("BEARER", StatusCode::OK),
+        ("Bearer", StatusCode::OK),
+        ("Basic", StatusCode::UNAUTHORIZED),
+    ] {
+        let authorization = format!("{scheme} {}", api.alice);
+        let listing = api.http.get(format!("{}/v1/etl-jobs", api.base));
+        let response = listing.header("Authorization", authorization).send();
+        assert_eq!(response.await.unwrap().status(), expected, "{scheme}");
+    }
+}
