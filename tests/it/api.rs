@@ -762,3 +762,62 @@ async fn every_error_is_a_problem_and_the_bearer_scheme_is_case_insensitive() {
         assert_eq!(response.await.unwrap().status(), expected, "{scheme}");
     }
 }
+
+/// 200,000 succeeded jobs of yesterday: the history a scrape must not read.
+const TERMINAL_HISTORY: &str = "INSERT INTO etl_job_records (id, owner_key, \
+    idempotency_key_digest, request_fingerprint, kind, status, finished_at, run_at) \
+    SELECT gen_random_uuid(), sha256(n::text::bytea), sha256(n::text::bytea), \
+    sha256(n::text::bytea), 'test.noop', 'succeeded', now(), now() - interval '1 day' \
+    FROM generate_series(1, 200000) n";
+
+/// The plan of `sql` on `client`, as `EXPLAIN (FORMAT JSON)` text.
+async fn plan_of(client: &tokio_postgres::Client, sql: &str) -> String {
+    let row = client
+        .query_one(&format!("EXPLAIN (FORMAT JSON) {sql}"), &[])
+        .await
+        .unwrap();
+    row.get::<_, serde_json::Value>(0).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_scrape_reads_only_the_active_rows_through_their_indexes() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client.batch_execute(TERMINAL_HISTORY).await.unwrap();
+    crate::support::insert_jobs(&client, "test.noop", &vec![json!({}); 3], 3).await;
+    crate::support::insert_job(&client, "now() + interval '1 hour'").await;
+    client
+        .batch_execute(
+            "UPDATE etl_job_records
+                SET status = 'running', attempts = 1, lease_owner_id = 'metrics',
+                    lease_claim_id = gen_random_uuid(), lease_expires_at = now() + interval '1 minute'
+              WHERE id = (SELECT id FROM etl_job_records WHERE status = 'pending'
+                           AND run_at <= now() LIMIT 1)",
+        )
+        .await
+        .unwrap();
+    // Never analyzed since the insert, then analyzed: neither plan may walk the terminal rows.
+    for analyze in [false, true] {
+        if analyze {
+            client
+                .batch_execute("ANALYZE etl_job_records")
+                .await
+                .unwrap();
+        }
+        let plan = plan_of(&client, durable_etl::metrics::QUEUE_SAMPLE_SQL).await;
+        assert!(!plan.contains("\"Seq Scan\""), "analyzed {analyze}: {plan}");
+        for index in [
+            "etl_job_records_pending_due_idx",
+            "etl_job_records_running_owner_idx",
+        ] {
+            assert!(plan.contains(index), "analyzed {analyze}: {plan}");
+        }
+        let sample = durable_etl::metrics::sample_queue(&client).await.unwrap();
+        assert_eq!(
+            (sample.due, sample.deferred, sample.running),
+            (2, 1, 1),
+            "{sample:?}"
+        );
+        assert!(sample.oldest_due_seconds >= 1.0, "{sample:?}");
+    }
+}
