@@ -11,7 +11,13 @@ const SECRET: &str = "test-secret-0123456789";
 
 /// Runs the binary with `args` against `url`, with a clean durable-etl environment.
 fn run(url: &str, args: &[&str]) -> Output {
+    run_with(url, args, &[])
+}
+
+/// [`run`] with extra environment variables.
+fn run_with(url: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_durable-etl"));
+    command.envs(env.iter().copied());
     for (key, _) in std::env::vars() {
         if key.starts_with("DURABLE_ETL_") {
             command.env_remove(key);
@@ -63,7 +69,7 @@ async fn work_refuses_a_schema_from_a_newer_incompatible_release_with_exit_4() {
 fn an_unreachable_database_exits_3() {
     let out = run(
         "postgres://postgres@127.0.0.1:1/nowhere",
-        &["work", "--owner-id", "x"],
+        &["work", "--owner-id", "x", "--startup-timeout", "1s"],
     );
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("[database_unavailable]"));
@@ -86,6 +92,45 @@ fn configuration_errors_exit_2_and_name_the_relation() {
     let out = run("not a url at all", &["migrate"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("[config_invalid]"));
+}
+
+#[test]
+fn a_lease_alone_derives_a_heartbeat_that_fits_it() {
+    // Nothing listens on port 1: passing validation means reaching the database (exit 3).
+    let url = "postgres://postgres@127.0.0.1:1/nowhere";
+    for lease in ["3s", "1s", "90s"] {
+        let out = run_with(
+            url,
+            &["work", "--lease", lease],
+            &[("DURABLE_ETL_STARTUP_TIMEOUT", "1s")],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "--lease {lease}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn absurd_durations_exit_2_without_a_panic() {
+    let url = "postgres://postgres@127.0.0.1:1/nowhere";
+    for flag in [
+        "--heartbeat-interval",
+        "--execution-timeout",
+        "--lease",
+        "--shutdown-grace",
+        "--retry-max-delay",
+        "--statement-timeout",
+        "--idle-in-transaction-timeout",
+    ] {
+        let out = run(url, &["work", flag, "7000000000000000000s"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("must be at most"), "{flag}: {err}");
+        assert!(!err.contains("panicked"), "{flag}: {err}");
+    }
 }
 
 #[test]
