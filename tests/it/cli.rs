@@ -32,6 +32,13 @@ fn run_with(url: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
         .expect("run durable-etl")
 }
 
+/// Drops database `name` (one a test made through the binary), disconnecting its sessions.
+async fn drop_database(name: &str) {
+    let admin = connect(&admin_config()).await;
+    let sql = format!("DROP DATABASE {} WITH (FORCE)", quote_ident(name));
+    admin.batch_execute(&sql).await.unwrap();
+}
+
 /// The process's standard error as text.
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
@@ -168,14 +175,7 @@ async fn migrate_creates_the_database_then_reverses_it() {
     assert_eq!(down.status.code(), Some(0), "{}", stderr(&down));
     assert!(String::from_utf8_lossy(&down.stdout)
         .contains(&format!("schema at version 0 ({n} migration(s) reversed)")));
-    let admin = connect(&admin_config()).await;
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            quote_ident(&name)
-        ))
-        .await
-        .unwrap();
+    drop_database(&name).await;
 }
 
 #[tokio::test]
@@ -355,14 +355,41 @@ async fn the_demo_runs_to_completion_in_its_own_database() {
         "retried: {locked}"
     );
     assert!(stdout.contains("enqueue→start latency over"));
-    let admin = connect(&admin_config()).await;
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            quote_ident(&name)
-        ))
-        .await
+    drop_database(&name).await;
+}
+
+#[tokio::test]
+async fn the_demo_ends_with_its_final_table_and_logs_carry_no_colour_into_files() {
+    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
+    // Standard output and error into one file, in the order they were written.
+    let path = std::env::temp_dir().join(format!("{name}.log"));
+    let file = std::fs::File::create(&path).unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        )
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .args(["demo", "--demo-database", &name])
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .status()
         .unwrap();
+    let output = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(
+        output.contains(" INFO "),
+        "the replicas log at info: {output}"
+    );
+    assert!(!output.contains('\u{1b}'), "ANSI codes in a file: {output}");
+    let last = output.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+    assert!(
+        last.starts_with("enqueue→start latency over"),
+        "something was printed after the final table: {output}"
+    );
+    drop_database(&name).await;
 }
 
 #[test]
