@@ -598,6 +598,21 @@ mod tests {
             configs(&["durable-etl", "work", "--lease", "3s"]),
             (Duration::from_millis(800), Duration::from_secs(3))
         );
+        // The derived timeout reaches every session the replica opens.
+        let cli = Cli::try_parse_from(["durable-etl", "work", "--lease", "3s"]).unwrap();
+        let db_config = cli
+            .database
+            .config_for_lease(Some(Duration::from_secs(3)))
+            .unwrap();
+        let options = db::pg_config(&db_config, "worker")
+            .unwrap()
+            .get_options()
+            .map(str::to_owned)
+            .unwrap_or_default();
+        assert!(
+            options.contains("idle_in_transaction_session_timeout=3000"),
+            "{options}"
+        );
         assert_eq!(
             configs(&["durable-etl", "work"]),
             (Duration::from_secs(4), Duration::from_secs(10))
