@@ -111,7 +111,8 @@ impl DatabaseArgs {
         Ok(cfg)
     }
 
-    /// The start-up bounds: the budget, and one attempt at most a connection plus a statement.
+    /// The start-up bounds, from now: the deadline of the whole start-up, and one attempt at most
+    /// a connection plus a statement.
     ///
     /// # Errors
     /// [`Error::Config`] when the budget is zero or absurdly long.
@@ -123,7 +124,7 @@ impl DatabaseArgs {
             return Err(config::ConfigError::DurationTooLong("startup timeout", "365 days").into());
         }
         Ok(db::StartUp {
-            budget: self.startup_timeout,
+            deadline: tokio::time::Instant::now() + self.startup_timeout,
             attempt: self.connect_timeout.saturating_add(self.statement_timeout),
             shutdown: shutdown.clone(),
         })

@@ -6,8 +6,8 @@
 //!   trip), so a frozen process cannot hold a row lock forever.
 //! - Every socket has TCP keepalives on, so a silently lost server is noticed.
 //! - `application_name` is `durable-etl/<role>`: never an id, a payload or a principal.
-//! - Start-up is bounded ([`StartUp`]): every start-up step has a deadline, and a lost connection
-//!   is retried with backoff until the start-up budget is spent.
+//! - Start-up is bounded ([`StartUp`]): every start-up step runs before one deadline, each attempt
+//!   is bounded too, and a lost connection is retried with backoff until the deadline.
 //! - `serve` and `work` check at start that the server applies the session limits
 //!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
 
@@ -133,12 +133,13 @@ const STARTUP_RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest pause between two start-up attempts.
 const STARTUP_RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// How long a process may take to start: every start-up step (connecting, the schema and session
-/// settings checks, the owner lock, the release of a previous incarnation's jobs) runs within it.
+/// When a process must have started: every start-up step (connecting, the schema and session
+/// settings checks, the owner lock, the release of a previous incarnation's jobs) runs before it.
 #[derive(Debug, Clone)]
 pub struct StartUp {
-    /// The whole start-up's budget; when it is spent, start-up fails `database_unavailable`.
-    pub budget: Duration,
+    /// The end of the whole start-up, shared by all its steps; once it has passed, start-up fails
+    /// `database_unavailable`.
+    pub deadline: tokio::time::Instant,
     /// The longest one attempt of one step may take (a blackholed server answers nothing).
     pub attempt: Duration,
     /// A signal during start-up stops the retries.
@@ -146,19 +147,19 @@ pub struct StartUp {
 }
 
 impl StartUp {
-    /// Runs `step` until it succeeds, within the budget: each attempt is bounded, and an attempt
+    /// Runs `step` until it succeeds, before the deadline: each attempt is bounded, and an attempt
     /// that loses its connection, times out or meets a transient database error is tried again
     /// after a pause that doubles from 100 ms up to 2 s. Any other error ends start-up at once.
     ///
     /// # Errors
-    /// The first error that is not worth retrying; [`Error::Unavailable`] when the budget is spent
+    /// The first error that is not worth retrying; [`Error::Unavailable`] when the deadline passes
     /// or a shutdown is requested while retrying.
     pub async fn run<T, F, Fut>(&self, mut step: F) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, Error>>,
     {
-        let deadline = tokio::time::Instant::now() + self.budget;
+        let deadline = self.deadline;
         let mut pause = STARTUP_RETRY_MIN;
         let mut shutdown = self.shutdown.clone();
         loop {

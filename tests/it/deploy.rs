@@ -243,16 +243,18 @@ async fn a_connection_lost_during_start_up_is_retried() {
     let client = db.client().await;
     // What a previous incarnation left running: a successful start releases it.
     let job = crate::support::insert_job(&client, "now()").await;
+    let claim = uuid::Uuid::new_v4();
     client
         .execute(
             "UPDATE etl_job_records SET status = 'running', attempts = 1,
-                    lease_owner_id = 'restarted', lease_claim_id = gen_random_uuid(),
+                    lease_owner_id = 'restarted', lease_claim_id = $2,
                     lease_expires_at = now() + interval '1 hour'
               WHERE id = $1",
-            &[&job],
+            &[&job, &claim],
         )
         .await
         .unwrap();
+    let still_held = format!("etl_job_records WHERE lease_claim_id = '{claim}'");
     let flaky = Endpoint::start(2, false, false).await;
     let session_url = flaky.url(&db.name);
     let mut replica = Processes(vec![crate::support::spawn_replica(
@@ -261,11 +263,16 @@ async fn a_connection_lost_during_start_up_is_retried() {
         &["--session-database-url", &session_url],
         std::process::Stdio::null(),
     )]);
+    // Released (the job may at once be claimed again, under a new claim).
     eventually(
         "the replica to start and release its previous jobs",
-        || async { count(&client, "etl_job_records WHERE status = 'pending'").await == 1 },
+        || async { count(&client, &still_held).await == 0 },
     )
     .await;
+    assert!(
+        replica.0[0].try_wait().unwrap().is_none(),
+        "the replica exited"
+    );
     assert!(flaky.accepted.load(std::sync::atomic::Ordering::SeqCst) >= 3);
     signal(&replica.0[0], "TERM");
     assert_eq!(replica.0[0].wait().unwrap().code(), Some(0));
