@@ -5,7 +5,12 @@
 //!   by `DATABASE_URL` and the digest secret by `DURABLE_ETL_SECRET`. Secret values are never shown
 //!   by `--help`.
 //! - Durations read like `500ms`, `2s`, `1m`.
-//! - `serve` and `work` check schema compatibility before they touch any job.
+//! - `serve` and `work` check schema compatibility, and that the server applies the session
+//!   limits, before they touch any job.
+//! - Start-up is bounded by `--startup-timeout`: lost connections are retried with backoff within
+//!   it, and every start-up step has a deadline, so a blackholed server cannot hang a start.
+//! - Unset worker timings are derived from `--lease` (heartbeat interval, idle-in-transaction
+//!   timeout); explicitly set ones are validated as given.
 //! - Exit codes: 0 success, 2 usage or configuration error, 3 database unreachable, 4 schema
 //!   incompatible (see `error`).
 
@@ -57,12 +62,18 @@ pub struct DatabaseArgs {
     /// Session lock_timeout.
     #[arg(long, env = "DURABLE_ETL_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
     pub lock_timeout: Duration,
-    /// Session idle_in_transaction_session_timeout.
-    #[arg(long, env = "DURABLE_ETL_IDLE_IN_TRANSACTION_TIMEOUT", default_value = "10s", value_parser = parse_duration, global = true)]
-    pub idle_in_transaction_timeout: Duration,
+    /// Session idle_in_transaction_session_timeout. Defaults to 10s; for `work`, to the lease when
+    /// --lease is shorter, so a frozen replica's row locks go no later than its leases.
+    #[arg(long, env = "DURABLE_ETL_IDLE_IN_TRANSACTION_TIMEOUT", value_parser = parse_duration, global = true)]
+    pub idle_in_transaction_timeout: Option<Duration>,
     /// Session client_connection_check_interval (PostgreSQL 14+; 0 leaves the server's, as 13 needs).
     #[arg(long, env = "DURABLE_ETL_CLIENT_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration, global = true)]
     pub client_check_interval: Duration,
+    /// Time start-up may take (connecting, schema and session checks, owner lock, release of a
+    /// previous incarnation's jobs); lost connections are retried with backoff within it, and the
+    /// process exits 3 when it is spent.
+    #[arg(long, env = "DURABLE_ETL_STARTUP_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
+    pub startup_timeout: Duration,
 }
 
 impl DatabaseArgs {
@@ -71,18 +82,52 @@ impl DatabaseArgs {
     /// # Errors
     /// [`Error::Config`] naming the broken rule.
     pub fn config(&self) -> Result<DatabaseConfig, Error> {
+        self.config_for_lease(None)
+    }
+
+    /// The validated database configuration of a process that holds leases of `lease` (a worker
+    /// replica): an unset idle-in-transaction timeout is derived from it
+    /// ([`config::derived_idle_in_transaction_timeout`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the broken rule.
+    pub fn config_for_lease(&self, lease: Option<Duration>) -> Result<DatabaseConfig, Error> {
+        let idle_in_transaction_timeout = match (self.idle_in_transaction_timeout, lease) {
+            (Some(set), _) => set,
+            (None, Some(lease)) => config::derived_idle_in_transaction_timeout(lease),
+            (None, None) => config::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+        };
         let cfg = DatabaseConfig {
             url: self.database_url.clone(),
             pool_max_size: self.pool_size,
             connect_timeout: self.connect_timeout,
             statement_timeout: self.statement_timeout,
             lock_timeout: self.lock_timeout,
-            idle_in_transaction_timeout: self.idle_in_transaction_timeout,
+            idle_in_transaction_timeout,
             client_check_interval: self.client_check_interval,
             ..DatabaseConfig::default()
         };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The start-up bounds, from now: the deadline of the whole start-up, and one attempt at most
+    /// a connection plus a statement.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the budget is zero or absurdly long.
+    pub fn start_up(&self, shutdown: &crate::shutdown::Shutdown) -> Result<db::StartUp, Error> {
+        if self.startup_timeout.is_zero() {
+            return Err(config::ConfigError::ZeroDuration("startup timeout").into());
+        }
+        if self.startup_timeout > config::DURATION_MAX {
+            return Err(config::ConfigError::DurationTooLong("startup timeout", "365 days").into());
+        }
+        Ok(db::StartUp {
+            deadline: tokio::time::Instant::now() + self.startup_timeout,
+            attempt: self.connect_timeout.saturating_add(self.statement_timeout),
+            shutdown: shutdown.clone(),
+        })
     }
 }
 
@@ -285,9 +330,10 @@ pub struct WorkArgs {
     /// Lease granted by a claim and renewed by each heartbeat.
     #[arg(long, env = "DURABLE_ETL_LEASE", default_value = "15s", value_parser = parse_duration)]
     pub lease: Duration,
-    /// Interval between heartbeats (under a third of the lease).
-    #[arg(long, env = "DURABLE_ETL_HEARTBEAT_INTERVAL", default_value = "4s", value_parser = parse_duration)]
-    pub heartbeat_interval: Duration,
+    /// Interval between heartbeats (under a third of the lease). Defaults to 4s, or lease × 4/15
+    /// when --lease is under 15s (800ms for a 3s lease).
+    #[arg(long, env = "DURABLE_ETL_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
+    pub heartbeat_interval: Option<Duration>,
     /// Execution timeout of one attempt.
     #[arg(long, env = "DURABLE_ETL_EXECUTION_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub execution_timeout: Duration,
@@ -326,7 +372,9 @@ impl WorkArgs {
             slots: self.slots,
             poll_interval: self.poll_interval,
             lease: self.lease,
-            heartbeat_interval: self.heartbeat_interval,
+            heartbeat_interval: self
+                .heartbeat_interval
+                .unwrap_or_else(|| config::derived_heartbeat_interval(self.lease)),
             execution_timeout: self.execution_timeout,
             shutdown_grace: self.shutdown_grace,
             retry_min_delay: self.retry_min_delay,
@@ -384,8 +432,9 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     // Installed first: a signal during start-up is a graceful request, not a kill.
     let shutdown = crate::shutdown::signals();
     let db_config = cli.database.config()?;
+    let start_up = cli.database.start_up(&shutdown)?;
     match cli.command {
-        Command::Migrate(args) => migrate(&db_config, args).await,
+        Command::Migrate(args) => migrate(&db_config, &start_up, args).await,
         Command::Demo(args) => crate::demo::run(&db_config, &args.demo_database).await,
         Command::Bench(command) => {
             let (config, json) = command.config();
@@ -402,39 +451,24 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;
-            let pool = db::connect_pool(&db_config, "api").await?;
-            let conn = db::checkout(&pool).await?;
-            let version = schema::check_compatible(&conn).await?;
-            drop(conn);
+            let (pool, version) = start_up.run(|| open_checked(&db_config, "api")).await?;
             tracing::info!(schema_version = version, "api starting");
             crate::api::serve(pool, secret, api_config, shutdown).await
         }
         Command::Work(args) => {
             let worker_config = args.config()?;
-            let pool = db::connect_pool(&db_config, "worker").await?;
-            let conn = db::checkout(&pool).await?;
-            let version = schema::check_compatible(&conn).await?;
-            drop(conn);
-            tracing::info!(
-                schema_version = version,
-                owner_id = %worker_config.owner_id,
-                "worker starting"
-            );
-            crate::worker::run(
-                pool,
-                db_config,
-                worker_config,
-                crate::handler::Registry::new()
-                    .register(crate::etl::load::EtlLoad::default())
-                    .register(crate::handler::Noop),
-                shutdown,
-            )
-            .await
+            let db_config = cli.database.config_for_lease(Some(worker_config.lease))?;
+            work(&db_config, &start_up, worker_config, shutdown).await
         }
         Command::ApiKeys(command) => {
-            let pool = db::connect_pool(&db_config, "admin").await?;
+            let pool = start_up
+                .run(|| async {
+                    let pool = db::connect_pool(&db_config, "admin").await?;
+                    schema::check_compatible(&*db::checkout(&pool).await?).await?;
+                    Ok(pool)
+                })
+                .await?;
             let conn = db::checkout(&pool).await?;
-            schema::check_compatible(&conn).await?;
             match command {
                 ApiKeysCommand::Create(args) => {
                     let secret =
@@ -457,12 +491,70 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     }
 }
 
+/// Opens the pool of a long-running role, checks the schema and that the server applies the
+/// session limits; returns the pool and the schema version. One start-up step.
+async fn open_checked(db_config: &DatabaseConfig, role: &str) -> Result<(db::Pool, i32), Error> {
+    let pool = db::connect_pool(db_config, role).await?;
+    let conn = db::checkout(&pool).await?;
+    let version = schema::check_compatible(&conn).await?;
+    db::check_session_settings(&*conn, db_config).await?;
+    drop(conn);
+    Ok((pool, version))
+}
+
+/// `work`: starts a replica within the start-up bounds (each step retried on lost connections),
+/// serves its metrics if asked, and runs it until `shutdown`.
+async fn work(
+    db_config: &DatabaseConfig,
+    start_up: &db::StartUp,
+    worker_config: WorkerConfig,
+    shutdown: crate::shutdown::Shutdown,
+) -> Result<(), Error> {
+    let metrics = match worker_config.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|_| config::ConfigError::Listen)?,
+        ),
+        None => None,
+    };
+    let (pool, version) = start_up.run(|| open_checked(db_config, "worker")).await?;
+    tracing::info!(
+        schema_version = version,
+        owner_id = %worker_config.owner_id,
+        "worker starting"
+    );
+    let worker = start_up
+        .run(|| {
+            let registry = crate::handler::Registry::new()
+                .register(crate::etl::load::EtlLoad::default())
+                .register(crate::handler::Noop);
+            crate::worker::Worker::start(pool.clone(), db_config, worker_config.clone(), registry)
+        })
+        .await?;
+    if let Some(listener) = metrics {
+        let stats = worker.stats_handle();
+        let serving = crate::metrics::serve_worker(listener, stats, pool, shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::warn!(code = %e.code(), "metrics endpoint stopped");
+            }
+        });
+    }
+    worker.run(shutdown).await
+}
+
 /// `migrate`: creates the database if needed, then applies or reverses migrations.
-async fn migrate(db_config: &DatabaseConfig, args: MigrateArgs) -> Result<(), Error> {
-    if db::ensure_database(db_config).await? {
+async fn migrate(
+    db_config: &DatabaseConfig,
+    start_up: &db::StartUp,
+    args: MigrateArgs,
+) -> Result<(), Error> {
+    if start_up.run(|| db::ensure_database(db_config)).await? {
         tracing::info!("created the database");
     }
-    let mut client = db::connect(db_config, "migrate").await?;
+    // Connecting is a start-up step; migrating is not: it may wait for another run's lock.
+    let mut client = start_up.run(|| db::connect(db_config, "migrate")).await?;
     let report = match args.down_to {
         Some(target) => schema::migrate_down_to(&mut client, target).await?,
         None => schema::migrate_up(&mut client).await?,
@@ -490,6 +582,76 @@ mod tests {
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn a_lease_alone_sets_the_heartbeat_and_idle_timeout_it_needs() {
+        let configs = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let Command::Work(work) = &cli.command else {
+                panic!("not work")
+            };
+            let worker = work.config().unwrap();
+            let db = cli.database.config_for_lease(Some(worker.lease)).unwrap();
+            (worker.heartbeat_interval, db.idle_in_transaction_timeout)
+        };
+        assert_eq!(
+            configs(&["durable-etl", "work", "--lease", "3s"]),
+            (Duration::from_millis(800), Duration::from_secs(3))
+        );
+        // The derived timeout reaches every session the replica opens.
+        let cli = Cli::try_parse_from(["durable-etl", "work", "--lease", "3s"]).unwrap();
+        let db_config = cli
+            .database
+            .config_for_lease(Some(Duration::from_secs(3)))
+            .unwrap();
+        let options = db::pg_config(&db_config, "worker")
+            .unwrap()
+            .get_options()
+            .map(str::to_owned)
+            .unwrap_or_default();
+        assert!(
+            options.contains("idle_in_transaction_session_timeout=3000"),
+            "{options}"
+        );
+        assert_eq!(
+            configs(&["durable-etl", "work"]),
+            (Duration::from_secs(4), Duration::from_secs(10))
+        );
+        assert_eq!(
+            configs(&["durable-etl", "work", "--lease", "60s"]),
+            (Duration::from_secs(4), Duration::from_secs(10))
+        );
+        // Set values are kept as given, and validated as given.
+        assert_eq!(
+            configs(&[
+                "durable-etl",
+                "work",
+                "--lease",
+                "3s",
+                "--heartbeat-interval",
+                "500ms",
+                "--idle-in-transaction-timeout",
+                "20s"
+            ]),
+            (Duration::from_millis(500), Duration::from_secs(20))
+        );
+        let cli = Cli::try_parse_from([
+            "durable-etl",
+            "work",
+            "--lease",
+            "3s",
+            "--heartbeat-interval",
+            "1s",
+        ])
+        .unwrap();
+        let Command::Work(work) = &cli.command else {
+            panic!("not work")
+        };
+        assert!(matches!(
+            work.config(),
+            Err(Error::Config(config::ConfigError::HeartbeatVsLease))
+        ));
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub enum Code {
     RequestTimeout,
     /// A query parameter is not valid.
     QueryInvalid,
+    /// The resource exists but does not serve this HTTP method (the `Allow` header lists those
+    /// it serves).
+    MethodNotAllowed,
 }
 
 impl Code {
@@ -143,6 +146,7 @@ impl Code {
         Code::UnsupportedMediaType,
         Code::RequestTimeout,
         Code::QueryInvalid,
+        Code::MethodNotAllowed,
     ];
 
     /// The stable snake_case string of this code.
@@ -189,6 +193,7 @@ impl Code {
             Code::UnsupportedMediaType => "unsupported_media_type",
             Code::RequestTimeout => "request_timeout",
             Code::QueryInvalid => "query_invalid",
+            Code::MethodNotAllowed => "method_not_allowed",
         }
     }
 

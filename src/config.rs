@@ -38,7 +38,7 @@ pub const SLOTS_DEFAULT: usize = 8;
 pub const SLOTS_MAX: usize = 1024;
 /// Default lease granted by a claim and by each heartbeat.
 pub const LEASE_DEFAULT: Duration = Duration::from_secs(15);
-/// Default interval between heartbeats.
+/// Default (and longest derived) interval between heartbeats; see [`derived_heartbeat_interval`].
 pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(4);
 /// Default execution timeout of one attempt.
 pub const EXECUTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
@@ -48,6 +48,40 @@ pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 pub const RETRY_MIN_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 /// Default longest retry delay of a transient failure.
 pub const RETRY_MAX_DELAY_DEFAULT: Duration = Duration::from_secs(60);
+/// Longest duration any setting accepts (365 days): longer values are typing mistakes, and
+/// arithmetic on them (deadlines, `3 × heartbeat`) could overflow.
+pub const DURATION_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Longest session timeout PostgreSQL accepts (`INT_MAX` milliseconds, about 24.8 days).
+pub const SERVER_TIMEOUT_MAX: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// The heartbeat interval of a replica whose heartbeat interval is not set: the default ratio of
+/// the default lease (4 s per 15 s, so a lease spans 3.75 heartbeats), at most
+/// [`HEARTBEAT_INTERVAL_DEFAULT`]. `--lease 3s` alone thus heartbeats every 800 ms.
+pub fn derived_heartbeat_interval(lease: Duration) -> Duration {
+    HEARTBEAT_INTERVAL_DEFAULT.min(lease.mul_f64(4.0 / 15.0))
+}
+
+/// The `idle_in_transaction_session_timeout` of a replica whose timeout is not set: the lease, at
+/// most [`IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT`]. A frozen replica's session, idle inside a
+/// transaction that holds its jobs' row locks, is then ended by the server no later than its
+/// leases expire, so recovery does not wait for the locks beyond the lease.
+pub fn derived_idle_in_transaction_timeout(lease: Duration) -> Duration {
+    IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.min(lease)
+}
+
+/// Refuses `value` (the setting `name`) if it is longer than `max` (named `limit` in the error).
+fn at_most(
+    name: &'static str,
+    value: Duration,
+    max: Duration,
+    limit: &'static str,
+) -> Result<(), ConfigError> {
+    if value > max {
+        return Err(ConfigError::DurationTooLong(name, limit));
+    }
+    Ok(())
+}
+
 /// Default listen address of the HTTP API.
 pub const API_LISTEN_DEFAULT: &str = "127.0.0.1:8080";
 
@@ -63,6 +97,13 @@ pub enum ConfigError {
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),
+    /// The server does not apply a session limit the configuration needs: it is off or longer
+    /// than configured (behind a pooler that drops start-up options, set it on the role).
+    #[error("the server's effective {0} is off or longer than configured; behind a pooler, set it on the role (ALTER ROLE ... SET {0} = ...)")]
+    SessionSetting(&'static str),
+    /// A duration is longer than its setting allows (the second field names the limit).
+    #[error("{0} must be at most {1}")]
+    DurationTooLong(&'static str, &'static str),
     /// The poll interval is outside `POLL_INTERVAL_MIN..=POLL_INTERVAL_MAX`.
     #[error("poll interval must be between 10ms and 300s")]
     PollInterval,
@@ -157,6 +198,18 @@ impl DatabaseConfig {
             if value.is_zero() {
                 return Err(ConfigError::ZeroDuration(name));
             }
+            at_most(name, value, DURATION_MAX, "365 days")?;
+        }
+        for (name, value) in [
+            ("statement timeout", self.statement_timeout),
+            ("lock timeout", self.lock_timeout),
+            (
+                "idle in transaction timeout",
+                self.idle_in_transaction_timeout,
+            ),
+            ("client check interval", self.client_check_interval),
+        ] {
+            at_most(name, value, SERVER_TIMEOUT_MAX, "2147483647ms")?;
         }
         Ok(())
     }
@@ -176,7 +229,8 @@ pub struct WorkerConfig {
     /// Lease granted by a claim and renewed by each heartbeat. Defaults to [`LEASE_DEFAULT`].
     pub lease: Duration,
     /// Interval between heartbeats; under a third of the lease. Defaults to
-    /// [`HEARTBEAT_INTERVAL_DEFAULT`].
+    /// [`HEARTBEAT_INTERVAL_DEFAULT`], which is [`derived_heartbeat_interval`] of the default lease
+    /// (the command line derives it from `--lease` when only the lease is set).
     pub heartbeat_interval: Duration,
     /// Execution timeout of one attempt. Defaults to [`EXECUTION_TIMEOUT_DEFAULT`].
     pub execution_timeout: Duration,
@@ -242,6 +296,16 @@ impl WorkerConfig {
             if value.is_zero() {
                 return Err(ConfigError::ZeroDuration(name));
             }
+        }
+        for (name, value) in [
+            ("lease", self.lease),
+            ("heartbeat interval", self.heartbeat_interval),
+            ("execution timeout", self.execution_timeout),
+            ("shutdown grace", self.shutdown_grace),
+            ("retry min delay", self.retry_min_delay),
+            ("retry max delay", self.retry_max_delay),
+        ] {
+            at_most(name, value, DURATION_MAX, "365 days")?;
         }
         if self.heartbeat_interval * 3 >= self.lease {
             return Err(ConfigError::HeartbeatVsLease);
@@ -323,6 +387,12 @@ impl ApiConfig {
         if self.request_timeout.is_zero() {
             return Err(ConfigError::ZeroDuration("request timeout"));
         }
+        at_most(
+            "request timeout",
+            self.request_timeout,
+            DURATION_MAX,
+            "365 days",
+        )?;
         if self.max_concurrency == 0 || self.limits.max_records == 0 || self.limits.max_bytes == 0 {
             return Err(ConfigError::ApiLimits);
         }
@@ -444,6 +514,64 @@ mod tests {
         for (config, expected) in cases {
             assert_eq!(config.validate(), Err(expected));
         }
+    }
+
+    #[test]
+    fn derived_defaults_keep_any_lease_valid() {
+        assert_eq!(
+            derived_heartbeat_interval(LEASE_DEFAULT),
+            HEARTBEAT_INTERVAL_DEFAULT
+        );
+        assert_eq!(
+            derived_idle_in_transaction_timeout(LEASE_DEFAULT),
+            IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT
+        );
+        for ms in [1, 2, 3, 100, 3_000, 9_999, 15_000, 60_000, 3_600_000] {
+            let lease = Duration::from_millis(ms);
+            let config = WorkerConfig {
+                lease,
+                heartbeat_interval: derived_heartbeat_interval(lease),
+                ..WorkerConfig::default()
+            };
+            assert_eq!(config.validate(), Ok(()), "lease {lease:?}");
+            assert!(derived_idle_in_transaction_timeout(lease) <= lease);
+        }
+        assert_eq!(
+            derived_heartbeat_interval(Duration::from_secs(3)),
+            Duration::from_millis(800)
+        );
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_not_overflowed() {
+        let huge = Duration::from_secs(3_600 * 1_000_000_000);
+        let heartbeat = WorkerConfig {
+            heartbeat_interval: huge,
+            ..WorkerConfig::default()
+        };
+        assert_eq!(
+            heartbeat.validate(),
+            Err(ConfigError::DurationTooLong(
+                "heartbeat interval",
+                "365 days"
+            ))
+        );
+        let execution = WorkerConfig {
+            execution_timeout: huge,
+            ..WorkerConfig::default()
+        };
+        assert!(matches!(
+            execution.validate(),
+            Err(ConfigError::DurationTooLong("execution timeout", _))
+        ));
+        let statement = DatabaseConfig {
+            statement_timeout: Duration::from_secs(30 * 24 * 3600),
+            ..DatabaseConfig::default()
+        };
+        assert!(matches!(
+            statement.validate(),
+            Err(ConfigError::DurationTooLong("statement timeout", _))
+        ));
     }
 
     #[test]

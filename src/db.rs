@@ -8,6 +8,10 @@
 //!   sides, so a silently lost server or client is noticed, even mid-statement.
 //! - The worker bounds its own statements client-side too ([`bounded`]).
 //! - `application_name` is `durable-etl/<role>`: never an id, a payload or a principal.
+//! - Start-up is bounded ([`StartUp`]): every start-up step runs before one deadline, each attempt
+//!   is bounded too, and a lost connection is retried with backoff until the deadline.
+//! - `serve` and `work` check at start that the server applies the session limits
+//!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
 
 use crate::config::{ConfigError, DatabaseConfig};
 use crate::error::Error;
@@ -154,6 +158,119 @@ pub async fn connect(cfg: &DatabaseConfig, role: &str) -> Result<Client, Error> 
         let _ = connection.await;
     });
     Ok(client)
+}
+
+/// First pause between two start-up attempts.
+const STARTUP_RETRY_MIN: Duration = Duration::from_millis(100);
+
+/// Longest pause between two start-up attempts.
+const STARTUP_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// When a process must have started: every start-up step (connecting, the schema and session
+/// settings checks, the owner lock, the release of a previous incarnation's jobs) runs before it.
+#[derive(Debug, Clone)]
+pub struct StartUp {
+    /// The end of the whole start-up, shared by all its steps; once it has passed, start-up fails
+    /// `database_unavailable`.
+    pub deadline: tokio::time::Instant,
+    /// The longest one attempt of one step may take (a blackholed server answers nothing).
+    pub attempt: Duration,
+    /// A signal during start-up stops the retries.
+    pub shutdown: crate::shutdown::Shutdown,
+}
+
+impl StartUp {
+    /// Runs `step` until it succeeds, before the deadline: each attempt is bounded, and an attempt
+    /// that loses its connection, times out or meets a transient database error is tried again
+    /// after a pause that doubles from 100 ms up to 2 s. Any other error ends start-up at once.
+    ///
+    /// # Errors
+    /// The first error that is not worth retrying; [`Error::Unavailable`] when the deadline passes
+    /// or a shutdown is requested while retrying.
+    pub async fn run<T, F, Fut>(&self, mut step: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let deadline = self.deadline;
+        let mut pause = STARTUP_RETRY_MIN;
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let error = match tokio::time::timeout(left.min(self.attempt), step()).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) if !retried_at_start_up(&e) => return Err(e),
+                Ok(Err(e)) => e,
+                Err(_) => Error::Unavailable(None),
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left <= pause || shutdown.stage() != crate::shutdown::Stage::Running {
+                return Err(match error {
+                    Error::Unavailable(source) => Error::Unavailable(source),
+                    _ => Error::Unavailable(None),
+                });
+            }
+            tracing::warn!(
+                code = %error.code(),
+                retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                "start-up step failed; retrying"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = shutdown.reached(crate::shutdown::Stage::Draining) => {}
+            }
+            pause = (pause * 2).min(STARTUP_RETRY_MAX);
+        }
+    }
+}
+
+/// Whether a start-up step that failed with `e` is worth another attempt: a lost or refused
+/// connection, or a transient database error (a lock or statement timeout, too many connections).
+fn retried_at_start_up(e: &Error) -> bool {
+    match e {
+        Error::Unavailable(_) => true,
+        Error::Database(db) => crate::error::is_transient(db),
+        _ => false,
+    }
+}
+
+/// The session settings every session needs, as the server applies them (milliseconds). Read
+/// from `pg_settings`, which shows the session's effective values. Locks: none.
+pub const SESSION_SETTINGS_SQL: &str = "
+SELECT name, setting::int8 FROM pg_settings
+ WHERE name IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout')";
+
+/// Checks that the server applies the session limits `cfg` asks for. The crate sends them as
+/// start-up `options`; a pooler may refuse those (PgBouncer: "unsupported startup parameter") or
+/// drop them (`ignore_startup_parameters = options`), and then only settings made on the role or
+/// the database (`ALTER ROLE … SET statement_timeout = …`) apply. A limit that is off (0) or
+/// longer than configured is refused: without it a frozen process could hold row locks forever.
+///
+/// # Errors
+/// [`ConfigError::SessionSetting`] naming the first limit that does not hold; database errors.
+pub async fn check_session_settings(
+    client: &impl tokio_postgres::GenericClient,
+    cfg: &DatabaseConfig,
+) -> Result<(), Error> {
+    let rows = client.query(SESSION_SETTINGS_SQL, &[]).await?;
+    for (name, wanted) in [
+        ("statement_timeout", cfg.statement_timeout),
+        ("lock_timeout", cfg.lock_timeout),
+        (
+            "idle_in_transaction_session_timeout",
+            cfg.idle_in_transaction_timeout,
+        ),
+    ] {
+        let effective = rows
+            .iter()
+            .find(|row| row.get::<_, &str>(0) == name)
+            .map(|row| row.get::<_, i64>(1));
+        let wanted = i64::try_from(wanted.as_millis()).unwrap_or(i64::MAX);
+        if !effective.is_some_and(|ms| ms > 0 && ms <= wanted) {
+            return Err(ConfigError::SessionSetting(name).into());
+        }
+    }
+    Ok(())
 }
 
 /// Creates the configured database if it does not exist, connecting to the `postgres` maintenance

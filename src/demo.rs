@@ -5,8 +5,8 @@
 //!   configured one, and leaves it behind for inspection.
 //! - Everything it shows comes from the real API and the real database: jobs are submitted over
 //!   HTTP to a real listening server and run by two real worker replicas.
-//! - It ends: every job reaches a terminal state (bounded wait), then it stops the replicas and
-//!   the server and exits 0.
+//! - It ends: every job reaches a terminal state (bounded wait), then it stops the replicas,
+//!   prints the final table (nothing is printed or logged after it), stops the server and exits 0.
 
 use crate::api::{self, AppState};
 use crate::config::{ApiConfig, DatabaseConfig, WorkerConfig};
@@ -123,8 +123,9 @@ pub async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
     let addr = listener
         .local_addr()
         .map_err(|_| crate::config::ConfigError::Listen)?;
+    // The API outlives the replicas: the final table is read through it after they stopped.
+    let (api_trigger, mut api_stop) = shutdown::manual();
     let (trigger, stop) = shutdown::manual();
-    let mut api_stop = stop.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { api_stop.reached(Stage::Draining).await })
@@ -152,17 +153,29 @@ pub async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
     }
     println!("API on http://{addr}, two worker replicas running");
 
-    let outcome = drive(&format!("http://{addr}"), &key, &session).await;
+    let base = format!("http://{addr}");
+    let progress = drive(&base, &key, &session).await;
+    // The replicas log their shutdown: stop them before the summary, so it is printed last.
     trigger.request(Stage::Draining);
     for replica in replicas {
         let _ = replica.await;
     }
+    let outcome = match progress {
+        Ok(jobs) => summary(&base, &key, &jobs, &session).await,
+        Err(e) => Err(e),
+    };
+    api_trigger.request(Stage::Draining);
     let _ = server.await;
     outcome
 }
 
-/// Submits the samples, shows progress until every job has ended, and prints the summary.
-async fn drive(base: &str, key: &str, session: &tokio_postgres::Client) -> Result<(), Error> {
+/// Submits the samples and shows progress until every job has ended; returns the jobs (label,
+/// id) for the summary.
+async fn drive(
+    base: &str,
+    key: &str,
+    session: &tokio_postgres::Client,
+) -> Result<Vec<(&'static str, String)>, Error> {
     let http = reqwest::Client::new();
     let mut jobs: Vec<(&'static str, String)> = Vec::new();
     for (i, sample) in samples().into_iter().enumerate() {
@@ -229,7 +242,7 @@ async fn drive(base: &str, key: &str, session: &tokio_postgres::Client) -> Resul
     if !released {
         session.batch_execute("ROLLBACK").await?;
     }
-    summary(base, key, &http, &jobs, session).await
+    Ok(jobs)
 }
 
 /// Opens a transaction on `session` that inserts (uncommitted) the demo owner's target row
@@ -249,10 +262,10 @@ async fn hold_lock(session: &tokio_postgres::Client) -> Result<(), Error> {
 async fn summary(
     base: &str,
     key: &str,
-    http: &reqwest::Client,
     jobs: &[(&'static str, String)],
     session: &tokio_postgres::Client,
 ) -> Result<(), Error> {
+    let http = reqwest::Client::new();
     println!(
         "\n{:<22} {:<36} {:<10} {:>8} {:<16} {:>8} {:>8}",
         "job", "id", "status", "attempts", "code", "inserted", "updated"

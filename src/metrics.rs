@@ -6,7 +6,8 @@
 //!   principal, key or request value is ever a label.
 //! - Latency histograms use fixed buckets; the enqueue→start latency is computed from database
 //!   timestamps, never from a replica's clock.
-//! - Queue depth and oldest due job age are sampled by one query per scrape, not per job.
+//! - Queue depth and oldest due job age are sampled by one query per scrape, not per job, and that
+//!   query reads only active rows through the partial indexes (never the terminal history).
 
 use crate::codes::Code;
 use crate::db::Pool;
@@ -125,15 +126,19 @@ pub struct QueueSample {
 
 /// Counts the active jobs by state and the oldest due job's age (database clock).
 ///
-/// Locks: none; reads only `pending` and `running` rows, through their partial indexes.
+/// Each scalar subquery repeats a partial index's predicate exactly (`status = 'pending'` for
+/// `etl_job_records_pending_due_idx`, `status = 'running'` for `etl_job_records_running_owner_idx`),
+/// so a scrape reads only active rows: it costs the same at 1,000 and 1,000,000 terminal rows. A
+/// single `status IN ('pending', 'running')` scan matches neither index and walks the whole table.
+///
+/// Locks: none (`AccessShareLock` on the table and its indexes, like any read).
 pub const QUEUE_SAMPLE_SQL: &str = "
-SELECT count(*) FILTER (WHERE status = 'pending' AND run_at <= now()),
-       count(*) FILTER (WHERE status = 'pending' AND run_at > now()),
-       count(*) FILTER (WHERE status = 'running'),
-       coalesce(extract(epoch FROM now() - min(run_at) FILTER (
-           WHERE status = 'pending' AND run_at <= now()))::float8, 0)
-  FROM etl_job_records
- WHERE status IN ('pending', 'running')";
+SELECT (SELECT count(*) FROM etl_job_records WHERE status = 'pending' AND run_at <= now()),
+       (SELECT count(*) FROM etl_job_records WHERE status = 'pending' AND run_at > now()),
+       (SELECT count(*) FROM etl_job_records WHERE status = 'running'),
+       coalesce(extract(epoch FROM now() - (
+           SELECT min(run_at) FROM etl_job_records
+            WHERE status = 'pending' AND run_at <= now()))::float8, 0)";
 
 /// Samples the queue.
 ///
@@ -309,12 +314,14 @@ pub fn render_worker(stats: &WorkerStats) -> String {
             ("catch_up", s.claims_by_reconnect),
             (
                 "other",
+                // The snapshot reads `claims` before the by-trigger counters, so claims counted
+                // in between can make their sum exceed it: saturate instead of wrapping.
                 s.claims
-                    - s.claims_by_notify
-                    - s.claims_by_poll
-                    - s.claims_by_due
-                    - s.claims_by_drain
-                    - s.claims_by_reconnect,
+                    .saturating_sub(s.claims_by_notify)
+                    .saturating_sub(s.claims_by_poll)
+                    .saturating_sub(s.claims_by_due)
+                    .saturating_sub(s.claims_by_drain)
+                    .saturating_sub(s.claims_by_reconnect),
             ),
         ],
     );
@@ -407,6 +414,20 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"2\"} 4\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 5\n"), "{out}");
         assert!(out.contains("x_sum 6\n"), "{out}");
+    }
+
+    #[test]
+    fn a_scrape_between_two_counter_bumps_does_not_underflow() {
+        // A snapshot reads `claims` first and `claims_by_notify` later: a claim counted in
+        // between makes the by-trigger count exceed the total it read.
+        let stats = WorkerStats::default();
+        stats.claims_by_notify.store(2, Ordering::Relaxed);
+        stats.claims.store(1, Ordering::Relaxed);
+        let text = render_worker(&stats);
+        assert!(
+            text.contains("durable_etl_claims_total{trigger=\"other\"} 0\n"),
+            "{text}"
+        );
     }
 
     #[test]

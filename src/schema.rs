@@ -3,7 +3,9 @@
 //! Invariants this module keeps:
 //! - Each migration runs in its own transaction that first takes a transaction-level advisory lock
 //!   ([`MIGRATION_LOCK_KEY`]), then reads the history: concurrent `migrate` runs from many replicas
-//!   serialize on that lock, and exactly one applies each migration. A run killed mid-way rolls its
+//!   serialize on that lock, and exactly one applies each migration. The wait for the lock has no
+//!   timeout (the session's `lock_timeout` and `statement_timeout` are lifted for it), and a
+//!   migration's SQL runs without `statement_timeout`. A run killed mid-way rolls its
 //!   transaction back and frees the lock with its session; the next run completes the work.
 //! - The history table records, for each applied version, its name, the SHA-256 checksum of its
 //!   `up` SQL, the oldest schema version a release may know and still run against it
@@ -160,8 +162,20 @@ CREATE TABLE IF NOT EXISTS durable_etl_schema_history (
     applied_at         timestamptz NOT NULL DEFAULT now()
 )";
 
+/// Lifts the session's `lock_timeout` and `statement_timeout` for the rest of the transaction, so
+/// that a `migrate` started by a replica queues behind a slow migration of another one instead of
+/// failing after the pool's timeouts. Locks: none.
+const WAIT_WITHOUT_TIMEOUT: &str = "SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0";
+
 /// Takes the migration lock for the rest of the transaction; waits for any other migrating session.
+/// Locks: the transaction-level advisory lock [`MIGRATION_LOCK_KEY`].
 const TAKE_MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// Puts the session's `lock_timeout` back once the migration lock is held: a migration's DDL that
+/// waits for a table lock held by running replicas fails (and `migrate` can be run again) rather
+/// than queueing every replica's statements behind it. `statement_timeout` stays lifted, so a
+/// migration that rewrites a large table is not cut short. Locks: none.
+const RESTORE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout TO DEFAULT";
 
 /// What `migrate` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,11 +186,13 @@ pub struct MigrateReport {
     pub version: i32,
 }
 
-/// Opens a migration transaction: the lock, then the history table.
+/// Opens a migration transaction: waits for the lock without a timeout, then the history table.
 async fn begin_locked(client: &mut Client) -> Result<tokio_postgres::Transaction<'_>, Error> {
     let tx = client.transaction().await?;
+    tx.batch_execute(WAIT_WITHOUT_TIMEOUT).await?;
     tx.execute(TAKE_MIGRATION_LOCK, &[&MIGRATION_LOCK_KEY])
         .await?;
+    tx.batch_execute(RESTORE_LOCK_TIMEOUT).await?;
     tx.batch_execute(CREATE_HISTORY).await?;
     Ok(tx)
 }

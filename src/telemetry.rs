@@ -1,7 +1,8 @@
 //! Log output: human-readable by default, JSON for production, filtered by `RUST_LOG`.
 //!
 //! Invariants this module keeps:
-//! - Logs go to standard error; standard output is left to command results.
+//! - Logs go to standard error; standard output is left to command results. Human-format lines
+//!   are coloured only when standard error is a terminal (and `NO_COLOR` is unset).
 //! - Only the fields call sites pass are logged; call sites pass only safe fields (ids, states,
 //!   codes, counts, durations), never payloads, principals, keys, SQL or database error text.
 //! - Libraries whose logs can carry SQL, bound parameters, headers or server messages
@@ -9,6 +10,7 @@
 //! - A panic is reported by location only: its message (which may quote data) is never printed.
 
 use clap::ValueEnum;
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// The shape of log lines.
@@ -55,6 +57,10 @@ pub fn init(format: LogFormat) {
     let spec = std::env::var("RUST_LOG").ok();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter(spec.as_deref()))
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(std::io::stderr);
     // try_init fails only when a subscriber is already installed, which is fine to keep.
     let _ = match format {
@@ -62,6 +68,12 @@ pub fn init(format: LogFormat) {
         LogFormat::Json => builder.json().try_init(),
     };
     install_panic_hook();
+}
+
+/// Whether human-format lines carry ANSI colour: only on a terminal, and not when `NO_COLOR` is
+/// set to a non-empty value (<https://no-color.org>). Files and pipes get plain text.
+fn colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Replaces the panic hook with one that logs where a panic happened, never its message.
@@ -73,4 +85,18 @@ pub fn install_panic_hook() {
             .unwrap_or_default();
         tracing::error!(%location, "a task panicked");
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsStr::new(""))));
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
+    }
 }

@@ -17,7 +17,7 @@ use crate::etl::enqueue::{self, NewJob, MAX_ATTEMPTS_DEFAULT};
 use crate::etl::request::{self, EtlRequest};
 use crate::jobs::{self, Cancel, JobStatus};
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -40,8 +40,7 @@ impl FromRequestParts<AppState> for Owner {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(bearer_token)
             .filter(|k| !k.is_empty())
             .ok_or_else(|| Problem::new(Code::Unauthorized))?;
         let conn = crate::db::checkout(&state.pool).await?;
@@ -50,6 +49,21 @@ impl FromRequestParts<AppState> for Owner {
             .map(Owner)
             .ok_or_else(|| Problem::new(Code::Unauthorized))
     }
+}
+
+/// The token of an `Authorization` value whose scheme is `Bearer`, in any case (RFC 9110 §11.1:
+/// scheme names are case-insensitive).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// The id of a job path, or `not_found`: a segment that does not decode (say `%FF`) names no job.
+fn job_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Problem> {
+    let Path(id) = path.map_err(|_| Problem::new(Code::NotFound))?;
+    Uuid::parse_str(&id).map_err(|_| Problem::new(Code::NotFound))
 }
 
 /// The pattern of a string without U+0000 (PostgreSQL's `jsonb` cannot store one).
@@ -221,9 +235,9 @@ pub(super) async fn submit(
 pub(super) async fn get_job(
     State(state): State<AppState>,
     owner: Owner,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
-    let id = Uuid::parse_str(&id).map_err(|_| Problem::new(Code::NotFound))?;
+    let id = job_id(id)?;
     let conn = crate::db::checkout(&state.pool).await?;
     jobs::status(&*conn, &owner.0, id)
         .await?
@@ -376,9 +390,9 @@ pub(super) async fn list(
 pub(super) async fn cancel_job(
     State(state): State<AppState>,
     owner: Owner,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
-    let id = Uuid::parse_str(&id).map_err(|_| Problem::new(Code::NotFound))?;
+    let id = job_id(id)?;
     let conn = crate::db::checkout(&state.pool).await?;
     let outcome = jobs::cancel(&*conn, &owner.0, id, Code::Cancelled).await?;
     let status = || async {

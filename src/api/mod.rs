@@ -129,6 +129,10 @@ pub fn app(state: AppState) -> Router {
             }),
         )
         .fallback(|| async { Problem::new(crate::codes::Code::NotFound) })
+        // axum adds the `Allow` header to this fallback's answer.
+        .method_not_allowed_fallback(|| async {
+            Problem::new(crate::codes::Code::MethodNotAllowed)
+        })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), bounded))
         .layer(ConcurrencyLimitLayer::new(concurrency))

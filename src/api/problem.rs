@@ -49,6 +49,10 @@ fn status_and_title(code: Code) -> (StatusCode, &'static str) {
             "The body must be application/json",
         ),
         Code::NotFound => (StatusCode::NOT_FOUND, "No such job"),
+        Code::MethodNotAllowed => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "The resource does not serve this method",
+        ),
         Code::Conflict => (StatusCode::CONFLICT, "The job has already ended"),
         Code::IdempotencyKeyReused => (
             StatusCode::UNPROCESSABLE_ENTITY,

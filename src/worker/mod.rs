@@ -727,38 +727,6 @@ fn ticker(period: Duration) -> tokio::time::Interval {
     interval
 }
 
-/// Runs a replica with `registry` until `shutdown`; the `work` command's body.
-///
-/// # Errors
-/// Start-up errors (configuration, owner id in use, database unreachable).
-pub async fn run(
-    pool: Pool,
-    db_config: DatabaseConfig,
-    config: WorkerConfig,
-    registry: Registry,
-    shutdown: Shutdown,
-) -> Result<(), Error> {
-    let metrics = match config.metrics_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|_| crate::config::ConfigError::Listen)?,
-        ),
-        None => None,
-    };
-    let worker = Worker::start(pool.clone(), &db_config, config, registry).await?;
-    if let Some(listener) = metrics {
-        let serving =
-            crate::metrics::serve_worker(listener, worker.stats_handle(), pool, shutdown.clone());
-        tokio::spawn(async move {
-            if let Err(e) = serving.await {
-                tracing::warn!(code = %e.code(), "metrics endpoint stopped");
-            }
-        });
-    }
-    worker.run(shutdown).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::jittered;

@@ -807,3 +807,104 @@ async fn the_served_openapi_document_describes_every_route() {
     let (s, _, h) = api.get(&api.alice, "/healthz").await;
     assert_eq!((s, h["status"].as_str()), (StatusCode::OK, Some("ok")));
 }
+
+#[tokio::test]
+async fn every_error_is_a_problem_and_the_bearer_scheme_is_case_insensitive() {
+    let api = Api::start().await;
+    // A path segment that is not UTF-8 once decoded: no such job, as a problem.
+    let (s, h, p) = api.get(&api.alice, "/v1/etl-jobs/%FF").await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    let (s, h, p) = api.delete(&api.alice, "/v1/etl-jobs/%FF").await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    // A method no route serves: 405 with Allow, as a problem.
+    let put = api.http.put(format!("{}/v1/etl-jobs", api.base));
+    let (s, h, p) = api
+        .read(put.bearer_auth(&api.alice).send().await.unwrap())
+        .await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed"))
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    let allow = h["allow"].to_str().unwrap().to_owned();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+    // RFC 9110: the scheme name is case-insensitive; another scheme is still refused.
+    for (scheme, expected) in [
+        ("bearer", StatusCode::OK),
+        ("BEARER", StatusCode::OK),
+        ("Bearer", StatusCode::OK),
+        ("Basic", StatusCode::UNAUTHORIZED),
+    ] {
+        let authorization = format!("{scheme} {}", api.alice);
+        let listing = api.http.get(format!("{}/v1/etl-jobs", api.base));
+        let response = listing.header("Authorization", authorization).send();
+        assert_eq!(response.await.unwrap().status(), expected, "{scheme}");
+    }
+}
+
+/// 200,000 succeeded jobs of yesterday: the history a scrape must not read.
+const TERMINAL_HISTORY: &str = "INSERT INTO etl_job_records (id, owner_key, \
+    idempotency_key_digest, request_fingerprint, kind, status, finished_at, run_at) \
+    SELECT gen_random_uuid(), sha256(n::text::bytea), sha256(n::text::bytea), \
+    sha256(n::text::bytea), 'test.noop', 'succeeded', now(), now() - interval '1 day' \
+    FROM generate_series(1, 200000) n";
+
+/// The plan of `sql` on `client`, as `EXPLAIN (FORMAT JSON)` text.
+async fn plan_of(client: &tokio_postgres::Client, sql: &str) -> String {
+    let row = client
+        .query_one(&format!("EXPLAIN (FORMAT JSON) {sql}"), &[])
+        .await
+        .unwrap();
+    row.get::<_, serde_json::Value>(0).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_scrape_reads_only_the_active_rows_through_their_indexes() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client.batch_execute(TERMINAL_HISTORY).await.unwrap();
+    crate::support::insert_jobs(&client, "test.noop", &vec![json!({}); 3], 3).await;
+    crate::support::insert_job(&client, "now() + interval '1 hour'").await;
+    client
+        .batch_execute(
+            "UPDATE etl_job_records
+                SET status = 'running', attempts = 1, lease_owner_id = 'metrics',
+                    lease_claim_id = gen_random_uuid(), lease_expires_at = now() + interval '1 minute'
+              WHERE id = (SELECT id FROM etl_job_records WHERE status = 'pending'
+                           AND run_at <= now() LIMIT 1)",
+        )
+        .await
+        .unwrap();
+    // Never analyzed since the insert, then analyzed: neither plan may walk the terminal rows.
+    for analyze in [false, true] {
+        if analyze {
+            client
+                .batch_execute("ANALYZE etl_job_records")
+                .await
+                .unwrap();
+        }
+        let plan = plan_of(&client, durable_etl::metrics::QUEUE_SAMPLE_SQL).await;
+        assert!(!plan.contains("\"Seq Scan\""), "analyzed {analyze}: {plan}");
+        for index in [
+            "etl_job_records_pending_due_idx",
+            "etl_job_records_running_owner_idx",
+        ] {
+            assert!(plan.contains(index), "analyzed {analyze}: {plan}");
+        }
+        let sample = durable_etl::metrics::sample_queue(&client).await.unwrap();
+        assert_eq!(
+            (sample.due, sample.deferred, sample.running),
+            (2, 1, 1),
+            "{sample:?}"
+        );
+        assert!(sample.oldest_due_seconds >= 1.0, "{sample:?}");
+    }
+}

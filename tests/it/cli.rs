@@ -11,7 +11,13 @@ const SECRET: &str = "test-secret-0123456789";
 
 /// Runs the binary with `args` against `url`, with a clean durable-etl environment.
 fn run(url: &str, args: &[&str]) -> Output {
+    run_with(url, args, &[])
+}
+
+/// [`run`] with extra environment variables.
+fn run_with(url: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_durable-etl"));
+    command.envs(env.iter().copied());
     for (key, _) in std::env::vars() {
         if key.starts_with("DURABLE_ETL_") {
             command.env_remove(key);
@@ -24,6 +30,13 @@ fn run(url: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run durable-etl")
+}
+
+/// Drops database `name` (one a test made through the binary), disconnecting its sessions.
+async fn drop_database(name: &str) {
+    let admin = connect(&admin_config()).await;
+    let sql = format!("DROP DATABASE {} WITH (FORCE)", quote_ident(name));
+    admin.batch_execute(&sql).await.unwrap();
 }
 
 /// The process's standard error as text.
@@ -63,7 +76,7 @@ async fn work_refuses_a_schema_from_a_newer_incompatible_release_with_exit_4() {
 fn an_unreachable_database_exits_3() {
     let out = run(
         "postgres://postgres@127.0.0.1:1/nowhere",
-        &["work", "--owner-id", "x"],
+        &["work", "--owner-id", "x", "--startup-timeout", "1s"],
     );
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("[database_unavailable]"));
@@ -86,6 +99,45 @@ fn configuration_errors_exit_2_and_name_the_relation() {
     let out = run("not a url at all", &["migrate"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("[config_invalid]"));
+}
+
+#[test]
+fn a_lease_alone_derives_a_heartbeat_that_fits_it() {
+    // Nothing listens on port 1: passing validation means reaching the database (exit 3).
+    let url = "postgres://postgres@127.0.0.1:1/nowhere";
+    for lease in ["3s", "1s", "90s"] {
+        let out = run_with(
+            url,
+            &["work", "--lease", lease],
+            &[("DURABLE_ETL_STARTUP_TIMEOUT", "1s")],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "--lease {lease}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn absurd_durations_exit_2_without_a_panic() {
+    let url = "postgres://postgres@127.0.0.1:1/nowhere";
+    for flag in [
+        "--heartbeat-interval",
+        "--execution-timeout",
+        "--lease",
+        "--shutdown-grace",
+        "--retry-max-delay",
+        "--statement-timeout",
+        "--idle-in-transaction-timeout",
+    ] {
+        let out = run(url, &["work", flag, "7000000000000000000s"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("must be at most"), "{flag}: {err}");
+        assert!(!err.contains("panicked"), "{flag}: {err}");
+    }
 }
 
 #[test]
@@ -123,14 +175,7 @@ async fn migrate_creates_the_database_then_reverses_it() {
     assert_eq!(down.status.code(), Some(0), "{}", stderr(&down));
     assert!(String::from_utf8_lossy(&down.stdout)
         .contains(&format!("schema at version 0 ({n} migration(s) reversed)")));
-    let admin = connect(&admin_config()).await;
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            quote_ident(&name)
-        ))
-        .await
-        .unwrap();
+    drop_database(&name).await;
 }
 
 #[tokio::test]
@@ -310,14 +355,41 @@ async fn the_demo_runs_to_completion_in_its_own_database() {
         "retried: {locked}"
     );
     assert!(stdout.contains("enqueue→start latency over"));
-    let admin = connect(&admin_config()).await;
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            quote_ident(&name)
-        ))
-        .await
+    drop_database(&name).await;
+}
+
+#[tokio::test]
+async fn the_demo_ends_with_its_final_table_and_logs_carry_no_colour_into_files() {
+    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
+    // Standard output and error into one file, in the order they were written.
+    let path = std::env::temp_dir().join(format!("{name}.log"));
+    let file = std::fs::File::create(&path).unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        )
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .args(["demo", "--demo-database", &name])
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .status()
         .unwrap();
+    let output = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(
+        output.contains(" INFO "),
+        "the replicas log at info: {output}"
+    );
+    assert!(!output.contains('\u{1b}'), "ANSI codes in a file: {output}");
+    let last = output.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+    assert!(
+        last.starts_with("enqueue→start latency over"),
+        "something was printed after the final table: {output}"
+    );
+    drop_database(&name).await;
 }
 
 #[test]

@@ -556,3 +556,30 @@ async fn the_retention_runbook_deletes_old_jobs_as_written() {
         .get(0);
     assert_eq!(replaces, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_waits_for_the_migration_lock_beyond_the_session_timeouts() {
+    let db = TestDb::empty().await;
+    // Session limits far shorter than the other migration below.
+    let short = durable_etl::config::DatabaseConfig {
+        lock_timeout: std::time::Duration::from_millis(100),
+        statement_timeout: std::time::Duration::from_millis(200),
+        ..db.config.clone()
+    };
+    let mut holder = db.client().await;
+    let slow = holder.transaction().await.unwrap();
+    slow.execute(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[&schema::MIGRATION_LOCK_KEY],
+    )
+    .await
+    .unwrap();
+    let mut client = durable_etl::db::connect(&short, "migrate").await.unwrap();
+    let waiting = tokio::spawn(async move { schema::migrate_up(&mut client).await });
+    // Well past both limits, the second migrate is still queued behind the first.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished(), "{:?}", waiting.await.unwrap().err());
+    slow.commit().await.unwrap();
+    let report = waiting.await.unwrap().unwrap();
+    assert_eq!(report.version, schema::latest_version());
+}
