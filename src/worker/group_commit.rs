@@ -80,6 +80,9 @@ pub(crate) struct Ready {
     /// Its effects; `None` for a job claimed without payload (only an existing ledger row can
     /// make it succeed).
     pub(crate) effects: Option<Box<dyn Effects>>,
+    /// Whether it needs the execution transaction: its effects write ([`Effects::writes`], asked
+    /// by the job's own task so that a panic there is the job's), or it has none.
+    pub(crate) writes: bool,
     /// When its execution time runs out.
     pub(crate) deadline: Instant,
 }
@@ -109,12 +112,15 @@ impl GroupCommit {
         let (queue, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
         for _ in 0..COMMIT_LANES {
-            tokio::spawn(lane(
-                pool.clone(),
-                Arc::clone(&stats),
-                Arc::clone(&receiver),
-                max_batch.max(1),
-            ));
+            let (pool, stats, receiver) = (pool.clone(), Arc::clone(&stats), Arc::clone(&receiver));
+            tokio::spawn(restarting(move || {
+                lane(
+                    pool.clone(),
+                    Arc::clone(&stats),
+                    Arc::clone(&receiver),
+                    max_batch.max(1),
+                )
+            }));
         }
         GroupCommit { queue }
     }
@@ -128,6 +134,23 @@ impl GroupCommit {
         outcome
             .await
             .unwrap_or(Err(Failure::Code(Code::TransientDatabase)))
+    }
+}
+
+/// Runs the task `start` makes, again each time it dies of a panic (a commit lane that ran
+/// handler code outside [`Effects::apply`], such as a panicking `Drop`), until it ends normally.
+/// The jobs of the batch it was committing get no answer: their tasks take the transient path,
+/// whose fenced write settles against whatever committed.
+async fn restarting<F, T>(mut start: F)
+where
+    F: FnMut() -> T,
+    T: std::future::Future<Output = ()> + Send + 'static,
+{
+    while let Err(died) = tokio::spawn(start()).await {
+        if !died.is_panic() {
+            return;
+        }
+        tracing::warn!(code = %Code::HandlerPanicked, "a commit lane panicked; restarting it");
     }
 }
 
@@ -172,9 +195,7 @@ async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec
     let written = match crate::db::checkout(pool).await {
         Err(_) => Err(None),
         Ok(mut conn) => {
-            let writes_nothing = jobs
-                .iter()
-                .all(|j| j.effects.as_ref().is_some_and(|e| !e.writes()));
+            let writes_nothing = jobs.iter().all(|j| !j.writes);
             let written = if writes_nothing {
                 stats.record_round_trips(1);
                 completer::succeed_many(
@@ -311,13 +332,14 @@ async fn lock_fenced(
         .collect())
 }
 
-/// Applies one job's effects on `tx` within its deadline; a panic is the job's failure.
+/// Applies one job's effects on `tx` within its deadline; a panic is the job's failure, in the
+/// call of [`Effects::apply`] as well as in its future (else it would end the lane).
 async fn apply(
     tx: &Transaction<'_>,
     effects: Box<dyn Effects>,
     deadline: Instant,
 ) -> Result<LedgerEntry, Failure> {
-    let applied = AssertUnwindSafe(effects.apply(tx)).catch_unwind();
+    let applied = AssertUnwindSafe(async move { effects.apply(tx).await }).catch_unwind();
     match timeout_at(deadline, applied).await {
         Err(_) => Err(Failure::Code(Code::ExecutionTimeout)),
         Ok(Err(_panic)) => Err(Failure::Code(Code::HandlerPanicked)),
@@ -532,9 +554,24 @@ mod tests {
         Ready {
             id: pair.0,
             claim_id: pair.1,
+            writes: effects.as_ref().is_none_or(|e| e.writes()),
             effects,
             deadline: Instant::now() + within,
         }
+    }
+
+    #[tokio::test]
+    async fn a_lane_that_panics_is_restarted_until_it_ends() {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        restarting(move || {
+            let run = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                assert!(run >= 2, "lane run {run} dies");
+            }
+        })
+        .await;
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ mod cli;
 mod deploy;
 mod errors;
 mod etl;
+mod execution;
 mod faults;
 mod handlers;
 mod privacy;
