@@ -11,6 +11,11 @@
 //!   their futures, and so is the whole task, whose panic anywhere else is written the same
 //!   fenced way (its claim never outlives it). An overrun of the execution timeout by the compute
 //!   phase is `execution_timeout`. Both are terminal.
+//! - Effects have a budget of their own (the execution timeout again), counted from when they
+//!   start applying: time spent queued for a commit lane, behind the other jobs of a batch or
+//!   waiting for the fenced row lock never counts against it. An overrun of that budget is
+//!   transient (a retry, bounded by `max_attempts`), never terminal: their time may be spent
+//!   waiting for a row lock another transaction holds.
 //! - Only codes leave this module: no error text, SQL or payload is logged or stored.
 
 use crate::codes::Code;
@@ -34,6 +39,8 @@ pub(crate) enum Failure {
     Code(Code),
     /// The lease was gone when the effects transaction checked it.
     LeaseLost,
+    /// The effects overran their own budget; cut and rolled back, they are tried again.
+    EffectsOverrun,
     /// The owner asked to cancel the job.
     Cancelled,
 }
@@ -64,9 +71,9 @@ async fn run(shared: &Shared, job: &ClaimedJob, lost: CancellationToken) -> Tran
         Some(handler) => match job.payload.clone() {
             // No payload: a job re-claimed after its effects committed (its ledger row settles
             // it), or a broken row.
-            None => commit(shared, job, None, deadline).await,
+            None => commit(shared, job, None).await,
             Some(payload) => match prepare(&handler, job, payload, deadline, &lost).await {
-                Ok(effects) => commit(shared, job, Some(effects), deadline).await,
+                Ok(effects) => commit(shared, job, Some(effects)).await,
                 Err(failure) => Err(failure),
             },
         },
@@ -100,12 +107,12 @@ async fn prepare(
     }
 }
 
-/// The effects phase, group-committed with whatever else this replica finished meanwhile.
+/// The effects phase, group-committed with whatever else this replica finished meanwhile; the
+/// effects get a budget of their own, whatever time the compute phase took.
 async fn commit(
     shared: &Shared,
     job: &ClaimedJob,
     effects: Option<Box<dyn Effects>>,
-    deadline: Instant,
 ) -> Result<Transition, Failure> {
     let ready = Ready {
         id: job.id(),
@@ -113,7 +120,7 @@ async fn commit(
         // Asked here, where a panic is this job's own (see `execute`), not in a commit lane.
         writes: effects.as_ref().is_none_or(|e| e.writes()),
         effects,
-        deadline,
+        budget: shared.config.execution_timeout,
     };
     shared.group_commit.commit(ready).await
 }
@@ -123,6 +130,7 @@ async fn commit(
 async fn settle_failure(shared: &Shared, job: &ClaimedJob, failure: Failure) -> Transition {
     let (code, record_index, transient) = match failure {
         Failure::LeaseLost => return Transition::LeaseLost,
+        Failure::EffectsOverrun => (Code::ExecutionTimeout, None, true),
         Failure::Cancelled => (Code::Cancelled, None, false),
         Failure::Code(code) => (code, None, code == Code::TransientDatabase),
         Failure::Job(JobError::Transient(_)) => (Code::HandlerFailed, None, true),

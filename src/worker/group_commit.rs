@@ -16,6 +16,11 @@
 //!   batch still commits. Effects, ledger row and `succeeded` of a job commit together.
 //! - A COMMIT whose outcome is unknown (connection lost) is resolved by reading the ledger under
 //!   each job's claim, never by running a job again.
+//! - Each job's effects have their own budget, counted from when they start applying: time
+//!   queued for a lane, behind the other jobs of the batch or waiting for the fenced row lock is
+//!   never counted against a job. Effects that overrun it are cut: their in-flight statement is
+//!   cancelled on the server (the driver's cancel token), their savepoint (or, alone, the whole
+//!   transaction) rolled back, and the job fails transiently; the rest of the batch commits.
 //! - A failure of the batch itself (not of one job's effects) fails every job of the batch that
 //!   had not already failed on its own, transiently when the SQLSTATE says so: each then takes the
 //!   ordinary fenced retry or failure path.
@@ -31,10 +36,10 @@ use futures::FutureExt;
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Mutex};
-use tokio::time::{timeout_at, Instant};
 use tokio_postgres::types::Type;
-use tokio_postgres::Transaction;
+use tokio_postgres::{CancelToken, NoTls, Transaction};
 use uuid::Uuid;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
@@ -83,8 +88,8 @@ pub(crate) struct Ready {
     /// Whether it needs the execution transaction: its effects write ([`Effects::writes`], asked
     /// by the job's own task so that a panic there is the job's), or it has none.
     pub(crate) writes: bool,
-    /// When its execution time runs out.
-    pub(crate) deadline: Instant,
+    /// How long its effects may take, from when they start applying.
+    pub(crate) budget: Duration,
 }
 
 /// What a job of a batch came to.
@@ -253,6 +258,7 @@ async fn write_effects(
     outcomes: &mut [Option<Outcome>],
 ) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
     let isolate = jobs.len() > 1;
+    let cancel = conn.cancel_token();
     stats.record_round_trips(2);
     let mut tx = conn.transaction().await?;
     let fenced = lock_fenced(&tx, pairs).await?;
@@ -267,7 +273,7 @@ async fn write_effects(
             (Some(&(false, false)), Some(effects)) if isolate => {
                 stats.record_round_trips(2);
                 let savepoint = tx.savepoint("job_effects").await?;
-                let applied = apply(&savepoint, effects, job.deadline).await;
+                let applied = apply(&savepoint, effects, job.budget, &cancel).await;
                 if applied.is_ok() {
                     savepoint.commit().await?;
                 } else {
@@ -275,7 +281,9 @@ async fn write_effects(
                 }
                 applied
             }
-            (Some(&(false, false)), Some(effects)) => apply(&tx, effects, job.deadline).await,
+            (Some(&(false, false)), Some(effects)) => {
+                apply(&tx, effects, job.budget, &cancel).await
+            }
         };
         crash_point!("effects.applied");
         ledgers.push(match ledger {
@@ -332,16 +340,26 @@ async fn lock_fenced(
         .collect())
 }
 
-/// Applies one job's effects on `tx` within its deadline; a panic is the job's failure, in the
-/// call of [`Effects::apply`] as well as in its future (else it would end the lane).
+/// Applies one job's effects on `tx` within `budget`, counted from now; a panic is the job's
+/// failure, in the call of [`Effects::apply`] as well as in its future (else it would end the
+/// lane). Effects that overrun are cut, and their statement still running on the server is
+/// cancelled through `cancel` (the token of `tx`'s connection), so the rollback that follows
+/// need not wait for it.
 async fn apply(
     tx: &Transaction<'_>,
     effects: Box<dyn Effects>,
-    deadline: Instant,
+    budget: Duration,
+    cancel: &CancelToken,
 ) -> Result<LedgerEntry, Failure> {
     let applied = AssertUnwindSafe(async move { effects.apply(tx).await }).catch_unwind();
-    match timeout_at(deadline, applied).await {
-        Err(_) => Err(Failure::Code(Code::ExecutionTimeout)),
+    match tokio::time::timeout(budget, applied).await {
+        Err(_) => {
+            tracing::warn!(code = %Code::ExecutionTimeout, "effects overran their budget");
+            // A cancel that finds the session idle (the effects were not in a statement) is
+            // ignored by the server.
+            let _ = cancel.cancel_query(NoTls).await;
+            Err(Failure::EffectsOverrun)
+        }
         Ok(Err(_panic)) => Err(Failure::Code(Code::HandlerPanicked)),
         Ok(Ok(Err(e))) => Err(Failure::Job(e)),
         Ok(Ok(Ok(ledger))) => Ok(ledger),
@@ -460,13 +478,21 @@ mod tests {
         /// Creates and migrates a fresh database with `n` due jobs (payload `{}`), all claimed by
         /// one owner. Returns the scratch database and the claimed `(id, claim id)` pairs.
         async fn with_claimed(n: usize) -> (Scratch, Vec<(Uuid, Uuid)>) {
+            Scratch::waiting_for_locks(n, Duration::from_millis(200)).await
+        }
+
+        /// [`Scratch::with_claimed`], whose sessions wait up to `lock_timeout` for a lock.
+        async fn waiting_for_locks(
+            n: usize,
+            lock_timeout: Duration,
+        ) -> (Scratch, Vec<(Uuid, Uuid)>) {
             let base = std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
             let (server, _) = base.rsplit_once('/').unwrap();
             let name = format!("durable_etl_test_unit_{}", Uuid::new_v4().simple());
             let config = DatabaseConfig {
                 url: format!("{server}/{name}"),
-                lock_timeout: Duration::from_millis(200),
+                lock_timeout,
                 ..DatabaseConfig::default()
             };
             crate::db::ensure_database(&config).await.unwrap();
@@ -518,6 +544,7 @@ mod tests {
                     Err(Failure::Job(e)) => format!("job error: {e}"),
                     Err(Failure::Code(code)) => format!("code: {code}"),
                     Err(Failure::LeaseLost) => "lease lost".to_owned(),
+                    Err(Failure::EffectsOverrun) => "effects overrun".to_owned(),
                     Err(Failure::Cancelled) => "cancel".to_owned(),
                 })
                 .collect()
@@ -530,6 +557,17 @@ mod tests {
                 .await
                 .unwrap()
                 .get(0)
+        }
+
+        /// The keys of the target rows, sorted.
+        async fn target_keys(&self) -> Vec<String> {
+            self.client
+                .query("SELECT record_key FROM etl_target_rows ORDER BY 1", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
         }
 
         /// Drops the database.
@@ -549,14 +587,14 @@ mod tests {
         }
     }
 
-    /// A ready job with `effects` and a deadline `within` from now.
-    fn ready(pair: (Uuid, Uuid), effects: Option<Box<dyn Effects>>, within: Duration) -> Ready {
+    /// A ready job with `effects` and an effects budget of `budget`.
+    fn ready(pair: (Uuid, Uuid), effects: Option<Box<dyn Effects>>, budget: Duration) -> Ready {
         Ready {
             id: pair.0,
             claim_id: pair.1,
             writes: effects.as_ref().is_none_or(|e| e.writes()),
             effects,
-            deadline: Instant::now() + within,
+            budget,
         }
     }
 
@@ -634,20 +672,12 @@ mod tests {
                 "code: handler_panicked",
                 "cancel",
                 "lease lost",
-                "code: execution_timeout",
+                "effects overrun",
                 "Succeeded"
             ]
         );
         // Only the two successes' writes and ledger rows committed.
-        let keys: Vec<String> = db
-            .client
-            .query("SELECT record_key FROM etl_target_rows ORDER BY 1", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        assert_eq!(keys, ["a", "b"]);
+        assert_eq!(db.target_keys().await, ["a", "b"]);
         assert_eq!(db.count("etl_job_responses").await, 2);
         assert_eq!(
             db.count("etl_job_records WHERE status = 'succeeded' AND request_payload IS NULL")
@@ -659,6 +689,51 @@ mod tests {
             db.count("etl_job_records WHERE status = 'running'").await,
             5
         );
+        db.drop_database().await;
+    }
+
+    #[tokio::test]
+    async fn effects_queued_behind_a_blocked_job_get_their_own_budget() {
+        let (db, jobs) = Scratch::waiting_for_locks(3, Duration::from_secs(60)).await;
+        // Another session inserted target row `k` and has not committed: job 0's insert of `k`
+        // waits for it (a minute, by the lock timeout), then for ever by its budget.
+        let holder = crate::db::connect(&db.config, "test").await.unwrap();
+        holder
+            .batch_execute(&format!(
+                "BEGIN; INSERT INTO etl_target_rows
+                          (owner_key, dataset, record_key, record, written_by_job)
+                        VALUES (decode(repeat('ab', 32), 'hex'), 'd', 'k', '{{}}', '{}')",
+                jobs[0].0
+            ))
+            .await
+            .unwrap();
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let release = tokio::spawn({
+            let released = Arc::clone(&released);
+            async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                released.store(true, std::sync::atomic::Ordering::SeqCst);
+                holder.batch_execute("ROLLBACK").await.unwrap();
+            }
+        });
+        let budget = Duration::from_millis(500);
+        let batch = jobs
+            .iter()
+            .zip(["k", "b", "c"])
+            .map(|(&j, key)| ready(j, Some(Box::new(Scripted::Write(j.0, key))), budget))
+            .collect();
+        // Job 0's effects overran their own budget: cut (the statement cancelled), rolled back
+        // to their savepoint, and retried (never terminal); the jobs behind it ran with budgets
+        // of their own and committed.
+        assert_eq!(
+            db.commit(batch).await,
+            ["effects overrun", "Succeeded", "Succeeded"]
+        );
+        // The batch did not wait for the row lock to go: job 0's statement was cancelled.
+        assert!(!released.load(std::sync::atomic::Ordering::SeqCst));
+        release.await.unwrap();
+        assert_eq!(db.target_keys().await, ["b", "c"]);
+        assert_eq!(db.count("etl_job_responses").await, 2);
         db.drop_database().await;
     }
 
