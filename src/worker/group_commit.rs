@@ -21,6 +21,11 @@
 //!   never counted against a job. Effects that overrun it are cut: their in-flight statement is
 //!   cancelled on the server (the driver's cancel token), their savepoint (or, alone, the whole
 //!   transaction) rolled back, and the job fails transiently; the rest of the batch commits.
+//! - At shutdown, once the grace period is over and the job tasks are gone,
+//!   [`GroupCommit::abandon`] stops the lanes without waiting for the database: the batch in
+//!   flight is dropped uncommitted (rolled back) and its running statement cancelled on the
+//!   server; a COMMIT already sent stands, and the fenced release settles against it.
+//! - A lane that dies of a panic is restarted.
 //! - A failure of the batch itself (not of one job's effects) fails every job of the batch that
 //!   had not already failed on its own, transiently when the SQLSTATE says so: each then takes the
 //!   ordinary fenced retry or failure path.
@@ -35,11 +40,12 @@ use crate::worker::stats::WorkerStats;
 use futures::FutureExt;
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_postgres::types::Type;
 use tokio_postgres::{CancelToken, NoTls, Transaction};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
@@ -108,26 +114,36 @@ struct Queued {
 pub(crate) struct GroupCommit {
     /// Where job tasks queue their ready jobs.
     queue: mpsc::UnboundedSender<Queued>,
+    /// Cancelled by [`GroupCommit::abandon`]: the lanes drop their batch and end.
+    stop: CancellationToken,
+    /// The connections the lanes are committing on.
+    in_flight: InFlight,
 }
 
 impl GroupCommit {
     /// Starts [`COMMIT_LANES`] lanes committing on `pool`, in batches of at most `max_batch`. The
-    /// lanes end when the last handle is dropped and the queue is empty.
+    /// lanes end when the last handle is dropped and the queue is empty, or when abandoned.
     pub(crate) fn start(pool: Pool, stats: Arc<WorkerStats>, max_batch: usize) -> GroupCommit {
         let (queue, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
-        for _ in 0..COMMIT_LANES {
-            let (pool, stats, receiver) = (pool.clone(), Arc::clone(&stats), Arc::clone(&receiver));
-            tokio::spawn(restarting(move || {
-                lane(
-                    pool.clone(),
-                    Arc::clone(&stats),
-                    Arc::clone(&receiver),
-                    max_batch.max(1),
-                )
-            }));
+        let (stop, in_flight) = (CancellationToken::new(), InFlight::default());
+        for index in 0..COMMIT_LANES {
+            let lane = Lane {
+                index,
+                pool: pool.clone(),
+                stats: Arc::clone(&stats),
+                receiver: Arc::clone(&receiver),
+                max_batch: max_batch.max(1),
+                stop: stop.clone(),
+                in_flight: in_flight.clone(),
+            };
+            tokio::spawn(restarting(move || lane.clone().run()));
         }
-        GroupCommit { queue }
+        GroupCommit {
+            queue,
+            stop,
+            in_flight,
+        }
     }
 
     /// Queues `ready` for the next batch and waits until its transition is durable.
@@ -139,6 +155,60 @@ impl GroupCommit {
         outcome
             .await
             .unwrap_or(Err(Failure::Code(Code::TransientDatabase)))
+    }
+
+    /// Stops the lanes at once (shutdown, after the grace period, once the job tasks are
+    /// gone): each drops the batch it was committing, uncommitted (its transaction is rolled
+    /// back; a COMMIT already sent stands, and the fenced release settles against it), and ends;
+    /// the statement each was running is cancelled on the server, so a commit blocked in the
+    /// database (on a row lock, say) frees its job rows now instead of at `lock_timeout`.
+    pub(crate) async fn abandon(&self) {
+        let running = self.in_flight.tokens();
+        self.stop.cancel();
+        for statement in running {
+            // Refused or too late: the server ends the transaction when the connection closes.
+            let _ = statement.cancel_query(NoTls).await;
+        }
+    }
+}
+
+/// The cancel tokens of the connections the lanes are committing batches on, by lane.
+#[derive(Clone, Default)]
+struct InFlight(Arc<StdMutex<HashMap<usize, CancelToken>>>);
+
+impl InFlight {
+    /// The tokens of every batch being committed now.
+    fn tokens(&self) -> Vec<CancelToken> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// Shows `token` as lane `lane`'s until the returned guard drops.
+    fn show(&self, lane: usize, token: CancelToken) -> Shown<'_> {
+        self.lock().insert(lane, token);
+        Shown {
+            in_flight: self,
+            lane,
+        }
+    }
+
+    /// The map, even if a panic poisoned it (each entry is written whole).
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, CancelToken>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A lane's connection shown in [`InFlight`]; removed when dropped (also when the batch's future
+/// is dropped, or unwinds).
+struct Shown<'a> {
+    /// Where it is shown.
+    in_flight: &'a InFlight,
+    /// The lane.
+    lane: usize,
+}
+
+impl Drop for Shown<'_> {
+    fn drop(&mut self) {
+        self.in_flight.lock().remove(&self.lane);
     }
 }
 
@@ -160,46 +230,74 @@ where
 }
 
 /// One commit lane: takes what is queued, commits it as one batch, answers each job, repeats.
-async fn lane(
+#[derive(Clone)]
+struct Lane {
+    /// Which lane it is.
+    index: usize,
+    /// Where its connections come from.
     pool: Pool,
+    /// The replica's counters.
     stats: Arc<WorkerStats>,
+    /// The queue of ready jobs, shared by the lanes.
     receiver: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
+    /// The largest batch.
     max_batch: usize,
-) {
-    loop {
-        let batch = {
-            let mut receiver = receiver.lock().await;
-            let Some(first) = receiver.recv().await else {
+    /// Ends the lane, dropping its batch ([`GroupCommit::abandon`]).
+    stop: CancellationToken,
+    /// Where it shows the connection of the batch it commits.
+    in_flight: InFlight,
+}
+
+impl Lane {
+    /// Runs the lane until the queue closes or the lane is stopped.
+    async fn run(self) {
+        while let Some(Some(batch)) = self.stop.run_until_cancelled(self.next_batch()).await {
+            let (jobs, replies): (Vec<Ready>, Vec<_>) =
+                batch.into_iter().map(|q| (q.ready, q.reply)).unzip();
+            self.stats.record_commit_batch(jobs.len());
+            let committing =
+                commit_batch(&self.pool, &self.stats, jobs, (&self.in_flight, self.index));
+            // Stopped: the batch is dropped unanswered (its tasks are gone).
+            let Some(outcomes) = self.stop.run_until_cancelled(committing).await else {
                 return;
             };
-            let mut batch = vec![first];
-            while batch.len() < max_batch {
-                match receiver.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
-                }
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // A task that is gone (aborted at shutdown) needs no answer: its fenced release
+                // settles against whatever committed.
+                let _ = reply.send(outcome);
             }
-            batch
-        };
-        let (jobs, replies): (Vec<Ready>, Vec<_>) =
-            batch.into_iter().map(|q| (q.ready, q.reply)).unzip();
-        stats.record_commit_batch(jobs.len());
-        let outcomes = commit_batch(&pool, &stats, jobs).await;
-        for (reply, outcome) in replies.into_iter().zip(outcomes) {
-            // A task that is gone (aborted at shutdown) needs no answer: its fenced release
-            // settles against whatever committed.
-            let _ = reply.send(outcome);
         }
+    }
+
+    /// The first queued job (waiting for one), then whatever else is queued, up to the largest
+    /// batch; `None` once the queue is closed.
+    async fn next_batch(&self) -> Option<Vec<Queued>> {
+        let mut receiver = self.receiver.lock().await;
+        let mut batch = vec![receiver.recv().await?];
+        while batch.len() < self.max_batch {
+            match receiver.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        Some(batch)
     }
 }
 
-/// Commits one batch; returns one outcome per job, in order.
-async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec<Outcome> {
+/// Commits one batch; returns one outcome per job, in order. The connection it commits on is
+/// shown in `in_flight` as the given lane's while it does.
+async fn commit_batch(
+    pool: &Pool,
+    stats: &WorkerStats,
+    jobs: Vec<Ready>,
+    (in_flight, lane): (&InFlight, usize),
+) -> Vec<Outcome> {
     let pairs: Vec<(Uuid, Uuid)> = jobs.iter().map(|j| (j.id, j.claim_id)).collect();
     let mut outcomes: Vec<Option<Outcome>> = jobs.iter().map(|_| None).collect();
     let written = match crate::db::checkout(pool).await {
         Err(_) => Err(None),
         Ok(mut conn) => {
+            let _shown = in_flight.show(lane, conn.cancel_token());
             let writes_nothing = jobs.iter().all(|j| !j.writes);
             let written = if writes_nothing {
                 stats.record_round_trips(1);
@@ -536,7 +634,7 @@ mod tests {
         /// Runs one batch of `jobs`, and names each outcome.
         async fn commit(&self, jobs: Vec<Ready>) -> Vec<String> {
             let stats = WorkerStats::default();
-            commit_batch(&self.pool, &stats, jobs)
+            commit_batch(&self.pool, &stats, jobs, (&InFlight::default(), 0))
                 .await
                 .into_iter()
                 .map(|o| match o {
@@ -758,7 +856,7 @@ mod tests {
             })
             .collect();
         let stats = WorkerStats::default();
-        let outcomes = commit_batch(&db.pool, &stats, batch).await;
+        let outcomes = commit_batch(&db.pool, &stats, batch, (&InFlight::default(), 0)).await;
         assert!(matches!(
             outcomes.as_slice(),
             [

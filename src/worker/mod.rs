@@ -19,8 +19,10 @@
 //!   and a claim the heartbeat reports lost is cancelled locally: its handler stops at once, and
 //!   its task reports `LeaseLost` (a task that had already settled reports what it did).
 //! - On shutdown: no new claims; running jobs get the grace period (cut to zero by a second
-//!   signal); then unfinished leases are released at once (attempt not charged), the pool and
-//!   the session are closed.
+//!   signal); then the commits still running are abandoned (their statements cancelled on the
+//!   server, their transactions rolled back), unfinished leases are released at once (attempt
+//!   not charged; a release that cannot finish within [`RELEASE_TIMEOUT`] leaves them to expire),
+//!   the pool and the session are closed.
 
 pub mod claimer;
 pub mod completer;
@@ -60,6 +62,10 @@ pub const REFILL_DELAY: Duration = Duration::from_millis(25);
 
 /// How soon a failed claim is tried again.
 pub const CLAIM_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// How long the shutdown release may wait (for a row lock, say) before the replica exits anyway
+/// and leaves the unreleased leases to expire.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every job task of a replica shares.
 pub(crate) struct Shared {
@@ -432,7 +438,15 @@ impl Worker {
         while let Some(done) = tasks.join_next().await {
             self.finish_task(done, &mut held);
         }
-        self.release(&held).await;
+        // A commit still running (blocked on a row lock, say) is not waited for: its statement
+        // is cancelled and its batch rolled back, so the release does not wait for its locks.
+        self.shared.group_commit.abandon().await;
+        if tokio::time::timeout(RELEASE_TIMEOUT, self.release(&held))
+            .await
+            .is_err()
+        {
+            tracing::warn!("release timed out; leases will expire");
+        }
         // Dropping the worker drops the last pool handle (closing its connections) and the
         // session (ending the owner lock).
         drop(self);

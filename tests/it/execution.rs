@@ -1,14 +1,19 @@
-//! The execution and group-commit path under hostile handlers: a handler that panics before
-//! returning its future, and handler code that kills a commit lane.
+//! The execution and group-commit path under hostile handlers and blocked commits: a handler
+//! that panics before returning its future, handler code that kills a commit lane, and a
+//! shutdown whose commit is blocked in the database.
 
+use crate::faults::{assert_done_once, locked_update, replica, until_load_waits};
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
-use crate::support::{count, insert_jobs, job_row, pool, until_all_terminal, TestDb};
+use crate::support::{
+    count, insert_jobs, job_row, pool, signal, until_all_terminal, Processes, TestDb,
+};
 use durable_etl::config::WorkerConfig;
 use durable_etl::handler::Registry;
 use durable_etl::shutdown::{self, Stage};
 use durable_etl::worker::stats::StatsSnapshot;
 use durable_etl::worker::Worker;
 use serde_json::json;
+use std::process::{Child, ExitStatus};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -137,4 +142,52 @@ async fn a_commit_lane_that_dies_is_restarted() {
     // Their commit stands, exactly once.
     assert_ended(&client, &dying, "succeeded", None).await;
     assert_eq!(count(&client, "etl_job_responses").await, 3 + 4 + 1);
+}
+/// Waits up to `limit` for `child` to exit; `None` if it is still running then.
+async fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_after_the_grace_even_with_a_commit_blocked_on_a_row_lock() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (holder, id) = locked_update(&db, &client).await;
+    // The load's statement would wait a minute for the row the test holds.
+    let mut replicas = Processes(vec![replica(
+        &db,
+        "blocked",
+        &["--shutdown-grace", "1s", "--lock-timeout", "60s"],
+    )]);
+    until_load_waits(&client).await;
+    signal(&replicas.0[0], "TERM");
+    // A liveness bound, not a speed claim: the grace is 1 s, the row lock would hold for 60 s.
+    let status = exit_within(&mut replicas.0[0], Duration::from_secs(10)).await;
+    assert_eq!(
+        status.map(|s| s.code()),
+        Some(Some(0)),
+        "the replica exits soon after its grace"
+    );
+    // Nothing of the load committed; the job was released with its attempt given back.
+    let row = job_row(&client, id).await;
+    assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
+    assert!(!row.payload_cleared && row.lease_cleared);
+    // Another replica then runs it exactly once.
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    replicas.0.push(replica(&db, "successor", &[]));
+    assert_done_once(&client, id, 1).await;
+    signal(&replicas.0[1], "TERM");
+    assert_eq!(
+        exit_within(&mut replicas.0[1], Duration::from_secs(10))
+            .await
+            .map(|s| s.code()),
+        Some(Some(0))
+    );
 }
