@@ -58,8 +58,15 @@ pub(crate) async fn execute(
     {
         Ok(transition) => transition,
         // Whatever panicked, the job's fenced failure is written, so its claim does not stay
-        // held (renewed, then released with its attempt refunded, to run again) for ever.
-        Err(_panic) => settle_failure(shared, &job, Failure::Code(Code::HandlerPanicked)).await,
+        // held (renewed, then released with its attempt refunded, to run again) for ever. Should
+        // even that panic, the task still ends: the lease expires and recovery returns the job.
+        Err(_panic) => {
+            let failed = settle_failure(shared, &job, Failure::Code(Code::HandlerPanicked));
+            AssertUnwindSafe(failed)
+                .catch_unwind()
+                .await
+                .unwrap_or(Transition::Unwritten)
+        }
     }
 }
 

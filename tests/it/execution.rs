@@ -92,17 +92,17 @@ async fn assert_ended(
 async fn a_handler_that_panics_before_returning_its_future_fails_its_job_once() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let payloads = [json!({"do": "panic_at_call"}), json!({"do": "ok"})];
+    let payloads = ["panic_at_call", "writes_panics", "ok"].map(|a| json!({ "do": a }));
     let ids = insert_jobs(&client, SCRIPTED, &payloads, 3).await;
     let scripted = Scripted::default();
     let replica = Running::start(&db, config("prepare-panics", 8), scripted.clone()).await;
     until_all_terminal(&client).await;
     let stats = replica.stop().await;
-    assert_ended(&client, &ids[..1], "failed", Some("handler_panicked")).await;
-    assert_ended(&client, &ids[1..], "succeeded", None).await;
-    // It ran once: no loop of releases and re-claims.
-    assert_eq!(scripted.prepares.load(Ordering::SeqCst), 2);
-    assert_eq!((stats.panicked, stats.released), (1, 0));
+    assert_ended(&client, &ids[..2], "failed", Some("handler_panicked")).await;
+    assert_ended(&client, &ids[2..], "succeeded", None).await;
+    // Each ran once: no loop of releases and re-claims.
+    assert_eq!(scripted.prepares.load(Ordering::SeqCst), 3);
+    assert_eq!((stats.panicked, stats.released), (2, 0));
 }
 
 /// On a one-slot replica (so each job is a batch of its own, committed by each lane in turn),

@@ -80,11 +80,14 @@ impl Effects for WriteRow {
     }
 }
 
-/// Effects that write nothing and panic when they are dropped: handler code that runs in the
-/// commit lane outside [`Effects::apply`].
-struct PanicOnDrop;
+/// Effects that write nothing and panic outside [`Effects::apply`]: in [`Effects::writes`]
+/// when `in_writes`, else when they are dropped (handler code that runs in the commit lane).
+struct Panicky {
+    /// Panic in `writes` rather than in `drop`.
+    in_writes: bool,
+}
 
-impl Effects for PanicOnDrop {
+impl Effects for Panicky {
     fn apply<'a>(
         self: Box<Self>,
         _tx: &'a Transaction<'a>,
@@ -93,20 +96,24 @@ impl Effects for PanicOnDrop {
     }
 
     fn writes(&self) -> bool {
+        assert!(!self.in_writes, "effects panicked in writes");
         false
     }
 }
 
-impl Drop for PanicOnDrop {
+impl Drop for Panicky {
     fn drop(&mut self) {
-        panic!("effects panicked when dropped");
+        if !self.in_writes {
+            panic!("effects panicked when dropped");
+        }
     }
 }
 
 /// Acts on its payload's `"do"`: `ok`, `write`, `transient`, `permanent`, `record_invalid`,
 /// `panic`, `hang`, `write_then_<transient|permanent|panic|constraint|lock_timeout>`,
 /// `panic_at_call` (prepare panics before returning its future), `apply_panics_at_call` (so do
-/// the effects' apply) or `drop_panics` (effects that panic when dropped). Counts its prepares,
+/// the effects' apply), `writes_panics` (so does their `writes`) or `drop_panics` (effects that
+/// panic when dropped). Counts its prepares,
 /// and waits for a permit from `gate` first when it has one.
 #[derive(Clone, Default)]
 pub struct Scripted {
@@ -150,7 +157,9 @@ impl Handler for Scripted {
                     job: job.clone(),
                     then: "panic_at_call".into(),
                 }) as Box<dyn Effects>),
-                "drop_panics" => Ok(Box::new(PanicOnDrop) as Box<dyn Effects>),
+                "drop_panics" | "writes_panics" => Ok(Box::new(Panicky {
+                    in_writes: action == "writes_panics",
+                }) as Box<dyn Effects>),
                 other => {
                     let then = other.strip_prefix("write_then_").unwrap_or("ok").to_owned();
                     Ok(Box::new(WriteRow {
