@@ -18,9 +18,10 @@
 //!   each job's claim, never by running a job again.
 //! - Each job's effects have their own budget, counted from when they start applying: time
 //!   queued for a lane, behind the other jobs of the batch or waiting for the fenced row lock is
-//!   never counted against a job. Effects that overrun it are cut: their in-flight statement is
-//!   cancelled on the server (the driver's cancel token), their savepoint (or, alone, the whole
-//!   transaction) rolled back, and the job fails transiently; the rest of the batch commits.
+//!   never counted against a job. Effects that overrun it are cut: a statement of theirs still
+//!   running shortly after is cancelled on the server (the driver's cancel token), their
+//!   savepoint (or, alone, the whole transaction) rolled back, and the job fails transiently;
+//!   the rest of the batch commits.
 //! - At shutdown, once the grace period is over and the job tasks are gone,
 //!   [`GroupCommit::abandon`] stops the lanes without waiting for the database: the batch in
 //!   flight is dropped uncommitted (rolled back) and its running statement cancelled on the
@@ -438,11 +439,13 @@ async fn lock_fenced(
         .collect())
 }
 
+/// How long the statement that effects cut at their budget were running may still take to end
+/// on its own before it is cancelled on the server.
+const CUT_STATEMENT_WAIT: Duration = Duration::from_millis(100);
+
 /// Applies one job's effects on `tx` within `budget`, counted from now; a panic is the job's
 /// failure, in the call of [`Effects::apply`] as well as in its future (else it would end the
-/// lane). Effects that overrun are cut, and their statement still running on the server is
-/// cancelled through `cancel` (the token of `tx`'s connection), so the rollback that follows
-/// need not wait for it.
+/// lane). Effects that overrun are cut; see [`settle_cut_statement`].
 async fn apply(
     tx: &Transaction<'_>,
     effects: Box<dyn Effects>,
@@ -453,14 +456,31 @@ async fn apply(
     match tokio::time::timeout(budget, applied).await {
         Err(_) => {
             tracing::warn!(code = %Code::ExecutionTimeout, "effects overran their budget");
-            // A cancel that finds the session idle (the effects were not in a statement) is
-            // ignored by the server.
-            let _ = cancel.cancel_query(NoTls).await;
+            settle_cut_statement(tx, cancel).await;
             Err(Failure::EffectsOverrun)
         }
         Ok(Err(_panic)) => Err(Failure::Code(Code::HandlerPanicked)),
         Ok(Ok(Err(e))) => Err(Failure::Job(e)),
         Ok(Ok(Ok(ledger))) => Ok(ledger),
+    }
+}
+
+/// After effects were cut, waits until the statement they were running (if any) has ended, so
+/// the rollback that follows does not queue behind it: an empty statement is answered only
+/// after it. A statement still running after [`CUT_STATEMENT_WAIT`] (blocked on a row lock,
+/// say) is cancelled on the server through `cancel` (the token of `tx`'s connection). The cancel
+/// is sent only then, while that statement runs: sent at an idle session, it could reach a later
+/// statement instead. The empty statement's own outcome (an error in an aborted transaction)
+/// does not matter.
+async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
+    let settled = tx.batch_execute("");
+    tokio::pin!(settled);
+    if tokio::time::timeout(CUT_STATEMENT_WAIT, &mut settled)
+        .await
+        .is_err()
+    {
+        let _ = cancel.cancel_query(NoTls).await;
+        let _ = settled.await;
     }
 }
 
