@@ -178,7 +178,8 @@ pub struct WorkerConfig {
     /// Interval between heartbeats; under a third of the lease. Defaults to
     /// [`HEARTBEAT_INTERVAL_DEFAULT`].
     pub heartbeat_interval: Duration,
-    /// Execution timeout of one attempt. Defaults to [`EXECUTION_TIMEOUT_DEFAULT`].
+    /// Time budget of an attempt's compute phase, and separately of its effects, counted from
+    /// when they start applying. Defaults to [`EXECUTION_TIMEOUT_DEFAULT`].
     pub execution_timeout: Duration,
     /// Time running jobs get to finish after a shutdown signal. Defaults to
     /// [`SHUTDOWN_GRACE_DEFAULT`].
