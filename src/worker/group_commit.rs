@@ -23,7 +23,7 @@
 //!   savepoint (or, alone, the whole transaction) rolled back, and the job fails transiently;
 //!   the rest of the batch commits.
 //! - At shutdown, once the grace period is over and the job tasks are gone,
-//!   [`GroupCommit::abandon`] stops the lanes without waiting for the database: the batch in
+//!   `GroupCommit::abandon` stops the lanes without waiting for the database: the batch in
 //!   flight is dropped uncommitted (rolled back) and its running statement cancelled on the
 //!   server; a COMMIT already sent stands, and the fenced release settles against it.
 //! - A lane that dies of a panic is restarted.
