@@ -232,7 +232,8 @@ pub struct WorkerConfig {
     /// [`HEARTBEAT_INTERVAL_DEFAULT`], which is [`derived_heartbeat_interval`] of the default lease
     /// (the command line derives it from `--lease` when only the lease is set).
     pub heartbeat_interval: Duration,
-    /// Execution timeout of one attempt. Defaults to [`EXECUTION_TIMEOUT_DEFAULT`].
+    /// Time budget of an attempt's compute phase, and separately of its effects, counted from
+    /// when they start applying. Defaults to [`EXECUTION_TIMEOUT_DEFAULT`].
     pub execution_timeout: Duration,
     /// Time running jobs get to finish after a shutdown signal. Defaults to
     /// [`SHUTDOWN_GRACE_DEFAULT`].

@@ -6,8 +6,16 @@
 //! - No pooled connection or transaction is held while [`Handler::prepare`] runs.
 //! - Effects, ledger row and `succeeded` commit together or not at all, under the lease fence
 //!   (kept by [`super::group_commit`]); a job whose fence fails is abandoned (`LeaseLost`).
-//! - A panic in the handler is a failed attempt (`handler_panicked`), never a dead replica; an
-//!   overrun of the execution timeout is `execution_timeout`. Both are terminal.
+//! - A panic in the handler is a failed attempt (`handler_panicked`), never a dead replica: the
+//!   calls of [`Handler::prepare`] and [`Effects::writes`] are guarded as well as the polling of
+//!   their futures, and so is the whole task, whose panic anywhere else is written the same
+//!   fenced way (its claim never outlives it). An overrun of the execution timeout by the compute
+//!   phase is `execution_timeout`. Both are terminal.
+//! - Effects have a budget of their own (the execution timeout again), counted from when they
+//!   start applying: time spent queued for a commit lane, behind the other jobs of a batch or
+//!   waiting for the fenced row lock never counts against it. An overrun of that budget is
+//!   transient (a retry, bounded by `max_attempts`), never terminal: their time may be spent
+//!   waiting for a row lock another transaction holds.
 //! - Only codes leave this module: no error text, SQL or payload is logged or stored.
 
 use crate::codes::Code;
@@ -31,6 +39,8 @@ pub(crate) enum Failure {
     Code(Code),
     /// The lease was gone when the effects transaction checked it.
     LeaseLost,
+    /// The effects overran their own budget; cut and rolled back, they are tried again.
+    EffectsOverrun,
     /// The owner asked to cancel the job.
     Cancelled,
 }
@@ -42,26 +52,47 @@ pub(crate) async fn execute(
     job: ClaimedJob,
     lost: CancellationToken,
 ) -> Transition {
+    match AssertUnwindSafe(run(shared, &job, lost))
+        .catch_unwind()
+        .await
+    {
+        Ok(transition) => transition,
+        // Whatever panicked, the job's fenced failure is written, so its claim does not stay
+        // held (renewed, then released with its attempt refunded, to run again) for ever. Should
+        // even that panic, the task still ends: the lease expires and recovery returns the job.
+        Err(_panic) => {
+            let failed = settle_failure(shared, &job, Failure::Code(Code::HandlerPanicked));
+            AssertUnwindSafe(failed)
+                .catch_unwind()
+                .await
+                .unwrap_or(Transition::Unwritten)
+        }
+    }
+}
+
+/// [`execute`], unguarded.
+async fn run(shared: &Shared, job: &ClaimedJob, lost: CancellationToken) -> Transition {
     let deadline = Instant::now() + shared.config.execution_timeout;
     let outcome = match shared.registry.get(&job.ctx.kind) {
         None => Err(Failure::Code(Code::UnknownKind)),
         Some(handler) => match job.payload.clone() {
             // No payload: a job re-claimed after its effects committed (its ledger row settles
             // it), or a broken row.
-            None => commit(shared, &job, None, deadline).await,
-            Some(payload) => match prepare(&handler, &job, payload, deadline, &lost).await {
-                Ok(effects) => commit(shared, &job, Some(effects), deadline).await,
+            None => commit(shared, job, None).await,
+            Some(payload) => match prepare(&handler, job, payload, deadline, &lost).await {
+                Ok(effects) => commit(shared, job, Some(effects)).await,
                 Err(failure) => Err(failure),
             },
         },
     };
     match outcome {
         Ok(transition) => transition,
-        Err(failure) => settle_failure(shared, &job, failure).await,
+        Err(failure) => settle_failure(shared, job, failure).await,
     }
 }
 
-/// The compute phase: no connection held; bounded by the deadline; panics caught.
+/// The compute phase: no connection held; bounded by the deadline; panics caught, in the call
+/// of [`Handler::prepare`] as well as in its future.
 async fn prepare(
     handler: &Arc<dyn Handler>,
     job: &ClaimedJob,
@@ -69,7 +100,9 @@ async fn prepare(
     deadline: Instant,
     lost: &CancellationToken,
 ) -> Result<Box<dyn Effects>, Failure> {
-    let run = AssertUnwindSafe(handler.prepare(&job.ctx, payload)).catch_unwind();
+    // The call itself runs inside the guarded future: a handler may panic before returning one.
+    let run =
+        AssertUnwindSafe(async move { handler.prepare(&job.ctx, payload).await }).catch_unwind();
     let Some(outcome) = lost.run_until_cancelled(timeout_at(deadline, run)).await else {
         return Err(Failure::LeaseLost);
     };
@@ -81,18 +114,20 @@ async fn prepare(
     }
 }
 
-/// The effects phase, group-committed with whatever else this replica finished meanwhile.
+/// The effects phase, group-committed with whatever else this replica finished meanwhile; the
+/// effects get a budget of their own, whatever time the compute phase took.
 async fn commit(
     shared: &Shared,
     job: &ClaimedJob,
     effects: Option<Box<dyn Effects>>,
-    deadline: Instant,
 ) -> Result<Transition, Failure> {
     let ready = Ready {
         id: job.id(),
         claim_id: job.claim_id(),
+        // Asked here, where a panic is this job's own (see `execute`), not in a commit lane.
+        writes: effects.as_ref().is_none_or(|e| e.writes()),
         effects,
-        deadline,
+        budget: shared.config.execution_timeout,
     };
     shared.group_commit.commit(ready).await
 }
@@ -102,6 +137,7 @@ async fn commit(
 async fn settle_failure(shared: &Shared, job: &ClaimedJob, failure: Failure) -> Transition {
     let (code, record_index, transient) = match failure {
         Failure::LeaseLost => return Transition::LeaseLost,
+        Failure::EffectsOverrun => (Code::ExecutionTimeout, None, true),
         Failure::Cancelled => (Code::Cancelled, None, false),
         Failure::Code(code) => (code, None, code == Code::TransientDatabase),
         Failure::Job(JobError::Transient(_)) => (Code::HandlerFailed, None, true),

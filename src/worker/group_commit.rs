@@ -16,6 +16,17 @@
 //!   batch still commits. Effects, ledger row and `succeeded` of a job commit together.
 //! - A COMMIT whose outcome is unknown (connection lost) is resolved by reading the ledger under
 //!   each job's claim, never by running a job again.
+//! - Each job's effects have their own budget, counted from when they start applying: time
+//!   queued for a lane, behind the other jobs of the batch or waiting for the fenced row lock is
+//!   never counted against a job. Effects that overrun it are cut: a statement of theirs still
+//!   running shortly after is cancelled on the server (the driver's cancel token), their
+//!   savepoint (or, alone, the whole transaction) rolled back, and the job fails transiently;
+//!   the rest of the batch commits.
+//! - At shutdown, once the grace period is over and the job tasks are gone,
+//!   `GroupCommit::abandon` stops the lanes without waiting for the database: the batch in
+//!   flight is dropped uncommitted (rolled back) and its running statement cancelled on the
+//!   server; a COMMIT already sent stands, and the fenced release settles against it.
+//! - A lane that dies of a panic is restarted.
 //! - A failure of the batch itself (not of one job's effects) fails every job of the batch that
 //!   had not already failed on its own, transiently when the SQLSTATE says so: each then takes the
 //!   ordinary fenced retry or failure path.
@@ -30,11 +41,12 @@ use crate::worker::stats::WorkerStats;
 use futures::FutureExt;
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Mutex};
-use tokio::time::{timeout_at, Instant};
 use tokio_postgres::types::Type;
-use tokio_postgres::Transaction;
+use tokio_postgres::{CancelToken, NoTls, Transaction};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
@@ -84,8 +96,11 @@ pub(crate) struct Ready {
     /// Its effects; `None` for a job claimed without payload (only an existing ledger row can
     /// make it succeed).
     pub(crate) effects: Option<Box<dyn Effects>>,
-    /// When its execution time runs out.
-    pub(crate) deadline: Instant,
+    /// Whether it needs the execution transaction: its effects write ([`Effects::writes`], asked
+    /// by the job's own task so that a panic there is the job's), or it has none.
+    pub(crate) writes: bool,
+    /// How long its effects may take, from when they start applying.
+    pub(crate) budget: Duration,
 }
 
 /// What a job of a batch came to.
@@ -104,23 +119,36 @@ struct Queued {
 pub(crate) struct GroupCommit {
     /// Where job tasks queue their ready jobs.
     queue: mpsc::UnboundedSender<Queued>,
+    /// Cancelled by [`GroupCommit::abandon`]: the lanes drop their batch and end.
+    stop: CancellationToken,
+    /// The connections the lanes are committing on.
+    in_flight: InFlight,
 }
 
 impl GroupCommit {
     /// Starts [`COMMIT_LANES`] lanes committing on `pool`, in batches of at most `max_batch`. The
-    /// lanes end when the last handle is dropped and the queue is empty.
+    /// lanes end when the last handle is dropped and the queue is empty, or when abandoned.
     pub(crate) fn start(pool: Pool, stats: Arc<WorkerStats>, max_batch: usize) -> GroupCommit {
         let (queue, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
-        for _ in 0..COMMIT_LANES {
-            tokio::spawn(lane(
-                pool.clone(),
-                Arc::clone(&stats),
-                Arc::clone(&receiver),
-                max_batch.max(1),
-            ));
+        let (stop, in_flight) = (CancellationToken::new(), InFlight::default());
+        for index in 0..COMMIT_LANES {
+            let lane = Lane {
+                index,
+                pool: pool.clone(),
+                stats: Arc::clone(&stats),
+                receiver: Arc::clone(&receiver),
+                max_batch: max_batch.max(1),
+                stop: stop.clone(),
+                in_flight: in_flight.clone(),
+            };
+            tokio::spawn(restarting(move || lane.clone().run()));
         }
-        GroupCommit { queue }
+        GroupCommit {
+            queue,
+            stop,
+            in_flight,
+        }
     }
 
     /// Queues `ready` for the next batch and waits until its transition is durable.
@@ -133,52 +161,149 @@ impl GroupCommit {
             .await
             .unwrap_or(Err(Failure::Code(Code::TransientDatabase)))
     }
-}
 
-/// One commit lane: takes what is queued, commits it as one batch, answers each job, repeats.
-async fn lane(
-    pool: Pool,
-    stats: Arc<WorkerStats>,
-    receiver: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
-    max_batch: usize,
-) {
-    loop {
-        let batch = {
-            let mut receiver = receiver.lock().await;
-            let Some(first) = receiver.recv().await else {
-                return;
-            };
-            let mut batch = vec![first];
-            while batch.len() < max_batch {
-                match receiver.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
-                }
-            }
-            batch
-        };
-        let (jobs, replies): (Vec<Ready>, Vec<_>) =
-            batch.into_iter().map(|q| (q.ready, q.reply)).unzip();
-        stats.record_commit_batch(jobs.len());
-        let outcomes = commit_batch(&pool, &stats, jobs).await;
-        for (reply, outcome) in replies.into_iter().zip(outcomes) {
-            // A task that is gone (aborted at shutdown) needs no answer: its fenced release
-            // settles against whatever committed.
-            let _ = reply.send(outcome);
+    /// Stops the lanes at once (shutdown, after the grace period, once the job tasks are
+    /// gone): each drops the batch it was committing, uncommitted (its transaction is rolled
+    /// back; a COMMIT already sent stands, and the fenced release settles against it), and ends;
+    /// the statement each was running is cancelled on the server, so a commit blocked in the
+    /// database (on a row lock, say) frees its job rows now instead of at `lock_timeout`.
+    pub(crate) async fn abandon(&self) {
+        let running = self.in_flight.tokens();
+        self.stop.cancel();
+        for statement in running {
+            // Refused or too late: the server ends the transaction when the connection closes.
+            let _ = statement.cancel_query(NoTls).await;
         }
     }
 }
 
-/// Commits one batch; returns one outcome per job, in order.
-async fn commit_batch(pool: &Pool, stats: &WorkerStats, jobs: Vec<Ready>) -> Vec<Outcome> {
+/// The cancel tokens of the connections the lanes are committing batches on, by lane.
+#[derive(Clone, Default)]
+struct InFlight(Arc<StdMutex<HashMap<usize, CancelToken>>>);
+
+impl InFlight {
+    /// The tokens of every batch being committed now.
+    fn tokens(&self) -> Vec<CancelToken> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// Shows `token` as lane `lane`'s until the returned guard drops.
+    fn show(&self, lane: usize, token: CancelToken) -> Shown<'_> {
+        self.lock().insert(lane, token);
+        Shown {
+            in_flight: self,
+            lane,
+        }
+    }
+
+    /// The map, even if a panic poisoned it (each entry is written whole).
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, CancelToken>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A lane's connection shown in [`InFlight`]; removed when dropped (also when the batch's future
+/// is dropped, or unwinds).
+struct Shown<'a> {
+    /// Where it is shown.
+    in_flight: &'a InFlight,
+    /// The lane.
+    lane: usize,
+}
+
+impl Drop for Shown<'_> {
+    fn drop(&mut self) {
+        self.in_flight.lock().remove(&self.lane);
+    }
+}
+
+/// Runs the task `start` makes, again each time it dies of a panic (a commit lane that ran
+/// handler code outside [`Effects::apply`], such as a panicking `Drop`), until it ends normally.
+/// The jobs of the batch it was committing get no answer: their tasks take the transient path,
+/// whose fenced write settles against whatever committed.
+async fn restarting<F, T>(mut start: F)
+where
+    F: FnMut() -> T,
+    T: std::future::Future<Output = ()> + Send + 'static,
+{
+    while let Err(died) = tokio::spawn(start()).await {
+        if !died.is_panic() {
+            return;
+        }
+        tracing::warn!(code = %Code::HandlerPanicked, "a commit lane panicked; restarting it");
+    }
+}
+
+/// One commit lane: takes what is queued, commits it as one batch, answers each job, repeats.
+#[derive(Clone)]
+struct Lane {
+    /// Which lane it is.
+    index: usize,
+    /// Where its connections come from.
+    pool: Pool,
+    /// The replica's counters.
+    stats: Arc<WorkerStats>,
+    /// The queue of ready jobs, shared by the lanes.
+    receiver: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
+    /// The largest batch.
+    max_batch: usize,
+    /// Ends the lane, dropping its batch ([`GroupCommit::abandon`]).
+    stop: CancellationToken,
+    /// Where it shows the connection of the batch it commits.
+    in_flight: InFlight,
+}
+
+impl Lane {
+    /// Runs the lane until the queue closes or the lane is stopped.
+    async fn run(self) {
+        while let Some(Some(batch)) = self.stop.run_until_cancelled(self.next_batch()).await {
+            let (jobs, replies): (Vec<Ready>, Vec<_>) =
+                batch.into_iter().map(|q| (q.ready, q.reply)).unzip();
+            self.stats.record_commit_batch(jobs.len());
+            let committing =
+                commit_batch(&self.pool, &self.stats, jobs, (&self.in_flight, self.index));
+            // Stopped: the batch is dropped unanswered (its tasks are gone).
+            let Some(outcomes) = self.stop.run_until_cancelled(committing).await else {
+                return;
+            };
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // A task that is gone (aborted at shutdown) needs no answer: its fenced release
+                // settles against whatever committed.
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+
+    /// The first queued job (waiting for one), then whatever else is queued, up to the largest
+    /// batch; `None` once the queue is closed.
+    async fn next_batch(&self) -> Option<Vec<Queued>> {
+        let mut receiver = self.receiver.lock().await;
+        let mut batch = vec![receiver.recv().await?];
+        while batch.len() < self.max_batch {
+            match receiver.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        Some(batch)
+    }
+}
+
+/// Commits one batch; returns one outcome per job, in order. The connection it commits on is
+/// shown in `in_flight` as the given lane's while it does.
+async fn commit_batch(
+    pool: &Pool,
+    stats: &WorkerStats,
+    jobs: Vec<Ready>,
+    (in_flight, lane): (&InFlight, usize),
+) -> Vec<Outcome> {
     let pairs: Vec<(Uuid, Uuid)> = jobs.iter().map(|j| (j.id, j.claim_id)).collect();
     let mut outcomes: Vec<Option<Outcome>> = jobs.iter().map(|_| None).collect();
     let written = match crate::db::checkout(pool).await {
         Err(_) => Err(None),
         Ok(mut conn) => {
-            let writes_nothing = jobs
-                .iter()
-                .all(|j| j.effects.as_ref().is_some_and(|e| !e.writes()));
+            let _shown = in_flight.show(lane, conn.cancel_token());
+            let writes_nothing = jobs.iter().all(|j| !j.writes);
             let written = if writes_nothing {
                 stats.record_round_trips(1);
                 completer::succeed_many(
@@ -236,6 +361,7 @@ async fn write_effects(
     outcomes: &mut [Option<Outcome>],
 ) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
     let isolate = jobs.len() > 1;
+    let cancel = conn.cancel_token();
     stats.record_round_trips(2);
     let mut tx = conn.transaction().await?;
     let fenced = lock_fenced(&tx, pairs).await?;
@@ -250,7 +376,7 @@ async fn write_effects(
             (Some(&(false, false)), Some(effects)) if isolate => {
                 stats.record_round_trips(2);
                 let savepoint = tx.savepoint("job_effects").await?;
-                let applied = apply(&savepoint, effects, job.deadline).await;
+                let applied = apply(&savepoint, effects, job.budget, &cancel).await;
                 if applied.is_ok() {
                     savepoint.commit().await?;
                 } else {
@@ -258,7 +384,9 @@ async fn write_effects(
                 }
                 applied
             }
-            (Some(&(false, false)), Some(effects)) => apply(&tx, effects, job.deadline).await,
+            (Some(&(false, false)), Some(effects)) => {
+                apply(&tx, effects, job.budget, &cancel).await
+            }
         };
         crash_point!("effects.applied");
         ledgers.push(match ledger {
@@ -316,18 +444,48 @@ async fn lock_fenced(
         .collect())
 }
 
-/// Applies one job's effects on `tx` within its deadline; a panic is the job's failure.
+/// How long the statement that effects cut at their budget were running may still take to end
+/// on its own before it is cancelled on the server.
+const CUT_STATEMENT_WAIT: Duration = Duration::from_millis(100);
+
+/// Applies one job's effects on `tx` within `budget`, counted from now; a panic is the job's
+/// failure, in the call of [`Effects::apply`] as well as in its future (else it would end the
+/// lane). Effects that overrun are cut; see [`settle_cut_statement`].
 async fn apply(
     tx: &Transaction<'_>,
     effects: Box<dyn Effects>,
-    deadline: Instant,
+    budget: Duration,
+    cancel: &CancelToken,
 ) -> Result<LedgerEntry, Failure> {
-    let applied = AssertUnwindSafe(effects.apply(tx)).catch_unwind();
-    match timeout_at(deadline, applied).await {
-        Err(_) => Err(Failure::Code(Code::ExecutionTimeout)),
+    let applied = AssertUnwindSafe(async move { effects.apply(tx).await }).catch_unwind();
+    match tokio::time::timeout(budget, applied).await {
+        Err(_) => {
+            tracing::warn!(code = %Code::ExecutionTimeout, "effects overran their budget");
+            settle_cut_statement(tx, cancel).await;
+            Err(Failure::EffectsOverrun)
+        }
         Ok(Err(_panic)) => Err(Failure::Code(Code::HandlerPanicked)),
         Ok(Ok(Err(e))) => Err(Failure::Job(e)),
         Ok(Ok(Ok(ledger))) => Ok(ledger),
+    }
+}
+
+/// After effects were cut, waits until the statement they were running (if any) has ended, so
+/// the rollback that follows does not queue behind it: an empty statement is answered only
+/// after it. A statement still running after [`CUT_STATEMENT_WAIT`] (blocked on a row lock,
+/// say) is cancelled on the server through `cancel` (the token of `tx`'s connection). The cancel
+/// is sent only then, while that statement runs: sent at an idle session, it could reach a later
+/// statement instead. The empty statement's own outcome (an error in an aborted transaction)
+/// does not matter.
+async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
+    let settled = tx.batch_execute("");
+    tokio::pin!(settled);
+    if tokio::time::timeout(CUT_STATEMENT_WAIT, &mut settled)
+        .await
+        .is_err()
+    {
+        let _ = cancel.cancel_query(NoTls).await;
+        let _ = settled.await;
     }
 }
 
@@ -374,425 +532,4 @@ fn batch_failure(e: &tokio_postgres::Error) -> Code {
 }
 
 #[cfg(test)]
-mod tests {
-    //! The batch paths, driven directly against a scratch database so that each batch's
-    //! composition is exact (through a replica it depends on timing).
-
-    use super::*;
-    use crate::config::DatabaseConfig;
-    use crate::handler::JobError;
-    use crate::worker::claimer::{self, Claimant};
-    use futures::future::BoxFuture;
-    use std::time::Duration;
-
-    /// Effects that write one target row, fail, panic or overrun their deadline.
-    enum Scripted {
-        /// Inserts target row `key` for the job.
-        Write(Uuid, &'static str),
-        /// Writes its row, then fails permanently.
-        WriteThenFail(Uuid),
-        /// Panics.
-        Panic,
-        /// Sleeps past any deadline.
-        Hang,
-    }
-
-    impl Effects for Scripted {
-        fn apply<'a>(
-            self: Box<Self>,
-            tx: &'a Transaction<'a>,
-        ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
-            Box::pin(async move {
-                let (job, key, fail) = match *self {
-                    Scripted::Write(job, key) => (job, key, false),
-                    Scripted::WriteThenFail(job) => (job, "failing", true),
-                    Scripted::Panic => panic!("scripted panic"),
-                    Scripted::Hang => {
-                        tokio::time::sleep(Duration::from_secs(60)).await;
-                        return Ok(LedgerEntry::default());
-                    }
-                };
-                tx.execute(
-                    "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
-                     VALUES (decode(repeat('ab', 32), 'hex'), 'd', $1, '{}', $2)",
-                    &[&key, &job],
-                )
-                .await?;
-                if fail {
-                    return Err(JobError::permanent(Code::RecordInvalid));
-                }
-                Ok(LedgerEntry {
-                    rows_inserted: 1,
-                    ..LedgerEntry::default()
-                })
-            })
-        }
-    }
-
-    /// A scratch database with the schema, dropped at the end of the test.
-    struct Scratch {
-        /// Its configuration.
-        config: DatabaseConfig,
-        /// A pool on it.
-        pool: Pool,
-        /// A plain client on it.
-        client: tokio_postgres::Client,
-    }
-
-    impl Scratch {
-        /// Creates and migrates a fresh database with `n` due jobs (payload `{}`), all claimed by
-        /// one owner. Returns the scratch database and the claimed `(id, claim id)` pairs.
-        async fn with_claimed(n: usize) -> (Scratch, Vec<(Uuid, Uuid)>) {
-            let base = std::env::var("DATABASE_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-            let (server, _) = base.rsplit_once('/').unwrap();
-            let name = format!("durable_etl_test_unit_{}", Uuid::new_v4().simple());
-            let config = DatabaseConfig {
-                url: format!("{server}/{name}"),
-                lock_timeout: Duration::from_millis(200),
-                ..DatabaseConfig::default()
-            };
-            crate::db::ensure_database(&config).await.unwrap();
-            let mut client = crate::db::connect(&config, "test").await.unwrap();
-            crate::schema::migrate_up(&mut client).await.unwrap();
-            client
-                .execute(
-                    "INSERT INTO etl_job_records
-                        (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                         request_payload, run_at)
-                     SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'), sha256(g::text::bytea),
-                            sha256(g::text::bytea), 'test', '{}', now() - interval '1 second'
-                       FROM generate_series(1, $1::int4) g",
-                    &[&i32::try_from(n).unwrap()],
-                )
-                .await
-                .unwrap();
-            let claimant = Claimant {
-                owner_id: "unit",
-                owner_locked: false,
-                lease: Duration::from_secs(60),
-            };
-            let mut claimed: Vec<(Uuid, Uuid)> = claimer::claim(&client, claimant, n)
-                .await
-                .unwrap()
-                .iter()
-                .map(|j| (j.id(), j.claim_id()))
-                .collect();
-            claimed.sort();
-            let pool = crate::db::connect_pool(&config, "test").await.unwrap();
-            (
-                Scratch {
-                    config,
-                    pool,
-                    client,
-                },
-                claimed,
-            )
-        }
-
-        /// Runs one batch of `jobs`, and names each outcome.
-        async fn commit(&self, jobs: Vec<Ready>) -> Vec<String> {
-            let stats = WorkerStats::default();
-            commit_batch(&self.pool, &stats, jobs)
-                .await
-                .into_iter()
-                .map(|o| match o {
-                    Ok(t) => format!("{t:?}"),
-                    Err(Failure::Job(e)) => format!("job error: {e}"),
-                    Err(Failure::Code(code)) => format!("code: {code}"),
-                    Err(Failure::LeaseLost) => "lease lost".to_owned(),
-                    Err(Failure::Cancelled) => "cancel".to_owned(),
-                })
-                .collect()
-        }
-
-        /// `SELECT count(*)` of `from`.
-        async fn count(&self, from: &str) -> i64 {
-            self.client
-                .query_one(&format!("SELECT count(*) FROM {from}"), &[])
-                .await
-                .unwrap()
-                .get(0)
-        }
-
-        /// Drops the database.
-        async fn drop_database(self) {
-            drop(self.pool);
-            drop(self.client);
-            let name = self.config.url.rsplit_once('/').unwrap().1.to_owned();
-            let admin = DatabaseConfig {
-                url: self.config.url.replace(&name, "postgres"),
-                ..DatabaseConfig::default()
-            };
-            let admin = crate::db::connect(&admin, "test").await.unwrap();
-            admin
-                .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
-                .await
-                .unwrap();
-        }
-    }
-
-    /// A ready job with `effects` and a deadline `within` from now.
-    fn ready(pair: (Uuid, Uuid), effects: Option<Box<dyn Effects>>, within: Duration) -> Ready {
-        Ready {
-            id: pair.0,
-            claim_id: pair.1,
-            effects,
-            deadline: Instant::now() + within,
-        }
-    }
-
-    #[tokio::test]
-    async fn each_job_of_a_batch_commits_or_fails_on_its_own() {
-        let (db, jobs) = Scratch::with_claimed(7).await;
-        let minute = Duration::from_secs(60);
-        // Job 3's owner asked to cancel it; job 4's lease went to another claim.
-        db.client
-            .execute(
-                "UPDATE etl_job_records SET cancel_requested_at = now() WHERE id = $1",
-                &[&jobs[3].0],
-            )
-            .await
-            .unwrap();
-        db.client
-            .execute(
-                "UPDATE etl_job_records SET lease_claim_id = gen_random_uuid() WHERE id = $1",
-                &[&jobs[4].0],
-            )
-            .await
-            .unwrap();
-        let batch = vec![
-            ready(
-                jobs[0],
-                Some(Box::new(Scripted::Write(jobs[0].0, "a"))),
-                minute,
-            ),
-            ready(
-                jobs[1],
-                Some(Box::new(Scripted::WriteThenFail(jobs[1].0))),
-                minute,
-            ),
-            ready(jobs[2], Some(Box::new(Scripted::Panic)), minute),
-            ready(
-                jobs[3],
-                Some(Box::new(Scripted::Write(jobs[3].0, "c"))),
-                minute,
-            ),
-            ready(
-                jobs[4],
-                Some(Box::new(Scripted::Write(jobs[4].0, "l"))),
-                minute,
-            ),
-            ready(
-                jobs[5],
-                Some(Box::new(Scripted::Hang)),
-                Duration::from_millis(50),
-            ),
-            ready(
-                jobs[6],
-                Some(Box::new(Scripted::Write(jobs[6].0, "b"))),
-                minute,
-            ),
-        ];
-        assert_eq!(
-            db.commit(batch).await,
-            [
-                "Succeeded",
-                "job error: permanent failure: record_invalid",
-                "code: handler_panicked",
-                "cancel",
-                "lease lost",
-                "code: execution_timeout",
-                "Succeeded"
-            ]
-        );
-        // Only the two successes' writes and ledger rows committed.
-        let keys: Vec<String> = db
-            .client
-            .query("SELECT record_key FROM etl_target_rows ORDER BY 1", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        assert_eq!(keys, ["a", "b"]);
-        assert_eq!(db.count("etl_job_responses").await, 2);
-        assert_eq!(
-            db.count("etl_job_records WHERE status = 'succeeded' AND request_payload IS NULL")
-                .await,
-            2
-        );
-        // The failures are still running under their claims: their fenced writes follow.
-        assert_eq!(
-            db.count("etl_job_records WHERE status = 'running'").await,
-            5
-        );
-        db.drop_database().await;
-    }
-
-    #[tokio::test]
-    async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs() {
-        let (db, jobs) = Scratch::with_claimed(3).await;
-        db.client
-            .execute(
-                "UPDATE etl_job_records SET cancel_requested_at = now() WHERE id = $1",
-                &[&jobs[1].0],
-            )
-            .await
-            .unwrap();
-        let batch = jobs
-            .iter()
-            .map(|&j| {
-                ready(
-                    j,
-                    Some(Box::new(crate::handler::NoEffects)),
-                    Duration::from_secs(9),
-                )
-            })
-            .collect();
-        let stats = WorkerStats::default();
-        let outcomes = commit_batch(&db.pool, &stats, batch).await;
-        assert!(matches!(
-            outcomes.as_slice(),
-            [
-                Ok(Transition::Succeeded),
-                Err(Failure::Cancelled),
-                Ok(Transition::Succeeded)
-            ]
-        ));
-        assert_eq!(stats.snapshot().round_trips, 1);
-        assert_eq!(db.count("etl_job_responses").await, 2);
-        db.drop_database().await;
-    }
-
-    #[tokio::test]
-    async fn a_lone_failure_rolls_back_and_a_reclaimed_job_with_a_ledger_runs_nothing() {
-        let (db, jobs) = Scratch::with_claimed(3).await;
-        let minute = Duration::from_secs(60);
-        // A lone job: no savepoint; its failure rolls the whole transaction back.
-        let lone = vec![ready(
-            jobs[0],
-            Some(Box::new(Scripted::WriteThenFail(jobs[0].0))),
-            minute,
-        )];
-        assert_eq!(
-            db.commit(lone).await,
-            ["job error: permanent failure: record_invalid"]
-        );
-        assert_eq!(db.count("etl_target_rows").await, 0);
-        // Job 1 already has a ledger row (its effects committed under an earlier claim): it
-        // succeeds without its effects running; job 2 has no payload and no ledger row.
-        db.client
-            .execute(
-                "INSERT INTO etl_job_responses (job_id, lease_claim_id, rows_inserted, rows_updated,
-                                                rows_unchanged, data_checksum)
-                 VALUES ($1, gen_random_uuid(), 1, 0, 0, decode(repeat('00', 32), 'hex'))",
-                &[&jobs[1].0],
-            )
-            .await
-            .unwrap();
-        let batch = vec![
-            ready(jobs[1], Some(Box::new(Scripted::Panic)), minute),
-            ready(jobs[2], None, minute),
-        ];
-        assert_eq!(
-            db.commit(batch).await,
-            ["Succeeded", "code: invalid_payload"]
-        );
-        // A batch where every job fails commits nothing at all.
-        let (db2, jobs2) = Scratch::with_claimed(2).await;
-        let batch = vec![
-            ready(
-                jobs2[0],
-                Some(Box::new(Scripted::WriteThenFail(jobs2[0].0))),
-                minute,
-            ),
-            ready(jobs2[1], None, minute),
-        ];
-        assert_eq!(
-            db2.commit(batch).await,
-            [
-                "job error: permanent failure: record_invalid",
-                "code: invalid_payload"
-            ]
-        );
-        assert_eq!(db2.count("etl_target_rows").await, 0);
-        assert_eq!(db2.count("etl_job_responses").await, 0);
-        db.drop_database().await;
-        db2.drop_database().await;
-    }
-
-    #[tokio::test]
-    async fn a_stale_claim_beside_the_live_claim_of_the_same_job_is_fenced_out() {
-        // The replica lost the job (claim `stale`) and claimed it again: both tasks reach the
-        // same batch. Only the live claim may apply effects and succeed.
-        let (db, jobs) = Scratch::with_claimed(1).await;
-        let (id, live) = jobs[0];
-        let stale = (id, Uuid::new_v4());
-        let minute = Duration::from_secs(60);
-        let batch = vec![
-            ready(stale, Some(Box::new(Scripted::Write(id, "k"))), minute),
-            ready(jobs[0], Some(Box::new(Scripted::Write(id, "k"))), minute),
-        ];
-        assert_eq!(db.commit(batch).await, ["lease lost", "Succeeded"]);
-        assert_eq!(db.count("etl_target_rows").await, 1);
-        let ledger_claim: Uuid = db
-            .client
-            .query_one("SELECT lease_claim_id FROM etl_job_responses", &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(ledger_claim, live);
-        // The same without effects: the stale claim is not reported as succeeded.
-        let (db2, jobs2) = Scratch::with_claimed(1).await;
-        let stale2 = (jobs2[0].0, Uuid::new_v4());
-        let none = || -> Option<Box<dyn Effects>> { Some(Box::new(crate::handler::NoEffects)) };
-        let batch = vec![
-            ready(stale2, none(), minute),
-            ready(jobs2[0], none(), minute),
-        ];
-        assert_eq!(db2.commit(batch).await, ["cancel", "Succeeded"]);
-        assert_eq!(db2.count("etl_job_responses").await, 1);
-        db.drop_database().await;
-        db2.drop_database().await;
-    }
-
-    #[tokio::test]
-    async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
-        let (db, jobs) = Scratch::with_claimed(2).await;
-        // Another session holds job 1's row lock past the lock timeout.
-        let mut holder = crate::db::connect(&db.config, "test").await.unwrap();
-        let tx = holder.transaction().await.unwrap();
-        tx.execute(
-            "SELECT 1 FROM etl_job_records WHERE id = $1 FOR UPDATE",
-            &[&jobs[1].0],
-        )
-        .await
-        .unwrap();
-        let minute = Duration::from_secs(60);
-        let effects = |i: usize| -> Option<Box<dyn Effects>> {
-            Some(Box::new(Scripted::Write(jobs[i].0, "x")))
-        };
-        let batch = vec![
-            ready(jobs[0], effects(0), minute),
-            ready(jobs[1], effects(1), minute),
-        ];
-        assert_eq!(
-            db.commit(batch).await,
-            ["code: transient_database", "code: transient_database"]
-        );
-        // The same for a batch that writes nothing.
-        let batch = jobs
-            .iter()
-            .map(|&j| ready(j, Some(Box::new(crate::handler::NoEffects)), minute))
-            .collect();
-        assert_eq!(
-            db.commit(batch).await,
-            ["code: transient_database", "code: transient_database"]
-        );
-        tx.rollback().await.unwrap();
-        drop(holder);
-        assert_eq!(db.count("etl_job_responses").await, 0);
-        db.drop_database().await;
-    }
-}
+mod tests;

@@ -19,8 +19,10 @@
 //!   and a claim the heartbeat reports lost is cancelled locally: its handler stops at once, and
 //!   its task reports `LeaseLost` (a task that had already settled reports what it did).
 //! - On shutdown: no new claims; running jobs get the grace period (cut to zero by a second
-//!   signal); then unfinished leases are released at once (attempt not charged), the pool and
-//!   the session are closed.
+//!   signal); then the commits still running are abandoned (their statements cancelled on the
+//!   server, their transactions rolled back), unfinished leases are released at once (attempt
+//!   not charged; a release that cannot finish within [`RELEASE_TIMEOUT`] leaves them to expire),
+//!   the pool and the session are closed.
 
 /// The SET items that end a lease, shared by every statement that takes a row out of `running`
 /// (success, retry, failure, release, recovery), so none forgets a lease column.
@@ -51,6 +53,7 @@ pub mod retry;
 pub mod session;
 pub mod stats;
 
+use crate::codes::Code;
 use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db::{self, Pool};
 use crate::error::Error;
@@ -79,6 +82,10 @@ pub const REFILL_DELAY: Duration = Duration::from_millis(25);
 
 /// How soon a failed claim is tried again.
 pub const CLAIM_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// How long the shutdown release may wait (for a row lock, say) before the replica exits anyway
+/// and leaves the unreleased leases to expire.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every job task of a replica shares.
 pub(crate) struct Shared {
@@ -138,6 +145,8 @@ struct HeldJob {
     lost: CancellationToken,
     /// The job's local lease clock, moved forward by each renewal.
     clock: Arc<LeaseClock>,
+    /// The task that runs it, so a task that dies is matched to its claim.
+    task: tokio::task::Id,
 }
 
 /// The local lease clock of one held job: the instant after which the replica no longer trusts
@@ -457,11 +466,11 @@ impl Worker {
                     reason = Some(ClaimReason::Due);
                 }
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    self.finish_task(done, &mut held);
+                    self.finish_task(done, &mut tasks, &mut held);
                     // A group commit frees its jobs' slots together: take them all before
                     // claiming, so the next claim fills them in one statement.
                     while let Some(done) = tasks.try_join_next() {
-                        self.finish_task(done, &mut held);
+                        self.finish_task(done, &mut tasks, &mut held);
                     }
                     if wake.backlog {
                         if refill_now(config.slots, tasks.len()) {
@@ -560,15 +569,23 @@ impl Worker {
             tokio::select! {
                 () = &mut grace => break,
                 () = shutdown.reached(Stage::Immediate) => break,
-                Some(done) = tasks.join_next() => self.finish_task(done, &mut held),
+                Some(done) = tasks.join_next() => self.finish_task(done, &mut tasks, &mut held),
                 _ = beat.tick() => self.heartbeat_logged(&held).await,
             }
         }
         tasks.abort_all();
         while let Some(done) = tasks.join_next().await {
-            self.finish_task(done, &mut held);
+            self.finish_task(done, &mut tasks, &mut held);
         }
-        self.release(&held).await;
+        // A commit still running (blocked on a row lock, say) is not waited for: its statement
+        // is cancelled and its batch rolled back, so the release does not wait for its locks.
+        self.shared.group_commit.abandon().await;
+        if tokio::time::timeout(RELEASE_TIMEOUT, self.release(&held))
+            .await
+            .is_err()
+        {
+            tracing::warn!("release timed out; leases will expire");
+        }
         // Dropping the worker drops the last pool handle (closing its connections) and the
         // session (ending the owner lock).
         drop(self);
@@ -598,7 +615,7 @@ impl Worker {
             claimed + trusted_for(self.shared.config.lease),
         ));
         let (task_lost, task_clock) = (lost.clone(), Arc::clone(&clock));
-        tasks.spawn(async move {
+        let task = tasks.spawn(async move {
             let execution = timed_execute(&shared, job, task_lost.clone());
             tokio::pin!(execution);
             let transition = tokio::select! {
@@ -608,23 +625,50 @@ impl Worker {
             };
             (claim, transition)
         });
-        held.insert(claim, HeldJob { id, lost, clock });
+        held.insert(
+            claim,
+            HeldJob {
+                id,
+                lost,
+                clock,
+                task: task.id(),
+            },
+        );
     }
 
     /// Records a finished task and forgets its claim. A task aborted by shutdown stays in `held`,
-    /// to be released.
+    /// to be released. A task that died of a panic that escaped every guard is replaced by one
+    /// that ends its job `failed` with `handler_panicked` under its fence, so the claim never
+    /// stays held (and renewed) forever.
     fn finish_task(
         &self,
         done: Result<(Uuid, Transition), tokio::task::JoinError>,
+        tasks: &mut JoinSet<(Uuid, Transition)>,
         held: &mut Held,
     ) {
-        if let Ok((claim, transition)) = done {
-            if let Some(job) = held.remove(&claim) {
-                if transition == Transition::LeaseLost {
-                    tracing::warn!(job_id = %job.id, code = "lease_lost", "abandoned job: lease lost");
+        match done {
+            Ok((claim, transition)) => {
+                if let Some(job) = held.remove(&claim) {
+                    if transition == Transition::LeaseLost {
+                        tracing::warn!(job_id = %job.id, code = "lease_lost", "abandoned job: lease lost");
+                    }
                 }
+                self.shared.stats.record(transition);
             }
-            self.shared.stats.record(transition);
+            Err(died) if died.is_panic() => {
+                let Some(claim) = claim_of_task(held, died.id()) else {
+                    return;
+                };
+                let Some(job) = held.get_mut(&claim) else {
+                    return;
+                };
+                tracing::error!(job_id = %job.id, code = "handler_panicked", "a job's task died");
+                let (shared, id) = (Arc::clone(&self.shared), job.id);
+                let settle =
+                    tasks.spawn(async move { (claim, settle_dead_task(&shared, id, claim).await) });
+                job.task = settle.id();
+            }
+            Err(_) => {}
         }
     }
 
@@ -654,6 +698,28 @@ impl Worker {
             Err(e) => tracing::warn!(code = %e.code(), "release failed; leases will expire"),
         }
     }
+}
+
+/// The claim of the held job that task `task` runs, if any.
+fn claim_of_task(held: &Held, task: tokio::task::Id) -> Option<Uuid> {
+    held.iter()
+        .find(|(_, job)| job.task == task)
+        .map(|(claim, _)| *claim)
+}
+
+/// Ends job `id` of claim `claim` `failed` with `handler_panicked`, under its fence, after its
+/// task died: what the executor would have written had the panic reached its guard.
+async fn settle_dead_task(shared: &Shared, id: Uuid, claim: Uuid) -> Transition {
+    let Ok(conn) = db::checkout(&shared.pool).await else {
+        return Transition::Unwritten;
+    };
+    shared.stats.record_round_trips(1);
+    db::bounded(
+        shared.statement_bound,
+        completer::fail(&*conn, id, claim, Code::HandlerPanicked, None),
+    )
+    .await
+    .unwrap_or(Transition::Unwritten)
 }
 
 /// Executes `job` inside a span with its safe fields, recording its duration.
@@ -731,6 +797,41 @@ fn ticker(period: Duration) -> tokio::time::Interval {
 mod tests {
     use super::jittered;
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_task_that_dies_is_matched_to_its_claim_and_no_other() {
+        let mut tasks = tokio::task::JoinSet::new();
+        let dying = tasks.spawn(async { panic!("escaped every guard") });
+        let living = tasks.spawn(std::future::pending::<()>());
+        let job = |task: &tokio::task::AbortHandle| super::HeldJob {
+            id: uuid::Uuid::new_v4(),
+            lost: tokio_util::sync::CancellationToken::new(),
+            clock: std::sync::Arc::new(super::LeaseClock::new(tokio::time::Instant::now())),
+            task: task.id(),
+        };
+        let (dead_claim, live_claim) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let held: super::Held = [(dead_claim, job(&dying)), (live_claim, job(&living))].into();
+        let died = tasks.join_next().await.unwrap().unwrap_err();
+        assert!(died.is_panic());
+        assert_eq!(super::claim_of_task(&held, died.id()), Some(dead_claim));
+        living.abort();
+        let aborted = tasks.join_next().await.unwrap().unwrap_err();
+        assert_eq!(super::claim_of_task(&held, aborted.id()), Some(live_claim));
+        assert_eq!(super::claim_of_task(&held, dying.id()), Some(dead_claim));
+    }
+
+    #[tokio::test]
+    async fn a_lease_clock_moves_only_forward_and_its_watch_cancels_when_it_runs_out() {
+        let now = tokio::time::Instant::now();
+        let clock = super::LeaseClock::new(now + Duration::from_millis(50));
+        clock.trust_until(now + Duration::from_millis(10));
+        // Kept in whole milliseconds, rounded down: trust ends at most 1 ms early, never late.
+        assert!(clock.trusted_until() >= now + Duration::from_millis(49));
+        let lost = tokio_util::sync::CancellationToken::new();
+        super::watch_lease(&clock, &lost, uuid::Uuid::nil()).await;
+        assert!(lost.is_cancelled());
+        assert!(tokio::time::Instant::now() >= now + Duration::from_millis(49));
+    }
 
     #[test]
     fn recovery_runs_twice_per_poll_interval() {

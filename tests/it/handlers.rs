@@ -42,6 +42,9 @@ impl Effects for WriteRow {
         self: Box<Self>,
         tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+        if self.then == "panic_at_call" {
+            panic!("effects panicked before returning their future");
+        }
         Box::pin(async move {
             tx.execute(
                 "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
@@ -77,9 +80,41 @@ impl Effects for WriteRow {
     }
 }
 
+/// Effects that write nothing and panic outside [`Effects::apply`]: in [`Effects::writes`]
+/// when `in_writes`, else when they are dropped (handler code that runs in the commit lane).
+struct Panicky {
+    /// Panic in `writes` rather than in `drop`.
+    in_writes: bool,
+}
+
+impl Effects for Panicky {
+    fn apply<'a>(
+        self: Box<Self>,
+        _tx: &'a Transaction<'a>,
+    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+        Box::pin(async { Ok(LedgerEntry::default()) })
+    }
+
+    fn writes(&self) -> bool {
+        assert!(!self.in_writes, "effects panicked in writes");
+        false
+    }
+}
+
+impl Drop for Panicky {
+    fn drop(&mut self) {
+        if !self.in_writes {
+            panic!("effects panicked when dropped");
+        }
+    }
+}
+
 /// Acts on its payload's `"do"`: `ok`, `write`, `transient`, `permanent`, `record_invalid`,
-/// `panic`, `hang`, or `write_then_<transient|permanent|panic|constraint|lock_timeout>`. Counts
-/// its prepares, and waits for a permit from `gate` first when it has one.
+/// `panic`, `hang`, `write_then_<transient|permanent|panic|constraint|lock_timeout>`,
+/// `panic_at_call` (prepare panics before returning its future), `apply_panics_at_call` (so do
+/// the effects' apply), `writes_panics` (so does their `writes`) or `drop_panics` (effects that
+/// panic when dropped). Counts its prepares,
+/// and waits for a permit from `gate` first when it has one.
 #[derive(Clone, Default)]
 pub struct Scripted {
     /// How many times `prepare` ran.
@@ -97,6 +132,10 @@ impl Handler for Scripted {
         job: &'a JobContext,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
+        if payload["do"] == "panic_at_call" {
+            self.prepares.fetch_add(1, Ordering::SeqCst);
+            panic!("handler panicked before returning its future");
+        }
         Box::pin(async move {
             self.prepares.fetch_add(1, Ordering::SeqCst);
             if let Some(gate) = &self.gate {
@@ -114,6 +153,13 @@ impl Handler for Scripted {
                 "record_invalid" => Err(JobError::record_invalid(3)),
                 "panic" => panic!("handler panicked"),
                 "hang" => std::future::pending().await,
+                "apply_panics_at_call" => Ok(Box::new(WriteRow {
+                    job: job.clone(),
+                    then: "panic_at_call".into(),
+                }) as Box<dyn Effects>),
+                "drop_panics" | "writes_panics" => Ok(Box::new(Panicky {
+                    in_writes: action == "writes_panics",
+                }) as Box<dyn Effects>),
                 other => {
                     let then = other.strip_prefix("write_then_").unwrap_or("ok").to_owned();
                     Ok(Box::new(WriteRow {

@@ -11,6 +11,7 @@ mod deploy;
 mod errors;
 mod etl;
 mod etl_limits;
+mod execution;
 mod faults;
 mod handlers;
 mod leases;

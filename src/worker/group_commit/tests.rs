@@ -1,0 +1,488 @@
+//! The batch paths, driven directly against a scratch database so that each batch's
+//! composition is exact (through a replica it depends on timing).
+
+use super::*;
+use crate::config::DatabaseConfig;
+use crate::handler::JobError;
+use crate::worker::claimer::{self, Claimant};
+use futures::future::BoxFuture;
+use std::time::Duration;
+
+/// Effects that write one target row, fail, panic or overrun their deadline.
+enum Scripted {
+    /// Inserts target row `key` for the job.
+    Write(Uuid, &'static str),
+    /// Writes its row, then fails permanently.
+    WriteThenFail(Uuid),
+    /// Panics.
+    Panic,
+    /// Sleeps past any deadline.
+    Hang,
+}
+
+impl Effects for Scripted {
+    fn apply<'a>(
+        self: Box<Self>,
+        tx: &'a Transaction<'a>,
+    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+        Box::pin(async move {
+            let (job, key, fail) = match *self {
+                Scripted::Write(job, key) => (job, key, false),
+                Scripted::WriteThenFail(job) => (job, "failing", true),
+                Scripted::Panic => panic!("scripted panic"),
+                Scripted::Hang => {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    return Ok(LedgerEntry::default());
+                }
+            };
+            tx.execute(
+                "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
+                 VALUES (decode(repeat('ab', 32), 'hex'), 'd', $1, '{}', $2)",
+                &[&key, &job],
+            )
+            .await?;
+            if fail {
+                return Err(JobError::permanent(Code::RecordInvalid));
+            }
+            Ok(LedgerEntry {
+                rows_inserted: 1,
+                ..LedgerEntry::default()
+            })
+        })
+    }
+}
+
+/// A scratch database with the schema, dropped at the end of the test.
+struct Scratch {
+    /// Its configuration.
+    config: DatabaseConfig,
+    /// A pool on it.
+    pool: Pool,
+    /// A plain client on it.
+    client: tokio_postgres::Client,
+}
+
+impl Scratch {
+    /// Creates and migrates a fresh database with `n` due jobs (payload `{}`), all claimed by
+    /// one owner. Returns the scratch database and the claimed `(id, claim id)` pairs.
+    async fn with_claimed(n: usize) -> (Scratch, Vec<(Uuid, Uuid)>) {
+        Scratch::waiting_for_locks(n, Duration::from_millis(200)).await
+    }
+
+    /// [`Scratch::with_claimed`], whose sessions wait up to `lock_timeout` for a lock.
+    async fn waiting_for_locks(n: usize, lock_timeout: Duration) -> (Scratch, Vec<(Uuid, Uuid)>) {
+        let base = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let (server, _) = base.rsplit_once('/').unwrap();
+        let name = format!("durable_etl_test_unit_{}", Uuid::new_v4().simple());
+        let config = DatabaseConfig {
+            url: format!("{server}/{name}"),
+            lock_timeout,
+            ..DatabaseConfig::default()
+        };
+        crate::db::ensure_database(&config).await.unwrap();
+        let mut client = crate::db::connect(&config, "test").await.unwrap();
+        crate::schema::migrate_up(&mut client).await.unwrap();
+        client
+            .execute(
+                "INSERT INTO etl_job_records
+                    (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                     request_payload, run_at)
+                 SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'), sha256(g::text::bytea),
+                        sha256(g::text::bytea), 'test', '{}', now() - interval '1 second'
+                   FROM generate_series(1, $1::int4) g",
+                &[&i32::try_from(n).unwrap()],
+            )
+            .await
+            .unwrap();
+        let claimant = Claimant {
+            owner_id: "unit",
+            owner_locked: false,
+            lease: Duration::from_secs(60),
+        };
+        let mut claimed: Vec<(Uuid, Uuid)> = claimer::claim(&client, claimant, n)
+            .await
+            .unwrap()
+            .iter()
+            .map(|j| (j.id(), j.claim_id()))
+            .collect();
+        claimed.sort();
+        let pool = crate::db::connect_pool(&config, "test").await.unwrap();
+        (
+            Scratch {
+                config,
+                pool,
+                client,
+            },
+            claimed,
+        )
+    }
+
+    /// Runs one batch of `jobs`, and names each outcome.
+    async fn commit(&self, jobs: Vec<Ready>) -> Vec<String> {
+        let stats = WorkerStats::default();
+        commit_batch(&self.pool, &stats, jobs, (&InFlight::default(), 0))
+            .await
+            .into_iter()
+            .map(|o| match o {
+                Ok(t) => format!("{t:?}"),
+                Err(Failure::Job(e)) => format!("job error: {e}"),
+                Err(Failure::Code(code)) => format!("code: {code}"),
+                Err(Failure::LeaseLost) => "lease lost".to_owned(),
+                Err(Failure::EffectsOverrun) => "effects overrun".to_owned(),
+                Err(Failure::Cancelled) => "cancel".to_owned(),
+            })
+            .collect()
+    }
+
+    /// `SELECT count(*)` of `from`.
+    async fn count(&self, from: &str) -> i64 {
+        self.client
+            .query_one(&format!("SELECT count(*) FROM {from}"), &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// The keys of the target rows, sorted.
+    async fn target_keys(&self) -> Vec<String> {
+        self.client
+            .query("SELECT record_key FROM etl_target_rows ORDER BY 1", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
+    /// Drops the database.
+    async fn drop_database(self) {
+        drop(self.pool);
+        drop(self.client);
+        let name = self.config.url.rsplit_once('/').unwrap().1.to_owned();
+        let admin = DatabaseConfig {
+            url: self.config.url.replace(&name, "postgres"),
+            ..DatabaseConfig::default()
+        };
+        let admin = crate::db::connect(&admin, "test").await.unwrap();
+        admin
+            .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .await
+            .unwrap();
+    }
+}
+
+/// A ready job with `effects` and an effects budget of `budget`.
+fn ready(pair: (Uuid, Uuid), effects: Option<Box<dyn Effects>>, budget: Duration) -> Ready {
+    Ready {
+        id: pair.0,
+        claim_id: pair.1,
+        writes: effects.as_ref().is_none_or(|e| e.writes()),
+        effects,
+        budget,
+    }
+}
+
+#[tokio::test]
+async fn a_lane_that_panics_is_restarted_until_it_ends() {
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    restarting(move || {
+        let run = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            assert!(run >= 2, "lane run {run} dies");
+        }
+    })
+    .await;
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn each_job_of_a_batch_commits_or_fails_on_its_own() {
+    let (db, jobs) = Scratch::with_claimed(7).await;
+    let minute = Duration::from_secs(60);
+    // Job 3's owner asked to cancel it; job 4's lease went to another claim.
+    db.client
+        .execute(
+            "UPDATE etl_job_records SET cancel_requested_at = now() WHERE id = $1",
+            &[&jobs[3].0],
+        )
+        .await
+        .unwrap();
+    db.client
+        .execute(
+            "UPDATE etl_job_records SET lease_claim_id = gen_random_uuid() WHERE id = $1",
+            &[&jobs[4].0],
+        )
+        .await
+        .unwrap();
+    let batch = vec![
+        ready(
+            jobs[0],
+            Some(Box::new(Scripted::Write(jobs[0].0, "a"))),
+            minute,
+        ),
+        ready(
+            jobs[1],
+            Some(Box::new(Scripted::WriteThenFail(jobs[1].0))),
+            minute,
+        ),
+        ready(jobs[2], Some(Box::new(Scripted::Panic)), minute),
+        ready(
+            jobs[3],
+            Some(Box::new(Scripted::Write(jobs[3].0, "c"))),
+            minute,
+        ),
+        ready(
+            jobs[4],
+            Some(Box::new(Scripted::Write(jobs[4].0, "l"))),
+            minute,
+        ),
+        ready(
+            jobs[5],
+            Some(Box::new(Scripted::Hang)),
+            Duration::from_millis(50),
+        ),
+        ready(
+            jobs[6],
+            Some(Box::new(Scripted::Write(jobs[6].0, "b"))),
+            minute,
+        ),
+    ];
+    assert_eq!(
+        db.commit(batch).await,
+        [
+            "Succeeded",
+            "job error: permanent failure: record_invalid",
+            "code: handler_panicked",
+            "cancel",
+            "lease lost",
+            "effects overrun",
+            "Succeeded"
+        ]
+    );
+    // Only the two successes' writes and ledger rows committed.
+    assert_eq!(db.target_keys().await, ["a", "b"]);
+    assert_eq!(db.count("etl_job_responses").await, 2);
+    assert_eq!(
+        db.count("etl_job_records WHERE status = 'succeeded' AND request_payload IS NULL")
+            .await,
+        2
+    );
+    // The failures are still running under their claims: their fenced writes follow.
+    assert_eq!(
+        db.count("etl_job_records WHERE status = 'running'").await,
+        5
+    );
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn effects_queued_behind_a_blocked_job_get_their_own_budget() {
+    let (db, jobs) = Scratch::waiting_for_locks(3, Duration::from_secs(60)).await;
+    // Another session inserted target row `k` and has not committed: job 0's insert of `k`
+    // waits for it (a minute, by the lock timeout), then for ever by its budget.
+    let holder = crate::db::connect(&db.config, "test").await.unwrap();
+    holder
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO etl_target_rows
+                      (owner_key, dataset, record_key, record, written_by_job)
+                    VALUES (decode(repeat('ab', 32), 'hex'), 'd', 'k', '{{}}', '{}')",
+            jobs[0].0
+        ))
+        .await
+        .unwrap();
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let release = tokio::spawn({
+        let released = Arc::clone(&released);
+        async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            released.store(true, std::sync::atomic::Ordering::SeqCst);
+            holder.batch_execute("ROLLBACK").await.unwrap();
+        }
+    });
+    let budget = Duration::from_millis(500);
+    let batch = jobs
+        .iter()
+        .zip(["k", "b", "c"])
+        .map(|(&j, key)| ready(j, Some(Box::new(Scripted::Write(j.0, key))), budget))
+        .collect();
+    // Job 0's effects overran their own budget: cut (the statement cancelled), rolled back
+    // to their savepoint, and retried (never terminal); the jobs behind it ran with budgets
+    // of their own and committed.
+    assert_eq!(
+        db.commit(batch).await,
+        ["effects overrun", "Succeeded", "Succeeded"]
+    );
+    // The batch did not wait for the row lock to go: job 0's statement was cancelled.
+    assert!(!released.load(std::sync::atomic::Ordering::SeqCst));
+    release.await.unwrap();
+    assert_eq!(db.target_keys().await, ["b", "c"]);
+    assert_eq!(db.count("etl_job_responses").await, 2);
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs() {
+    let (db, jobs) = Scratch::with_claimed(3).await;
+    db.client
+        .execute(
+            "UPDATE etl_job_records SET cancel_requested_at = now() WHERE id = $1",
+            &[&jobs[1].0],
+        )
+        .await
+        .unwrap();
+    let batch = jobs
+        .iter()
+        .map(|&j| {
+            ready(
+                j,
+                Some(Box::new(crate::handler::NoEffects)),
+                Duration::from_secs(9),
+            )
+        })
+        .collect();
+    let stats = WorkerStats::default();
+    let outcomes = commit_batch(&db.pool, &stats, batch, (&InFlight::default(), 0)).await;
+    assert!(matches!(
+        outcomes.as_slice(),
+        [
+            Ok(Transition::Succeeded),
+            Err(Failure::Cancelled),
+            Ok(Transition::Succeeded)
+        ]
+    ));
+    assert_eq!(stats.snapshot().round_trips, 1);
+    assert_eq!(db.count("etl_job_responses").await, 2);
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_lone_failure_rolls_back_and_a_reclaimed_job_with_a_ledger_runs_nothing() {
+    let (db, jobs) = Scratch::with_claimed(3).await;
+    let minute = Duration::from_secs(60);
+    // A lone job: no savepoint; its failure rolls the whole transaction back.
+    let lone = vec![ready(
+        jobs[0],
+        Some(Box::new(Scripted::WriteThenFail(jobs[0].0))),
+        minute,
+    )];
+    assert_eq!(
+        db.commit(lone).await,
+        ["job error: permanent failure: record_invalid"]
+    );
+    assert_eq!(db.count("etl_target_rows").await, 0);
+    // Job 1 already has a ledger row (its effects committed under an earlier claim): it
+    // succeeds without its effects running; job 2 has no payload and no ledger row.
+    db.client
+        .execute(
+            "INSERT INTO etl_job_responses (job_id, lease_claim_id, rows_inserted, rows_updated,
+                                            rows_unchanged, data_checksum)
+             VALUES ($1, gen_random_uuid(), 1, 0, 0, decode(repeat('00', 32), 'hex'))",
+            &[&jobs[1].0],
+        )
+        .await
+        .unwrap();
+    let batch = vec![
+        ready(jobs[1], Some(Box::new(Scripted::Panic)), minute),
+        ready(jobs[2], None, minute),
+    ];
+    assert_eq!(
+        db.commit(batch).await,
+        ["Succeeded", "code: invalid_payload"]
+    );
+    // A batch where every job fails commits nothing at all.
+    let (db2, jobs2) = Scratch::with_claimed(2).await;
+    let batch = vec![
+        ready(
+            jobs2[0],
+            Some(Box::new(Scripted::WriteThenFail(jobs2[0].0))),
+            minute,
+        ),
+        ready(jobs2[1], None, minute),
+    ];
+    assert_eq!(
+        db2.commit(batch).await,
+        [
+            "job error: permanent failure: record_invalid",
+            "code: invalid_payload"
+        ]
+    );
+    assert_eq!(db2.count("etl_target_rows").await, 0);
+    assert_eq!(db2.count("etl_job_responses").await, 0);
+    db.drop_database().await;
+    db2.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_stale_claim_beside_the_live_claim_of_the_same_job_is_fenced_out() {
+    // The replica lost the job (claim `stale`) and claimed it again: both tasks reach the
+    // same batch. Only the live claim may apply effects and succeed.
+    let (db, jobs) = Scratch::with_claimed(1).await;
+    let (id, live) = jobs[0];
+    let stale = (id, Uuid::new_v4());
+    let minute = Duration::from_secs(60);
+    let batch = vec![
+        ready(stale, Some(Box::new(Scripted::Write(id, "k"))), minute),
+        ready(jobs[0], Some(Box::new(Scripted::Write(id, "k"))), minute),
+    ];
+    assert_eq!(db.commit(batch).await, ["lease lost", "Succeeded"]);
+    assert_eq!(db.count("etl_target_rows").await, 1);
+    let ledger_claim: Uuid = db
+        .client
+        .query_one("SELECT lease_claim_id FROM etl_job_responses", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ledger_claim, live);
+    // The same without effects: the stale claim is not reported as succeeded.
+    let (db2, jobs2) = Scratch::with_claimed(1).await;
+    let stale2 = (jobs2[0].0, Uuid::new_v4());
+    let none = || -> Option<Box<dyn Effects>> { Some(Box::new(crate::handler::NoEffects)) };
+    let batch = vec![
+        ready(stale2, none(), minute),
+        ready(jobs2[0], none(), minute),
+    ];
+    assert_eq!(db2.commit(batch).await, ["cancel", "Succeeded"]);
+    assert_eq!(db2.count("etl_job_responses").await, 1);
+    db.drop_database().await;
+    db2.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
+    let (db, jobs) = Scratch::with_claimed(2).await;
+    // Another session holds job 1's row lock past the lock timeout.
+    let mut holder = crate::db::connect(&db.config, "test").await.unwrap();
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM etl_job_records WHERE id = $1 FOR UPDATE",
+        &[&jobs[1].0],
+    )
+    .await
+    .unwrap();
+    let minute = Duration::from_secs(60);
+    let effects =
+        |i: usize| -> Option<Box<dyn Effects>> { Some(Box::new(Scripted::Write(jobs[i].0, "x"))) };
+    let batch = vec![
+        ready(jobs[0], effects(0), minute),
+        ready(jobs[1], effects(1), minute),
+    ];
+    assert_eq!(
+        db.commit(batch).await,
+        ["code: transient_database", "code: transient_database"]
+    );
+    // The same for a batch that writes nothing.
+    let batch = jobs
+        .iter()
+        .map(|&j| ready(j, Some(Box::new(crate::handler::NoEffects)), minute))
+        .collect();
+    assert_eq!(
+        db.commit(batch).await,
+        ["code: transient_database", "code: transient_database"]
+    );
+    tx.rollback().await.unwrap();
+    drop(holder);
+    assert_eq!(db.count("etl_job_responses").await, 0);
+    db.drop_database().await;
+}
