@@ -27,7 +27,10 @@
 //! the statement that changes the row and skips rows locked by a live executor.
 
 use crate::handler::JobContext;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// The predicate every post-claim write of one job carries (`$1` job id, `$2` claim id).
@@ -59,4 +62,96 @@ impl ClaimedJob {
 /// A duration in whole milliseconds for SQL (`$n::bigint * interval '1 millisecond'`).
 pub fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The local lease clock of one held job: the instant after which the replica no longer trusts
+/// the lease (its last renewal, measured from when that renewal was sent, plus the lease, less
+/// the [`trust_margin`]). The job's own task watches it ([`watch_lease`]), so the job is
+/// abandoned before the database lets another replica take it, however busy the claim loop is.
+#[derive(Debug)]
+pub(crate) struct LeaseClock {
+    /// The instant the offsets count from.
+    base: Instant,
+    /// Milliseconds after `base` until which the lease is trusted.
+    trusted_ms: AtomicU64,
+}
+
+impl LeaseClock {
+    /// A clock trusted until `until`.
+    pub(crate) fn new(until: Instant) -> LeaseClock {
+        let base = Instant::now();
+        let clock = LeaseClock {
+            base,
+            trusted_ms: AtomicU64::new(0),
+        };
+        clock.trust_until(until);
+        clock
+    }
+
+    /// Moves the trusted end to `until` (never backwards: renewals may answer out of order).
+    pub(crate) fn trust_until(&self, until: Instant) {
+        let ms = u64::try_from(until.saturating_duration_since(self.base).as_millis())
+            .unwrap_or(u64::MAX);
+        self.trusted_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// The instant until which the lease is trusted.
+    pub(crate) fn trusted_until(&self) -> Instant {
+        self.base + Duration::from_millis(self.trusted_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// Waits until `clock` runs out without being renewed, then cancels the job (`lost`). Never
+/// returns while the lease is trusted.
+pub(crate) async fn watch_lease(clock: &LeaseClock, lost: &CancellationToken, id: Uuid) {
+    loop {
+        let until = clock.trusted_until();
+        if Instant::now() >= until {
+            if !lost.is_cancelled() {
+                tracing::warn!(
+                    job_id = %id,
+                    code = "lease_lost",
+                    "lease not renewed in time; abandoning the job"
+                );
+                lost.cancel();
+            }
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => {}
+            () = lost.cancelled() => return,
+        }
+    }
+}
+
+/// How long after a renewal is sent the replica still trusts the lease: the lease less the
+/// [`trust_margin`], so the job is abandoned locally before the database's lease (which starts
+/// no earlier than the renewal was sent) lets another replica take it.
+pub(crate) fn trusted_for(lease: Duration) -> Duration {
+    lease.saturating_sub(trust_margin(lease))
+}
+
+/// The part of a lease the replica never relies on: a fifth of it, covering the clock drift
+/// between this process and the database and the time an abandoned handler takes to stop.
+fn trust_margin(lease: Duration) -> Duration {
+    lease / 5
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{watch_lease, LeaseClock};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_lease_clock_moves_only_forward_and_its_watch_cancels_when_it_runs_out() {
+        let now = tokio::time::Instant::now();
+        let clock = LeaseClock::new(now + Duration::from_millis(50));
+        clock.trust_until(now + Duration::from_millis(10));
+        // Kept in whole milliseconds, rounded down: trust ends at most 1 ms early, never late.
+        assert!(clock.trusted_until() >= now + Duration::from_millis(49));
+        let lost = tokio_util::sync::CancellationToken::new();
+        watch_lease(&clock, &lost, uuid::Uuid::nil()).await;
+        assert!(lost.is_cancelled());
+        assert!(tokio::time::Instant::now() >= now + Duration::from_millis(49));
+    }
 }

@@ -66,7 +66,6 @@ use rescuer::Recovered;
 use session::{Session, SessionConfig};
 use stats::{ClaimReason, StatsSnapshot, WorkerStats};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -144,69 +143,9 @@ struct HeldJob {
     /// Cancels the job's compute phase when its lease is lost or no longer trusted.
     lost: CancellationToken,
     /// The job's local lease clock, moved forward by each renewal.
-    clock: Arc<LeaseClock>,
+    clock: Arc<lease::LeaseClock>,
     /// The task that runs it, so a task that dies is matched to its claim.
     task: tokio::task::Id,
-}
-
-/// The local lease clock of one held job: the instant after which the replica no longer trusts
-/// the lease (its last renewal, measured from when that renewal was sent, plus the lease, less
-/// the [`trust_margin`]). The job's own task watches it ([`watch_lease`]), so the job is
-/// abandoned before the database lets another replica take it, however busy the claim loop is.
-#[derive(Debug)]
-struct LeaseClock {
-    /// The instant the offsets count from.
-    base: Instant,
-    /// Milliseconds after `base` until which the lease is trusted.
-    trusted_ms: AtomicU64,
-}
-
-impl LeaseClock {
-    /// A clock trusted until `until`.
-    fn new(until: Instant) -> LeaseClock {
-        let base = Instant::now();
-        let clock = LeaseClock {
-            base,
-            trusted_ms: AtomicU64::new(0),
-        };
-        clock.trust_until(until);
-        clock
-    }
-
-    /// Moves the trusted end to `until` (never backwards: renewals may answer out of order).
-    fn trust_until(&self, until: Instant) {
-        let ms = u64::try_from(until.saturating_duration_since(self.base).as_millis())
-            .unwrap_or(u64::MAX);
-        self.trusted_ms.fetch_max(ms, Ordering::Relaxed);
-    }
-
-    /// The instant until which the lease is trusted.
-    fn trusted_until(&self) -> Instant {
-        self.base + Duration::from_millis(self.trusted_ms.load(Ordering::Relaxed))
-    }
-}
-
-/// Waits until `clock` runs out without being renewed, then cancels the job (`lost`). Never
-/// returns while the lease is trusted.
-async fn watch_lease(clock: &LeaseClock, lost: &CancellationToken, id: Uuid) {
-    loop {
-        let until = clock.trusted_until();
-        if Instant::now() >= until {
-            if !lost.is_cancelled() {
-                tracing::warn!(
-                    job_id = %id,
-                    code = "lease_lost",
-                    "lease not renewed in time; abandoning the job"
-                );
-                lost.cancel();
-            }
-            return;
-        }
-        tokio::select! {
-            () = tokio::time::sleep_until(until) => {}
-            () = lost.cancelled() => return,
-        }
-    }
 }
 
 /// The jobs a replica is running, by claim id.
@@ -405,7 +344,7 @@ impl Worker {
             ),
         )
         .await?;
-        let trusted_until = sent + trusted_for(config.lease);
+        let trusted_until = sent + lease::trusted_for(config.lease);
         for (claim, job) in held {
             match still_held.get(claim) {
                 Some(true) => job.clock.trust_until(trusted_until),
@@ -611,8 +550,8 @@ impl Worker {
         let (id, claim) = (job.id(), job.claim_id());
         let shared = Arc::clone(&self.shared);
         let lost = CancellationToken::new();
-        let clock = Arc::new(LeaseClock::new(
-            claimed + trusted_for(self.shared.config.lease),
+        let clock = Arc::new(lease::LeaseClock::new(
+            claimed + lease::trusted_for(self.shared.config.lease),
         ));
         let (task_lost, task_clock) = (lost.clone(), Arc::clone(&clock));
         let task = tasks.spawn(async move {
@@ -621,7 +560,7 @@ impl Worker {
             let transition = tokio::select! {
                 transition = &mut execution => transition,
                 // The clock ran out and cancelled the job: let it settle as a lost lease.
-                () = watch_lease(&task_clock, &task_lost, id) => execution.await,
+                () = lease::watch_lease(&task_clock, &task_lost, id) => execution.await,
             };
             (claim, transition)
         });
@@ -736,19 +675,6 @@ async fn timed_execute(shared: &Shared, job: ClaimedJob, lost: CancellationToken
     transition
 }
 
-/// How long after a renewal is sent the replica still trusts the lease: the lease less the
-/// [`trust_margin`], so the job is abandoned locally before the database's lease (which starts
-/// no earlier than the renewal was sent) lets another replica take it.
-fn trusted_for(lease: Duration) -> Duration {
-    lease.saturating_sub(trust_margin(lease))
-}
-
-/// The part of a lease the replica never relies on: a fifth of it, covering the clock drift
-/// between this process and the database and the time an abandoned handler takes to stop.
-fn trust_margin(lease: Duration) -> Duration {
-    lease / 5
-}
-
 /// How often a replica runs recovery: twice per poll interval. A SIGKILLed replica's lock goes
 /// at once, but a row its dying backend still locks (mid-effects) is skipped until the server
 /// ends that backend (`client_connection_check_interval`); the second look comes half a poll
@@ -806,7 +732,7 @@ mod tests {
         let job = |task: &tokio::task::AbortHandle| super::HeldJob {
             id: uuid::Uuid::new_v4(),
             lost: tokio_util::sync::CancellationToken::new(),
-            clock: std::sync::Arc::new(super::LeaseClock::new(tokio::time::Instant::now())),
+            clock: std::sync::Arc::new(super::lease::LeaseClock::new(tokio::time::Instant::now())),
             task: task.id(),
         };
         let (dead_claim, live_claim) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
@@ -818,19 +744,6 @@ mod tests {
         let aborted = tasks.join_next().await.unwrap().unwrap_err();
         assert_eq!(super::claim_of_task(&held, aborted.id()), Some(live_claim));
         assert_eq!(super::claim_of_task(&held, dying.id()), Some(dead_claim));
-    }
-
-    #[tokio::test]
-    async fn a_lease_clock_moves_only_forward_and_its_watch_cancels_when_it_runs_out() {
-        let now = tokio::time::Instant::now();
-        let clock = super::LeaseClock::new(now + Duration::from_millis(50));
-        clock.trust_until(now + Duration::from_millis(10));
-        // Kept in whole milliseconds, rounded down: trust ends at most 1 ms early, never late.
-        assert!(clock.trusted_until() >= now + Duration::from_millis(49));
-        let lost = tokio_util::sync::CancellationToken::new();
-        super::watch_lease(&clock, &lost, uuid::Uuid::nil()).await;
-        assert!(lost.is_cancelled());
-        assert!(tokio::time::Instant::now() >= now + Duration::from_millis(49));
     }
 
     #[test]

@@ -877,7 +877,8 @@ async fn a_metrics_scrape_reads_only_the_active_rows_through_their_indexes() {
         .batch_execute(
             "UPDATE etl_job_records
                 SET status = 'running', attempts = 1, lease_owner_id = 'metrics',
-                    lease_claim_id = gen_random_uuid(), lease_expires_at = now() + interval '1 minute'
+                    lease_claim_id = gen_random_uuid(), lease_expires_at = now() + interval '1 minute',
+                    lease_renewed_at = now()
               WHERE id = (SELECT id FROM etl_job_records WHERE status = 'pending'
                            AND run_at <= now() LIMIT 1)",
         )

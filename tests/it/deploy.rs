@@ -248,7 +248,7 @@ async fn a_connection_lost_during_start_up_is_retried() {
         .execute(
             "UPDATE etl_job_records SET status = 'running', attempts = 1,
                     lease_owner_id = 'restarted', lease_claim_id = $2,
-                    lease_expires_at = now() + interval '1 hour'
+                    lease_expires_at = now() + interval '1 hour', lease_renewed_at = now()
               WHERE id = $1",
             &[&job, &claim],
         )
