@@ -66,7 +66,7 @@ impl BenchDb {
     /// Empties the queue and vacuums it, so every sample starts from the same table.
     pub(crate) async fn reset(&self) {
         self.client
-            .batch_execute("TRUNCATE etl_job_responses, etl_target_rows, etl_job_records")
+            .batch_execute("TRUNCATE etl_job_responses, etl_target_rows, etl_job_cancel_requests, etl_job_records")
             .await
             .expect("truncate");
     }
