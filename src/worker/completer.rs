@@ -12,8 +12,11 @@
 //! - Only stored codes from [`Code`] are written; never error text.
 
 use crate::codes::Code;
+use crate::db;
 use crate::handler::LedgerEntry;
+use crate::worker::held::HeldJobs;
 use crate::worker::lease::millis;
+use crate::worker::shared::Shared;
 use std::collections::HashSet;
 use std::time::Duration;
 use tokio_postgres::types::Type;
@@ -283,4 +286,26 @@ pub async fn release(
             &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
         )
         .await
+}
+
+/// Releases, at shutdown, the leases of the jobs still `held` after the grace period; a release
+/// that fails is logged by code, and those leases expire instead.
+pub(crate) async fn release_held(shared: &Shared, held: &HeldJobs) {
+    let pairs = held.pairs();
+    if pairs.is_empty() {
+        return;
+    }
+    crash_point!("release");
+    shared.stats.record_round_trips(1);
+    let released = match db::checkout(&shared.pool).await {
+        Ok(conn) => db::bounded(shared.statement_bound, release(&*conn, &pairs)).await,
+        Err(e) => Err(e),
+    };
+    match released {
+        Ok(n) => {
+            shared.stats.record_released(n);
+            tracing::info!(released = n, "released unfinished jobs");
+        }
+        Err(e) => tracing::warn!(code = %e.code(), "release failed; leases will expire"),
+    }
 }

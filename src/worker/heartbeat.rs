@@ -1,4 +1,5 @@
-//! Heartbeats: one statement per replica per interval renews the leases of every job it runs.
+//! Heartbeats: the role that, once per interval, renews in one statement the leases of every job
+//! the replica holds, on a task of its own (so a busy claim loop never delays a renewal).
 //!
 //! Invariants this module keeps:
 //! - A heartbeat renews only rows still `running` under this owner AND one of the claim ids the
@@ -9,11 +10,19 @@
 //! - A heartbeat never waits on a row lock: a row locked by this replica's own executor (committing
 //!   right now) is reported as held but not renewed, and its commit settles it.
 
-use crate::worker::lease::millis;
+use crate::db;
+use crate::error::Error;
+use crate::worker::held::HeldJobs;
+use crate::worker::lease::{self, millis};
+use crate::worker::shared::Shared;
+use crate::worker::timing::ticker;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// Renews the leases of owner `$1`'s claims `$2` by `$3` ms, stamps whether the owner holds its
@@ -73,4 +82,63 @@ pub async fn beat(
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The heartbeat role: renews the leases of `held` every heartbeat interval (at once, then on
+/// every tick) until `stop`. A failed heartbeat is logged by code and left to the next tick; the
+/// jobs' own lease clocks abandon them if renewals fail for too long.
+pub(crate) async fn run(shared: Arc<Shared>, held: HeldJobs, stop: CancellationToken) {
+    let mut tick = ticker(shared.config.heartbeat_interval);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {
+                if let Err(e) = renew(&shared, &held).await {
+                    tracing::warn!(code = %e.code(), "heartbeat failed");
+                }
+            }
+        }
+    }
+}
+
+/// Renews the leases of `held`; cancels the jobs whose lease is gone (their tasks then end with
+/// `LeaseLost`, unless they had already settled). A renewal moves each renewed job's local lease
+/// clock forward, from when it was sent.
+#[tracing::instrument(name = "heartbeat", skip_all)]
+async fn renew(shared: &Shared, held: &HeldJobs) -> Result<(), Error> {
+    let jobs = held.renewable();
+    let claims: Vec<Uuid> = jobs.iter().map(|j| j.claim).collect();
+    let conn = db::checkout(&shared.pool).await?;
+    if !claims.is_empty() {
+        crash_point!("heartbeat");
+    }
+    shared.stats.record_round_trips(1);
+    let sent = Instant::now();
+    let config = &shared.config;
+    // A heartbeat slower than its interval is as good as lost: the next one is due.
+    let still_held = db::bounded(
+        config.heartbeat_interval.min(shared.statement_bound),
+        beat(
+            &*conn,
+            shared.owner_id(),
+            &claims,
+            config.lease,
+            shared.owner_locked(),
+        ),
+    )
+    .await?;
+    let trusted_until = sent + lease::trusted_for(config.lease);
+    for job in jobs {
+        match still_held.get(&job.claim) {
+            Some(true) => job.clock.trust_until(trusted_until),
+            // Held but locked by this replica's own commit: not renewed, not lost.
+            Some(false) => {}
+            None if job.lost.is_cancelled() => {}
+            None => {
+                job.lost.cancel();
+                tracing::debug!(job_id = %job.id, "heartbeat found the lease gone");
+            }
+        }
+    }
+    Ok(())
 }

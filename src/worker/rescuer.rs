@@ -1,4 +1,5 @@
-//! Recovery: returns the jobs of dead owners and expired leases to `pending` (or ends them
+//! Recovery: the role that, twice per poll interval, returns the jobs of dead owners and expired
+//! leases to `pending` (or ends them
 //! `failed` with `lease_expired_exhausted` when their attempts are spent). The owner lock that
 //! tells live owners from dead ones is held by the replica's session (see `session`).
 //!
@@ -23,10 +24,17 @@
 //! - Where no direct session can hold the lock (a transaction-mode pooler), dead owners are found
 //!   by lease expiry alone.
 
+use crate::db;
+use crate::error::Error;
 use crate::worker::lease::millis;
+use crate::worker::shared::Shared;
+use crate::worker::timing::ticker;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
+use tokio_util::sync::CancellationToken;
 
 /// How long a lock-backed owner whose lock is gone must also have left its leases unrenewed
 /// before recovery treats it as dead: two heartbeat intervals, so one late or failed heartbeat is
@@ -161,4 +169,72 @@ pub async fn recover(
         }
     }
     Ok(recovered)
+}
+
+/// The rescuer role: runs a recovery pass every [`rescue_interval`] (at once, then on every tick)
+/// until `stop`, and signals `catch_up` when a pass returned jobs to `pending`, so the producer
+/// claims them without waiting for its poll.
+pub(crate) async fn run(shared: Arc<Shared>, catch_up: Arc<Notify>, stop: CancellationToken) {
+    let mut tick = ticker(rescue_interval(shared.config.poll_interval));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => match pass(&shared).await {
+                Ok(r) if r.expired + r.dead_owner > r.exhausted => catch_up.notify_one(),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(code = %e.code(), "recovery failed"),
+            },
+        }
+    }
+}
+
+/// One recovery pass on the replica's pool, counted and logged by its figures only.
+///
+/// # Errors
+/// Database errors, and [`Error::Unavailable`] when the statement outlives its client-side bound.
+#[tracing::instrument(name = "recovery", skip_all)]
+pub(crate) async fn pass(shared: &Shared) -> Result<Recovered, Error> {
+    let conn = db::checkout(&shared.pool).await?;
+    shared.stats.record_round_trips(1);
+    let silence = owner_silence(shared.config.heartbeat_interval);
+    let recovered = db::bounded(shared.statement_bound, recover(&*conn, silence)).await?;
+    shared.stats.record_recovery(recovered);
+    if recovered != Recovered::default() {
+        tracing::info!(
+            expired = recovered.expired,
+            dead_owner = recovered.dead_owner,
+            exhausted = recovered.exhausted,
+            "recovered jobs"
+        );
+    }
+    Ok(recovered)
+}
+
+/// How often a replica runs recovery: twice per poll interval. A SIGKILLed replica's lock goes
+/// at once, but a row its dying backend still locks (mid-effects) is skipped until the server
+/// ends that backend (`client_connection_check_interval`); the second look comes half a poll
+/// later instead of a whole one.
+pub(crate) fn rescue_interval(poll_interval: Duration) -> Duration {
+    poll_interval / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn recovery_runs_twice_per_poll_interval() {
+        assert_eq!(
+            super::rescue_interval(Duration::from_secs(1)),
+            Duration::from_millis(500)
+        );
+    }
+
+    #[test]
+    fn an_owner_is_silent_after_two_heartbeat_intervals() {
+        assert_eq!(
+            super::owner_silence(Duration::from_secs(4)),
+            Duration::from_secs(8)
+        );
+    }
 }

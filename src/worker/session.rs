@@ -19,7 +19,6 @@
 use crate::config::DatabaseConfig;
 use crate::db;
 use crate::error::Error;
-use crate::worker::rescuer;
 use crate::worker::stats::WorkerStats;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
@@ -94,31 +93,22 @@ struct Live {
 }
 
 impl Session {
-    /// Opens the session, takes the owner lock, releases what a previous incarnation with the
-    /// same owner id left `running`, and starts keeping the session alive. Returns the session
-    /// and how many rows it released.
+    /// Opens the session, takes the owner lock and starts keeping the session alive. Recovery
+    /// of what a previous incarnation left `running` is the caller's (the rescuer's), once this
+    /// returns with the lock held.
     ///
     /// # Errors
     /// [`Error::OwnerIdInUse`] when another live session holds the lock; connection errors.
-    pub async fn start(
-        config: SessionConfig,
-        stats: Arc<WorkerStats>,
-    ) -> Result<(Session, u64), Error> {
+    pub async fn start(config: SessionConfig, stats: Arc<WorkerStats>) -> Result<Session, Error> {
         let signals = Arc::new(Signals::default());
         let live = open_at_start(&config, &signals, &stats).await?;
-        let released = rescuer::recover_own(&live.client, &config.owner_id).await?;
         let task = tokio::spawn(maintain(live, config, Arc::clone(&signals), stats));
-        Ok((Session { task, signals }, released))
+        Ok(Session { task, signals })
     }
 
     /// The signals for the claim loop.
     pub fn signals(&self) -> Arc<Signals> {
         Arc::clone(&self.signals)
-    }
-
-    /// Whether the session holds the owner lock right now (see [`Signals::locked`]).
-    pub fn is_locked(&self) -> bool {
-        self.signals.locked.load(Ordering::Relaxed)
     }
 }
 

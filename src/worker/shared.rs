@@ -1,0 +1,56 @@
+//! What every role of one replica shares: its pool, handlers, configuration, counters, commit
+//! lanes and session signals.
+//!
+//! Invariants this module keeps:
+//! - One [`Shared`] per replica, built once by [`super::Worker::start`] and read (never changed)
+//!   by the producer, the job tasks, the heartbeat, the rescuer and the completer.
+//! - [`Shared::owner_locked`] says whether the session holds the owner lock right now; it is what
+//!   claims and heartbeats stamp into `lease_owner_locked`, never a guess from configuration.
+
+use crate::config::WorkerConfig;
+use crate::db::Pool;
+use crate::handler::Registry;
+use crate::worker::group_commit::GroupCommit;
+use crate::worker::session::Signals;
+use crate::worker::stats::WorkerStats;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the client-side statement bound allows beyond the server's `statement_timeout`.
+pub(crate) const STATEMENT_BOUND_SLACK: Duration = Duration::from_secs(2);
+
+/// What every role and job task of a replica shares.
+pub(crate) struct Shared {
+    /// The connection pool.
+    pub(crate) pool: Pool,
+    /// The handlers, by kind.
+    pub(crate) registry: Registry,
+    /// The replica's configuration.
+    pub(crate) config: WorkerConfig,
+    /// The replica's counters.
+    pub(crate) stats: Arc<WorkerStats>,
+    /// Where finished computations queue for their group commit.
+    pub(crate) group_commit: GroupCommit,
+    /// The client-side bound on the replica's own statements: the server's `statement_timeout`
+    /// plus [`STATEMENT_BOUND_SLACK`], so only a connection that died silently ever reaches it.
+    pub(crate) statement_bound: Duration,
+    /// The session's signals; `None` in poll-only mode without a direct session.
+    pub(crate) signals: Option<Arc<Signals>>,
+}
+
+impl Shared {
+    /// Whether this replica's session holds its owner lock right now: what its claims and
+    /// heartbeats stamp into `lease_owner_locked`, so recovery treats a missing lock as a sign of
+    /// death only for owners that really held one.
+    pub(crate) fn owner_locked(&self) -> bool {
+        self.signals
+            .as_ref()
+            .is_some_and(|s| s.locked.load(Ordering::Relaxed))
+    }
+
+    /// This replica's owner id.
+    pub(crate) fn owner_id(&self) -> &str {
+        &self.config.owner_id
+    }
+}
