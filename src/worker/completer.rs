@@ -288,9 +288,24 @@ pub async fn release(
         .await
 }
 
-/// Releases, at shutdown, the leases of the jobs still `held` after the grace period; a release
-/// that fails is logged by code, and those leases expire instead.
+/// How long the shutdown release may wait (for a row lock, say) before the replica exits anyway
+/// and leaves the unreleased leases to expire.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Releases, at shutdown, the leases of the jobs still `held` after the grace period, within
+/// [`RELEASE_TIMEOUT`]; a release that fails or times out is logged by code, and those leases
+/// expire instead.
 pub(crate) async fn release_held(shared: &Shared, held: &HeldJobs) {
+    if tokio::time::timeout(RELEASE_TIMEOUT, release_now(shared, held))
+        .await
+        .is_err()
+    {
+        tracing::warn!("release timed out; leases will expire");
+    }
+}
+
+/// [`release_held`] without its time bound.
+async fn release_now(shared: &Shared, held: &HeldJobs) {
     let pairs = held.pairs();
     if pairs.is_empty() {
         return;

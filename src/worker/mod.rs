@@ -15,28 +15,13 @@
 //!   period (cut to zero by a second signal, or when the owner id was taken); the rescuer stops;
 //!   the commits still running are abandoned (their statements cancelled on the server, their
 //!   transactions rolled back); unfinished leases are released at once (attempt not charged; a
-//!   release that cannot finish within [`RELEASE_TIMEOUT`] leaves them to expire); the heartbeat
+//!   release that cannot finish within [`completer::RELEASE_TIMEOUT`] leaves them to expire); the heartbeat
 //!   stops; the pool and the session close. Heartbeats run until the release, so no held lease
 //!   lapses while jobs finish within the grace.
 
-/// The SET items that end a lease, shared by every statement that takes a row out of `running`
-/// (success, retry, failure, release, recovery), so none forgets a lease column.
-macro_rules! lease_cleared {
-    () => {
-        "lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, \
-         lease_owner_locked = false, lease_renewed_at = NULL"
-    };
-}
-
-/// Whether the owner of the job row aliased `j` asked to cancel it: the row's own
-/// `cancel_requested_at` (written by releases before migration 0004) or a row of
-/// `etl_job_cancel_requests` (a primary-key probe), so a request never waits for the job's row.
-macro_rules! cancel_requested {
-    () => {
-        "durable_etl_cancel_requested(j.id, j.cancel_requested_at)"
-    };
-}
-
+// The SQL fragments the fenced statements share; declared first so every role module sees them.
+#[macro_use]
+mod sql;
 pub mod claimer;
 pub mod completer;
 pub mod executor;
@@ -61,19 +46,14 @@ use completer::Transition;
 use held::HeldJobs;
 use producer::{Producer, Stopped};
 use rescuer::Recovered;
-use session::{Session, SessionConfig};
+use session::Session;
 use shared::{Shared, STATEMENT_BOUND_SLACK};
-use stats::{ClaimReason, StatsSnapshot, WorkerStats};
+use stats::{StatsSnapshot, WorkerStats};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-/// How long the shutdown release may wait (for a row lock, say) before the replica exits anyway
-/// and leaves the unreleased leases to expire.
-pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A running replica.
 pub struct Worker {
@@ -107,26 +87,7 @@ impl Worker {
     ) -> Result<Worker, Error> {
         config.validate()?;
         let stats = Arc::new(WorkerStats::default());
-        let direct = config.session_database_url.clone();
-        let session = if config.poll_only && direct.is_none() {
-            tracing::warn!(
-                "poll-only mode without a direct session: no owner lock, so a dead replica's \
-                 jobs are recovered by lease expiry only, and a second replica with the same \
-                 owner id cannot be detected"
-            );
-            None
-        } else {
-            let database = DatabaseConfig {
-                url: direct.unwrap_or_else(|| db_config.url.clone()),
-                ..db_config.clone()
-            };
-            let session_config = SessionConfig {
-                database,
-                owner_id: config.owner_id.clone(),
-                listen: !config.poll_only,
-            };
-            Some(Session::start(session_config, Arc::clone(&stats)).await?)
-        };
+        let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
         let conn = crate::db::checkout(&pool).await?;
         let released = rescuer::recover_own(&*conn, &config.owner_id).await?;
         drop(conn);
@@ -173,22 +134,7 @@ impl Worker {
     /// # Errors
     /// Database errors of the claim.
     pub async fn step(&self) -> Result<Vec<(Uuid, Transition)>, Error> {
-        let jobs =
-            producer::claim(&self.shared, self.shared.config.slots, ClaimReason::Step).await?;
-        let mut tasks = JoinSet::new();
-        for job in jobs {
-            let shared = Arc::clone(&self.shared);
-            tasks.spawn(async move {
-                let id = job.id();
-                let transition =
-                    producer::timed_execute(&shared, job, CancellationToken::new()).await;
-                shared.stats.record(transition);
-                (id, transition)
-            });
-        }
-        let mut done: Vec<(Uuid, Transition)> = tasks.join_all().await;
-        done.sort_by_key(|d| d.0);
-        Ok(done)
+        producer::step(&self.shared).await
     }
 
     /// Runs one recovery pass: dead owners' and expired leases' jobs go back to `pending`.
@@ -236,21 +182,14 @@ impl Worker {
             // statement is cancelled and its batch rolled back, so the release does not wait for
             // its locks.
             self.shared.group_commit.abandon().await;
-            let release = completer::release_held(&self.shared, &held);
-            if tokio::time::timeout(RELEASE_TIMEOUT, release)
-                .await
-                .is_err()
-            {
-                tracing::warn!("release timed out; leases will expire");
-            }
+            completer::release_held(&self.shared, &held).await;
             stop_heartbeat.cancel();
             // Each role ends at its next await once stopped.
             roles.join_all().await;
         };
         tracing::Instrument::instrument(stopping, shutdown_span).await;
-        // Dropping the worker drops the last pool handle (closing its connections) and the
-        // session (ending the owner lock).
-        drop(self);
+        drop(self); // the last pool handle and the session (so the owner lock) go with it
+
         tracing::info!("stopped");
         match stopped {
             Stopped::OwnerIdTaken => Err(Error::OwnerIdInUse),

@@ -266,6 +266,25 @@ impl Producer {
     }
 }
 
+/// One step: claims what is due now (up to the slots), runs every claimed job to its transition
+/// on a task of its own, and returns `(job id, transition)` for each, by job id.
+pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>, Error> {
+    let jobs = claim(shared, shared.config.slots, ClaimReason::Step).await?;
+    let mut tasks = JoinSet::new();
+    for job in jobs {
+        let shared = Arc::clone(shared);
+        tasks.spawn(async move {
+            let id = job.id();
+            let transition = timed_execute(&shared, job, CancellationToken::new()).await;
+            shared.stats.record(transition);
+            (id, transition)
+        });
+    }
+    let mut done: Vec<(Uuid, Transition)> = tasks.join_all().await;
+    done.sort_by_key(|d| d.0);
+    Ok(done)
+}
+
 /// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it would
 /// only fail every job it took with `unknown_kind`).
 #[tracing::instrument(name = "claim", skip_all, fields(free, ?reason))]
@@ -306,11 +325,7 @@ async fn next_due(shared: &Shared) -> Result<Option<Duration>, Error> {
 }
 
 /// Executes `job` inside a span with its safe fields, recording its duration.
-pub(crate) async fn timed_execute(
-    shared: &Shared,
-    job: ClaimedJob,
-    lost: CancellationToken,
-) -> Transition {
+async fn timed_execute(shared: &Shared, job: ClaimedJob, lost: CancellationToken) -> Transition {
     let started = Instant::now();
     let span = tracing::info_span!("execute", job_id = %job.id(), attempt = job.ctx.attempt);
     let transition =

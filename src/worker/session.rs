@@ -16,7 +16,7 @@
 //!   session signals a fatal stop instead of running as a twin.
 //! - Notification payloads are never read: the channel only says "look".
 
-use crate::config::DatabaseConfig;
+use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db;
 use crate::error::Error;
 use crate::worker::stats::WorkerStats;
@@ -110,6 +110,37 @@ impl Session {
     pub fn signals(&self) -> Arc<Signals> {
         Arc::clone(&self.signals)
     }
+}
+
+/// Opens the session a replica with `config` needs, on the direct URL (`--session-database-url`,
+/// else the database's): none in poll-only mode without a direct URL, where no owner lock can
+/// be held (said loudly, since dead owners are then found by lease expiry alone).
+///
+/// # Errors
+/// As [`Session::start`].
+pub(crate) async fn open_for(
+    config: &WorkerConfig,
+    db_config: &DatabaseConfig,
+    stats: Arc<WorkerStats>,
+) -> Result<Option<Session>, Error> {
+    let direct = config.session_database_url.clone();
+    if config.poll_only && direct.is_none() {
+        tracing::warn!(
+            "poll-only mode without a direct session: no owner lock, so a dead replica's jobs \
+             are recovered by lease expiry only, and a second replica with the same owner id \
+             cannot be detected"
+        );
+        return Ok(None);
+    }
+    let session_config = SessionConfig {
+        database: DatabaseConfig {
+            url: direct.unwrap_or_else(|| db_config.url.clone()),
+            ..db_config.clone()
+        },
+        owner_id: config.owner_id.clone(),
+        listen: !config.poll_only,
+    };
+    Ok(Some(Session::start(session_config, stats).await?))
 }
 
 /// The backend holding owner `$1`'s lock in this database, if any.
