@@ -15,9 +15,9 @@
 //!   period (cut to zero by a second signal, or when the owner id was taken); the rescuer stops;
 //!   the commits still running are abandoned (their statements cancelled on the server, their
 //!   transactions rolled back); unfinished leases are released at once (attempt not charged; a
-//!   release that cannot finish within [`completer::RELEASE_TIMEOUT`] leaves them to expire); the heartbeat
-//!   stops; the pool and the session close. Heartbeats run until the release, so no held lease
-//!   lapses while jobs finish within the grace.
+//!   release that cannot finish within [`completer::RELEASE_TIMEOUT`] leaves them to expire);
+//!   the heartbeat stops; the pool and the session close. Heartbeats run until the release, so
+//!   no held lease lapses while jobs finish within the grace.
 
 // The SQL fragments the fenced statements share; declared first so every role module sees them.
 #[macro_use]
