@@ -1,4 +1,7 @@
-//! The crate's error type and its mapping to stable codes and process exit codes.
+//! The crate's error type and its mapping to stable codes and process exit codes, with the
+//! schema's refusals ([`SchemaError`]). The component errors it carries live below it
+//! ([`ConfigError`] in `config`, [`Rejection`] in `intake`), so no module it imports imports it
+//! back.
 //!
 //! Invariants this module keeps:
 //! - `Display` of every variant is a fixed sentence: it never interpolates a database error, SQL
@@ -8,8 +11,7 @@
 
 use crate::codes::Code;
 use crate::config::ConfigError;
-use crate::etl::request::Rejection;
-use crate::schema::SchemaError;
+use crate::intake::Rejection;
 use tokio_postgres::error::SqlState;
 
 /// Exit code of a successful run.
@@ -22,6 +24,67 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_DATABASE_UNREACHABLE: u8 = 3;
 /// Exit code when the database schema is not one this release supports.
 pub const EXIT_SCHEMA_INCOMPATIBLE: u8 = 4;
+
+/// Why a database's schema cannot be used or changed by this release.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The database is older than this release needs (`found` 0: never migrated).
+    #[error("database schema is at version {found} but this release needs {required}: run `durable-etl migrate`")]
+    TooOld {
+        /// The newest version applied to the database.
+        found: i32,
+        /// The version this release needs.
+        required: i32,
+    },
+    /// A newer release migrated the database to a schema this release cannot run against.
+    #[error("database schema version {found} needs a release that knows version {needs} or later; this release knows {supported}")]
+    TooNew {
+        /// The newest version applied to the database.
+        found: i32,
+        /// The oldest schema version a release must know to run against it.
+        needs: i32,
+        /// The newest version this release knows.
+        supported: i32,
+    },
+    /// A version this release must reverse is not one it knows.
+    #[error(
+        "database schema version {version} is unknown to this release and cannot be reversed by it"
+    )]
+    UnknownVersion {
+        /// The unknown version.
+        version: i32,
+    },
+    /// An applied migration differs from this release's migration of the same version.
+    #[error(
+        "applied migration {version} differs from the one in this release (checksum mismatch)"
+    )]
+    ChecksumMismatch {
+        /// The version whose checksum differs.
+        version: i32,
+    },
+    /// The SQL of a migration failed; its transaction was rolled back.
+    #[error("migration {version} failed and was rolled back")]
+    Failed {
+        /// The version that failed.
+        version: i32,
+        /// The database error (never displayed).
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl SchemaError {
+    /// The stable code of this error.
+    pub fn code(&self) -> Code {
+        match self {
+            SchemaError::TooOld { .. } => Code::SchemaTooOld,
+            SchemaError::TooNew { .. } | SchemaError::UnknownVersion { .. } => Code::SchemaTooNew,
+            SchemaError::ChecksumMismatch { .. } => Code::MigrationChecksumMismatch,
+            SchemaError::Failed { .. } => Code::MigrationFailed,
+        }
+    }
+}
 
 /// Everything that can go wrong in durable-etl, by kind.
 #[derive(Debug, thiserror::Error)]
@@ -151,5 +214,31 @@ mod tests {
         assert!(is_connection_class(&SqlState::CONNECTION_FAILURE));
         assert!(is_connection_class(&SqlState::ADMIN_SHUTDOWN));
         assert!(!is_connection_class(&SqlState::UNIQUE_VIOLATION));
+    }
+
+    #[test]
+    fn schema_errors_map_to_codes() {
+        assert_eq!(
+            SchemaError::TooOld {
+                found: 0,
+                required: 1
+            }
+            .code(),
+            Code::SchemaTooOld
+        );
+        let too_new = SchemaError::TooNew {
+            found: 3,
+            needs: 3,
+            supported: 1,
+        };
+        assert_eq!(too_new.code(), Code::SchemaTooNew);
+        assert_eq!(
+            SchemaError::UnknownVersion { version: 9 }.code(),
+            Code::SchemaTooNew
+        );
+        assert_eq!(
+            SchemaError::ChecksumMismatch { version: 1 }.code(),
+            Code::MigrationChecksumMismatch
+        );
     }
 }

@@ -11,7 +11,7 @@
 
 use crate::codes::Code;
 use crate::error::Error;
-use crate::etl::request::canonical_utc;
+use crate::time::canonical_utc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::types::Type;

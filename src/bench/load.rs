@@ -7,7 +7,8 @@ use crate::db;
 use crate::digest::Secret;
 use crate::error::Error;
 use crate::etl::enqueue::{enqueue_many, NewJob};
-use crate::etl::request::{self, IntakeLimits};
+use crate::etl::request;
+use crate::intake::IntakeLimits;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 

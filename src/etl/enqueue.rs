@@ -21,8 +21,9 @@
 use crate::codes::Code;
 use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
-use crate::etl::request::{EtlRequest, Rejection};
+use crate::etl::request::EtlRequest;
 use crate::etl::KIND;
+use crate::intake::Rejection;
 use crate::jobs::{self, Cancel};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;

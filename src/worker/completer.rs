@@ -12,7 +12,7 @@
 //! - Only stored codes from [`Code`] are written; never error text.
 
 use crate::codes::Code;
-use crate::handler::LedgerEntry;
+use crate::handler::{JobError, LedgerEntry};
 use crate::worker::lease::millis;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -36,6 +36,20 @@ pub enum Transition {
     /// The transition could not be written (the database did not answer); the lease will expire
     /// and recovery will return the job.
     Unwritten,
+}
+
+/// Why an attempt ended without committing, before the transition is written.
+pub(crate) enum Failure {
+    /// The handler or the database said so.
+    Job(JobError),
+    /// A stored code decided by the executor or the group commit itself.
+    Code(Code),
+    /// The lease was gone when the effects transaction checked it.
+    LeaseLost,
+    /// The effects overran their own budget; cut and rolled back, they are tried again.
+    EffectsOverrun,
+    /// The owner asked to cancel the job.
+    Cancelled,
 }
 
 /// The statement that marks every job of a group `succeeded` and writes its response-ledger row

@@ -14,6 +14,7 @@ mod etl_limits;
 mod execution;
 mod faults;
 mod handlers;
+mod layering;
 mod leases;
 mod privacy;
 mod proxy;
