@@ -45,6 +45,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod schema;
 pub mod shutdown;
+pub mod state;
 pub mod telemetry;
 pub mod time;
 pub mod worker;

@@ -13,6 +13,7 @@
 
 use crate::codes::Code;
 use crate::handler::{JobError, LedgerEntry};
+use crate::state::JobState;
 use crate::worker::lease::millis;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -204,10 +205,11 @@ pub async fn retry(
             ],
         )
         .await?;
-    Ok(match row.as_ref().map(|r| r.get::<_, &str>(0)) {
+    let state = row.map(|r| r.try_get::<_, JobState>(0)).transpose()?;
+    Ok(match state {
         None => Transition::LeaseLost,
-        Some("pending") => Transition::Retried,
-        Some("cancelled") => Transition::Cancelled,
+        Some(JobState::Pending) => Transition::Retried,
+        Some(JobState::Cancelled) => Transition::Cancelled,
         Some(_) => Transition::Failed(Code::AttemptsExhausted),
     })
 }

@@ -20,6 +20,7 @@ mod privacy;
 mod proxy;
 mod schema;
 mod soak;
+mod states;
 mod support;
 mod wake;
 mod worker;
