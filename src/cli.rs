@@ -442,7 +442,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             if json {
                 println!(
                     "{}",
-                    serde_json::to_string(&report).map_err(|_| Error::Unavailable(None))?
+                    serde_json::to_string(&report).map_err(|_| Error::Internal)?
                 );
             } else {
                 print!("{}", report.to_text());

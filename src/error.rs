@@ -24,6 +24,10 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_DATABASE_UNREACHABLE: u8 = 3;
 /// Exit code when the database schema is not one this release supports.
 pub const EXIT_SCHEMA_INCOMPATIBLE: u8 = 4;
+/// Exit code when a local resource that is not the database failed ([`Error::Io`]).
+pub const EXIT_IO: u8 = 5;
+/// Exit code of a broken internal invariant ([`Error::Internal`]): a bug to report.
+pub const EXIT_INTERNAL: u8 = 6;
 
 /// Why a database's schema cannot be used or changed by this release.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +112,18 @@ pub enum Error {
     /// A request was refused at intake.
     #[error(transparent)]
     Rejected(#[from] Rejection),
+    /// The job changed state under every attempt to act on it (a pathological race with its
+    /// claims); nothing was written, and trying again is safe.
+    #[error("the job kept changing state; retry")]
+    Contended,
+    /// A local resource that is not the database failed or did not answer in time: a socket, a
+    /// child process, an HTTP endpoint of this process or of its children. The source, when
+    /// there is one, is kept for programmatic inspection only.
+    #[error("local I/O failed")]
+    Io(#[source] Option<Box<dyn std::error::Error + Send + Sync>>),
+    /// An invariant this crate keeps did not hold: a bug, never a condition of the environment.
+    #[error("internal error")]
+    Internal,
 }
 
 impl Error {
@@ -121,7 +137,15 @@ impl Error {
             Error::Schema(e) => e.code(),
             Error::OwnerIdInUse => Code::OwnerIdInUse,
             Error::Rejected(r) => r.code,
+            Error::Contended => Code::TransientDatabase,
+            Error::Io(_) => Code::IoError,
+            Error::Internal => Code::InternalError,
         }
+    }
+
+    /// An [`Error::Io`] keeping `source`.
+    pub fn io(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+        Error::Io(Some(source.into()))
     }
 
     /// The process exit code for this error.
@@ -130,6 +154,8 @@ impl Error {
             Error::Config(_) | Error::Rejected(_) => EXIT_USAGE,
             Error::Unavailable(_) => EXIT_DATABASE_UNREACHABLE,
             Error::Schema(e) if e.code() != Code::MigrationFailed => EXIT_SCHEMA_INCOMPATIBLE,
+            Error::Io(_) => EXIT_IO,
+            Error::Internal => EXIT_INTERNAL,
             _ => EXIT_FAILURE,
         }
     }
@@ -207,6 +233,47 @@ mod tests {
         assert_eq!(unavailable.code(), Code::DatabaseUnavailable);
         assert_eq!(unavailable.exit_code(), EXIT_DATABASE_UNREACHABLE);
         assert_eq!(unavailable.db_code(), None);
+    }
+
+    #[test]
+    fn failures_beside_the_database_say_what_failed() {
+        let io = Error::io(std::io::Error::other("no such file"));
+        assert_eq!((io.code(), io.exit_code()), (Code::IoError, EXIT_IO));
+        assert!(std::error::Error::source(&io).is_some());
+        assert_eq!(
+            io.to_string(),
+            "local I/O failed",
+            "no source text in Display"
+        );
+        let silent = Error::Io(None);
+        assert_eq!(
+            (silent.code(), silent.exit_code()),
+            (Code::IoError, EXIT_IO)
+        );
+        assert_eq!(
+            (Error::Internal.code(), Error::Internal.exit_code()),
+            (Code::InternalError, EXIT_INTERNAL)
+        );
+        let contended = Error::Contended;
+        assert_eq!(
+            (contended.code(), contended.exit_code()),
+            (Code::TransientDatabase, EXIT_FAILURE)
+        );
+        for e in [io, Error::Internal, Error::Contended] {
+            assert_eq!(e.db_code(), None);
+            assert_ne!(e.code(), Code::DatabaseUnavailable);
+        }
+        let exits = [
+            EXIT_OK,
+            EXIT_FAILURE,
+            EXIT_USAGE,
+            EXIT_DATABASE_UNREACHABLE,
+            EXIT_SCHEMA_INCOMPATIBLE,
+            EXIT_IO,
+            EXIT_INTERNAL,
+        ];
+        let distinct: std::collections::HashSet<_> = exits.iter().collect();
+        assert_eq!(distinct.len(), exits.len());
     }
 
     #[test]

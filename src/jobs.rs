@@ -274,5 +274,5 @@ pub async fn cancel(
             ended => Cancel::AlreadyEnded(ended.as_str().to_owned()),
         });
     }
-    Err(Error::Unavailable(None))
+    Err(Error::Contended)
 }

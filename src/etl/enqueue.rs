@@ -94,7 +94,7 @@ pub async fn enqueue(
 ) -> Result<Enqueued, Error> {
     let done = enqueue_many(client, secret, owner_key, &[job]).await?;
     // `enqueue_many` answers once per job it was given: here, exactly once.
-    done.into_iter().next().ok_or(Error::Unavailable(None))
+    done.into_iter().next().ok_or(Error::Internal)
 }
 
 /// Enqueues a batch for `owner_key` in one INSERT; returns one [`Enqueued`] per job, in order.
