@@ -242,7 +242,8 @@ pub enum Cancel {
 /// Cancels job `id` of `owner`; `code` is `cancelled` or `replaced`.
 ///
 /// # Errors
-/// Database errors.
+/// Database errors; [`Error::Contended`] when a claim took the job between the snapshot and the
+/// row lock on each of its three tries (nothing was written).
 pub async fn cancel(
     client: &impl GenericClient,
     owner: &[u8; 32],
