@@ -280,10 +280,10 @@ pub struct ServeArgs {
     #[arg(long, env = "DURABLE_ETL_MAX_CONCURRENCY", default_value_t = config::MAX_CONCURRENCY_DEFAULT)]
     pub max_concurrency: usize,
     /// Largest number of records in one request.
-    #[arg(long, env = "DURABLE_ETL_MAX_RECORDS", default_value_t = crate::etl::request::MAX_RECORDS_DEFAULT)]
+    #[arg(long, env = "DURABLE_ETL_MAX_RECORDS", default_value_t = crate::intake::MAX_RECORDS_DEFAULT)]
     pub max_records: usize,
     /// Largest request body, in bytes.
-    #[arg(long, env = "DURABLE_ETL_MAX_BYTES", default_value_t = crate::etl::request::MAX_BYTES_DEFAULT)]
+    #[arg(long, env = "DURABLE_ETL_MAX_BYTES", default_value_t = crate::intake::MAX_BYTES_DEFAULT)]
     pub max_bytes: usize,
     /// Secret key of the keyed digests (at least 16 bytes).
     #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
@@ -300,7 +300,7 @@ impl ServeArgs {
             listen: self.listen,
             request_timeout: self.request_timeout,
             max_concurrency: self.max_concurrency,
-            limits: crate::etl::request::IntakeLimits {
+            limits: crate::intake::IntakeLimits {
                 max_records: self.max_records,
                 max_bytes: self.max_bytes,
             },
@@ -442,7 +442,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             if json {
                 println!(
                     "{}",
-                    serde_json::to_string(&report).map_err(|_| Error::Unavailable(None))?
+                    serde_json::to_string(&report).map_err(|_| Error::Internal)?
                 );
             } else {
                 print!("{}", report.to_text());

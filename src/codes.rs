@@ -44,6 +44,11 @@ pub enum Code {
     DatabaseUnavailable,
     /// The database failed a statement for a reason that is not transient.
     DatabaseError,
+    /// A local resource that is not the database (a socket, a child process, a local HTTP
+    /// endpoint) failed or did not answer in time.
+    IoError,
+    /// An invariant of this crate did not hold: a bug to report.
+    InternalError,
     /// The database has no schema, or one older than this release needs: run `durable-etl migrate`.
     SchemaTooOld,
     /// The database was migrated by a newer release whose schema this release cannot run against.
@@ -120,6 +125,8 @@ impl Code {
         Code::ConfigInvalid,
         Code::DatabaseUnavailable,
         Code::DatabaseError,
+        Code::IoError,
+        Code::InternalError,
         Code::SchemaTooOld,
         Code::SchemaTooNew,
         Code::MigrationChecksumMismatch,
@@ -167,6 +174,8 @@ impl Code {
             Code::ConfigInvalid => "config_invalid",
             Code::DatabaseUnavailable => "database_unavailable",
             Code::DatabaseError => "database_error",
+            Code::IoError => "io_error",
+            Code::InternalError => "internal_error",
             Code::SchemaTooOld => "schema_too_old",
             Code::SchemaTooNew => "schema_too_new",
             Code::MigrationChecksumMismatch => "migration_checksum_mismatch",

@@ -365,7 +365,7 @@ pub struct ApiConfig {
     /// Requests served at once. Defaults to [`MAX_CONCURRENCY_DEFAULT`].
     pub max_concurrency: usize,
     /// Request size limits. Default to 10,000 records and 1 MiB.
-    pub limits: crate::etl::request::IntakeLimits,
+    pub limits: crate::intake::IntakeLimits,
 }
 
 impl Default for ApiConfig {
@@ -374,7 +374,7 @@ impl Default for ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
             max_concurrency: MAX_CONCURRENCY_DEFAULT,
-            limits: crate::etl::request::IntakeLimits::default(),
+            limits: crate::intake::IntakeLimits::default(),
         }
     }
 }

@@ -190,11 +190,8 @@ async fn drive(
             .json(&sample.body)
             .send()
             .await
-            .map_err(|_| Error::Unavailable(None))?;
-        let status: Value = response
-            .json()
-            .await
-            .map_err(|_| Error::Unavailable(None))?;
+            .map_err(Error::io)?;
+        let status: Value = response.json().await.map_err(Error::io)?;
         let id = status["id"].as_str().unwrap_or_default().to_owned();
         if sample.cancel {
             let _ = http
@@ -276,10 +273,10 @@ async fn summary(
             .bearer_auth(key)
             .send()
             .await
-            .map_err(|_| Error::Unavailable(None))?
+            .map_err(Error::io)?
             .json()
             .await
-            .map_err(|_| Error::Unavailable(None))?;
+            .map_err(Error::io)?;
         println!(
             "{:<22} {:<36} {:<10} {:>8} {:<16} {:>8} {:>8}",
             label,

@@ -11,7 +11,8 @@
 
 use crate::codes::Code;
 use crate::error::Error;
-use crate::etl::request::canonical_utc;
+use crate::state::JobState;
+use crate::time::canonical_utc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::types::Type;
@@ -48,7 +49,8 @@ pub struct JobStatus {
     /// The job id.
     pub id: Uuid,
     /// `pending`, `running`, `succeeded`, `failed` or `cancelled`.
-    pub status: String,
+    #[schema(value_type = String)]
+    pub status: JobState,
     /// Attempts started so far.
     pub attempts: i32,
     /// The attempt bound.
@@ -81,18 +83,21 @@ pub struct JobStatus {
 impl JobStatus {
     /// Whether the job is still to run or running.
     pub fn is_active(&self) -> bool {
-        matches!(self.status.as_str(), "pending" | "running")
+        !self.status.is_terminal()
     }
 
-    /// The status from a row of [`STATUS_COLUMNS`].
-    fn from_row(row: &Row) -> JobStatus {
+    /// The status from a row of `status_select!`'s columns.
+    ///
+    /// # Errors
+    /// A `status` that is not a [`JobState`] (the table's CHECK constraint admits none).
+    fn from_row(row: &Row) -> Result<JobStatus, tokio_postgres::Error> {
         let time = |i: usize| canonical_utc(row.get::<_, DateTime<Utc>>(i));
         let opt_time = |i: usize| row.get::<_, Option<DateTime<Utc>>>(i).map(canonical_utc);
         let failure = row.get::<_, Option<String>>(9).map(|code| JobFailure {
             code,
             record_index: row.get(10),
         });
-        let status: String = row.get(1);
+        let status: JobState = row.try_get(1)?;
         let result = row
             .get::<_, Option<i32>>(13)
             .map(|rows_inserted| JobResult {
@@ -101,10 +106,10 @@ impl JobStatus {
                 rows_unchanged: row.get(15),
                 checksum: hex::encode(row.get::<_, Vec<u8>>(16)),
             });
-        JobStatus {
+        Ok(JobStatus {
             id: row.get(0),
             // A retry-waiting pending job keeps no failure; only ended jobs report one.
-            failure: failure.filter(|_| matches!(status.as_str(), "failed" | "cancelled")),
+            failure: failure.filter(|_| matches!(status, JobState::Failed | JobState::Cancelled)),
             status,
             attempts: row.get(2),
             max_attempts: row.get(3),
@@ -116,7 +121,7 @@ impl JobStatus {
             cancel_requested: row.get(11),
             replaces: row.get(12),
             result,
-        }
+        })
     }
 }
 
@@ -157,7 +162,7 @@ pub async fn status(
     let row = client
         .query_typed_opt(STATUS_SQL, &[(&id, Type::UUID), (&owner, Type::BYTEA)])
         .await?;
-    Ok(row.as_ref().map(JobStatus::from_row))
+    Ok(row.as_ref().map(JobStatus::from_row).transpose()?)
 }
 
 /// A page of `owner`'s jobs, newest first.
@@ -183,7 +188,10 @@ pub async fn list(
             ],
         )
         .await?;
-    Ok(rows.iter().map(JobStatus::from_row).collect())
+    Ok(rows
+        .iter()
+        .map(JobStatus::from_row)
+        .collect::<Result<_, _>>()?)
 }
 
 /// Cancels job `$1` of owner `$2` with code `$3` (`cancelled` or `replaced`): a pending job ends
@@ -234,7 +242,8 @@ pub enum Cancel {
 /// Cancels job `id` of `owner`; `code` is `cancelled` or `replaced`.
 ///
 /// # Errors
-/// Database errors.
+/// Database errors; [`Error::Contended`] when a claim took the job between the snapshot and the
+/// row lock on each of its three tries (nothing was written).
 pub async fn cancel(
     client: &impl GenericClient,
     owner: &[u8; 32],
@@ -257,14 +266,14 @@ pub async fn cancel(
         let Some(row) = row else {
             return Ok(Cancel::NotFound);
         };
-        let (status, cancelled): (String, bool) = (row.get(0), row.get(1));
-        return Ok(match status.as_str() {
-            "pending" if cancelled => Cancel::Cancelled,
+        let (status, cancelled): (JobState, bool) = (row.try_get(0)?, row.get(1));
+        return Ok(match status {
+            JobState::Pending if cancelled => Cancel::Cancelled,
             // Claimed between the snapshot and the row lock: look again.
-            "pending" => continue,
-            "running" => Cancel::Requested,
-            _ => Cancel::AlreadyEnded(status),
+            JobState::Pending => continue,
+            JobState::Running => Cancel::Requested,
+            ended => Cancel::AlreadyEnded(ended.as_str().to_owned()),
         });
     }
-    Err(Error::Unavailable(None))
+    Err(Error::Contended)
 }

@@ -40,11 +40,14 @@ pub mod digest;
 pub mod error;
 pub mod etl;
 pub mod handler;
+pub mod intake;
 pub mod jobs;
 pub mod metrics;
 pub mod schema;
 pub mod shutdown;
+pub mod state;
 pub mod telemetry;
+pub mod time;
 pub mod worker;
 
 pub use codes::Code;

@@ -1,5 +1,6 @@
 //! The `durable-etl` binary: parses the command line, installs logging, runs the command and maps
-//! its outcome to an exit code (0 success, 2 usage, 3 database unreachable, 4 schema incompatible).
+//! its outcome to an exit code (0 success, 1 any other failure, 2 usage, 3 database unreachable,
+//! 4 schema incompatible, 5 local I/O failure, 6 internal error).
 
 use clap::Parser;
 use durable_etl::cli::{self, Cli};

@@ -15,8 +15,7 @@
 //!   migrated by a newer release whose schema this release cannot read, before any job is touched.
 //! - `down` undoes exactly what `up` did; a test compares the catalog after up → down → up.
 
-use crate::codes::Code;
-use crate::error::Error;
+use crate::error::{Error, SchemaError};
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
@@ -88,67 +87,6 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6475_7261_626c_6501;
 /// The schema version this release needs and writes.
 pub fn latest_version() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
-}
-
-/// Why a database's schema cannot be used or changed by this release.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SchemaError {
-    /// The database is older than this release needs (`found` 0: never migrated).
-    #[error("database schema is at version {found} but this release needs {required}: run `durable-etl migrate`")]
-    TooOld {
-        /// The newest version applied to the database.
-        found: i32,
-        /// The version this release needs.
-        required: i32,
-    },
-    /// A newer release migrated the database to a schema this release cannot run against.
-    #[error("database schema version {found} needs a release that knows version {needs} or later; this release knows {supported}")]
-    TooNew {
-        /// The newest version applied to the database.
-        found: i32,
-        /// The oldest schema version a release must know to run against it.
-        needs: i32,
-        /// The newest version this release knows.
-        supported: i32,
-    },
-    /// A version this release must reverse is not one it knows.
-    #[error(
-        "database schema version {version} is unknown to this release and cannot be reversed by it"
-    )]
-    UnknownVersion {
-        /// The unknown version.
-        version: i32,
-    },
-    /// An applied migration differs from this release's migration of the same version.
-    #[error(
-        "applied migration {version} differs from the one in this release (checksum mismatch)"
-    )]
-    ChecksumMismatch {
-        /// The version whose checksum differs.
-        version: i32,
-    },
-    /// The SQL of a migration failed; its transaction was rolled back.
-    #[error("migration {version} failed and was rolled back")]
-    Failed {
-        /// The version that failed.
-        version: i32,
-        /// The database error (never displayed).
-        #[source]
-        source: tokio_postgres::Error,
-    },
-}
-
-impl SchemaError {
-    /// The stable code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            SchemaError::TooOld { .. } => Code::SchemaTooOld,
-            SchemaError::TooNew { .. } | SchemaError::UnknownVersion { .. } => Code::SchemaTooNew,
-            SchemaError::ChecksumMismatch { .. } => Code::MigrationChecksumMismatch,
-            SchemaError::Failed { .. } => Code::MigrationFailed,
-        }
-    }
 }
 
 /// The history table. Created by the first migration transaction, under the migration lock.
@@ -373,31 +311,5 @@ mod tests {
             assert!(!m.down.trim().is_empty());
         }
         assert_eq!(latest_version(), MIGRATIONS.len() as i32);
-    }
-
-    #[test]
-    fn schema_errors_map_to_codes() {
-        assert_eq!(
-            SchemaError::TooOld {
-                found: 0,
-                required: 1
-            }
-            .code(),
-            Code::SchemaTooOld
-        );
-        let too_new = SchemaError::TooNew {
-            found: 3,
-            needs: 3,
-            supported: 1,
-        };
-        assert_eq!(too_new.code(), Code::SchemaTooNew);
-        assert_eq!(
-            SchemaError::UnknownVersion { version: 9 }.code(),
-            Code::SchemaTooNew
-        );
-        assert_eq!(
-            SchemaError::ChecksumMismatch { version: 1 }.code(),
-            Code::MigrationChecksumMismatch
-        );
     }
 }

@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::etl::enqueue::{self, NewJob, MAX_ATTEMPTS_DEFAULT};
 use crate::etl::request::{self, EtlRequest};
 use crate::jobs::{self, Cancel, JobStatus};
+use crate::state::JobState;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, State};
@@ -260,47 +261,6 @@ pub(super) struct ListParams {
     cursor: Option<String>,
 }
 
-/// A job state, as a filter.
-#[derive(Debug, ToSchema)]
-#[schema(rename_all = "lowercase")]
-pub(super) enum JobState {
-    /// Waiting to run (or to retry).
-    Pending,
-    /// Running under a lease.
-    Running,
-    /// Ended with its effects committed.
-    Succeeded,
-    /// Ended without effects, with a failure code.
-    Failed,
-    /// Cancelled by its owner (or replaced).
-    Cancelled,
-}
-
-impl JobState {
-    /// The state named `name`, if any.
-    fn parse(name: &str) -> Option<JobState> {
-        Some(match name {
-            "pending" => JobState::Pending,
-            "running" => JobState::Running,
-            "succeeded" => JobState::Succeeded,
-            "failed" => JobState::Failed,
-            "cancelled" => JobState::Cancelled,
-            _ => return None,
-        })
-    }
-
-    /// The stored name of this state.
-    fn as_str(&self) -> &'static str {
-        match self {
-            JobState::Pending => "pending",
-            JobState::Running => "running",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Cancelled => "cancelled",
-        }
-    }
-}
-
 /// A page of the owner's jobs.
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct JobList {
@@ -355,7 +315,7 @@ pub(super) async fn list(
         Some(c) => Some(Uuid::parse_str(c).map_err(|_| invalid("cursor"))?),
     };
     let conn = crate::db::checkout(&state.pool).await?;
-    let status = status.as_ref().map(JobState::as_str);
+    let status = status.map(JobState::as_str);
     let mut page = jobs::list(&*conn, &owner.0, cursor, status, limit + 1).await?;
     let more = page.len() as i64 > limit;
     page.truncate(usize::try_from(limit).unwrap_or(0));

@@ -7,7 +7,8 @@ use crate::db;
 use crate::digest::Secret;
 use crate::error::Error;
 use crate::etl::enqueue::{enqueue_many, NewJob};
-use crate::etl::request::{self, IntakeLimits};
+use crate::etl::request;
+use crate::intake::IntakeLimits;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
@@ -184,7 +185,7 @@ async fn until_running(
             return Ok((row.get(0), row.get(1)));
         }
         if Instant::now() > deadline {
-            return Err(Error::Unavailable(None));
+            return Err(Error::Io(None));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -234,7 +235,7 @@ pub(super) async fn wait_until_done(client: &tokio_postgres::Client) -> Result<(
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(Error::Unavailable(None));
+            return Err(Error::Io(None));
         }
         tokio::time::sleep(DONE_POLL).await;
     }

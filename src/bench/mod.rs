@@ -225,7 +225,8 @@ impl Report {
 ///
 /// # Errors
 /// [`Error::Config`] for a database name without the bench prefix or a bad URL;
-/// [`Error::Unavailable`] when the server or a replica does not answer in time; database errors.
+/// [`Error::Io`] when a replica cannot be started, or does not answer or finish its jobs in time;
+/// [`Error::Unavailable`] when the server does not answer; database errors.
 pub async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Report, Error> {
     if !config.database.starts_with(DATABASE_PREFIX) {
         return Err(ConfigError::BenchDatabase.into());

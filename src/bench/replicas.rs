@@ -62,7 +62,7 @@ impl Replicas {
 
     /// Spawns replica `i` (owner id `bench-{i}`) on a fresh metrics address.
     fn spawn(&self, i: usize) -> Result<(Child, String), Error> {
-        let exe = std::env::current_exe().map_err(|_| Error::Unavailable(None))?;
+        let exe = std::env::current_exe().map_err(Error::io)?;
         let addr = free_local_addr()?;
         let child = Command::new(&exe)
             .env("DATABASE_URL", &self.url)
@@ -74,7 +74,7 @@ impl Replicas {
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|_| Error::Unavailable(None))?;
+            .map_err(Error::io)?;
         Ok((child, addr))
     }
 
@@ -95,7 +95,7 @@ impl Replicas {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(Error::Unavailable(None));
+                return Err(Error::Io(None));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -122,9 +122,7 @@ impl Replicas {
         let http = reqwest::Client::new();
         let mut scraped = Scraped::default();
         for (child, addr) in &self.children {
-            let metrics = metrics_of(&http, addr)
-                .await
-                .ok_or(Error::Unavailable(None))?;
+            let metrics = metrics_of(&http, addr).await.ok_or(Error::Io(None))?;
             scraped.round_trips += value(&metrics, "durable_etl_db_round_trips_total");
             scraped.claims += value(&metrics, "durable_etl_claims_total");
             scraped.empty_claims += value(&metrics, "durable_etl_claims_empty_total");

@@ -21,8 +21,9 @@
 use crate::codes::Code;
 use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
-use crate::etl::request::{EtlRequest, Rejection};
+use crate::etl::request::EtlRequest;
 use crate::etl::KIND;
+use crate::intake::Rejection;
 use crate::jobs::{self, Cancel};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -93,7 +94,7 @@ pub async fn enqueue(
 ) -> Result<Enqueued, Error> {
     let done = enqueue_many(client, secret, owner_key, &[job]).await?;
     // `enqueue_many` answers once per job it was given: here, exactly once.
-    done.into_iter().next().ok_or(Error::Unavailable(None))
+    done.into_iter().next().ok_or(Error::Internal)
 }
 
 /// Enqueues a batch for `owner_key` in one INSERT; returns one [`Enqueued`] per job, in order.

@@ -19,52 +19,11 @@ use crate::codes::Code;
 use crate::etl::transform::{
     self, Cast, OutputBudget, Transform, MAX_DEFAULTS_BYTES, MAX_SPEC_FIELDS,
 };
-use chrono::{DateTime, SecondsFormat, Utc};
+use crate::intake::{IntakeLimits, Rejection};
+use crate::time::canonical_utc;
+use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Default largest number of records in one request.
-pub const MAX_RECORDS_DEFAULT: usize = 10_000;
-/// Default largest request body, in bytes.
-pub const MAX_BYTES_DEFAULT: usize = 1024 * 1024;
-
-/// Size limits of one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IntakeLimits {
-    /// Largest number of records. Defaults to [`MAX_RECORDS_DEFAULT`].
-    pub max_records: usize,
-    /// Largest body in bytes. Defaults to [`MAX_BYTES_DEFAULT`].
-    pub max_bytes: usize,
-}
-
-impl Default for IntakeLimits {
-    fn default() -> Self {
-        IntakeLimits {
-            max_records: MAX_RECORDS_DEFAULT,
-            max_bytes: MAX_BYTES_DEFAULT,
-        }
-    }
-}
-
-/// Why a request was refused at intake: a stable code and where, as a JSON pointer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("request rejected: {code} at {pointer:?}")]
-pub struct Rejection {
-    /// The stable code.
-    pub code: Code,
-    /// The JSON pointer (RFC 6901) of the offending member; empty for the whole document.
-    pub pointer: String,
-}
-
-impl Rejection {
-    /// A rejection with `code` at `pointer`.
-    pub fn new(code: Code, pointer: impl Into<String>) -> Rejection {
-        Rejection {
-            code,
-            pointer: pointer.into(),
-        }
-    }
-}
 
 /// A structurally valid ETL request.
 #[derive(Debug, Clone, PartialEq)]
@@ -345,11 +304,6 @@ impl EtlRequest {
         }
         Value::Object(doc)
     }
-}
-
-/// An instant as canonical UTC RFC 3339 (`2026-01-02T03:04:05Z`, fractional seconds only if any).
-pub fn canonical_utc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //!   records would exceed it, and execution stops a plan the moment it does, so no request can
 //!   make a replica allocate without bound.
 
-use crate::etl::request::canonical_utc;
+use crate::time::canonical_utc;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Number, Value};
 use std::collections::{BTreeMap, BTreeSet};

@@ -13,7 +13,8 @@
 
 use crate::codes::Code;
 use crate::db;
-use crate::handler::LedgerEntry;
+use crate::handler::{JobError, LedgerEntry};
+use crate::state::JobState;
 use crate::worker::held::HeldJobs;
 use crate::worker::lease::millis;
 use crate::worker::shared::Shared;
@@ -39,6 +40,20 @@ pub enum Transition {
     /// The transition could not be written (the database did not answer); the lease will expire
     /// and recovery will return the job.
     Unwritten,
+}
+
+/// Why an attempt ended without committing, before the transition is written.
+pub(crate) enum Failure {
+    /// The handler or the database said so.
+    Job(JobError),
+    /// A stored code decided by the executor or the group commit itself.
+    Code(Code),
+    /// The lease was gone when the effects transaction checked it.
+    LeaseLost,
+    /// The effects overran their own budget; cut and rolled back, they are tried again.
+    EffectsOverrun,
+    /// The owner asked to cancel the job.
+    Cancelled,
 }
 
 /// The statement that marks every job of a group `succeeded` and writes its response-ledger row
@@ -193,10 +208,11 @@ pub async fn retry(
             ],
         )
         .await?;
-    Ok(match row.as_ref().map(|r| r.get::<_, &str>(0)) {
+    let state = row.map(|r| r.try_get::<_, JobState>(0)).transpose()?;
+    Ok(match state {
         None => Transition::LeaseLost,
-        Some("pending") => Transition::Retried,
-        Some("cancelled") => Transition::Cancelled,
+        Some(JobState::Pending) => Transition::Retried,
+        Some(JobState::Cancelled) => Transition::Cancelled,
         Some(_) => Transition::Failed(Code::AttemptsExhausted),
     })
 }

@@ -21,7 +21,7 @@
 use crate::codes::Code;
 use crate::error::is_transient;
 use crate::handler::{Effects, Handler, JobError};
-use crate::worker::completer::{self, Transition};
+use crate::worker::completer::{self, Failure, Transition};
 use crate::worker::group_commit::Ready;
 use crate::worker::lease::ClaimedJob;
 use crate::worker::{retry, Shared};
@@ -30,20 +30,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
-
-/// Why an attempt ended without committing, before the transition is written.
-pub(crate) enum Failure {
-    /// The handler or the database said so.
-    Job(JobError),
-    /// A stored code decided by the executor itself.
-    Code(Code),
-    /// The lease was gone when the effects transaction checked it.
-    LeaseLost,
-    /// The effects overran their own budget; cut and rolled back, they are tried again.
-    EffectsOverrun,
-    /// The owner asked to cancel the job.
-    Cancelled,
-}
 
 /// Runs `job` to a transition. `lost` is cancelled when a heartbeat finds the lease gone: the
 /// compute phase stops at once; the effects phase needs no signal, its fence check settles it.

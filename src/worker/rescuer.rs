@@ -164,7 +164,7 @@ pub async fn recover(
         } else {
             recovered.dead_owner += 1;
         }
-        if row.get::<_, &str>(1) != "pending" {
+        if row.try_get::<_, crate::state::JobState>(1)? != crate::state::JobState::Pending {
             recovered.exhausted += 1;
         }
     }

@@ -17,7 +17,8 @@ use crate::support::{
 };
 use durable_etl::digest::Secret;
 use durable_etl::etl::enqueue::{enqueue, NewJob};
-use durable_etl::etl::request::{self, IntakeLimits};
+use durable_etl::etl::request;
+use durable_etl::intake::IntakeLimits;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 

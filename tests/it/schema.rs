@@ -3,8 +3,8 @@
 
 use crate::support::{catalog_snapshot, count, insert_job, Listener, TestDb};
 use durable_etl::codes::Code;
-use durable_etl::error::Error;
-use durable_etl::schema::{self, SchemaError};
+use durable_etl::error::{Error, SchemaError};
+use durable_etl::schema;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 

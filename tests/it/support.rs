@@ -505,7 +505,8 @@ pub async fn enqueue_loads(
     max_attempts: i32,
 ) -> Vec<uuid::Uuid> {
     use durable_etl::etl::enqueue::{enqueue_many, NewJob};
-    use durable_etl::etl::request::{parse, IntakeLimits};
+    use durable_etl::etl::request::parse;
+    use durable_etl::intake::IntakeLimits;
     let secret = durable_etl::digest::Secret::new(LOAD_SECRET).unwrap();
     let owner = load_owner();
     let mut ids = Vec::with_capacity(n);
