@@ -461,6 +461,18 @@ async fn an_oversized_body_is_a_413_problem_with_or_without_a_content_length() {
         )
     );
     assert_eq!(h["content-type"], "application/problem+json");
+    // A declared length over the limit is refused before the body is read, and so before the
+    // credentials are looked at.
+    let request = api
+        .http
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(vec![b' '; 5000]);
+    let (s, _, p) = api.read(request.send().await.unwrap()).await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("request_too_large"))
+    );
     // The same body in chunks, with no Content-Length to refuse it by.
     let addr = api.base.trim_start_matches("http://");
     let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
