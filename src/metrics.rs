@@ -1,5 +1,10 @@
 //! Prometheus text exposition of a replica's and an API server's metrics.
 //!
+//! This module says what is exposed (names, help, label values, which snapshot field); the
+//! prometheus-client crate writes the text (version 0.0.4). Counter names are given without
+//! `_total`, which the encoder appends to every counter's HELP, TYPE and sample lines. The
+//! replica's counters and histograms live in `worker::stats`, which imports nothing from here.
+//!
 //! Invariants this module keeps:
 //! - Every label value comes from a fixed allow-list (stable codes, claim triggers, recovery
 //!   reasons, status classes): the number of series is bounded whatever the traffic. No id,
@@ -9,105 +14,113 @@
 //! - Queue depth and oldest due job age are sampled by one query per scrape, not per job, and that
 //!   query reads only active rows through the partial indexes (never the terminal history).
 
-use crate::codes::Code;
 use crate::db::Pool;
-use crate::worker::stats::{StatsSnapshot, WorkerStats};
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::worker::stats::{Histogram, StatsSnapshot, WorkerStats};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use tokio_postgres::GenericClient;
 
-/// Bucket upper bounds, in seconds, of the latency histograms.
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
-];
-/// Bucket upper bounds of the claim batch size histogram, in jobs.
-pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
-
-/// A fixed-bucket histogram, safe to observe from any task.
-#[derive(Debug)]
-pub struct Histogram {
-    /// Upper bounds of the buckets.
-    bounds: &'static [f64],
-    /// Counts per bucket (not cumulative), plus one for `+Inf`.
-    counts: Vec<AtomicU64>,
-    /// Sum of observations, in millionths.
-    sum_micros: AtomicU64,
+/// The Prometheus text (version 0.0.4) of `collectors`, in their order, appended to `out`.
+/// prometheus-client writes every line: names (counters get their `_total` there), HELP and
+/// TYPE, label escaping, cumulative buckets, `+Inf`, `_sum` and `_count`.
+fn encode(out: &mut String, collectors: Vec<Box<dyn Collector>>) {
+    let mut registry = Registry::default();
+    for collector in collectors {
+        registry.register_collector(collector);
+    }
+    // Writing to a `String` cannot fail.
+    let _ = prometheus_text::encode(out, &registry);
 }
 
-impl Histogram {
-    /// An empty histogram over `bounds`.
-    pub fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_micros: AtomicU64::new(0),
-        }
-    }
-
-    /// Records one observation (negative values count as zero).
-    pub fn observe(&self, value: f64) {
-        let value = value.max(0.0);
-        let slot = self
-            .bounds
-            .iter()
-            .position(|b| value <= *b)
-            .unwrap_or(self.bounds.len());
-        if let Some(count) = self.counts.get(slot) {
-            count.fetch_add(1, Ordering::Relaxed);
-        }
-        // Saturating float-to-int conversion: a huge observation cannot wrap the sum.
-        self.sum_micros
-            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
-    }
-
-    /// How many observations were recorded.
-    pub fn count(&self) -> u64 {
-        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
-    }
-
-    /// Appends this histogram as `name` with `help`.
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, count) in self.counts.iter().enumerate() {
-            cumulative += count.load(Ordering::Relaxed);
-            match self.bounds.get(i) {
-                Some(bound) => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-                }
-                None => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-                }
-            }
-        }
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
-    }
-}
-
-/// Appends one metric family header.
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// Appends a single unlabelled sample.
-fn single(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
-    family(out, name, kind, help);
-    let _ = writeln!(out, "{name} {value}");
-}
-
-/// Appends a family whose samples differ by one label drawn from a fixed list.
+/// Encodes one family of `kind` (counter or gauge) whose samples differ by one label drawn from
+/// a fixed list. A counter's `name` leaves out `_total`: the encoder adds it.
 fn labelled(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
+    encoder: &mut DescriptorEncoder,
+    (name, help, kind): (&'static str, &str, MetricType),
     label: &str,
     samples: &[(&str, u64)],
-) {
-    family(out, name, kind, help);
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
     for (value, n) in samples {
-        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
+        let labels = [(label, *value)];
+        let series = family.encode_family(&labels)?;
+        if kind == MetricType::Counter {
+            ConstCounter::new(*n).encode(series)?;
+        } else {
+            ConstGauge::new(*n).encode(series)?;
+        }
+    }
+    Ok(())
+}
+
+/// Encodes one unlabelled family of `metric`.
+fn single(
+    encoder: &mut DescriptorEncoder,
+    name: &'static str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+/// A counter family whose samples differ by one label drawn from a fixed list.
+#[derive(Debug)]
+struct CounterFamily {
+    /// The family name, without the `_total` the encoder adds.
+    name: &'static str,
+    /// The HELP text.
+    help: &'static str,
+    /// The label's name.
+    label: &'static str,
+    /// Each label value and its count.
+    samples: Vec<(&'static str, u64)>,
+}
+
+impl Collector for CounterFamily {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = (self.name, self.help, MetricType::Counter);
+        labelled(&mut encoder, family, self.label, &self.samples)
+    }
+}
+
+/// Appends a counter family `name` (without the `_total` the exposition adds) whose samples
+/// differ by `label`, taking the values of `samples`: each value must come from a fixed list.
+pub fn render_counter_family(
+    out: &mut String,
+    (name, help): (&'static str, &'static str),
+    label: &'static str,
+    samples: &[(&'static str, u64)],
+) {
+    let samples = samples.to_vec();
+    encode(
+        out,
+        vec![Box::new(CounterFamily {
+            name,
+            help,
+            label,
+            samples,
+        })],
+    );
+}
+
+/// A histogram under its name and help.
+#[derive(Debug)]
+struct Named {
+    /// The family name.
+    name: &'static str,
+    /// The HELP text.
+    help: &'static str,
+    /// The histogram (a clone sharing the live counts).
+    histogram: Histogram,
+}
+
+impl Collector for Named {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        single(&mut encoder, self.name, self.help, &self.histogram)
     }
 }
 
@@ -156,212 +169,209 @@ pub async fn sample_queue(
     })
 }
 
+/// The shared part of a scrape: the pool's usage and the queue sample, read before encoding.
+#[derive(Debug)]
+struct Shared {
+    /// Open pooled connections.
+    connections: u32,
+    /// Idle pooled connections.
+    idle_connections: u32,
+    /// The queue sample, if the query succeeded.
+    sample: Option<QueueSample>,
+}
+
+impl Collector for Shared {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let e = &mut encoder;
+        let gauge = MetricType::Gauge;
+        single(
+            e,
+            "durable_etl_pool_connections",
+            "Open pooled connections.",
+            &ConstGauge::new(self.connections),
+        )?;
+        single(
+            e,
+            "durable_etl_pool_idle_connections",
+            "Idle pooled connections.",
+            &ConstGauge::new(self.idle_connections),
+        )?;
+        let up = u32::from(self.sample.is_some());
+        single(
+            e,
+            "durable_etl_database_up",
+            "1 if the last queue sample succeeded.",
+            &ConstGauge::new(up),
+        )?;
+        let sample = self.sample.unwrap_or_default();
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let states = [
+            ("due", count(sample.due)),
+            ("deferred", count(sample.deferred)),
+            ("running", count(sample.running)),
+        ];
+        let help = "Active jobs by state, sampled at scrape time.";
+        labelled(e, ("durable_etl_queue_jobs", help, gauge), "state", &states)?;
+        let help = "Age of the oldest due pending job (database clock).";
+        single(
+            e,
+            "durable_etl_queue_oldest_due_seconds",
+            help,
+            &ConstGauge::new(sample.oldest_due_seconds),
+        )
+    }
+}
+
 /// Appends the queue sample and the pool's usage; a failed sample is reported as `up 0`.
 pub async fn render_shared(out: &mut String, pool: &Pool) {
     let state = pool.state();
-    single(
-        out,
-        "durable_etl_pool_connections",
-        "gauge",
-        "Open pooled connections.",
-        state.connections,
-    );
-    single(
-        out,
-        "durable_etl_pool_idle_connections",
-        "gauge",
-        "Idle pooled connections.",
-        state.idle_connections,
-    );
     let sample = match crate::db::checkout(pool).await {
         Ok(conn) => sample_queue(&*conn).await.ok(),
         Err(_) => None,
     };
-    single(
-        out,
-        "durable_etl_database_up",
-        "gauge",
-        "1 if the last queue sample succeeded.",
-        u8::from(sample.is_some()),
-    );
-    let sample = sample.unwrap_or_default();
-    labelled(
-        out,
-        "durable_etl_queue_jobs",
-        "gauge",
-        "Active jobs by state, sampled at scrape time.",
-        "state",
-        &[
-            ("due", u64::try_from(sample.due).unwrap_or(0)),
-            ("deferred", u64::try_from(sample.deferred).unwrap_or(0)),
-            ("running", u64::try_from(sample.running).unwrap_or(0)),
-        ],
-    );
-    single(
-        out,
-        "durable_etl_queue_oldest_due_seconds",
-        "gauge",
-        "Age of the oldest due pending job (database clock).",
-        sample.oldest_due_seconds,
-    );
+    let shared = Shared {
+        connections: state.connections,
+        idle_connections: state.idle_connections,
+        sample,
+    };
+    encode(out, vec![Box::new(shared)]);
 }
 
-/// The Prometheus text of a replica's counters (without the shared queue and pool part).
-pub fn render_worker(stats: &WorkerStats) -> String {
-    let s: StatsSnapshot = stats.snapshot();
-    let mut out = String::new();
-    let counter =
-        |out: &mut String, name: &str, help: &str, v: u64| single(out, name, "counter", help, v);
-    counter(
-        &mut out,
-        "durable_etl_jobs_claimed_total",
-        "Jobs claimed.",
-        s.claimed,
-    );
-    counter(
-        &mut out,
-        "durable_etl_jobs_succeeded_total",
-        "Jobs that ended succeeded.",
-        s.succeeded,
-    );
-    counter(
-        &mut out,
-        "durable_etl_jobs_retried_total",
-        "Attempts that went back to pending for a retry.",
-        s.retried,
-    );
-    counter(
-        &mut out,
-        "durable_etl_jobs_cancelled_total",
-        "Running jobs that ended cancelled.",
-        s.cancelled,
-    );
-    counter(
-        &mut out,
-        "durable_etl_jobs_released_total",
-        "Jobs given back on shutdown or restart.",
-        s.released,
-    );
-    counter(
-        &mut out,
-        "durable_etl_lease_lost_total",
-        "Jobs abandoned because their lease was gone.",
-        s.lease_lost,
-    );
-    counter(
-        &mut out,
-        "durable_etl_transitions_unwritten_total",
-        "Transitions not written (database unavailable).",
-        s.unwritten,
-    );
-    counter(
-        &mut out,
-        "durable_etl_claims_empty_total",
-        "Claims that found no job.",
-        s.empty_claims,
-    );
-    counter(
-        &mut out,
-        "durable_etl_db_round_trips_total",
+/// One unlabelled counter of a replica: name (without the `_total` the encoder adds), help,
+/// and where the snapshot holds the value.
+type Counter = (&'static str, &'static str, fn(&StatsSnapshot) -> u64);
+
+/// A replica's unlabelled counters, in exposition order.
+#[rustfmt::skip]
+const COUNTERS: &[Counter] = &[
+    ("durable_etl_jobs_claimed", "Jobs claimed.", |s| s.claimed),
+    ("durable_etl_jobs_succeeded", "Jobs that ended succeeded.", |s| s.succeeded),
+    ("durable_etl_jobs_retried", "Attempts that went back to pending for a retry.", |s| s.retried),
+    ("durable_etl_jobs_cancelled", "Running jobs that ended cancelled.", |s| s.cancelled),
+    ("durable_etl_jobs_released", "Jobs given back on shutdown or restart.", |s| s.released),
+    ("durable_etl_lease_lost", "Jobs abandoned because their lease was gone.", |s| s.lease_lost),
+    ("durable_etl_transitions_unwritten", "Transitions not written (database unavailable).",
+        |s| s.unwritten),
+    ("durable_etl_claims_empty", "Claims that found no job.", |s| s.empty_claims),
+    ("durable_etl_db_round_trips",
         "Statements the replica sent on pooled connections (claims, commits, heartbeats, ...).",
-        s.round_trips,
-    );
-    counter(
-        &mut out,
-        "durable_etl_notifications_total",
-        "Notifications received.",
-        s.notifications,
-    );
-    counter(
-        &mut out,
-        "durable_etl_session_reconnects_total",
-        "Times the LISTEN/owner session reconnected.",
-        s.reconnects,
-    );
-    counter(
-        &mut out,
-        "durable_etl_poll_found_work_total",
-        "Polls that found work no notification announced.",
-        s.poll_found_work,
-    );
-    single(
-        &mut out,
-        "durable_etl_session_up",
-        "gauge",
-        "1 while the LISTEN/owner session is up.",
-        s.session_up,
-    );
-    let failed: Vec<(&str, u64)> = stats.failed_by_code().collect();
-    labelled(
-        &mut out,
-        "durable_etl_jobs_failed_total",
-        "counter",
-        "Jobs that ended failed, by stored code.",
-        "code",
-        &failed,
-    );
-    labelled(
-        &mut out,
-        "durable_etl_claims_total",
-        "counter",
-        "Claim statements, by what triggered them.",
-        "trigger",
-        &[
+        |s| s.round_trips),
+    ("durable_etl_notifications", "Notifications received.", |s| s.notifications),
+    ("durable_etl_session_reconnects", "Times the LISTEN/owner session reconnected.",
+        |s| s.reconnects),
+    ("durable_etl_poll_found_work", "Polls that found work no notification announced.",
+        |s| s.poll_found_work),
+];
+
+/// A replica's counters and gauges, read once per scrape.
+#[derive(Debug)]
+struct Replica {
+    /// Every counter.
+    snapshot: StatsSnapshot,
+    /// Jobs that ended failed, by stored code.
+    failed: Vec<(&'static str, u64)>,
+}
+
+impl Collector for Replica {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (e, s) = (&mut encoder, &self.snapshot);
+        for (name, help, value) in COUNTERS {
+            single(e, name, help, &ConstCounter::new(value(s)))?;
+        }
+        let help = "1 while the LISTEN/owner session is up.";
+        single(
+            e,
+            "durable_etl_session_up",
+            help,
+            &ConstGauge::new(s.session_up),
+        )?;
+        let counter = MetricType::Counter;
+        let help = "Jobs that ended failed, by stored code.";
+        labelled(
+            e,
+            ("durable_etl_jobs_failed", help, counter),
+            "code",
+            &self.failed,
+        )?;
+        // The snapshot reads `claims` before the by-trigger counters, so claims counted in
+        // between can make their sum exceed it: saturate instead of wrapping.
+        let other = s
+            .claims
+            .saturating_sub(s.claims_by_notify)
+            .saturating_sub(s.claims_by_poll)
+            .saturating_sub(s.claims_by_due)
+            .saturating_sub(s.claims_by_drain)
+            .saturating_sub(s.claims_by_reconnect);
+        let triggers = [
             ("notify", s.claims_by_notify),
             ("poll", s.claims_by_poll),
             ("due", s.claims_by_due),
             ("drain", s.claims_by_drain),
             ("catch_up", s.claims_by_reconnect),
-            (
-                "other",
-                // The snapshot reads `claims` before the by-trigger counters, so claims counted
-                // in between can make their sum exceed it: saturate instead of wrapping.
-                s.claims
-                    .saturating_sub(s.claims_by_notify)
-                    .saturating_sub(s.claims_by_poll)
-                    .saturating_sub(s.claims_by_due)
-                    .saturating_sub(s.claims_by_drain)
-                    .saturating_sub(s.claims_by_reconnect),
-            ),
-        ],
-    );
-    labelled(
-        &mut out,
-        "durable_etl_leases_recovered_total",
-        "counter",
-        "Running jobs recovered, by reason.",
-        "reason",
-        &[
+            ("other", other),
+        ];
+        let help = "Claim statements, by what triggered them.";
+        labelled(
+            e,
+            ("durable_etl_claims", help, counter),
+            "trigger",
+            &triggers,
+        )?;
+        let reasons = [
             ("expired", s.recovered_expired),
             ("dead_owner", s.recovered_dead_owner),
-        ],
-    );
-    stats.claim_batch.render(
-        &mut out,
-        "durable_etl_claim_batch_size",
-        "Jobs per non-empty claim.",
-    );
-    stats.commit_batch.render(
-        &mut out,
-        "durable_etl_commit_batch_size",
-        "Jobs per group commit.",
-    );
-    stats.pickup_latency.render(
-        &mut out,
-        "durable_etl_enqueue_to_start_seconds",
-        "Time from a job becoming due to its claim (database clock).",
-    );
-    stats.execution.render(
-        &mut out,
-        "durable_etl_execution_seconds",
-        "Time from claim to the job's transition.",
-    );
-    out
+        ];
+        let help = "Running jobs recovered, by reason.";
+        labelled(
+            e,
+            ("durable_etl_leases_recovered", help, counter),
+            "reason",
+            &reasons,
+        )
+    }
 }
 
-/// The codes a job row may store, in declaration order.
-pub fn stored_codes() -> impl Iterator<Item = Code> {
-    Code::ALL.iter().copied().filter(|c| c.is_stored_failure())
+/// The Prometheus text of a replica's counters and histograms (without the shared queue and
+/// pool part).
+pub fn render_worker(stats: &WorkerStats) -> String {
+    let replica = Replica {
+        snapshot: stats.snapshot(),
+        failed: stats.failed_by_code().collect(),
+    };
+    let histograms = [
+        (
+            "durable_etl_claim_batch_size",
+            "Jobs per non-empty claim.",
+            &stats.claim_batch,
+        ),
+        (
+            "durable_etl_commit_batch_size",
+            "Jobs per group commit.",
+            &stats.commit_batch,
+        ),
+        (
+            "durable_etl_enqueue_to_start_seconds",
+            "Time from a job becoming due to its claim (database clock).",
+            &stats.pickup_latency,
+        ),
+        (
+            "durable_etl_execution_seconds",
+            "Time from claim to the job's transition.",
+            &stats.execution,
+        ),
+    ];
+    let mut collectors: Vec<Box<dyn Collector>> = vec![Box::new(replica)];
+    for (name, help, histogram) in histograms {
+        let histogram = histogram.clone();
+        collectors.push(Box::new(Named {
+            name,
+            help,
+            histogram,
+        }));
+    }
+    let mut out = String::new();
+    encode(&mut out, collectors);
+    out
 }
 
 /// The replica's `/metrics` endpoint: its counters, its pool, and a queue sample per scrape.
@@ -400,6 +410,8 @@ pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codes::Code;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn histograms_count_into_cumulative_buckets() {
@@ -409,11 +421,23 @@ mod tests {
         }
         assert_eq!(h.count(), 5);
         let mut out = String::new();
-        h.render(&mut out, "x", "help");
+        let (name, help, histogram) = ("x", "help", h);
+        encode(
+            &mut out,
+            vec![Box::new(Named {
+                name,
+                help,
+                histogram,
+            })],
+        );
         assert!(out.contains("x_bucket{le=\"1\"} 3\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"2\"} 4\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 5\n"), "{out}");
-        assert!(out.contains("x_sum 6\n"), "{out}");
+        // prometheus-client writes a float sample with its decimal point (`6.0`), which a
+        // scraper reads as the same number the hand-written `6` was.
+        let sum = out.lines().find_map(|l| l.strip_prefix("x_sum "));
+        assert_eq!(sum.map(str::parse::<f64>), Some(Ok(6.0)), "{out}");
+        assert!(out.contains("x_count 5\n"), "{out}");
     }
 
     #[test]
@@ -428,6 +452,55 @@ mod tests {
             text.contains("durable_etl_claims_total{trigger=\"other\"} 0\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn every_documented_metric_is_exposed_with_its_documented_type() {
+        let stats = WorkerStats::default();
+        let mut text = render_worker(&stats);
+        let shared = Shared {
+            connections: 2,
+            idle_connections: 1,
+            sample: Some(QueueSample::default()),
+        };
+        encode(&mut text, vec![Box::new(shared)]);
+        let help = (
+            "durable_etl_http_responses",
+            "HTTP responses served, by status class.",
+        );
+        render_counter_family(&mut text, help, "class", &[("2xx", 0)]);
+        let doc = include_str!("../docs/operations.md");
+        let section = doc.split("## Metrics").nth(1).unwrap();
+        let rows = section.lines().filter(|l| l.starts_with("| `durable_etl_"));
+        let mut documented = 0;
+        for row in rows {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let kind = cells[2];
+            for name in cells[1].split(", ") {
+                let name = name.trim_matches('`').split('{').next().unwrap();
+                documented += 1;
+                let type_line = format!("# TYPE {name} {kind}\n");
+                assert!(text.contains(&type_line), "{type_line}{text}");
+                assert!(text.contains(&format!("# HELP {name} ")), "{name}");
+            }
+        }
+        assert_eq!(documented, text.matches("# TYPE ").count(), "{text}");
+        // The documented bounds, written the way the hand-written exposition wrote them.
+        let latency = "0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 10 60 +Inf";
+        let batch = "1 2 4 8 16 32 64 128 256 1024 +Inf";
+        for (name, bounds) in [
+            ("durable_etl_enqueue_to_start_seconds", latency),
+            ("durable_etl_execution_seconds", latency),
+            ("durable_etl_claim_batch_size", batch),
+            ("durable_etl_commit_batch_size", batch),
+        ] {
+            let prefix = format!("{name}_bucket{{le=\"");
+            let written: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix(&prefix)?.split('"').next())
+                .collect();
+            assert_eq!(written.join(" "), bounds, "{name}");
+        }
     }
 
     #[test]

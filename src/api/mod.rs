@@ -8,19 +8,24 @@
 //!   monitor answers `200` with the job's status, and `Retry-After` while it is not over.
 //! - Errors are RFC 9457 problems with stable codes (see `problem`); no request value, SQL or
 //!   internal error text is ever echoed.
-//! - Request time, body size and concurrency are bounded by layers; the OpenAPI document is
-//!   generated from the same handlers that serve the routes.
+//! - Request time, body size and concurrency are bounded by layers (tower-http's timeout and
+//!   body limit, tower's concurrency limit); what those layers answer themselves becomes the
+//!   same problem as everything else. The OpenAPI document is generated from the same handlers
+//!   that serve the routes.
 
 mod jobs;
 mod ops;
 pub mod problem;
 
+use crate::codes::Code;
 use crate::config::ApiConfig;
 use crate::db::Pool;
 use crate::digest::Secret;
 use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
 use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::handler::Handler;
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -28,6 +33,8 @@ use axum::Router;
 use problem::Problem;
 use std::sync::Arc;
 use tower::limit::ConcurrencyLimitLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::OpenApi;
 
@@ -87,10 +94,13 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-/// The routes, each served by the handler its OpenAPI operation documents.
-fn routes() -> Router<AppState> {
+/// The routes, each served by the handler its OpenAPI operation documents. The one route that
+/// reads a body refuses one over `body_limit` bytes: at once when its `Content-Length` says so,
+/// else when the body read crosses the limit (the handler answers that rejection itself).
+fn routes(body_limit: usize) -> Router<AppState> {
+    let submit = jobs::submit.layer(RequestBodyLimitLayer::new(body_limit));
     Router::new()
-        .route("/v1/etl-jobs", get(jobs::list).post(jobs::submit))
+        .route("/v1/etl-jobs", get(jobs::list).post(submit))
         .route(
             "/v1/etl-jobs/{id}",
             get(jobs::get_job).delete(jobs::cancel_job),
@@ -116,9 +126,9 @@ fn document(doc: utoipa::openapi::OpenApi) -> serde_json::Value {
 
 /// The application: every route with its layers, over `state`.
 pub fn app(state: AppState) -> Router {
-    let router = routes();
+    let router = routes(state.config.limits.max_bytes);
     let doc = Arc::new(openapi());
-    let body_limit = state.config.limits.max_bytes;
+    let timeout = state.config.request_timeout;
     let concurrency = state.config.max_concurrency;
     router
         .route(
@@ -128,26 +138,46 @@ pub fn app(state: AppState) -> Router {
                 async move { axum::Json(doc.as_ref().clone()) }
             }),
         )
-        .fallback(|| async { Problem::new(crate::codes::Code::NotFound) })
+        .fallback(|| async { Problem::new(Code::NotFound) })
         // axum adds the `Allow` header to this fallback's answer.
-        .method_not_allowed_fallback(|| async {
-            Problem::new(crate::codes::Code::MethodNotAllowed)
-        })
-        .layer(DefaultBodyLimit::max(body_limit))
-        .layer(middleware::from_fn_with_state(state.clone(), bounded))
+        .method_not_allowed_fallback(|| async { Problem::new(Code::MethodNotAllowed) })
+        // The submit route's `RequestBodyLimitLayer` is the one body limit; axum's own default
+        // (2 MiB, applied by the body extractor) would otherwise cap a larger `--max-bytes`.
+        .layer(DefaultBodyLimit::disable())
+        // Answers a bare 503 once a request has taken `request_timeout`, dropping its handler.
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            timeout,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), answered))
         .layer(ConcurrencyLimitLayer::new(concurrency))
         .with_state(state)
 }
 
-/// Bounds each request's time, and counts responses by status class.
-async fn bounded(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let response = match tokio::time::timeout(state.config.request_timeout, next.run(request)).await
-    {
-        Ok(response) => response,
-        Err(_) => Problem::new(crate::codes::Code::RequestTimeout).into_response(),
-    };
+/// Turns the bare answers of the timeout and body-limit layers into problems, and counts every
+/// response by status class (timeouts included).
+async fn answered(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let response = as_problem(next.run(request).await);
     state.metrics.count(response.status());
     response
+}
+
+/// `response`, or the problem it stands for when a layer answered it without one: a 503 is the
+/// timeout layer's (every handler's 503 is a problem already), a 413 the body limit's.
+fn as_problem(response: Response) -> Response {
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == b"application/problem+json");
+    match response.status() {
+        StatusCode::SERVICE_UNAVAILABLE if !is_problem => {
+            Problem::new(Code::RequestTimeout).into_response()
+        }
+        StatusCode::PAYLOAD_TOO_LARGE if !is_problem => {
+            Problem::new(Code::RequestTooLarge).into_response()
+        }
+        _ => response,
+    }
 }
 
 /// Serves the API on `config.listen` until `shutdown` asks it to drain.

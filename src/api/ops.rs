@@ -42,20 +42,17 @@ impl ApiMetrics {
 
     /// The Prometheus text of these counters.
     fn render(&self) -> String {
-        let mut out = String::from(
-            "# HELP durable_etl_http_responses_total HTTP responses served, by status class.\n\
-             # TYPE durable_etl_http_responses_total counter\n",
+        let samples = [
+            ("2xx", self.ok.load(Ordering::Relaxed)),
+            ("4xx", self.client_errors.load(Ordering::Relaxed)),
+            ("5xx", self.server_errors.load(Ordering::Relaxed)),
+        ];
+        let family = (
+            "durable_etl_http_responses",
+            "HTTP responses served, by status class.",
         );
-        for (class, counter) in [
-            ("2xx", &self.ok),
-            ("4xx", &self.client_errors),
-            ("5xx", &self.server_errors),
-        ] {
-            out.push_str(&format!(
-                "durable_etl_http_responses_total{{class=\"{class}\"}} {}\n",
-                counter.load(Ordering::Relaxed)
-            ));
-        }
+        let mut out = String::new();
+        crate::metrics::render_counter_family(&mut out, family, "class", &samples);
         out
     }
 }

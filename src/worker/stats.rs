@@ -1,14 +1,65 @@
-//! Counters of one replica, cheap to bump from any task (Prometheus export reads them).
+//! Counters and histograms of one replica, cheap to bump from any task (the `metrics` module
+//! exports them; this module knows nothing of the exposition).
 //!
 //! Invariants this module keeps:
 //! - Counters only grow; a snapshot is a consistent-enough read for metrics and tests.
 //! - No counter is labelled by a job id, a principal or any request value.
+//! - Histograms use the fixed buckets below, so their series are bounded too.
 
 use crate::codes::Code;
-use crate::metrics::{stored_codes, Histogram, BATCH_BUCKETS, LATENCY_BUCKETS};
 use crate::worker::completer::Transition;
 use crate::worker::rescuer::Recovered;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bucket upper bounds, in seconds, of the latency histograms.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
+];
+/// Bucket upper bounds of the claim and commit batch size histograms, in jobs.
+pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
+
+/// A fixed-bucket histogram, safe to observe from any task: prometheus-client's, which counts
+/// into its buckets (plus `+Inf`) and keeps the sum, with negative observations counted as zero.
+/// Clones share their counts.
+#[derive(Debug, Clone)]
+pub struct Histogram(prometheus_client::metrics::histogram::Histogram);
+
+impl Histogram {
+    /// An empty histogram over `bounds`.
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram(prometheus_client::metrics::histogram::Histogram::new(
+            bounds.iter().copied(),
+        ))
+    }
+
+    /// Records one observation (negative values count as zero).
+    pub fn observe(&self, value: f64) {
+        self.0.observe(value.max(0.0));
+    }
+
+    /// How many observations were recorded.
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> u64 {
+        self.0.count()
+    }
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
+/// The codes a job row may store, in declaration order (the order of the failed-by-code counters).
+pub fn stored_codes() -> impl Iterator<Item = Code> {
+    Code::ALL.iter().copied().filter(|c| c.is_stored_failure())
+}
 
 /// Declares the counters once, for both the live struct and its snapshot.
 macro_rules! counters {
@@ -17,7 +68,7 @@ macro_rules! counters {
         #[derive(Debug)]
         pub struct WorkerStats {
             $($(#[$doc])* pub $name: AtomicU64,)*
-            /// Jobs that ended `failed`, by stored code (in `metrics::stored_codes` order).
+            /// Jobs that ended `failed`, by stored code (in [`stored_codes`] order).
             failed_by_code: Vec<AtomicU64>,
             /// Seconds from a job becoming due to its claim (database clock).
             pub pickup_latency: Histogram,

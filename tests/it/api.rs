@@ -39,6 +39,11 @@ struct Api {
 impl Api {
     /// Starts the API on port 0 with small limits.
     async fn start() -> Api {
+        Api::start_with(|_| {}).await
+    }
+
+    /// Starts the API on port 0 with small limits, then whatever `adjust` changes.
+    async fn start_with(adjust: impl FnOnce(&mut ApiConfig)) -> Api {
         let db = TestDb::migrated().await;
         let secret = Secret::new(SECRET).unwrap();
         let client = db.client().await;
@@ -47,13 +52,14 @@ impl Api {
             .unwrap()
             .key;
         let bob = api_keys::create(&client, &secret, "bob").await.unwrap().key;
-        let config = ApiConfig {
+        let mut config = ApiConfig {
             limits: IntakeLimits {
                 max_records: 50,
                 max_bytes: 4096,
             },
             ..ApiConfig::default()
         };
+        adjust(&mut config);
         let app = api::app(AppState::new(pool(&db).await, secret, config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -400,6 +406,109 @@ async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees(
         StatusCode::OK,
         "liveness does not need the database"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_its_time_answers_503_request_timeout_as_a_problem_and_is_counted() {
+    let api = Api::start_with(|c| c.request_timeout = Duration::from_millis(300)).await;
+    // Another session holds the job table exclusively: the status monitor's read waits on it.
+    let mut blocker = api.db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE etl_job_records IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let path = format!("/v1/etl-jobs/{}", uuid::Uuid::new_v4());
+    let (s, h, p) = api.get(&api.alice, &path).await;
+    assert_eq!(
+        (s, p["code"].as_str(), p["status"].as_u64()),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some("request_timeout"),
+            Some(503)
+        )
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert_eq!(h["retry-after"], "1");
+    lock.rollback().await.unwrap();
+    let (s, _, _) = api.get(&api.alice, "/metrics").await;
+    assert_eq!(s, StatusCode::OK);
+    let metrics = api.seen.lock().unwrap().last().unwrap().clone();
+    assert!(
+        metrics.contains("durable_etl_http_responses_total{class=\"5xx\"} 1\n"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_is_a_413_problem_with_or_without_a_content_length() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = Api::start().await;
+    let url = format!("{}/v1/etl-jobs", api.base);
+    let request = api
+        .http
+        .post(&url)
+        .bearer_auth(&api.alice)
+        .header("Idempotency-Key", "x")
+        .header("content-type", "application/json")
+        .body(vec![b' '; 5000]);
+    let (s, h, p) = api.read(request.send().await.unwrap()).await;
+    assert_eq!(
+        (s, p["code"].as_str(), p["status"].as_u64()),
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Some("request_too_large"),
+            Some(413)
+        )
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    // A declared length over the limit is refused before the body is read, and so before the
+    // credentials are looked at.
+    let request = api
+        .http
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(vec![b' '; 5000]);
+    let (s, _, p) = api.read(request.send().await.unwrap()).await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("request_too_large"))
+    );
+    // The same body in chunks, with no Content-Length to refuse it by.
+    let addr = api.base.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/etl-jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+         Idempotency-Key: x\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        api.alice
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    for _ in 0..5 {
+        let chunk = format!("3e8\r\n{}\r\n", " ".repeat(1000));
+        // The server may answer and close before every chunk is sent.
+        if socket.write_all(chunk.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    let _ = socket.write_all(b"0\r\n\r\n").await;
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("content-type: application/problem+json\r\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("\"code\":\"request_too_large\""),
+        "{answer}"
+    );
+    // A body within the limit is read as before.
+    let (s, _, _) = api.submit(&api.alice, "small", &small(1)).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(count(&api.db.client().await, "etl_job_records").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

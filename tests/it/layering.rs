@@ -18,11 +18,6 @@ use std::path::{Path, PathBuf};
 /// one no longer does, so an exception cannot outlive its cause.
 const CIRCLE_EXCEPTIONS: &[(&str, &str, &str)] = &[
     (
-        "metrics.rs",
-        "worker/stats.rs",
-        "the histograms move out of metrics on the h15-infra branch (issue #15, item 7)",
-    ),
-    (
         "bench/load.rs",
         "bench/mod.rs",
         "the bench leaves the library for the binary side (issue #15, item 5)",
@@ -36,10 +31,7 @@ const CIRCLE_EXCEPTIONS: &[(&str, &str, &str)] = &[
 
 /// Imports from the worker into `metrics` still allowed, with the reason (see
 /// [`CIRCLE_EXCEPTIONS`]); the test fails when one no longer exists.
-const WORKER_METRICS_EXCEPTIONS: &[(&str, &str)] = &[(
-    "worker/stats.rs",
-    "the histograms move out of metrics on the h15-infra branch (issue #15, item 7)",
-)];
+const WORKER_METRICS_EXCEPTIONS: &[(&str, &str)] = &[];
 
 /// The crate's `src/` directory.
 fn src() -> PathBuf {
