@@ -8,15 +8,16 @@ use crate::proxy::{Mode, Proxy};
 use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
 use durable_etl::error::Error;
-use durable_etl::handler::Registry;
+use durable_etl::handler::{Effects, Handler, JobContext, JobError, Registry};
 use durable_etl::shutdown::{self, Stage, Trigger};
 use durable_etl::worker::stats::WorkerStats;
 use durable_etl::worker::Worker;
+use futures::future::BoxFuture;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
 /// A replica configuration with frequent heartbeats and no poll to speak of.
@@ -208,11 +209,49 @@ async fn a_dead_owner_is_recovered_once_it_has_also_stopped_renewing() {
     );
 }
 
+/// Kind of [`Hangs`].
+const HANGS: &str = "test.hangs";
+
+/// A handler whose compute phase never finishes; it reports when it starts and when its future
+/// is dropped (the job abandoned).
+#[derive(Clone)]
+struct Hangs {
+    /// Where `started` and `dropped` go.
+    events: mpsc::UnboundedSender<&'static str>,
+}
+
+/// Sends `dropped` when the handler's future holding it is dropped.
+struct DropSignal(mpsc::UnboundedSender<&'static str>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        let _ = self.0.send("dropped");
+    }
+}
+
+impl Handler for Hangs {
+    fn kind(&self) -> &'static str {
+        HANGS
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        _job: &'a JobContext,
+        _payload: serde_json::Value,
+    ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
+        Box::pin(async move {
+            let _signal = DropSignal(self.events.clone());
+            let _ = self.events.send("started");
+            std::future::pending().await
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_heartbeats_fail_abandons_its_job_before_the_lease_expires() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
+    let [id] = insert_jobs(&client, HANGS, &[json!({})], 3).await[..] else {
         unreachable!()
     };
     // The pool goes through a proxy; the session does not, so only renewals are cut.
@@ -226,26 +265,24 @@ async fn a_replica_whose_heartbeats_fail_abandons_its_job_before_the_lease_expir
         .unwrap();
     let mut cfg = config("cut-off", Duration::from_secs(5));
     cfg.session_database_url = Some(db.config.url.clone());
-    let gate = Arc::new(Semaphore::new(0));
-    let gated = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
-    let worker = Worker::start(pool, &behind, cfg, Registry::new().register(gated.clone()))
-        .await
-        .unwrap();
+    let (events, mut happened) = mpsc::unbounded_channel();
+    let worker = Worker::start(
+        pool,
+        &behind,
+        cfg,
+        Registry::new().register(Hangs { events }),
+    )
+    .await
+    .unwrap();
     let a = Running::start(worker);
-    eventually("the job to run", || {
-        let gated = gated.clone();
-        async move { gated.prepares.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    assert_eq!(happened.recv().await, Some("started"));
     proxy.set_mode(Mode::Blackhole);
-    eventually("the job to be abandoned by its lease clock", || {
-        let stats = Arc::clone(&a.stats);
-        async move { stats.snapshot().lease_lost == 1 }
-    })
-    .await;
+    // The job's own lease clock abandons it (its handler's future is dropped), however busy the
+    // claim loop is with statements that the blackhole holds.
+    let abandoned = tokio::time::timeout(Duration::from_secs(30), happened.recv())
+        .await
+        .expect("the job was never abandoned");
+    assert_eq!(abandoned, Some("dropped"));
     // Abandoned while the database still grants the lease: nobody else could have taken it yet.
     let row = client
         .query_one(
@@ -260,6 +297,10 @@ async fn a_replica_whose_heartbeats_fail_abandons_its_job_before_the_lease_expir
         "abandoned only after the lease expired"
     );
     proxy.set_mode(Mode::Pass);
+    eventually("the abandoned job to be counted as a lost lease", || {
+        let stats = Arc::clone(&a.stats);
+        async move { stats.snapshot().lease_lost == 1 }
+    })
+    .await;
     a.stop().await;
-    gate.add_permits(1);
 }
