@@ -43,7 +43,7 @@ async fn replica(pool: durable_etl::db::Pool, owner: String) {
         }
         let entries: Vec<_> = jobs
             .iter()
-            .map(|j| (j.id(), j.claim_id(), LedgerEntry::default()))
+            .map(|j| (j.lease(), LedgerEntry::default()))
             .collect();
         let done = completer::succeed_many(&*conn, &entries)
             .await

@@ -17,14 +17,14 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use durable_etl::handler::LedgerEntry;
 use durable_etl::worker::claimer::{self, Claimant};
 use durable_etl::worker::completer;
+use durable_etl::worker::lease::Lease;
 use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 /// Jobs completed per sample.
 const JOBS: usize = 100;
 
 /// Claims [`JOBS`] fresh jobs and returns their ledger entries.
-async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Uuid, Uuid, LedgerEntry)> {
+async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Lease, LedgerEntry)> {
     db.reset().await;
     db.fill(JOBS).await;
     let claimant = Claimant {
@@ -36,7 +36,7 @@ async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Uuid, Uuid
         .await
         .expect("claim")
         .iter()
-        .map(|j| (j.id(), j.claim_id(), LedgerEntry::default()))
+        .map(|j| (j.lease(), LedgerEntry::default()))
         .collect()
 }
 

@@ -16,7 +16,7 @@ use crate::db;
 use crate::handler::{JobError, LedgerEntry};
 use crate::state::JobState;
 use crate::worker::held::HeldJobs;
-use crate::worker::lease::millis;
+use crate::worker::lease::{self, millis, Lease};
 use crate::worker::shared::Shared;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -117,8 +117,8 @@ pub const SUCCEED_LOCKED_SQL: &str = succeed_sql!("");
 /// The database error of the statement.
 pub async fn succeed_many(
     client: &impl GenericClient,
-    entries: &[(Uuid, Uuid, LedgerEntry)],
-) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
+    entries: &[(Lease, LedgerEntry)],
+) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     succeed(client, SUCCEED_SQL, entries).await
 }
 
@@ -129,8 +129,8 @@ pub async fn succeed_many(
 /// The database error of the statement.
 pub async fn succeed_locked(
     tx: &tokio_postgres::Transaction<'_>,
-    entries: &[(Uuid, Uuid, LedgerEntry)],
-) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
+    entries: &[(Lease, LedgerEntry)],
+) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     succeed(tx, SUCCEED_LOCKED_SQL, entries).await
 }
 
@@ -138,14 +138,14 @@ pub async fn succeed_locked(
 async fn succeed(
     client: &impl GenericClient,
     sql: &str,
-    entries: &[(Uuid, Uuid, LedgerEntry)],
-) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
-    let ids: Vec<Uuid> = entries.iter().map(|e| e.0).collect();
-    let claims: Vec<Uuid> = entries.iter().map(|e| e.1).collect();
-    let inserted: Vec<i32> = entries.iter().map(|e| e.2.rows_inserted).collect();
-    let updated: Vec<i32> = entries.iter().map(|e| e.2.rows_updated).collect();
-    let unchanged: Vec<i32> = entries.iter().map(|e| e.2.rows_unchanged).collect();
-    let checksums: Vec<&[u8]> = entries.iter().map(|e| &e.2.data_checksum[..]).collect();
+    entries: &[(Lease, LedgerEntry)],
+) -> Result<HashSet<Lease>, tokio_postgres::Error> {
+    let leases: Vec<Lease> = entries.iter().map(|e| e.0).collect();
+    let (ids, claims) = lease::unzip(&leases);
+    let inserted: Vec<i32> = entries.iter().map(|e| e.1.rows_inserted).collect();
+    let updated: Vec<i32> = entries.iter().map(|e| e.1.rows_updated).collect();
+    let unchanged: Vec<i32> = entries.iter().map(|e| e.1.rows_unchanged).collect();
+    let checksums: Vec<&[u8]> = entries.iter().map(|e| &e.1.data_checksum[..]).collect();
     let rows = client
         .query_typed(
             sql,
@@ -159,7 +159,11 @@ async fn succeed(
             ],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    let done: HashSet<(Uuid, Uuid)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    Ok(leases
+        .into_iter()
+        .filter(|l| done.contains(&(l.job_id, l.claim_id)))
+        .collect())
 }
 
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else
@@ -194,16 +198,15 @@ RETURNING j.status"
 /// The database error of the statement.
 pub async fn retry(
     client: &impl GenericClient,
-    id: Uuid,
-    claim_id: Uuid,
+    lease: Lease,
     delay: Duration,
 ) -> Result<Transition, tokio_postgres::Error> {
     let row = client
         .query_typed_opt(
             RETRY_SQL,
             &[
-                (&id, Type::UUID),
-                (&claim_id, Type::UUID),
+                (&lease.job_id, Type::UUID),
+                (&lease.claim_id, Type::UUID),
                 (&millis(delay), Type::INT8),
             ],
         )
@@ -238,8 +241,7 @@ UPDATE etl_job_records
 /// The database error of the statement.
 pub async fn fail(
     client: &impl GenericClient,
-    id: Uuid,
-    claim_id: Uuid,
+    lease: Lease,
     code: Code,
     record_index: Option<i32>,
 ) -> Result<Transition, tokio_postgres::Error> {
@@ -248,8 +250,8 @@ pub async fn fail(
         .execute_typed(
             FAIL_SQL,
             &[
-                (&id, Type::UUID),
-                (&claim_id, Type::UUID),
+                (&lease.job_id, Type::UUID),
+                (&lease.claim_id, Type::UUID),
                 (&code_str, Type::TEXT),
                 (&record_index, Type::INT4),
             ],
@@ -292,10 +294,9 @@ UPDATE etl_job_records AS j
 /// The database error of the statement.
 pub async fn release(
     client: &impl GenericClient,
-    held: &[(Uuid, Uuid)],
+    held: &[Lease],
 ) -> Result<u64, tokio_postgres::Error> {
-    let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
-    let claims: Vec<Uuid> = held.iter().map(|h| h.1).collect();
+    let (ids, claims) = lease::unzip(held);
     client
         .execute_typed(
             RELEASE_SQL,
@@ -322,14 +323,14 @@ pub(crate) async fn release_held(shared: &Shared, held: &HeldJobs) {
 
 /// [`release_held`] without its time bound.
 async fn release_now(shared: &Shared, held: &HeldJobs) {
-    let pairs = held.pairs();
-    if pairs.is_empty() {
+    let leases = held.leases();
+    if leases.is_empty() {
         return;
     }
     crash_point!("release");
     shared.stats.record_round_trips(1);
     let released = match db::checkout(&shared.pool).await {
-        Ok(conn) => db::bounded(shared.statement_bound, release(&*conn, &pairs)).await,
+        Ok(conn) => db::bounded(shared.statement_bound, release(&*conn, &leases)).await,
         Err(e) => Err(e),
     };
     match released {

@@ -109,8 +109,7 @@ async fn commit(
     effects: Option<Box<dyn Effects>>,
 ) -> Result<Transition, Failure> {
     let ready = Ready {
-        id: job.id(),
-        claim_id: job.claim_id(),
+        lease: job.lease(),
         // Asked here, where a panic is this job's own (see `execute`), not in a commit lane.
         writes: effects.as_ref().is_none_or(|e| e.writes()),
         effects,
@@ -149,9 +148,9 @@ async fn settle_failure(shared: &Shared, job: &ClaimedJob, failure: Failure) -> 
             shared.config.retry_min_delay,
             shared.config.retry_max_delay,
         );
-        completer::retry(&*conn, job.id(), job.claim_id(), delay).await
+        completer::retry(&*conn, job.lease(), delay).await
     } else {
-        completer::fail(&*conn, job.id(), job.claim_id(), code, record_index).await
+        completer::fail(&*conn, job.lease(), code, record_index).await
     };
     written.unwrap_or(Transition::Unwritten)
 }

@@ -36,6 +36,7 @@ use crate::db::Pool;
 use crate::error::{is_connection_loss, is_transient};
 use crate::handler::{Effects, LedgerEntry};
 use crate::worker::completer::{self, Failure, Transition};
+use crate::worker::lease::{self, Lease};
 use crate::worker::stats::WorkerStats;
 use futures::FutureExt;
 use std::collections::{HashMap, HashSet};
@@ -46,7 +47,6 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_postgres::types::Type;
 use tokio_postgres::{CancelToken, NoTls, Transaction};
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
 /// other waits for its WAL flush; more would only split the groups smaller on this workload.
@@ -77,7 +77,7 @@ SELECT j.id, held.claim_id,
    FOR NO KEY UPDATE OF j"
 );
 
-/// The `(job id, claim id)` pairs in `$1`/`$2` whose ledger row was committed under that claim.
+/// The `(job id, claim id)` leases in `$1`/`$2` whose ledger row was committed under that claim.
 ///
 /// Locks: none (a snapshot read of the ledger's primary key).
 pub const LEDGER_BY_CLAIM_SQL: &str = "
@@ -88,10 +88,8 @@ SELECT r.job_id, r.lease_claim_id
 
 /// One job whose compute phase is done, waiting for its effects to commit.
 pub(crate) struct Ready {
-    /// The job's id.
-    pub(crate) id: Uuid,
-    /// The claim that fences it.
-    pub(crate) claim_id: Uuid,
+    /// The lease that fences it.
+    pub(crate) lease: Lease,
     /// Its effects; `None` for a job claimed without payload (only an existing ledger row can
     /// make it succeed).
     pub(crate) effects: Option<Box<dyn Effects>>,
@@ -296,7 +294,7 @@ async fn commit_batch(
     jobs: Vec<Ready>,
     (in_flight, lane): (&InFlight, usize),
 ) -> Vec<Outcome> {
-    let pairs: Vec<(Uuid, Uuid)> = jobs.iter().map(|j| (j.id, j.claim_id)).collect();
+    let leases: Vec<Lease> = jobs.iter().map(|j| j.lease).collect();
     let mut outcomes: Vec<Option<Outcome>> = jobs.iter().map(|_| None).collect();
     let written = match crate::db::checkout(pool).await {
         Err(_) => Err(None),
@@ -307,11 +305,11 @@ async fn commit_batch(
                 stats.record_round_trips(1);
                 completer::succeed_many(
                     &*conn,
-                    &ledger_rows(&pairs, jobs.iter().map(|_| Some(LedgerEntry::default()))),
+                    &ledger_rows(&leases, jobs.iter().map(|_| Some(LedgerEntry::default()))),
                 )
                 .await
             } else {
-                write_effects(&mut conn, stats, jobs, &pairs, &mut outcomes).await
+                write_effects(&mut conn, stats, jobs, &leases, &mut outcomes).await
             };
             written.map_err(Some)
         }
@@ -319,11 +317,11 @@ async fn commit_batch(
     match written {
         Ok(succeeded) => {
             crash_point!("commit.after");
-            for (outcome, pair) in outcomes.iter_mut().zip(&pairs) {
+            for (outcome, lease) in outcomes.iter_mut().zip(&leases) {
                 if outcome.is_none() {
                     // Fenced and locked, yet not succeeded: only a cancel request explains it
                     // (the fenced cancellation write tells a lost lease apart).
-                    *outcome = Some(if succeeded.contains(pair) {
+                    *outcome = Some(if succeeded.contains(lease) {
                         Ok(Transition::Succeeded)
                     } else {
                         Err(Failure::Cancelled)
@@ -332,7 +330,7 @@ async fn commit_batch(
             }
         }
         Err(Some(e)) if is_connection_loss(&e) => {
-            resolve_unknown_commit(pool, stats, &pairs, &mut outcomes).await;
+            resolve_unknown_commit(pool, stats, &leases, &mut outcomes).await;
         }
         Err(e) => {
             let failure = e.as_ref().map_or(Code::TransientDatabase, batch_failure);
@@ -350,23 +348,23 @@ async fn commit_batch(
 /// The transaction of a batch that writes effects: locks the fenced rows, applies each job's
 /// effects (each under its own savepoint when the batch has several jobs), writes the ledger rows
 /// and `succeeded` for the jobs whose effects applied, and commits. Jobs that fail on their own
-/// get their outcome in `outcomes` (`pairs` are the jobs' `(id, claim id)`, in order); the
-/// returned set holds the pairs that succeeded.
+/// get their outcome in `outcomes` (`leases` are the jobs' `(id, claim id)`, in order); the
+/// returned set holds the leases that succeeded.
 async fn write_effects(
     conn: &mut tokio_postgres::Client,
     stats: &WorkerStats,
     jobs: Vec<Ready>,
-    pairs: &[(Uuid, Uuid)],
+    leases: &[Lease],
     outcomes: &mut [Option<Outcome>],
-) -> Result<HashSet<(Uuid, Uuid)>, tokio_postgres::Error> {
+) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     let isolate = jobs.len() > 1;
     let cancel = conn.cancel_token();
     stats.record_round_trips(2);
     let mut tx = conn.transaction().await?;
-    let fenced = lock_fenced(&tx, pairs).await?;
+    let fenced = lock_fenced(&tx, leases).await?;
     let mut ledgers: Vec<Option<LedgerEntry>> = Vec::with_capacity(jobs.len());
     for (job, outcome) in jobs.into_iter().zip(outcomes.iter_mut()) {
-        let ledger = match (fenced.get(&(job.id, job.claim_id)), job.effects) {
+        let ledger = match (fenced.get(&job.lease), job.effects) {
             (None, _) => Err(Failure::LeaseLost),
             (Some(&(_, true)), _) => Err(Failure::Cancelled),
             // Effects already committed under an earlier claim: record success, run nothing.
@@ -403,43 +401,44 @@ async fn write_effects(
     }
     stats.record_round_trips(1);
     let succeeded =
-        completer::succeed_locked(&tx, &ledger_rows(pairs, ledgers.into_iter())).await?;
+        completer::succeed_locked(&tx, &ledger_rows(leases, ledgers.into_iter())).await?;
     crash_point!("commit.before");
     tx.commit().await?;
     Ok(succeeded)
 }
 
-/// The `(job id, claim id, ledger)` rows to succeed: every pair with a ledger entry (`None` in
-/// `ledgers` means the job failed on its own).
+/// The `(lease, ledger)` rows to succeed: every lease with a ledger entry (`None` in `ledgers`
+/// means the job failed on its own).
 fn ledger_rows(
-    pairs: &[(Uuid, Uuid)],
+    leases: &[Lease],
     ledgers: impl Iterator<Item = Option<LedgerEntry>>,
-) -> Vec<(Uuid, Uuid, LedgerEntry)> {
-    pairs
+) -> Vec<(Lease, LedgerEntry)> {
+    leases
         .iter()
         .zip(ledgers)
-        .filter_map(|(&(id, claim), ledger)| Some((id, claim, ledger?)))
+        .filter_map(|(&lease, ledger)| Some((lease, ledger?)))
         .collect()
 }
 
-/// Locks the fenced rows of `pairs`; returns, per `(job id, claim id)` still held, `(ledger
-/// exists, cancel requested)`. Keyed by the pair: when a batch holds a stale claim and the live
+/// Locks the fenced rows of `leases`; returns, per `(job id, claim id)` still held, `(ledger
+/// exists, cancel requested)`. Keyed by the lease: when a batch holds a stale claim and the live
 /// claim of the same job (the replica lost the job, then claimed it again), only the live one
 /// is fenced.
 async fn lock_fenced(
     tx: &Transaction<'_>,
-    pairs: &[(Uuid, Uuid)],
-) -> Result<HashMap<(Uuid, Uuid), (bool, bool)>, tokio_postgres::Error> {
-    let (ids, claims): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
+    leases: &[Lease],
+) -> Result<HashMap<Lease, (bool, bool)>, tokio_postgres::Error> {
+    let (ids, claims) = lease::unzip(leases);
     let rows = tx
         .query_typed(
             LOCK_FENCED_SQL,
             &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
         )
         .await?;
+    let by_ids = lease::by_ids(leases);
     Ok(rows
         .iter()
-        .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
+        .filter_map(|r| Some((*by_ids.get(&(r.get(0), r.get(1)))?, (r.get(2), r.get(3)))))
         .collect())
 }
 
@@ -493,12 +492,12 @@ async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
 async fn resolve_unknown_commit(
     pool: &Pool,
     stats: &WorkerStats,
-    pairs: &[(Uuid, Uuid)],
+    leases: &[Lease],
     outcomes: &mut [Option<Outcome>],
 ) {
-    let (ids, claims): (Vec<Uuid>, Vec<Uuid>) = pairs.iter().copied().unzip();
+    let (ids, claims) = lease::unzip(leases);
     stats.record_round_trips(1);
-    let committed: Option<HashSet<(Uuid, Uuid)>> = match crate::db::checkout(pool).await {
+    let committed: Option<HashSet<Lease>> = match crate::db::checkout(pool).await {
         Ok(conn) => conn
             .query_typed(
                 LEDGER_BY_CLAIM_SQL,
@@ -506,12 +505,17 @@ async fn resolve_unknown_commit(
             )
             .await
             .ok()
-            .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect()),
+            .map(|rows| {
+                let by_ids = lease::by_ids(leases);
+                rows.iter()
+                    .filter_map(|r| by_ids.get(&(r.get(0), r.get(1))).copied())
+                    .collect()
+            }),
         Err(_) => None,
     };
-    for (outcome, pair) in outcomes.iter_mut().zip(pairs) {
+    for (outcome, lease) in outcomes.iter_mut().zip(leases) {
         if outcome.is_none() {
-            let done = committed.as_ref().is_some_and(|c| c.contains(pair));
+            let done = committed.as_ref().is_some_and(|c| c.contains(lease));
             *outcome = Some(if done {
                 Ok(Transition::Succeeded)
             } else {

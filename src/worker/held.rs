@@ -8,7 +8,7 @@
 //!   clock ([`LeaseClock`]); the heartbeat reaches both without the producer's help.
 //! - The map's lock is taken only around map operations, never across an `await`.
 
-use crate::worker::lease::LeaseClock;
+use crate::worker::lease::{Lease, LeaseClock};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::task;
@@ -18,8 +18,8 @@ use uuid::Uuid;
 /// A job a replica is running.
 #[derive(Debug)]
 pub(crate) struct HeldJob {
-    /// The job's id.
-    pub(crate) id: Uuid,
+    /// The job's lease.
+    pub(crate) lease: Lease,
     /// Cancels the job's compute phase when its lease is lost or no longer trusted.
     pub(crate) lost: CancellationToken,
     /// The job's local lease clock, moved forward by each renewal.
@@ -72,27 +72,24 @@ impl HeldJobs {
             .iter()
             .map(|(claim, job)| Renewable {
                 claim: *claim,
-                id: job.id,
+                id: job.lease.job_id,
                 lost: job.lost.clone(),
                 clock: Arc::clone(&job.clock),
             })
             .collect()
     }
 
-    /// Every held `(job id, claim id)` pair, for the shutdown release.
-    pub(crate) fn pairs(&self) -> Vec<(Uuid, Uuid)> {
-        self.map()
-            .iter()
-            .map(|(claim, job)| (job.id, *claim))
-            .collect()
+    /// Every held lease, for the shutdown release.
+    pub(crate) fn leases(&self) -> Vec<Lease> {
+        self.map().values().map(|job| job.lease).collect()
     }
 
-    /// The `(claim id, job id)` of the job that task `task` runs, if any.
-    pub(crate) fn of_task(&self, task: task::Id) -> Option<(Uuid, Uuid)> {
+    /// The lease of the job that task `task` runs, if any.
+    pub(crate) fn of_task(&self, task: task::Id) -> Option<Lease> {
         self.map()
-            .iter()
-            .find(|(_, job)| job.task == task)
-            .map(|(claim, job)| (*claim, job.id))
+            .values()
+            .find(|job| job.task == task)
+            .map(|job| job.lease)
     }
 
     /// Records that `task` now runs the job of `claim`.
@@ -106,13 +103,17 @@ impl HeldJobs {
 #[cfg(test)]
 mod tests {
     use super::{HeldJob, HeldJobs};
-    use crate::worker::lease::LeaseClock;
+    use crate::worker::lease::{Lease, LeaseClock};
     use std::sync::Arc;
 
     /// A held job run by `task`.
-    fn job(task: &tokio::task::AbortHandle) -> HeldJob {
+    fn job(task: &tokio::task::AbortHandle, claim: uuid::Uuid) -> HeldJob {
         HeldJob {
-            id: uuid::Uuid::new_v4(),
+            lease: Lease {
+                job_id: uuid::Uuid::new_v4(),
+                claim_id: claim,
+                fencing_token: 1,
+            },
             lost: tokio_util::sync::CancellationToken::new(),
             clock: Arc::new(LeaseClock::new(tokio::time::Instant::now())),
             task: task.id(),
@@ -126,24 +127,30 @@ mod tests {
         let living = tasks.spawn(std::future::pending::<()>());
         let (dead_claim, live_claim) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
         let held = HeldJobs::default();
-        held.insert(dead_claim, job(&dying));
-        held.insert(live_claim, job(&living));
+        held.insert(dead_claim, job(&dying, dead_claim));
+        held.insert(live_claim, job(&living, live_claim));
         let died = tasks.join_next().await.unwrap().unwrap_err();
         assert!(died.is_panic());
-        assert_eq!(held.of_task(died.id()).map(|h| h.0), Some(dead_claim));
+        assert_eq!(
+            held.of_task(died.id()).map(|l| l.claim_id),
+            Some(dead_claim)
+        );
         let mut replacements = tokio::task::JoinSet::new();
         let replacement = replacements.spawn(async {});
         held.reassign(dead_claim, replacement.id());
         assert_eq!(held.of_task(died.id()), None);
         assert_eq!(
-            held.of_task(replacement.id()).map(|h| h.0),
+            held.of_task(replacement.id()).map(|l| l.claim_id),
             Some(dead_claim)
         );
         living.abort();
         let aborted = tasks.join_next().await.unwrap().unwrap_err();
-        assert_eq!(held.of_task(aborted.id()).map(|h| h.0), Some(live_claim));
+        assert_eq!(
+            held.of_task(aborted.id()).map(|l| l.claim_id),
+            Some(live_claim)
+        );
         assert_eq!(held.len(), 2);
-        assert_eq!(held.pairs().len(), 2);
+        assert_eq!(held.leases().len(), 2);
         assert!(held.remove(live_claim).is_some());
         assert_eq!(held.renewable().len(), 1);
     }

@@ -27,6 +27,7 @@
 //! the statement that changes the row and skips rows locked by a live executor.
 
 use crate::handler::JobContext;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -35,6 +36,50 @@ use uuid::Uuid;
 
 /// The predicate every post-claim write of one job carries (`$1` job id, `$2` claim id).
 pub const FENCE: &str = "id = $1 AND lease_claim_id = $2 AND status = 'running'";
+
+/// One claim of one job: what fences every write after the claim, and the only shape in which a
+/// claim is held, sent or fenced. Two leases are the same lease when job and claim ids match (a
+/// claim id names one claim, hence one fencing token); job ids alone never identify a lease, since
+/// a replica may hold a stale claim and the live claim of the same job at once.
+#[derive(Debug, Clone, Copy)]
+pub struct Lease {
+    /// The job's id.
+    pub job_id: Uuid,
+    /// The claim's id (`lease_claim_id`), compared by every fenced write.
+    pub claim_id: Uuid,
+    /// The job's fencing token under this claim (`fencing_token`), for systems outside
+    /// PostgreSQL.
+    pub fencing_token: i64,
+}
+
+impl PartialEq for Lease {
+    fn eq(&self, other: &Lease) -> bool {
+        (self.job_id, self.claim_id) == (other.job_id, other.claim_id)
+    }
+}
+
+impl Eq for Lease {}
+
+impl std::hash::Hash for Lease {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.job_id, self.claim_id).hash(state);
+    }
+}
+
+/// The job ids and claim ids of `leases`, pairwise, as the `$1::uuid[], $2::uuid[]` of the fenced
+/// statements that `unnest` them: the one place leases become SQL arrays.
+pub fn unzip(leases: &[Lease]) -> (Vec<Uuid>, Vec<Uuid>) {
+    leases.iter().map(|l| (l.job_id, l.claim_id)).unzip()
+}
+
+/// `leases` by their `(job id, claim id)`: how the rows a fenced statement returns become leases
+/// again.
+pub fn by_ids(leases: &[Lease]) -> HashMap<(Uuid, Uuid), Lease> {
+    leases
+        .iter()
+        .map(|l| ((l.job_id, l.claim_id), *l))
+        .collect()
+}
 
 /// A job this replica claimed, with the lease that fences it.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +101,15 @@ impl ClaimedJob {
     /// The claim's id, which every fenced write of this crate compares.
     pub fn claim_id(&self) -> Uuid {
         self.ctx.lease_claim_id
+    }
+
+    /// The lease of this claim.
+    pub fn lease(&self) -> Lease {
+        Lease {
+            job_id: self.ctx.id,
+            claim_id: self.ctx.lease_claim_id,
+            fencing_token: self.ctx.fencing_token,
+        }
     }
 }
 

@@ -27,7 +27,7 @@ use crate::worker::claimer::{self, Claimant};
 use crate::worker::completer::{self, Transition};
 use crate::worker::executor;
 use crate::worker::held::{HeldJob, HeldJobs};
-use crate::worker::lease::{self, ClaimedJob, LeaseClock};
+use crate::worker::lease::{self, ClaimedJob, Lease, LeaseClock};
 use crate::worker::session::Signals;
 use crate::worker::shared::Shared;
 use crate::worker::stats::ClaimReason;
@@ -209,7 +209,8 @@ impl Producer {
 
     /// Starts a task for `job`, claimed by a statement sent at `claimed`, and holds it.
     fn spawn_job(&mut self, job: ClaimedJob, claimed: Instant) {
-        let (id, claim) = (job.id(), job.claim_id());
+        let lease = job.lease();
+        let (id, claim) = (lease.job_id, lease.claim_id);
         let shared = Arc::clone(&self.shared);
         let lost = CancellationToken::new();
         let clock = Arc::new(LeaseClock::new(
@@ -229,7 +230,7 @@ impl Producer {
         self.held.insert(
             claim,
             HeldJob {
-                id,
+                lease,
                 lost,
                 clock,
                 task: task.id(),
@@ -245,21 +246,21 @@ impl Producer {
             Ok((claim, transition)) => {
                 if let Some(job) = self.held.remove(claim) {
                     if transition == Transition::LeaseLost {
-                        tracing::warn!(job_id = %job.id, code = "lease_lost", "abandoned job: lease lost");
+                        tracing::warn!(job_id = %job.lease.job_id, code = "lease_lost", "abandoned job: lease lost");
                     }
                 }
                 self.shared.stats.record(transition);
             }
             Err(died) if died.is_panic() => {
-                let Some((claim, id)) = self.held.of_task(died.id()) else {
+                let Some(lease) = self.held.of_task(died.id()) else {
                     return;
                 };
-                tracing::error!(job_id = %id, code = "handler_panicked", "a job's task died");
+                tracing::error!(job_id = %lease.job_id, code = "handler_panicked", "a job's task died");
                 let shared = Arc::clone(&self.shared);
                 let settle = self
                     .tasks
-                    .spawn(async move { (claim, settle_dead_task(&shared, id, claim).await) });
-                self.held.reassign(claim, settle.id());
+                    .spawn(async move { (lease.claim_id, settle_dead_task(&shared, lease).await) });
+                self.held.reassign(lease.claim_id, settle.id());
             }
             Err(_) => {}
         }
@@ -338,16 +339,16 @@ async fn timed_execute(shared: &Shared, job: ClaimedJob, lost: CancellationToken
     transition
 }
 
-/// Ends job `id` of claim `claim` `failed` with `handler_panicked`, under its fence, after its
-/// task died: what the executor would have written had the panic reached its guard.
-async fn settle_dead_task(shared: &Shared, id: Uuid, claim: Uuid) -> Transition {
+/// Ends the job of `lease` `failed` with `handler_panicked`, under its fence, after its task
+/// died: what the executor would have written had the panic reached its guard.
+async fn settle_dead_task(shared: &Shared, lease: Lease) -> Transition {
     let Ok(conn) = db::checkout(&shared.pool).await else {
         return Transition::Unwritten;
     };
     shared.stats.record_round_trips(1);
     db::bounded(
         shared.statement_bound,
-        completer::fail(&*conn, id, claim, Code::HandlerPanicked, None),
+        completer::fail(&*conn, lease, Code::HandlerPanicked, None),
     )
     .await
     .unwrap_or(Transition::Unwritten)

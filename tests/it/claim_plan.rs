@@ -6,6 +6,7 @@
 use crate::support::{insert_jobs, TestDb};
 use durable_etl::codes::Code;
 use durable_etl::jobs;
+use durable_etl::worker::lease::{self, Lease};
 use durable_etl::worker::{claimer, completer, group_commit, heartbeat, rescuer};
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -287,8 +288,8 @@ async fn hot_statements_stay_off_the_history(
     check("heartbeat", plans);
 
     // The group commit of the first four: lock under the fences, then succeed.
-    let pairs: Vec<(Uuid, Uuid)> = claimed.iter().map(|c| (c.id(), c.claim_id())).collect();
-    let (ids, claim_ids): (Vec<Uuid>, Vec<Uuid>) = pairs[..4].iter().copied().unzip();
+    let leases: Vec<Lease> = claimed.iter().map(|c| c.lease()).collect();
+    let (ids, claim_ids) = lease::unzip(&leases[..4]);
     let tx = session.transaction().await.unwrap();
     let locked = rows_by_pairs(&tx, group_commit::LOCK_FENCED_SQL, &ids, &claim_ids).await;
     assert_eq!(locked, 4, "{pass}");
@@ -296,9 +297,9 @@ async fn hot_statements_stay_off_the_history(
     // next statement starts.
     tx.batch_execute("SELECT 1").await.unwrap();
     check("group-commit lock", plans);
-    let entries: Vec<_> = pairs[..4]
+    let entries: Vec<_> = leases[..4]
         .iter()
-        .map(|&(id, claim)| (id, claim, Default::default()))
+        .map(|&lease| (lease, Default::default()))
         .collect();
     let succeeded = completer::succeed_many(&tx, &entries).await.unwrap();
     assert_eq!(succeeded.len(), 4, "{pass}");
@@ -314,30 +315,28 @@ async fn hot_statements_stay_off_the_history(
     assert_eq!(ledger, 4, "{pass}");
     check("ledger by claim", plans);
 
-    let (id, claim) = pairs[4];
-    let retried = completer::retry(&*session, id, claim, Duration::from_secs(60))
+    let retried = completer::retry(&*session, leases[4], Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!(retried, completer::Transition::Retried, "{pass}");
     check("retry", plans);
-    let (id, claim) = pairs[5];
-    let failed = completer::fail(&*session, id, claim, Code::HandlerFailed, None)
+    let failed = completer::fail(&*session, leases[5], Code::HandlerFailed, None)
         .await
         .unwrap();
     assert_eq!(failed, completer::Transition::Failed(Code::HandlerFailed));
     check("fail", plans);
     assert_eq!(
-        completer::release(&*session, &pairs[6..7]).await.unwrap(),
+        completer::release(&*session, &leases[6..7]).await.unwrap(),
         1
     );
     check("release", plans);
 
-    // Recovery: one lease expired (pairs[7]), then this owner's own leftovers.
+    // Recovery: one lease expired (leases[7]), then this owner's own leftovers.
     session
         .execute(
             "UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second'
               WHERE id = $1",
-            &[&pairs[7].0],
+            &[&leases[7].job_id],
         )
         .await
         .unwrap();
@@ -358,7 +357,9 @@ async fn hot_statements_stay_off_the_history(
     check("own recovery", plans);
 
     // The owner's views.
-    let status = jobs::status(&*session, &OWNER, pairs[0].0).await.unwrap();
+    let status = jobs::status(&*session, &OWNER, leases[0].job_id)
+        .await
+        .unwrap();
     assert_eq!(status.unwrap().status, "succeeded", "{pass}");
     check("status read", plans);
     let newest = jobs::list(&*session, &OWNER, None, None, 50).await.unwrap();
@@ -381,7 +382,7 @@ async fn hot_statements_stay_off_the_history(
     .unwrap();
     assert_eq!(next.len(), 50, "{pass}");
     check("listing by status, next page", plans);
-    let cancel = jobs::cancel(&*session, &OWNER, pairs[4].0, Code::Cancelled)
+    let cancel = jobs::cancel(&*session, &OWNER, leases[4].job_id, Code::Cancelled)
         .await
         .unwrap();
     assert_eq!(cancel, jobs::Cancel::Cancelled, "{pass}");
@@ -433,7 +434,7 @@ async fn the_fencing_token_grows_with_every_claim_and_never_goes_back() {
     // A shutdown release gives the attempt back, never the token.
     let job = claimer::claim(&client, PLANNER, 1).await.unwrap().remove(0);
     seen.push(job.ctx.fencing_token);
-    let released = completer::release(&client, &[(job.id(), job.claim_id())]).await;
+    let released = completer::release(&client, &[job.lease()]).await;
     assert_eq!(released.unwrap(), 1);
     assert_eq!(
         stored(client.query_one(read, &[&id]).await.unwrap()),
@@ -443,7 +444,7 @@ async fn the_fencing_token_grows_with_every_claim_and_never_goes_back() {
     // A retry due at once.
     let job = claimer::claim(&client, PLANNER, 1).await.unwrap().remove(0);
     seen.push(job.ctx.fencing_token);
-    let retried = completer::retry(&client, id, job.claim_id(), Duration::ZERO).await;
+    let retried = completer::retry(&client, job.lease(), Duration::ZERO).await;
     assert_eq!(retried.unwrap(), completer::Transition::Retried);
 
     // A lease that expired, recovered.

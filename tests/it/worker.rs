@@ -154,6 +154,7 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
         .await
         .unwrap();
     let stale_claim = stale[0].claim_id();
+    let stale_lease = stale[0].lease();
     client
         .execute(
             "UPDATE etl_job_records SET lease_expires_at = now() - interval '2 hours'",
@@ -176,7 +177,7 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
     let mut a = db.client().await;
     let tx = a.transaction().await.unwrap();
     let ledger = LedgerEntry::default();
-    assert!(completer::succeed_many(&tx, &[(id, stale_claim, ledger)])
+    assert!(completer::succeed_many(&tx, &[(stale_lease, ledger)])
         .await
         .unwrap()
         .is_empty());
@@ -188,21 +189,18 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
             .is_empty()
     );
     assert_eq!(
-        completer::retry(&a, id, stale_claim, Duration::ZERO)
+        completer::retry(&a, stale_lease, Duration::ZERO)
             .await
             .unwrap(),
         Transition::LeaseLost
     );
     assert_eq!(
-        completer::fail(&a, id, stale_claim, Code::HandlerFailed, None)
+        completer::fail(&a, stale_lease, Code::HandlerFailed, None)
             .await
             .unwrap(),
         Transition::LeaseLost
     );
-    assert_eq!(
-        completer::release(&a, &[(id, stale_claim)]).await.unwrap(),
-        0
-    );
+    assert_eq!(completer::release(&a, &[stale_lease]).await.unwrap(), 0);
     assert_eq!(job_row(&client, id).await, after_b);
     assert_eq!(count(&client, "etl_job_responses").await, 1);
     assert_eq!(count(&client, "etl_target_rows").await, 1);

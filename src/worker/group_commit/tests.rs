@@ -7,6 +7,7 @@ use crate::handler::JobError;
 use crate::worker::claimer::{self, Claimant};
 use futures::future::BoxFuture;
 use std::time::Duration;
+use uuid::Uuid;
 
 /// Effects that write one target row, fail, panic or overrun their deadline.
 enum Scripted {
@@ -175,8 +176,11 @@ impl Scratch {
 /// A ready job with `effects` and an effects budget of `budget`.
 fn ready(pair: (Uuid, Uuid), effects: Option<Box<dyn Effects>>, budget: Duration) -> Ready {
     Ready {
-        id: pair.0,
-        claim_id: pair.1,
+        lease: Lease {
+            job_id: pair.0,
+            claim_id: pair.1,
+            fencing_token: 1,
+        },
         writes: effects.as_ref().is_none_or(|e| e.writes()),
         effects,
         budget,
