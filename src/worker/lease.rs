@@ -22,9 +22,9 @@
 //! The heartbeat renews the leases every `heartbeat_interval`, which `validate()` keeps under a
 //! third of the lease, so two lost heartbeats still leave the lease alive. A job whose lease the
 //! heartbeat finds gone is abandoned locally at once. Each held job also has a local lease clock
-//! ([`LeaseClock`], on this process's monotonic clock): trusted until the send time of its claim
-//! or of its last successful renewal, plus the lease less a fifth of it ([`trusted_for`]). The
-//! job's own task watches that clock ([`watch_lease`]): when renewals fail for that long, the job
+//! (`LeaseClock`, on this process's monotonic clock): trusted until the send time of its claim
+//! or of its last successful renewal, plus the lease less a fifth of it (`trusted_for`). The
+//! job's own task watches that clock (`watch_lease`): when renewals fail for that long, the job
 //! is cancelled and settles as a lost lease before the database lets another replica take it.
 //!
 //! # Failure handling
@@ -70,7 +70,7 @@ pub fn millis(d: Duration) -> i64 {
 
 /// The local lease clock of one held job: the instant after which the replica no longer trusts
 /// the lease (its last renewal, measured from when that renewal was sent, plus the lease, less
-/// the [`trust_margin`]). The job's own task watches it ([`watch_lease`]), so the job is
+/// the [`trust_margin`]). The job's own task watches it (`watch_lease`), so the job is
 /// abandoned before the database lets another replica take it, however busy the claim loop is.
 #[derive(Debug)]
 pub(crate) struct LeaseClock {
