@@ -70,7 +70,7 @@ fn job_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Problem> {
 /// The pattern of a string without U+0000 (PostgreSQL's `jsonb` cannot store one).
 const NO_NUL: &str = r"^[^\u0000]*$";
 
-/// Registers the request body as a component; its JSON Schema is [`request_schemas`], which
+/// Registers the request body as a component; its JSON Schema is `request_schemas`, which
 /// `api::openapi` puts in place (utoipa's schema model cannot express all of it).
 impl PartialSchema for EtlRequest {
     fn schema() -> RefOr<Schema> {

@@ -32,8 +32,9 @@ use std::sync::Arc;
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Runs `job` to a transition. `lost` is cancelled when a heartbeat finds the lease gone: the
-/// compute phase stops at once; the effects phase needs no signal, its fence check settles it.
+/// Runs `job` to a transition. `lost` is cancelled when the heartbeat finds the lease gone or the
+/// job's local lease clock runs out: the compute phase stops at once; the effects phase needs no
+/// signal, its fence check settles it.
 pub(crate) async fn execute(
     shared: &Shared,
     job: ClaimedJob,

@@ -104,9 +104,10 @@ pub(crate) async fn run(shared: Arc<Shared>, held: HeldJobs, stop: CancellationT
 /// Renews the leases of `held`; cancels the jobs whose lease is gone (their tasks then end with
 /// `LeaseLost`, unless they had already settled). A renewal moves each renewed job's local lease
 /// clock forward, from when it was sent.
-#[tracing::instrument(name = "heartbeat", skip_all)]
+#[tracing::instrument(name = "heartbeat", skip_all, fields(held = tracing::field::Empty))]
 async fn renew(shared: &Shared, held: &HeldJobs) -> Result<(), Error> {
     let jobs = held.renewable();
+    tracing::Span::current().record("held", jobs.len());
     let claims: Vec<Uuid> = jobs.iter().map(|j| j.claim).collect();
     let conn = db::checkout(&shared.pool).await?;
     if !claims.is_empty() {

@@ -2,29 +2,36 @@
 //!
 //! # State model
 //! A claim moves a `pending` row to `running` and stamps it with a lease: the replica's stable
-//! `lease_owner_id`, a fresh `lease_claim_id` (unique per claim) and `lease_expires_at` (database
-//! clock). It also adds 1 to the job's `fencing_token`, which nothing else writes: the token
+//! `lease_owner_id`, a fresh `lease_claim_id` (unique per claim), `lease_expires_at` and
+//! `lease_renewed_at` (database clock), and `lease_owner_locked` (whether the replica's session
+//! held its owner lock right then). It also adds 1 to the job's `fencing_token`, which nothing else writes: the token
 //! numbers the job's terms in order, for external systems that must refuse a stale term. A lease
 //! is a *term*: it ends when the job reaches a terminal state, is released, or is recovered by
 //! any replica after the owner died or the lease expired.
 //!
 //! # Term-scoped operations
-//! Every write after the claim (heartbeat, effects commit, retry scheduling, failure, release)
-//! carries [`FENCE`]: `id`, `lease_claim_id` and `status = 'running'`. A write that matches no
-//! row means the term is over: the worker abandons the job, rolls back, counts `lease_lost`, and
-//! never reports success. Claim ids are compared, never timestamps; every time is the database's.
+//! Every write after the claim is scoped to the term by its claim id and `status = 'running'`:
+//! the effects commit locks its rows with `id`, `lease_claim_id` and `status` (`group_commit`),
+//! success, retry, failure and release match the same three (`completer`), and the heartbeat
+//! renews only rows still `running` under this owner and one of the claim ids it holds
+//! (`heartbeat`). A write that matches no row means the term is over: the worker abandons the
+//! job, rolls back what it had not committed, counts `lease_lost`, and never reports success.
+//! Fencing compares claim ids, never timestamps; `lease_expires_at` is on the database's clock.
 //!
 //! # Trust window
-//! Heartbeats renew the lease every `heartbeat_interval`, at most a third of the lease, so two
-//! lost heartbeats still leave the lease alive. A job whose lease the heartbeat finds gone is
-//! abandoned locally at once. Each job also has a local lease clock: trusted until the last
-//! successful renewal's send time plus the lease less a fifth of it. When renewals fail for that
-//! long, the job is abandoned locally before the database lets another replica take it.
+//! The heartbeat renews the leases every `heartbeat_interval`, which `validate()` keeps under a
+//! third of the lease, so two lost heartbeats still leave the lease alive. A job whose lease the
+//! heartbeat finds gone is abandoned locally at once. Each held job also has a local lease clock
+//! (`LeaseClock`, on this process's monotonic clock): trusted until the send time of its claim
+//! or of its last successful renewal, plus the lease less a fifth of it (`trusted_for`). The
+//! job's own task watches that clock (`watch_lease`): when renewals fail for that long, the job
+//! is cancelled and settles as a lost lease before the database lets another replica take it.
 //!
 //! # Failure handling
 //! A dead owner (its advisory lock gone with its session, and its leases unrenewed for two
-//! heartbeat intervals) or an expired lease makes the row reclaimable by recovery. Recovery, like every fenced write, re-checks `status = 'running'` in
-//! the statement that changes the row and skips rows locked by a live executor.
+//! heartbeat intervals) or an expired lease makes the row reclaimable by recovery (`rescuer`).
+//! Recovery, like every fenced write, re-checks `status = 'running'` in the statement that
+//! changes the row, and skips rows another session has locked (an executor committing).
 
 use crate::handler::JobContext;
 use std::collections::HashMap;
@@ -33,9 +40,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-/// The predicate every post-claim write of one job carries (`$1` job id, `$2` claim id).
-pub const FENCE: &str = "id = $1 AND lease_claim_id = $2 AND status = 'running'";
 
 /// One claim of one job: what fences every write after the claim, and the only shape in which a
 /// claim is held, sent or fenced. Two leases are the same lease when job and claim ids match (a
@@ -120,7 +124,7 @@ pub fn millis(d: Duration) -> i64 {
 
 /// The local lease clock of one held job: the instant after which the replica no longer trusts
 /// the lease (its last renewal, measured from when that renewal was sent, plus the lease, less
-/// the [`trust_margin`]). The job's own task watches it ([`watch_lease`]), so the job is
+/// the [`trust_margin`]). The job's own task watches it (`watch_lease`), so the job is
 /// abandoned before the database lets another replica take it, however busy the claim loop is.
 #[derive(Debug)]
 pub(crate) struct LeaseClock {

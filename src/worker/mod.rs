@@ -1,9 +1,9 @@
 //! The worker replica: a thin facade that starts a replica's roles and stops them in order.
 //!
 //! The roles, each owning its loop and its SQL:
-//! - [`producer`]: the one claim loop; runs each claimed job on a task ([`executor`]) whose
+//! - `producer`: the one claim loop; runs each claimed job on a task ([`executor`]) whose
 //!   effects commit in groups ([`group_commit`], [`completer`]);
-//! - [`heartbeat`]: renews the leases of the held jobs ([`held`]) on its own task;
+//! - [`heartbeat`]: renews the leases of the held jobs (`held`) on its own task;
 //! - [`rescuer`]: recovers dead owners' and expired leases' jobs on its own task;
 //! - [`session`]: LISTEN and the owner lock (the notifier), outside the pool.
 //!

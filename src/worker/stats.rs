@@ -2,7 +2,8 @@
 //! exports them; this module knows nothing of the exposition).
 //!
 //! Invariants this module keeps:
-//! - Counters only grow; a snapshot is a consistent-enough read for metrics and tests.
+//! - Counters only grow (`session_up`, a gauge, is the one exception); a snapshot reads each
+//!   counter on its own, a consistent-enough read for metrics and tests.
 //! - No counter is labelled by a job id, a principal or any request value.
 //! - Histograms use the fixed buckets below, so their series are bounded too.
 
@@ -113,8 +114,9 @@ counters! {
     claims,
     /// Claim statements that returned no job.
     empty_claims,
-    /// Statements (and transaction-control commands) the replica sent on pooled connections:
-    /// claims, next-due reads, group commits, failure writes, heartbeats, recovery and release.
+    /// Statements (and transaction-control commands) the replica sent on pooled connections
+    /// while running: claims, next-due reads, group commits, retry and failure writes,
+    /// heartbeats, recovery passes and the shutdown release (not the start-up release).
     round_trips,
     /// Group commits (batches of finished jobs written together).
     commit_batches,
@@ -128,9 +130,11 @@ counters! {
     retried,
     /// Running jobs that ended `cancelled` at their owner's request.
     cancelled,
-    /// Jobs given back on shutdown.
+    /// Jobs given back: unfinished leases released at shutdown, and the `running` rows of a
+    /// previous incarnation with the same owner id released at start-up.
     released,
-    /// Fenced writes or heartbeats that found the lease gone.
+    /// Jobs that settled as a lost lease: a fenced write matched no row, the heartbeat found
+    /// the lease gone, or the job's local lease clock ran out (one per job, however found).
     lease_lost,
     /// Transitions that could not be written (database unavailable).
     unwritten,
@@ -138,7 +142,8 @@ counters! {
     recovered_expired,
     /// Rows recovered because their owner was dead.
     recovered_dead_owner,
-    /// Recovered rows that ended `failed` with `lease_expired_exhausted`.
+    /// Recovered rows that ended instead of going back to `pending`: `failed` with
+    /// `lease_expired_exhausted`, or `cancelled` at their owner's request.
     recovered_exhausted,
     /// Jobs that ended `failed` with `handler_panicked`.
     panicked,
@@ -156,9 +161,11 @@ counters! {
     claims_by_poll,
     /// Claims made when a known deferred job became due.
     claims_by_due,
-    /// Claims made to keep draining after a full claim, as slots freed.
+    /// Claims made to keep draining a backlog (after a full claim, or a wake that found no free
+    /// slot), once half the slots are free or a short delay after the first one freed.
     claims_by_drain,
-    /// Catch-up claims after the session reconnected.
+    /// Catch-up claims: after the session reconnected, or after recovery returned jobs to
+    /// `pending` (exposed as trigger `catch_up`).
     claims_by_reconnect,
     /// Jobs claimed by claims a notification triggered.
     claimed_by_notify,
@@ -180,7 +187,7 @@ pub enum ClaimReason {
     Poll,
     /// A known deferred job became due.
     Due,
-    /// A slot freed after a full claim.
+    /// Slots freed under a backlog (see `claims_by_drain`).
     Drain,
     /// The session reconnected, or recovery returned jobs.
     CatchUp,

@@ -1,0 +1,182 @@
+//! Unit tests of configuration loading, defaults and validation.
+
+use super::*;
+
+#[test]
+fn defaults_are_valid() {
+    assert_eq!(DatabaseConfig::default().validate(), Ok(()));
+    assert_eq!(WorkerConfig::default().validate(), Ok(()));
+    assert_eq!(ApiConfig::default().listen.to_string(), API_LISTEN_DEFAULT);
+}
+
+#[test]
+fn database_rules_name_the_broken_relation() {
+    let bad_url = DatabaseConfig {
+        url: "postgres://host:notaport/db".into(),
+        ..DatabaseConfig::default()
+    };
+    assert_eq!(bad_url.validate(), Err(ConfigError::DatabaseUrl));
+    let no_pool = DatabaseConfig {
+        pool_max_size: 0,
+        ..DatabaseConfig::default()
+    };
+    assert_eq!(no_pool.validate(), Err(ConfigError::PoolSize));
+    let zero_lock = DatabaseConfig {
+        lock_timeout: Duration::ZERO,
+        ..DatabaseConfig::default()
+    };
+    assert_eq!(
+        zero_lock.validate(),
+        Err(ConfigError::ZeroDuration("lock timeout"))
+    );
+}
+
+#[test]
+fn worker_rules_name_the_broken_relation() {
+    let base = WorkerConfig::default;
+    let cases = [
+        (
+            WorkerConfig {
+                owner_id: String::new(),
+                ..base()
+            },
+            ConfigError::OwnerId,
+        ),
+        (
+            WorkerConfig {
+                owner_id: "a b".into(),
+                ..base()
+            },
+            ConfigError::OwnerId,
+        ),
+        (
+            WorkerConfig {
+                owner_id: "x".repeat(129),
+                ..base()
+            },
+            ConfigError::OwnerId,
+        ),
+        (WorkerConfig { slots: 0, ..base() }, ConfigError::Slots),
+        (
+            WorkerConfig {
+                slots: SLOTS_MAX + 1,
+                ..base()
+            },
+            ConfigError::Slots,
+        ),
+        (
+            WorkerConfig {
+                poll_interval: Duration::from_millis(9),
+                ..base()
+            },
+            ConfigError::PollInterval,
+        ),
+        (
+            WorkerConfig {
+                poll_interval: Duration::from_secs(301),
+                ..base()
+            },
+            ConfigError::PollInterval,
+        ),
+        (
+            WorkerConfig {
+                lease: Duration::ZERO,
+                ..base()
+            },
+            ConfigError::ZeroDuration("lease"),
+        ),
+        (
+            WorkerConfig {
+                lease: Duration::from_secs(9),
+                heartbeat_interval: Duration::from_secs(3),
+                ..base()
+            },
+            ConfigError::HeartbeatVsLease,
+        ),
+        (
+            WorkerConfig {
+                session_database_url: Some("postgres://h:x/d".into()),
+                ..base()
+            },
+            ConfigError::DatabaseUrl,
+        ),
+        (
+            WorkerConfig {
+                retry_min_delay: Duration::from_secs(2),
+                retry_max_delay: Duration::from_secs(1),
+                ..base()
+            },
+            ConfigError::RetryDelays,
+        ),
+    ];
+    for (config, expected) in cases {
+        assert_eq!(config.validate(), Err(expected));
+    }
+}
+
+#[test]
+fn derived_defaults_keep_any_lease_valid() {
+    assert_eq!(
+        derived_heartbeat_interval(LEASE_DEFAULT),
+        HEARTBEAT_INTERVAL_DEFAULT
+    );
+    assert_eq!(
+        derived_idle_in_transaction_timeout(LEASE_DEFAULT),
+        IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT
+    );
+    for ms in [1, 2, 3, 100, 3_000, 9_999, 15_000, 60_000, 3_600_000] {
+        let lease = Duration::from_millis(ms);
+        let config = WorkerConfig {
+            lease,
+            heartbeat_interval: derived_heartbeat_interval(lease),
+            ..WorkerConfig::default()
+        };
+        assert_eq!(config.validate(), Ok(()), "lease {lease:?}");
+        assert!(derived_idle_in_transaction_timeout(lease) <= lease);
+    }
+    assert_eq!(
+        derived_heartbeat_interval(Duration::from_secs(3)),
+        Duration::from_millis(800)
+    );
+}
+
+#[test]
+fn absurd_durations_are_refused_not_overflowed() {
+    let huge = Duration::from_secs(3_600 * 1_000_000_000);
+    let heartbeat = WorkerConfig {
+        heartbeat_interval: huge,
+        ..WorkerConfig::default()
+    };
+    assert_eq!(
+        heartbeat.validate(),
+        Err(ConfigError::DurationTooLong(
+            "heartbeat interval",
+            "365 days"
+        ))
+    );
+    let execution = WorkerConfig {
+        execution_timeout: huge,
+        ..WorkerConfig::default()
+    };
+    assert!(matches!(
+        execution.validate(),
+        Err(ConfigError::DurationTooLong("execution timeout", _))
+    ));
+    let statement = DatabaseConfig {
+        statement_timeout: Duration::from_secs(30 * 24 * 3600),
+        ..DatabaseConfig::default()
+    };
+    assert!(matches!(
+        statement.validate(),
+        Err(ConfigError::DurationTooLong("statement timeout", _))
+    ));
+}
+
+#[test]
+fn generated_owner_ids_are_valid_and_distinct() {
+    let a = generated_owner_id();
+    let b = generated_owner_id();
+    assert!(valid_owner_id(&a), "{a}");
+    assert_ne!(a, b);
+    assert!(valid_owner_id("pod-7.worker:east_1"));
+}
