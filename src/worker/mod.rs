@@ -24,7 +24,7 @@
 mod sql;
 pub mod claimer;
 pub mod completer;
-pub mod executor;
+pub(crate) mod executor;
 pub mod group_commit;
 pub mod heartbeat;
 pub(crate) mod held;
