@@ -14,22 +14,22 @@
 //! - Exit codes: 0 success, 2 usage or configuration error, 3 database unreachable, 4 schema
 //!   incompatible (see `error`).
 
-use crate::config::{DatabaseConfig, WorkerConfig, DATABASE_URL_DEFAULT};
-use crate::digest::Secret;
-use crate::error::Error;
-use crate::telemetry::LogFormat;
-use crate::{api_keys, config, db, schema};
 use clap::{Args, Parser, Subcommand};
+use durable_etl::config::{DatabaseConfig, WorkerConfig, DATABASE_URL_DEFAULT};
+use durable_etl::digest::Secret;
+use durable_etl::error::Error;
+use durable_etl::telemetry::LogFormat;
+use durable_etl::{api_keys, config, db, schema};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 /// durable-etl: durable ETL jobs run out of PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(name = "durable-etl", version, about, propagate_version = true)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Database options shared by every command.
     #[command(flatten)]
-    pub database: DatabaseArgs,
+    pub(crate) database: DatabaseArgs,
     /// Log line format.
     #[arg(
         long,
@@ -38,42 +38,42 @@ pub struct Cli {
         default_value = "human",
         global = true
     )]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
     /// The command to run.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// Database options shared by every command.
 #[derive(Debug, Args)]
-pub struct DatabaseArgs {
+pub(crate) struct DatabaseArgs {
     /// PostgreSQL connection string.
     #[arg(long, env = "DATABASE_URL", default_value = DATABASE_URL_DEFAULT, global = true, hide_env_values = true)]
-    pub database_url: String,
+    pub(crate) database_url: String,
     /// Largest number of pooled connections.
     #[arg(long, env = "DURABLE_ETL_POOL_SIZE", default_value_t = config::POOL_MAX_SIZE_DEFAULT, global = true)]
-    pub pool_size: u32,
+    pub(crate) pool_size: u32,
     /// Time allowed to open a database connection.
     #[arg(long, env = "DURABLE_ETL_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// Session statement_timeout.
     #[arg(long, env = "DURABLE_ETL_STATEMENT_TIMEOUT", default_value = "30s", value_parser = parse_duration, global = true)]
-    pub statement_timeout: Duration,
+    pub(crate) statement_timeout: Duration,
     /// Session lock_timeout.
     #[arg(long, env = "DURABLE_ETL_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
-    pub lock_timeout: Duration,
+    pub(crate) lock_timeout: Duration,
     /// Session idle_in_transaction_session_timeout. Defaults to 10s; for `work`, to the lease when
     /// --lease is shorter, so a frozen replica's row locks go no later than its leases.
     #[arg(long, env = "DURABLE_ETL_IDLE_IN_TRANSACTION_TIMEOUT", value_parser = parse_duration, global = true)]
-    pub idle_in_transaction_timeout: Option<Duration>,
+    pub(crate) idle_in_transaction_timeout: Option<Duration>,
     /// Session client_connection_check_interval (PostgreSQL 14+; 0 leaves the server's, as 13 needs).
     #[arg(long, env = "DURABLE_ETL_CLIENT_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration, global = true)]
-    pub client_check_interval: Duration,
+    pub(crate) client_check_interval: Duration,
     /// Time start-up may take (connecting, schema and session checks, owner lock, release of a
     /// previous incarnation's jobs); lost connections are retried with backoff within it, and the
     /// process exits 3 when it is spent.
     #[arg(long, env = "DURABLE_ETL_STARTUP_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
-    pub startup_timeout: Duration,
+    pub(crate) startup_timeout: Duration,
 }
 
 impl DatabaseArgs {
@@ -81,7 +81,7 @@ impl DatabaseArgs {
     ///
     /// # Errors
     /// [`Error::Config`] naming the broken rule.
-    pub fn config(&self) -> Result<DatabaseConfig, Error> {
+    pub(crate) fn config(&self) -> Result<DatabaseConfig, Error> {
         self.config_for_lease(None)
     }
 
@@ -91,7 +91,10 @@ impl DatabaseArgs {
     ///
     /// # Errors
     /// [`Error::Config`] naming the broken rule.
-    pub fn config_for_lease(&self, lease: Option<Duration>) -> Result<DatabaseConfig, Error> {
+    pub(crate) fn config_for_lease(
+        &self,
+        lease: Option<Duration>,
+    ) -> Result<DatabaseConfig, Error> {
         let idle_in_transaction_timeout = match (self.idle_in_transaction_timeout, lease) {
             (Some(set), _) => set,
             (None, Some(lease)) => config::derived_idle_in_transaction_timeout(lease),
@@ -116,7 +119,10 @@ impl DatabaseArgs {
     ///
     /// # Errors
     /// [`Error::Config`] when the budget is zero or absurdly long.
-    pub fn start_up(&self, shutdown: &crate::shutdown::Shutdown) -> Result<db::StartUp, Error> {
+    pub(crate) fn start_up(
+        &self,
+        shutdown: &durable_etl::shutdown::Shutdown,
+    ) -> Result<db::StartUp, Error> {
         if self.startup_timeout.is_zero() {
             return Err(config::ConfigError::ZeroDuration("startup timeout").into());
         }
@@ -133,7 +139,7 @@ impl DatabaseArgs {
 
 /// The commands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Apply the schema migrations this release embeds (or reverse them with --down-to).
     Migrate(MigrateArgs),
     /// Serve the HTTP API.
@@ -152,7 +158,7 @@ pub enum Command {
 
 /// The load `bench` offers.
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {
+pub(crate) enum BenchCommand {
     /// Insert --jobs due jobs, then start the replicas and time how fast they drain them.
     BurnDown {
         /// Jobs inserted before the replicas start.
@@ -188,30 +194,30 @@ pub enum BenchCommand {
 
 /// Options every `bench` mode shares.
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Replica processes (this binary's `work`).
     #[arg(long, default_value_t = 1)]
-    pub replicas: usize,
+    pub(crate) replicas: usize,
     /// Slots per replica.
     #[arg(long, default_value_t = config::SLOTS_DEFAULT)]
-    pub slots: usize,
+    pub(crate) slots: usize,
     /// What the jobs do.
     #[arg(long, value_enum, default_value = "noop")]
-    pub handler: crate::bench::BenchHandler,
+    pub(crate) handler: crate::bench::BenchHandler,
     /// The database the bench creates (and drops, unless --keep) on DATABASE_URL's server.
     #[arg(long, default_value = crate::bench::DATABASE_PREFIX)]
-    pub bench_database: String,
+    pub(crate) bench_database: String,
     /// Keep the bench database afterwards.
     #[arg(long)]
-    pub keep: bool,
+    pub(crate) keep: bool,
     /// Print the figures as one JSON object.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 impl BenchCommand {
     /// The bench's settings, and whether to print JSON.
-    pub fn config(&self) -> (crate::bench::BenchConfig, bool) {
+    pub(crate) fn config(&self) -> (crate::bench::BenchConfig, bool) {
         let (mode, common) = match self {
             BenchCommand::BurnDown { jobs, common } => {
                 (crate::bench::Mode::BurnDown { jobs: *jobs }, common)
@@ -249,45 +255,45 @@ impl BenchCommand {
 
 /// Options of `demo`.
 #[derive(Debug, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// The database the demo creates (fresh) on the server of DATABASE_URL.
     #[arg(
         long,
         env = "DURABLE_ETL_DEMO_DATABASE",
         default_value = "durable_etl_demo"
     )]
-    pub demo_database: String,
+    pub(crate) demo_database: String,
 }
 
 /// Options of `migrate`.
 #[derive(Debug, Args)]
-pub struct MigrateArgs {
+pub(crate) struct MigrateArgs {
     /// Reverse migrations until the schema is at this version (0 removes everything).
     #[arg(long, env = "DURABLE_ETL_DOWN_TO")]
-    pub down_to: Option<i32>,
+    pub(crate) down_to: Option<i32>,
 }
 
 /// Options of `serve`.
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "DURABLE_ETL_LISTEN", default_value = config::API_LISTEN_DEFAULT)]
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// Time one request may take.
     #[arg(long, env = "DURABLE_ETL_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
-    pub request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     /// Requests served at once (more wait their turn).
     #[arg(long, env = "DURABLE_ETL_MAX_CONCURRENCY", default_value_t = config::MAX_CONCURRENCY_DEFAULT)]
-    pub max_concurrency: usize,
+    pub(crate) max_concurrency: usize,
     /// Largest number of records in one request.
-    #[arg(long, env = "DURABLE_ETL_MAX_RECORDS", default_value_t = crate::intake::MAX_RECORDS_DEFAULT)]
-    pub max_records: usize,
+    #[arg(long, env = "DURABLE_ETL_MAX_RECORDS", default_value_t = durable_etl::intake::MAX_RECORDS_DEFAULT)]
+    pub(crate) max_records: usize,
     /// Largest request body, in bytes.
-    #[arg(long, env = "DURABLE_ETL_MAX_BYTES", default_value_t = crate::intake::MAX_BYTES_DEFAULT)]
-    pub max_bytes: usize,
+    #[arg(long, env = "DURABLE_ETL_MAX_BYTES", default_value_t = durable_etl::intake::MAX_BYTES_DEFAULT)]
+    pub(crate) max_bytes: usize,
     /// Secret key of the keyed digests (at least 16 bytes).
     #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
-    pub secret: Option<String>,
+    pub(crate) secret: Option<String>,
 }
 
 impl ServeArgs {
@@ -295,12 +301,12 @@ impl ServeArgs {
     ///
     /// # Errors
     /// [`Error::Config`] naming the broken rule.
-    pub fn config(&self) -> Result<(config::ApiConfig, Secret), Error> {
+    pub(crate) fn config(&self) -> Result<(config::ApiConfig, Secret), Error> {
         let api = config::ApiConfig {
             listen: self.listen,
             request_timeout: self.request_timeout,
             max_concurrency: self.max_concurrency,
-            limits: crate::intake::IntakeLimits {
+            limits: durable_etl::intake::IntakeLimits {
                 max_records: self.max_records,
                 max_bytes: self.max_bytes,
             },
@@ -317,45 +323,45 @@ impl ServeArgs {
 
 /// Options of `work`.
 #[derive(Debug, Args)]
-pub struct WorkArgs {
+pub(crate) struct WorkArgs {
     /// This replica's stable lease owner id (for example the pod name); generated when unset.
     #[arg(long, env = "DURABLE_ETL_OWNER_ID")]
-    pub owner_id: Option<String>,
+    pub(crate) owner_id: Option<String>,
     /// Jobs this replica runs at once.
     #[arg(long, env = "DURABLE_ETL_SLOTS", default_value_t = config::SLOTS_DEFAULT)]
-    pub slots: usize,
+    pub(crate) slots: usize,
     /// Interval of the backstop poll.
     #[arg(long, env = "DURABLE_ETL_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
-    pub poll_interval: Duration,
+    pub(crate) poll_interval: Duration,
     /// Lease granted by a claim and renewed by each heartbeat.
     #[arg(long, env = "DURABLE_ETL_LEASE", default_value = "15s", value_parser = parse_duration)]
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// Interval between heartbeats (under a third of the lease). Defaults to 4s, or lease × 4/15
     /// when --lease is under 15s (800ms for a 3s lease).
     #[arg(long, env = "DURABLE_ETL_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
-    pub heartbeat_interval: Option<Duration>,
+    pub(crate) heartbeat_interval: Option<Duration>,
     /// Execution timeout of one attempt.
     #[arg(long, env = "DURABLE_ETL_EXECUTION_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    pub execution_timeout: Duration,
+    pub(crate) execution_timeout: Duration,
     /// Time running jobs get to finish after SIGTERM or SIGINT.
     #[arg(long, env = "DURABLE_ETL_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     /// First retry delay after a transient failure.
     #[arg(long, env = "DURABLE_ETL_RETRY_MIN_DELAY", default_value = "500ms", value_parser = parse_duration)]
-    pub retry_min_delay: Duration,
+    pub(crate) retry_min_delay: Duration,
     /// Longest retry delay.
     #[arg(long, env = "DURABLE_ETL_RETRY_MAX_DELAY", default_value = "60s", value_parser = parse_duration)]
-    pub retry_max_delay: Duration,
+    pub(crate) retry_max_delay: Duration,
     /// Address to serve Prometheus metrics on.
     #[arg(long, env = "DURABLE_ETL_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
+    pub(crate) metrics_listen: Option<SocketAddr>,
     /// Poll only: no LISTEN (behind a transaction-mode pooler). Without --session-database-url,
     /// dead replicas' jobs are then recovered by lease expiry only.
     #[arg(long, env = "DURABLE_ETL_POLL_ONLY")]
-    pub poll_only: bool,
+    pub(crate) poll_only: bool,
     /// Direct (not pooled) connection string for the LISTEN and owner-lock session.
     #[arg(long, env = "DURABLE_ETL_SESSION_DATABASE_URL", hide_env_values = true)]
-    pub session_database_url: Option<String>,
+    pub(crate) session_database_url: Option<String>,
 }
 
 impl WorkArgs {
@@ -363,7 +369,7 @@ impl WorkArgs {
     ///
     /// # Errors
     /// [`Error::Config`] naming the broken rule.
-    pub fn config(&self) -> Result<WorkerConfig, Error> {
+    pub(crate) fn config(&self) -> Result<WorkerConfig, Error> {
         let cfg = WorkerConfig {
             owner_id: self
                 .owner_id
@@ -390,7 +396,7 @@ impl WorkArgs {
 
 /// The `api-keys` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum ApiKeysCommand {
+pub(crate) enum ApiKeysCommand {
     /// Create an API key for an owner and print it once.
     Create(CreateKeyArgs),
     /// Revoke an API key by id.
@@ -399,27 +405,27 @@ pub enum ApiKeysCommand {
 
 /// Options of `api-keys create`.
 #[derive(Debug, Args)]
-pub struct CreateKeyArgs {
+pub(crate) struct CreateKeyArgs {
     /// The owner (principal) the key acts for; stored only as a keyed digest.
     #[arg(long, env = "DURABLE_ETL_OWNER")]
-    pub owner: String,
+    pub(crate) owner: String,
     /// Secret key of the keyed digests (at least 16 bytes).
     #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
-    pub secret: String,
+    pub(crate) secret: String,
 }
 
 /// Options of `api-keys revoke`.
 #[derive(Debug, Args)]
-pub struct RevokeKeyArgs {
+pub(crate) struct RevokeKeyArgs {
     /// The id printed by `api-keys create`.
-    pub id: uuid::Uuid,
+    pub(crate) id: uuid::Uuid,
 }
 
 /// Parses a duration such as `500ms`, `2s` or `1m`.
 ///
 /// # Errors
 /// A fixed message when the text is not a duration.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|_| "expected a duration such as 500ms, 2s or 1m".to_owned())
 }
@@ -428,9 +434,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 ///
 /// # Errors
 /// Any [`Error`]; its `exit_code()` is the process exit code.
-pub async fn run(cli: Cli) -> Result<(), Error> {
+pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
     // Installed first: a signal during start-up is a graceful request, not a kill.
-    let shutdown = crate::shutdown::signals();
+    let shutdown = durable_etl::shutdown::signals();
     let db_config = cli.database.config()?;
     let start_up = cli.database.start_up(&shutdown)?;
     match cli.command {
@@ -453,7 +459,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             let (api_config, secret) = args.config()?;
             let (pool, version) = start_up.run(|| open_checked(&db_config, "api")).await?;
             tracing::info!(schema_version = version, "api starting");
-            crate::api::serve(pool, secret, api_config, shutdown).await
+            durable_etl::api::serve(pool, secret, api_config, shutdown).await
         }
         Command::Work(args) => {
             let worker_config = args.config()?;
@@ -508,7 +514,7 @@ async fn work(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
     worker_config: WorkerConfig,
-    shutdown: crate::shutdown::Shutdown,
+    shutdown: durable_etl::shutdown::Shutdown,
 ) -> Result<(), Error> {
     let metrics = match worker_config.metrics_listen {
         Some(addr) => Some(
@@ -526,15 +532,20 @@ async fn work(
     );
     let worker = start_up
         .run(|| {
-            let registry = crate::handler::Registry::new()
-                .register(crate::etl::load::EtlLoad::default())
-                .register(crate::handler::Noop);
-            crate::worker::Worker::start(pool.clone(), db_config, worker_config.clone(), registry)
+            let registry = durable_etl::handler::Registry::new()
+                .register(durable_etl::etl::load::EtlLoad::default())
+                .register(durable_etl::handler::Noop);
+            durable_etl::worker::Worker::start(
+                pool.clone(),
+                db_config,
+                worker_config.clone(),
+                registry,
+            )
         })
         .await?;
     if let Some(listener) = metrics {
         let stats = worker.stats_handle();
-        let serving = crate::metrics::serve_worker(listener, stats, pool, shutdown.clone());
+        let serving = durable_etl::metrics::serve_worker(listener, stats, pool, shutdown.clone());
         tokio::spawn(async move {
             if let Err(e) = serving.await {
                 tracing::warn!(code = %e.code(), "metrics endpoint stopped");

@@ -8,21 +8,21 @@
 //! - It ends: every job reaches a terminal state (bounded wait), then it stops the replicas,
 //!   prints the final table (nothing is printed or logged after it), stops the server and exits 0.
 
-use crate::api::{self, AppState};
-use crate::config::{ApiConfig, DatabaseConfig, WorkerConfig};
-use crate::db;
-use crate::digest::Secret;
-use crate::error::Error;
-use crate::etl::load::EtlLoad;
-use crate::handler::Registry;
-use crate::shutdown::{self, Stage};
-use crate::worker::Worker;
-use crate::{api_keys, schema};
+use durable_etl::api::{self, AppState};
+use durable_etl::config::{ApiConfig, DatabaseConfig, WorkerConfig};
+use durable_etl::db;
+use durable_etl::digest::Secret;
+use durable_etl::error::Error;
+use durable_etl::etl::load::EtlLoad;
+use durable_etl::handler::Registry;
+use durable_etl::shutdown::{self, Stage};
+use durable_etl::worker::Worker;
+use durable_etl::{api_keys, schema};
 use serde_json::{json, Value};
 use std::time::Duration;
 
 /// The one line printed when no PostgreSQL server answers.
-pub const NO_SERVER: &str = "durable-etl demo needs PostgreSQL: start the local server (apt-get install postgresql; pg_ctlcluster 15 main start) or set DATABASE_URL=postgres://USER@HOST:PORT/DB";
+pub(crate) const NO_SERVER: &str = "durable-etl demo needs PostgreSQL: start the local server (apt-get install postgresql; pg_ctlcluster 15 main start) or set DATABASE_URL=postgres://USER@HOST:PORT/DB";
 
 /// How long the demo waits for its jobs to end.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -94,7 +94,7 @@ fn samples() -> Vec<Sample> {
 /// # Errors
 /// [`Error::Unavailable`] when no server answers (after printing [`NO_SERVER`]); other errors of
 /// the run.
-pub async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
+pub(crate) async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
     let config = match db::recreate_database(base, name).await {
         Ok(config) => DatabaseConfig {
             lock_timeout: Duration::from_millis(300),
@@ -113,16 +113,16 @@ pub async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
     println!("schema migrated to version {}", schema::latest_version());
 
     let secret = Secret::new(uuid::Uuid::new_v4().simple().to_string().into_bytes())
-        .ok_or(crate::config::ConfigError::Secret)?;
+        .ok_or(durable_etl::config::ConfigError::Secret)?;
     let key = api_keys::create(&session, &secret, "demo-owner").await?.key;
     let pool = db::connect_pool(&config, "api").await?;
     let app = api::app(AppState::new(pool, secret, ApiConfig::default()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .map_err(|_| crate::config::ConfigError::Listen)?;
+        .map_err(|_| durable_etl::config::ConfigError::Listen)?;
     let addr = listener
         .local_addr()
-        .map_err(|_| crate::config::ConfigError::Listen)?;
+        .map_err(|_| durable_etl::config::ConfigError::Listen)?;
     // The API outlives the replicas: the final table is read through it after they stopped.
     let (api_trigger, mut api_stop) = shutdown::manual();
     let (trigger, stop) = shutdown::manual();

@@ -2,8 +2,12 @@
 //! its outcome to an exit code (0 success, 1 any other failure, 2 usage, 3 database unreachable,
 //! 4 schema incompatible, 5 local I/O failure, 6 internal error).
 
+mod bench;
+mod cli;
+mod demo;
+
 use clap::Parser;
-use durable_etl::cli::{self, Cli};
+use cli::Cli;
 use durable_etl::error::EXIT_FAILURE;
 use std::process::ExitCode;
 

@@ -9,12 +9,12 @@
 //!   (tokio-postgres, hyper, …) are silenced whatever `RUST_LOG` says.
 //! - A panic is reported by location only: its message (which may quote data) is never printed.
 
-use clap::ValueEnum;
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
-/// The shape of log lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// The shape of log lines (a `--log-format` value when the binary's `cli` feature is on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum LogFormat {
     /// Human-readable lines.
     Human,

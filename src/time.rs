@@ -7,7 +7,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 
 /// An instant as canonical UTC RFC 3339 (`2026-01-02T03:04:05Z`, fractional seconds only if any).
-pub fn canonical_utc(t: DateTime<Utc>) -> String {
+pub(crate) fn canonical_utc(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
 }
 

@@ -2,13 +2,13 @@
 //! recoveries, and waits until every job has ended.
 
 use super::{BenchHandler, Replicas, INSERT_CHUNK, RECORDS_PER_ETL_JOB, WAIT_LIMIT};
-use crate::config::{ConfigError, DatabaseConfig};
-use crate::db;
-use crate::digest::Secret;
-use crate::error::Error;
-use crate::etl::enqueue::{enqueue_many, NewJob};
-use crate::etl::request;
-use crate::intake::IntakeLimits;
+use durable_etl::config::{ConfigError, DatabaseConfig};
+use durable_etl::db;
+use durable_etl::digest::Secret;
+use durable_etl::error::Error;
+use durable_etl::etl::enqueue::{enqueue_many, NewJob};
+use durable_etl::etl::request;
+use durable_etl::intake::IntakeLimits;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
@@ -19,7 +19,7 @@ const DONE_POLL: Duration = Duration::from_millis(20);
 fn bench_owner() -> Result<(Secret, [u8; 32]), Error> {
     let secret = Secret::new(uuid::Uuid::new_v4().simple().to_string().into_bytes())
         .ok_or(ConfigError::Secret)?;
-    let owner = secret.digest(crate::digest::DigestKind::Principal, b"bench");
+    let owner = secret.digest(durable_etl::digest::DigestKind::Principal, b"bench");
     Ok((secret, owner))
 }
 
@@ -61,7 +61,7 @@ async fn insert_noops(
                     sha256(g::text::bytea), $3, '{}'::jsonb
                FROM generate_series($1::int8, $1::int8 + $2::int8 - 1) AS g
              RETURNING id",
-            &[&first, &n, &crate::handler::NOOP_KIND],
+            &[&first, &n, &durable_etl::handler::NOOP_KIND],
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -91,7 +91,7 @@ async fn insert_loads(
         .map(|(key, request)| NewJob {
             idempotency_key: key,
             request,
-            max_attempts: crate::etl::enqueue::MAX_ATTEMPTS_DEFAULT,
+            max_attempts: durable_etl::etl::enqueue::MAX_ATTEMPTS_DEFAULT,
         })
         .collect();
     let enqueued = enqueue_many(client, secret, owner, &jobs).await?;

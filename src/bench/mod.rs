@@ -17,19 +17,19 @@
 mod load;
 mod replicas;
 
-use crate::config::{ConfigError, DatabaseConfig};
-use crate::db;
-use crate::error::Error;
+use durable_etl::config::{ConfigError, DatabaseConfig};
+use durable_etl::db;
+use durable_etl::error::Error;
 use load::{fill, offer, recoveries, wait_until_done};
 use replicas::{server_cpu_seconds, Replicas};
 use serde::Serialize;
 use std::time::Duration;
 
 /// The database name every bench database starts with.
-pub const DATABASE_PREFIX: &str = "durable_etl_bench";
+pub(crate) const DATABASE_PREFIX: &str = "durable_etl_bench";
 
 /// Records per ETL job (each job loads this many distinct rows).
-pub const RECORDS_PER_ETL_JOB: usize = 10;
+pub(crate) const RECORDS_PER_ETL_JOB: usize = 10;
 
 /// The longest a bench waits for its jobs to end, or for a replica to come up.
 const WAIT_LIMIT: Duration = Duration::from_secs(600);
@@ -40,7 +40,7 @@ const INSERT_CHUNK: usize = 2_000;
 /// What the replicas run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum BenchHandler {
+pub(crate) enum BenchHandler {
     /// The built-in `noop` kind: no effects, completions only.
     Noop,
     /// ETL loads of [`RECORDS_PER_ETL_JOB`] rows each.
@@ -50,7 +50,7 @@ pub enum BenchHandler {
 /// What load the bench offers.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "mode")]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Drain `jobs` pre-inserted jobs.
     BurnDown {
         /// Jobs inserted before the replicas start.
@@ -73,40 +73,40 @@ pub enum Mode {
 
 /// One bench run's settings.
 #[derive(Debug, Clone, Serialize)]
-pub struct BenchConfig {
+pub(crate) struct BenchConfig {
     /// The load.
     #[serde(flatten)]
-    pub mode: Mode,
+    pub(crate) mode: Mode,
     /// Replica processes.
-    pub replicas: usize,
+    pub(crate) replicas: usize,
     /// Slots per replica.
-    pub slots: usize,
+    pub(crate) slots: usize,
     /// What the jobs do.
-    pub handler: BenchHandler,
+    pub(crate) handler: BenchHandler,
     /// The database the bench creates and drops.
-    pub database: String,
+    pub(crate) database: String,
     /// Keep the database afterwards.
-    pub keep: bool,
+    pub(crate) keep: bool,
 }
 
 /// Percentiles of a latency sample, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     /// Median.
-    pub p50: f64,
+    pub(crate) p50: f64,
     /// 95th percentile.
-    pub p95: f64,
+    pub(crate) p95: f64,
     /// 99th percentile.
-    pub p99: f64,
+    pub(crate) p99: f64,
     /// 99.9th percentile.
-    pub p999: f64,
+    pub(crate) p999: f64,
     /// Largest.
-    pub max: f64,
+    pub(crate) max: f64,
 }
 
 impl Percentiles {
     /// Nearest-rank percentiles of `sample` (empty: all zero).
-    pub fn of(mut sample: Vec<f64>) -> Percentiles {
+    pub(crate) fn of(mut sample: Vec<f64>) -> Percentiles {
         if sample.is_empty() {
             return Percentiles::default();
         }
@@ -127,48 +127,48 @@ impl Percentiles {
 
 /// The figures of one run.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// The settings.
-    pub config: BenchConfig,
+    pub(crate) config: BenchConfig,
     /// Jobs that ended `succeeded`.
-    pub succeeded: u64,
+    pub(crate) succeeded: u64,
     /// Jobs that ended otherwise (should be 0).
-    pub not_succeeded: u64,
+    pub(crate) not_succeeded: u64,
     /// Seconds from the first claim to the last completion (database clock).
-    pub elapsed_s: f64,
+    pub(crate) elapsed_s: f64,
     /// `succeeded / elapsed_s`.
-    pub jobs_per_s: f64,
+    pub(crate) jobs_per_s: f64,
     /// Enqueue → claim: the inserting transaction's start → the claiming transaction's start
     /// (database clock). In burn-down this is queueing time.
-    pub enqueue_to_start_ms: Percentiles,
+    pub(crate) enqueue_to_start_ms: Percentiles,
     /// Offered load only: the producer's commit acknowledgement → the start of the statement
     /// that completed the job (an upper bound on acknowledgement → handler start).
-    pub ack_to_done_ms: Option<Percentiles>,
+    pub(crate) ack_to_done_ms: Option<Percentiles>,
     /// Recovery only: SIGKILL of the replica running a job → a live replica's claim of that job
     /// (database clock).
-    pub recovery_ms: Option<Percentiles>,
+    pub(crate) recovery_ms: Option<Percentiles>,
     /// Statements the replicas sent on pooled connections, per succeeded job.
-    pub round_trips_per_job: f64,
+    pub(crate) round_trips_per_job: f64,
     /// Claims the replicas made.
-    pub claims: u64,
+    pub(crate) claims: u64,
     /// Claims that found nothing.
-    pub empty_claims: u64,
+    pub(crate) empty_claims: u64,
     /// Group commits the replicas made.
-    pub commit_batches: u64,
+    pub(crate) commit_batches: u64,
     /// WAL the run wrote, per succeeded job (whole server: other databases' writes count too).
-    pub wal_bytes_per_job: f64,
+    pub(crate) wal_bytes_per_job: f64,
     /// The largest peak resident set size of a replica, in MiB.
-    pub replica_peak_rss_mib: f64,
+    pub(crate) replica_peak_rss_mib: f64,
     /// CPU the replica processes used, in microseconds per succeeded job.
-    pub replica_cpu_us_per_job: f64,
+    pub(crate) replica_cpu_us_per_job: f64,
     /// CPU the server backends of the bench database used, in microseconds per succeeded job
     /// (read from `/proc`, so only when the server runs on this host; 0 otherwise).
-    pub server_cpu_us_per_job: f64,
+    pub(crate) server_cpu_us_per_job: f64,
 }
 
 impl Report {
     /// The report as a few aligned lines.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let c = &self.config;
         let mode = match c.mode {
             Mode::BurnDown { jobs } => format!("burn-down of {jobs} jobs"),
@@ -227,7 +227,7 @@ impl Report {
 /// [`Error::Config`] for a database name without the bench prefix or a bad URL;
 /// [`Error::Io`] when a replica cannot be started, or does not answer or finish its jobs in time;
 /// [`Error::Unavailable`] when the server does not answer; database errors.
-pub async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Report, Error> {
+pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Report, Error> {
     if !config.database.starts_with(DATABASE_PREFIX) {
         return Err(ConfigError::BenchDatabase.into());
     }
@@ -243,7 +243,7 @@ pub async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Report, E
 /// reads the figures.
 async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Report, Error> {
     let mut client = db::connect(db_config, "bench").await?;
-    crate::schema::migrate_up(&mut client).await?;
+    durable_etl::schema::migrate_up(&mut client).await?;
     let jobs = match config.mode {
         Mode::BurnDown { jobs } => jobs,
         Mode::OfferedLoad { rate, duration_s } => (rate * duration_s).round() as usize,

@@ -2,8 +2,8 @@
 //! metrics endpoints and their `/proc` entries.
 
 use super::{BenchConfig, WAIT_LIMIT};
-use crate::config::{ConfigError, DatabaseConfig};
-use crate::error::Error;
+use durable_etl::config::{ConfigError, DatabaseConfig};
+use durable_etl::error::Error;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;

@@ -1,7 +1,7 @@
 //! The worker replica: a thin facade that starts a replica's roles and stops them in order.
 //!
 //! The roles, each owning its loop and its SQL:
-//! - `producer`: the one claim loop; runs each claimed job on a task ([`executor`]) whose
+//! - `producer`: the one claim loop; runs each claimed job on a task (`executor`) whose
 //!   effects commit in groups ([`group_commit`], [`completer`]);
 //! - [`heartbeat`]: renews the leases of the held jobs (`held`) on its own task;
 //! - [`rescuer`]: recovers dead owners' and expired leases' jobs on its own task;
@@ -24,15 +24,15 @@
 mod sql;
 pub mod claimer;
 pub mod completer;
-pub mod executor;
+pub(crate) mod executor;
 pub mod group_commit;
 pub mod heartbeat;
 pub(crate) mod held;
 pub mod lease;
 pub(crate) mod producer;
 pub mod rescuer;
-pub mod retry;
-pub mod session;
+pub(crate) mod retry;
+pub(crate) mod session;
 pub(crate) mod shared;
 pub mod stats;
 pub(crate) mod timing;

@@ -9,7 +9,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use std::time::Duration;
 
 /// The delay before retrying after failed attempt number `attempt` (from 1).
-pub fn delay(attempt: i32, min_delay: Duration, max_delay: Duration) -> Duration {
+pub(crate) fn delay(attempt: i32, min_delay: Duration, max_delay: Duration) -> Duration {
     let steps = usize::try_from(attempt.max(1) - 1).unwrap_or(0);
     ExponentialBuilder::default()
         .with_min_delay(min_delay)

@@ -31,45 +31,45 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// The channel the enqueue trigger notifies.
-pub const CHANNEL: &str = "durable_etl_jobs";
+pub(crate) const CHANNEL: &str = "durable_etl_jobs";
 /// How often the session proves, on itself, that it is alive and listening.
-pub const PROBE_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a probe may take before the session is presumed half-open.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// First reconnect delay.
-pub const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+pub(crate) const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
-pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
+pub(crate) const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// What the session is for.
 #[derive(Debug, Clone)]
-pub struct SessionConfig {
+pub(crate) struct SessionConfig {
     /// Where to connect: a direct session, never a transaction-mode pooler.
-    pub database: DatabaseConfig,
+    pub(crate) database: DatabaseConfig,
     /// The replica's owner id, whose lock the session holds.
-    pub owner_id: String,
+    pub(crate) owner_id: String,
     /// Whether to LISTEN (false in poll-only mode).
-    pub listen: bool,
+    pub(crate) listen: bool,
 }
 
 /// Signals from the session to the claim loop.
 #[derive(Debug, Default)]
-pub struct Signals {
+pub(crate) struct Signals {
     /// A notification arrived.
-    pub notified: Notify,
+    pub(crate) notified: Notify,
     /// The session reconnected: claim once to catch up.
-    pub reconnected: Notify,
+    pub(crate) reconnected: Notify,
     /// The owner lock is held by another process now: stop.
-    pub fatal: Notify,
+    pub(crate) fatal: Notify,
     /// Whether the session holds the owner lock right now, as far as the replica knows: set when
     /// the lock is taken, cleared as soon as the session is found lost. Claims and heartbeats
     /// stamp it into `lease_owner_locked`.
-    pub locked: AtomicBool,
+    pub(crate) locked: AtomicBool,
 }
 
 /// A running session; dropping it ends the session (and with it the owner lock).
 #[derive(Debug)]
-pub struct Session {
+pub(crate) struct Session {
     /// The task that keeps the session alive.
     task: JoinHandle<()>,
     /// Signals for the claim loop.
@@ -99,7 +99,10 @@ impl Session {
     ///
     /// # Errors
     /// [`Error::OwnerIdInUse`] when another live session holds the lock; connection errors.
-    pub async fn start(config: SessionConfig, stats: Arc<WorkerStats>) -> Result<Session, Error> {
+    pub(crate) async fn start(
+        config: SessionConfig,
+        stats: Arc<WorkerStats>,
+    ) -> Result<Session, Error> {
         let signals = Arc::new(Signals::default());
         let live = open_at_start(&config, &signals, &stats).await?;
         let task = tokio::spawn(maintain(live, config, Arc::clone(&signals), stats));
@@ -107,7 +110,7 @@ impl Session {
     }
 
     /// The signals for the claim loop.
-    pub fn signals(&self) -> Arc<Signals> {
+    pub(crate) fn signals(&self) -> Arc<Signals> {
         Arc::clone(&self.signals)
     }
 }
@@ -146,7 +149,7 @@ pub(crate) async fn open_for(
 /// The backend holding owner `$1`'s lock in this database, if any.
 ///
 /// Locks: none (reads `pg_locks`).
-pub const LOCK_HOLDER_SQL: &str = "
+pub(crate) const LOCK_HOLDER_SQL: &str = "
 SELECT l.pid
   FROM pg_locks l
  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
@@ -265,7 +268,7 @@ fn locked(live: Live, signals: &Signals, stats: &WorkerStats) -> Live {
 /// How long the backend holding an owner lock must have shown no activity before a starting
 /// replica takes it for the orphaned session of a lost node: three probe intervals, so a live
 /// replica's session (which probes every [`PROBE_INTERVAL`]) is never mistaken for one.
-pub const SILENT_HOLDER: Duration = Duration::from_secs(3 * PROBE_INTERVAL.as_secs());
+pub(crate) const SILENT_HOLDER: Duration = Duration::from_secs(3 * PROBE_INTERVAL.as_secs());
 
 /// How often a starting replica looks again at the backend that holds its owner lock.
 const HOLDER_RECHECK: Duration = Duration::from_millis(250);
@@ -274,7 +277,7 @@ const HOLDER_RECHECK: Duration = Duration::from_millis(250);
 /// state last changed, and for how many seconds it has been silent.
 ///
 /// Locks: none (reads `pg_locks` and `pg_stat_activity`).
-pub const HOLDER_ACTIVITY_SQL: &str = "
+pub(crate) const HOLDER_ACTIVITY_SQL: &str = "
 SELECT h.pid, a.application_name = 'durable-etl/session', a.state_change,
        extract(epoch FROM clock_timestamp() - a.state_change)::float8
   FROM (SELECT l.pid

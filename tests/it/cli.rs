@@ -392,10 +392,14 @@ async fn the_demo_ends_with_its_final_table_and_logs_carry_no_colour_into_files(
     drop_database(&name).await;
 }
 
+/// The one line the demo prints when no PostgreSQL server answers (the binary's `demo::NO_SERVER`,
+/// read here from its output since the demo lives on the binary side).
+const DEMO_NO_SERVER: &str = "durable-etl demo needs PostgreSQL: start the local server (apt-get install postgresql; pg_ctlcluster 15 main start) or set DATABASE_URL=postgres://USER@HOST:PORT/DB";
+
 #[test]
 fn the_demo_says_in_one_line_what_to_do_without_a_server() {
     let out = run("postgres://postgres@127.0.0.1:1/nowhere", &["demo"]);
     assert_eq!(out.status.code(), Some(3));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(stdout.trim(), durable_etl::demo::NO_SERVER);
+    assert_eq!(stdout.trim(), DEMO_NO_SERVER);
 }

@@ -16,18 +16,7 @@ use std::path::{Path, PathBuf};
 
 /// Pairs of files still allowed to import each other, each with the reason; the test fails when
 /// one no longer does, so an exception cannot outlive its cause.
-const CIRCLE_EXCEPTIONS: &[(&str, &str, &str)] = &[
-    (
-        "bench/load.rs",
-        "bench/mod.rs",
-        "the bench leaves the library for the binary side (issue #15, item 5)",
-    ),
-    (
-        "bench/mod.rs",
-        "bench/replicas.rs",
-        "the bench leaves the library for the binary side (issue #15, item 5)",
-    ),
-];
+const CIRCLE_EXCEPTIONS: &[(&str, &str, &str)] = &[];
 
 /// Imports from the worker into `metrics` still allowed, with the reason (see
 /// [`CIRCLE_EXCEPTIONS`]); the test fails when one no longer exists.
