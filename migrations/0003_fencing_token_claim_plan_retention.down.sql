@@ -12,7 +12,6 @@ ALTER TABLE etl_target_rows
 DROP INDEX etl_target_rows_written_by_job_idx;
 DROP INDEX etl_job_records_replaces_idx;
 DROP INDEX etl_job_records_owner_status_listing_idx;
-DROP FUNCTION durable_etl_claim(bigint, text, bigint, boolean);
 ALTER TABLE etl_job_records
     DROP CONSTRAINT etl_job_records_running_has_renewal,
     DROP COLUMN lease_renewed_at,

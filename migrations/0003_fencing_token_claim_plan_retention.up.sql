@@ -1,6 +1,5 @@
--- 0003: a monotonic fencing token per job, the time of a lease's last renewal, the claim as a
--- function that pins its own plan, foreign keys that let retention delete old jobs, and the
--- indexes retention and the status listing need. Applied in one transaction under the migration
+-- 0003: a monotonic fencing token per job, the time of a lease's last renewal, foreign keys that
+-- let retention delete old jobs, and the indexes retention and the status listing need. Applied in one transaction under the migration
 -- lock; the index builds scan the job and target tables while holding their locks, so writers
 -- wait for them (see docs/migrations.md).
 --
@@ -26,61 +25,6 @@ UPDATE etl_job_records SET lease_renewed_at = now() WHERE status = 'running';
 ALTER TABLE etl_job_records
     ADD CONSTRAINT etl_job_records_running_has_renewal
         CHECK (status <> 'running' OR lease_renewed_at IS NOT NULL);
-
--- The claim: takes up to `max_jobs` due jobs for `owner_id` with a lease of `lease_ms`
--- milliseconds; `owner_locked` says whether the owner holds its owner lock (so recovery may treat
--- the lock's absence as evidence of death).
---
--- Why a function: its SET clause scopes the planner switches to this one statement. Without
--- statistics (a new or truncated table after a bulk insert, before autoanalyze) the planner
--- guesses a handful of pending rows and prefers a bitmap scan plus a sort of every pending row;
--- with sorts and bitmap scans off it walks the pending index in order, whatever the statistics.
--- The switches end with the call, so every other statement of the session (group commits, a
--- library user's effects) plans with the server's settings. `plan_cache_mode` makes releases of
--- PostgreSQL that cache the plans of SQL functions (18 and later) plan each call with its
--- arguments; earlier ones plan the body at each call anyway.
---
--- Locks: the CTE walks `etl_job_records_pending_due_idx` in `(run_at, id)` order and takes a row
--- lock (`FOR NO KEY UPDATE`: the claim changes no key, so the `FOR KEY SHARE` locks of foreign-key
--- checks never make a claim skip a row) on each due pending row, skipping (`SKIP LOCKED`) rows
--- another claimer, canceller or recovery holds, so concurrent claimers never wait for each other
--- and never take the same row. After locking, PostgreSQL re-checks the row's current version
--- against the predicate. The UPDATE rewrites only the rows the CTE locked.
-CREATE FUNCTION durable_etl_claim(max_jobs bigint, owner_id text, lease_ms bigint,
-                                  owner_locked boolean)
-    RETURNS TABLE (id uuid, kind text, request_payload jsonb, attempts integer,
-                   max_attempts integer, lease_claim_id uuid, owner_key bytea, due_for float8,
-                   fencing_token bigint)
-    LANGUAGE sql VOLATILE
-    SET enable_sort = off
-    SET enable_bitmapscan = off
-    SET plan_cache_mode = force_custom_plan
-AS $$
-WITH due AS (
-    SELECT d.id
-      FROM etl_job_records d
-     WHERE d.status = 'pending' AND d.run_at <= now()
-     ORDER BY d.run_at, d.id
-     LIMIT max_jobs
-     FOR NO KEY UPDATE SKIP LOCKED
-)
-UPDATE etl_job_records AS j
-   SET status = 'running',
-       attempts = j.attempts + 1,
-       fencing_token = j.fencing_token + 1,
-       lease_claim_id = gen_random_uuid(),
-       lease_owner_id = owner_id,
-       lease_owner_locked = owner_locked,
-       lease_expires_at = now() + lease_ms * interval '1 millisecond',
-       lease_renewed_at = now(),
-       started_at = now(),
-       updated_at = now()
-  FROM due
- WHERE j.id = due.id
-RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
-          j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
-          j.fencing_token
-$$;
 
 -- An owner's jobs of one status, newest first (`GET /v1/etl-jobs?status=`): the listing reads one
 -- page of index entries instead of filtering every job of the owner.

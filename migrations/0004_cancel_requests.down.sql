@@ -3,5 +3,4 @@ UPDATE etl_job_records j
    SET cancel_requested_at = c.requested_at
   FROM etl_job_cancel_requests c
  WHERE c.job_id = j.id AND j.cancel_requested_at IS NULL AND j.status = 'running';
-DROP FUNCTION durable_etl_cancel_requested(uuid, timestamptz);
 DROP TABLE etl_job_cancel_requests;

@@ -2,7 +2,7 @@
 
 -- A cancel request for a running job, recorded without touching (or waiting for the lock of) the
 -- job's row: a commit or a claim may hold that row for as long as a job's effects take. Every path
--- that ends an attempt reads it through durable_etl_cancel_requested(): a fenced success never
+-- that ends an attempt reads it (a primary-key probe in each statement): a fenced success never
 -- commits for a job that has a request, and retry, release and recovery end it `cancelled` instead
 -- of returning it to `pending`. The foreign key's check takes FOR KEY SHARE on the job row, which
 -- conflicts with none of the FOR NO KEY UPDATE locks that claims and commits hold.
@@ -13,12 +13,3 @@ CREATE TABLE etl_job_cancel_requests (
 
 COMMENT ON TABLE etl_job_cancel_requests IS
     'durable-etl: owners'' requests to cancel running jobs, recorded without the job row''s lock';
-
--- Whether job `job_id` (whose cancel_requested_at column is `requested_at`) has a cancel request:
--- the column (set by releases before 0004) or a row of etl_job_cancel_requests. Inlined by the
--- planner into each statement that calls it; a primary-key probe.
-CREATE FUNCTION durable_etl_cancel_requested(job_id uuid, requested_at timestamptz)
-    RETURNS boolean
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$ SELECT $2 IS NOT NULL
-              OR EXISTS (SELECT 1 FROM etl_job_cancel_requests c WHERE c.job_id = $1) $$;

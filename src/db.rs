@@ -89,9 +89,49 @@ fn options(cfg: &DatabaseConfig) -> String {
 /// # Errors
 /// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when no connection can be opened.
 pub async fn connect_pool(cfg: &DatabaseConfig, role: &str) -> Result<Pool, Error> {
-    let manager = PostgresConnectionManager::new(pg_config(cfg, role)?, NoTls);
+    build_pool(pg_config(cfg, role)?, cfg, cfg.pool_max_size).await
+}
+
+/// The planner switches of the claim sessions, and of no other: without statistics (a new or
+/// truncated queue table after a bulk insert, before autoanalyze) the planner guesses a handful
+/// of pending rows and prefers a bitmap scan plus a sort of every pending row for the claim; with
+/// both off it walks the pending index in order. Set on sessions that run nothing but the claim
+/// and the next-due read, so they never reach a group commit or a handler's effects (where sorts
+/// off made the fenced lock step walk the whole primary-key index).
+const CLAIM_PLANNER_OPTIONS: &str = "-c enable_sort=off -c enable_bitmapscan=off";
+
+/// How many claim sessions a replica keeps: its one claim loop needs one; a second covers a
+/// session that is being replaced.
+const CLAIM_POOL_SIZE: u32 = 2;
+
+/// The tokio-postgres configuration of a replica's claim sessions (role `claimer`): the usual
+/// settings plus [`CLAIM_PLANNER_OPTIONS`].
+///
+/// # Errors
+/// [`ConfigError::DatabaseUrl`] if the URL does not parse.
+pub fn claim_pg_config(cfg: &DatabaseConfig) -> Result<tokio_postgres::Config, ConfigError> {
+    let mut pg = pg_config(cfg, "claimer")?;
+    pg.options(format!("{} {CLAIM_PLANNER_OPTIONS}", options(cfg)));
+    Ok(pg)
+}
+
+/// Opens a replica's claim pool ([`claim_pg_config`]), proving the database answers.
+///
+/// # Errors
+/// As [`connect_pool`].
+pub async fn connect_claim_pool(cfg: &DatabaseConfig) -> Result<Pool, Error> {
+    build_pool(claim_pg_config(cfg)?, cfg, CLAIM_POOL_SIZE).await
+}
+
+/// A pool of at most `size` connections made with `pg`, proven by taking one.
+async fn build_pool(
+    pg: tokio_postgres::Config,
+    cfg: &DatabaseConfig,
+    size: u32,
+) -> Result<Pool, Error> {
+    let manager = PostgresConnectionManager::new(pg, NoTls);
     let pool = bb8::Pool::builder()
-        .max_size(cfg.pool_max_size)
+        .max_size(size)
         .connection_timeout(cfg.connect_timeout)
         // No validation query on checkout (it would cost a round trip on every claim and
         // commit); `checkout` skips connections already known closed instead.

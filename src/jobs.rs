@@ -130,7 +130,9 @@ macro_rules! status_select {
     () => {
         "SELECT j.id, j.status, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at,
                 j.started_at, j.finished_at, j.failure_code, j.failure_record_index,
-                durable_etl_cancel_requested(j.id, j.cancel_requested_at), j.replaces_job_id,
+                (j.cancel_requested_at IS NOT NULL
+                 OR EXISTS (SELECT 1 FROM etl_job_cancel_requests c WHERE c.job_id = j.id)),
+                j.replaces_job_id,
                 r.rows_inserted, r.rows_updated, r.rows_unchanged, r.data_checksum
            FROM etl_job_records j
            LEFT JOIN etl_job_responses r ON r.job_id = j.id"
@@ -203,7 +205,7 @@ pub async fn list(
 /// `pending`); a running job's row is never locked or waited for: its request is a row of
 /// `etl_job_cancel_requests`, whose foreign-key check takes FOR KEY SHARE on the job row, which
 /// the FOR NO KEY UPDATE locks of claims and executing commits do not block. Every path that ends
-/// the attempt reads the request (`durable_etl_cancel_requested`).
+/// the attempt reads the request.
 pub const CANCEL_SQL: &str = "
 WITH target AS (
     SELECT id, status FROM etl_job_records WHERE id = $1 AND owner_key = $2

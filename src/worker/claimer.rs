@@ -11,11 +11,12 @@
 //!   sooner. This is safe because a claim's durability protects nothing: if a server crash loses
 //!   it, the row is back to `pending` with its old claim id, and the fence refuses every write of
 //!   the lost claim, effects included. Completions, retries and failures stay synchronous.
-//! - The claim's plan is pinned by the claim alone: the statement calls the SQL function
-//!   `durable_etl_claim` (migration 0003), whose `SET` clause turns sorts and bitmap scans off
-//!   for the call only, so the claim walks the pending index in order even on a table without
-//!   statistics, and no planner switch leaks into the session's other statements. A change to
-//!   the claim is a new migration that replaces the function.
+//! - The claim's plan is pinned on the claim sessions alone: the producer claims on its own small
+//!   pool ([`crate::db::connect_claim_pool`]), whose sessions plan with sorts and bitmap scans
+//!   off, so the claim walks the pending index in order even on a table without statistics; the
+//!   replica's other sessions (group commits, handlers' effects) plan with the server's
+//!   settings. (A SQL function with its own `SET` clause pinned it too, but cost about 100 µs of
+//!   server CPU per job in a burn-down.)
 //! - The statement is sent unnamed with typed parameters (`query_typed`): one round trip.
 
 use crate::handler::JobContext;
@@ -27,9 +28,8 @@ use tokio_postgres::GenericClient;
 /// Claims up to `$1` due jobs for owner `$2` with a lease of `$3` milliseconds; `$4` says whether
 /// the owner holds its owner lock (so recovery may treat the lock's absence as death).
 ///
-/// Locks: those of `durable_etl_claim` (see migration 0003): the function walks
-/// `etl_job_records_pending_due_idx` in `(run_at, id)` order and takes a row lock
-/// (`FOR NO KEY UPDATE`: the claim changes no key, so the `FOR KEY SHARE` locks that foreign-key
+/// Locks: the CTE walks `etl_job_records_pending_due_idx` in `(run_at, id)` order and takes a
+/// row lock (`FOR NO KEY UPDATE`: the claim changes no key, so the `FOR KEY SHARE` locks that foreign-key
 /// checks of rows referencing a job take never make a claim skip it) on each due pending row,
 /// skipping (`SKIP LOCKED`) rows another claimer, canceller or recovery holds, so concurrent
 /// claimers never wait for each other and never take the same row. After locking, PostgreSQL
@@ -43,11 +43,32 @@ use tokio_postgres::GenericClient;
 /// replica must register every kind; a job of a kind the claiming replica does not know ends
 /// `failed` with `unknown_kind`.
 pub const CLAIM_SQL: &str = "
-SELECT c.id, c.kind, c.request_payload, c.attempts, c.max_attempts, c.lease_claim_id, c.owner_key,
-       c.due_for, c.fencing_token,
-       -- Commit this claim without waiting for its WAL flush (see the invariants above).
-       set_config('synchronous_commit', 'off', true)
-  FROM durable_etl_claim($1, $2, $3, $4) AS c";
+WITH due AS (
+    SELECT d.id
+      FROM etl_job_records d
+     WHERE d.status = 'pending' AND d.run_at <= now()
+     ORDER BY d.run_at, d.id
+     LIMIT $1
+     FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE etl_job_records AS j
+   SET status = 'running',
+       attempts = j.attempts + 1,
+       fencing_token = j.fencing_token + 1,
+       lease_claim_id = gen_random_uuid(),
+       lease_owner_id = $2,
+       lease_owner_locked = $4,
+       lease_expires_at = now() + $3 * interval '1 millisecond',
+       lease_renewed_at = now(),
+       started_at = now(),
+       updated_at = now()
+  FROM due
+ WHERE j.id = due.id
+RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
+          j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
+          j.fencing_token,
+          -- Commit this claim without waiting for its WAL flush (see the invariants above).
+          set_config('synchronous_commit', 'off', true)";
 
 /// Who claims, and on what terms.
 #[derive(Debug, Clone, Copy)]

@@ -95,11 +95,13 @@ impl Worker {
         if released > 0 {
             tracing::info!(released, "released the previous incarnation's running jobs");
         }
+        let claim_pool = crate::db::connect_claim_pool(db_config).await?;
         let group_commit =
             group_commit::GroupCommit::start(pool.clone(), Arc::clone(&stats), config.slots);
         Ok(Worker {
             shared: Arc::new(Shared {
                 pool,
+                claim_pool,
                 registry,
                 config,
                 stats,

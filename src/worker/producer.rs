@@ -297,7 +297,7 @@ pub(crate) async fn claim(
     if shared.registry.is_empty() {
         return Ok(Vec::new());
     }
-    let conn = db::checkout(&shared.pool).await?;
+    let conn = db::checkout(&shared.claim_pool).await?;
     let claimant = Claimant {
         owner_id: shared.owner_id(),
         owner_locked: shared.owner_locked(),
@@ -320,7 +320,7 @@ pub(crate) async fn claim(
 /// How long until the next deferred job is due, asked after a short claim (once its jobs are
 /// already running, so the question never delays them).
 async fn next_due(shared: &Shared) -> Result<Option<Duration>, Error> {
-    let conn = db::checkout(&shared.pool).await?;
+    let conn = db::checkout(&shared.claim_pool).await?;
     shared.stats.record_round_trips(1);
     db::bounded(shared.statement_bound, claimer::next_due(&*conn)).await
 }

@@ -24,6 +24,9 @@ pub(crate) const STATEMENT_BOUND_SLACK: Duration = Duration::from_secs(2);
 pub(crate) struct Shared {
     /// The connection pool.
     pub(crate) pool: Pool,
+    /// The claim sessions ([`crate::db::connect_claim_pool`]): the only sessions whose planner
+    /// switches pin the claim's plan.
+    pub(crate) claim_pool: Pool,
     /// The handlers, by kind.
     pub(crate) registry: Registry,
     /// The replica's configuration.
