@@ -1,5 +1,6 @@
-//! Fenced state transitions after the claim: success (inside the execution transaction), retry,
-//! failure and release.
+//! Every fenced statement after the claim, in one place: the group commit's fenced lock and its
+//! ledger check, success (inside the execution transaction or on its own), retry, failure and
+//! release.
 //!
 //! Invariants this module keeps:
 //! - Every statement carries the lease fence (`id`, `lease_claim_id`, `status = 'running'`); zero
@@ -18,7 +19,7 @@ use crate::state::JobState;
 use crate::worker::held::HeldJobs;
 use crate::worker::lease::{self, millis, Lease};
 use crate::worker::shared::Shared;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
@@ -103,11 +104,9 @@ pub const SUCCEED_SQL: &str = succeed_sql!(concat!(" AND NOT ", cancel_requested
 /// and checked for cancel requests: it must not look again, since a request recorded after that
 /// check (requests never wait for the row) would leave the job's applied effects in the
 /// transaction without their success. See `succeed_sql` for the parameters and locks.
-///
-/// [`LOCK_FENCED_SQL`]: crate::worker::group_commit::LOCK_FENCED_SQL
 pub const SUCCEED_LOCKED_SQL: &str = succeed_sql!("");
 
-/// Writes the success transition and ledger row of every `(id, claim id, ledger)` entry on
+/// Writes the success transition and ledger row of every `(lease, ledger)` entry on
 /// `client` (inside the caller's execution transaction, or on its own when nothing else is
 /// written). Returns the `(id, claim id)` pairs that succeeded (by pair, not by id: a stale
 /// claim of the same job in the same group must never read as the live one's success); the
@@ -303,6 +302,87 @@ pub async fn release(
             &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
         )
         .await
+}
+
+/// Locks the batch's job rows under their fences, in id order, at the start of the execution
+/// transaction, and tells for each one still held whether a ledger row exists for it (its effects
+/// committed before: they must not run again) and whether its owner asked to cancel it (its
+/// effects must never commit). `$1` job ids, `$2` claim ids, pairwise.
+///
+/// Locks: a row lock (`FOR NO KEY UPDATE`, which conflicts with every other writer and with the
+/// `FOR UPDATE` of recovery and heartbeats) on each fenced job row, taken in id order (the lock
+/// step runs above the sort) and held until the transaction ends; this is what makes recovery
+/// and heartbeats skip the rows while their effects commit. A cancel request never waits for
+/// them: one recorded before this statement's snapshot is seen here and wins (nothing commits);
+/// one recorded after loses to the commit ([`SUCCEED_LOCKED_SQL`] does not look again), so a
+/// cancel and a commit never both win. Rows whose claim changed are not returned and not locked.
+pub const LOCK_FENCED_SQL: &str = concat!(
+    "
+SELECT j.id, held.claim_id,
+       EXISTS (SELECT 1 FROM etl_job_responses r WHERE r.job_id = j.id),
+       ",
+    cancel_requested!(),
+    "
+  FROM etl_job_records j
+  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
+    ON j.id = held.id AND j.lease_claim_id = held.claim_id
+ WHERE j.status = 'running'
+ ORDER BY j.id
+   FOR NO KEY UPDATE OF j"
+);
+
+/// The `(job id, claim id)` leases in `$1`/`$2` whose ledger row was committed under that claim.
+///
+/// Locks: none (a snapshot read of the ledger's primary key).
+pub const LEDGER_BY_CLAIM_SQL: &str = "
+SELECT r.job_id, r.lease_claim_id
+  FROM etl_job_responses r
+  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
+    ON r.job_id = held.id AND r.lease_claim_id = held.claim_id";
+
+/// Locks the fenced rows of `leases`; returns, per `(job id, claim id)` still held, `(ledger
+/// exists, cancel requested)`. Keyed by the lease: when a batch holds a stale claim and the live
+/// claim of the same job (the replica lost the job, then claimed it again), only the live one
+/// is fenced.
+pub(crate) async fn lock_fenced(
+    tx: &tokio_postgres::Transaction<'_>,
+    leases: &[Lease],
+) -> Result<HashMap<Lease, (bool, bool)>, tokio_postgres::Error> {
+    let (ids, claims) = lease::unzip(leases);
+    let rows = tx
+        .query_typed(
+            LOCK_FENCED_SQL,
+            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
+        )
+        .await?;
+    let by_ids = lease::by_ids(leases);
+    Ok(rows
+        .iter()
+        .filter_map(|r| Some((*by_ids.get(&(r.get(0), r.get(1)))?, (r.get(2), r.get(3)))))
+        .collect())
+}
+
+/// The leases of `leases` whose ledger row was committed under their claim (a COMMIT whose
+/// outcome is unknown is resolved by this, never by running a job again).
+///
+/// # Errors
+/// The database error of the query.
+pub(crate) async fn ledger_by_claim(
+    client: &impl GenericClient,
+    leases: &[Lease],
+) -> Result<HashSet<Lease>, tokio_postgres::Error> {
+    let (ids, claims) = lease::unzip(leases);
+    let rows = client
+        .query_typed(
+            LEDGER_BY_CLAIM_SQL,
+            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
+        )
+        .await?;
+    let by_ids = lease::by_ids(leases);
+    Ok(rows
+        .iter()
+        .filter_map(|r| by_ids.get(&(r.get(0), r.get(1))).copied())
+        .collect())
 }
 
 /// How long the shutdown release may wait (for a row lock, say) before the replica exits anyway

@@ -23,13 +23,14 @@ use crate::error::is_transient;
 use crate::handler::{Effects, Handler, JobError};
 use crate::worker::completer::{self, Failure, Transition};
 use crate::worker::group_commit::Ready;
+use crate::worker::guard::{guarded, Guarded};
 use crate::worker::lease::ClaimedJob;
 use crate::worker::retry;
 use crate::worker::shared::Shared;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Runs `job` to a transition. `lost` is cancelled when the heartbeat finds the lease gone or the
@@ -89,16 +90,18 @@ async fn prepare(
     lost: &CancellationToken,
 ) -> Result<Box<dyn Effects>, Failure> {
     // The call itself runs inside the guarded future: a handler may panic before returning one.
-    let run =
-        AssertUnwindSafe(async move { handler.prepare(&job.ctx, payload).await }).catch_unwind();
-    let Some(outcome) = lost.run_until_cancelled(timeout_at(deadline, run)).await else {
+    let run = guarded(
+        deadline,
+        async move { handler.prepare(&job.ctx, payload).await },
+    );
+    let Some(outcome) = lost.run_until_cancelled(run).await else {
         return Err(Failure::LeaseLost);
     };
     match outcome {
-        Err(_) => Err(Failure::Code(Code::ExecutionTimeout)),
-        Ok(Err(_panic)) => Err(Failure::Code(Code::HandlerPanicked)),
-        Ok(Ok(Err(e))) => Err(Failure::Job(e)),
-        Ok(Ok(Ok(effects))) => Ok(effects),
+        Guarded::TimedOut => Err(Failure::Code(Code::ExecutionTimeout)),
+        Guarded::Panicked => Err(Failure::Code(Code::HandlerPanicked)),
+        Guarded::Done(Err(e)) => Err(Failure::Job(e)),
+        Guarded::Done(Ok(effects)) => Ok(effects),
     }
 }
 

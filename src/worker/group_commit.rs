@@ -36,55 +36,19 @@ use crate::db::Pool;
 use crate::error::{is_connection_loss, is_transient};
 use crate::handler::{Effects, LedgerEntry};
 use crate::worker::completer::{self, Failure, Transition};
-use crate::worker::lease::{self, Lease};
+use crate::worker::guard::{guarded, Guarded};
+use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
-use futures::FutureExt;
 use std::collections::{HashMap, HashSet};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Mutex};
-use tokio_postgres::types::Type;
 use tokio_postgres::{CancelToken, NoTls, Transaction};
 use tokio_util::sync::CancellationToken;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
 /// other waits for its WAL flush; more would only split the groups smaller on this workload.
 pub const COMMIT_LANES: usize = 2;
-
-/// Locks the batch's job rows under their fences, in id order, at the start of the execution
-/// transaction, and tells for each one still held whether a ledger row exists for it (its effects
-/// committed before: they must not run again) and whether its owner asked to cancel it (its
-/// effects must never commit). `$1` job ids, `$2` claim ids, pairwise.
-///
-/// Locks: a row lock (`FOR NO KEY UPDATE`, which conflicts with every other writer and with the
-/// `FOR UPDATE` of recovery, heartbeats and cancellation) on each fenced job row, taken in id order (the lock step runs
-/// above the sort) and held until the transaction ends; this is what makes recovery, heartbeats
-/// and cancellation skip or wait for the rows while their effects commit, so a cancel and a
-/// commit can never both win. Rows whose claim changed are not returned and not locked.
-pub const LOCK_FENCED_SQL: &str = concat!(
-    "
-SELECT j.id, held.claim_id,
-       EXISTS (SELECT 1 FROM etl_job_responses r WHERE r.job_id = j.id),
-       ",
-    cancel_requested!(),
-    "
-  FROM etl_job_records j
-  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
-    ON j.id = held.id AND j.lease_claim_id = held.claim_id
- WHERE j.status = 'running'
- ORDER BY j.id
-   FOR NO KEY UPDATE OF j"
-);
-
-/// The `(job id, claim id)` leases in `$1`/`$2` whose ledger row was committed under that claim.
-///
-/// Locks: none (a snapshot read of the ledger's primary key).
-pub const LEDGER_BY_CLAIM_SQL: &str = "
-SELECT r.job_id, r.lease_claim_id
-  FROM etl_job_responses r
-  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
-    ON r.job_id = held.id AND r.lease_claim_id = held.claim_id";
 
 /// One job whose compute phase is done, waiting for its effects to commit.
 pub(crate) struct Ready {
@@ -361,7 +325,7 @@ async fn write_effects(
     let cancel = conn.cancel_token();
     stats.record_round_trips(2);
     let mut tx = conn.transaction().await?;
-    let fenced = lock_fenced(&tx, leases).await?;
+    let fenced = completer::lock_fenced(&tx, leases).await?;
     let mut ledgers: Vec<Option<LedgerEntry>> = Vec::with_capacity(jobs.len());
     for (job, outcome) in jobs.into_iter().zip(outcomes.iter_mut()) {
         let ledger = match (fenced.get(&job.lease), job.effects) {
@@ -420,28 +384,6 @@ fn ledger_rows(
         .collect()
 }
 
-/// Locks the fenced rows of `leases`; returns, per `(job id, claim id)` still held, `(ledger
-/// exists, cancel requested)`. Keyed by the lease: when a batch holds a stale claim and the live
-/// claim of the same job (the replica lost the job, then claimed it again), only the live one
-/// is fenced.
-async fn lock_fenced(
-    tx: &Transaction<'_>,
-    leases: &[Lease],
-) -> Result<HashMap<Lease, (bool, bool)>, tokio_postgres::Error> {
-    let (ids, claims) = lease::unzip(leases);
-    let rows = tx
-        .query_typed(
-            LOCK_FENCED_SQL,
-            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
-        )
-        .await?;
-    let by_ids = lease::by_ids(leases);
-    Ok(rows
-        .iter()
-        .filter_map(|r| Some((*by_ids.get(&(r.get(0), r.get(1)))?, (r.get(2), r.get(3)))))
-        .collect())
-}
-
 /// How long the statement that effects cut at their budget were running may still take to end
 /// on its own before it is cancelled on the server.
 const CUT_STATEMENT_WAIT: Duration = Duration::from_millis(100);
@@ -455,16 +397,16 @@ async fn apply(
     budget: Duration,
     cancel: &CancelToken,
 ) -> Result<LedgerEntry, Failure> {
-    let applied = AssertUnwindSafe(async move { effects.apply(tx).await }).catch_unwind();
-    match tokio::time::timeout(budget, applied).await {
-        Err(_) => {
+    let deadline = tokio::time::Instant::now() + budget;
+    match guarded(deadline, async move { effects.apply(tx).await }).await {
+        Guarded::TimedOut => {
             tracing::warn!(code = %Code::ExecutionTimeout, "effects overran their budget");
             settle_cut_statement(tx, cancel).await;
             Err(Failure::EffectsOverrun)
         }
-        Ok(Err(_panic)) => Err(Failure::Code(Code::HandlerPanicked)),
-        Ok(Ok(Err(e))) => Err(Failure::Job(e)),
-        Ok(Ok(Ok(ledger))) => Ok(ledger),
+        Guarded::Panicked => Err(Failure::Code(Code::HandlerPanicked)),
+        Guarded::Done(Err(e)) => Err(Failure::Job(e)),
+        Guarded::Done(Ok(ledger)) => Ok(ledger),
     }
 }
 
@@ -495,22 +437,9 @@ async fn resolve_unknown_commit(
     leases: &[Lease],
     outcomes: &mut [Option<Outcome>],
 ) {
-    let (ids, claims) = lease::unzip(leases);
     stats.record_round_trips(1);
     let committed: Option<HashSet<Lease>> = match crate::db::checkout(pool).await {
-        Ok(conn) => conn
-            .query_typed(
-                LEDGER_BY_CLAIM_SQL,
-                &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
-            )
-            .await
-            .ok()
-            .map(|rows| {
-                let by_ids = lease::by_ids(leases);
-                rows.iter()
-                    .filter_map(|r| by_ids.get(&(r.get(0), r.get(1))).copied())
-                    .collect()
-            }),
+        Ok(conn) => completer::ledger_by_claim(&*conn, leases).await.ok(),
         Err(_) => None,
     };
     for (outcome, lease) in outcomes.iter_mut().zip(leases) {

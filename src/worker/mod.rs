@@ -26,6 +26,7 @@ pub mod claimer;
 pub mod completer;
 pub(crate) mod executor;
 pub mod group_commit;
+pub(crate) mod guard;
 pub mod heartbeat;
 pub(crate) mod held;
 pub mod lease;

@@ -7,7 +7,7 @@ use crate::support::{insert_jobs, TestDb};
 use durable_etl::codes::Code;
 use durable_etl::jobs;
 use durable_etl::worker::lease::{self, Lease};
-use durable_etl::worker::{claimer, completer, group_commit, heartbeat, rescuer};
+use durable_etl::worker::{claimer, completer, heartbeat, rescuer};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -289,7 +289,7 @@ async fn hot_statements_stay_off_the_history(
     let leases: Vec<Lease> = claimed.iter().map(|c| c.lease()).collect();
     let (ids, claim_ids) = lease::unzip(&leases[..4]);
     let tx = session.transaction().await.unwrap();
-    let locked = rows_by_pairs(&tx, group_commit::LOCK_FENCED_SQL, &ids, &claim_ids).await;
+    let locked = rows_by_pairs(&tx, completer::LOCK_FENCED_SQL, &ids, &claim_ids).await;
     assert_eq!(locked, 4, "{pass}");
     // Inside a transaction block a statement's portal (and so its plan report) ends only when the
     // next statement starts.
@@ -305,7 +305,7 @@ async fn hot_statements_stay_off_the_history(
     check("success", plans);
     let ledger = rows_by_pairs(
         &*session,
-        group_commit::LEDGER_BY_CLAIM_SQL,
+        completer::LEDGER_BY_CLAIM_SQL,
         &ids,
         &claim_ids,
     )
