@@ -303,13 +303,7 @@ async fn hot_statements_stay_off_the_history(
     assert_eq!(succeeded.len(), 4, "{pass}");
     tx.commit().await.unwrap();
     check("success", plans);
-    let ledger = rows_by_pairs(
-        &*session,
-        completer::LEDGER_BY_CLAIM_SQL,
-        &ids,
-        &claim_ids,
-    )
-    .await;
+    let ledger = rows_by_pairs(&*session, completer::LEDGER_BY_CLAIM_SQL, &ids, &claim_ids).await;
     assert_eq!(ledger, 4, "{pass}");
     check("ledger by claim", plans);
 
