@@ -23,7 +23,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
-use uuid::Uuid;
 
 /// What a fenced transition did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,10 +157,10 @@ async fn succeed(
             ],
         )
         .await?;
-    let done: HashSet<(Uuid, Uuid)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    Ok(leases
-        .into_iter()
-        .filter(|l| done.contains(&(l.job_id, l.claim_id)))
+    let by_ids = lease::by_ids(&leases);
+    Ok(rows
+        .iter()
+        .filter_map(|r| by_ids.get(&(r.get(0), r.get(1))).copied())
         .collect())
 }
 

@@ -64,6 +64,36 @@ impl Running {
     }
 }
 
+/// Starts replica `owner` (with `lease`) running `SCRIPTED` jobs held at a gate, and returns once
+/// `jobs` of them are inside their handlers: the replica, its handler and the gate.
+async fn gated_replica(
+    db: &TestDb,
+    owner: &str,
+    lease: Duration,
+    jobs: usize,
+) -> (Running, Scripted, Arc<Semaphore>) {
+    let gate = Arc::new(Semaphore::new(0));
+    let gated = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let worker = Worker::start(
+        pool(db).await,
+        &db.config,
+        config(owner, lease),
+        Registry::new().register(gated.clone()),
+    )
+    .await
+    .unwrap();
+    let running = Running::start(worker);
+    eventually(&format!("{owner} to run {jobs} job(s)"), || {
+        let gated = gated.clone();
+        async move { gated.prepares.load(Ordering::SeqCst) == jobs }
+    })
+    .await;
+    (running, gated, gate)
+}
+
 /// Terminates the backend holding `owner`'s lock, if one does; returns whether one did.
 async fn terminate_owner_session(client: &tokio_postgres::Client, owner: &str) -> bool {
     client
@@ -86,25 +116,7 @@ async fn jobs_in_flight_survive_a_session_terminated_again_and_again() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let ids = insert_jobs(&client, SCRIPTED, &vec![json!({"do": "write"}); 3], 3).await;
-    let gate = Arc::new(Semaphore::new(0));
-    let gated = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
-    let a = Worker::start(
-        pool(&db).await,
-        &db.config,
-        config("flaky-session", Duration::from_secs(10)),
-        Registry::new().register(gated.clone()),
-    )
-    .await
-    .unwrap();
-    let a = Running::start(a);
-    eventually("A to run the three jobs", || {
-        let gated = gated.clone();
-        async move { gated.prepares.load(Ordering::SeqCst) == 3 }
-    })
-    .await;
+    let (a, _, gate) = gated_replica(&db, "flaky-session", Duration::from_secs(10), 3).await;
     // B recovers as often as it can while A's session is terminated again and again; A's pool
     // keeps renewing, so nothing of A's is ever a dead owner's.
     let b = Worker::start(
@@ -155,25 +167,7 @@ async fn a_dead_owner_is_recovered_once_it_has_also_stopped_renewing() {
     let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
         unreachable!()
     };
-    let gate = Arc::new(Semaphore::new(0));
-    let gated = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
-    let a = Worker::start(
-        pool(&db).await,
-        &db.config,
-        config("doomed", Duration::from_secs(600)),
-        Registry::new().register(gated.clone()),
-    )
-    .await
-    .unwrap();
-    let a = Running::start(a);
-    eventually("A to run the job", || {
-        let gated = gated.clone();
-        async move { gated.prepares.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    let (a, gated, _gate) = gated_replica(&db, "doomed", Duration::from_secs(600), 1).await;
     // A stops renewing (its task is gone, as in a crash) and its session ends.
     a.task.abort();
     let _ = a.task.await;
