@@ -119,6 +119,17 @@ pub mod telemetry;
 pub(crate) mod time;
 pub mod worker;
 
+// The unit tests that need a database use the integration suite's template-database harness;
+// the file names this crate as `durable_etl`, as the integration suite sees it.
+#[cfg(test)]
+extern crate self as durable_etl;
+// Shared with the integration suite, which uses all of it: here, some items go unused, and its
+// `pub` items are the suite's interface.
+#[cfg(test)]
+#[allow(dead_code, unreachable_pub)]
+#[path = "../tests/it/support/test_db.rs"]
+pub(crate) mod test_db;
+
 pub use api::{app, AppState};
 pub use codes::Code;
 pub use config::{ApiConfig, ConfigError, DatabaseConfig, WorkerConfig};

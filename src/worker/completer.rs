@@ -58,14 +58,15 @@ pub(crate) enum Failure {
 
 /// The statement that marks every job of a group `succeeded` and writes its response-ledger row
 /// (`$1` job ids, `$2` claim ids, `$3..$6` the ledger summaries, pairwise), with `$fence`
-/// appended to each job's lease fence.
+/// appended to each job's lease fence and `$tail` appended to the `(id, claim id, succeeded)`
+/// rows it returns (one per job it succeeded).
 ///
 /// Locks: the UPDATE row-locks each fenced job row (already locked when an execution transaction
 /// checked the fence first); the INSERT takes the ledger's primary-key entries, so a second
 /// ledger row for a job cannot exist (an existing one, from a commit whose status write was
-/// somehow lost, is kept as it is). Returns the `(id, claim id)` pairs it succeeded.
+/// somehow lost, is kept as it is).
 macro_rules! succeed_sql {
-    ($fence:expr) => {
+    ($fence:expr, $tail:expr) => {
         concat!(
             "
 WITH held AS (
@@ -89,39 +90,70 @@ WITH held AS (
     SELECT id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum FROM done
         ON CONFLICT (job_id) DO NOTHING
 )
-SELECT id, claim_id FROM done"
+SELECT id, claim_id, true FROM done",
+            $tail
         )
     };
 }
 
 /// Succeeds a group of jobs that write nothing, in one statement of its own: a job whose owner
-/// asked to cancel it is left as it is (the caller cancels it through [`FAIL_SQL`]). See
-/// `succeed_sql` for the parameters and locks.
-pub const SUCCEED_SQL: &str = succeed_sql!(concat!(" AND NOT ", cancel_requested!()));
+/// asked to cancel it is left as it is, and returned with `false` (the caller cancels it
+/// through [`FAIL_SQL`]); a job whose lease is lost is not returned. See `succeed_sql` for the
+/// parameters and locks; the tail reads the statement's snapshot of the jobs it did not succeed
+/// (an index probe each; none when all succeeded) and locks nothing more.
+pub const SUCCEED_SQL: &str = succeed_sql!(
+    concat!(" AND NOT ", cancel_requested!()),
+    "
+UNION ALL
+SELECT j.id, j.lease_claim_id, false
+  FROM held
+  JOIN etl_job_records j ON j.id = held.id AND j.lease_claim_id = held.claim_id
+ WHERE j.status = 'running'
+   AND NOT EXISTS (SELECT 1 FROM done WHERE done.id = held.id AND done.claim_id = held.claim_id)"
+);
 
 /// Succeeds the jobs of an execution transaction whose rows [`LOCK_FENCED_SQL`] already locked
 /// and checked for cancel requests: it must not look again, since a request recorded after that
 /// check (requests never wait for the row) would leave the job's applied effects in the
 /// transaction without their success. See `succeed_sql` for the parameters and locks.
-pub const SUCCEED_LOCKED_SQL: &str = succeed_sql!("");
+pub const SUCCEED_LOCKED_SQL: &str = succeed_sql!("", "");
 
-/// Writes the success transition and ledger row of every `(lease, ledger)` entry on
-/// `client` (inside the caller's execution transaction, or on its own when nothing else is
-/// written). Returns the `(id, claim id)` pairs that succeeded (by pair, not by id: a stale
-/// claim of the same job in the same group must never read as the live one's success); the
-/// others' leases are lost or their owners asked to cancel them.
+/// What the success statement of a batch that writes nothing found a fenced job to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// It is `succeeded`.
+    Succeeded,
+    /// Its lease holds, but its owner asked to cancel it: left running for the fenced cancel.
+    CancelRequested,
+}
+
+/// Writes the success transition and ledger row of every `(lease, ledger)` entry on its own
+/// ([`SUCCEED_SQL`]). Returns what became of each lease whose fence held (by lease, not by id:
+/// a stale claim of the same job in the same group must never read as the live one's success);
+/// a lease it does not return is lost.
 ///
 /// # Errors
 /// The database error of the statement.
 pub async fn succeed_many(
     client: &impl GenericClient,
     entries: &[(Lease, LedgerEntry)],
-) -> Result<HashSet<Lease>, tokio_postgres::Error> {
-    succeed(client, SUCCEED_SQL, entries).await
+) -> Result<HashMap<Lease, Fenced>, tokio_postgres::Error> {
+    Ok(succeed(client, SUCCEED_SQL, entries)
+        .await?
+        .map(|(lease, succeeded)| {
+            let fenced = if succeeded {
+                Fenced::Succeeded
+            } else {
+                Fenced::CancelRequested
+            };
+            (lease, fenced)
+        })
+        .collect())
 }
 
-/// [`succeed_many`] inside an execution transaction that locked the rows and checked their cancel
-/// requests first ([`SUCCEED_LOCKED_SQL`]): every fenced entry succeeds.
+/// Writes the success of every `(lease, ledger)` entry inside an execution transaction that
+/// locked the rows and checked their cancel requests first ([`SUCCEED_LOCKED_SQL`]); returns the
+/// leases that succeeded (every fenced one).
 ///
 /// # Errors
 /// The database error of the statement.
@@ -129,15 +161,19 @@ pub async fn succeed_locked(
     tx: &tokio_postgres::Transaction<'_>,
     entries: &[(Lease, LedgerEntry)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
-    succeed(tx, SUCCEED_LOCKED_SQL, entries).await
+    Ok(succeed(tx, SUCCEED_LOCKED_SQL, entries)
+        .await?
+        .map(|(lease, _)| lease)
+        .collect())
 }
 
-/// Runs success statement `sql` for `entries`.
+/// Runs success statement `sql` for `entries`; yields each returned lease with its `succeeded`
+/// flag.
 async fn succeed(
     client: &impl GenericClient,
     sql: &str,
     entries: &[(Lease, LedgerEntry)],
-) -> Result<HashSet<Lease>, tokio_postgres::Error> {
+) -> Result<impl Iterator<Item = (Lease, bool)>, tokio_postgres::Error> {
     let leases: Vec<Lease> = entries.iter().map(|e| e.0).collect();
     let (ids, claims) = lease::unzip(&leases);
     let inserted: Vec<i32> = entries.iter().map(|e| e.1.rows_inserted).collect();
@@ -158,10 +194,10 @@ async fn succeed(
         )
         .await?;
     let by_ids = lease::by_ids(&leases);
-    Ok(rows
-        .iter()
-        .filter_map(|r| by_ids.get(&(r.get(0), r.get(1))).copied())
-        .collect())
+    Ok(rows.into_iter().filter_map(move |r| {
+        let lease = by_ids.get(&(r.get(0), r.get(1))).copied()?;
+        Some((lease, r.get(2)))
+    }))
 }
 
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else

@@ -2,6 +2,10 @@
 //! transaction, or in one statement when none of them writes; so a replica pays one commit (one
 //! WAL flush, one round trip for no-op effects) for a whole group of jobs instead of one each.
 //!
+//! Each job of a batch carries a [`step::Step`] that every phase maps forward (`Claimed → Fenced
+//! → Applying → Applied → Succeeded`, or `Ended` with its own failure); its outcome is read off
+//! that state, and how the batch ended, in one place ([`step::Step::settle`]).
+//!
 //! Invariants this module keeps:
 //! - Batches form from what is already waiting, never by waiting: a lane takes the first ready
 //!   job, then whatever else is queued (up to the replica's slots), and commits at once. An idle
@@ -35,13 +39,15 @@ use crate::codes::Code;
 use crate::db::Pool;
 use crate::error::{is_connection_loss, is_transient};
 use crate::handler::{Effects, LedgerEntry};
-use crate::worker::completer::{self, Failure, Transition};
+use crate::worker::completer::{self, Failure, Fenced};
 use crate::worker::guard::{guarded, Guarded};
 use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
+pub(crate) use step::Ready;
+use step::{advance, BatchEnd, Outcome, Step};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_postgres::{CancelToken, NoTls, Transaction};
 use tokio_util::sync::CancellationToken;
@@ -49,23 +55,6 @@ use tokio_util::sync::CancellationToken;
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
 /// other waits for its WAL flush; more would only split the groups smaller on this workload.
 pub const COMMIT_LANES: usize = 2;
-
-/// One job whose compute phase is done, waiting for its effects to commit.
-pub(crate) struct Ready {
-    /// The lease that fences it.
-    pub(crate) lease: Lease,
-    /// Its effects; `None` for a job claimed without payload (only an existing ledger row can
-    /// make it succeed).
-    pub(crate) effects: Option<Box<dyn Effects>>,
-    /// Whether it needs the execution transaction: its effects write ([`Effects::writes`], asked
-    /// by the job's own task so that a panic there is the job's), or it has none.
-    pub(crate) writes: bool,
-    /// How long its effects may take, from when they start applying.
-    pub(crate) budget: Duration,
-}
-
-/// What a job of a batch came to.
-type Outcome = Result<Transition, Failure>;
 
 /// A ready job and where its outcome goes.
 struct Queued {
@@ -259,85 +248,91 @@ async fn commit_batch(
     (in_flight, lane): (&InFlight, usize),
 ) -> Vec<Outcome> {
     let leases: Vec<Lease> = jobs.iter().map(|j| j.lease).collect();
-    let mut outcomes: Vec<Option<Outcome>> = jobs.iter().map(|_| None).collect();
-    let written = match crate::db::checkout(pool).await {
-        Err(_) => Err(None),
+    let mut steps: Vec<Step> = jobs.into_iter().map(Step::Claimed).collect();
+    let end = match crate::db::checkout(pool).await {
+        Err(_) => BatchEnd::Failed(Code::TransientDatabase),
         Ok(mut conn) => {
             let _shown = in_flight.show(lane, conn.cancel_token());
-            let writes_nothing = jobs.iter().all(|j| !j.writes);
-            let written = if writes_nothing {
-                stats.record_round_trips(1);
-                completer::succeed_many(
-                    &*conn,
-                    &ledger_rows(&leases, jobs.iter().map(|_| Some(LedgerEntry::default()))),
-                )
-                .await
+            let written = if steps.iter().any(Step::writes) {
+                write_effects(&mut conn, stats, &leases, &mut steps).await
             } else {
-                write_effects(&mut conn, stats, jobs, &leases, &mut outcomes).await
+                succeed_alone(&conn, stats, &leases, &mut steps).await
             };
-            written.map_err(Some)
+            match written {
+                Ok(()) => {
+                    crash_point!("commit.after");
+                    BatchEnd::Committed
+                }
+                Err(e) if is_connection_loss(&e) => {
+                    BatchEnd::Unknown(committed_anyway(pool, stats, &leases).await)
+                }
+                Err(e) => BatchEnd::Failed(batch_failure(&e)),
+            }
         }
     };
-    match written {
-        Ok(succeeded) => {
-            crash_point!("commit.after");
-            for (outcome, lease) in outcomes.iter_mut().zip(&leases) {
-                if outcome.is_none() {
-                    // Fenced and locked, yet not succeeded: only a cancel request explains it
-                    // (the fenced cancellation write tells a lost lease apart).
-                    *outcome = Some(if succeeded.contains(lease) {
-                        Ok(Transition::Succeeded)
-                    } else {
-                        Err(Failure::Cancelled)
-                    });
-                }
-            }
-        }
-        Err(Some(e)) if is_connection_loss(&e) => {
-            resolve_unknown_commit(pool, stats, &leases, &mut outcomes).await;
-        }
-        Err(e) => {
-            let failure = e.as_ref().map_or(Code::TransientDatabase, batch_failure);
-            for outcome in outcomes.iter_mut().filter(|o| o.is_none()) {
-                *outcome = Some(Err(Failure::Code(failure)));
-            }
-        }
-    }
-    outcomes
+    steps
         .into_iter()
-        .map(|o| o.unwrap_or(Err(Failure::Code(Code::TransientDatabase))))
+        .zip(&leases)
+        .map(|(step, lease)| step.settle(lease, &end))
         .collect()
 }
 
-/// The transaction of a batch that writes effects: locks the fenced rows, applies each job's
-/// effects (each under its own savepoint when the batch has several jobs), writes the ledger rows
-/// and `succeeded` for the jobs whose effects applied, and commits. Jobs that fail on their own
-/// get their outcome in `outcomes` (`leases` are the jobs' `(id, claim id)`, in order); the
-/// returned set holds the leases that succeeded.
+/// The statement of a batch that writes nothing: each job `Claimed → Succeeded`, or `Ended`
+/// cancelled (fenced, but its owner asked to cancel it) or with its lease lost.
+async fn succeed_alone(
+    client: &tokio_postgres::Client,
+    stats: &WorkerStats,
+    leases: &[Lease],
+    steps: &mut [Step],
+) -> Result<(), tokio_postgres::Error> {
+    stats.record_round_trips(1);
+    let entries: Vec<(Lease, LedgerEntry)> = leases
+        .iter()
+        .map(|&l| (l, LedgerEntry::default()))
+        .collect();
+    let fenced = completer::succeed_many(client, &entries).await?;
+    for (step, lease) in steps.iter_mut().zip(leases) {
+        *step = match fenced.get(lease) {
+            Some(Fenced::Succeeded) => Step::Succeeded,
+            Some(Fenced::CancelRequested) => Step::Ended(Failure::Cancelled),
+            None => Step::Ended(Failure::LeaseLost),
+        };
+    }
+    Ok(())
+}
+
+/// The transaction of a batch that writes effects: fences and locks the rows (`Claimed →
+/// Fenced | Ended`), applies each job's effects, each under its own savepoint when the batch
+/// has several jobs (`Fenced → Applied | Ended`), writes the ledger rows and `succeeded` of the
+/// jobs whose effects applied (`Applied → Succeeded`), and commits.
 async fn write_effects(
     conn: &mut tokio_postgres::Client,
     stats: &WorkerStats,
-    jobs: Vec<Ready>,
     leases: &[Lease],
-    outcomes: &mut [Option<Outcome>],
-) -> Result<HashSet<Lease>, tokio_postgres::Error> {
-    let isolate = jobs.len() > 1;
+    steps: &mut [Step],
+) -> Result<(), tokio_postgres::Error> {
+    let isolate = steps.len() > 1;
     let cancel = conn.cancel_token();
     stats.record_round_trips(2);
     let mut tx = conn.transaction().await?;
     let fenced = completer::lock_fenced(&tx, leases).await?;
-    let mut ledgers: Vec<Option<LedgerEntry>> = Vec::with_capacity(jobs.len());
-    for (job, outcome) in jobs.into_iter().zip(outcomes.iter_mut()) {
-        let ledger = match (fenced.get(&job.lease), job.effects) {
-            (None, _) => Err(Failure::LeaseLost),
-            (Some(&(_, true)), _) => Err(Failure::Cancelled),
-            // Effects already committed under an earlier claim: record success, run nothing.
-            (Some(&(true, false)), _) => Ok(LedgerEntry::default()),
-            (Some(&(false, false)), None) => Err(Failure::Code(Code::InvalidPayload)),
-            (Some(&(false, false)), Some(effects)) if isolate => {
+    for (step, lease) in steps.iter_mut().zip(leases) {
+        advance(step, |claimed| claimed.fence(fenced.get(lease)));
+    }
+    for step in steps.iter_mut() {
+        let ready = match std::mem::replace(step, Step::Applying) {
+            Step::Fenced(ready) => ready,
+            other => {
+                *step = other;
+                continue;
+            }
+        };
+        let applied = match ready.effects {
+            None => Err(Failure::Code(Code::InvalidPayload)),
+            Some(effects) if isolate => {
                 stats.record_round_trips(2);
                 let savepoint = tx.savepoint("job_effects").await?;
-                let applied = apply(&savepoint, effects, job.budget, &cancel).await;
+                let applied = apply(&savepoint, effects, ready.budget, &cancel).await;
                 if applied.is_ok() {
                     savepoint.commit().await?;
                 } else {
@@ -345,43 +340,32 @@ async fn write_effects(
                 }
                 applied
             }
-            (Some(&(false, false)), Some(effects)) => {
-                apply(&tx, effects, job.budget, &cancel).await
-            }
+            Some(effects) => apply(&tx, effects, ready.budget, &cancel).await,
         };
         crash_point!("effects.applied");
-        ledgers.push(match ledger {
-            Ok(ledger) => Some(ledger),
-            Err(failure) => {
-                *outcome = Some(Err(failure));
-                None
-            }
-        });
+        *step = applied.map_or_else(Step::Ended, Step::Applied);
     }
-    stats.record_round_trips(1);
-    if ledgers.iter().all(Option::is_none) {
-        tx.rollback().await?;
-        return Ok(HashSet::new());
-    }
-    stats.record_round_trips(1);
-    let succeeded =
-        completer::succeed_locked(&tx, &ledger_rows(leases, ledgers.into_iter())).await?;
-    crash_point!("commit.before");
-    tx.commit().await?;
-    Ok(succeeded)
-}
-
-/// The `(lease, ledger)` rows to succeed: every lease with a ledger entry (`None` in `ledgers`
-/// means the job failed on its own).
-fn ledger_rows(
-    leases: &[Lease],
-    ledgers: impl Iterator<Item = Option<LedgerEntry>>,
-) -> Vec<(Lease, LedgerEntry)> {
-    leases
+    let entries: Vec<(Lease, LedgerEntry)> = steps
         .iter()
-        .zip(ledgers)
-        .filter_map(|(&lease, ledger)| Some((lease, ledger?)))
-        .collect()
+        .zip(leases)
+        .filter_map(|(step, &lease)| match step {
+            Step::Applied(ledger) => Some((lease, ledger.clone())),
+            _ => None,
+        })
+        .collect();
+    stats.record_round_trips(1);
+    if entries.is_empty() {
+        return tx.rollback().await;
+    }
+    stats.record_round_trips(1);
+    let succeeded = completer::succeed_locked(&tx, &entries).await?;
+    for (step, lease) in steps.iter_mut().zip(leases) {
+        if matches!(step, Step::Applied(_)) && succeeded.contains(lease) {
+            *step = Step::Succeeded;
+        }
+    }
+    crash_point!("commit.before");
+    tx.commit().await
 }
 
 /// How long the statement that effects cut at their budget were running may still take to end
@@ -429,29 +413,17 @@ async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
     }
 }
 
-/// The batch's connection was lost, perhaps during COMMIT: a job whose ledger row exists under
-/// its claim committed; the others did not, and fail transiently (their fenced retry follows).
-async fn resolve_unknown_commit(
+/// The batch's connection was lost, perhaps during COMMIT: reads, on another connection, which
+/// of `leases` have their ledger row under their claim (those committed; the others did not,
+/// and their fenced retry follows). `None` if the ledger cannot be read either.
+async fn committed_anyway(
     pool: &Pool,
     stats: &WorkerStats,
     leases: &[Lease],
-    outcomes: &mut [Option<Outcome>],
-) {
+) -> Option<HashSet<Lease>> {
     stats.record_round_trips(1);
-    let committed: Option<HashSet<Lease>> = match crate::db::checkout(pool).await {
-        Ok(conn) => completer::ledger_by_claim(&*conn, leases).await.ok(),
-        Err(_) => None,
-    };
-    for (outcome, lease) in outcomes.iter_mut().zip(leases) {
-        if outcome.is_none() {
-            let done = committed.as_ref().is_some_and(|c| c.contains(lease));
-            *outcome = Some(if done {
-                Ok(Transition::Succeeded)
-            } else {
-                Err(Failure::Code(Code::TransientDatabase))
-            });
-        }
-    }
+    let conn = crate::db::checkout(pool).await.ok()?;
+    completer::ledger_by_claim(&*conn, leases).await.ok()
 }
 
 /// The code a failure of the batch statements themselves gives each of its jobs.
@@ -463,5 +435,6 @@ fn batch_failure(e: &tokio_postgres::Error) -> Code {
     }
 }
 
+mod step;
 #[cfg(test)]
 mod tests;

@@ -89,13 +89,8 @@ impl Worker {
         config.validate()?;
         let stats = Arc::new(WorkerStats::default());
         let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
-        let conn = crate::db::checkout(&pool).await?;
-        let released = rescuer::recover_own(&*conn, &config.owner_id).await?;
-        drop(conn);
-        stats.record_released(released);
-        if released > 0 {
-            tracing::info!(released, "released the previous incarnation's running jobs");
-        }
+        stats
+            .record_released(rescuer::release_previous_incarnation(&pool, &config.owner_id).await?);
         let claim_pool = crate::db::connect_claim_pool(db_config).await?;
         let group_commit =
             group_commit::GroupCommit::start(pool.clone(), Arc::clone(&stats), config.slots);

@@ -145,6 +145,23 @@ pub async fn recover_own(
         .await
 }
 
+/// At start-up, releases what a previous incarnation of `owner_id` left `running` (on a
+/// connection of `pool`) and logs how many; returns how many.
+///
+/// # Errors
+/// A checkout or database error.
+pub(crate) async fn release_previous_incarnation(
+    pool: &db::Pool,
+    owner_id: &str,
+) -> Result<u64, Error> {
+    let conn = db::checkout(pool).await?;
+    let released = recover_own(&*conn, owner_id).await?;
+    if released > 0 {
+        tracing::info!(released, "released the previous incarnation's running jobs");
+    }
+    Ok(released)
+}
+
 /// Runs one recovery pass. A lock-backed owner whose lock is gone counts as dead only once its
 /// leases have also gone unrenewed for `silence` (see [`owner_silence`]).
 ///

@@ -6,8 +6,8 @@
 //! rows once, payload cleared), with the attempts the crash point implies.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
 
-// This binary uses part of the shared test support.
-#[allow(dead_code)]
+// This binary uses part of the shared test support (and of what it re-exports).
+#[allow(dead_code, unused_imports)]
 #[path = "../it/support.rs"]
 mod support;
 

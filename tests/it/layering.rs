@@ -9,7 +9,8 @@
 //! Rules:
 //! - the foundation (`config`, `error`, `jobs`) never imports `etl/`;
 //! - the worker (`worker/`) never imports `metrics`, `etl/` or `api/`;
-//! - no two files import each other.
+//! - no two files import each other;
+//! - `worker/mod.rs` stays a facade (at most 200 lines) and no file is over 500 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -385,4 +386,24 @@ fn no_two_files_of_src_import_each_other() {
         "import circles:\n{}",
         circles.join("\n")
     );
+}
+
+#[test]
+fn the_facade_stays_thin_and_no_file_of_src_grows_past_500_lines() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let lines = |file: &str| {
+        std::fs::read_to_string(src().join(file))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    assert!(files.len() > 40, "only {} files found", files.len());
+    let long: Vec<(String, usize)> = files
+        .iter()
+        .map(|f| (f.clone(), lines(f)))
+        .filter(|(_, n)| *n > 500)
+        .collect();
+    assert!(long.is_empty(), "files over 500 lines: {long:?}");
+    assert!(lines("worker/mod.rs") <= 200, "worker/mod.rs is no facade");
 }

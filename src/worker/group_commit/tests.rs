@@ -1,10 +1,11 @@
-//! The batch paths, driven directly against a scratch database so that each batch's
-//! composition is exact (through a replica it depends on timing).
+//! The batch paths, driven directly against a database of the shared template harness so that
+//! each batch's composition is exact (through a replica it depends on timing).
 
 use super::*;
-use crate::config::DatabaseConfig;
 use crate::handler::JobError;
+use crate::test_db::TestDb;
 use crate::worker::claimer::{self, Claimant};
+use crate::worker::completer::Transition;
 use futures::future::BoxFuture;
 use std::time::Duration;
 use uuid::Uuid;
@@ -53,10 +54,10 @@ impl Effects for Scripted {
     }
 }
 
-/// A scratch database with the schema, dropped at the end of the test.
+/// A database of the shared template harness with claimed jobs, and a pool and a client on it.
 struct Scratch {
-    /// Its configuration.
-    config: DatabaseConfig,
+    /// The database (dropped with the guard).
+    db: TestDb,
     /// A pool on it.
     pool: Pool,
     /// A plain client on it.
@@ -64,26 +65,17 @@ struct Scratch {
 }
 
 impl Scratch {
-    /// Creates and migrates a fresh database with `n` due jobs (payload `{}`), all claimed by
-    /// one owner. Returns the scratch database and the claimed `(id, claim id)` pairs.
+    /// A fresh database with `n` due jobs (payload `{}`), all claimed by one owner. Returns the
+    /// scratch database and the claimed `(id, claim id)` pairs.
     async fn with_claimed(n: usize) -> (Scratch, Vec<(Uuid, Uuid)>) {
         Scratch::waiting_for_locks(n, Duration::from_millis(200)).await
     }
 
     /// [`Scratch::with_claimed`], whose sessions wait up to `lock_timeout` for a lock.
     async fn waiting_for_locks(n: usize, lock_timeout: Duration) -> (Scratch, Vec<(Uuid, Uuid)>) {
-        let base = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        let (server, _) = base.rsplit_once('/').unwrap();
-        let name = format!("durable_etl_test_unit_{}", Uuid::new_v4().simple());
-        let config = DatabaseConfig {
-            url: format!("{server}/{name}"),
-            lock_timeout,
-            ..DatabaseConfig::default()
-        };
-        crate::db::ensure_database(&config).await.unwrap();
-        let mut client = crate::db::connect(&config, "test").await.unwrap();
-        crate::schema::migrate_up(&mut client).await.unwrap();
+        let mut db = TestDb::migrated().await;
+        db.config.lock_timeout = lock_timeout;
+        let client = crate::db::connect(&db.config, "test").await.unwrap();
         client
             .execute(
                 "INSERT INTO etl_job_records
@@ -108,15 +100,8 @@ impl Scratch {
             .map(|j| (j.id(), j.claim_id()))
             .collect();
         claimed.sort();
-        let pool = crate::db::connect_pool(&config, "test").await.unwrap();
-        (
-            Scratch {
-                config,
-                pool,
-                client,
-            },
-            claimed,
-        )
+        let pool = crate::db::connect_pool(&db.config, "test").await.unwrap();
+        (Scratch { db, pool, client }, claimed)
     }
 
     /// Runs one batch of `jobs`, and names each outcome.
@@ -154,22 +139,6 @@ impl Scratch {
             .iter()
             .map(|r| r.get(0))
             .collect()
-    }
-
-    /// Drops the database.
-    async fn drop_database(self) {
-        drop(self.pool);
-        drop(self.client);
-        let name = self.config.url.rsplit_once('/').unwrap().1.to_owned();
-        let admin = DatabaseConfig {
-            url: self.config.url.replace(&name, "postgres"),
-            ..DatabaseConfig::default()
-        };
-        let admin = crate::db::connect(&admin, "test").await.unwrap();
-        admin
-            .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
-            .await
-            .unwrap();
     }
 }
 
@@ -278,7 +247,6 @@ async fn each_job_of_a_batch_commits_or_fails_on_its_own() {
         db.count("etl_job_records WHERE status = 'running'").await,
         5
     );
-    db.drop_database().await;
 }
 
 #[tokio::test]
@@ -286,7 +254,7 @@ async fn effects_queued_behind_a_blocked_job_get_their_own_budget() {
     let (db, jobs) = Scratch::waiting_for_locks(3, Duration::from_secs(60)).await;
     // Another session inserted target row `k` and has not committed: job 0's insert of `k`
     // waits for it (a minute, by the lock timeout), then for ever by its budget.
-    let holder = crate::db::connect(&db.config, "test").await.unwrap();
+    let holder = crate::db::connect(&db.db.config, "test").await.unwrap();
     holder
         .batch_execute(&format!(
             "BEGIN; INSERT INTO etl_target_rows
@@ -323,7 +291,6 @@ async fn effects_queued_behind_a_blocked_job_get_their_own_budget() {
     release.await.unwrap();
     assert_eq!(db.target_keys().await, ["b", "c"]);
     assert_eq!(db.count("etl_job_responses").await, 2);
-    db.drop_database().await;
 }
 
 #[tokio::test]
@@ -358,7 +325,6 @@ async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs()
     ));
     assert_eq!(stats.snapshot().round_trips, 1);
     assert_eq!(db.count("etl_job_responses").await, 2);
-    db.drop_database().await;
 }
 
 #[tokio::test]
@@ -414,8 +380,6 @@ async fn a_lone_failure_rolls_back_and_a_reclaimed_job_with_a_ledger_runs_nothin
     );
     assert_eq!(db2.count("etl_target_rows").await, 0);
     assert_eq!(db2.count("etl_job_responses").await, 0);
-    db.drop_database().await;
-    db2.drop_database().await;
 }
 
 #[tokio::test]
@@ -447,17 +411,15 @@ async fn a_stale_claim_beside_the_live_claim_of_the_same_job_is_fenced_out() {
         ready(stale2, none(), minute),
         ready(jobs2[0], none(), minute),
     ];
-    assert_eq!(db2.commit(batch).await, ["cancel", "Succeeded"]);
+    assert_eq!(db2.commit(batch).await, ["lease lost", "Succeeded"]);
     assert_eq!(db2.count("etl_job_responses").await, 1);
-    db.drop_database().await;
-    db2.drop_database().await;
 }
 
 #[tokio::test]
 async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
     let (db, jobs) = Scratch::with_claimed(2).await;
     // Another session holds job 1's row lock past the lock timeout.
-    let mut holder = crate::db::connect(&db.config, "test").await.unwrap();
+    let mut holder = crate::db::connect(&db.db.config, "test").await.unwrap();
     let tx = holder.transaction().await.unwrap();
     tx.execute(
         "SELECT 1 FROM etl_job_records WHERE id = $1 FOR UPDATE",
@@ -488,5 +450,4 @@ async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
     tx.rollback().await.unwrap();
     drop(holder);
     assert_eq!(db.count("etl_job_responses").await, 0);
-    db.drop_database().await;
 }

@@ -1,0 +1,420 @@
+//! The flags and environment variables of every command, as clap parses them, and how they
+//! turn into the library's configurations (durations, derived worker timings, secrets).
+//!
+//! Invariants: see the parent module (`cli`), whose contract these types spell out.
+
+use clap::{Args, Parser, Subcommand};
+use durable_etl::config::{DatabaseConfig, WorkerConfig, DATABASE_URL_DEFAULT};
+use durable_etl::digest::Secret;
+use durable_etl::error::Error;
+use durable_etl::telemetry::LogFormat;
+use durable_etl::{config, db};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// durable-etl: durable ETL jobs run out of PostgreSQL.
+#[derive(Debug, Parser)]
+#[command(name = "durable-etl", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    /// Database options shared by every command.
+    #[command(flatten)]
+    pub(crate) database: DatabaseArgs,
+    /// Log line format.
+    #[arg(
+        long,
+        env = "DURABLE_ETL_LOG_FORMAT",
+        value_enum,
+        default_value = "human",
+        global = true
+    )]
+    pub(crate) log_format: LogFormat,
+    /// The command to run.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Database options shared by every command.
+#[derive(Debug, Args)]
+pub(crate) struct DatabaseArgs {
+    /// PostgreSQL connection string.
+    #[arg(long, env = "DATABASE_URL", default_value = DATABASE_URL_DEFAULT, global = true, hide_env_values = true)]
+    pub(crate) database_url: String,
+    /// Largest number of pooled connections.
+    #[arg(long, env = "DURABLE_ETL_POOL_SIZE", default_value_t = config::POOL_MAX_SIZE_DEFAULT, global = true)]
+    pub(crate) pool_size: u32,
+    /// Time allowed to open a database connection.
+    #[arg(long, env = "DURABLE_ETL_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
+    pub(crate) connect_timeout: Duration,
+    /// Session statement_timeout.
+    #[arg(long, env = "DURABLE_ETL_STATEMENT_TIMEOUT", default_value = "30s", value_parser = parse_duration, global = true)]
+    pub(crate) statement_timeout: Duration,
+    /// Session lock_timeout.
+    #[arg(long, env = "DURABLE_ETL_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
+    pub(crate) lock_timeout: Duration,
+    /// Session idle_in_transaction_session_timeout. Defaults to 10s; for `work`, to the lease when
+    /// --lease is shorter, so a frozen replica's row locks go no later than its leases.
+    #[arg(long, env = "DURABLE_ETL_IDLE_IN_TRANSACTION_TIMEOUT", value_parser = parse_duration, global = true)]
+    pub(crate) idle_in_transaction_timeout: Option<Duration>,
+    /// Session client_connection_check_interval (PostgreSQL 14+; 0 leaves the server's, as 13 needs).
+    #[arg(long, env = "DURABLE_ETL_CLIENT_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration, global = true)]
+    pub(crate) client_check_interval: Duration,
+    /// Time start-up may take (connecting, schema and session checks, owner lock, release of a
+    /// previous incarnation's jobs); lost connections are retried with backoff within it, and the
+    /// process exits 3 when it is spent.
+    #[arg(long, env = "DURABLE_ETL_STARTUP_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
+    pub(crate) startup_timeout: Duration,
+}
+
+impl DatabaseArgs {
+    /// The validated database configuration.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the broken rule.
+    pub(crate) fn config(&self) -> Result<DatabaseConfig, Error> {
+        self.config_for_lease(None)
+    }
+
+    /// The validated database configuration of a process that holds leases of `lease` (a worker
+    /// replica): an unset idle-in-transaction timeout is derived from it
+    /// ([`config::derived_idle_in_transaction_timeout`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the broken rule.
+    pub(crate) fn config_for_lease(
+        &self,
+        lease: Option<Duration>,
+    ) -> Result<DatabaseConfig, Error> {
+        let idle_in_transaction_timeout = match (self.idle_in_transaction_timeout, lease) {
+            (Some(set), _) => set,
+            (None, Some(lease)) => config::derived_idle_in_transaction_timeout(lease),
+            (None, None) => config::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+        };
+        let cfg = DatabaseConfig {
+            url: self.database_url.clone(),
+            pool_max_size: self.pool_size,
+            connect_timeout: self.connect_timeout,
+            statement_timeout: self.statement_timeout,
+            lock_timeout: self.lock_timeout,
+            idle_in_transaction_timeout,
+            client_check_interval: self.client_check_interval,
+            ..DatabaseConfig::default()
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The start-up bounds, from now: the deadline of the whole start-up, and one attempt at most
+    /// a connection plus a statement.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the budget is zero or absurdly long.
+    pub(crate) fn start_up(
+        &self,
+        shutdown: &durable_etl::shutdown::Shutdown,
+    ) -> Result<db::StartUp, Error> {
+        if self.startup_timeout.is_zero() {
+            return Err(config::ConfigError::ZeroDuration("startup timeout").into());
+        }
+        if self.startup_timeout > config::DURATION_MAX {
+            return Err(config::ConfigError::DurationTooLong("startup timeout", "365 days").into());
+        }
+        Ok(db::StartUp {
+            deadline: tokio::time::Instant::now() + self.startup_timeout,
+            attempt: self.connect_timeout.saturating_add(self.statement_timeout),
+            shutdown: shutdown.clone(),
+        })
+    }
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Apply the schema migrations this release embeds (or reverse them with --down-to).
+    Migrate(MigrateArgs),
+    /// Serve the HTTP API.
+    Serve(ServeArgs),
+    /// Run a worker replica: claim, execute and complete jobs.
+    Work(WorkArgs),
+    /// Create or revoke API keys.
+    #[command(subcommand)]
+    ApiKeys(ApiKeysCommand),
+    /// Run the whole product once on a local database: API, two replicas, sample jobs.
+    Demo(DemoArgs),
+    /// Measure throughput and latency of real replicas on a throw-away database.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// The load `bench` offers.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Insert --jobs due jobs, then start the replicas and time how fast they drain them.
+    BurnDown {
+        /// Jobs inserted before the replicas start.
+        #[arg(long, default_value_t = 20_000)]
+        jobs: usize,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Start idle replicas, then insert one job at a time at --rate for --duration.
+    OfferedLoad {
+        /// Jobs per second.
+        #[arg(long, default_value_t = 20.0)]
+        rate: f64,
+        /// How long the load lasts.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        duration: Duration,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Time how soon a live replica runs the job of a SIGKILLed one (default settings; at least
+    /// two replicas; ETL jobs held inside their effects).
+    Recovery {
+        /// Kills to time.
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+}
+
+/// Options every `bench` mode shares.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Replica processes (this binary's `work`).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) replicas: usize,
+    /// Slots per replica.
+    #[arg(long, default_value_t = config::SLOTS_DEFAULT)]
+    pub(crate) slots: usize,
+    /// What the jobs do.
+    #[arg(long, value_enum, default_value = "noop")]
+    pub(crate) handler: crate::bench::BenchHandler,
+    /// The database the bench creates (and drops, unless --keep) on DATABASE_URL's server.
+    #[arg(long, default_value = crate::bench::DATABASE_PREFIX)]
+    pub(crate) bench_database: String,
+    /// Keep the bench database afterwards.
+    #[arg(long)]
+    pub(crate) keep: bool,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl BenchCommand {
+    /// The bench's settings, and whether to print JSON.
+    pub(crate) fn config(&self) -> (crate::bench::BenchConfig, bool) {
+        let (mode, common) = match self {
+            BenchCommand::BurnDown { jobs, common } => {
+                (crate::bench::Mode::BurnDown { jobs: *jobs }, common)
+            }
+            BenchCommand::OfferedLoad {
+                rate,
+                duration,
+                common,
+            } => (
+                crate::bench::Mode::OfferedLoad {
+                    rate: *rate,
+                    duration_s: duration.as_secs_f64(),
+                },
+                common,
+            ),
+            BenchCommand::Recovery { trials, common } => {
+                (crate::bench::Mode::Recovery { trials: *trials }, common)
+            }
+        };
+        let replicas = match mode {
+            crate::bench::Mode::Recovery { .. } => common.replicas.max(2),
+            _ => common.replicas,
+        };
+        let config = crate::bench::BenchConfig {
+            mode,
+            replicas,
+            slots: common.slots,
+            handler: common.handler,
+            database: common.bench_database.clone(),
+            keep: common.keep,
+        };
+        (config, common.json)
+    }
+}
+
+/// Options of `demo`.
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// The database the demo creates (fresh) on the server of DATABASE_URL.
+    #[arg(
+        long,
+        env = "DURABLE_ETL_DEMO_DATABASE",
+        default_value = "durable_etl_demo"
+    )]
+    pub(crate) demo_database: String,
+}
+
+/// Options of `migrate`.
+#[derive(Debug, Args)]
+pub(crate) struct MigrateArgs {
+    /// Reverse migrations until the schema is at this version (0 removes everything).
+    #[arg(long, env = "DURABLE_ETL_DOWN_TO")]
+    pub(crate) down_to: Option<i32>,
+}
+
+/// Options of `serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "DURABLE_ETL_LISTEN", default_value = config::API_LISTEN_DEFAULT)]
+    pub(crate) listen: SocketAddr,
+    /// Time one request may take.
+    #[arg(long, env = "DURABLE_ETL_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) request_timeout: Duration,
+    /// Requests served at once (more wait their turn).
+    #[arg(long, env = "DURABLE_ETL_MAX_CONCURRENCY", default_value_t = config::MAX_CONCURRENCY_DEFAULT)]
+    pub(crate) max_concurrency: usize,
+    /// Largest number of records in one request.
+    #[arg(long, env = "DURABLE_ETL_MAX_RECORDS", default_value_t = durable_etl::intake::MAX_RECORDS_DEFAULT)]
+    pub(crate) max_records: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "DURABLE_ETL_MAX_BYTES", default_value_t = durable_etl::intake::MAX_BYTES_DEFAULT)]
+    pub(crate) max_bytes: usize,
+    /// Secret key of the keyed digests (at least 16 bytes).
+    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
+    pub(crate) secret: Option<String>,
+}
+
+impl ServeArgs {
+    /// The validated API configuration and secret.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the broken rule.
+    pub(crate) fn config(&self) -> Result<(config::ApiConfig, Secret), Error> {
+        let api = config::ApiConfig {
+            listen: self.listen,
+            request_timeout: self.request_timeout,
+            max_concurrency: self.max_concurrency,
+            limits: durable_etl::intake::IntakeLimits {
+                max_records: self.max_records,
+                max_bytes: self.max_bytes,
+            },
+        };
+        api.validate()?;
+        let secret = self
+            .secret
+            .clone()
+            .and_then(|s| Secret::new(s.into_bytes()))
+            .ok_or(config::ConfigError::Secret)?;
+        Ok((api, secret))
+    }
+}
+
+/// Options of `work`.
+#[derive(Debug, Args)]
+pub(crate) struct WorkArgs {
+    /// This replica's stable lease owner id (for example the pod name); generated when unset.
+    #[arg(long, env = "DURABLE_ETL_OWNER_ID")]
+    pub(crate) owner_id: Option<String>,
+    /// Jobs this replica runs at once.
+    #[arg(long, env = "DURABLE_ETL_SLOTS", default_value_t = config::SLOTS_DEFAULT)]
+    pub(crate) slots: usize,
+    /// Interval of the backstop poll.
+    #[arg(long, env = "DURABLE_ETL_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub(crate) poll_interval: Duration,
+    /// Lease granted by a claim and renewed by each heartbeat.
+    #[arg(long, env = "DURABLE_ETL_LEASE", default_value = "15s", value_parser = parse_duration)]
+    pub(crate) lease: Duration,
+    /// Interval between heartbeats (under a third of the lease). Defaults to 4s, or lease × 4/15
+    /// when --lease is under 15s (800ms for a 3s lease).
+    #[arg(long, env = "DURABLE_ETL_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
+    pub(crate) heartbeat_interval: Option<Duration>,
+    /// Execution timeout of one attempt.
+    #[arg(long, env = "DURABLE_ETL_EXECUTION_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub(crate) execution_timeout: Duration,
+    /// Time running jobs get to finish after SIGTERM or SIGINT.
+    #[arg(long, env = "DURABLE_ETL_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) shutdown_grace: Duration,
+    /// First retry delay after a transient failure.
+    #[arg(long, env = "DURABLE_ETL_RETRY_MIN_DELAY", default_value = "500ms", value_parser = parse_duration)]
+    pub(crate) retry_min_delay: Duration,
+    /// Longest retry delay.
+    #[arg(long, env = "DURABLE_ETL_RETRY_MAX_DELAY", default_value = "60s", value_parser = parse_duration)]
+    pub(crate) retry_max_delay: Duration,
+    /// Address to serve Prometheus metrics on.
+    #[arg(long, env = "DURABLE_ETL_METRICS_LISTEN")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Poll only: no LISTEN (behind a transaction-mode pooler). Without --session-database-url,
+    /// dead replicas' jobs are then recovered by lease expiry only.
+    #[arg(long, env = "DURABLE_ETL_POLL_ONLY")]
+    pub(crate) poll_only: bool,
+    /// Direct (not pooled) connection string for the LISTEN and owner-lock session.
+    #[arg(long, env = "DURABLE_ETL_SESSION_DATABASE_URL", hide_env_values = true)]
+    pub(crate) session_database_url: Option<String>,
+}
+
+impl WorkArgs {
+    /// The validated worker configuration.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the broken rule.
+    pub(crate) fn config(&self) -> Result<WorkerConfig, Error> {
+        let cfg = WorkerConfig {
+            owner_id: self
+                .owner_id
+                .clone()
+                .unwrap_or_else(config::generated_owner_id),
+            slots: self.slots,
+            poll_interval: self.poll_interval,
+            lease: self.lease,
+            heartbeat_interval: self
+                .heartbeat_interval
+                .unwrap_or_else(|| config::derived_heartbeat_interval(self.lease)),
+            execution_timeout: self.execution_timeout,
+            shutdown_grace: self.shutdown_grace,
+            retry_min_delay: self.retry_min_delay,
+            retry_max_delay: self.retry_max_delay,
+            metrics_listen: self.metrics_listen,
+            poll_only: self.poll_only,
+            session_database_url: self.session_database_url.clone(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// The `api-keys` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ApiKeysCommand {
+    /// Create an API key for an owner and print it once.
+    Create(CreateKeyArgs),
+    /// Revoke an API key by id.
+    Revoke(RevokeKeyArgs),
+}
+
+/// Options of `api-keys create`.
+#[derive(Debug, Args)]
+pub(crate) struct CreateKeyArgs {
+    /// The owner (principal) the key acts for; stored only as a keyed digest.
+    #[arg(long, env = "DURABLE_ETL_OWNER")]
+    pub(crate) owner: String,
+    /// Secret key of the keyed digests (at least 16 bytes).
+    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
+    pub(crate) secret: String,
+}
+
+/// Options of `api-keys revoke`.
+#[derive(Debug, Args)]
+pub(crate) struct RevokeKeyArgs {
+    /// The id printed by `api-keys create`.
+    pub(crate) id: uuid::Uuid,
+}
+
+/// Parses a duration such as `500ms`, `2s` or `1m`.
+///
+/// # Errors
+/// A fixed message when the text is not a duration.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|_| "expected a duration such as 500ms, 2s or 1m".to_owned())
+}
