@@ -58,15 +58,14 @@ pub(crate) enum Failure {
 
 /// The statement that marks every job of a group `succeeded` and writes its response-ledger row
 /// (`$1` job ids, `$2` claim ids, `$3..$6` the ledger summaries, pairwise), with `$fence`
-/// appended to each job's lease fence and `$tail` appended to the `(id, claim id, succeeded)`
-/// rows it returns (one per job it succeeded).
+/// appended to each job's lease fence. Returns the `(id, claim id)` pairs it succeeded.
 ///
 /// Locks: the UPDATE row-locks each fenced job row (already locked when an execution transaction
 /// checked the fence first); the INSERT takes the ledger's primary-key entries, so a second
 /// ledger row for a job cannot exist (an existing one, from a commit whose status write was
 /// somehow lost, is kept as it is).
 macro_rules! succeed_sql {
-    ($fence:expr, $tail:expr) => {
+    ($fence:expr) => {
         concat!(
             "
 WITH held AS (
@@ -90,33 +89,36 @@ WITH held AS (
     SELECT id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum FROM done
         ON CONFLICT (job_id) DO NOTHING
 )
-SELECT id, claim_id, true FROM done",
-            $tail
+SELECT id, claim_id FROM done"
         )
     };
 }
 
 /// Succeeds a group of jobs that write nothing, in one statement of its own: a job whose owner
-/// asked to cancel it is left as it is, and returned with `false` (the caller cancels it
-/// through [`FAIL_SQL`]); a job whose lease is lost is not returned. See `succeed_sql` for the
-/// parameters and locks; the tail reads the statement's snapshot of the jobs it did not succeed
-/// (an index probe each; none when all succeeded) and locks nothing more.
-pub const SUCCEED_SQL: &str = succeed_sql!(
-    concat!(" AND NOT ", cancel_requested!()),
+/// asked to cancel it is left as it is (the caller cancels it through [`FAIL_SQL`]). See
+/// `succeed_sql` for the parameters and locks.
+pub const SUCCEED_SQL: &str = succeed_sql!(concat!(" AND NOT ", cancel_requested!()));
+
+/// Of the `(job id, claim id)` leases in `$1`/`$2`, those still held (the fence matches) whose
+/// owner asked to cancel the job: read after [`SUCCEED_SQL`] for the leases it did not succeed
+/// (rarely any), to tell a cancel request from a lost lease.
+///
+/// Locks: none (a snapshot read through the primary keys).
+pub const CANCEL_REQUESTED_SQL: &str = concat!(
     "
-UNION ALL
-SELECT j.id, j.lease_claim_id, false
-  FROM held
-  JOIN etl_job_records j ON j.id = held.id AND j.lease_claim_id = held.claim_id
- WHERE j.status = 'running'
-   AND NOT EXISTS (SELECT 1 FROM done WHERE done.id = held.id AND done.claim_id = held.claim_id)"
+SELECT j.id, j.lease_claim_id
+  FROM etl_job_records j
+  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
+    ON j.id = held.id AND j.lease_claim_id = held.claim_id
+ WHERE j.status = 'running' AND ",
+    cancel_requested!()
 );
 
 /// Succeeds the jobs of an execution transaction whose rows [`LOCK_FENCED_SQL`] already locked
 /// and checked for cancel requests: it must not look again, since a request recorded after that
 /// check (requests never wait for the row) would leave the job's applied effects in the
 /// transaction without their success. See `succeed_sql` for the parameters and locks.
-pub const SUCCEED_LOCKED_SQL: &str = succeed_sql!("", "");
+pub const SUCCEED_LOCKED_SQL: &str = succeed_sql!("");
 
 /// What the success statement of a batch that writes nothing found a fenced job to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,24 +132,34 @@ pub enum Fenced {
 /// Writes the success transition and ledger row of every `(lease, ledger)` entry on its own
 /// ([`SUCCEED_SQL`]). Returns what became of each lease whose fence held (by lease, not by id:
 /// a stale claim of the same job in the same group must never read as the live one's success);
-/// a lease it does not return is lost.
+/// a lease it does not return is lost. Only when some lease did not succeed does a second
+/// statement ([`CANCEL_REQUESTED_SQL`]) tell a cancel request from a lost lease.
 ///
 /// # Errors
-/// The database error of the statement.
+/// The database error of a statement.
 pub async fn succeed_many(
     client: &impl GenericClient,
     entries: &[(Lease, LedgerEntry)],
 ) -> Result<HashMap<Lease, Fenced>, tokio_postgres::Error> {
-    Ok(succeed(client, SUCCEED_SQL, entries)
-        .await?
-        .map(|(lease, succeeded)| {
-            let fenced = if succeeded {
-                Fenced::Succeeded
-            } else {
-                Fenced::CancelRequested
-            };
-            (lease, fenced)
-        })
+    let succeeded = succeed(client, SUCCEED_SQL, entries).await?;
+    let missing: Vec<Lease> = entries
+        .iter()
+        .map(|e| e.0)
+        .filter(|lease| !succeeded.contains(lease))
+        .collect();
+    let cancel_requested = if missing.is_empty() {
+        HashSet::new()
+    } else {
+        leases_returned(client, CANCEL_REQUESTED_SQL, &missing).await?
+    };
+    Ok(succeeded
+        .into_iter()
+        .map(|lease| (lease, Fenced::Succeeded))
+        .chain(
+            cancel_requested
+                .into_iter()
+                .map(|lease| (lease, Fenced::CancelRequested)),
+        )
         .collect())
 }
 
@@ -161,19 +173,15 @@ pub async fn succeed_locked(
     tx: &tokio_postgres::Transaction<'_>,
     entries: &[(Lease, LedgerEntry)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
-    Ok(succeed(tx, SUCCEED_LOCKED_SQL, entries)
-        .await?
-        .map(|(lease, _)| lease)
-        .collect())
+    succeed(tx, SUCCEED_LOCKED_SQL, entries).await
 }
 
-/// Runs success statement `sql` for `entries`; yields each returned lease with its `succeeded`
-/// flag.
+/// Runs success statement `sql` for `entries`; returns the leases it succeeded.
 async fn succeed(
     client: &impl GenericClient,
     sql: &str,
     entries: &[(Lease, LedgerEntry)],
-) -> Result<impl Iterator<Item = (Lease, bool)>, tokio_postgres::Error> {
+) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     let leases: Vec<Lease> = entries.iter().map(|e| e.0).collect();
     let (ids, claims) = lease::unzip(&leases);
     let inserted: Vec<i32> = entries.iter().map(|e| e.1.rows_inserted).collect();
@@ -193,11 +201,32 @@ async fn succeed(
             ],
         )
         .await?;
-    let by_ids = lease::by_ids(&leases);
-    Ok(rows.into_iter().filter_map(move |r| {
-        let lease = by_ids.get(&(r.get(0), r.get(1))).copied()?;
-        Some((lease, r.get(2)))
-    }))
+    Ok(leases_of(&leases, &rows))
+}
+
+/// The leases of `leases` whose `(id, claim id)` the `rows` return (in their first two columns).
+fn leases_of(leases: &[Lease], rows: &[tokio_postgres::Row]) -> HashSet<Lease> {
+    let by_ids = lease::by_ids(leases);
+    rows.iter()
+        .filter_map(|r| by_ids.get(&(r.get(0), r.get(1))).copied())
+        .collect()
+}
+
+/// Runs `sql` (parameters: the ids and claim ids of `leases`) and returns the leases whose
+/// `(id, claim id)` it returns.
+async fn leases_returned(
+    client: &impl GenericClient,
+    sql: &str,
+    leases: &[Lease],
+) -> Result<HashSet<Lease>, tokio_postgres::Error> {
+    let (ids, claims) = lease::unzip(leases);
+    let rows = client
+        .query_typed(
+            sql,
+            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
+        )
+        .await?;
+    Ok(leases_of(leases, &rows))
 }
 
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else
@@ -406,18 +435,7 @@ pub(crate) async fn ledger_by_claim(
     client: &impl GenericClient,
     leases: &[Lease],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
-    let (ids, claims) = lease::unzip(leases);
-    let rows = client
-        .query_typed(
-            LEDGER_BY_CLAIM_SQL,
-            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
-        )
-        .await?;
-    let by_ids = lease::by_ids(leases);
-    Ok(rows
-        .iter()
-        .filter_map(|r| by_ids.get(&(r.get(0), r.get(1))).copied())
-        .collect())
+    leases_returned(client, LEDGER_BY_CLAIM_SQL, leases).await
 }
 
 /// How long the shutdown release may wait (for a row lock, say) before the replica exits anyway

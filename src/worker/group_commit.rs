@@ -291,6 +291,11 @@ async fn succeed_alone(
         .map(|&l| (l, LedgerEntry::default()))
         .collect();
     let fenced = completer::succeed_many(client, &entries).await?;
+    let succeeded = fenced.values().filter(|f| **f == Fenced::Succeeded).count();
+    if succeeded < leases.len() {
+        // The second statement, which told a cancel request from a lost lease.
+        stats.record_round_trips(1);
+    }
     for (step, lease) in steps.iter_mut().zip(leases) {
         *step = match fenced.get(lease) {
             Some(Fenced::Succeeded) => Step::Succeeded,

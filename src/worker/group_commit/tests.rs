@@ -323,8 +323,28 @@ async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs()
             Ok(Transition::Succeeded)
         ]
     ));
-    assert_eq!(stats.snapshot().round_trips, 1);
+    // One statement succeeded the batch; one more told the job it skipped (cancel requested)
+    // from a lost lease.
+    assert_eq!(stats.snapshot().round_trips, 2);
     assert_eq!(db.count("etl_job_responses").await, 2);
+    // A batch where every job succeeds is one statement.
+    let (db2, jobs2) = Scratch::with_claimed(3).await;
+    let batch = jobs2
+        .iter()
+        .map(|&j| {
+            ready(
+                j,
+                Some(Box::new(crate::handler::NoEffects)),
+                Duration::from_secs(9),
+            )
+        })
+        .collect();
+    let stats = WorkerStats::default();
+    let outcomes = commit_batch(&db2.pool, &stats, batch, (&InFlight::default(), 0)).await;
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, Ok(Transition::Succeeded))));
+    assert_eq!(stats.snapshot().round_trips, 1);
 }
 
 #[tokio::test]
