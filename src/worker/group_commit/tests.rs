@@ -104,6 +104,24 @@ impl Scratch {
         (Scratch { db, pool, client }, claimed)
     }
 
+    /// Runs one batch of `jobs` whose effects write nothing; returns the outcomes and the
+    /// batch's counters.
+    async fn commit_without_effects(&self, jobs: &[(Uuid, Uuid)]) -> (Vec<Outcome>, WorkerStats) {
+        let batch = jobs
+            .iter()
+            .map(|&j| {
+                ready(
+                    j,
+                    Some(Box::new(crate::handler::NoEffects)),
+                    Duration::from_secs(9),
+                )
+            })
+            .collect();
+        let stats = WorkerStats::default();
+        let outcomes = commit_batch(&self.pool, &stats, batch, (&InFlight::default(), 0)).await;
+        (outcomes, stats)
+    }
+
     /// Runs one batch of `jobs`, and names each outcome.
     async fn commit(&self, jobs: Vec<Ready>) -> Vec<String> {
         let stats = WorkerStats::default();
@@ -303,18 +321,7 @@ async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs()
         )
         .await
         .unwrap();
-    let batch = jobs
-        .iter()
-        .map(|&j| {
-            ready(
-                j,
-                Some(Box::new(crate::handler::NoEffects)),
-                Duration::from_secs(9),
-            )
-        })
-        .collect();
-    let stats = WorkerStats::default();
-    let outcomes = commit_batch(&db.pool, &stats, batch, (&InFlight::default(), 0)).await;
+    let (outcomes, stats) = db.commit_without_effects(&jobs).await;
     assert!(matches!(
         outcomes.as_slice(),
         [
@@ -329,18 +336,7 @@ async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs()
     assert_eq!(db.count("etl_job_responses").await, 2);
     // A batch where every job succeeds is one statement.
     let (db2, jobs2) = Scratch::with_claimed(3).await;
-    let batch = jobs2
-        .iter()
-        .map(|&j| {
-            ready(
-                j,
-                Some(Box::new(crate::handler::NoEffects)),
-                Duration::from_secs(9),
-            )
-        })
-        .collect();
-    let stats = WorkerStats::default();
-    let outcomes = commit_batch(&db2.pool, &stats, batch, (&InFlight::default(), 0)).await;
+    let (outcomes, stats) = db2.commit_without_effects(&jobs2).await;
     assert!(outcomes
         .iter()
         .all(|o| matches!(o, Ok(Transition::Succeeded))));
