@@ -5,13 +5,15 @@
 //!   drain them. Throughput = jobs / (last `finished_at` − first `started_at`), database clock, so
 //!   process start-up and the inserts are not timed (the peers' harness times the same span).
 //! - **Offered load**: idle replicas first; then one producer inserts one job per autocommit
-//!   statement at `rate` jobs/s for `duration`, and the figures describe pickup latency.
+//!   statement at `rate` jobs/s for `duration`, and the figures describe pickup latency, among
+//!   them acknowledgement → handler start as the replicas record it (`starts`).
 //!
 //! Invariants this module keeps:
 //! - It only ever touches the database it creates (`--bench-database`), which it drops at the
 //!   end unless told to keep it; it refuses to run against a name that is not its own prefix.
-//! - Every figure comes from the database (timestamps, WAL position) or from the replicas' own
-//!   metrics endpoints, never from the bench's guess about what the replicas did.
+//! - Every figure comes from the database (timestamps, WAL position), from the replicas' own
+//!   metrics endpoints or from the handler starts they recorded, never from the bench's guess
+//!   about what the replicas did.
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
 mod load;
