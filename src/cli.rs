@@ -56,7 +56,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Work(args) => {
             let worker_config = args.config()?;
             let db_config = cli.database.config_for_lease(Some(worker_config.lease))?;
-            work(&db_config, &start_up, worker_config, shutdown).await
+            let starts = args.record_handler_starts;
+            work(&db_config, &start_up, worker_config, starts, shutdown).await
         }
         Command::ApiKeys(command) => {
             let pool = start_up
@@ -101,13 +102,16 @@ async fn open_checked(db_config: &DatabaseConfig, role: &str) -> Result<(db::Poo
 }
 
 /// `work`: starts a replica within the start-up bounds (each step retried on lost connections),
-/// serves its metrics if asked, and runs it until `shutdown`.
+/// serves its metrics if asked, and runs it until `shutdown`. With `starts_file` (set only by
+/// `bench offered-load`), it records its handler starts and writes them there once stopped.
 async fn work(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
     worker_config: WorkerConfig,
+    starts_file: Option<std::path::PathBuf>,
     shutdown: durable_etl::shutdown::Shutdown,
 ) -> Result<(), Error> {
+    let starts = starts_file.map(|file| (file, crate::bench::starts::StartLog::default()));
     let metrics = match worker_config.metrics_listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -127,6 +131,10 @@ async fn work(
             let registry = durable_etl::handler::Registry::new()
                 .register(durable_etl::etl::load::EtlLoad::default())
                 .register(durable_etl::handler::Noop);
+            let registry = match &starts {
+                Some((_, log)) => log.wrap(&registry),
+                None => registry,
+            };
             durable_etl::worker::Worker::start(
                 pool.clone(),
                 db_config,
@@ -144,7 +152,11 @@ async fn work(
             }
         });
     }
-    worker.run(shutdown).await
+    let ran = worker.run(shutdown).await;
+    match starts {
+        Some((file, log)) => ran.and(log.write(&file).map_err(Error::io)),
+        None => ran,
+    }
 }
 
 /// `migrate`: creates the database if needed, then applies or reverses migrations.

@@ -5,17 +5,20 @@
 //!   drain them. Throughput = jobs / (last `finished_at` − first `started_at`), database clock, so
 //!   process start-up and the inserts are not timed (the peers' harness times the same span).
 //! - **Offered load**: idle replicas first; then one producer inserts one job per autocommit
-//!   statement at `rate` jobs/s for `duration`, and the figures describe pickup latency.
+//!   statement at `rate` jobs/s for `duration`, and the figures describe pickup latency, among
+//!   them acknowledgement → handler start as the replicas record it (`starts`).
 //!
 //! Invariants this module keeps:
 //! - It only ever touches the database it creates (`--bench-database`), which it drops at the
 //!   end unless told to keep it; it refuses to run against a name that is not its own prefix.
-//! - Every figure comes from the database (timestamps, WAL position) or from the replicas' own
-//!   metrics endpoints, never from the bench's guess about what the replicas did.
+//! - Every figure comes from the database (timestamps, WAL position), from the replicas' own
+//!   metrics endpoints or from the handler starts they recorded, never from the bench's guess
+//!   about what the replicas did.
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
 mod load;
 mod replicas;
+pub(crate) mod starts;
 
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
@@ -23,6 +26,7 @@ use durable_etl::error::Error;
 use load::{fill, offer, recoveries, wait_until_done};
 use replicas::{server_cpu_seconds, Replicas};
 use serde::Serialize;
+use starts::{per_job, JobLatency};
 use std::time::Duration;
 
 /// The database name every bench database starts with.
@@ -102,6 +106,8 @@ pub(crate) struct Percentiles {
     pub(crate) p999: f64,
     /// Largest.
     pub(crate) max: f64,
+    /// Values in the sample.
+    pub(crate) samples: usize,
 }
 
 impl Percentiles {
@@ -121,6 +127,7 @@ impl Percentiles {
             p99: at(0.99),
             p999: at(0.999),
             max: at(1.0),
+            samples: sample.len(),
         }
     }
 }
@@ -144,6 +151,12 @@ pub(crate) struct Report {
     /// Offered load only: the producer's commit acknowledgement → the start of the statement
     /// that completed the job (an upper bound on acknowledgement → handler start).
     pub(crate) ack_to_done_ms: Option<Percentiles>,
+    /// Offered load only: the producer's commit acknowledgement → the handler's start, as the
+    /// replica running it recorded it (its wall clock at the call of the handler's compute phase;
+    /// see `starts`). The peers' latency definition. Absent when the replicas recorded none.
+    pub(crate) ack_to_start_ms: Option<Percentiles>,
+    /// Offered load only: each offered job's `ack_to_start` and `ack_to_done`, in milliseconds.
+    pub(crate) per_job_ms: Option<Vec<JobLatency>>,
     /// Recovery only: SIGKILL of the replica running a job → a live replica's claim of that job
     /// (database clock).
     pub(crate) recovery_ms: Option<Percentiles>,
@@ -197,6 +210,14 @@ impl Report {
             self.elapsed_s,
             p(&self.enqueue_to_start_ms),
         );
+        if let Some(ack) = &self.ack_to_start_ms {
+            out.push_str(&format!(
+                "ack->start           {} ({} of {} jobs)\n",
+                p(ack),
+                ack.samples,
+                self.per_job_ms.as_ref().map_or(0, Vec::len)
+            ));
+        }
         if let Some(ack) = &self.ack_to_done_ms {
             out.push_str(&format!("ack->done            {}\n", p(ack)));
         }
@@ -275,6 +296,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
     let server_cpu = server_cpu_seconds(&client).await?;
     let scraped = replicas.scrape().await;
     replicas.stop().await;
+    let handler_starts = replicas.handler_starts();
     waited?;
     let scraped = scraped?;
     let wal_bytes: f64 = client
@@ -305,17 +327,14 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         )
         .await?;
     let enqueue_to_start = latencies.iter().map(|r| r.get::<_, f64>(0)).collect();
-    let ack_to_done = acks.map(|acks| {
-        Percentiles::of(
-            latencies
-                .iter()
-                .filter_map(|r| {
-                    let done: f64 = r.get(1);
-                    acks.get(r.get::<_, &str>(2))
-                        .map(|ack| (done - ack) * 1000.0)
-                })
-                .collect(),
-        )
+    let done: Vec<(String, f64)> = latencies.iter().map(|r| (r.get(2), r.get(1))).collect();
+    let jobs = acks.map(|acks| per_job(&done, &acks, &handler_starts));
+    let ack_to_done = jobs
+        .as_ref()
+        .map(|jobs| Percentiles::of(jobs.iter().map(|j| j.ack_to_done).collect()));
+    let ack_to_start = jobs.as_ref().and_then(|jobs| {
+        let sample: Vec<f64> = jobs.iter().filter_map(|j| j.ack_to_start).collect();
+        (!sample.is_empty()).then(|| Percentiles::of(sample))
     });
     let per_job = |v: f64| {
         if succeeded == 0 {
@@ -336,6 +355,8 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         },
         enqueue_to_start_ms: Percentiles::of(enqueue_to_start),
         ack_to_done_ms: ack_to_done,
+        ack_to_start_ms: ack_to_start,
+        per_job_ms: jobs,
         recovery_ms: recovery,
         round_trips_per_job: per_job(scraped.round_trips as f64),
         claims: scraped.claims,

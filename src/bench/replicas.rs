@@ -1,9 +1,12 @@
 //! The replica processes of a run, and what they and the server say about themselves: their
 //! metrics endpoints and their `/proc` entries.
 
-use super::{BenchConfig, WAIT_LIMIT};
+use super::starts::{parse, STARTS_FILE_ENV};
+use super::{BenchConfig, Mode, WAIT_LIMIT};
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::error::Error;
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -36,6 +39,8 @@ pub(super) struct Replicas {
     url: String,
     /// Slots per replica.
     slots: usize,
+    /// Offered load only: where replica `i` writes its handler starts (`{prefix}-{i}`).
+    starts_prefix: Option<PathBuf>,
 }
 
 impl Replicas {
@@ -49,6 +54,13 @@ impl Replicas {
             children: Vec::new(),
             url: db_config.url.clone(),
             slots: config.slots,
+            starts_prefix: matches!(config.mode, Mode::OfferedLoad { .. }).then(|| {
+                std::env::temp_dir().join(format!(
+                    "{}-{}-handler-starts",
+                    config.database,
+                    std::process::id()
+                ))
+            }),
         };
         for i in 0..config.replicas {
             let replica = replicas.spawn(i)?;
@@ -60,11 +72,29 @@ impl Replicas {
         Ok(replicas)
     }
 
-    /// Spawns replica `i` (owner id `bench-{i}`) on a fresh metrics address.
+    /// Where replica `i` writes its handler starts, when this run records them.
+    fn starts_file(&self, i: usize) -> Option<PathBuf> {
+        let prefix = self.starts_prefix.as_ref()?;
+        let mut name = prefix.as_os_str().to_owned();
+        name.push(format!("-{i}"));
+        Some(PathBuf::from(name))
+    }
+
+    /// Spawns replica `i` (owner id `bench-{i}`) on a fresh metrics address; in offered load it
+    /// records its handler starts (and never otherwise, whatever this process's environment).
     fn spawn(&self, i: usize) -> Result<(Child, String), Error> {
         let exe = std::env::current_exe().map_err(Error::io)?;
         let addr = free_local_addr()?;
-        let child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        match self.starts_file(i) {
+            Some(file) => {
+                // A file left from an earlier process must not pass for this replica's.
+                let _ = std::fs::remove_file(&file);
+                command.env(STARTS_FILE_ENV, file)
+            }
+            None => command.env_remove(STARTS_FILE_ENV),
+        };
+        let child = command
             .env("DATABASE_URL", &self.url)
             .env("RUST_LOG", "warn")
             .args(["work", "--owner-id", &format!("bench-{i}")])
@@ -151,6 +181,20 @@ impl Replicas {
                 let _ = child.kill().await;
             }
         }
+    }
+
+    /// The handler starts the stopped replicas wrote (Unix seconds by job id, the first start of
+    /// each job); empty when none did. The files are removed.
+    pub(super) fn handler_starts(&self) -> HashMap<String, f64> {
+        let mut starts = HashMap::new();
+        for file in (0..self.children.len()).filter_map(|i| self.starts_file(i)) {
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            let _ = std::fs::remove_file(&file);
+            parse(&text, &mut starts);
+        }
+        starts
     }
 }
 

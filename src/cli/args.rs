@@ -351,6 +351,10 @@ pub(crate) struct WorkArgs {
     /// Direct (not pooled) connection string for the LISTEN and owner-lock session.
     #[arg(long, env = "DURABLE_ETL_SESSION_DATABASE_URL", hide_env_values = true)]
     pub(crate) session_database_url: Option<String>,
+    /// Bench only (hidden): record each handler start (job id, wall-clock time) in memory and
+    /// write them to this file when the replica stops. Unset in production.
+    #[arg(long, env = crate::bench::starts::STARTS_FILE_ENV, hide = true)]
+    pub(crate) record_handler_starts: Option<std::path::PathBuf>,
 }
 
 impl WorkArgs {

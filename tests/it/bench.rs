@@ -65,6 +65,7 @@ async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_datab
     assert!(report["wal_bytes_per_job"].as_f64().unwrap() > 0.0);
     assert!(report["replica_peak_rss_mib"].as_f64().unwrap() > 0.0);
     assert!(report["ack_to_done_ms"].is_null());
+    assert!(report["ack_to_start_ms"].is_null());
     assert!(!exists(&name).await, "the bench dropped its database");
 }
 
@@ -88,6 +89,16 @@ async fn offered_load_reports_pickup_latency_of_etl_jobs_and_can_keep_its_databa
     let ack = &report["ack_to_done_ms"];
     assert!(ack["p50"].as_f64().unwrap() <= ack["max"].as_f64().unwrap());
     assert!(report["enqueue_to_start_ms"]["max"].as_f64().unwrap() > 0.0);
+    // Every offered job's handler start was recorded by its replica, and falls between the
+    // producer's acknowledgement and the statement that completed the job (same host clock).
+    assert_eq!(report["ack_to_start_ms"]["samples"], 20, "{report}");
+    let jobs = report["per_job_ms"].as_array().unwrap();
+    assert_eq!(jobs.len(), 20);
+    for job in jobs {
+        let start = job["ack_to_start"].as_f64().unwrap();
+        let done = job["ack_to_done"].as_f64().unwrap();
+        assert!(start >= 0.0 && start <= done, "{job}");
+    }
     // The kept database holds the loaded rows: 20 jobs x 10 records, each applied once.
     assert!(exists(&name).await);
     let mut config = admin_config();
