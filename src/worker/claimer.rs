@@ -17,13 +17,25 @@
 //!   replica's other sessions (group commits, handlers' effects) plan with the server's
 //!   settings. (A SQL function with its own `SET` clause pinned it too, but cost about 100 µs of
 //!   server CPU per job in a burn-down.)
-//! - The statement is sent unnamed with typed parameters (`query_typed`): one round trip.
+//! - On the replica's claim sessions ([`ClaimSessions`]) the claim and the next-due read are
+//!   prepared once per session and planned once, generically; the claim's plan is checked when
+//!   the session opens (it must walk the pending index in order, with no sort), and a session
+//!   whose plan fails the check sends the claim unnamed, planned on every call with its values,
+//!   and counts a `claim_plan_fallbacks`. Elsewhere (tests, tools) [`claim`] sends it unnamed
+//!   with typed parameters (`query_typed`): one round trip either way.
 
+use crate::config::DatabaseConfig;
+use crate::db;
+use crate::error::Error;
 use crate::handler::JobContext;
 use crate::worker::lease::{millis, ClaimedJob};
+use crate::worker::stats::WorkerStats;
+use bb8::ManageConnection;
+use bb8_postgres::PostgresConnectionManager;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::types::Type;
-use tokio_postgres::GenericClient;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, GenericClient, NoTls, Row, Statement};
 
 /// Claims up to `$1` due jobs for owner `$2` with a lease of `$3` milliseconds; `$4` says whether
 /// the owner holds its owner lock (so recovery may treat the lock's absence as death).
@@ -81,7 +93,11 @@ pub struct Claimant<'a> {
     pub lease: Duration,
 }
 
-/// Claims up to `free_slots` due jobs for `claimant`.
+/// The types of [`CLAIM_SQL`]'s parameters.
+const CLAIM_PARAMS: [Type; 4] = [Type::INT8, Type::TEXT, Type::INT8, Type::BOOL];
+
+/// Claims up to `free_slots` due jobs for `claimant`, with an unnamed statement planned for
+/// its values.
 ///
 /// # Errors
 /// The database error of the claim statement.
@@ -90,20 +106,24 @@ pub async fn claim(
     claimant: Claimant<'_>,
     free_slots: usize,
 ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
-    let limit = i64::try_from(free_slots).unwrap_or(i64::MAX);
-    let rows = client
-        .query_typed(
-            CLAIM_SQL,
-            &[
-                (&limit, Type::INT8),
-                (&claimant.owner_id, Type::TEXT),
-                (&millis(claimant.lease), Type::INT8),
-                (&claimant.owner_locked, Type::BOOL),
-            ],
-        )
-        .await?;
-    Ok(rows
-        .iter()
+    let (limit, lease) = claim_values(claimant, free_slots);
+    let params: [&(dyn ToSql + Sync); 4] =
+        [&limit, &claimant.owner_id, &lease, &claimant.owner_locked];
+    let typed: Vec<_> = params.into_iter().zip(CLAIM_PARAMS).collect();
+    Ok(claimed(client.query_typed(CLAIM_SQL, &typed).await?))
+}
+
+/// The `LIMIT` and the lease in milliseconds of a claim of `free_slots` for `claimant`.
+fn claim_values(claimant: Claimant<'_>, free_slots: usize) -> (i64, i64) {
+    (
+        i64::try_from(free_slots).unwrap_or(i64::MAX),
+        millis(claimant.lease),
+    )
+}
+
+/// The claimed jobs of [`CLAIM_SQL`]'s rows.
+fn claimed(rows: Vec<Row>) -> Vec<ClaimedJob> {
+    rows.iter()
         .map(|row| ClaimedJob {
             ctx: JobContext {
                 id: row.get(0),
@@ -117,7 +137,7 @@ pub async fn claim(
             payload: row.get(2),
             due_for: row.get(7),
         })
-        .collect())
+        .collect()
 }
 
 /// How long until the next deferred pending job is due, in whole milliseconds rounded up, if any.
@@ -137,6 +157,189 @@ SELECT ceil(extract(epoch FROM run_at - now()) * 1000)::int8
 pub async fn next_due(
     client: &impl GenericClient,
 ) -> Result<Option<Duration>, tokio_postgres::Error> {
-    let row = client.query_typed_opt(NEXT_DUE_SQL, &[]).await?;
-    Ok(row.map(|r| Duration::from_millis(u64::try_from(r.get::<_, i64>(0)).unwrap_or(0))))
+    Ok(until_due(client.query_typed_opt(NEXT_DUE_SQL, &[]).await?))
 }
+
+/// The time until due of [`NEXT_DUE_SQL`]'s row.
+fn until_due(row: Option<Row>) -> Option<Duration> {
+    row.map(|r| Duration::from_millis(u64::try_from(r.get::<_, i64>(0)).unwrap_or(0)))
+}
+
+/// The statements a claim session prepared, the claim's plan having passed its check.
+struct Prepared {
+    /// [`CLAIM_SQL`].
+    claim: Statement,
+    /// [`NEXT_DUE_SQL`].
+    next_due: Statement,
+}
+
+/// A replica's claim session: a connection of its claim pool ([`db::claim_pg_config`]: planner
+/// switches pinned) with the claim and next-due statements prepared on it, unless the claim's
+/// plan failed its check.
+pub struct ClaimSession {
+    /// The connection.
+    client: Client,
+    /// Its prepared statements; `None` after a failed plan check.
+    prepared: Option<Prepared>,
+}
+
+/// Finds the name of the protocol-level statement prepared from [`CLAIM_SQL`] on a session (the
+/// driver does not tell it), to `EXPLAIN` its plan.
+const PREPARED_NAME_SQL: &str =
+    "SELECT name FROM pg_prepared_statements WHERE statement = $1 AND NOT from_sql LIMIT 1";
+
+impl ClaimSession {
+    /// Prepares the statements on `client` and checks the claim's plan: it must walk
+    /// `etl_job_records_pending_due_idx` with no sort. If it does not, the session plans each
+    /// claim for its values instead (`plan_cache_mode = force_custom_plan`), and `stats` counts a
+    /// fallback.
+    ///
+    /// # Errors
+    /// The database error of a statement.
+    pub async fn open(
+        client: Client,
+        stats: &WorkerStats,
+    ) -> Result<ClaimSession, tokio_postgres::Error> {
+        let claim = client.prepare_typed(CLAIM_SQL, &CLAIM_PARAMS).await?;
+        let name: String = client
+            .query_one(PREPARED_NAME_SQL, &[&CLAIM_SQL])
+            .await?
+            .get(0);
+        // The values do not matter to a generic plan; the statement is only explained.
+        let explained: serde_json::Value = client
+            .query_one(
+                &format!("EXPLAIN (FORMAT JSON) EXECUTE {name}(1, '', 1, false)"),
+                &[],
+            )
+            .await?
+            .get(0);
+        if walks_the_pending_index_in_order(&explained) {
+            let next_due = client.prepare(NEXT_DUE_SQL).await?;
+            let prepared = Some(Prepared { claim, next_due });
+            return Ok(ClaimSession { client, prepared });
+        }
+        tracing::warn!("the prepared claim's plan failed its check; planning every claim");
+        stats.record_claim_plan_fallback();
+        client
+            .batch_execute("SET plan_cache_mode = force_custom_plan")
+            .await?;
+        Ok(ClaimSession {
+            client,
+            prepared: None,
+        })
+    }
+
+    /// Whether the claim runs prepared (its plan passed the check).
+    pub fn is_prepared(&self) -> bool {
+        self.prepared.is_some()
+    }
+
+    /// [`claim`] on this session, prepared when it can be.
+    ///
+    /// # Errors
+    /// The database error of the claim statement.
+    pub async fn claim(
+        &self,
+        claimant: Claimant<'_>,
+        free_slots: usize,
+    ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
+        let Some(prepared) = &self.prepared else {
+            return claim(&self.client, claimant, free_slots).await;
+        };
+        let (limit, lease) = claim_values(claimant, free_slots);
+        let rows = self
+            .client
+            .query(
+                &prepared.claim,
+                &[&limit, &claimant.owner_id, &lease, &claimant.owner_locked],
+            )
+            .await?;
+        Ok(claimed(rows))
+    }
+
+    /// [`next_due`] on this session, prepared when it can be.
+    ///
+    /// # Errors
+    /// The database error of the query.
+    pub async fn next_due(&self) -> Result<Option<Duration>, tokio_postgres::Error> {
+        match &self.prepared {
+            Some(prepared) => Ok(until_due(
+                self.client.query_opt(&prepared.next_due, &[]).await?,
+            )),
+            None => next_due(&self.client).await,
+        }
+    }
+}
+
+impl db::Session for ClaimSession {
+    fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+}
+
+/// Whether the JSON plan `explained` scans `etl_job_records_pending_due_idx` and sorts nowhere.
+fn walks_the_pending_index_in_order(explained: &serde_json::Value) -> bool {
+    /// Every plan node under `node`, itself included.
+    fn nodes<'a>(node: &'a serde_json::Value, out: &mut Vec<&'a serde_json::Value>) {
+        out.push(node);
+        for child in node["Plans"].as_array().into_iter().flatten() {
+            nodes(child, out);
+        }
+    }
+    let mut all = Vec::new();
+    nodes(&explained[0]["Plan"], &mut all);
+    let walks = all
+        .iter()
+        .any(|n| n["Index Name"] == "etl_job_records_pending_due_idx");
+    let sorts = all
+        .iter()
+        .any(|n| n["Node Type"].as_str().is_some_and(|t| t.contains("Sort")));
+    walks && !sorts
+}
+
+/// Opens a replica's claim sessions ([`ClaimSession`]) for `bb8`.
+pub struct ClaimSessions {
+    /// Opens the connections.
+    connections: PostgresConnectionManager<NoTls>,
+    /// Where plan-check fallbacks are counted.
+    stats: Arc<WorkerStats>,
+}
+
+impl ManageConnection for ClaimSessions {
+    type Connection = ClaimSession;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<ClaimSession, tokio_postgres::Error> {
+        ClaimSession::open(self.connections.connect().await?, &self.stats).await
+    }
+
+    async fn is_valid(&self, session: &mut ClaimSession) -> Result<(), tokio_postgres::Error> {
+        self.connections.is_valid(&mut session.client).await
+    }
+
+    fn has_broken(&self, session: &mut ClaimSession) -> bool {
+        session.client.is_closed()
+    }
+}
+
+/// The claim sessions of a replica.
+pub type ClaimPool = bb8::Pool<ClaimSessions>;
+
+/// Opens a replica's claim pool ([`db::claim_pg_config`], [`db::CLAIM_POOL_SIZE`] sessions),
+/// proving the database answers; plan-check fallbacks are counted in `stats`.
+///
+/// # Errors
+/// As [`db::connect_pool`].
+pub async fn connect_claim_pool(
+    cfg: &DatabaseConfig,
+    stats: Arc<WorkerStats>,
+) -> Result<ClaimPool, Error> {
+    let sessions = ClaimSessions {
+        connections: PostgresConnectionManager::new(db::claim_pg_config(cfg)?, NoTls),
+        stats,
+    };
+    db::build_pool_of(sessions, cfg, db::CLAIM_POOL_SIZE).await
+}
+
+#[cfg(test)]
+mod tests;

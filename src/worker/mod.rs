@@ -91,7 +91,7 @@ impl Worker {
         let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
         stats
             .record_released(rescuer::release_previous_incarnation(&pool, &config.owner_id).await?);
-        let claim_pool = crate::db::connect_claim_pool(db_config).await?;
+        let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats)).await?;
         let group_commit =
             group_commit::GroupCommit::start(pool.clone(), Arc::clone(&stats), config.slots);
         Ok(Worker {

@@ -23,7 +23,7 @@ use crate::codes::Code;
 use crate::db;
 use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
-use crate::worker::claimer::{self, Claimant};
+use crate::worker::claimer::Claimant;
 use crate::worker::completer::{self, Transition};
 use crate::worker::executor;
 use crate::worker::held::{HeldJob, HeldJobs};
@@ -304,11 +304,7 @@ pub(crate) async fn claim(
         lease: shared.config.lease,
     };
     crash_point!("claim.before");
-    let jobs = db::bounded(
-        shared.statement_bound,
-        claimer::claim(&*conn, claimant, free),
-    )
-    .await?;
+    let jobs = db::bounded(shared.statement_bound, conn.claim(claimant, free)).await?;
     crash_point!("claim.after_commit");
     shared.stats.record_claim(reason, jobs.len());
     for job in &jobs {
@@ -322,7 +318,7 @@ pub(crate) async fn claim(
 async fn next_due(shared: &Shared) -> Result<Option<Duration>, Error> {
     let conn = db::checkout(&shared.claim_pool).await?;
     shared.stats.record_round_trips(1);
-    db::bounded(shared.statement_bound, claimer::next_due(&*conn)).await
+    db::bounded(shared.statement_bound, conn.next_due()).await
 }
 
 /// Executes `job` inside a span with its safe fields, recording its duration.

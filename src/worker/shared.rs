@@ -10,6 +10,7 @@
 use crate::config::WorkerConfig;
 use crate::db::Pool;
 use crate::handler::Registry;
+use crate::worker::claimer::ClaimPool;
 use crate::worker::group_commit::GroupCommit;
 use crate::worker::session::Signals;
 use crate::worker::stats::WorkerStats;
@@ -24,9 +25,9 @@ pub(crate) const STATEMENT_BOUND_SLACK: Duration = Duration::from_secs(2);
 pub(crate) struct Shared {
     /// The connection pool.
     pub(crate) pool: Pool,
-    /// The claim sessions ([`crate::db::connect_claim_pool`]): the only sessions whose planner
+    /// The claim sessions ([`crate::worker::claimer::connect_claim_pool`]): the only sessions whose planner
     /// switches pin the claim's plan.
-    pub(crate) claim_pool: Pool,
+    pub(crate) claim_pool: ClaimPool,
     /// The handlers, by kind.
     pub(crate) registry: Registry,
     /// The replica's configuration.

@@ -114,6 +114,8 @@ counters! {
     claims,
     /// Claim statements that returned no job.
     empty_claims,
+    /// Claim sessions whose prepared claim failed its plan check, so they plan every claim.
+    claim_plan_fallbacks,
     /// Statements (and transaction-control commands) the replica sent on pooled connections
     /// while running: claims, next-due reads, group commits, retry and failure writes,
     /// heartbeats, recovery passes and the shutdown release (not the start-up release).
@@ -263,6 +265,11 @@ impl WorkerStats {
     /// Counts `n` round trips to the database.
     pub fn record_round_trips(&self, n: u64) {
         self.round_trips.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a claim session whose prepared claim failed its plan check.
+    pub fn record_claim_plan_fallback(&self) {
+        bump(&self.claim_plan_fallbacks);
     }
 
     /// Counts one group commit of `n` jobs.
