@@ -89,15 +89,16 @@ async fn offered_load_reports_pickup_latency_of_etl_jobs_and_can_keep_its_databa
     let ack = &report["ack_to_done_ms"];
     assert!(ack["p50"].as_f64().unwrap() <= ack["max"].as_f64().unwrap());
     assert!(report["enqueue_to_start_ms"]["max"].as_f64().unwrap() > 0.0);
-    // Every offered job's handler start was recorded by its replica, and falls between the
-    // producer's acknowledgement and the statement that completed the job (same host clock).
+    // Every offered job's handler start was recorded by its replica, and comes before the
+    // statement that completed the job (same host clock). It may come before the producer
+    // saw its acknowledgement: the job is claimable from its commit on.
     assert_eq!(report["ack_to_start_ms"]["samples"], 20, "{report}");
     let jobs = report["per_job_ms"].as_array().unwrap();
     assert_eq!(jobs.len(), 20);
     for job in jobs {
         let start = job["ack_to_start"].as_f64().unwrap();
         let done = job["ack_to_done"].as_f64().unwrap();
-        assert!(start >= 0.0 && start <= done, "{job}");
+        assert!(start <= done, "{job}");
     }
     // The kept database holds the loaded rows: 20 jobs x 10 records, each applied once.
     assert!(exists(&name).await);
