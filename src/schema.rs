@@ -76,6 +76,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // A release before it would ignore the cancel requests recorded here.
         min_reader_version: 4,
     },
+    Migration {
+        version: 5,
+        name: "ledger_without_fk",
+        up: include_str!("../migrations/0005_ledger_without_fk.up.sql"),
+        down: include_str!("../migrations/0005_ledger_without_fk.down.sql"),
+        // Additive for readers: releases that know 0004 write ledger rows the same way.
+        min_reader_version: 4,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

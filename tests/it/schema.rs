@@ -583,3 +583,65 @@ async fn migrate_waits_for_the_migration_lock_beyond_the_session_timeouts() {
     let report = waiting.await.unwrap().unwrap();
     assert_eq!(report.version, schema::latest_version());
 }
+
+/// Migration 0005 takes the ledger's foreign key away (its check cost a quarter of a success's
+/// server CPU) but keeps what it did on delete: deleting jobs deletes their ledger rows, whatever
+/// deletes them. Its down path puts the key back, dropping ledger rows whose job is gone first.
+#[tokio::test]
+async fn the_ledger_follows_deleted_jobs_without_a_foreign_key_and_gets_it_back_going_down() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let ledger_row = |job: uuid::Uuid| {
+        format!(
+            "INSERT INTO etl_job_responses
+                 (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
+             VALUES ('{job}', gen_random_uuid(), 0, 0, 0, decode(repeat('00', 32), 'hex'))"
+        )
+    };
+    let keys: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_constraint
+              WHERE conrelid = 'etl_job_responses'::regclass AND contype = 'f'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(keys, 0, "the ledger has no foreign key");
+    // Three succeeded jobs with ledger rows; one DELETE of two of them takes both rows.
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        let job = insert_job(&client, "now()").await;
+        client.batch_execute(&ledger_row(job)).await.unwrap();
+        jobs.push(job);
+    }
+    client
+        .execute(
+            "DELETE FROM etl_job_records WHERE id = ANY($1)",
+            &[&jobs[..2].to_vec()],
+        )
+        .await
+        .unwrap();
+    let left: Vec<uuid::Uuid> = client
+        .query("SELECT job_id FROM etl_job_responses", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, [jobs[2]]);
+    // A TRUNCATE fires no DELETE trigger and leaves the row behind; going down drops it and
+    // restores the key, which refuses a ledger row without its job again.
+    client
+        .batch_execute("TRUNCATE etl_job_records CASCADE")
+        .await
+        .unwrap();
+    assert_eq!(count(&client, "etl_job_responses").await, 1);
+    schema::migrate_down_to(&mut client, 4).await.unwrap();
+    assert_eq!(count(&client, "etl_job_responses").await, 0);
+    let refused = client
+        .batch_execute(&ledger_row(uuid::Uuid::new_v4()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Some(&SqlState::FOREIGN_KEY_VIOLATION));
+}
