@@ -76,6 +76,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // A release before it would ignore the cancel requests recorded here.
         min_reader_version: 4,
     },
+    Migration {
+        version: 5,
+        name: "notify_opt_out",
+        up: include_str!("../migrations/0005_notify_opt_out.up.sql"),
+        down: include_str!("../migrations/0005_notify_opt_out.down.sql"),
+        // Additive: a release that never sets `durable_etl.notify` notifies as before. Not below
+        // 4, because a database at 5 holds 0004's cancel requests, which older releases ignore.
+        min_reader_version: 4,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.
