@@ -119,8 +119,8 @@ impl Drop for Inner {
 
 impl Notifier {
     /// Starts the notifier of this process on `database`: its task opens the connection at once
-    /// (retrying with backoff while the server is away) and then answers signals. Call it inside
-    /// a tokio runtime.
+    /// (if the server is away, the first signal opens it, retrying with backoff) and then answers
+    /// signals. Call it inside a tokio runtime.
     ///
     /// # Errors
     /// [`Error::Config`] when the database URL does not parse.
