@@ -1,5 +1,8 @@
-//! Enqueue benches: single-job autocommit inserts from 8 concurrent producers, with the NOTIFY
-//! trigger on and off, to price the notification.
+//! Enqueue benches: single-job inserts from 8 concurrent producers, one simple-query round trip
+//! per job, to price the NOTIFY: with the trigger on (`on`: each commit notifies), off (`off`:
+//! nobody notifies), and with the API's coalescing notifier (`notifier`: each transaction runs
+//! `SET LOCAL durable_etl.notify = 'off'` and signals one shared `Notifier` after its commit).
+//! `notifier` ÷ `off` is what the notifier keeps of trigger-off throughput.
 //!
 //! The table is emptied between samples, outside the timed region (`iter_custom`).
 // `criterion_group!` and `criterion_main!` generate functions that cannot carry doc comments.
@@ -24,24 +27,35 @@ const PRODUCERS: usize = 8;
 /// Jobs each producer inserts per sample, one autocommit statement each.
 const PER_PRODUCER: usize = 50;
 
-/// Inserts [`PER_PRODUCER`] jobs, one statement each, numbered after `base`.
-async fn produce(client: &tokio_postgres::Client, base: i64) {
-    for i in 0..PER_PRODUCER as i64 {
-        client
-            .execute(
-                "INSERT INTO etl_job_records
-                        (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                         request_payload)
-                 VALUES (gen_random_uuid(), sha256('bench'::bytea), sha256($1::text::bytea),
-                         sha256($1::text::bytea), 'noop', '{}'::jsonb)",
-                &[&(base + i).to_string()],
-            )
-            .await
-            .expect("insert");
+/// One job's insert; `KEY` stands for its idempotency key (a number, written in as a literal).
+const INSERT_SQL: &str = "INSERT INTO etl_job_records
+        (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload)
+ VALUES (gen_random_uuid(), sha256('bench'::bytea), sha256(KEY::text::bytea),
+         sha256(KEY::text::bytea), 'noop', '{}'::jsonb)";
+
+/// Inserts [`PER_PRODUCER`] jobs numbered after `base`, one transaction and one simple-query
+/// round trip each (so that no variant pays a round trip the others do not): an autocommit
+/// insert or, with a notifier, a transaction that skips the trigger's NOTIFY, followed by a
+/// signal to the notifier once it has committed.
+async fn produce(
+    client: &tokio_postgres::Client,
+    base: i64,
+    notifier: Option<&durable_etl::Notifier>,
+) {
+    for key in base..base + PER_PRODUCER as i64 {
+        let insert = INSERT_SQL.replace("KEY", &key.to_string());
+        let sql = match notifier {
+            None => insert,
+            Some(_) => format!("BEGIN; SET LOCAL durable_etl.notify = 'off'; {insert}; COMMIT"),
+        };
+        client.batch_execute(&sql).await.expect("insert");
+        if let Some(notifier) = notifier {
+            notifier.signal();
+        }
     }
 }
 
-/// Enqueue commits/s with the trigger on and off.
+/// Enqueue commits/s with the trigger on, off, and off with the coalescing notifier.
 fn enqueue(c: &mut Criterion) {
     let rt = common::runtime();
     let db = BenchDb::create(&rt, "durable_etl_bench_enqueue");
@@ -58,13 +72,21 @@ fn enqueue(c: &mut Criterion) {
     });
     let mut group = c.benchmark_group("enqueue_8_producers");
     group.throughput(Throughput::Elements((PRODUCERS * PER_PRODUCER) as u64));
-    for trigger in ["on", "off"] {
-        let toggle = if trigger == "on" { "ENABLE" } else { "DISABLE" };
+    let notifier = rt
+        .block_on(async { durable_etl::Notifier::start(&db.config) })
+        .expect("notifier");
+    for variant in ["on", "off", "notifier"] {
+        let toggle = if variant == "off" {
+            "DISABLE"
+        } else {
+            "ENABLE"
+        };
         rt.block_on(db.client.batch_execute(&format!(
             "ALTER TABLE etl_job_records {toggle} TRIGGER etl_job_records_notify_enqueue"
         )))
         .expect("toggle trigger");
-        group.bench_with_input(BenchmarkId::from_parameter(trigger), &trigger, |b, _| {
+        let notifier = (variant == "notifier").then_some(&notifier);
+        group.bench_with_input(BenchmarkId::from_parameter(variant), &variant, |b, _| {
             b.to_async(&rt).iter_custom(|iters| {
                 let (db, producers) = (&db, &producers);
                 async move {
@@ -72,10 +94,9 @@ fn enqueue(c: &mut Criterion) {
                     for _ in 0..iters {
                         db.reset().await;
                         let start = Instant::now();
-                        let runs = producers
-                            .iter()
-                            .enumerate()
-                            .map(|(p, client)| produce(client, (p * PER_PRODUCER) as i64));
+                        let runs = producers.iter().enumerate().map(|(p, client)| {
+                            produce(client, (p * PER_PRODUCER) as i64, notifier)
+                        });
                         futures::future::join_all(runs).await;
                         total += start.elapsed();
                     }

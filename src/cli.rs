@@ -51,7 +51,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
             let (api_config, secret) = args.config()?;
             let (pool, version) = start_up.run(|| open_checked(&db_config, "api")).await?;
             tracing::info!(schema_version = version, "api starting");
-            durable_etl::api::serve(pool, secret, api_config, shutdown).await
+            let notifier = durable_etl::Notifier::start(&db_config)?;
+            let state =
+                durable_etl::AppState::new(pool, secret, api_config).with_notifier(notifier);
+            durable_etl::api::serve(state, shutdown).await
         }
         Command::Work(args) => {
             let worker_config = args.config()?;

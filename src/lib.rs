@@ -81,6 +81,8 @@
 //! - [`intake`]: intake limits and rejections.
 //! - [`jobs`]: owner-scoped status, listing and cancellation.
 //! - [`metrics`]: the worker's and the API's Prometheus text.
+//! - [`notifier`]: one coalescing NOTIFY connection per process, for enqueues that skip the
+//!   trigger's own NOTIFY.
 //! - [`schema`]: embedded migrations and the release-compatibility check.
 //! - [`shutdown`]: the one shutdown signal the worker and the HTTP server watch.
 //! - [`state`]: [`JobState`], the five job states.
@@ -112,6 +114,7 @@ pub mod handler;
 pub mod intake;
 pub mod jobs;
 pub mod metrics;
+pub mod notifier;
 pub mod schema;
 pub mod shutdown;
 pub mod state;
@@ -138,6 +141,7 @@ pub use digest::Secret;
 pub use error::Error;
 pub use etl::enqueue::{enqueue, enqueue_many, Enqueued, NewJob};
 pub use handler::{Effects, Handler, JobContext, JobError, LedgerEntry, NoEffects, Registry};
+pub use notifier::{skip_trigger_notify, Notifier};
 pub use schema::{check_compatible, migrate_down_to, migrate_up};
 pub use shutdown::Shutdown;
 pub use state::JobState;

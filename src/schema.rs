@@ -78,9 +78,18 @@ pub static MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 5,
+        name: "notify_opt_out",
+        up: include_str!("../migrations/0005_notify_opt_out.up.sql"),
+        down: include_str!("../migrations/0005_notify_opt_out.down.sql"),
+        // Additive: a release that never sets `durable_etl.notify` notifies as before. Not below
+        // 4, because a database at 5 holds 0004's cancel requests, which older releases ignore.
+        min_reader_version: 4,
+    },
+    Migration {
+        version: 6,
         name: "ledger_without_fk",
-        up: include_str!("../migrations/0005_ledger_without_fk.up.sql"),
-        down: include_str!("../migrations/0005_ledger_without_fk.down.sql"),
+        up: include_str!("../migrations/0006_ledger_without_fk.up.sql"),
+        down: include_str!("../migrations/0006_ledger_without_fk.down.sql"),
         // Additive for readers: releases that know 0004 write ledger rows the same way.
         min_reader_version: 4,
     },

@@ -5,7 +5,8 @@
 //! Invariants this module keeps:
 //! - Authentication happens before anything else is looked at; every query is owner-scoped.
 //! - A submission is validated completely before anything is written, then enqueued (with any
-//!   replacement) in one transaction.
+//!   replacement) in one transaction. With the process's notifier, that transaction skips the
+//!   enqueue trigger's NOTIFY, and the notifier is signalled only after it committed.
 //! - Responses carry only the job's own id, status fields and ledger summary.
 
 use super::problem::Problem;
@@ -16,6 +17,7 @@ use crate::error::Error;
 use crate::etl::enqueue::{self, NewJob, MAX_ATTEMPTS_DEFAULT};
 use crate::etl::request::{self, EtlRequest};
 use crate::jobs::{self, Cancel, JobStatus};
+use crate::notifier;
 use crate::state::JobState;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
@@ -206,6 +208,9 @@ pub(super) async fn submit(
     let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
     let mut conn = crate::db::checkout(&state.pool).await?;
     let tx = conn.transaction().await.map_err(Error::from)?;
+    if state.notifier.is_some() {
+        notifier::skip_trigger_notify(&tx).await?;
+    }
     let job = NewJob {
         idempotency_key: key,
         request: &request,
@@ -214,6 +219,11 @@ pub(super) async fn submit(
     let enqueued = enqueue::enqueue(&tx, &state.secret, &owner.0, job).await?;
     let status = jobs::status(&tx, &owner.0, enqueued.id).await?;
     tx.commit().await.map_err(Error::from)?;
+    // Like the trigger: only a new job that is due now wakes a replica.
+    let due = !enqueued.replayed && request.run_at.is_none_or(|at| at <= chrono::Utc::now());
+    if let Some(notifier) = state.notifier.as_ref().filter(|_| due) {
+        notifier.signal();
+    }
     status
         .map(accepted)
         .ok_or_else(|| Problem::new(Code::NotFound))

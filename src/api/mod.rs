@@ -22,6 +22,7 @@ use crate::config::ApiConfig;
 use crate::db::Pool;
 use crate::digest::Secret;
 use crate::error::Error;
+use crate::notifier::Notifier;
 use crate::shutdown::{Shutdown, Stage};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::handler::Handler;
@@ -49,6 +50,9 @@ pub struct AppState {
     config: ApiConfig,
     /// Response counters for `/metrics`.
     metrics: Arc<ops::ApiMetrics>,
+    /// The process's coalescing notifier: when set, submissions skip the enqueue trigger's
+    /// NOTIFY and signal it after they commit; when not, the trigger notifies.
+    notifier: Option<Notifier>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -65,6 +69,16 @@ impl AppState {
             secret,
             config,
             metrics: Arc::default(),
+            notifier: None,
+        }
+    }
+
+    /// This state with submissions waking the replicas through `notifier` (one coalesced NOTIFY
+    /// after their commits) instead of the enqueue trigger's NOTIFY inside each transaction.
+    pub fn with_notifier(self, notifier: Notifier) -> AppState {
+        AppState {
+            notifier: Some(notifier),
+            ..self
         }
     }
 }
@@ -180,22 +194,17 @@ fn as_problem(response: Response) -> Response {
     }
 }
 
-/// Serves the API on `config.listen` until `shutdown` asks it to drain.
+/// Serves the API of `state` on its `listen` address until `shutdown` asks it to drain.
 ///
 /// # Errors
-/// [`Error::Config`] when the address cannot be bound.
-pub async fn serve(
-    pool: Pool,
-    secret: Secret,
-    config: ApiConfig,
-    mut shutdown: Shutdown,
-) -> Result<(), Error> {
-    config.validate()?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
+/// [`Error::Config`] when the configuration is invalid or the address cannot be bound.
+pub async fn serve(state: AppState, mut shutdown: Shutdown) -> Result<(), Error> {
+    state.config.validate()?;
+    let listener = tokio::net::TcpListener::bind(state.config.listen)
         .await
         .map_err(|_| crate::config::ConfigError::Listen)?;
-    tracing::info!(listen = %config.listen, "serving");
-    let app = app(AppState::new(pool, secret, config));
+    tracing::info!(listen = %state.config.listen, "serving");
+    let app = app(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.reached(Stage::Draining).await })
         .await

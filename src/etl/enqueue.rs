@@ -8,7 +8,10 @@
 //!   returns the original job; with a different request it is refused with
 //!   `idempotency_key_reused`. Keys, principals and requests are stored only as keyed digests
 //!   (and the request itself as the job payload, cleared when the job ends).
-//! - A batch is one INSERT statement, so the enqueue trigger notifies at most once.
+//! - A batch is one INSERT statement, so the enqueue trigger notifies at most once, when the
+//!   caller's transaction commits; not at all if that transaction ran
+//!   [`crate::notifier::skip_trigger_notify`] (the caller then wakes the replicas itself, or
+//!   leaves the jobs to their poll).
 //! - A request that `replaces` a job cancels it (as `replaced`) before it is inserted; on the
 //!   caller's transaction both commit or neither does. A replaced running job ends `cancelled`
 //!   when its worker next settles it, and its effects never commit.
@@ -83,6 +86,8 @@ SELECT idempotency_key_digest, id, request_fingerprint
  WHERE owner_key = $1 AND idempotency_key_digest = ANY($2)";
 
 /// Enqueues one request for `owner_key` on `client` (a connection or the caller's transaction).
+/// The enqueue trigger wakes the replicas when the transaction commits, unless the transaction
+/// opted out with [`crate::notifier::skip_trigger_notify`].
 ///
 /// # Errors
 /// [`Error::Rejected`] with `idempotency_key_invalid` or `idempotency_key_reused`; database errors.

@@ -19,8 +19,8 @@
 use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db;
 use crate::error::Error;
+use crate::notifier::{reconnect_delays, CHANNEL, RECONNECT_MAX_DELAY};
 use crate::worker::stats::WorkerStats;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,16 +30,10 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
-/// The channel the enqueue trigger notifies.
-pub(crate) const CHANNEL: &str = "durable_etl_jobs";
 /// How often the session proves, on itself, that it is alive and listening.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a probe may take before the session is presumed half-open.
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// First reconnect delay.
-pub(crate) const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
-/// Longest reconnect delay.
-pub(crate) const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// What the session is for.
 #[derive(Debug, Clone)]
@@ -358,12 +352,7 @@ async fn maintain(
         signals.locked.store(false, Ordering::Relaxed);
         stats.session_up.store(0, Ordering::Relaxed);
         tracing::warn!(code = "database_unavailable", "session lost; reconnecting");
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(RECONNECT_MIN_DELAY)
-            .with_max_delay(RECONNECT_MAX_DELAY)
-            .with_jitter()
-            .without_max_times()
-            .build();
+        let mut delays = reconnect_delays();
         live = loop {
             tokio::time::sleep(delays.next().unwrap_or(RECONNECT_MAX_DELAY)).await;
             match open(&config, &signals, &stats, Some(previous)).await {

@@ -2,7 +2,7 @@
 //! replay, key reuse, owner scoping, cancellation, replacement, deferred jobs, and no request
 //! value in any response.
 
-use crate::support::{count, eventually, job_row, pool, TestDb};
+use crate::support::{count, eventually, job_row, pool, Listener, TestDb};
 use durable_etl::api::{self, AppState};
 use durable_etl::api_keys;
 use durable_etl::config::{ApiConfig, WorkerConfig};
@@ -12,6 +12,7 @@ use durable_etl::handler::Registry;
 use durable_etl::intake::IntakeLimits;
 use durable_etl::worker::completer::Transition;
 use durable_etl::worker::Worker;
+use durable_etl::Notifier;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -44,7 +45,17 @@ impl Api {
 
     /// Starts the API on port 0 with small limits, then whatever `adjust` changes.
     async fn start_with(adjust: impl FnOnce(&mut ApiConfig)) -> Api {
-        let db = TestDb::migrated().await;
+        Api::start_on(TestDb::migrated().await, adjust, false).await
+    }
+
+    /// Starts the API as `durable-etl serve` does, with the process's coalescing notifier.
+    async fn start_notifying() -> Api {
+        Api::start_on(TestDb::migrated().await, |_| {}, true).await
+    }
+
+    /// Starts the API on `db`, port 0, with small limits, then whatever `adjust` changes; with a
+    /// notifier if `notifying`.
+    async fn start_on(db: TestDb, adjust: impl FnOnce(&mut ApiConfig), notifying: bool) -> Api {
         let secret = Secret::new(SECRET).unwrap();
         let client = db.client().await;
         let alice = api_keys::create(&client, &secret, "alice")
@@ -60,7 +71,11 @@ impl Api {
             ..ApiConfig::default()
         };
         adjust(&mut config);
-        let app = api::app(AppState::new(pool(&db).await, secret, config));
+        let mut state = AppState::new(pool(&db).await, secret, config);
+        if notifying {
+            state = state.with_notifier(Notifier::start(&db.config).unwrap());
+        }
+        let app = api::app(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -1017,4 +1032,128 @@ async fn a_metrics_scrape_reads_only_the_active_rows_through_their_indexes() {
         );
         assert!(sample.oldest_due_seconds >= 1.0, "{sample:?}");
     }
+}
+
+/// The next notification `listener` receives, within 30 s.
+async fn next_notification(listener: &mut Listener) -> (String, String) {
+    tokio::time::timeout(Duration::from_secs(30), listener.notifications.recv())
+        .await
+        .expect("a notification within 30 s")
+        .expect("listener alive")
+}
+
+/// The backend pids of the notifier connections on `api`'s database.
+async fn notifier_pids(client: &tokio_postgres::Client, api: &Api) -> Vec<i32> {
+    client
+        .query(
+            "SELECT pid FROM pg_stat_activity
+              WHERE datname = $1 AND application_name = 'durable-etl/notifier'",
+            &[&api.db.name],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Served with its notifier, a submission's transaction runs with the trigger's NOTIFY off (a
+/// second statement trigger records the setting inside it), and the replicas are woken anyway,
+/// after the commits: N concurrent submissions cause between 1 and N empty notifications.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submissions_skip_the_trigger_and_wake_the_replicas_through_the_notifier() {
+    let api = Api::start_notifying().await;
+    let client = api.db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE seen_notify_setting (setting text);
+             CREATE FUNCTION record_notify_setting() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO seen_notify_setting VALUES (current_setting('durable_etl.notify', true));
+                 RETURN NULL;
+             END $$;
+             CREATE TRIGGER record_notify_setting AFTER INSERT ON etl_job_records
+                 FOR EACH STATEMENT EXECUTE FUNCTION record_notify_setting();",
+        )
+        .await
+        .unwrap();
+    let mut listener = Listener::start(&api.db, &["durable_etl_jobs"]).await;
+    const N: usize = 8;
+    let submissions = (0..N).map(|i| {
+        let (api, body) = (&api, small(i as i64));
+        async move { api.submit(&api.alice, &format!("n-{i}"), &body).await.0 }
+    });
+    let statuses = futures::future::join_all(submissions).await;
+    assert!(statuses.iter().all(|s| *s == StatusCode::ACCEPTED));
+    let settings: Vec<Option<String>> = client
+        .query("SELECT setting FROM seen_notify_setting", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(settings, vec![Some("off".to_owned()); N]);
+
+    let mut seen = vec![next_notification(&mut listener).await];
+    // The rest, if any, arrive soon after; the count is bounded whenever they come.
+    while let Ok(Some(n)) =
+        tokio::time::timeout(Duration::from_millis(500), listener.notifications.recv()).await
+    {
+        seen.push(n);
+    }
+    assert!(
+        (1..=N).contains(&seen.len()),
+        "{} notifications",
+        seen.len()
+    );
+    assert!(seen
+        .iter()
+        .all(|n| *n == ("durable_etl_jobs".to_owned(), String::new())));
+    // A replayed submission inserts nothing and wakes nobody.
+    let (status, _, _) = api.submit(&api.alice, "n-0", &small(0)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    client
+        .batch_execute("NOTIFY durable_etl_jobs, 'sentinel'")
+        .await
+        .unwrap();
+    assert_eq!(
+        next_notification(&mut listener).await.1,
+        "sentinel",
+        "the replay notified nothing"
+    );
+}
+
+/// The notifier's connection, terminated by the server, is opened again, and later submissions
+/// still wake the replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_notifier_reopens_its_terminated_connection() {
+    let api = Api::start_notifying().await;
+    let client = api.db.client().await;
+    let mut listener = Listener::start(&api.db, &["durable_etl_jobs"]).await;
+    eventually("the notifier's connection", || async {
+        notifier_pids(&client, &api).await.len() == 1
+    })
+    .await;
+    let old = notifier_pids(&client, &api).await[0];
+    client
+        .query_one("SELECT pg_terminate_backend($1)", &[&old])
+        .await
+        .unwrap();
+    eventually("the terminated connection's end", || async {
+        notifier_pids(&client, &api).await.is_empty()
+    })
+    .await;
+    for i in 0..2 {
+        let (status, _, _) = api
+            .submit(&api.alice, &format!("after-{i}"), &small(i))
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        assert_eq!(
+            next_notification(&mut listener).await,
+            ("durable_etl_jobs".to_owned(), String::new())
+        );
+    }
+    let new = notifier_pids(&client, &api).await;
+    assert_eq!(new.len(), 1);
+    assert_ne!(new[0], old);
 }

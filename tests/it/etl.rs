@@ -233,6 +233,38 @@ async fn a_batch_is_one_statement_one_notification_and_replays_whole() {
     assert_eq!(count(&client, "etl_job_records").await, 3);
 }
 
+/// A library enqueue on a plain transaction still wakes the replicas through the trigger; a
+/// transaction that runs `skip_trigger_notify` does not, and the opt-out ends with it.
+#[tokio::test]
+async fn a_library_enqueue_notifies_through_the_trigger_unless_its_transaction_opts_out() {
+    let db = TestDb::migrated().await;
+    let mut listener =
+        crate::support::Listener::start(&db, &["durable_etl_jobs", "sentinel"]).await;
+    let mut client = db.client().await;
+    let request = req(json!({"dataset": "d", "key": "id", "records": [{"id": 1}]}));
+    for (key, opt_out) in [
+        ("plain", false),
+        ("opted-out", true),
+        ("plain-again", false),
+    ] {
+        let tx = client.transaction().await.unwrap();
+        if opt_out {
+            durable_etl::skip_trigger_notify(&tx).await.unwrap();
+        }
+        enqueue(&tx, &secret(), &owner("alice"), new_job(key, &request, 5))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    client.batch_execute("NOTIFY sentinel").await.unwrap();
+    assert_eq!(
+        listener.drain_until("sentinel").await,
+        vec![("durable_etl_jobs".to_owned(), String::new()); 2],
+        "the opted-out transaction sent nothing"
+    );
+    assert_eq!(count(&client, "etl_job_records").await, 3);
+}
+
 #[tokio::test]
 async fn a_load_commits_rows_ledger_and_success_together_and_counts_changes() {
     let db = TestDb::migrated().await;

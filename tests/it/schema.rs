@@ -325,6 +325,65 @@ async fn the_trigger_notifies_once_per_transaction_and_never_for_deferred_jobs()
     drop(listener.client);
 }
 
+/// The `min_reader_version` the history records for `version`.
+async fn declared_min_reader(client: &tokio_postgres::Client, version: i32) -> i32 {
+    client
+        .query_one(
+            "SELECT min_reader_version FROM durable_etl_schema_history WHERE version = $1",
+            &[&version],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// One due job inserted in a transaction that opted out of the trigger's NOTIFY.
+async fn insert_opted_out(client: &mut tokio_postgres::Client) {
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL durable_etl.notify = 'off'")
+        .await
+        .unwrap();
+    insert_job(&tx, "now()").await;
+    tx.commit().await.unwrap();
+}
+
+/// Migration 0005 changes only the trigger function, so that a transaction with
+/// `durable_etl.notify = 'off'` does not notify; at 4 it notifies whatever the setting says.
+/// 5 → 4 → 5 restores the catalog exactly, and 0005 keeps releases that know 4 running.
+#[tokio::test]
+async fn migration_0005_lets_a_transaction_skip_the_trigger_notify_and_round_trips() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let mut listener = Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
+    let latest = catalog_snapshot(&client).await;
+    schema::migrate_down_to(&mut client, 5).await.unwrap();
+    let at_5 = catalog_snapshot(&client).await;
+    insert_opted_out(&mut client).await;
+
+    let down = schema::migrate_down_to(&mut client, 4).await.unwrap();
+    assert_eq!((down.changed, down.version), (vec![5], 4));
+    let at_4 = catalog_snapshot(&client).await;
+    let changed: Vec<&String> = at_5.iter().filter(|l| !at_4.contains(l)).collect();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert!(changed[0]
+        .starts_with("function CREATE OR REPLACE FUNCTION public.durable_etl_notify_enqueue()"));
+    insert_opted_out(&mut client).await;
+
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!((up.changed, up.version), (vec![5, 6], 6));
+    assert_eq!(catalog_snapshot(&client).await, latest);
+    insert_opted_out(&mut client).await;
+    insert_job(&client, "now()").await;
+
+    client.batch_execute("NOTIFY test_sentinel").await.unwrap();
+    assert_eq!(
+        listener.drain_until("test_sentinel").await,
+        vec![("durable_etl_jobs".to_owned(), String::new()); 2],
+        "only the opted-out insert at version 4 and the plain insert at 5 notified"
+    );
+    assert_eq!(declared_min_reader(&client, 5).await, 4);
+}
+
 #[tokio::test]
 async fn owner_lock_key_is_stable_and_spreads_owner_ids() {
     let db = TestDb::migrated().await;
@@ -366,15 +425,7 @@ RETURNING j.id";
 async fn releases_older_than_0003_refuse_it_and_cannot_claim_under_it() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let declared: i32 = client
-        .query_one(
-            "SELECT min_reader_version FROM durable_etl_schema_history WHERE version = 3",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(declared, 3);
+    assert_eq!(declared_min_reader(&client, 3).await, 3);
     let readers = schema::MIGRATIONS.iter().map(|m| m.min_reader_version);
     assert!(
         readers.max() >= Some(3),
@@ -584,7 +635,7 @@ async fn migrate_waits_for_the_migration_lock_beyond_the_session_timeouts() {
     assert_eq!(report.version, schema::latest_version());
 }
 
-/// Migration 0005 takes the ledger's foreign key away (its check cost a quarter of a success's
+/// Migration 0006 takes the ledger's foreign key away (its check cost a quarter of a success's
 /// server CPU) but keeps what it did on delete: deleting jobs deletes their ledger rows, whatever
 /// deletes them. Its down path puts the key back, dropping ledger rows whose job is gone first.
 #[tokio::test]
@@ -637,7 +688,7 @@ async fn the_ledger_follows_deleted_jobs_without_a_foreign_key_and_gets_it_back_
         .await
         .unwrap();
     assert_eq!(count(&client, "etl_job_responses").await, 1);
-    schema::migrate_down_to(&mut client, 4).await.unwrap();
+    schema::migrate_down_to(&mut client, 5).await.unwrap();
     assert_eq!(count(&client, "etl_job_responses").await, 0);
     let refused = client
         .batch_execute(&ledger_row(uuid::Uuid::new_v4()))

@@ -1,4 +1,4 @@
--- 0005: the response ledger without a foreign key to its job.
+-- 0006: the response ledger without a foreign key to its job.
 --
 -- The key's check cost about a quarter of the server CPU of a fenced success (an RI trigger, and a
 -- FOR KEY SHARE probe of the job row, for every ledger row written; measured in

@@ -1,4 +1,4 @@
--- 0005 down: the foreign key again. A ledger row whose job is gone (deleted by a TRUNCATE, which
+-- 0006 down: the foreign key again. A ledger row whose job is gone (deleted by a TRUNCATE, which
 -- fires no DELETE trigger) could not satisfy it, so it goes first.
 DROP TRIGGER etl_job_records_delete_responses ON etl_job_records;
 DROP FUNCTION etl_job_responses_follow_deleted_jobs();
