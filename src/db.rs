@@ -111,7 +111,7 @@ const CLAIM_PLANNER_OPTIONS: &str =
 pub const CLAIM_POOL_SIZE: u32 = 2;
 
 /// The tokio-postgres configuration of a replica's claim sessions (role `claimer`): the usual
-/// settings plus [`CLAIM_PLANNER_OPTIONS`].
+/// settings plus its planner switches (sorts and bitmap scans off, one generic plan per prepared statement).
 ///
 /// # Errors
 /// [`ConfigError::DatabaseUrl`] if the URL does not parse.

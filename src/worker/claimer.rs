@@ -12,7 +12,7 @@
 //!   it, the row is back to `pending` with its old claim id, and the fence refuses every write of
 //!   the lost claim, effects included. Completions, retries and failures stay synchronous.
 //! - The claim's plan is pinned on the claim sessions alone: the producer claims on its own small
-//!   pool ([`crate::db::connect_claim_pool`]), whose sessions plan with sorts and bitmap scans
+//!   pool ([`connect_claim_pool`]), whose sessions plan with sorts and bitmap scans
 //!   off, so the claim walks the pending index in order even on a table without statistics; the
 //!   replica's other sessions (group commits, handlers' effects) plan with the server's
 //!   settings. (A SQL function with its own `SET` clause pinned it too, but cost about 100 µs of

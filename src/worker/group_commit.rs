@@ -54,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
 /// other waits for its WAL flush; more would only split the groups smaller on this workload.
-pub const COMMIT_LANES: usize = 2;
+pub(crate) const COMMIT_LANES: usize = 2;
 
 /// A ready job and where its outcome goes.
 struct Queued {

@@ -2,10 +2,10 @@
 //!
 //! The roles, each owning its loop and its SQL:
 //! - `producer`: the one claim loop; runs each claimed job on a task (`executor`) whose
-//!   effects commit in groups ([`group_commit`], [`completer`]);
+//!   effects commit in groups (`group_commit`, [`completer`]);
 //! - [`heartbeat`]: renews the leases of the held jobs (`held`) on its own task;
 //! - [`rescuer`]: recovers dead owners' and expired leases' jobs on its own task;
-//! - [`session`]: LISTEN and the owner lock (the notifier), outside the pool.
+//! - `session`: LISTEN and the owner lock (the notifier), outside the pool.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
@@ -22,15 +22,23 @@
 // The SQL fragments the fenced statements share; declared first so every role module sees them.
 #[macro_use]
 mod sql;
+// The roles whose statements the integration suite and the benches drive directly (fencing,
+// plans, recovery races) are public for them, and hidden: they are not the library's surface,
+// which is `Worker`, its configuration, `stats` and the handler contract.
+#[doc(hidden)]
 pub mod claimer;
+#[doc(hidden)]
 pub mod completer;
 pub(crate) mod executor;
-pub mod group_commit;
+pub(crate) mod group_commit;
 pub(crate) mod guard;
+#[doc(hidden)]
 pub mod heartbeat;
 pub(crate) mod held;
+#[doc(hidden)]
 pub mod lease;
 pub(crate) mod producer;
+#[doc(hidden)]
 pub mod rescuer;
 pub(crate) mod retry;
 pub(crate) mod session;
