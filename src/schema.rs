@@ -93,6 +93,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive for readers: releases that know 0004 write ledger rows the same way.
         min_reader_version: 4,
     },
+    Migration {
+        version: 7,
+        name: "jobs_view",
+        up: include_str!("../migrations/0007_jobs_view.up.sql"),
+        down: include_str!("../migrations/0007_jobs_view.down.sql"),
+        // Additive: a view no release before it reads.
+        min_reader_version: 4,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

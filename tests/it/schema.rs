@@ -370,7 +370,11 @@ async fn migration_0005_lets_a_transaction_skip_the_trigger_notify_and_round_tri
     insert_opted_out(&mut client).await;
 
     let up = schema::migrate_up(&mut client).await.unwrap();
-    assert_eq!((up.changed, up.version), (vec![5, 6], 6));
+    let latest_version = schema::latest_version();
+    assert_eq!(
+        (up.changed, up.version),
+        ((5..=latest_version).collect::<Vec<_>>(), latest_version)
+    );
     assert_eq!(catalog_snapshot(&client).await, latest);
     insert_opted_out(&mut client).await;
     insert_job(&client, "now()").await;
@@ -695,4 +699,92 @@ async fn the_ledger_follows_deleted_jobs_without_a_foreign_key_and_gets_it_back_
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Some(&SqlState::FOREIGN_KEY_VIOLATION));
+}
+
+/// `etl_jobs` shows one row per job in every state, with the documented columns and no other:
+/// never the payload, the idempotency-key digest or the request fingerprint.
+#[tokio::test]
+async fn the_jobs_view_shows_every_job_and_nothing_private() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let columns: Vec<String> = client
+        .query(
+            "SELECT column_name::text FROM information_schema.columns
+              WHERE table_name = 'etl_jobs' ORDER BY ordinal_position",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "id",
+            "owner_key",
+            "kind",
+            "status",
+            "attempts",
+            "max_attempts",
+            "run_at",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "failure_code",
+            "failure_record_index",
+            "lease_owner_id",
+            "lease_claim_id",
+            "lease_expires_at",
+            "replaces_job_id",
+            "cancel_requested",
+            "rows_inserted",
+            "rows_updated",
+            "rows_unchanged",
+            "data_checksum"
+        ]
+    );
+    // A pending job, a running one with a cancel request, a succeeded one with its ledger row.
+    let pending = insert_job(&client, "now() + interval '1 hour'").await;
+    let running = insert_job(&client, "now()").await;
+    let succeeded = insert_job(&client, "now()").await;
+    client
+        .batch_execute(&format!(
+            "UPDATE etl_job_records
+                SET status = 'running', attempts = 1, lease_owner_id = 'o',
+                    lease_claim_id = gen_random_uuid(), lease_expires_at = now() + interval '1 minute',
+                    lease_renewed_at = now(), started_at = now()
+              WHERE id IN ('{running}', '{succeeded}');
+             INSERT INTO etl_job_cancel_requests (job_id) VALUES ('{running}');
+             UPDATE etl_job_records
+                SET status = 'succeeded', request_payload = NULL, finished_at = now(),
+                    lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL,
+                    lease_renewed_at = NULL
+              WHERE id = '{succeeded}';
+             INSERT INTO etl_job_responses
+                 (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
+             VALUES ('{succeeded}', gen_random_uuid(), 3, 1, 0, decode(repeat('00', 32), 'hex'));"
+        ))
+        .await
+        .unwrap();
+    let rows = client
+        .query(
+            "SELECT id, status, cancel_requested, lease_owner_id IS NOT NULL, rows_inserted
+               FROM etl_jobs ORDER BY status",
+            &[],
+        )
+        .await
+        .unwrap();
+    let seen: Vec<(uuid::Uuid, String, bool, bool, Option<i32>)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (pending, "pending".to_owned(), false, false, None),
+            (running, "running".to_owned(), true, true, None),
+            (succeeded, "succeeded".to_owned(), false, false, Some(3)),
+        ]
+    );
 }

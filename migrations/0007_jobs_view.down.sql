@@ -1,0 +1,2 @@
+-- 0007 down.
+DROP VIEW etl_jobs;
