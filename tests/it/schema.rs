@@ -1,7 +1,7 @@
 //! The schema and its migrations: up/down/up, concurrent migrate, checksum refusal, the
 //! release-compatibility check, the CHECK constraints and the enqueue trigger.
 
-use crate::support::{catalog_snapshot, count, insert_job, Listener, TestDb};
+use crate::support::{catalog_snapshot, count, first_column, insert_job, Listener, TestDb};
 use durable_etl::codes::Code;
 use durable_etl::error::{Error, SchemaError};
 use durable_etl::schema;
@@ -707,17 +707,12 @@ async fn the_ledger_follows_deleted_jobs_without_a_foreign_key_and_gets_it_back_
 async fn the_jobs_view_shows_every_job_and_nothing_private() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let columns: Vec<String> = client
-        .query(
-            "SELECT column_name::text FROM information_schema.columns
-              WHERE table_name = 'etl_jobs' ORDER BY ordinal_position",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let columns: Vec<String> = first_column(
+        &client,
+        "SELECT column_name::text FROM information_schema.columns
+          WHERE table_name = 'etl_jobs' ORDER BY ordinal_position",
+    )
+    .await;
     assert_eq!(
         columns,
         [

@@ -209,6 +209,20 @@ pub async fn count(client: &impl tokio_postgres::GenericClient, from: &str) -> i
         .get(0)
 }
 
+/// The first column of every row `sql` returns, in order.
+pub async fn first_column<T>(client: &impl tokio_postgres::GenericClient, sql: &str) -> Vec<T>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    client
+        .query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// Waits (bounded: 3,000 checks 10 ms apart) until `check` holds; panics naming `what` otherwise.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)
 where
