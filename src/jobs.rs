@@ -125,17 +125,16 @@ impl JobStatus {
     }
 }
 
-/// The columns of a status view, in [`JobStatus::from_row`] order.
+/// The columns of a status view, in [`JobStatus::from_row`] order, read from the `etl_jobs` view
+/// (migration 0007), the one definition of what a job looks like from outside: a job's row, its
+/// cancel request and its ledger summary, in one statement's snapshot.
 macro_rules! status_select {
     () => {
         "SELECT j.id, j.status, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at,
                 j.started_at, j.finished_at, j.failure_code, j.failure_record_index,
-                (j.cancel_requested_at IS NOT NULL
-                 OR EXISTS (SELECT 1 FROM etl_job_cancel_requests c WHERE c.job_id = j.id)),
-                j.replaces_job_id,
-                r.rows_inserted, r.rows_updated, r.rows_unchanged, r.data_checksum
-           FROM etl_job_records j
-           LEFT JOIN etl_job_responses r ON r.job_id = j.id"
+                j.cancel_requested, j.replaces_job_id,
+                j.rows_inserted, j.rows_updated, j.rows_unchanged, j.data_checksum
+           FROM etl_jobs j"
     };
 }
 

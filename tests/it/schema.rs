@@ -724,6 +724,7 @@ async fn the_jobs_view_shows_every_job_and_nothing_private() {
             "max_attempts",
             "run_at",
             "created_at",
+            "updated_at",
             "started_at",
             "finished_at",
             "failure_code",
