@@ -111,17 +111,24 @@ async fn the_pool_opens_checked_sessions_and_knows_a_closed_one() {
     manager.is_valid(&mut session).await.unwrap();
     assert!(!manager.has_broken(&mut session));
     assert!(!db::Session::is_closed(&session));
-    // A terminated backend is a broken session.
+    // A terminated backend (this database's only claim session) is a broken session, once its
+    // connection has seen the end.
     db.client()
         .await
         .execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-              WHERE application_name = 'durable-etl/claimer'",
+              WHERE application_name = 'durable-etl/claimer' AND datname = current_database()",
             &[],
         )
         .await
         .unwrap();
     assert!(manager.is_valid(&mut session).await.is_err());
+    for _ in 0..500 {
+        if manager.has_broken(&mut session) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(manager.has_broken(&mut session));
     // The replica's pool is made of such sessions.
     let pool = connect_claim_pool(&db.config, stats).await.unwrap();
