@@ -19,9 +19,10 @@
 //!   server CPU per job in a burn-down.)
 //! - On the replica's claim sessions ([`ClaimSessions`]) the claim and the next-due read are
 //!   prepared once per session and planned once, generically; the claim's plan is checked when
-//!   the session opens (it must walk the pending index in order, with no sort), and a session
-//!   whose plan fails the check sends the claim unnamed, planned on every call with its values,
-//!   and counts a `claim_plan_fallbacks`. Elsewhere (tests, tools) [`claim`] sends it unnamed
+//!   the session opens (it must walk the pending index in order, with no sort, and join the
+//!   claimed rows back through the primary key, with no scan or hash of the whole table), and a
+//!   session whose plan fails the check sends the claim unnamed, planned on every call with its
+//!   values, and counts a `claim_plan_fallbacks`. Elsewhere (tests, tools) [`claim`] sends it unnamed
 //!   with typed parameters (`query_typed`): one round trip either way.
 
 use crate::config::DatabaseConfig;
@@ -190,7 +191,7 @@ const PREPARED_NAME_SQL: &str =
 
 impl ClaimSession {
     /// Prepares the statements on `client` and checks the claim's plan: it must walk
-    /// `etl_job_records_pending_due_idx` with no sort. If it does not, the session plans each
+    /// `etl_job_records_pending_due_idx`, with no sort and no scan or join of the whole table. If it does not, the session plans each
     /// claim for its values instead (`plan_cache_mode = force_custom_plan`), and `stats` counts a
     /// fallback.
     ///
@@ -201,18 +202,7 @@ impl ClaimSession {
         stats: &WorkerStats,
     ) -> Result<ClaimSession, tokio_postgres::Error> {
         let claim = client.prepare_typed(CLAIM_SQL, &CLAIM_PARAMS).await?;
-        let name: String = client
-            .query_one(PREPARED_NAME_SQL, &[&CLAIM_SQL])
-            .await?
-            .get(0);
-        // The values do not matter to a generic plan; the statement is only explained.
-        let explained: serde_json::Value = client
-            .query_one(
-                &format!("EXPLAIN (FORMAT JSON) EXECUTE {name}(1, '', 1, false)"),
-                &[],
-            )
-            .await?
-            .get(0);
+        let explained = explain_prepared_claim(&client).await?;
         if walks_the_pending_index_in_order(&explained) {
             let next_due = client.prepare(NEXT_DUE_SQL).await?;
             let prepared = Some(Prepared { claim, next_due });
@@ -271,13 +261,33 @@ impl ClaimSession {
     }
 }
 
+/// The JSON plan of the claim prepared on `client` (its generic plan, on a claim session).
+async fn explain_prepared_claim(
+    client: &Client,
+) -> Result<serde_json::Value, tokio_postgres::Error> {
+    let name: String = client
+        .query_one(PREPARED_NAME_SQL, &[&CLAIM_SQL])
+        .await?
+        .get(0);
+    // The values do not matter to a generic plan; the statement is only explained.
+    Ok(client
+        .query_one(
+            &format!("EXPLAIN (FORMAT JSON) EXECUTE {name}(1, '', 1, false)"),
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 impl db::Session for ClaimSession {
     fn is_closed(&self) -> bool {
         self.client.is_closed()
     }
 }
 
-/// Whether the JSON plan `explained` scans `etl_job_records_pending_due_idx` and sorts nowhere.
+/// Whether the JSON plan `explained` scans `etl_job_records_pending_due_idx` and does nothing
+/// whose cost grows with the table: no sort, no sequential or bitmap scan, no hash or merge join
+/// (the claimed rows are joined back through the primary key, one probe each).
 fn walks_the_pending_index_in_order(explained: &serde_json::Value) -> bool {
     /// Every plan node under `node`, itself included.
     fn nodes<'a>(node: &'a serde_json::Value, out: &mut Vec<&'a serde_json::Value>) {
@@ -286,15 +296,19 @@ fn walks_the_pending_index_in_order(explained: &serde_json::Value) -> bool {
             nodes(child, out);
         }
     }
+    /// Node types that read or order every row they are given, however few are claimed.
+    const WHOLE_TABLE: [&str; 5] = ["Sort", "Seq Scan", "Bitmap", "Hash", "Merge"];
     let mut all = Vec::new();
     nodes(&explained[0]["Plan"], &mut all);
     let walks = all
         .iter()
         .any(|n| n["Index Name"] == "etl_job_records_pending_due_idx");
-    let sorts = all
-        .iter()
-        .any(|n| n["Node Type"].as_str().is_some_and(|t| t.contains("Sort")));
-    walks && !sorts
+    let grows = all.iter().any(|n| {
+        n["Node Type"]
+            .as_str()
+            .is_some_and(|t| WHOLE_TABLE.iter().any(|w| t.contains(w)))
+    });
+    walks && !grows
 }
 
 /// Opens a replica's claim sessions ([`ClaimSession`]) for `bb8`.

@@ -74,6 +74,32 @@ async fn a_claim_session_runs_the_checked_generic_plan_of_its_prepared_claim() {
 }
 
 #[tokio::test]
+async fn on_a_full_analyzed_queue_the_generic_claim_probes_the_primary_key_per_claimed_row() {
+    // A generic plan does not know the LIMIT: with hash joins allowed it hashed every job row
+    // on each claim.
+    let (db, config) = with_jobs(5_000).await;
+    db.client()
+        .await
+        .batch_execute("ANALYZE etl_job_records")
+        .await
+        .unwrap();
+    let stats = WorkerStats::default();
+    let session = session(&config, &stats).await;
+    assert!(session.is_prepared());
+    let plan = explain_prepared_claim(&session.client)
+        .await
+        .unwrap()
+        .to_string();
+    assert!(plan.contains("\"Nested Loop\""), "{plan}");
+    assert!(plan.contains("\"etl_job_records_pkey\""), "{plan}");
+    assert!(
+        !plan.contains("Seq Scan") && !plan.contains("Hash"),
+        "{plan}"
+    );
+    assert_eq!(session.claim(CLAIMANT, 100).await.unwrap().len(), 100);
+}
+
+#[tokio::test]
 async fn a_session_whose_claim_plan_fails_its_check_plans_every_claim_and_says_so() {
     let (db, config) = with_jobs(3).await;
     // Without the pending index no plan can walk it: the check must fail.
