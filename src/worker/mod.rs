@@ -56,7 +56,7 @@ use held::HeldJobs;
 use producer::{Producer, Stopped};
 use rescuer::Recovered;
 use session::Session;
-use shared::{Shared, STATEMENT_BOUND_SLACK};
+use shared::Shared;
 use stats::{StatsSnapshot, WorkerStats};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -99,22 +99,10 @@ impl Worker {
         let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
         stats
             .record_released(rescuer::release_previous_incarnation(&pool, &config.owner_id).await?);
-        let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats)).await?;
-        let group_commit =
-            group_commit::GroupCommit::start(pool.clone(), Arc::clone(&stats), config.slots);
+        let signals = session.as_ref().map(Session::signals);
+        let shared = Shared::open(pool, db_config, config, registry, stats, signals).await?;
         Ok(Worker {
-            shared: Arc::new(Shared {
-                pool,
-                claim_pool,
-                registry,
-                config,
-                stats,
-                group_commit,
-                statement_bound: db_config
-                    .statement_timeout
-                    .saturating_add(STATEMENT_BOUND_SLACK),
-                signals: session.as_ref().map(Session::signals),
-            }),
+            shared: Arc::new(shared),
             _session: session,
         })
     }

@@ -7,10 +7,11 @@
 //! - [`Shared::owner_locked`] says whether the session holds the owner lock right now; it is what
 //!   claims and heartbeats stamp into `lease_owner_locked`, never a guess from configuration.
 
-use crate::config::WorkerConfig;
+use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db::Pool;
+use crate::error::Error;
 use crate::handler::Registry;
-use crate::worker::claimer::ClaimPool;
+use crate::worker::claimer::{self, ClaimPool};
 use crate::worker::group_commit::GroupCommit;
 use crate::worker::session::Signals;
 use crate::worker::stats::WorkerStats;
@@ -44,6 +45,35 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// What the roles of a replica with `config` and `registry` share: `pool`, a claim pool and
+    /// the commit lanes opened here, the replica's `stats` and its session's `signals`.
+    ///
+    /// # Errors
+    /// Connection errors of the claim pool.
+    pub(crate) async fn open(
+        pool: Pool,
+        db_config: &DatabaseConfig,
+        config: WorkerConfig,
+        registry: Registry,
+        stats: Arc<WorkerStats>,
+        signals: Option<Arc<Signals>>,
+    ) -> Result<Shared, Error> {
+        let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats)).await?;
+        let group_commit = GroupCommit::start(pool.clone(), Arc::clone(&stats), config.slots);
+        Ok(Shared {
+            pool,
+            claim_pool,
+            registry,
+            config,
+            stats,
+            group_commit,
+            statement_bound: db_config
+                .statement_timeout
+                .saturating_add(STATEMENT_BOUND_SLACK),
+            signals,
+        })
+    }
+
     /// Whether this replica's session holds its owner lock right now: what its claims and
     /// heartbeats stamp into `lease_owner_locked`, so recovery treats a missing lock as a sign of
     /// death only for owners that really held one.
