@@ -7,11 +7,12 @@
 //!    transaction: a rollback removes both, a commit keeps both.
 //! 2. **Recheck under the fence.** The job is deferred (`run_at` = the deadline). When it runs,
 //!    its effects recheck the offer *inside the fenced transaction* (the one that also writes the
-//!    ledger row and `succeeded`) and expire it only if it is still open under the schedule the
+//!    job's `succeeded` outcome with its ledger) and expire it only if it is still open under the schedule the
 //!    job was made for. An offer accepted meanwhile, or whose deadline was replaced by a new one
 //!    (with a new job), is left alone: the stale job succeeds without changing anything.
-//! 3. **Idempotent through the ledger.** The effects commit with the job's response-ledger row
-//!    or not at all, and the ledger row's existence means the job never runs again; scheduling
+//! 3. **Idempotent through the ledger.** The effects commit with the job's outcome and its
+//!    response ledger or not at all, and once it exists the job has no live row left to run
+//!    again; scheduling
 //!    the same expiry twice (same idempotency key) finds the existing job instead of adding one.
 //!
 //! Run it against a PostgreSQL server (it creates its own database on `DATABASE_URL`'s server
@@ -24,8 +25,10 @@
 //! It exits 0 when every check holds and 1 when one does not.
 //!
 //! The library has no enqueue function for kinds other than its own ETL job, so the example
-//! inserts its jobs into `etl_job_records` itself, with the columns the schema requires (the
-//! owner, idempotency key and request are stored only as keyed digests).
+//! inserts its jobs itself, as the library's enqueue does: an intake row in `etl_job_intake` and
+//! a live row with the payload in `etl_job_records`, with the columns the schema requires (the
+//! owner, idempotency key and request are stored only as keyed digests). It reads jobs through
+//! the `etl_jobs` view.
 
 use chrono::{DateTime, Utc};
 use durable_etl::digest::DigestKind;
@@ -76,18 +79,23 @@ UPDATE example_offers
  WHERE id = $1 AND status = 'open'
 RETURNING expires_at, schedule_version";
 
-/// Inserts one job of kind `$5` due at `$7`, unless the owner `$2` has a job with the same
-/// idempotency key digest `$3` already (then it returns no row). `$4` is the request's digest,
-/// `$6` the payload.
+/// Inserts one job of kind `$5` due at `$7` with at most `$8` attempts (its intake row and its
+/// live row), unless the owner `$2` has a job with the same idempotency key digest `$3` already
+/// (then it inserts nothing and returns no row). `$4` is the request's digest, `$6` the payload.
 ///
-/// Locks: inserts one row; a concurrent insert of the same owner and key waits for the other
+/// Locks: inserts two rows; a concurrent insert of the same owner and key waits for the other
 /// transaction. The enqueue trigger notifies only for a job due now, so a deferred job is found
 /// by the replicas' poll.
 const ENQUEUE_SQL: &str = "
-INSERT INTO etl_job_records
-       (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload, run_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-    ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
+WITH accepted AS (
+    INSERT INTO etl_job_intake
+           (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at)
+    VALUES ($1, $2, $3, $4, $5, $8, $7)
+        ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
+    RETURNING id, owner_key, kind, max_attempts, run_at
+)
+INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
+SELECT id, owner_key, kind, $6, max_attempts, run_at FROM accepted
 RETURNING id";
 
 /// The recheck and the transition, in one statement: offer `$1` expires (recording job `$3`)
@@ -106,14 +114,14 @@ UPDATE example_offers
 /// Locks: none.
 const OFFER_SQL: &str = "SELECT status, expired_by_job FROM example_offers WHERE id = $1";
 
-/// How many offers have an id in `$1`, and how many jobs have an id in `$1` or are for an offer
-/// whose id is in `$2` (as text).
+/// How many offers have an id in `$1`, and how many jobs have an id in `$1` or are (live) for an
+/// offer whose id is in `$2` (as text).
 ///
 /// Locks: none.
 const EXISTS_SQL: &str = "
 SELECT (SELECT count(*) FROM example_offers WHERE id = ANY($1)),
-       (SELECT count(*) FROM etl_job_records WHERE id = ANY($1)
-                                              OR request_payload->>'offer_id' = ANY($2))";
+       (SELECT count(*) FROM etl_job_intake i LEFT JOIN etl_job_records j ON j.id = i.id
+         WHERE i.id = ANY($1) OR j.request_payload->>'offer_id' = ANY($2))";
 
 /// Jobs of the example not yet ended, and jobs that started before they were due.
 ///
@@ -121,7 +129,7 @@ SELECT (SELECT count(*) FROM example_offers WHERE id = ANY($1)),
 const PROGRESS_SQL: &str = "
 SELECT count(*) FILTER (WHERE status IN ('pending', 'running')),
        count(*) FILTER (WHERE started_at < run_at)
-  FROM etl_job_records
+  FROM etl_jobs
  WHERE kind = $1";
 
 /// The handler of [`KIND`]: reads which offer and schedule the job is for; the effects do the
@@ -170,8 +178,8 @@ impl Handler for ExpireOffer {
 }
 
 impl Effects for Expiry {
-    /// Runs inside the fenced transaction: the recheck, the transition, the job's ledger row and
-    /// its `succeeded` commit together, or none of them does.
+    /// Runs inside the fenced transaction: the recheck, the transition and the job's `succeeded`
+    /// outcome with its ledger commit together, or none of them does.
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
@@ -261,6 +269,7 @@ impl Scheduler {
                     &KIND,
                     &payload,
                     &due,
+                    &durable_etl::etl::enqueue::MAX_ATTEMPTS_DEFAULT,
                 ],
             )
             .await?;
@@ -485,15 +494,14 @@ async fn run(config: &DatabaseConfig) -> Result<Vec<String>, Failure> {
     }
     let ledger_rows: i64 = client
         .query_one(
-            "SELECT count(*) FROM etl_job_responses r JOIN etl_job_records j ON j.id = r.job_id
-              WHERE j.kind = $1",
+            "SELECT count(*) FROM etl_jobs WHERE kind = $1 AND data_checksum IS NOT NULL",
             &[&KIND],
         )
         .await?
         .get(0);
     check(
         &mut failures,
-        "one ledger row per job: no effects committed twice",
+        "one ledger per job: no effects committed twice",
         ledger_rows == 4,
     );
     Ok(failures)

@@ -6,7 +6,7 @@
 //!   text, SQL, payload or principal ever takes its place.
 //! - The strings are stable: renaming one is a breaking change recorded in CHANGELOG.md.
 //! - The codes a job row may store ([`Code::is_stored_failure`]) are exactly those the
-//!   `etl_job_records.failure_code` CHECK constraint admits; a test compares the two lists.
+//!   `etl_job_outcomes.failure_code` CHECK constraint admits; a test compares the two lists.
 
 use std::fmt;
 

@@ -212,7 +212,7 @@ async fn drive(
                 "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'running'),
                         count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status = 'failed'),
                         count(*) FILTER (WHERE status = 'cancelled'), coalesce(max(attempts) FILTER (WHERE status = 'pending'), 0)
-                   FROM etl_job_records",
+                   FROM etl_jobs",
                 &[],
             )
             .await?;
@@ -249,7 +249,7 @@ async fn hold_lock(session: &tokio_postgres::Client) -> Result<(), Error> {
         .batch_execute(
             "BEGIN;
              INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
-             SELECT owner_key, 'orders', 'L-1', '{}', id FROM etl_job_records ORDER BY id LIMIT 1",
+             SELECT owner_key, 'orders', 'L-1', '{}', id FROM etl_job_intake ORDER BY id LIMIT 1",
         )
         .await?;
     Ok(())
@@ -297,7 +297,7 @@ async fn summary(
             "SELECT count(*),
                     coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - run_at)), 0)::float8,
                     coalesce(max(extract(epoch FROM started_at - run_at)), 0)::float8
-               FROM etl_job_records WHERE started_at IS NOT NULL AND attempts = 1",
+               FROM etl_jobs WHERE started_at IS NOT NULL AND attempts = 1",
             &[],
         )
         .await?;

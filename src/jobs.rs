@@ -126,8 +126,9 @@ impl JobStatus {
 }
 
 /// The columns of a status view, in [`JobStatus::from_row`] order, read from the `etl_jobs` view
-/// (migration 0007), the one definition of what a job looks like from outside: a job's row, its
-/// cancel request and its ledger summary, in one statement's snapshot.
+/// (migrations 0007 and 0008), the one definition of what a job looks like from outside: its
+/// intake, its live row or its outcome (with the ledger summary) and its cancel request, in one
+/// statement's snapshot.
 macro_rules! status_select {
     () => {
         "SELECT j.id, j.status, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at,
@@ -142,12 +143,28 @@ macro_rules! status_select {
 pub const STATUS_SQL: &str = concat!(status_select!(), " WHERE j.id = $1 AND j.owner_key = $2");
 
 /// An owner's jobs, newest first, after cursor `$2` (exclusive), optionally of status `$3`, at
-/// most `$4`. Locks: none; walks `etl_job_records_owner_listing_idx` backwards.
+/// most `$4`. Locks: none; walks `etl_job_intake_owner_listing_idx` backwards and probes the
+/// live row and the outcome of each job by primary key. Serves the listing of every job and of
+/// the live states (`pending`, `running`): those filter the owner's jobs one by one, newest
+/// first, so their cost grows with the jobs newer than the page's oldest live one (an index on
+/// the live table's owner would be written by every claim).
 pub const LIST_SQL: &str = concat!(
     status_select!(),
     " WHERE j.owner_key = $1 AND ($2::uuid IS NULL OR j.id < $2)
         AND ($3::text IS NULL OR j.status = $3)
       ORDER BY j.id DESC LIMIT $4"
+);
+
+/// An owner's ended jobs of status `$3`, newest first, after cursor `$2` (exclusive), at most
+/// `$4`. Locks: none; walks `etl_job_outcomes_owner_status_listing_idx` backwards, whatever
+/// the history holds, then reads each job of the page through the view by primary key.
+pub const LIST_ENDED_SQL: &str = concat!(
+    status_select!(),
+    " WHERE j.id IN (SELECT o.job_id FROM etl_job_outcomes o
+                       WHERE o.owner_key = $1 AND o.status = $3
+                         AND ($2::uuid IS NULL OR o.job_id < $2)
+                       ORDER BY o.job_id DESC LIMIT $4)
+      ORDER BY j.id DESC"
 );
 
 /// The status of job `id` for `owner`, if that owner has it.
@@ -178,9 +195,12 @@ pub async fn list(
     limit: i64,
 ) -> Result<Vec<JobStatus>, Error> {
     let owner: &[u8] = owner;
+    let ended = status
+        .and_then(JobState::parse)
+        .is_some_and(JobState::is_terminal);
     let rows = client
         .query_typed(
-            LIST_SQL,
+            if ended { LIST_ENDED_SQL } else { LIST_SQL },
             &[
                 (&owner, Type::BYTEA),
                 (&after, Type::UUID),
@@ -199,28 +219,38 @@ pub async fn list(
 /// at once, a running job gets a cancel request. Returns the status the job had in the
 /// statement's snapshot, and whether a pending job was cancelled by it.
 ///
-/// Locks: `target` takes none. `cancelled` row-locks the job only if the snapshot saw it
-/// `pending` (waiting, at most for a claim's short transaction, then re-checking that it is still
-/// `pending`); a running job's row is never locked or waited for: its request is a row of
-/// `etl_job_cancel_requests`, whose foreign-key check takes FOR KEY SHARE on the job row, which
-/// the FOR NO KEY UPDATE locks of claims and executing commits do not block. Every path that ends
-/// the attempt reads the request.
-pub const CANCEL_SQL: &str = "
+/// Locks: `target` takes none (the job's intake row, and its live row or outcome, by primary
+/// key). `cancelled` row-locks the live row only if the snapshot saw it `pending` (waiting, at
+/// most for a claim's short transaction, then re-checking that it is still `pending`), deletes it
+/// and appends the outcome; a running job's row is never locked or waited for: its request is a
+/// row of `etl_job_cancel_requests`, whose foreign-key check takes FOR KEY SHARE on the job's
+/// intake row, which nothing else locks. Every path that ends the attempt reads the request.
+pub const CANCEL_SQL: &str = concat!(
+    "
 WITH target AS (
-    SELECT id, status FROM etl_job_records WHERE id = $1 AND owner_key = $2
+    SELECT i.id, coalesce(o.status, j.status) AS status
+      FROM etl_job_intake i
+      LEFT JOIN etl_job_records j ON j.id = i.id
+      LEFT JOIN etl_job_outcomes o ON o.job_id = i.id
+     WHERE i.id = $1 AND i.owner_key = $2
 ), cancelled AS (
-    UPDATE etl_job_records j
-       SET status = 'cancelled', failure_code = $3, request_payload = NULL, finished_at = now(),
-           updated_at = now()
-      FROM target t
+    DELETE FROM etl_job_records AS j
+     USING target t
      WHERE j.id = t.id AND t.status = 'pending' AND j.status = 'pending'
- RETURNING j.id
+ RETURNING ",
+    ended_columns!(),
+    "
+), outcome AS (
+    ",
+    outcome_of!("cancelled", "'cancelled'", "$3::text", "NULL::int4"),
+    "
 ), requested AS (
     INSERT INTO etl_job_cancel_requests (job_id)
     SELECT id FROM target WHERE status = 'running'
         ON CONFLICT (job_id) DO NOTHING
 )
-SELECT t.status, EXISTS (SELECT 1 FROM cancelled) FROM target t";
+SELECT t.status, EXISTS (SELECT 1 FROM outcome) FROM target t"
+);
 
 /// How many times a cancellation looks again at a job that stopped being `pending` between its
 /// snapshot and its row lock (claimed meanwhile): each retry sees the claim, so one is enough in

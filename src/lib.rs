@@ -1,9 +1,12 @@
 //! # durable-etl
 //!
-//! Durable ETL jobs run out of PostgreSQL. Accepted jobs are rows of `etl_job_records`; replicas
-//! claim due rows with `FOR UPDATE SKIP LOCKED`, fence every later write with the claim's
-//! `lease_claim_id`, and commit a job's effects, its response-ledger row and its `succeeded` state
-//! in one transaction. PostgreSQL, not a scheduler, is the correctness boundary.
+//! Durable ETL jobs run out of PostgreSQL. An accepted job is a row of `etl_job_intake` (written
+//! once) and, while it is pending or running, a row of `etl_job_records` with its payload and
+//! lease; replicas claim due rows with `FOR NO KEY UPDATE SKIP LOCKED`, fence every later write
+//! with the claim's `lease_claim_id`, and commit a job's effects with the statement that deletes
+//! its live row and appends its `succeeded` outcome (with the response ledger) in one
+//! transaction. `etl_jobs` shows every job. PostgreSQL, not a scheduler, is the correctness
+//! boundary.
 //!
 //! The `durable-etl` binary (`migrate`, `serve`, `work`, `demo`, `bench`, …) is built with the
 //! default `cli` feature; a library user who sets `default-features = false` links only what is
@@ -102,6 +105,10 @@ macro_rules! crash_point {
     };
 }
 
+// The SQL fragments the statements that end or fence a job share; declared before every module
+// so each sees them.
+#[macro_use]
+mod sql;
 pub mod api;
 pub mod api_keys;
 pub mod codes;

@@ -101,6 +101,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: a view no release before it reads.
         min_reader_version: 4,
     },
+    Migration {
+        version: 8,
+        name: "live_rows_and_outcomes",
+        up: include_str!("../migrations/0008_live_rows_and_outcomes.up.sql"),
+        down: include_str!("../migrations/0008_live_rows_and_outcomes.down.sql"),
+        // Breaking for readers: the job table keeps live jobs only, ended jobs are outcome rows
+        // and the ledger moved into them; no release before it can read or write this layout.
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

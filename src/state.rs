@@ -1,11 +1,12 @@
-//! The domain's one list of job states: [`JobState`], the values of `etl_job_records.status`.
+//! The domain's one list of job states: [`JobState`], the values of `etl_jobs.status`: the live
+//! states in `etl_job_records.status`, the ended ones in `etl_job_outcomes.status`.
 //!
 //! A leaf: it imports nothing of this crate, so the worker, `jobs` and the API all name states
 //! through it without importing each other. docs/state-machine.md draws the transitions.
 //!
 //! Invariants this module keeps:
-//! - [`JobState::ALL`] is exactly the list the `etl_job_records.status` CHECK constraint admits;
-//!   a test compares the two.
+//! - [`JobState::ALL`] is exactly the union of the lists the `etl_job_records.status` and
+//!   `etl_job_outcomes.status` CHECK constraints admit; a test compares them.
 //! - A state is stored, sent and served as its lowercase name ([`JobState::as_str`]): in SQL
 //!   through [`ToSql`]/[`FromSql`] (text), in JSON through `Serialize`. A name that is not a
 //!   state is an error on the way in ([`FromSql`], [`JobState::parse`]), never a default.
@@ -20,7 +21,7 @@ use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 /// `to_sql_checked!` macro uses), so the crate needs no direct dependency on `bytes`.
 type SqlBuffer = tokio_postgres::types::private::BytesMut;
 
-/// A job's state (`etl_job_records.status`).
+/// A job's state (`etl_jobs.status`).
 ///
 /// The served OpenAPI document shows it once, inline, as the listing's `status` filter: the
 /// schema's description says so.

@@ -66,23 +66,31 @@ impl BenchDb {
     /// Empties the queue and vacuums it, so every sample starts from the same table.
     pub(crate) async fn reset(&self) {
         self.client
-            .batch_execute("TRUNCATE etl_job_responses, etl_target_rows, etl_job_cancel_requests, etl_job_records")
+            .batch_execute(
+                "TRUNCATE etl_target_rows, etl_job_cancel_requests, etl_job_records,
+                          etl_job_outcomes, etl_job_intake",
+            )
             .await
             .expect("truncate");
     }
 
-    /// Inserts `n` due no-op jobs in one statement.
+    /// Inserts `n` due no-op jobs (their intake rows and live rows) in one statement.
     pub(crate) async fn fill(&self, n: usize) {
         let n = i64::try_from(n).expect("n");
         self.client
             .execute(
-                "INSERT INTO etl_job_records
-                        (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                         request_payload, run_at)
-                 SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
-                        sha256(g::text::bytea), 'noop', '{}'::jsonb,
-                        now() - interval '1 second'
-                   FROM generate_series(1, $1::int8) AS g",
+                "WITH intake AS (
+                     INSERT INTO etl_job_intake
+                            (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                             max_attempts, run_at)
+                     SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
+                            sha256(g::text::bytea), 'noop', 5, now() - interval '1 second'
+                       FROM generate_series(1, $1::int8) AS g
+                     RETURNING id, owner_key, kind, max_attempts, run_at
+                 )
+                 INSERT INTO etl_job_records
+                        (id, owner_key, kind, request_payload, max_attempts, run_at)
+                 SELECT id, owner_key, kind, '{}'::jsonb, max_attempts, run_at FROM intake",
                 &[&n],
             )
             .await

@@ -54,12 +54,17 @@ async fn insert_noops(
     );
     let rows = client
         .query(
-            "INSERT INTO etl_job_records
-                    (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                     request_payload)
-             SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
-                    sha256(g::text::bytea), $3, '{}'::jsonb
-               FROM generate_series($1::int8, $1::int8 + $2::int8 - 1) AS g
+            "WITH intake AS (
+                 INSERT INTO etl_job_intake
+                        (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                         max_attempts, run_at)
+                 SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
+                        sha256(g::text::bytea), $3, 5, now()
+                   FROM generate_series($1::int8, $1::int8 + $2::int8 - 1) AS g
+                 RETURNING id, owner_key, kind, max_attempts, run_at
+             )
+             INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
+             SELECT id, owner_key, kind, '{}'::jsonb, max_attempts, run_at FROM intake
              RETURNING id",
             &[&first, &n, &durable_etl::handler::NOOP_KIND],
         )

@@ -311,7 +311,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
             "SELECT count(*) FILTER (WHERE status = 'succeeded'),
                     count(*) FILTER (WHERE status <> 'succeeded'),
                     coalesce(extract(epoch FROM max(finished_at) - min(started_at))::float8, 0)
-               FROM etl_job_records",
+               FROM etl_jobs",
             &[],
         )
         .await?;
@@ -322,7 +322,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         .query(
             "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000,
                     extract(epoch FROM finished_at)::float8, id::text
-               FROM etl_job_records WHERE status = 'succeeded'",
+               FROM etl_jobs WHERE status = 'succeeded'",
             &[],
         )
         .await?;

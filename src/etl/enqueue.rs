@@ -58,31 +58,40 @@ pub struct Enqueued {
 }
 
 /// Inserts the jobs of one batch in one statement, skipping any whose owner + idempotency key
-/// exists already. `$1..$6` and `$9` are parallel arrays; `$7` is the owner digest, `$8` the kind.
-/// A `run_at` in the past (or none) becomes `now()`: a job cannot be dated before the jobs
-/// already due, jump ahead of them, or skew the enqueue-to-start latency.
+/// exists already: each new job's intake row and its live (`pending`) row with the payload.
+/// `$1..$6` and `$9` are parallel arrays; `$7` is the owner digest, `$8` the kind. A `run_at` in
+/// the past (or none) becomes `now()`: a job cannot be dated before the jobs already due, jump
+/// ahead of them, or skew the enqueue-to-start latency.
 ///
 /// Locks: inserts new rows (and their unique-index entries). A concurrent insert of the same
-/// owner + key waits for the other transaction, then is skipped if it committed; the statement
-/// -level trigger notifies once, and only if a due job was inserted.
+/// owner + key waits for the other transaction, then is skipped if it committed; only the intake
+/// rows actually inserted get a live row. The live table's statement-level trigger notifies
+/// once, and only if a due job was inserted.
 pub const INSERT_SQL: &str = "
-INSERT INTO etl_job_records
-       (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload,
-        max_attempts, run_at, replaces_job_id)
-SELECT b.id, $7, b.key_digest, b.fingerprint, $8, b.payload, b.max_attempts,
-       greatest(b.run_at, now()), b.replaces
-  FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[], $6::timestamptz[],
-              $9::uuid[])
-       AS b(id, key_digest, fingerprint, payload, max_attempts, run_at, replaces)
-    ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
+WITH batch AS (
+    SELECT b.*, greatest(b.run_at_asked, now()) AS run_at
+      FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[],
+                  $6::timestamptz[], $9::uuid[])
+           AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces)
+), accepted AS (
+    INSERT INTO etl_job_intake
+           (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at,
+            replaces_job_id)
+    SELECT id, $7, key_digest, fingerprint, $8, max_attempts, run_at, replaces FROM batch
+        ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
+    RETURNING id
+)
+INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
+SELECT b.id, $7, $8, b.payload, b.max_attempts, b.run_at
+  FROM batch b JOIN accepted a ON a.id = b.id
 RETURNING id";
 
 /// The existing jobs of an owner (`$1`) for idempotency key digests (`$2`).
 ///
-/// Locks: none (a read through the idempotency unique index).
+/// Locks: none (a read through the intake's idempotency unique index).
 pub const EXISTING_SQL: &str = "
 SELECT idempotency_key_digest, id, request_fingerprint
-  FROM etl_job_records
+  FROM etl_job_intake
  WHERE owner_key = $1 AND idempotency_key_digest = ANY($2)";
 
 /// Enqueues one request for `owner_key` on `client` (a connection or the caller's transaction).

@@ -5,20 +5,20 @@
 //! Invariants this module keeps:
 //! - Every statement carries the lease fence (`id`, `lease_claim_id`, `status = 'running'`); zero
 //!   rows matched means the lease was lost, reported as [`Transition::LeaseLost`], never success.
-//! - Every terminal transition clears `request_payload` and the lease in the same statement.
+//! - Every terminal transition deletes the job's live row under its fence and appends its outcome
+//!   row in the same statement (the ledger, for a success): the payload and the lease leave with
+//!   the live row, and a stale claim, which deletes nothing, writes nothing.
 //! - A retry goes back to `pending` only while `attempts < max_attempts`; otherwise the same
 //!   statement ends the job `failed` with `attempts_exhausted`. The decision is made on the row's
-//!   current values, under its row lock, not on what the worker remembers.
+//!   values under this claim (attempts cannot change while the claim holds), and the write
+//!   re-checks the fence under the row lock, not on what the worker remembers.
 //! - A release (shutdown) gives the attempt back: `attempts - 1`, since the job never ran to an end.
 //! - Only stored codes from [`Code`] are written; never error text.
 
 use crate::codes::Code;
-use crate::db;
 use crate::handler::{JobError, LedgerEntry};
 use crate::state::JobState;
-use crate::worker::held::HeldJobs;
 use crate::worker::lease::{self, millis, Lease};
-use crate::worker::shared::Shared;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio_postgres::types::Type;
@@ -56,14 +56,14 @@ pub(crate) enum Failure {
     Cancelled,
 }
 
-/// The statement that marks every job of a group `succeeded` and writes its response-ledger row
-/// (`$1` job ids, `$2` claim ids, `$3..$6` the ledger summaries, pairwise), with `$fence`
-/// appended to each job's lease fence. Returns the `(id, claim id)` pairs it succeeded.
+/// The statement that ends every job of a group `succeeded`: it deletes each fenced live row and
+/// appends its outcome with its response ledger (`$1` job ids, `$2` claim ids, `$3..$6` the ledger
+/// summaries, pairwise), with `$fence` appended to each job's lease fence. Returns the `(id, claim
+/// id)` pairs it succeeded.
 ///
-/// Locks: the UPDATE row-locks each fenced job row (already locked when an execution transaction
-/// checked the fence first); the INSERT takes the ledger's primary-key entries, so a second
-/// ledger row for a job cannot exist (an existing one, from a commit whose status write was
-/// somehow lost, is kept as it is).
+/// Locks: the DELETE row-locks each fenced live row (already locked when an execution transaction
+/// checked the fence first) and removes it; no foreign key points at the live table, so the
+/// delete fires nothing. The INSERT takes the outcomes' primary-key entries.
 macro_rules! succeed_sql {
     ($fence:expr) => {
         concat!(
@@ -73,23 +73,20 @@ WITH held AS (
       FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::int4[], $6::bytea[])
            AS h(id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
 ), done AS (
-    UPDATE etl_job_records AS j
-       SET status = 'succeeded', request_payload = NULL, failure_code = NULL,
-           failure_record_index = NULL, finished_at = now(), updated_at = now(), ",
-            lease_cleared!(),
-            "
-      FROM held
+    DELETE FROM etl_job_records AS j
+     USING held
      WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'",
             $fence,
             "
- RETURNING held.*
-), ledger AS (
-    INSERT INTO etl_job_responses
-           (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
-    SELECT id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum FROM done
-        ON CONFLICT (job_id) DO NOTHING
+ RETURNING held.*, j.owner_key, j.attempts, j.run_at, j.started_at
 )
-SELECT id, claim_id FROM done"
+INSERT INTO etl_job_outcomes
+       (job_id, owner_key, status, attempts, run_at, lease_claim_id, rows_inserted, rows_updated,
+        rows_unchanged, data_checksum, started_at)
+SELECT id, owner_key, 'succeeded', attempts, run_at, claim_id, rows_inserted, rows_updated, rows_unchanged,
+       data_checksum, started_at
+  FROM done
+RETURNING job_id, lease_claim_id"
         )
     };
 }
@@ -230,29 +227,48 @@ async fn leases_returned(
 }
 
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else
-/// `failed` with `attempts_exhausted` and the payload cleared (`$1` id, `$2` claim id). A job
-/// whose owner asked to cancel it ends `cancelled` instead of retrying.
+/// ended `failed` with `attempts_exhausted` (`$1` id, `$2` claim id). A job whose owner asked to
+/// cancel it ends `cancelled` instead of retrying. Returns the job's new status.
 ///
-/// Locks: row-locks the one fenced row; waits at most `lock_timeout` for an executor's lock.
+/// Locks: `decided` reads the fenced row (no lock); `retried` or `ended` (never both: their
+/// conditions exclude each other) row-locks it, re-checks the fence on its current version and
+/// updates or deletes it; waits at most `lock_timeout` for an executor's lock.
 pub const RETRY_SQL: &str = concat!(
     "
-UPDATE etl_job_records AS j
-   SET (status, failure_code, request_payload, finished_at, run_at) =
-       (SELECT CASE WHEN c.cancel THEN 'cancelled' WHEN c.again THEN 'pending' ELSE 'failed' END,
-               CASE WHEN c.cancel THEN 'cancelled' WHEN c.again THEN NULL
-                    ELSE 'attempts_exhausted' END,
-               CASE WHEN c.again AND NOT c.cancel THEN j.request_payload END,
-               CASE WHEN c.again AND NOT c.cancel THEN NULL ELSE now() END,
-               CASE WHEN c.again AND NOT c.cancel THEN now() + $3 * interval '1 millisecond'
-                    ELSE j.run_at END
-          FROM (SELECT ",
+WITH decided AS (
+    SELECT j.id, ",
     cancel_requested!(),
-    " AS cancel, j.attempts < j.max_attempts AS again) AS c),
-       updated_at = now(), ",
+    " AS cancel,
+           j.attempts < j.max_attempts AS again
+      FROM etl_job_records j
+     WHERE j.id = $1 AND j.lease_claim_id = $2 AND j.status = 'running'
+), retried AS (
+    UPDATE etl_job_records AS j
+       SET status = 'pending', run_at = now() + $3 * interval '1 millisecond', updated_at = now(),
+           ",
     lease_cleared!(),
     "
- WHERE j.id = $1 AND j.lease_claim_id = $2 AND j.status = 'running'
-RETURNING j.status"
+      FROM decided d
+     WHERE j.id = d.id AND d.again AND NOT d.cancel AND j.lease_claim_id = $2 AND j.status = 'running'
+ RETURNING j.status
+), ended AS (
+    DELETE FROM etl_job_records AS j
+     USING decided d
+     WHERE j.id = d.id AND NOT (d.again AND NOT d.cancel) AND j.lease_claim_id = $2 AND j.status = 'running'
+ RETURNING ",
+    ended_columns!(),
+    ", d.cancel
+), outcome AS (
+    ",
+    outcome_of!(
+        "ended",
+        "CASE WHEN cancel THEN 'cancelled' ELSE 'failed' END",
+        "CASE WHEN cancel THEN 'cancelled' ELSE 'attempts_exhausted' END",
+        "NULL::int4"
+    ),
+    "
+)
+SELECT status FROM retried UNION ALL SELECT status FROM outcome"
 );
 
 /// Schedules a retry after `delay` (or ends the job `attempts_exhausted`).
@@ -284,18 +300,25 @@ pub async fn retry(
 }
 
 /// Ends the job `failed` with code `$3` (and record index `$4`) — or `cancelled` when `$3` is
-/// `cancelled` — clearing payload and lease.
+/// `cancelled` — deleting its fenced live row and appending its outcome.
 ///
-/// Locks: row-locks the one fenced row.
+/// Locks: row-locks and deletes the one fenced live row.
 pub const FAIL_SQL: &str = concat!(
     "
-UPDATE etl_job_records
-   SET status = CASE WHEN $3 = 'cancelled' THEN 'cancelled' ELSE 'failed' END,
-       failure_code = $3, failure_record_index = $4, request_payload = NULL,
-       finished_at = now(), updated_at = now(), ",
-    lease_cleared!(),
+WITH ended AS (
+    DELETE FROM etl_job_records AS j
+     WHERE j.id = $1 AND j.lease_claim_id = $2 AND j.status = 'running'
+ RETURNING ",
+    ended_columns!(),
     "
- WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'"
+)
+",
+    outcome_of!(
+        "ended",
+        "CASE WHEN $3::text = 'cancelled' THEN 'cancelled' ELSE 'failed' END",
+        "$3::text",
+        "$4::int4"
+    )
 );
 
 /// Ends the job `failed` with `code` (a stored code) and the optional record index.
@@ -327,51 +350,10 @@ pub async fn fail(
     })
 }
 
-/// Gives unfinished jobs back on shutdown: `pending`, attempt not charged, lease cleared, for
-/// every `(id, claim id)` pair in `$1`/`$2` still running under that claim; a job whose owner
-/// asked to cancel it ends `cancelled` (payload cleared) instead of running again.
-///
-/// Locks: row-locks each fenced row; rows whose claim changed are not touched.
-pub const RELEASE_SQL: &str = concat!(
-    "
-UPDATE etl_job_records AS j
-   SET (status, failure_code, request_payload, finished_at, attempts) =
-       (SELECT CASE WHEN c.cancel THEN 'cancelled' ELSE 'pending' END,
-               CASE WHEN c.cancel THEN 'cancelled' ELSE j.failure_code END,
-               CASE WHEN c.cancel THEN NULL ELSE j.request_payload END,
-               CASE WHEN c.cancel THEN now() END,
-               CASE WHEN c.cancel THEN j.attempts ELSE j.attempts - 1 END
-          FROM (SELECT ",
-    cancel_requested!(),
-    " AS cancel) AS c),
-       updated_at = now(), ",
-    lease_cleared!(),
-    "
-  FROM unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
- WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'"
-);
-
-/// Releases the given `(id, claim id)` leases; returns how many were still held.
-///
-/// # Errors
-/// The database error of the statement.
-pub async fn release(
-    client: &impl GenericClient,
-    held: &[Lease],
-) -> Result<u64, tokio_postgres::Error> {
-    let (ids, claims) = lease::unzip(held);
-    client
-        .execute_typed(
-            RELEASE_SQL,
-            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
-        )
-        .await
-}
-
-/// Locks the batch's job rows under their fences, in id order, at the start of the execution
-/// transaction, and tells for each one still held whether a ledger row exists for it (its effects
-/// committed before: they must not run again) and whether its owner asked to cancel it (its
-/// effects must never commit). `$1` job ids, `$2` claim ids, pairwise.
+/// Locks the batch's live job rows under their fences, in id order, at the start of the
+/// execution transaction, and tells for each one still held whether its owner asked to cancel it
+/// (its effects must never commit). `$1` job ids, `$2` claim ids, pairwise. A fenced live row is
+/// itself the proof that no effects of the job committed: a commit deletes it.
 ///
 /// Locks: a row lock (`FOR NO KEY UPDATE`, which conflicts with every other writer and with the
 /// `FOR UPDATE` of recovery and heartbeats) on each fenced job row, taken in id order (the lock
@@ -382,9 +364,7 @@ pub async fn release(
 /// cancel and a commit never both win. Rows whose claim changed are not returned and not locked.
 pub const LOCK_FENCED_SQL: &str = concat!(
     "
-SELECT j.id, held.claim_id,
-       EXISTS (SELECT 1 FROM etl_job_responses r WHERE r.job_id = j.id),
-       ",
+SELECT j.id, held.claim_id, ",
     cancel_requested!(),
     "
   FROM etl_job_records j
@@ -395,23 +375,25 @@ SELECT j.id, held.claim_id,
    FOR NO KEY UPDATE OF j"
 );
 
-/// The `(job id, claim id)` leases in `$1`/`$2` whose ledger row was committed under that claim.
+/// The `(job id, claim id)` leases in `$1`/`$2` that succeeded under that claim (their outcome,
+/// with its ledger, was committed).
 ///
-/// Locks: none (a snapshot read of the ledger's primary key).
+/// Locks: none (a snapshot read of the outcomes' primary key).
 pub const LEDGER_BY_CLAIM_SQL: &str = "
-SELECT r.job_id, r.lease_claim_id
-  FROM etl_job_responses r
+SELECT o.job_id, o.lease_claim_id
+  FROM etl_job_outcomes o
   JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
-    ON r.job_id = held.id AND r.lease_claim_id = held.claim_id";
+    ON o.job_id = held.id AND o.lease_claim_id = held.claim_id
+ WHERE o.status = 'succeeded'";
 
-/// Locks the fenced rows of `leases`; returns, per `(job id, claim id)` still held, `(ledger
-/// exists, cancel requested)`. Keyed by the lease: when a batch holds a stale claim and the live
+/// Locks the fenced rows of `leases`; returns, per `(job id, claim id)` still held, whether its
+/// owner asked to cancel it. Keyed by the lease: when a batch holds a stale claim and the live
 /// claim of the same job (the replica lost the job, then claimed it again), only the live one
 /// is fenced.
 pub(crate) async fn lock_fenced(
     tx: &tokio_postgres::Transaction<'_>,
     leases: &[Lease],
-) -> Result<HashMap<Lease, (bool, bool)>, tokio_postgres::Error> {
+) -> Result<HashMap<Lease, bool>, tokio_postgres::Error> {
     let (ids, claims) = lease::unzip(leases);
     let rows = tx
         .query_typed(
@@ -422,11 +404,11 @@ pub(crate) async fn lock_fenced(
     let by_ids = lease::by_ids(leases);
     Ok(rows
         .iter()
-        .filter_map(|r| Some((*by_ids.get(&(r.get(0), r.get(1)))?, (r.get(2), r.get(3)))))
+        .filter_map(|r| Some((*by_ids.get(&(r.get(0), r.get(1)))?, r.get(2))))
         .collect())
 }
 
-/// The leases of `leases` whose ledger row was committed under their claim (a COMMIT whose
+/// The leases of `leases` whose success (outcome and ledger) was committed under their claim (a COMMIT whose
 /// outcome is unknown is resolved by this, never by running a job again).
 ///
 /// # Errors
@@ -438,39 +420,6 @@ pub(crate) async fn ledger_by_claim(
     leases_returned(client, LEDGER_BY_CLAIM_SQL, leases).await
 }
 
-/// How long the shutdown release may wait (for a row lock, say) before the replica exits anyway
-/// and leaves the unreleased leases to expire.
-pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Releases, at shutdown, the leases of the jobs still `held` after the grace period, within
-/// [`RELEASE_TIMEOUT`]; a release that fails or times out is logged by code, and those leases
-/// expire instead.
-pub(crate) async fn release_held(shared: &Shared, held: &HeldJobs) {
-    if tokio::time::timeout(RELEASE_TIMEOUT, release_now(shared, held))
-        .await
-        .is_err()
-    {
-        tracing::warn!("release timed out; leases will expire");
-    }
-}
-
-/// [`release_held`] without its time bound.
-async fn release_now(shared: &Shared, held: &HeldJobs) {
-    let leases = held.leases();
-    if leases.is_empty() {
-        return;
-    }
-    crash_point!("release");
-    shared.stats.record_round_trips(1);
-    let released = match db::checkout(&shared.pool).await {
-        Ok(conn) => db::bounded(shared.statement_bound, release(&*conn, &leases)).await,
-        Err(e) => Err(e),
-    };
-    match released {
-        Ok(n) => {
-            shared.stats.record_released(n);
-            tracing::info!(released = n, "released unfinished jobs");
-        }
-        Err(e) => tracing::warn!(code = %e.code(), "release failed; leases will expire"),
-    }
-}
+mod release;
+pub(crate) use release::release_held;
+pub use release::{release, RELEASE_SQL, RELEASE_TIMEOUT};

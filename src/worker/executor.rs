@@ -64,14 +64,9 @@ async fn run(shared: &Shared, job: &ClaimedJob, lost: CancellationToken) -> Tran
     let deadline = Instant::now() + shared.config.execution_timeout;
     let outcome = match shared.registry.get(&job.ctx.kind) {
         None => Err(Failure::Code(Code::UnknownKind)),
-        Some(handler) => match job.payload.clone() {
-            // No payload: a job re-claimed after its effects committed (its ledger row settles
-            // it), or a broken row.
-            None => commit(shared, job, None).await,
-            Some(payload) => match prepare(&handler, job, payload, deadline, &lost).await {
-                Ok(effects) => commit(shared, job, Some(effects)).await,
-                Err(failure) => Err(failure),
-            },
+        Some(handler) => match prepare(&handler, job, job.payload.clone(), deadline, &lost).await {
+            Ok(effects) => commit(shared, job, effects).await,
+            Err(failure) => Err(failure),
         },
     };
     match outcome {
@@ -110,12 +105,12 @@ async fn prepare(
 async fn commit(
     shared: &Shared,
     job: &ClaimedJob,
-    effects: Option<Box<dyn Effects>>,
+    effects: Box<dyn Effects>,
 ) -> Result<Transition, Failure> {
     let ready = Ready {
         lease: job.lease(),
         // Asked here, where a panic is this job's own (see `execute`), not in a commit lane.
-        writes: effects.as_ref().is_none_or(|e| e.writes()),
+        writes: effects.writes(),
         effects,
         budget: shared.config.execution_timeout,
     };

@@ -332,20 +332,18 @@ async fn write_effects(
                 continue;
             }
         };
-        let applied = match ready.effects {
-            None => Err(Failure::Code(Code::InvalidPayload)),
-            Some(effects) if isolate => {
-                stats.record_round_trips(2);
-                let savepoint = tx.savepoint("job_effects").await?;
-                let applied = apply(&savepoint, effects, ready.budget, &cancel).await;
-                if applied.is_ok() {
-                    savepoint.commit().await?;
-                } else {
-                    savepoint.rollback().await?;
-                }
-                applied
+        let applied = if isolate {
+            stats.record_round_trips(2);
+            let savepoint = tx.savepoint("job_effects").await?;
+            let applied = apply(&savepoint, ready.effects, ready.budget, &cancel).await;
+            if applied.is_ok() {
+                savepoint.commit().await?;
+            } else {
+                savepoint.rollback().await?;
             }
-            Some(effects) => apply(&tx, effects, ready.budget, &cancel).await,
+            applied
+        } else {
+            apply(&tx, ready.effects, ready.budget, &cancel).await
         };
         crash_point!("effects.applied");
         *step = applied.map_or_else(Step::Ended, Step::Applied);

@@ -90,8 +90,8 @@ pub fn by_ids(leases: &[Lease]) -> HashMap<(Uuid, Uuid), Lease> {
 pub struct ClaimedJob {
     /// What the handler sees, including the claim id and the fencing token.
     pub ctx: JobContext,
-    /// The request payload (`None` if the row had none).
-    pub payload: Option<serde_json::Value>,
+    /// The request payload (every live row has one).
+    pub payload: serde_json::Value,
     /// Seconds the job had been due when it was claimed (database clock).
     pub due_for: f64,
 }

@@ -19,9 +19,6 @@
 //!   the heartbeat stops; the pool and the session close. Heartbeats run until the release, so
 //!   no held lease lapses while jobs finish within the grace.
 
-// The SQL fragments the fenced statements share; declared first so every role module sees them.
-#[macro_use]
-mod sql;
 // The roles whose statements the integration suite and the benches drive directly (fencing,
 // plans, recovery races) are public for them, and hidden: they are not the library's surface,
 // which is `Worker`, its configuration, `stats` and the handler contract.

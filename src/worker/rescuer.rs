@@ -16,9 +16,10 @@
 //!   whether the session holds the lock right then.
 //! - A `running` row whose lease expired is reclaimable whatever its owner. Nothing else is
 //!   touched: recovery re-checks `status = 'running'` in the statement that changes the row,
-//!   skips rows locked by a live executor, and never touches terminal rows.
-//! - Every path back to `pending` honours a cancel request (the job ends `cancelled`, payload
-//!   cleared) and clears the whole lease, `lease_owner_locked` included.
+//!   skips rows locked by a live executor, and never sees ended jobs (they have no live row).
+//! - Every path back to `pending` honours a cancel request (the job ends `cancelled`: its live
+//!   row, payload included, is deleted and its outcome appended in the same statement) and clears
+//!   the whole lease, `lease_owner_locked` included.
 //! - Recovery charges the attempt (it was counted at claim and the job did not finish), so a job
 //!   that kills its worker every time still stops at `max_attempts`.
 //! - Where no direct session can hold the lock (a transaction-mode pooler), dead owners are found
@@ -44,22 +45,56 @@ pub fn owner_silence(heartbeat_interval: Duration) -> Duration {
     heartbeat_interval.saturating_mul(2)
 }
 
-/// The SET list of a recovery transition, shared by both recovery statements.
-/// A job whose owner asked to cancel it ends `cancelled` instead of going back to `pending`.
-macro_rules! recovery_set {
+/// The tail of a recovery statement over CTE `stale` (columns `id`, `expired`, `cancel`, `again`,
+/// its rows locked): each stale row goes back to `pending` with its lease cleared while attempts
+/// remain and no cancel was asked; otherwise its live row is deleted and its outcome appended
+/// (`cancelled`, or `failed` with `lease_expired_exhausted`). Returns, per recovered row, whether
+/// its lease had expired and its new status.
+///
+/// Locks: none beyond `stale`'s row locks; both writes re-check `status = 'running'`.
+macro_rules! recover_stale {
     () => {
         concat!(
-            "(status, failure_code, request_payload, finished_at) =
-       (SELECT CASE WHEN c.cancel THEN 'cancelled' WHEN c.again THEN 'pending' ELSE 'failed' END,
-               CASE WHEN c.cancel THEN 'cancelled' WHEN c.again THEN NULL
-                    ELSE 'lease_expired_exhausted' END,
-               CASE WHEN c.again AND NOT c.cancel THEN j.request_payload END,
-               CASE WHEN c.again AND NOT c.cancel THEN NULL ELSE now() END
-          FROM (SELECT ",
+            "
+), recovered AS (
+    UPDATE etl_job_records AS j
+       SET status = 'pending', updated_at = now(), ",
+            lease_cleared!(),
+            "
+      FROM stale
+     WHERE j.id = stale.id AND stale.again AND NOT stale.cancel AND j.status = 'running'
+ RETURNING stale.expired, j.status
+), ended AS (
+    DELETE FROM etl_job_records AS j
+     USING stale
+     WHERE j.id = stale.id AND NOT (stale.again AND NOT stale.cancel) AND j.status = 'running'
+ RETURNING ",
+            ended_columns!(),
+            ", stale.expired, stale.cancel
+), outcome AS (
+    ",
+            outcome_of!(
+                "ended",
+                "CASE WHEN cancel THEN 'cancelled' ELSE 'failed' END",
+                "CASE WHEN cancel THEN 'cancelled' ELSE 'lease_expired_exhausted' END",
+                "NULL::int4"
+            ),
+            "
+)
+SELECT expired, status FROM recovered
+UNION ALL
+SELECT e.expired, o.status FROM ended e JOIN outcome o ON o.job_id = e.id"
+        )
+    };
+}
+
+/// What a stale row is to recovery, beside its id: whether its owner asked to cancel it, and
+/// whether attempts remain.
+macro_rules! stale_columns {
+    () => {
+        concat!(
             cancel_requested!(),
-            " AS cancel, j.attempts < j.max_attempts AS again) AS c),
-       updated_at = now(), ",
-            lease_cleared!()
+            " AS cancel, j.attempts < j.max_attempts AS again"
         )
     };
 }
@@ -68,10 +103,10 @@ macro_rules! recovery_set {
 /// lock and has not renewed the lease for `$1` milliseconds.
 ///
 /// Locks: `live_owners` reads `pg_locks` once (a brief look at the lock manager). `stale` walks
-/// the small `status = 'running'` partial index and row-locks each candidate with
-/// `SKIP LOCKED`, so rows an executor, a canceller or another rescuer holds are left alone; after
-/// locking, PostgreSQL re-checks the candidate against the current row version. The UPDATE
-/// re-checks `status = 'running'` again. Returns, per recovered row, whether its lease had
+/// the small `status = 'running'` partial index and row-locks each candidate (`FOR UPDATE`: the
+/// strongest row lock, which the DELETE of an ending row needs) with `SKIP LOCKED`, so rows an
+/// executor or another rescuer holds are left alone; after locking, PostgreSQL re-checks the
+/// candidate against the current row version. Returns, per recovered row, whether its lease had
 /// expired (else its owner was dead) and its new status.
 pub const RECOVER_SQL: &str = concat!(
     "
@@ -82,7 +117,9 @@ WITH live_owners AS MATERIALIZED (
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ),
 stale AS (
-    SELECT j.id, j.lease_expires_at < now() AS expired
+    SELECT j.id, j.lease_expires_at < now() AS expired, ",
+    stale_columns!(),
+    "
       FROM etl_job_records j
      WHERE j.status = 'running'
        AND (j.lease_expires_at < now()
@@ -90,15 +127,8 @@ stale AS (
                 AND coalesce(j.lease_renewed_at, '-infinity') < now() - $1 * interval '1 millisecond'
                 AND NOT EXISTS (SELECT 1 FROM live_owners o
                                  WHERE o.lock_key = durable_etl_owner_lock_key(j.lease_owner_id))))
-       FOR UPDATE OF j SKIP LOCKED
-)
-UPDATE etl_job_records AS j
-   SET ",
-    recovery_set!(),
-    "
-  FROM stale
- WHERE j.id = stale.id AND j.status = 'running'
-RETURNING stale.expired, j.status"
+       FOR UPDATE OF j SKIP LOCKED",
+    recover_stale!()
 );
 
 /// Releases the `running` rows a previous incarnation of owner `$1` left behind.
@@ -108,16 +138,13 @@ RETURNING stale.expired, j.status"
 pub const RECOVER_OWN_SQL: &str = concat!(
     "
 WITH stale AS (
-    SELECT id FROM etl_job_records
-     WHERE status = 'running' AND lease_owner_id = $1
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE etl_job_records AS j
-   SET ",
-    recovery_set!(),
+    SELECT j.id, false AS expired, ",
+    stale_columns!(),
     "
-  FROM stale
- WHERE j.id = stale.id AND j.status = 'running'"
+      FROM etl_job_records j
+     WHERE j.status = 'running' AND j.lease_owner_id = $1
+       FOR UPDATE OF j SKIP LOCKED",
+    recover_stale!()
 );
 
 /// What one recovery pass did.
@@ -140,9 +167,10 @@ pub async fn recover_own(
     client: &impl GenericClient,
     owner_id: &str,
 ) -> Result<u64, tokio_postgres::Error> {
-    client
-        .execute_typed(RECOVER_OWN_SQL, &[(&owner_id, Type::TEXT)])
-        .await
+    let rows = client
+        .query_typed(RECOVER_OWN_SQL, &[(&owner_id, Type::TEXT)])
+        .await?;
+    Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
 }
 
 /// At start-up, releases what a previous incarnation of `owner_id` left `running` (on a

@@ -2,7 +2,7 @@
 //! by every path that ends an attempt or gives the job back (retry, shutdown release, recovery).
 
 use crate::handlers::{Scripted, SCRIPTED};
-use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
+use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb, LEDGERS};
 use durable_etl::codes::Code;
 use durable_etl::config::WorkerConfig;
 use durable_etl::handler::Registry;
@@ -74,20 +74,21 @@ async fn until_prepared(scripted: &Scripted, n: usize) {
     .await;
 }
 
-/// Asserts that job `id` ended `cancelled` by its owner, payload cleared, no effect written.
+/// Asserts that job `id` ended `cancelled` by its owner (no live row, so no payload, is left),
+/// no effect written.
 async fn assert_cancelled(client: &tokio_postgres::Client, id: Uuid) {
     let row = job_row(client, id).await;
     assert_eq!(
         (
             row.status.as_str(),
             row.failure_code.as_deref(),
-            row.payload_cleared,
+            row.live,
             row.lease_cleared
         ),
-        ("cancelled", Some("cancelled"), true, true)
+        ("cancelled", Some("cancelled"), false, true)
     );
     assert_eq!(count(client, "etl_target_rows").await, 0);
-    assert_eq!(count(client, "etl_job_responses").await, 0);
+    assert_eq!(count(client, LEDGERS).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,7 +136,7 @@ async fn a_cancel_is_recorded_at_once_while_the_jobs_commit_waits_on_a_row_lock(
     assert_eq!(step.await.unwrap(), vec![(id, Transition::Succeeded)]);
     assert_eq!(job_row(&client, id).await.status, "succeeded");
     assert_eq!(count(&client, "etl_target_rows").await, 1);
-    assert_eq!(count(&client, "etl_job_responses").await, 1);
+    assert_eq!(count(&client, LEDGERS).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,13 +77,10 @@ async fn one_api_and_three_replicas_share_the_work() {
     let client = db.client().await;
     eventually("every job to succeed", || {
         let client = &client;
-        async move { count(client, "etl_job_records WHERE status = 'succeeded'").await == 30 }
+        async move { count(client, "etl_jobs WHERE status = 'succeeded'").await == 30 }
     })
     .await;
-    assert_eq!(
-        count(&client, "etl_job_records WHERE attempts <> 1").await,
-        0
-    );
+    assert_eq!(count(&client, "etl_jobs WHERE attempts <> 1").await, 0);
     let mut claimed = 0;
     for addr in &metrics {
         let text = http

@@ -1,7 +1,7 @@
 //! The ETL path end to end on real PostgreSQL: transactional and idempotent enqueue, the atomic
 //! load with its ledger, durable deduplication, record failures, and transient lock failures.
 
-use crate::support::{count, eventually, job_row, TestDb};
+use crate::support::{count, eventually, job_row, TestDb, LEDGERS};
 use durable_etl::codes::Code;
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
 use durable_etl::digest::{DigestKind, Secret};
@@ -76,11 +76,26 @@ async fn make_due(client: &tokio_postgres::Client) {
         .unwrap();
 }
 
+/// Every row of the three job tables as text, space-separated.
+async fn dump_jobs(client: &tokio_postgres::Client) -> String {
+    client
+        .query_one(
+            "SELECT concat_ws(' ', (SELECT string_agg(t::text, ' ') FROM etl_job_intake t),
+                                   (SELECT string_agg(t::text, ' ') FROM etl_job_records t),
+                                   (SELECT string_agg(t::text, ' ') FROM etl_job_outcomes t))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// The ledger summary of job `id`: (inserted, updated, unchanged).
 async fn ledger(client: &tokio_postgres::Client, id: uuid::Uuid) -> (i32, i32, i32) {
     let row = client
         .query_one(
-            "SELECT rows_inserted, rows_updated, rows_unchanged FROM etl_job_responses WHERE job_id = $1",
+            "SELECT rows_inserted, rows_updated, rows_unchanged FROM etl_job_outcomes
+              WHERE job_id = $1 AND status = 'succeeded'",
             &[&id],
         )
         .await
@@ -108,7 +123,7 @@ async fn enqueue_commits_and_rolls_back_with_the_callers_transaction() {
     tx.rollback().await.unwrap();
     assert_eq!(count(&client, "orders").await, 0);
     assert_eq!(
-        count(&client, "etl_job_records").await,
+        count(&client, "etl_jobs").await,
         0,
         "the rollback took the job too"
     );
@@ -185,16 +200,9 @@ async fn the_same_key_replays_and_a_different_request_is_refused() {
         Err(Error::Rejected(_))
     ));
     // Keys and principals are stored only as digests.
-    let dump: String = client
-        .query_one(
-            "SELECT string_agg(t::text, ' ') FROM etl_job_records t",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let dump = dump_jobs(&client).await;
     assert!(!dump.contains("idem-canary") && !dump.contains("alice"));
-    assert_eq!(count(&client, "etl_job_records").await, 2);
+    assert_eq!(count(&client, "etl_jobs").await, 2);
 }
 
 #[tokio::test]
@@ -230,7 +238,7 @@ async fn a_batch_is_one_statement_one_notification_and_replays_whole() {
         1,
         "the replayed batch inserted nothing"
     );
-    assert_eq!(count(&client, "etl_job_records").await, 3);
+    assert_eq!(count(&client, "etl_jobs").await, 3);
 }
 
 /// A library enqueue on a plain transaction still wakes the replicas through the trigger; a
@@ -262,7 +270,7 @@ async fn a_library_enqueue_notifies_through_the_trigger_unless_its_transaction_o
         vec![("durable_etl_jobs".to_owned(), String::new()); 2],
         "the opted-out transaction sent nothing"
     );
-    assert_eq!(count(&client, "etl_job_records").await, 3);
+    assert_eq!(count(&client, "etl_jobs").await, 3);
 }
 
 #[tokio::test]
@@ -304,7 +312,7 @@ async fn a_load_commits_rows_ledger_and_success_together_and_counts_changes() {
         json!({"order_id": "A1", "amount": "10.50", "at": "2026-01-01T00:00:00Z", "status": "new"})
     );
     let done = job_row(&client, a.id).await;
-    assert!(done.payload_cleared && done.lease_cleared);
+    assert!(!done.live && done.lease_cleared);
 
     // A second load: one row unchanged, one changed, one new.
     let second = req(json!({
@@ -351,10 +359,19 @@ async fn a_duplicate_delivery_changes_nothing() {
     )
     .await
     .unwrap();
+    let payload: Value = client
+        .query_one(
+            "SELECT request_payload FROM etl_job_records WHERE id = $1",
+            &[&job.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(
         worker.step().await.unwrap(),
         vec![(job.id, Transition::Succeeded)]
     );
+    assert_eq!(ledger(&client, job.id).await, (2, 0, 0));
     let before: Vec<String> = client
         .query(
             "SELECT t::text FROM etl_target_rows t ORDER BY record_key",
@@ -365,11 +382,16 @@ async fn a_duplicate_delivery_changes_nothing() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    // Force a second delivery: the job goes back to pending as if its status write were lost.
+    // Force a second delivery: the job's outcome is taken away and its live row, with its
+    // payload, put back pending, as if the same request were delivered again.
     client
         .execute(
-            "UPDATE etl_job_records SET status = 'pending', finished_at = NULL WHERE id = $1",
-            &[&job.id],
+            "WITH gone AS (DELETE FROM etl_job_outcomes WHERE job_id = $1 RETURNING *)
+             INSERT INTO etl_job_records
+                 (id, owner_key, kind, request_payload, attempts, max_attempts, run_at)
+             SELECT i.id, i.owner_key, i.kind, $2, gone.attempts, i.max_attempts, now()
+               FROM gone JOIN etl_job_intake i ON i.id = gone.job_id",
+            &[&job.id, &payload],
         )
         .await
         .unwrap();
@@ -377,7 +399,12 @@ async fn a_duplicate_delivery_changes_nothing() {
         worker.step().await.unwrap(),
         vec![(job.id, Transition::Succeeded)]
     );
-    assert_eq!(count(&client, "etl_job_responses").await, 1);
+    assert_eq!(count(&client, LEDGERS).await, 1);
+    assert_eq!(
+        ledger(&client, job.id).await,
+        (0, 0, 2),
+        "the second delivery changed no row"
+    );
     let after: Vec<String> = client
         .query(
             "SELECT t::text FROM etl_target_rows t ORDER BY record_key",
@@ -419,17 +446,12 @@ async fn a_record_that_fails_its_cast_fails_the_job_with_its_index_only() {
         (row.failure_code.as_deref(), row.failure_record_index),
         (Some("record_invalid"), Some(1))
     );
-    assert!(row.payload_cleared);
+    assert!(!row.live);
     assert_eq!(count(&client, "etl_target_rows").await, 0);
-    let dump: String = client
-        .query_one(
-            "SELECT string_agg(t::text, ' ') FROM etl_job_records t",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(!dump.contains("canary"), "no value is kept");
+    assert!(
+        !dump_jobs(&client).await.contains("canary"),
+        "no value is kept"
+    );
 }
 
 /// Holds a row lock on target row `key` of dataset `d` from another session until dropped.
@@ -508,7 +530,7 @@ async fn a_locked_target_row_times_out_retries_with_backoff_and_succeeds_once_re
     );
     let row = job_row(&client, doomed.id).await;
     assert_eq!(row.failure_code.as_deref(), Some("attempts_exhausted"));
-    assert!(row.payload_cleared);
+    assert!(!row.live);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -565,11 +587,7 @@ async fn a_deadlock_with_another_session_is_retried() {
     other.batch_execute("ROLLBACK").await.unwrap();
     let row = job_row(&client, job.id).await;
     assert_eq!((row.status.as_str(), row.attempts), ("pending", 1));
-    assert_eq!(
-        count(&client, "etl_job_responses").await,
-        1,
-        "only the seed committed"
-    );
+    assert_eq!(count(&client, LEDGERS).await, 1, "only the seed committed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -623,11 +641,7 @@ async fn a_load_whose_connection_is_killed_before_commit_leaves_nothing() {
         "nothing survived"
     );
     assert_eq!(
-        count(
-            &client,
-            &format!("etl_job_responses WHERE job_id = '{}'", job.id)
-        )
-        .await,
+        count(&client, &format!("{LEDGERS} AND job_id = '{}'", job.id)).await,
         0
     );
     make_due(&client).await;

@@ -141,7 +141,7 @@ async fn a_past_run_at_is_due_now_and_jumps_no_queue() {
     .unwrap();
     let clamped: bool = client
         .query_one(
-            "SELECT bool_and(run_at >= created_at) FROM etl_job_records",
+            "SELECT bool_and(run_at >= created_at) FROM etl_job_intake",
             &[],
         )
         .await
@@ -191,7 +191,7 @@ async fn concurrent_identical_replacements_with_one_key_replay() {
             replayed: true
         })
     );
-    assert_eq!(count(&client, "etl_job_records").await, 2);
+    assert_eq!(count(&client, "etl_jobs").await, 2);
     assert_eq!(
         job_row(&client, old.id).await.failure_code.as_deref(),
         Some("replaced")

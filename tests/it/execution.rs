@@ -5,7 +5,7 @@
 use crate::faults::{assert_done_once, locked_update, replica, until_load_waits};
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
 use crate::support::{
-    count, insert_jobs, job_row, pool, signal, until_all_terminal, Processes, TestDb,
+    count, insert_jobs, job_row, pool, signal, until_all_terminal, Processes, TestDb, LEDGERS,
 };
 use durable_etl::config::WorkerConfig;
 use durable_etl::handler::Registry;
@@ -84,7 +84,7 @@ async fn assert_ended(
             ),
             (status, code, 1)
         );
-        assert!(row.payload_cleared && row.lease_cleared);
+        assert!(!row.live && row.lease_cleared);
     }
 }
 
@@ -141,7 +141,7 @@ async fn a_commit_lane_that_dies_is_restarted() {
     let (_db, client, dying) = then_every_kind_commits("lane-dies", "drop_panics", 3).await;
     // Their commit stands, exactly once.
     assert_ended(&client, &dying, "succeeded", None).await;
-    assert_eq!(count(&client, "etl_job_responses").await, 3 + 4 + 1);
+    assert_eq!(count(&client, LEDGERS).await, 3 + 4 + 1);
 }
 /// Waits up to `limit` for `child` to exit; `None` if it is still running then.
 async fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
@@ -178,7 +178,7 @@ async fn sigterm_exits_after_the_grace_even_with_a_commit_blocked_on_a_row_lock(
     // Nothing of the load committed; the job was released with its attempt given back.
     let row = job_row(&client, id).await;
     assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
-    assert!(!row.payload_cleared && row.lease_cleared);
+    assert!(row.live && row.lease_cleared);
     // Another replica then runs it exactly once.
     holder.batch_execute("ROLLBACK").await.unwrap();
     replicas.0.push(replica(&db, "successor", &[]));

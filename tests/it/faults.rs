@@ -13,7 +13,8 @@ mod restart;
 
 pub use crate::support::until_all_terminal;
 use crate::support::{
-    count, eventually, load_owner, signal, spawn_replica, Processes, TestDb, LOAD_SECRET,
+    count, end_job, eventually, load_owner, signal, spawn_replica, Processes, TestDb, LEDGERS,
+    LOAD_SECRET,
 };
 use durable_etl::digest::Secret;
 use durable_etl::etl::enqueue::{enqueue, NewJob};
@@ -75,13 +76,7 @@ pub async fn locked_update_with(
         )
         .await
         .unwrap();
-    client
-        .execute(
-            "UPDATE etl_job_records SET status = 'cancelled', failure_code = 'cancelled', request_payload = NULL, finished_at = now() WHERE id = $1",
-            &[&seeded.id],
-        )
-        .await
-        .unwrap();
+    end_job(client, seeded.id, "cancelled", Some("cancelled"), None).await;
     let holder = db.client().await;
     holder
         .batch_execute("BEGIN; SELECT 1 FROM etl_target_rows WHERE record_key = 'k' FOR UPDATE")
@@ -115,21 +110,21 @@ pub async fn assert_done_once(client: &tokio_postgres::Client, id: uuid::Uuid, a
     eventually("the job to succeed", || async move {
         count(
             client,
-            &format!("etl_job_records WHERE id = '{id}' AND status = 'succeeded'"),
+            &format!("etl_jobs WHERE id = '{id}' AND status = 'succeeded'"),
         )
         .await
             == 1
     })
     .await;
     let row = client
-        .query_one("SELECT attempts FROM etl_job_records WHERE id = $1", &[&id])
+        .query_one("SELECT attempts FROM etl_jobs WHERE id = $1", &[&id])
         .await
         .unwrap();
     assert_eq!(row.get::<_, i32>(0), attempts);
     assert_eq!(
         count(
             client,
-            &format!("etl_job_responses WHERE job_id = '{id}' AND rows_updated = 1")
+            &format!("{LEDGERS} AND job_id = '{id}' AND rows_updated = 1")
         )
         .await,
         1

@@ -5,7 +5,7 @@
 
 use crate::handlers::{Noop, Scripted, SCRIPTED};
 use crate::proxy::{Mode, Proxy};
-use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
+use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb, LEDGERS};
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
 use durable_etl::error::Error;
 use durable_etl::handler::{Effects, Handler, JobContext, JobError, Registry};
@@ -147,7 +147,7 @@ async fn jobs_in_flight_survive_a_session_terminated_again_and_again() {
     gate.add_permits(3);
     eventually("the three jobs to succeed", || {
         let client = &client;
-        async move { count(client, "etl_job_records WHERE status = 'succeeded'").await == 3 }
+        async move { count(client, "etl_jobs WHERE status = 'succeeded'").await == 3 }
     })
     .await;
     for id in ids {
@@ -155,7 +155,7 @@ async fn jobs_in_flight_survive_a_session_terminated_again_and_again() {
         assert_eq!((row.status.as_str(), row.attempts), ("succeeded", 1));
     }
     assert_eq!(count(&client, "etl_target_rows").await, 3);
-    assert_eq!(count(&client, "etl_job_responses").await, 3);
+    assert_eq!(count(&client, LEDGERS).await, 3);
     assert_eq!(a.stats.snapshot().lease_lost, 0);
     a.stop().await;
 }

@@ -27,6 +27,8 @@ const FORBIDDEN: &[&str] = &[
     "delete from",
     "for update",
     "etl_job_records",
+    "etl_job_intake",
+    "etl_job_outcomes",
     "error:",
     "violates",
     "duplicate key",
@@ -275,7 +277,7 @@ async fn no_canary_sql_or_database_message_leaks_from_the_binaries() {
     }
     let stored: Vec<String> = client
         .query(
-            "SELECT coalesce(failure_code, '') || ' ' || status FROM etl_job_records",
+            "SELECT coalesce(failure_code, '') || ' ' || status FROM etl_jobs",
             &[],
         )
         .await

@@ -1,7 +1,10 @@
 //! The schema and its migrations: up/down/up, concurrent migrate, checksum refusal, the
 //! release-compatibility check, the CHECK constraints and the enqueue trigger.
 
-use crate::support::{catalog_snapshot, count, first_column, insert_job, Listener, TestDb};
+use crate::support::{
+    catalog_snapshot, count, end_job, first_column, insert_ended_jobs, insert_job, Listener,
+    TestDb, LEDGERS,
+};
 use durable_etl::codes::Code;
 use durable_etl::error::{Error, SchemaError};
 use durable_etl::schema;
@@ -183,82 +186,181 @@ async fn start_up_check_refuses_old_and_too_new_schemas() {
     assert_eq!(err.exit_code(), 4);
 }
 
-/// Inserts a row with the given column overrides and returns the constraint it violated, if any.
-async fn violated_constraint(client: &tokio_postgres::Client, set: &str) -> Option<String> {
-    let sql = format!(
-        "INSERT INTO etl_job_records
-            (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-             request_payload, status, failure_code, finished_at)
-         SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'), decode(md5(random()::text) || md5(random()::text), 'hex'),
-                decode(repeat('ef', 32), 'hex'), 'test.noop', v.payload, v.status, v.failure_code,
-                v.finished_at
-           FROM (SELECT '{{}}'::jsonb AS payload, 'pending'::text AS status,
-                        NULL::text AS failure_code, NULL::timestamptz AS finished_at) d,
-                LATERAL (SELECT {set}) v"
-    );
-    match client.batch_execute(&sql).await {
+/// Runs `sql` (one INSERT) and returns how it was refused, if it was: the SQLSTATE and the
+/// constraint it violated (the column, for a NULL in a NOT NULL column).
+async fn refusal(client: &tokio_postgres::Client, sql: &str) -> Option<(SqlState, String)> {
+    match client.batch_execute(sql).await {
         Ok(()) => None,
         Err(e) => {
-            assert_eq!(e.code(), Some(&SqlState::CHECK_VIOLATION));
-            Some(
-                e.as_db_error()
-                    .unwrap()
-                    .constraint()
-                    .unwrap_or("")
-                    .to_owned(),
-            )
+            let db = e.as_db_error().unwrap();
+            let name = db.constraint().or(db.column()).unwrap_or("");
+            Some((db.code().clone(), name.to_owned()))
         }
     }
 }
 
+/// A CHECK violation of `constraint`, as [`refusal`] reports it.
+fn check(constraint: &str) -> Option<(SqlState, String)> {
+    Some((SqlState::CHECK_VIOLATION, constraint.to_owned()))
+}
+
+/// An insert of one live row with `status` and, if `leased`, a whole lease; its other columns
+/// are valid.
+fn live_row(status: &str, leased: bool) -> String {
+    let lease = if leased {
+        "'o', gen_random_uuid(), now() + interval '1 minute', now()"
+    } else {
+        "NULL, NULL, NULL, NULL"
+    };
+    format!(
+        "INSERT INTO etl_job_records
+             (id, owner_key, kind, request_payload, status, attempts, lease_owner_id,
+              lease_claim_id, lease_expires_at, lease_renewed_at)
+         VALUES (gen_random_uuid(), decode(repeat('ab', 32), 'hex'), 'test.noop', '{{}}',
+                 '{status}', 1, {lease})"
+    )
+}
+
+/// The five ledger columns of an outcome (claim, rows inserted, updated, unchanged, checksum).
+const LEDGER: &str = "gen_random_uuid(), 1, 0, 0, decode(repeat('00', 32), 'hex')";
+
+/// The five ledger columns of an outcome, all NULL.
+const NO_LEDGER: &str = "NULL, NULL, NULL, NULL, NULL";
+
+/// An insert of one outcome of job `id` (an SQL expression) with `status`, `failure_code` (an
+/// SQL expression) and the five `ledger` columns.
+fn outcome_row(id: &str, status: &str, failure_code: &str, ledger: &str) -> String {
+    format!(
+        "INSERT INTO etl_job_outcomes
+             (job_id, owner_key, status, attempts, run_at, failure_code, lease_claim_id,
+              rows_inserted, rows_updated, rows_unchanged, data_checksum)
+         VALUES ({id}, decode(repeat('ab', 32), 'hex'), '{status}', 1, now(), {failure_code},
+                 {ledger})"
+    )
+}
+
+/// The live table holds pending and running rows only, each with its payload, a running one
+/// with its whole lease; an outcome says why a job that did not succeed ended, with a known
+/// code, and carries a whole ledger exactly when the job succeeded; a job has one outcome.
 #[tokio::test]
 async fn check_constraints_reject_leaky_and_unknown_states() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let ok = "d.payload AS payload, d.status AS status, d.failure_code AS failure_code, d.finished_at AS finished_at";
-    assert_eq!(violated_constraint(&client, ok).await, None);
-    let terminal_with_payload = "d.payload AS payload, 'failed' AS status, 'record_invalid' AS failure_code, now() AS finished_at";
+    let new = "gen_random_uuid()";
+
+    assert_eq!(refusal(&client, &live_row("pending", false)).await, None);
+    assert_eq!(refusal(&client, &live_row("running", true)).await, None);
+    for ended in ["succeeded", "failed", "cancelled"] {
+        assert_eq!(
+            refusal(&client, &live_row(ended, false)).await,
+            check("etl_job_records_status_check"),
+            "{ended}"
+        );
+    }
     assert_eq!(
-        violated_constraint(&client, terminal_with_payload)
-            .await
-            .as_deref(),
-        Some("etl_job_records_terminal_payload_cleared")
+        refusal(&client, &live_row("paused", false)).await,
+        check("etl_job_records_status_check")
     );
-    let terminal_cleared = "NULL::jsonb AS payload, 'failed' AS status, 'record_invalid' AS failure_code, now() AS finished_at";
-    assert_eq!(violated_constraint(&client, terminal_cleared).await, None);
-    let unknown_code = "NULL::jsonb AS payload, 'failed' AS status, 'disk_on_fire' AS failure_code, now() AS finished_at";
     assert_eq!(
-        violated_constraint(&client, unknown_code).await.as_deref(),
-        Some("etl_job_records_failure_code_check")
+        refusal(&client, &live_row("running", false)).await,
+        check("etl_job_records_running_has_lease")
     );
-    let failed_without_code =
-        "NULL::jsonb AS payload, 'failed' AS status, NULL AS failure_code, now() AS finished_at";
     assert_eq!(
-        violated_constraint(&client, failed_without_code)
-            .await
-            .as_deref(),
-        Some("etl_job_records_failure_code_matches_status")
+        refusal(&client, &live_row("pending", true)).await,
+        check("etl_job_records_running_has_lease")
     );
-    let terminal_unfinished = "NULL::jsonb AS payload, 'succeeded' AS status, NULL AS failure_code, NULL::timestamptz AS finished_at";
+    let without_payload = live_row("pending", false).replace("'{}'", "NULL");
     assert_eq!(
-        violated_constraint(&client, terminal_unfinished)
-            .await
-            .as_deref(),
-        Some("etl_job_records_finished_iff_terminal")
+        refusal(&client, &without_payload).await,
+        Some((SqlState::NOT_NULL_VIOLATION, "request_payload".to_owned()))
     );
-    let running_without_lease = "d.payload AS payload, 'running' AS status, NULL AS failure_code, NULL::timestamptz AS finished_at";
+
+    let once = uuid::Uuid::new_v4();
+    let once_sql = format!("'{once}'");
+    for (status, code, ledger, refused) in [
+        ("succeeded", "NULL", LEDGER, None),
+        ("failed", "'record_invalid'", NO_LEDGER, None),
+        ("cancelled", "'replaced'", NO_LEDGER, None),
+        (
+            "succeeded",
+            "NULL",
+            NO_LEDGER,
+            check("etl_job_outcomes_ledger_iff_succeeded"),
+        ),
+        (
+            "succeeded",
+            "NULL",
+            "NULL, 1, 0, 0, decode(repeat('00', 32), 'hex')",
+            check("etl_job_outcomes_ledger_iff_succeeded"),
+        ),
+        (
+            "failed",
+            "'handler_failed'",
+            LEDGER,
+            check("etl_job_outcomes_ledger_iff_succeeded"),
+        ),
+        (
+            "failed",
+            "NULL",
+            NO_LEDGER,
+            check("etl_job_outcomes_failure_code_matches_status"),
+        ),
+        (
+            "cancelled",
+            "'handler_failed'",
+            NO_LEDGER,
+            check("etl_job_outcomes_failure_code_matches_status"),
+        ),
+        (
+            "succeeded",
+            "'handler_failed'",
+            LEDGER,
+            check("etl_job_outcomes_failure_code_matches_status"),
+        ),
+        (
+            "failed",
+            "'disk_on_fire'",
+            NO_LEDGER,
+            check("etl_job_outcomes_failure_code_check"),
+        ),
+        (
+            "pending",
+            "NULL",
+            NO_LEDGER,
+            check("etl_job_outcomes_status_check"),
+        ),
+        (
+            "running",
+            "NULL",
+            NO_LEDGER,
+            check("etl_job_outcomes_status_check"),
+        ),
+    ] {
+        assert_eq!(
+            refusal(&client, &outcome_row(new, status, code, ledger)).await,
+            refused,
+            "{status} {code} {ledger}"
+        );
+    }
     assert_eq!(
-        violated_constraint(&client, running_without_lease)
-            .await
-            .as_deref(),
-        Some("etl_job_records_running_has_lease")
+        refusal(
+            &client,
+            &outcome_row(&once_sql, "failed", "'handler_failed'", NO_LEDGER)
+        )
+        .await,
+        None
     );
-    let unknown_status = "d.payload AS payload, 'paused' AS status, NULL AS failure_code, NULL::timestamptz AS finished_at";
     assert_eq!(
-        violated_constraint(&client, unknown_status)
-            .await
-            .as_deref(),
-        Some("etl_job_records_status_check")
+        refusal(
+            &client,
+            &outcome_row(&once_sql, "succeeded", "NULL", LEDGER)
+        )
+        .await,
+        Some((
+            SqlState::UNIQUE_VIOLATION,
+            "etl_job_outcomes_pkey".to_owned()
+        )),
+        "a job ends once"
     );
 }
 
@@ -269,7 +371,7 @@ async fn stored_failure_codes_are_exactly_the_enumerated_list() {
     let def: String = client
         .query_one(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint
-              WHERE conname = 'etl_job_records_failure_code_check'",
+              WHERE conname = 'etl_job_outcomes_failure_code_check'",
             &[],
         )
         .await
@@ -337,13 +439,42 @@ async fn declared_min_reader(client: &tokio_postgres::Client, version: i32) -> i
         .get(0)
 }
 
-/// One due job inserted in a transaction that opted out of the trigger's NOTIFY.
-async fn insert_opted_out(client: &mut tokio_postgres::Client) {
+/// Inserts one pending job of kind `test.noop` due at the `run_at` SQL expression into the wide
+/// job table of versions 1 to 7 (one row per job, before 0008 split it); returns its id.
+async fn insert_wide_job(
+    client: &impl tokio_postgres::GenericClient,
+    run_at_sql: &str,
+) -> uuid::Uuid {
+    let id = uuid::Uuid::now_v7();
+    client
+        .execute(
+            &format!(
+                "INSERT INTO etl_job_records
+                    (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                     request_payload, run_at)
+                 VALUES ($1, decode(repeat('07', 32), 'hex'), sha256($1::uuid::text::bytea),
+                         decode(repeat('07', 32), 'hex'), 'test.noop', '{{}}'::jsonb,
+                         {run_at_sql})"
+            ),
+            &[&id],
+        )
+        .await
+        .unwrap();
+    id
+}
+
+/// One due job inserted in a transaction that opted out of the trigger's NOTIFY: into the wide
+/// table of versions before 0008 if `wide`, else into the current layout.
+async fn insert_opted_out(client: &mut tokio_postgres::Client, wide: bool) {
     let tx = client.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL durable_etl.notify = 'off'")
         .await
         .unwrap();
-    insert_job(&tx, "now()").await;
+    if wide {
+        insert_wide_job(&tx, "now()").await;
+    } else {
+        insert_job(&tx, "now()").await;
+    }
     tx.commit().await.unwrap();
 }
 
@@ -358,7 +489,7 @@ async fn migration_0005_lets_a_transaction_skip_the_trigger_notify_and_round_tri
     let latest = catalog_snapshot(&client).await;
     schema::migrate_down_to(&mut client, 5).await.unwrap();
     let at_5 = catalog_snapshot(&client).await;
-    insert_opted_out(&mut client).await;
+    insert_opted_out(&mut client, true).await;
 
     let down = schema::migrate_down_to(&mut client, 4).await.unwrap();
     assert_eq!((down.changed, down.version), (vec![5], 4));
@@ -367,7 +498,7 @@ async fn migration_0005_lets_a_transaction_skip_the_trigger_notify_and_round_tri
     assert_eq!(changed.len(), 1, "{changed:?}");
     assert!(changed[0]
         .starts_with("function CREATE OR REPLACE FUNCTION public.durable_etl_notify_enqueue()"));
-    insert_opted_out(&mut client).await;
+    insert_opted_out(&mut client, true).await;
 
     let up = schema::migrate_up(&mut client).await.unwrap();
     let latest_version = schema::latest_version();
@@ -376,7 +507,7 @@ async fn migration_0005_lets_a_transaction_skip_the_trigger_notify_and_round_tri
         ((5..=latest_version).collect::<Vec<_>>(), latest_version)
     );
     assert_eq!(catalog_snapshot(&client).await, latest);
-    insert_opted_out(&mut client).await;
+    insert_opted_out(&mut client, false).await;
     insert_job(&client, "now()").await;
 
     client.batch_execute("NOTIFY test_sentinel").await.unwrap();
@@ -473,8 +604,9 @@ fn retention_runbook() -> String {
     doc[start..end].to_owned()
 }
 
-/// Inserts one job of the test owner with `status`, `finished_at` (an SQL expression) and the
-/// job it replaces; returns its id. Terminal jobs get their code and no payload.
+/// Inserts one ended job of the test owner with `status`, `finished_at` (an SQL expression) and
+/// the job it replaces; returns its id. Failed and cancelled jobs get a code, succeeded ones a
+/// ledger.
 async fn job_finished(
     client: &tokio_postgres::Client,
     status: &str,
@@ -482,35 +614,18 @@ async fn job_finished(
     replaces: Option<uuid::Uuid>,
 ) -> uuid::Uuid {
     let id = uuid::Uuid::now_v7();
-    client
-        .execute(
-            &format!(
-                "INSERT INTO etl_job_records
-                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind, status,
-                      request_payload, failure_code, finished_at, replaces_job_id)
-                 SELECT $1, decode(repeat('ab', 32), 'hex'), sha256($1::uuid::text::bytea),
-                        sha256($1::uuid::text::bytea), 'test.noop', $2::text,
-                        CASE WHEN $2 = 'pending' THEN '{{}}'::jsonb END,
-                        CASE $2 WHEN 'cancelled' THEN 'replaced'
-                                WHEN 'failed' THEN 'handler_failed' END,
-                        {finished_at}, $3"
-            ),
-            &[&id, &status, &replaces],
-        )
-        .await
-        .unwrap();
-    if status == "succeeded" {
-        client
-            .execute(
-                "INSERT INTO etl_job_responses
-                     (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged,
-                      data_checksum)
-                 VALUES ($1, gen_random_uuid(), 1, 0, 0, sha256($1::uuid::text::bytea))",
-                &[&id],
-            )
-            .await
-            .unwrap();
-    }
+    insert_ended_jobs(
+        client,
+        &format!(
+            "SELECT $1::uuid AS id, decode(repeat('ab', 32), 'hex') AS owner_key,
+                    $2::text AS status,
+                    CASE $2 WHEN 'cancelled' THEN 'replaced'
+                            WHEN 'failed' THEN 'handler_failed' END AS failure_code,
+                    {finished_at} AS finished_at, $3::uuid AS replaces_job_id"
+        ),
+        &[&id, &status, &replaces],
+    )
+    .await;
     id
 }
 
@@ -528,10 +643,10 @@ async fn write_target(client: &tokio_postgres::Client, key: &str, job: uuid::Uui
         .unwrap();
 }
 
-/// The retention runbook, run exactly as `docs/operations.md` prints it, deletes every terminal
-/// job older than its cutoff, in several batches, whatever names them: target rows it wrote
-/// (they keep their data, without a writer), jobs that replaced it (old and recent), and its
-/// ledger row. Recent and active jobs stay.
+/// The retention runbook, run exactly as `docs/operations.md` prints it, deletes every ended
+/// job older than its cutoff (its outcome, with its ledger, and its intake row), in several
+/// batches, whatever names them: target rows it wrote (they keep their data, without a writer)
+/// and jobs that replaced it (old and recent). Recent and live jobs stay.
 #[tokio::test]
 async fn the_retention_runbook_deletes_old_jobs_as_written() {
     let db = TestDb::migrated().await;
@@ -552,37 +667,32 @@ async fn the_retention_runbook_deletes_old_jobs_as_written() {
     job_finished(&client, "succeeded", old, Some(middle)).await;
     let replaced_recently = job_finished(&client, "cancelled", old, None).await;
     let replacer = job_finished(&client, "succeeded", recent, Some(replaced_recently)).await;
-    // More old jobs than one batch holds, and active jobs.
-    client
-        .execute(
-            "INSERT INTO etl_job_records
-                 (id, owner_key, idempotency_key_digest, request_fingerprint, kind, status,
-                  failure_code, finished_at)
-             SELECT gen_random_uuid(), decode(repeat('cd', 32), 'hex'), sha256(g::text::bytea),
-                    sha256(g::text::bytea), 'test.noop', 'failed', 'handler_failed',
-                    now() - interval '40 days'
-               FROM generate_series(1, 2500) g",
-            &[],
-        )
-        .await
-        .unwrap();
-    let pending = job_finished(&client, "pending", "NULL", None).await;
+    // More old jobs than one batch holds, and an active job.
+    insert_ended_jobs(
+        &client,
+        "SELECT gen_random_uuid() AS id, decode(repeat('cd', 32), 'hex') AS owner_key,
+                'failed' AS status, 'handler_failed' AS failure_code,
+                now() - interval '40 days' AS finished_at, NULL::uuid AS replaces_job_id
+           FROM generate_series(1, 2500)",
+        &[],
+    )
+    .await;
+    let pending = insert_job(&client, "now()").await;
 
     client.batch_execute(&retention_runbook()).await.unwrap();
 
-    let remaining: Vec<uuid::Uuid> = client
-        .query("SELECT id FROM etl_job_records ORDER BY id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let remaining: Vec<uuid::Uuid> =
+        first_column(&client, "SELECT id FROM etl_job_intake ORDER BY id").await;
     assert_eq!(remaining, vec![kept, replacer, pending]);
-    assert_eq!(
-        count(&client, "etl_job_responses").await,
-        2,
-        "kept's and replacer's"
-    );
+    let ended: Vec<uuid::Uuid> = first_column(
+        &client,
+        "SELECT job_id FROM etl_job_outcomes ORDER BY job_id",
+    )
+    .await;
+    assert_eq!(ended, vec![kept, replacer]);
+    let live: Vec<uuid::Uuid> = first_column(&client, "SELECT id FROM etl_job_records").await;
+    assert_eq!(live, vec![pending]);
+    assert_eq!(count(&client, LEDGERS).await, 2, "kept's and replacer's");
     let targets: Vec<(String, Option<uuid::Uuid>)> = client
         .query(
             "SELECT record_key, written_by_job FROM etl_target_rows ORDER BY record_key",
@@ -603,7 +713,7 @@ async fn the_retention_runbook_deletes_old_jobs_as_written() {
     );
     let replaces: Option<uuid::Uuid> = client
         .query_one(
-            "SELECT replaces_job_id FROM etl_job_records WHERE id = $1",
+            "SELECT replaces_job_id FROM etl_job_intake WHERE id = $1",
             &[&replacer],
         )
         .await
@@ -639,20 +749,43 @@ async fn migrate_waits_for_the_migration_lock_beyond_the_session_timeouts() {
     assert_eq!(report.version, schema::latest_version());
 }
 
+/// Inserts one job that succeeded into the wide job table of versions 1 to 7 (payload cleared,
+/// finished now) with its ledger row in `etl_job_responses` (3 rows inserted); returns its id.
+async fn insert_wide_succeeded(client: &tokio_postgres::Client) -> uuid::Uuid {
+    let job = insert_wide_job(client, "now()").await;
+    client
+        .batch_execute(&format!(
+            "UPDATE etl_job_records
+                SET status = 'succeeded', attempts = 1, request_payload = NULL,
+                    started_at = now(), finished_at = now(), updated_at = now()
+              WHERE id = '{job}';
+             {}",
+            ledger_row(job)
+        ))
+        .await
+        .unwrap();
+    job
+}
+
+/// An insert of a ledger row of job `job` into the `etl_job_responses` of versions 1 to 7.
+fn ledger_row(job: uuid::Uuid) -> String {
+    format!(
+        "INSERT INTO etl_job_responses
+             (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
+         VALUES ('{job}', gen_random_uuid(), 3, 0, 0, decode(repeat('00', 32), 'hex'))"
+    )
+}
+
 /// Migration 0006 takes the ledger's foreign key away (its check cost a quarter of a success's
 /// server CPU) but keeps what it did on delete: deleting jobs deletes their ledger rows, whatever
 /// deletes them. Its down path puts the key back, dropping ledger rows whose job is gone first.
+/// Tested at version 7, the last with that ledger table; 0008 carries the ledger that is left
+/// into the outcome of its job, and back.
 #[tokio::test]
 async fn the_ledger_follows_deleted_jobs_without_a_foreign_key_and_gets_it_back_going_down() {
     let db = TestDb::migrated().await;
     let mut client = db.client().await;
-    let ledger_row = |job: uuid::Uuid| {
-        format!(
-            "INSERT INTO etl_job_responses
-                 (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
-             VALUES ('{job}', gen_random_uuid(), 0, 0, 0, decode(repeat('00', 32), 'hex'))"
-        )
-    };
+    schema::migrate_down_to(&mut client, 7).await.unwrap();
     let keys: i64 = client
         .query_one(
             "SELECT count(*) FROM pg_constraint
@@ -666,9 +799,7 @@ async fn the_ledger_follows_deleted_jobs_without_a_foreign_key_and_gets_it_back_
     // Three succeeded jobs with ledger rows; one DELETE of two of them takes both rows.
     let mut jobs = Vec::new();
     for _ in 0..3 {
-        let job = insert_job(&client, "now()").await;
-        client.batch_execute(&ledger_row(job)).await.unwrap();
-        jobs.push(job);
+        jobs.push(insert_wide_succeeded(&client).await);
     }
     client
         .execute(
@@ -677,13 +808,20 @@ async fn the_ledger_follows_deleted_jobs_without_a_foreign_key_and_gets_it_back_
         )
         .await
         .unwrap();
-    let left: Vec<uuid::Uuid> = client
-        .query("SELECT job_id FROM etl_job_responses", &[])
+    let left: Vec<uuid::Uuid> = first_column(&client, "SELECT job_id FROM etl_job_responses").await;
+    assert_eq!(left, [jobs[2]]);
+    // 0008 makes the row that is left its job's outcome, and going back makes it a row again.
+    schema::migrate_up(&mut client).await.unwrap();
+    let ledgers: Vec<(uuid::Uuid, String, Option<i32>)> = client
+        .query("SELECT id, status, rows_inserted FROM etl_jobs", &[])
         .await
         .unwrap()
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
+    assert_eq!(ledgers, [(jobs[2], "succeeded".to_owned(), Some(3))]);
+    schema::migrate_down_to(&mut client, 7).await.unwrap();
+    let left: Vec<uuid::Uuid> = first_column(&client, "SELECT job_id FROM etl_job_responses").await;
     assert_eq!(left, [jobs[2]]);
     // A TRUNCATE fires no DELETE trigger and leaves the row behind; going down drops it and
     // restores the key, which refuses a ledger row without its job again.
@@ -740,7 +878,7 @@ async fn the_jobs_view_shows_every_job_and_nothing_private() {
             "data_checksum"
         ]
     );
-    // A pending job, a running one with a cancel request, a succeeded one with its ledger row.
+    // A pending job, a running one with a cancel request, and one that ran and succeeded.
     let pending = insert_job(&client, "now() + interval '1 hour'").await;
     let running = insert_job(&client, "now()").await;
     let succeeded = insert_job(&client, "now()").await;
@@ -751,18 +889,11 @@ async fn the_jobs_view_shows_every_job_and_nothing_private() {
                     lease_claim_id = gen_random_uuid(), lease_expires_at = now() + interval '1 minute',
                     lease_renewed_at = now(), started_at = now()
               WHERE id IN ('{running}', '{succeeded}');
-             INSERT INTO etl_job_cancel_requests (job_id) VALUES ('{running}');
-             UPDATE etl_job_records
-                SET status = 'succeeded', request_payload = NULL, finished_at = now(),
-                    lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL,
-                    lease_renewed_at = NULL
-              WHERE id = '{succeeded}';
-             INSERT INTO etl_job_responses
-                 (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
-             VALUES ('{succeeded}', gen_random_uuid(), 3, 1, 0, decode(repeat('00', 32), 'hex'));"
+             INSERT INTO etl_job_cancel_requests (job_id) VALUES ('{running}');"
         ))
         .await
         .unwrap();
+    end_job(&client, succeeded, "succeeded", None, Some((3, 1, 0))).await;
     let rows = client
         .query(
             "SELECT id, status, cancel_requested, lease_owner_id IS NOT NULL, rows_inserted
@@ -783,4 +914,192 @@ async fn the_jobs_view_shows_every_job_and_nothing_private() {
             (succeeded, "succeeded".to_owned(), false, false, Some(3)),
         ]
     );
+}
+
+/// Every row of `sql`'s single text column, in order.
+async fn text_rows(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    first_column(client, sql).await
+}
+
+/// Every job as `etl_jobs` shows it, one text row each, by id.
+const VIEW_ROWS: &str = "SELECT v::text FROM etl_jobs v ORDER BY id";
+
+/// What the intake of a job holds, from `table` (the wide table of version 7 or the intake of
+/// 8), by id.
+fn intake_rows(table: &str) -> String {
+    format!(
+        "SELECT (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts,
+                 run_at, replaces_job_id, created_at)::text
+           FROM {table} ORDER BY id"
+    )
+}
+
+/// The rows of the wide job table of version 7, by id, but for what 0008 does not keep: the
+/// legacy cancel request column (it becomes a request row), and the fencing token, lock flag and
+/// renewal time of ended jobs.
+const WIDE_ROWS: &str = "
+    SELECT (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload,
+            status, attempts, max_attempts, run_at, lease_owner_id, lease_claim_id,
+            lease_expires_at, replaces_job_id, failure_code, failure_record_index, created_at,
+            updated_at, started_at, finished_at,
+            CASE WHEN status IN ('pending', 'running')
+                 THEN (fencing_token, lease_owner_locked, lease_renewed_at)::text END)::text
+      FROM etl_job_records ORDER BY id";
+
+/// The ledger rows of version 7 but their commit time, by job.
+const LEDGER_ROWS_7: &str = "
+    SELECT (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged,
+            data_checksum)::text
+      FROM etl_job_responses ORDER BY job_id";
+
+/// Migration 0008 moves every job of the wide table: each gets its intake row; pending and
+/// running ones keep their live row and payload; succeeded, failed and cancelled ones become
+/// outcomes (with the ledger of the succeeded one, under its claim) and lose their row; a legacy
+/// cancel request on a live row becomes a request row; target rows and replacements keep their
+/// links. `etl_jobs` shows the same jobs before and after. Going down to 7 gives the wide rows
+/// back: terminal payloads NULL, the ledger row back in `etl_job_responses`.
+#[tokio::test]
+async fn migration_0008_moves_live_and_ended_jobs_and_back() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    schema::migrate_down_to(&mut client, 7).await.unwrap();
+    let pending = insert_wide_job(&client, "now() + interval '1 hour'").await;
+    let running = insert_wide_job(&client, "now() - interval '1 minute'").await;
+    let succeeded = insert_wide_job(&client, "now() - interval '2 minutes'").await;
+    let failed = insert_wide_job(&client, "now() - interval '3 minutes'").await;
+    let cancelled = insert_wide_job(&client, "now() - interval '4 minutes'").await;
+    let claim = uuid::Uuid::new_v4();
+    client
+        .batch_execute(&format!(
+            "UPDATE etl_job_records SET request_payload = '{{\"n\": 1}}',
+                    replaces_job_id = '{cancelled}'
+              WHERE id = '{pending}';
+             UPDATE etl_job_records
+                SET request_payload = '{{\"n\": 2}}', status = 'running', attempts = 1,
+                    fencing_token = 1, lease_owner_id = 'o', lease_claim_id = gen_random_uuid(),
+                    lease_expires_at = now() + interval '1 minute', lease_renewed_at = now(),
+                    lease_owner_locked = true, started_at = now(),
+                    cancel_requested_at = now()
+              WHERE id = '{running}';
+             UPDATE etl_job_records
+                SET request_payload = NULL, status = 'succeeded', attempts = 1,
+                    fencing_token = 1, started_at = now() - interval '90 seconds',
+                    finished_at = now() - interval '80 seconds',
+                    updated_at = now() - interval '80 seconds'
+              WHERE id = '{succeeded}';
+             INSERT INTO etl_job_responses
+                 (job_id, lease_claim_id, rows_inserted, rows_updated, rows_unchanged,
+                  data_checksum)
+             VALUES ('{succeeded}', '{claim}', 3, 1, 2, decode(repeat('5a', 32), 'hex'));
+             INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
+             VALUES (decode(repeat('07', 32), 'hex'), 'orders', 'a', '{{}}', '{succeeded}');
+             UPDATE etl_job_records
+                SET request_payload = NULL, status = 'failed', attempts = 2, max_attempts = 2,
+                    fencing_token = 2, failure_code = 'record_invalid', failure_record_index = 4,
+                    started_at = now() - interval '70 seconds',
+                    finished_at = now() - interval '60 seconds',
+                    updated_at = now() - interval '60 seconds'
+              WHERE id = '{failed}';
+             UPDATE etl_job_records
+                SET request_payload = NULL, status = 'cancelled', failure_code = 'replaced',
+                    finished_at = now() - interval '50 seconds',
+                    updated_at = now() - interval '50 seconds'
+              WHERE id = '{cancelled}';"
+        ))
+        .await
+        .unwrap();
+    let view = text_rows(&client, VIEW_ROWS).await;
+    let intake = text_rows(&client, &intake_rows("etl_job_records")).await;
+    let wide = text_rows(&client, WIDE_ROWS).await;
+    let ledger = text_rows(&client, LEDGER_ROWS_7).await;
+    assert_eq!((view.len(), ledger.len()), (5, 1));
+
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(up.changed, [8]);
+    assert_eq!(text_rows(&client, VIEW_ROWS).await, view);
+    assert_eq!(
+        text_rows(&client, &intake_rows("etl_job_intake")).await,
+        intake
+    );
+    let live: Vec<(uuid::Uuid, serde_json::Value)> = client
+        .query(
+            "SELECT id, request_payload FROM etl_job_records ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        live,
+        [
+            (pending, serde_json::json!({"n": 1})),
+            (running, serde_json::json!({"n": 2}))
+        ],
+        "live jobs keep their payload; ended ones have no live row"
+    );
+    let outcomes: Vec<(uuid::Uuid, String, Option<String>, Option<uuid::Uuid>)> = client
+        .query(
+            "SELECT job_id, status, failure_code, lease_claim_id FROM etl_job_outcomes
+              ORDER BY job_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (succeeded, "succeeded".to_owned(), None, Some(claim)),
+            (
+                failed,
+                "failed".to_owned(),
+                Some("record_invalid".to_owned()),
+                None
+            ),
+            (
+                cancelled,
+                "cancelled".to_owned(),
+                Some("replaced".to_owned()),
+                None
+            ),
+        ]
+    );
+    let requests: Vec<uuid::Uuid> =
+        first_column(&client, "SELECT job_id FROM etl_job_cancel_requests").await;
+    assert_eq!(
+        requests,
+        [running],
+        "the legacy cancel request is a request row"
+    );
+    let writer: Vec<Option<uuid::Uuid>> =
+        first_column(&client, "SELECT written_by_job FROM etl_target_rows").await;
+    assert_eq!(writer, [Some(succeeded)]);
+    let referenced: Vec<String> = first_column(
+        &client,
+        "SELECT confrelid::regclass::text FROM pg_constraint
+          WHERE conname IN ('etl_target_rows_written_by_job_fkey',
+                            'etl_job_cancel_requests_job_id_fkey')",
+    )
+    .await;
+    assert_eq!(referenced, ["etl_job_intake", "etl_job_intake"]);
+
+    let down = schema::migrate_down_to(&mut client, 7).await.unwrap();
+    assert_eq!(down.changed, [8]);
+    assert_eq!(text_rows(&client, VIEW_ROWS).await, view);
+    assert_eq!(text_rows(&client, WIDE_ROWS).await, wide);
+    assert_eq!(
+        count(
+            &client,
+            "etl_job_records WHERE status IN ('succeeded', 'failed', 'cancelled')
+               AND request_payload IS NULL"
+        )
+        .await,
+        3,
+        "terminal rows are back without their payload"
+    );
+    assert_eq!(text_rows(&client, LEDGER_ROWS_7).await, ledger);
 }

@@ -7,6 +7,7 @@
 use crate::privacy::leak;
 use crate::support::{
     assert_settled_once, count, enqueue_loads, signal, spawn_replica_logged, Processes, TestDb,
+    LEDGERS,
 };
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
@@ -231,16 +232,16 @@ async fn chaos_soak_keeps_every_invariant() {
         child.wait().unwrap();
     }
 
-    let succeeded = count(&client, "etl_job_records WHERE status = 'succeeded'").await;
+    let succeeded = count(&client, "etl_jobs WHERE status = 'succeeded'").await;
     let lost = JOBS as i64 - succeeded;
-    let duplicated = count(&client, "etl_job_responses").await - succeeded
+    let duplicated = count(&client, LEDGERS).await - succeeded
         + count(
             &client,
-            "etl_job_responses WHERE rows_updated <> 0 OR rows_unchanged <> 0",
+            &format!("{LEDGERS} AND (rows_updated <> 0 OR rows_unchanged <> 0)"),
         )
         .await;
     let max_attempts_seen: i32 = client
-        .query_one("SELECT max(attempts) FROM etl_job_records", &[])
+        .query_one("SELECT max(attempts) FROM etl_jobs", &[])
         .await
         .unwrap()
         .get(0);

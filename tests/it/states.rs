@@ -1,15 +1,20 @@
-//! `JobState` is the table's list of states, and crosses to and from PostgreSQL as text.
+//! `JobState` is the list of states of the live table and the outcome table together, and
+//! crosses to and from PostgreSQL as text.
 
 use crate::support::{insert_job, TestDb};
 use durable_etl::state::JobState;
 
-/// The quoted literals of CHECK constraint `name` on `etl_job_records`, sorted.
-async fn constraint_literals(client: &tokio_postgres::Client, name: &str) -> Vec<String> {
+/// The quoted literals of CHECK constraint `name` on `table`, sorted.
+async fn constraint_literals(
+    client: &tokio_postgres::Client,
+    table: &str,
+    name: &str,
+) -> Vec<String> {
     let def: String = client
         .query_one(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint
-              WHERE conrelid = 'etl_job_records'::regclass AND conname = $1",
-            &[&name],
+              WHERE conrelid = $1::text::regclass AND conname = $2",
+            &[&table, &name],
         )
         .await
         .unwrap()
@@ -31,18 +36,35 @@ fn names(states: impl Iterator<Item = JobState>) -> Vec<String> {
     names
 }
 
+/// The live table's states are the states that are not terminal, the outcome table's the
+/// terminal ones, and an outcome always has its `finished_at`.
 #[tokio::test]
-async fn job_states_are_exactly_the_status_check_and_the_terminal_ones_set_finished_at() {
+async fn job_states_are_exactly_the_live_and_outcome_status_checks_and_the_terminal_ones_set_finished_at(
+) {
     let db = TestDb::migrated().await;
     let client = db.client().await;
+    let live =
+        constraint_literals(&client, "etl_job_records", "etl_job_records_status_check").await;
+    let ended =
+        constraint_literals(&client, "etl_job_outcomes", "etl_job_outcomes_status_check").await;
     assert_eq!(
-        constraint_literals(&client, "etl_job_records_status_check").await,
-        names(JobState::ALL.into_iter())
+        live,
+        names(JobState::ALL.into_iter().filter(|s| !s.is_terminal()))
     );
     assert_eq!(
-        constraint_literals(&client, "etl_job_records_finished_iff_terminal").await,
+        ended,
         names(JobState::ALL.into_iter().filter(|s| s.is_terminal()))
     );
+    let finished_nullable: String = client
+        .query_one(
+            "SELECT is_nullable::text FROM information_schema.columns
+              WHERE table_name = 'etl_job_outcomes' AND column_name = 'finished_at'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(finished_nullable, "NO");
 }
 
 #[tokio::test]
@@ -59,7 +81,7 @@ async fn job_states_cross_to_and_from_postgres_as_text_and_a_stranger_is_refused
     }
     let id = insert_job(&client, "now()").await;
     let stored = client
-        .query_one("SELECT status FROM etl_job_records WHERE id = $1", &[&id])
+        .query_one("SELECT status FROM etl_jobs WHERE id = $1", &[&id])
         .await
         .unwrap();
     assert_eq!(stored.get::<_, JobState>(0), JobState::Pending);

@@ -106,7 +106,8 @@ impl Listener {
     }
 }
 
-/// Inserts one job row with the given `run_at` SQL expression, in its own statement on `client`.
+/// Inserts one pending job of kind `test.noop` due at the `run_at` SQL expression: its intake
+/// row and its live row (payload `{}`), in one statement on `client`.
 pub async fn insert_job(
     client: &impl tokio_postgres::GenericClient,
     run_at_sql: &str,
@@ -116,9 +117,16 @@ pub async fn insert_job(
     client
         .execute(
             &format!(
-                "INSERT INTO etl_job_records
-                    (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload, run_at)
-                 VALUES ($1, $2, $3, $2, 'test.noop', '{{}}'::jsonb, {run_at_sql})"
+                "WITH intake AS (
+                     INSERT INTO etl_job_intake
+                         (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                          max_attempts, run_at)
+                     VALUES ($1, $2, $3, $2, 'test.noop', 5, {run_at_sql})
+                     RETURNING id, owner_key, kind, max_attempts, run_at
+                 )
+                 INSERT INTO etl_job_records
+                     (id, owner_key, kind, request_payload, max_attempts, run_at)
+                 SELECT id, owner_key, kind, '{{}}'::jsonb, max_attempts, run_at FROM intake"
             ),
             &[&id, &digest, &id.as_bytes().repeat(2)],
         )
@@ -127,8 +135,8 @@ pub async fn insert_job(
     id
 }
 
-/// Inserts one due job per payload, of `kind`, with `max_attempts`, in one statement; returns
-/// their ids in insertion order.
+/// Inserts one due pending job per payload, of `kind`, with `max_attempts` (intake rows and live
+/// rows, in one statement); returns their ids in insertion order.
 pub async fn insert_jobs(
     client: &impl tokio_postgres::GenericClient,
     kind: &str,
@@ -138,17 +146,106 @@ pub async fn insert_jobs(
     let ids: Vec<uuid::Uuid> = payloads.iter().map(|_| uuid::Uuid::now_v7()).collect();
     client
         .execute(
-            "INSERT INTO etl_job_records
-                (id, owner_key, idempotency_key_digest, request_fingerprint, kind, request_payload,
-                 max_attempts, run_at)
-             SELECT t.id, decode(repeat('ab', 32), 'hex'), sha256(t.id::text::bytea),
-                    sha256(t.id::text::bytea), $2, t.payload, $4, now() - interval '1 second'
+            "WITH intake AS (
+                 INSERT INTO etl_job_intake
+                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                      max_attempts, run_at)
+                 SELECT t.id, decode(repeat('ab', 32), 'hex'), sha256(t.id::text::bytea),
+                        sha256(t.id::text::bytea), $2, $4, now() - interval '1 second'
+                   FROM unnest($1::uuid[]) AS t(id)
+             )
+             INSERT INTO etl_job_records
+                 (id, owner_key, kind, request_payload, max_attempts, run_at)
+             SELECT t.id, decode(repeat('ab', 32), 'hex'), $2, t.payload, $4,
+                    now() - interval '1 second'
                FROM unnest($1::uuid[], $3::jsonb[]) AS t(id, payload)",
             &[&ids, &kind, &payloads, &max_attempts],
         )
         .await
         .unwrap();
     ids
+}
+
+/// Inserts ended jobs of kind `test.noop`, in one statement: an intake row and an outcome row
+/// per row of `rows_sql`, a query (with `params`) returning the columns `id` (uuid), `owner_key`
+/// (bytea), `status` and `failure_code` (text), `finished_at` (timestamptz) and
+/// `replaces_job_id` (uuid). Each job was accepted and first due a day before it finished, ran
+/// once, and, if it succeeded, has a ledger (one row inserted, under a claim of its own).
+/// Returns the ids.
+pub async fn insert_ended_jobs(
+    client: &impl tokio_postgres::GenericClient,
+    rows_sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Vec<uuid::Uuid> {
+    first_column_of(
+        client
+            .query(
+                &format!(
+                    "WITH ended AS (
+                         SELECT e.*, e.finished_at - interval '1 day' AS accepted_at
+                           FROM ({rows_sql}) AS e
+                     ), intake AS (
+                         INSERT INTO etl_job_intake
+                             (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                              max_attempts, run_at, replaces_job_id, created_at)
+                         SELECT id, owner_key, sha256(id::text::bytea), sha256(id::text::bytea),
+                                'test.noop', 5, accepted_at, replaces_job_id, accepted_at
+                           FROM ended
+                     )
+                     INSERT INTO etl_job_outcomes
+                         (job_id, owner_key, status, attempts, run_at, lease_claim_id,
+                          failure_code, rows_inserted, rows_updated, rows_unchanged,
+                          data_checksum, started_at, finished_at)
+                     SELECT id, owner_key, status, 1, accepted_at,
+                            CASE WHEN status = 'succeeded' THEN gen_random_uuid() END,
+                            failure_code,
+                            CASE WHEN status = 'succeeded' THEN 1 END,
+                            CASE WHEN status = 'succeeded' THEN 0 END,
+                            CASE WHEN status = 'succeeded' THEN 0 END,
+                            CASE WHEN status = 'succeeded' THEN sha256(id::text::bytea) END,
+                            finished_at, finished_at
+                       FROM ended
+                     RETURNING job_id"
+                ),
+                params,
+            )
+            .await
+            .unwrap(),
+    )
+}
+
+/// Ends live job `id` by hand the way a terminal transition does: deletes its live row and
+/// appends its outcome with `status` and `failure_code`, in one statement. `ledger` (rows
+/// inserted, updated, unchanged) is the response ledger of a `succeeded` outcome, under the
+/// row's claim if it is running, else under a new one.
+pub async fn end_job(
+    client: &impl tokio_postgres::GenericClient,
+    id: uuid::Uuid,
+    status: &str,
+    failure_code: Option<&str>,
+    ledger: Option<(i32, i32, i32)>,
+) {
+    let (inserted, updated, unchanged) = match ledger {
+        Some((i, u, n)) => (Some(i), Some(u), Some(n)),
+        None => (None, None, None),
+    };
+    let ended = client
+        .execute(
+            "WITH ended AS (DELETE FROM etl_job_records WHERE id = $1 RETURNING *)
+             INSERT INTO etl_job_outcomes
+                 (job_id, owner_key, status, attempts, run_at, lease_claim_id, failure_code,
+                  rows_inserted, rows_updated, rows_unchanged, data_checksum, started_at)
+             SELECT id, owner_key, $2, attempts, run_at,
+                    CASE WHEN $4::int4 IS NOT NULL
+                         THEN coalesce(lease_claim_id, gen_random_uuid()) END,
+                    $3, $4, $5, $6,
+                    CASE WHEN $4::int4 IS NOT NULL THEN sha256(id::text::bytea) END, started_at
+               FROM ended",
+            &[&id, &status, &failure_code, &inserted, &updated, &unchanged],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ended, 1, "job {id} had a live row");
 }
 
 /// A pool on `db` for a worker (role `test`).
@@ -158,7 +255,7 @@ pub async fn pool(db: &TestDb) -> durable_etl::db::Pool {
         .unwrap()
 }
 
-/// One job row's lifecycle columns.
+/// One job's lifecycle columns, as `etl_jobs` shows them, and whether it has a live row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRow {
     /// `status`.
@@ -169,8 +266,9 @@ pub struct JobRow {
     pub failure_code: Option<String>,
     /// `failure_record_index`.
     pub failure_record_index: Option<i32>,
-    /// Whether `request_payload` is NULL.
-    pub payload_cleared: bool,
+    /// Whether the job has a live row in `etl_job_records` (the only row that holds its
+    /// payload): true while it is pending or running, false once it ended.
+    pub live: bool,
     /// Whether the lease columns are all NULL.
     pub lease_cleared: bool,
     /// `lease_claim_id`.
@@ -181,10 +279,12 @@ pub struct JobRow {
 pub async fn job_row(client: &impl tokio_postgres::GenericClient, id: uuid::Uuid) -> JobRow {
     let row = client
         .query_one(
-            "SELECT status, attempts, failure_code, failure_record_index, request_payload IS NULL,
-                    lease_owner_id IS NULL AND lease_claim_id IS NULL AND lease_expires_at IS NULL,
-                    lease_claim_id
-               FROM etl_job_records WHERE id = $1",
+            "SELECT v.status, v.attempts, v.failure_code, v.failure_record_index,
+                    EXISTS (SELECT 1 FROM etl_job_records j WHERE j.id = v.id),
+                    v.lease_owner_id IS NULL AND v.lease_claim_id IS NULL
+                        AND v.lease_expires_at IS NULL,
+                    v.lease_claim_id
+               FROM etl_jobs v WHERE v.id = $1",
             &[&id],
         )
         .await
@@ -194,13 +294,17 @@ pub async fn job_row(client: &impl tokio_postgres::GenericClient, id: uuid::Uuid
         attempts: row.get(1),
         failure_code: row.get(2),
         failure_record_index: row.get(3),
-        payload_cleared: row.get(4),
+        live: row.get(4),
         lease_cleared: row.get(5),
         lease_claim_id: row.get(6),
     }
 }
 
-/// `SELECT count(*)` of `sql`'s FROM/WHERE tail, e.g. `count(c, "etl_job_responses")`.
+/// The ledger rows: outcomes of succeeded jobs, each carrying its job's response ledger (a
+/// FROM/WHERE tail for [`count`]).
+pub const LEDGERS: &str = "etl_job_outcomes WHERE status = 'succeeded'";
+
+/// `SELECT count(*)` of `sql`'s FROM/WHERE tail, e.g. `count(c, LEDGERS)`.
 pub async fn count(client: &impl tokio_postgres::GenericClient, from: &str) -> i64 {
     client
         .query_one(&format!("SELECT count(*) FROM {from}"), &[])
@@ -214,13 +318,15 @@ pub async fn first_column<T>(client: &impl tokio_postgres::GenericClient, sql: &
 where
     T: for<'a> tokio_postgres::types::FromSql<'a>,
 {
-    client
-        .query(sql, &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+    first_column_of(client.query(sql, &[]).await.unwrap())
+}
+
+/// The first column of every row of `rows`, in order.
+fn first_column_of<T>(rows: Vec<tokio_postgres::Row>) -> Vec<T>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    rows.iter().map(|r| r.get(0)).collect()
 }
 
 /// Waits (bounded: 3,000 checks 10 ms apart) until `check` holds; panics naming `what` otherwise.
@@ -373,47 +479,67 @@ pub async fn enqueue_loads(
     ids
 }
 
-/// Waits until every job of the database `client` is on is terminal.
+/// Waits until every job of the database `client` is on has ended (no live row is left).
 pub async fn until_all_terminal(client: &Client) {
     eventually("every job to end", || async move {
-        count(
-            client,
-            "etl_job_records WHERE status IN ('pending', 'running')",
-        )
-        .await
-            == 0
+        count(client, "etl_job_records").await == 0
     })
     .await;
 }
 
 /// Asserts the end-state invariants every fault test shares, from the database: no job left
-/// `pending` or `running`; no request payload on a terminal row; attempts within
-/// `max_attempts`; exactly one ledger row per succeeded job and none for any other; every
-/// ledger row inserted its target rows fresh (a second commit of the same job would have
-/// updated or left rows unchanged); and exactly `targets` target rows, each written by a
-/// succeeded job.
+/// live; every accepted job either live or ended, never both; attempts within `max_attempts`
+/// on live rows and outcomes; every succeeded outcome with its whole ledger and no other outcome
+/// with any of it; every ledger inserted its target rows fresh (a second commit of the same job
+/// would have updated or left rows unchanged); and exactly `targets` target rows, each written
+/// by a succeeded job.
 pub async fn assert_settled_once(client: &Client, targets: i64) {
     let bad = [
-        ("unfinished jobs", "etl_job_records WHERE status IN ('pending', 'running')"),
-        ("payloads on terminal rows", "etl_job_records WHERE request_payload IS NOT NULL"),
-        ("attempts above max_attempts", "etl_job_records WHERE attempts > max_attempts"),
+        ("unfinished jobs", "etl_job_records"),
         (
-            "succeeded jobs without exactly one ledger row",
-            "etl_job_records j WHERE status = 'succeeded'
-               AND (SELECT count(*) FROM etl_job_responses r WHERE r.job_id = j.id) <> 1",
+            "jobs both live and ended",
+            "etl_job_records j JOIN etl_job_outcomes o ON o.job_id = j.id",
         ),
         (
-            "ledger rows of jobs that did not succeed",
-            "etl_job_responses r JOIN etl_job_records j ON j.id = r.job_id WHERE j.status <> 'succeeded'",
+            "accepted jobs neither live nor ended",
+            "etl_job_intake i WHERE NOT EXISTS (SELECT 1 FROM etl_job_records j WHERE j.id = i.id)
+               AND NOT EXISTS (SELECT 1 FROM etl_job_outcomes o WHERE o.job_id = i.id)",
         ),
         (
-            "ledger rows of a repeated load",
-            "etl_job_responses WHERE rows_updated <> 0 OR rows_unchanged <> 0",
+            "live or ended jobs never accepted",
+            "(SELECT id FROM etl_job_records UNION ALL SELECT job_id FROM etl_job_outcomes) j
+              WHERE NOT EXISTS (SELECT 1 FROM etl_job_intake i WHERE i.id = j.id)",
+        ),
+        (
+            "attempts above max_attempts",
+            "etl_job_records WHERE attempts > max_attempts",
+        ),
+        (
+            "ended attempts above max_attempts",
+            "etl_job_outcomes o JOIN etl_job_intake i ON i.id = o.job_id
+              WHERE o.attempts > i.max_attempts",
+        ),
+        (
+            "succeeded jobs without a whole ledger",
+            "etl_job_outcomes WHERE status = 'succeeded'
+               AND (lease_claim_id IS NULL OR rows_inserted IS NULL OR rows_updated IS NULL
+                    OR rows_unchanged IS NULL OR data_checksum IS NULL)",
+        ),
+        (
+            "ledgers of jobs that did not succeed",
+            "etl_job_outcomes WHERE status <> 'succeeded'
+               AND (rows_inserted IS NOT NULL OR rows_updated IS NOT NULL
+                    OR rows_unchanged IS NOT NULL OR data_checksum IS NOT NULL)",
+        ),
+        (
+            "ledgers of a repeated load",
+            "etl_job_outcomes WHERE status = 'succeeded'
+               AND (rows_updated <> 0 OR rows_unchanged <> 0)",
         ),
         (
             "target rows not written by a succeeded job",
-            "etl_target_rows t LEFT JOIN etl_job_records j ON j.id = t.written_by_job
-              WHERE j.status IS DISTINCT FROM 'succeeded'",
+            "etl_target_rows t LEFT JOIN etl_job_outcomes o ON o.job_id = t.written_by_job
+              WHERE o.status IS DISTINCT FROM 'succeeded'",
         ),
     ];
     for (what, from) in bad {

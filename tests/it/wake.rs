@@ -3,7 +3,7 @@
 
 use crate::handlers::{Noop, NOOP};
 use crate::support::{
-    count, eventually, insert_job, insert_jobs, pool, session_pid, Listener, TestDb,
+    count, eventually, insert_job, insert_jobs, pool, session_pid, Listener, TestDb, LEDGERS,
 };
 use durable_etl::config::WorkerConfig;
 use durable_etl::error::Error;
@@ -79,7 +79,7 @@ impl Replica {
 /// Waits until `n` jobs have succeeded.
 async fn until_succeeded(client: &tokio_postgres::Client, n: i64) {
     eventually(&format!("{n} succeeded jobs"), || async move {
-        count(client, "etl_job_records WHERE status = 'succeeded'").await == n
+        count(client, "etl_jobs WHERE status = 'succeeded'").await == n
     })
     .await;
 }
@@ -240,11 +240,11 @@ async fn four_replicas_share_two_thousand_jobs_each_claimed_once() {
     }
     until_succeeded(&client, 2000).await;
     assert_eq!(
-        count(&client, "etl_job_records WHERE attempts <> 1").await,
+        count(&client, "etl_jobs WHERE attempts <> 1").await,
         0,
         "each claimed once"
     );
-    assert_eq!(count(&client, "etl_job_responses").await, 2000);
+    assert_eq!(count(&client, LEDGERS).await, 2000);
     let mut claimed = 0;
     let mut empty = 0;
     for replica in replicas {
@@ -289,7 +289,7 @@ async fn a_deferred_job_runs_when_due_and_never_before() {
     for id in [early, late] {
         let not_early: bool = client
             .query_one(
-                "SELECT started_at >= run_at FROM etl_job_records WHERE id = $1",
+                "SELECT started_at >= run_at FROM etl_jobs WHERE id = $1",
                 &[&id],
             )
             .await

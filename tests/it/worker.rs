@@ -2,7 +2,7 @@
 //! failures, recovery of dead and expired owners, heartbeats and shutdown.
 
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
-use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
+use crate::support::{count, end_job, eventually, insert_jobs, job_row, pool, TestDb, LEDGERS};
 use durable_etl::codes::Code;
 use durable_etl::config::WorkerConfig;
 use durable_etl::error::Error;
@@ -130,15 +130,16 @@ async fn eight_claimers_take_ten_thousand_jobs_each_exactly_once() {
     assert_eq!(
         count(
             &client,
-            "etl_job_records WHERE status = 'succeeded' AND attempts = 1"
+            "etl_jobs WHERE status = 'succeeded' AND attempts = 1"
         )
         .await,
         10_000
     );
-    assert_eq!(count(&client, "etl_job_responses").await, 10_000);
+    assert_eq!(count(&client, LEDGERS).await, 10_000);
     assert_eq!(
-        count(&client, "etl_job_records WHERE request_payload IS NOT NULL").await,
-        0
+        count(&client, "etl_job_records").await,
+        0,
+        "no live row (nor its payload) is left"
     );
 }
 
@@ -202,7 +203,7 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
     );
     assert_eq!(completer::release(&a, &[stale_lease]).await.unwrap(), 0);
     assert_eq!(job_row(&client, id).await, after_b);
-    assert_eq!(count(&client, "etl_job_responses").await, 1);
+    assert_eq!(count(&client, LEDGERS).await, 1);
     assert_eq!(count(&client, "etl_target_rows").await, 1);
 }
 
@@ -231,7 +232,7 @@ async fn a_stalled_executor_loses_its_commit_to_the_replica_that_recovered_the_j
         1,
         "effects exactly once"
     );
-    assert_eq!(count(&client, "etl_job_responses").await, 1);
+    assert_eq!(count(&client, LEDGERS).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,7 +359,7 @@ async fn effects_and_failure_roll_back_together() {
         let row = job_row(&client, *id).await;
         assert_eq!(row.status, status, "{action}");
         assert_eq!(row.failure_code.as_deref(), code, "{action}");
-        assert_eq!(row.payload_cleared, status == "failed", "{action}");
+        assert_eq!(row.live, status != "failed", "{action}");
         assert!(row.lease_cleared, "{action}");
     }
     assert_eq!(
@@ -366,7 +367,7 @@ async fn effects_and_failure_roll_back_together() {
         0,
         "no effect survived a failed attempt"
     );
-    assert_eq!(count(&client, "etl_job_responses").await, 0);
+    assert_eq!(count(&client, LEDGERS).await, 0);
 }
 
 #[tokio::test]
@@ -394,8 +395,8 @@ async fn transient_failures_retry_with_growing_delay_then_exhaust() {
         delays.push(delay);
         let row = job_row(&client, id).await;
         assert_eq!(
-            (row.status.as_str(), row.payload_cleared, row.lease_cleared),
-            ("pending", false, true)
+            (row.status.as_str(), row.live, row.lease_cleared),
+            ("pending", true, true)
         );
         // Not due yet: a step claims nothing. Then pin the clock forward by moving run_at.
         assert!(worker.step().await.unwrap().is_empty());
@@ -417,7 +418,7 @@ async fn transient_failures_retry_with_growing_delay_then_exhaust() {
     assert_eq!(row.status, "failed");
     assert_eq!(row.attempts, 3);
     assert_eq!(row.failure_code.as_deref(), Some("attempts_exhausted"));
-    assert!(row.payload_cleared && row.lease_cleared);
+    assert!(!row.live && row.lease_cleared);
     assert!(
         worker.step().await.unwrap().is_empty(),
         "a failed job is never claimed"
@@ -443,25 +444,16 @@ async fn deterministic_failures_panics_timeouts_and_unknown_kinds_end_with_their
     else {
         unreachable!()
     };
-    let no_payload = insert_jobs(&client, SCRIPTED, &[json!({})], 5).await[0];
-    client
-        .execute(
-            "UPDATE etl_job_records SET request_payload = NULL WHERE id = $1",
-            &[&no_payload],
-        )
-        .await
-        .unwrap();
     let mut cfg = config("failer");
     cfg.execution_timeout = Duration::from_millis(300);
     let worker = start(&db, cfg, Scripted::default()).await;
-    assert_eq!(worker.step().await.unwrap().len(), 7);
+    assert_eq!(worker.step().await.unwrap().len(), 6);
     let expected = [
         (ids[0], "handler_failed", None),
         (ids[1], "record_invalid", Some(3)),
         (ids[2], "handler_panicked", None),
         (ids[3], "execution_timeout", None),
         (unknown, "unknown_kind", None),
-        (no_payload, "invalid_payload", None),
     ];
     for (id, code, index) in expected {
         let row = job_row(&client, id).await;
@@ -469,16 +461,16 @@ async fn deterministic_failures_panics_timeouts_and_unknown_kinds_end_with_their
         assert_eq!(row.attempts, 1, "terminal at once: {code}");
         assert_eq!(row.failure_code.as_deref(), Some(code));
         assert_eq!(row.failure_record_index, index, "{code}");
-        assert!(row.payload_cleared && row.lease_cleared, "{code}");
+        assert!(!row.live && row.lease_cleared, "{code}");
     }
     // Effects that overran their own budget are cut and retried, never failed at once.
     let overran = job_row(&client, ids[4]).await;
     assert_eq!((overran.status.as_str(), overran.attempts), ("pending", 1));
-    assert!(!overran.payload_cleared && overran.lease_cleared);
+    assert!(overran.live && overran.lease_cleared);
     let stats = worker.stats();
     assert_eq!(
         (stats.failed, stats.panicked, stats.timed_out, stats.retried),
-        (6, 1, 1, 1)
+        (5, 1, 1, 1)
     );
     assert_eq!(
         count(&client, "etl_target_rows").await,
@@ -487,6 +479,8 @@ async fn deterministic_failures_panics_timeouts_and_unknown_kinds_end_with_their
     );
 }
 
+/// A job's ledger is its succeeded outcome, written by the statement that deletes its live row:
+/// once it exists there is nothing left to claim, so the job is never executed again.
 #[tokio::test]
 async fn a_job_whose_ledger_row_exists_is_never_executed_again() {
     let db = TestDb::migrated().await;
@@ -494,30 +488,20 @@ async fn a_job_whose_ledger_row_exists_is_never_executed_again() {
     let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
         unreachable!()
     };
-    client
-        .execute(
-            "INSERT INTO etl_job_responses (job_id, lease_claim_id, rows_inserted, rows_updated,
-                                            rows_unchanged, data_checksum)
-             VALUES ($1, gen_random_uuid(), 7, 0, 0, sha256('x'))",
-            &[&id],
-        )
-        .await
-        .unwrap();
+    end_job(&client, id, "succeeded", None, Some((7, 0, 0))).await;
     let worker = start(&db, config("dedup"), Scripted::default()).await;
-    assert_eq!(
-        worker.step().await.unwrap(),
-        vec![(id, Transition::Succeeded)]
-    );
+    assert!(worker.step().await.unwrap().is_empty(), "nothing to claim");
     assert_eq!(
         count(&client, "etl_target_rows").await,
         0,
         "effects not run again"
     );
     assert_eq!(
-        count(&client, "etl_job_responses WHERE rows_inserted = 7").await,
+        count(&client, &format!("{LEDGERS} AND rows_inserted = 7")).await,
         1,
         "ledger kept"
     );
+    assert_eq!(job_row(&client, id).await.status, "succeeded");
 }
 
 #[tokio::test]
@@ -543,7 +527,7 @@ async fn recovery_of_a_job_on_its_last_attempt_ends_it_lease_expired_exhausted()
     assert_eq!((recovered.dead_owner, recovered.exhausted), (1, 1));
     let row = job_row(&client, id).await;
     assert_eq!(row.failure_code.as_deref(), Some("lease_expired_exhausted"));
-    assert!(row.payload_cleared && row.lease_cleared);
+    assert!(!row.live && row.lease_cleared);
     assert_eq!(
         worker.recover().await.unwrap(),
         Default::default(),
@@ -575,7 +559,7 @@ async fn run_drains_the_queue_renews_leases_and_abandons_lost_ones() {
     let run = tokio::spawn(worker.run(shutdown));
     eventually("the no-op jobs to finish", || {
         let client = &client;
-        async move { count(client, "etl_job_records WHERE status = 'succeeded'").await == 50 }
+        async move { count(client, "etl_jobs WHERE status = 'succeeded'").await == 50 }
     })
     .await;
     // The gated job may be claimed just after the last no-op job ended (by the refill).
@@ -642,7 +626,7 @@ async fn run_drains_the_queue_renews_leases_and_abandons_lost_ones() {
         0,
         "the abandoned job wrote nothing"
     );
-    assert_eq!(count(&client, "etl_job_responses").await, 50);
+    assert_eq!(count(&client, LEDGERS).await, 50);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -673,7 +657,7 @@ async fn shutdown_releases_unfinished_leases_and_closes_its_connections() {
         (hung.status.as_str(), hung.attempts, hung.lease_cleared),
         ("pending", 0, true)
     );
-    assert!(!hung.payload_cleared);
+    assert!(hung.live);
     assert_eq!(job_row(&client, ids[1]).await.status, "succeeded");
     assert_eq!(stats.snapshot().released, 1);
     let db_name = db.name.clone();
@@ -741,7 +725,7 @@ async fn a_commit_lost_with_its_connection_is_resolved_through_the_ledger() {
     let row = job_row(&client, id).await;
     assert_eq!((row.status.as_str(), row.attempts), ("pending", 1));
     assert_eq!(
-        count(&client, "etl_job_responses").await,
+        count(&client, LEDGERS).await,
         0,
         "the ledger says: not committed"
     );
@@ -838,7 +822,7 @@ async fn a_freed_slot_is_refilled_while_most_slots_stay_busy() {
     );
     gate.add_permits(10);
     eventually("every job succeeded", || async {
-        count(&client, "etl_job_records WHERE status = 'succeeded'").await == 6
+        count(&client, "etl_jobs WHERE status = 'succeeded'").await == 6
     })
     .await;
     trigger.request(Stage::Draining);

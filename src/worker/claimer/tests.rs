@@ -19,13 +19,18 @@ async fn with_jobs(due: i32) -> (TestDb, tokio_postgres::Config) {
     db.client()
         .await
         .execute(
-            "INSERT INTO etl_job_records
-                (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                 request_payload, run_at)
-             SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'), sha256(g::text::bytea),
-                    sha256(g::text::bytea), 'test', '{}',
-                    CASE WHEN g > $1 THEN now() + interval '1 hour' ELSE now() END
-               FROM generate_series(1, $1 + 1) g",
+            "WITH intake AS (
+                 INSERT INTO etl_job_intake
+                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                      max_attempts, run_at)
+                 SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'),
+                        sha256(g::text::bytea), sha256(g::text::bytea), 'test', 5,
+                        CASE WHEN g > $1 THEN now() + interval '1 hour' ELSE now() END
+                   FROM generate_series(1, $1 + 1) g
+                 RETURNING id, owner_key, kind, max_attempts, run_at
+             )
+             INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
+             SELECT id, owner_key, kind, '{}', max_attempts, run_at FROM intake",
             &[&due],
         )
         .await

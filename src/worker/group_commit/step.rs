@@ -19,11 +19,10 @@ use std::time::Duration;
 pub(crate) struct Ready {
     /// The lease that fences it.
     pub(crate) lease: Lease,
-    /// Its effects; `None` for a job claimed without payload (only an existing ledger row can
-    /// make it succeed).
-    pub(crate) effects: Option<Box<dyn Effects>>,
+    /// Its effects.
+    pub(crate) effects: Box<dyn Effects>,
     /// Whether it needs the execution transaction: its effects write ([`Effects::writes`], asked
-    /// by the job's own task so that a panic there is the job's), or it has none.
+    /// by the job's own task so that a panic there is the job's).
     pub(crate) writes: bool,
     /// How long its effects may take, from when they start applying.
     pub(crate) budget: Duration,
@@ -49,8 +48,7 @@ pub(super) enum Step {
     Fenced(Ready),
     /// Its effects are being applied (a batch that fails now fails it with the batch).
     Applying,
-    /// Its effects are applied in the transaction, or were committed under an earlier claim;
-    /// its success is not written yet.
+    /// Its effects are applied in the transaction; its success is not written yet.
     Applied(LedgerEntry),
     /// Its success is written; durable once the batch commits.
     Succeeded,
@@ -68,8 +66,8 @@ pub(super) fn advance(step: &mut Step, to: impl FnOnce(Step) -> Step) {
 pub(super) enum BatchEnd {
     /// It committed (or, writing nothing, its one statement ran).
     Committed,
-    /// The connection was lost, perhaps during COMMIT: the leases whose ledger row exists under
-    /// their claim committed (`None`: the ledger could not be read either).
+    /// The connection was lost, perhaps during COMMIT: the leases whose success (outcome and
+    /// ledger) exists under their claim committed (`None`: the outcomes could not be read either).
     Unknown(Option<HashSet<Lease>>),
     /// It failed with this code and committed nothing.
     Failed(Code),
@@ -81,18 +79,17 @@ impl Step {
         matches!(self, Step::Claimed(ready) if ready.writes)
     }
 
-    /// `Claimed → Fenced | Applied | Ended` by what the fenced lock found (`None`: the fence
-    /// failed; else whether a ledger row exists, whether a cancel was requested).
-    pub(super) fn fence(self, found: Option<&(bool, bool)>) -> Step {
+    /// `Claimed → Fenced | Ended` by what the fenced lock found (`None`: the fence failed; else
+    /// whether a cancel was requested). A fenced live row proves the job's effects never
+    /// committed: a commit deletes it.
+    pub(super) fn fence(self, found: Option<&bool>) -> Step {
         let Step::Claimed(ready) = self else {
             return self;
         };
         match found {
             None => Step::Ended(Failure::LeaseLost),
-            Some(&(_, true)) => Step::Ended(Failure::Cancelled),
-            // Effects already committed under an earlier claim: record success, run nothing.
-            Some(&(true, false)) => Step::Applied(LedgerEntry::default()),
-            Some(&(false, false)) => Step::Fenced(ready),
+            Some(true) => Step::Ended(Failure::Cancelled),
+            Some(false) => Step::Fenced(ready),
         }
     }
 

@@ -10,6 +10,9 @@ use futures::future::BoxFuture;
 use std::time::Duration;
 use uuid::Uuid;
 
+/// The rows of succeeded outcomes (each carries its job's ledger), for `count`.
+const SUCCEEDED: &str = "etl_job_outcomes WHERE status = 'succeeded'";
+
 /// Effects that write one target row, fail, panic or overrun their deadline.
 enum Scripted {
     /// Inserts target row `key` for the job.
@@ -78,12 +81,19 @@ impl Scratch {
         let client = crate::db::connect(&db.config, "test").await.unwrap();
         client
             .execute(
-                "INSERT INTO etl_job_records
-                    (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                     request_payload, run_at)
-                 SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'), sha256(g::text::bytea),
-                        sha256(g::text::bytea), 'test', '{}', now() - interval '1 second'
-                   FROM generate_series(1, $1::int4) g",
+                "WITH intake AS (
+                     INSERT INTO etl_job_intake
+                         (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                          max_attempts, run_at)
+                     SELECT gen_random_uuid(), decode(repeat('ab', 32), 'hex'),
+                            sha256(g::text::bytea), sha256(g::text::bytea), 'test', 5,
+                            now() - interval '1 second'
+                       FROM generate_series(1, $1::int4) g
+                     RETURNING id, owner_key, kind, max_attempts, run_at
+                 )
+                 INSERT INTO etl_job_records
+                     (id, owner_key, kind, request_payload, max_attempts, run_at)
+                 SELECT id, owner_key, kind, '{}', max_attempts, run_at FROM intake",
                 &[&i32::try_from(n).unwrap()],
             )
             .await
@@ -112,7 +122,7 @@ impl Scratch {
             .map(|&j| {
                 ready(
                     j,
-                    Some(Box::new(crate::handler::NoEffects)),
+                    Box::new(crate::handler::NoEffects),
                     Duration::from_secs(9),
                 )
             })
@@ -161,14 +171,14 @@ impl Scratch {
 }
 
 /// A ready job with `effects` and an effects budget of `budget`.
-fn ready(pair: (Uuid, Uuid), effects: Option<Box<dyn Effects>>, budget: Duration) -> Ready {
+fn ready(pair: (Uuid, Uuid), effects: Box<dyn Effects>, budget: Duration) -> Ready {
     Ready {
         lease: Lease {
             job_id: pair.0,
             claim_id: pair.1,
             fencing_token: 1,
         },
-        writes: effects.as_ref().is_none_or(|e| e.writes()),
+        writes: effects.writes(),
         effects,
         budget,
     }
@@ -195,7 +205,7 @@ async fn each_job_of_a_batch_commits_or_fails_on_its_own() {
     // Job 3's owner asked to cancel it; job 4's lease went to another claim.
     db.client
         .execute(
-            "UPDATE etl_job_records SET cancel_requested_at = now() WHERE id = $1",
+            "INSERT INTO etl_job_cancel_requests (job_id) VALUES ($1)",
             &[&jobs[3].0],
         )
         .await
@@ -208,37 +218,17 @@ async fn each_job_of_a_batch_commits_or_fails_on_its_own() {
         .await
         .unwrap();
     let batch = vec![
-        ready(
-            jobs[0],
-            Some(Box::new(Scripted::Write(jobs[0].0, "a"))),
-            minute,
-        ),
+        ready(jobs[0], Box::new(Scripted::Write(jobs[0].0, "a")), minute),
         ready(
             jobs[1],
-            Some(Box::new(Scripted::WriteThenFail(jobs[1].0))),
+            Box::new(Scripted::WriteThenFail(jobs[1].0)),
             minute,
         ),
-        ready(jobs[2], Some(Box::new(Scripted::Panic)), minute),
-        ready(
-            jobs[3],
-            Some(Box::new(Scripted::Write(jobs[3].0, "c"))),
-            minute,
-        ),
-        ready(
-            jobs[4],
-            Some(Box::new(Scripted::Write(jobs[4].0, "l"))),
-            minute,
-        ),
-        ready(
-            jobs[5],
-            Some(Box::new(Scripted::Hang)),
-            Duration::from_millis(50),
-        ),
-        ready(
-            jobs[6],
-            Some(Box::new(Scripted::Write(jobs[6].0, "b"))),
-            minute,
-        ),
+        ready(jobs[2], Box::new(Scripted::Panic), minute),
+        ready(jobs[3], Box::new(Scripted::Write(jobs[3].0, "c")), minute),
+        ready(jobs[4], Box::new(Scripted::Write(jobs[4].0, "l")), minute),
+        ready(jobs[5], Box::new(Scripted::Hang), Duration::from_millis(50)),
+        ready(jobs[6], Box::new(Scripted::Write(jobs[6].0, "b")), minute),
     ];
     assert_eq!(
         db.commit(batch).await,
@@ -254,17 +244,14 @@ async fn each_job_of_a_batch_commits_or_fails_on_its_own() {
     );
     // Only the two successes' writes and ledger rows committed.
     assert_eq!(db.target_keys().await, ["a", "b"]);
-    assert_eq!(db.count("etl_job_responses").await, 2);
-    assert_eq!(
-        db.count("etl_job_records WHERE status = 'succeeded' AND request_payload IS NULL")
-            .await,
-        2
-    );
-    // The failures are still running under their claims: their fenced writes follow.
+    assert_eq!(db.count(SUCCEEDED).await, 2);
+    // The failures are still running under their claims (their fenced writes follow); the
+    // successes have no live row (their payload left with it).
     assert_eq!(
         db.count("etl_job_records WHERE status = 'running'").await,
         5
     );
+    assert_eq!(db.count("etl_job_records").await, 5);
 }
 
 #[tokio::test]
@@ -295,7 +282,7 @@ async fn effects_queued_behind_a_blocked_job_get_their_own_budget() {
     let batch = jobs
         .iter()
         .zip(["k", "b", "c"])
-        .map(|(&j, key)| ready(j, Some(Box::new(Scripted::Write(j.0, key))), budget))
+        .map(|(&j, key)| ready(j, Box::new(Scripted::Write(j.0, key)), budget))
         .collect();
     // Job 0's effects overran their own budget: cut (the statement cancelled), rolled back
     // to their savepoint, and retried (never terminal); the jobs behind it ran with budgets
@@ -308,7 +295,7 @@ async fn effects_queued_behind_a_blocked_job_get_their_own_budget() {
     assert!(!released.load(std::sync::atomic::Ordering::SeqCst));
     release.await.unwrap();
     assert_eq!(db.target_keys().await, ["b", "c"]);
-    assert_eq!(db.count("etl_job_responses").await, 2);
+    assert_eq!(db.count(SUCCEEDED).await, 2);
 }
 
 #[tokio::test]
@@ -316,7 +303,7 @@ async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs()
     let (db, jobs) = Scratch::with_claimed(3).await;
     db.client
         .execute(
-            "UPDATE etl_job_records SET cancel_requested_at = now() WHERE id = $1",
+            "INSERT INTO etl_job_cancel_requests (job_id) VALUES ($1)",
             &[&jobs[1].0],
         )
         .await
@@ -333,7 +320,7 @@ async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs()
     // One statement succeeded the batch; one more told the job it skipped (cancel requested)
     // from a lost lease.
     assert_eq!(stats.snapshot().round_trips, 2);
-    assert_eq!(db.count("etl_job_responses").await, 2);
+    assert_eq!(db.count(SUCCEEDED).await, 2);
     // A batch where every job succeeds is one statement.
     let (db2, jobs2) = Scratch::with_claimed(3).await;
     let (outcomes, stats) = db2.commit_without_effects(&jobs2).await;
@@ -344,13 +331,13 @@ async fn a_batch_that_writes_nothing_is_one_statement_and_skips_cancelled_jobs()
 }
 
 #[tokio::test]
-async fn a_lone_failure_rolls_back_and_a_reclaimed_job_with_a_ledger_runs_nothing() {
-    let (db, jobs) = Scratch::with_claimed(3).await;
+async fn a_lone_failure_rolls_back_and_a_batch_of_failures_commits_nothing() {
+    let (db, jobs) = Scratch::with_claimed(1).await;
     let minute = Duration::from_secs(60);
     // A lone job: no savepoint; its failure rolls the whole transaction back.
     let lone = vec![ready(
         jobs[0],
-        Some(Box::new(Scripted::WriteThenFail(jobs[0].0))),
+        Box::new(Scripted::WriteThenFail(jobs[0].0)),
         minute,
     )];
     assert_eq!(
@@ -358,44 +345,29 @@ async fn a_lone_failure_rolls_back_and_a_reclaimed_job_with_a_ledger_runs_nothin
         ["job error: permanent failure: record_invalid"]
     );
     assert_eq!(db.count("etl_target_rows").await, 0);
-    // Job 1 already has a ledger row (its effects committed under an earlier claim): it
-    // succeeds without its effects running; job 2 has no payload and no ledger row.
-    db.client
-        .execute(
-            "INSERT INTO etl_job_responses (job_id, lease_claim_id, rows_inserted, rows_updated,
-                                            rows_unchanged, data_checksum)
-             VALUES ($1, gen_random_uuid(), 1, 0, 0, decode(repeat('00', 32), 'hex'))",
-            &[&jobs[1].0],
-        )
-        .await
-        .unwrap();
-    let batch = vec![
-        ready(jobs[1], Some(Box::new(Scripted::Panic)), minute),
-        ready(jobs[2], None, minute),
-    ];
     assert_eq!(
-        db.commit(batch).await,
-        ["Succeeded", "code: invalid_payload"]
+        db.count("etl_job_records WHERE status = 'running'").await,
+        1
     );
     // A batch where every job fails commits nothing at all.
     let (db2, jobs2) = Scratch::with_claimed(2).await;
     let batch = vec![
         ready(
             jobs2[0],
-            Some(Box::new(Scripted::WriteThenFail(jobs2[0].0))),
+            Box::new(Scripted::WriteThenFail(jobs2[0].0)),
             minute,
         ),
-        ready(jobs2[1], None, minute),
+        ready(jobs2[1], Box::new(Scripted::Panic), minute),
     ];
     assert_eq!(
         db2.commit(batch).await,
         [
             "job error: permanent failure: record_invalid",
-            "code: invalid_payload"
+            "code: handler_panicked"
         ]
     );
     assert_eq!(db2.count("etl_target_rows").await, 0);
-    assert_eq!(db2.count("etl_job_responses").await, 0);
+    assert_eq!(db2.count(SUCCEEDED).await, 0);
 }
 
 #[tokio::test]
@@ -407,14 +379,17 @@ async fn a_stale_claim_beside_the_live_claim_of_the_same_job_is_fenced_out() {
     let stale = (id, Uuid::new_v4());
     let minute = Duration::from_secs(60);
     let batch = vec![
-        ready(stale, Some(Box::new(Scripted::Write(id, "k"))), minute),
-        ready(jobs[0], Some(Box::new(Scripted::Write(id, "k"))), minute),
+        ready(stale, Box::new(Scripted::Write(id, "k")), minute),
+        ready(jobs[0], Box::new(Scripted::Write(id, "k")), minute),
     ];
     assert_eq!(db.commit(batch).await, ["lease lost", "Succeeded"]);
     assert_eq!(db.count("etl_target_rows").await, 1);
     let ledger_claim: Uuid = db
         .client
-        .query_one("SELECT lease_claim_id FROM etl_job_responses", &[])
+        .query_one(
+            "SELECT lease_claim_id FROM etl_job_outcomes WHERE status = 'succeeded'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -422,13 +397,13 @@ async fn a_stale_claim_beside_the_live_claim_of_the_same_job_is_fenced_out() {
     // The same without effects: the stale claim is not reported as succeeded.
     let (db2, jobs2) = Scratch::with_claimed(1).await;
     let stale2 = (jobs2[0].0, Uuid::new_v4());
-    let none = || -> Option<Box<dyn Effects>> { Some(Box::new(crate::handler::NoEffects)) };
+    let none = || -> Box<dyn Effects> { Box::new(crate::handler::NoEffects) };
     let batch = vec![
         ready(stale2, none(), minute),
         ready(jobs2[0], none(), minute),
     ];
     assert_eq!(db2.commit(batch).await, ["lease lost", "Succeeded"]);
-    assert_eq!(db2.count("etl_job_responses").await, 1);
+    assert_eq!(db2.count(SUCCEEDED).await, 1);
 }
 
 #[tokio::test]
@@ -444,8 +419,7 @@ async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
     .await
     .unwrap();
     let minute = Duration::from_secs(60);
-    let effects =
-        |i: usize| -> Option<Box<dyn Effects>> { Some(Box::new(Scripted::Write(jobs[i].0, "x"))) };
+    let effects = |i: usize| -> Box<dyn Effects> { Box::new(Scripted::Write(jobs[i].0, "x")) };
     let batch = vec![
         ready(jobs[0], effects(0), minute),
         ready(jobs[1], effects(1), minute),
@@ -457,7 +431,7 @@ async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
     // The same for a batch that writes nothing.
     let batch = jobs
         .iter()
-        .map(|&j| ready(j, Some(Box::new(crate::handler::NoEffects)), minute))
+        .map(|&j| ready(j, Box::new(crate::handler::NoEffects), minute))
         .collect();
     assert_eq!(
         db.commit(batch).await,
@@ -465,5 +439,5 @@ async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
     );
     tx.rollback().await.unwrap();
     drop(holder);
-    assert_eq!(db.count("etl_job_responses").await, 0);
+    assert_eq!(db.count(SUCCEEDED).await, 0);
 }

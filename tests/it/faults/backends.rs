@@ -6,7 +6,7 @@ use super::{
     assert_done_once, locked_update, replica, until_all_terminal, until_load_waits, until_sessions,
 };
 use crate::support::{
-    assert_settled_once, count, enqueue_loads, eventually, signal, Processes, TestDb,
+    assert_settled_once, count, enqueue_loads, eventually, signal, Processes, TestDb, LEDGERS,
 };
 
 /// Terminates every backend of this test's database whose `application_name` is `app` (a SQL
@@ -63,7 +63,7 @@ async fn a_replica_whose_backends_are_all_terminated_reconnects_and_picks_up_new
     }
     assert_settled_once(&client, 60).await;
     assert_eq!(
-        count(&client, "etl_job_records WHERE attempts <> 1").await,
+        count(&client, "etl_jobs WHERE attempts <> 1").await,
         0,
         "every job ran once"
     );
@@ -112,7 +112,7 @@ async fn an_execution_backend_terminated_mid_transaction_loses_nothing_and_dupli
     })
     .await;
     until_load_waits(&client).await;
-    assert_eq!(count(&client, "etl_job_responses").await, 0);
+    assert_eq!(count(&client, LEDGERS).await, 0);
     holder.batch_execute("ROLLBACK").await.unwrap();
     assert_done_once(&client, id, 2).await;
     signal(&replicas.0[0], "TERM");

@@ -2,7 +2,7 @@
 //! other jobs keep flowing.
 
 use super::{locked_update_with, replica, until_all_terminal};
-use crate::support::{count, enqueue_loads, job_row, signal, Processes, TestDb};
+use crate::support::{count, enqueue_loads, job_row, signal, Processes, TestDb, LEDGERS};
 use std::time::{Duration, Instant};
 
 /// The owner ids of the two replicas.
@@ -35,7 +35,7 @@ async fn a_job_that_crashes_its_replica_every_time_stops_at_max_attempts() {
         assert!(Instant::now() < deadline, "the poisoned job never ended");
         let row = client
             .query_one(
-                "SELECT status, lease_owner_id, lease_claim_id FROM etl_job_records WHERE id = $1",
+                "SELECT status, lease_owner_id, lease_claim_id FROM etl_jobs WHERE id = $1",
                 &[&poisoned],
             )
             .await
@@ -65,22 +65,27 @@ async fn a_job_that_crashes_its_replica_every_time_stops_at_max_attempts() {
             row.status.as_str(),
             row.failure_code.as_deref(),
             row.attempts,
-            row.payload_cleared
+            row.live
         ),
-        ("failed", Some("lease_expired_exhausted"), 3, true)
+        ("failed", Some("lease_expired_exhausted"), 3, false)
     );
     assert_eq!(punished.len(), 3, "one crash per attempt");
     holder.batch_execute("ROLLBACK").await.unwrap();
     until_all_terminal(&client).await;
     assert_eq!(
-        count(&client, "etl_job_records WHERE status = 'succeeded' AND attempts <= max_attempts AND request_payload IS NULL").await,
+        count(
+            &client,
+            "etl_jobs v WHERE status = 'succeeded' AND attempts <= max_attempts
+                          AND NOT EXISTS (SELECT 1 FROM etl_job_records j WHERE j.id = v.id)"
+        )
+        .await,
         60
     );
     assert_eq!(
-        count(&client, "etl_job_responses WHERE rows_inserted = 2").await,
+        count(&client, &format!("{LEDGERS} AND rows_inserted = 2")).await,
         60
     );
-    assert_eq!(count(&client, "etl_job_responses").await, 60);
+    assert_eq!(count(&client, LEDGERS).await, 60);
     assert_eq!(
         count(&client, "etl_target_rows WHERE record_key <> 'k'").await,
         120

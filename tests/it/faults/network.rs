@@ -5,7 +5,7 @@ use super::{assert_done_once, locked_update, replica, until_all_terminal, until_
 use crate::proxy::{Mode, Proxy};
 use crate::support::{
     assert_settled_once, count, enqueue_loads, eventually, free_port, signal, spawn_replica,
-    Processes, TestDb,
+    Processes, TestDb, LEDGERS,
 };
 use std::process::Stdio;
 
@@ -108,14 +108,16 @@ async fn a_blackholed_replica_loses_its_job_and_commits_nothing_stale() {
         assert_eq!(
             count(
                 &client,
-                &format!("etl_job_records WHERE id = '{later_id}' AND status = 'succeeded' AND attempts = 1")
+                &format!(
+                    "etl_jobs WHERE id = '{later_id}' AND status = 'succeeded' AND attempts = 1"
+                )
             )
             .await,
             1
         );
     }
     assert_eq!(
-        count(&client, "etl_job_responses WHERE rows_inserted = 2").await,
+        count(&client, &format!("{LEDGERS} AND rows_inserted = 2")).await,
         20
     );
     assert_eq!(
@@ -157,8 +159,7 @@ async fn a_replica_whose_partition_heals_keeps_its_owner_id_and_works_on() {
         exited = exited.or(status);
         let client = &client;
         async move {
-            status.is_some()
-                || count(client, "etl_job_records WHERE status <> 'succeeded'").await == 0
+            status.is_some() || count(client, "etl_jobs WHERE status <> 'succeeded'").await == 0
         }
     })
     .await;

@@ -20,7 +20,7 @@ async fn a_replica_restarted_after_a_node_loss_takes_over_the_silent_session_a_t
     let ids = insert_jobs(&client, NOOP_KIND, &[json!({})], 3).await;
     eventually("the restarted replica to run the job", || {
         let client = &client;
-        async move { count(client, "etl_job_records WHERE status = 'succeeded'").await == 1 }
+        async move { count(client, "etl_jobs WHERE status = 'succeeded'").await == 1 }
     })
     .await;
     assert_eq!(ids.len(), 1);

@@ -3,7 +3,7 @@
 
 use super::{assert_done_once, locked_update, until_load_waits};
 use crate::handlers::{Scripted, SCRIPTED};
-use crate::support::{count, eventually, insert_jobs, job_row, TestDb};
+use crate::support::{count, eventually, insert_jobs, job_row, TestDb, LEDGERS};
 use durable_etl::codes::Code;
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
 use durable_etl::etl::load::EtlLoad;
@@ -82,7 +82,7 @@ async fn commit_against_cancel(cancel_first: bool) {
         assert_eq!(cancel.await, Cancel::AlreadyEnded("succeeded".to_owned()));
     }
     assert_done_once(&client, id, 1).await;
-    assert!(job_row(&client, id).await.payload_cleared);
+    assert!(!job_row(&client, id).await.live);
 }
 
 /// Order A: cancel first (recorded at once while the commit waits), then the lock goes.
@@ -130,13 +130,9 @@ async fn a_cancel_before_the_effects_transaction_wins_and_nothing_commits() {
     assert_eq!(stepping.await.unwrap(), vec![(id, Transition::Cancelled)]);
     let row = job_row(&client, id).await;
     assert_eq!(
-        (
-            row.status.as_str(),
-            row.failure_code.as_deref(),
-            row.payload_cleared
-        ),
-        ("cancelled", Some("cancelled"), true)
+        (row.status.as_str(), row.failure_code.as_deref(), row.live),
+        ("cancelled", Some("cancelled"), false)
     );
-    assert_eq!(count(&client, "etl_job_responses").await, 0);
+    assert_eq!(count(&client, LEDGERS).await, 0);
     assert_eq!(count(&client, "etl_target_rows").await, 0);
 }

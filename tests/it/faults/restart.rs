@@ -4,7 +4,7 @@
 
 use crate::support::{
     assert_settled_once, connect, enqueue_loads, eventually, free_port, signal, spawn_replica,
-    Processes,
+    Processes, LEDGERS,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -151,14 +151,10 @@ async fn a_postgres_restart_mid_burn_loses_nothing_and_the_replicas_reconnect() 
     enqueue_loads(&client, "before", 1000, 2, 5).await;
     eventually("the burn to be under way", || {
         let client = &client;
-        async move { crate::support::count(client, "etl_job_responses").await >= 50 }
+        async move { crate::support::count(client, LEDGERS).await >= 50 }
     })
     .await;
-    let unfinished = crate::support::count(
-        &client,
-        "etl_job_records WHERE status IN ('pending', 'running')",
-    )
-    .await;
+    let unfinished = crate::support::count(&client, "etl_job_records").await;
     cluster.pg_ctl(&["-m", "fast", "restart"]);
     println!("restarted PostgreSQL with {unfinished} of 1000 jobs unfinished");
     let client = connect(&config).await;

@@ -1,0 +1,65 @@
+//! SQL fragments shared by the statements that end or fence a job (the worker's and the owner's
+//! cancellation), as macros so each statement stays one `concat!`-ed constant that tests can
+//! EXPLAIN.
+//!
+//! Invariants this module keeps:
+//! - Every statement that gives a live row back to `pending` clears the whole lease with
+//!   `lease_cleared!()`, so none forgets a lease column.
+//! - Every statement that ends a job deletes its live row and appends its outcome row in the same
+//!   statement, through `ended_columns!()` and `outcome_of!()`: the outcome is built only from
+//!   rows the fenced DELETE returned, so a stale claim (whose DELETE matched nothing) can never
+//!   write one, and the payload leaves with the live row.
+//! - Every path that ends an attempt or gives a job back reads a cancel request with
+//!   `cancel_requested!()`, the one definition of "the owner asked to cancel".
+
+/// The SET items that end a lease, shared by every statement that gives a live row back to
+/// `pending` (retry, release, recovery), so none forgets a lease column.
+macro_rules! lease_cleared {
+    () => {
+        "lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, \
+         lease_owner_locked = false, lease_renewed_at = NULL"
+    };
+}
+
+/// Whether the owner of the job row aliased `j` asked to cancel it: a row of
+/// `etl_job_cancel_requests` (a primary-key probe), so a request never waits for the job's row.
+/// Written out in each statement, not as an SQL function: a function with a sub-select is never
+/// inlined, and calling it once per row tripled the server CPU of a group commit.
+macro_rules! cancel_requested {
+    () => {
+        "EXISTS (SELECT 1 FROM etl_job_cancel_requests c WHERE c.job_id = j.id)"
+    };
+}
+
+/// The RETURNING list of a fenced DELETE of live rows aliased `j`: what [`outcome_of`] needs.
+macro_rules! ended_columns {
+    () => {
+        "j.id, j.owner_key, j.attempts, j.run_at, j.started_at, j.lease_claim_id"
+    };
+}
+
+/// Appends one outcome row per row of CTE `$source` (which returned [`ended_columns`]), with
+/// status `$status`, failure code `$code` and record index `$index` (SQL expressions over
+/// `$source`'s columns), returning `job_id, status`.
+///
+/// Locks: inserts new rows and their primary-key entries; a second outcome for a job would
+/// violate the key (none can be built: its live row is deleted once).
+macro_rules! outcome_of {
+    ($source:expr, $status:expr, $code:expr, $index:expr) => {
+        concat!(
+            "INSERT INTO etl_job_outcomes
+           (job_id, owner_key, status, attempts, run_at, lease_claim_id, failure_code,
+            failure_record_index, started_at)
+    SELECT id, owner_key, ",
+            $status,
+            ", attempts, run_at, lease_claim_id, ",
+            $code,
+            ", ",
+            $index,
+            ", started_at FROM ",
+            $source,
+            "
+ RETURNING job_id, status"
+        )
+    };
+}

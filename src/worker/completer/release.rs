@@ -1,0 +1,110 @@
+//! The shutdown release: the jobs a replica still holds when its grace period ends go back to
+//! `pending`, their attempt not charged, in one fenced statement.
+//!
+//! Invariants this module keeps:
+//! - Only leases still held under their claim are touched; a job whose owner asked to cancel it
+//!   ends `cancelled` instead (live row deleted, outcome appended in the same statement).
+//! - The release is bounded by [`RELEASE_TIMEOUT`]: a replica never hangs at exit on it; leases
+//!   it could not release expire and recovery returns them.
+
+use crate::db;
+use crate::worker::held::HeldJobs;
+use crate::worker::lease::{self, Lease};
+use crate::worker::shared::Shared;
+use std::time::Duration;
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
+
+/// Gives unfinished jobs back on shutdown: `pending`, attempt not charged, lease cleared, for
+/// every `(id, claim id)` pair in `$1`/`$2` still running under that claim; a job whose owner
+/// asked to cancel it ends `cancelled` instead of running again. Returns how many were still held.
+///
+/// Locks: `decided` reads the fenced rows (no lock); `released` and `ended` row-lock each fenced
+/// row and re-check its fence; rows whose claim changed are not touched.
+pub const RELEASE_SQL: &str = concat!(
+    "
+WITH decided AS (
+    SELECT j.id, held.claim_id, ",
+    cancel_requested!(),
+    " AS cancel
+      FROM etl_job_records j
+      JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
+        ON j.id = held.id AND j.lease_claim_id = held.claim_id
+     WHERE j.status = 'running'
+), released AS (
+    UPDATE etl_job_records AS j
+       SET status = 'pending', attempts = j.attempts - 1, updated_at = now(), ",
+    lease_cleared!(),
+    "
+      FROM decided d
+     WHERE j.id = d.id AND NOT d.cancel AND j.lease_claim_id = d.claim_id AND j.status = 'running'
+ RETURNING j.id
+), ended AS (
+    DELETE FROM etl_job_records AS j
+     USING decided d
+     WHERE j.id = d.id AND d.cancel AND j.lease_claim_id = d.claim_id AND j.status = 'running'
+ RETURNING ",
+    ended_columns!(),
+    "
+), outcome AS (
+    ",
+    outcome_of!("ended", "'cancelled'", "'cancelled'", "NULL::int4"),
+    "
+)
+SELECT (SELECT count(*) FROM released) + (SELECT count(*) FROM outcome)"
+);
+
+/// Releases the given `(id, claim id)` leases; returns how many were still held.
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn release(
+    client: &impl GenericClient,
+    held: &[Lease],
+) -> Result<u64, tokio_postgres::Error> {
+    let (ids, claims) = lease::unzip(held);
+    let row = client
+        .query_typed_one(
+            RELEASE_SQL,
+            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
+        )
+        .await?;
+    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+}
+
+/// How long the shutdown release may wait (for a row lock, say) before the replica exits anyway
+/// and leaves the unreleased leases to expire.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Releases, at shutdown, the leases of the jobs still `held` after the grace period, within
+/// [`RELEASE_TIMEOUT`]; a release that fails or times out is logged by code, and those leases
+/// expire instead.
+pub(crate) async fn release_held(shared: &Shared, held: &HeldJobs) {
+    if tokio::time::timeout(RELEASE_TIMEOUT, release_now(shared, held))
+        .await
+        .is_err()
+    {
+        tracing::warn!("release timed out; leases will expire");
+    }
+}
+
+/// [`release_held`] without its time bound.
+async fn release_now(shared: &Shared, held: &HeldJobs) {
+    let leases = held.leases();
+    if leases.is_empty() {
+        return;
+    }
+    crash_point!("release");
+    shared.stats.record_round_trips(1);
+    let released = match db::checkout(&shared.pool).await {
+        Ok(conn) => db::bounded(shared.statement_bound, release(&*conn, &leases)).await,
+        Err(e) => Err(e),
+    };
+    match released {
+        Ok(n) => {
+            shared.stats.record_released(n);
+            tracing::info!(released = n, "released unfinished jobs");
+        }
+        Err(e) => tracing::warn!(code = %e.code(), "release failed; leases will expire"),
+    }
+}
