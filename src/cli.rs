@@ -35,9 +35,12 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Migrate(args) => migrate(&db_config, &start_up, args).await,
         Command::Demo(args) => crate::demo::run(&db_config, &args.demo_database).await,
         Command::Bench(command) => {
-            let (config, json) = command.config();
+            let (config, output) = command.config();
             let report = crate::bench::run(&db_config, config).await?;
-            if json {
+            if let Some(dir) = &output.report {
+                crate::bench::html::write(dir, &report).map_err(Error::io)?;
+            }
+            if output.json {
                 println!(
                     "{}",
                     serde_json::to_string(&report).map_err(|_| Error::Internal)?

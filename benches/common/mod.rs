@@ -74,7 +74,8 @@ impl BenchDb {
             .expect("truncate");
     }
 
-    /// Inserts `n` due no-op jobs (their intake rows and live rows) in one statement.
+    /// Inserts `n` due no-op jobs (their intake rows and live rows) in one statement, each under
+    /// an idempotency key of its own (so fills may repeat without a reset).
     pub(crate) async fn fill(&self, n: usize) {
         let n = i64::try_from(n).expect("n");
         self.client
@@ -83,8 +84,9 @@ impl BenchDb {
                      INSERT INTO etl_job_intake
                             (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
                              max_attempts, run_at)
-                     SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
-                            sha256(g::text::bytea), 'noop', 5, now() - interval '1 second'
+                     SELECT gen_random_uuid(), sha256('bench'::bytea),
+                            sha256(gen_random_uuid()::text::bytea), sha256(g::text::bytea),
+                            'noop', 5, now() - interval '1 second'
                        FROM generate_series(1, $1::int8) AS g
                      RETURNING id, owner_key, kind, max_attempts, run_at
                  )

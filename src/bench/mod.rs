@@ -16,6 +16,7 @@
 //!   about what the replicas did.
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
+pub(crate) mod html;
 mod load;
 mod replicas;
 pub(crate) mod starts;
@@ -91,6 +92,10 @@ pub(crate) struct BenchConfig {
     pub(crate) database: String,
     /// Keep the database afterwards.
     pub(crate) keep: bool,
+    /// Whether the replicas record their handler starts (offered load, for `ack->start`, and
+    /// any run that writes a report, for its per-replica throughput): one push onto an
+    /// in-memory list per job.
+    pub(crate) record_starts: bool,
 }
 
 /// Percentiles of a latency sample, in milliseconds.
@@ -174,22 +179,34 @@ pub(crate) struct Report {
     pub(crate) replica_peak_rss_mib: f64,
     /// CPU the replica processes used, in microseconds per succeeded job.
     pub(crate) replica_cpu_us_per_job: f64,
+    /// The run's time series, for `--report` (not in the JSON figures).
+    #[serde(skip)]
+    pub(crate) timeline: html::Timeline,
     /// CPU the server backends of the bench database used, in microseconds per succeeded job
     /// (read from `/proc`, so only when the server runs on this host; 0 otherwise).
     pub(crate) server_cpu_us_per_job: f64,
 }
 
-impl Report {
-    /// The report as a few aligned lines.
-    pub(crate) fn to_text(&self) -> String {
-        let c = &self.config;
-        let mode = match c.mode {
+impl BenchConfig {
+    /// The run's load and shape, in words.
+    pub(crate) fn describe(&self) -> String {
+        let load = match self.mode {
             Mode::BurnDown { jobs } => format!("burn-down of {jobs} jobs"),
             Mode::OfferedLoad { rate, duration_s } => {
                 format!("offered load of {rate} jobs/s for {duration_s} s")
             }
             Mode::Recovery { trials } => format!("recovery from {trials} SIGKILLs"),
         };
+        format!(
+            "{load}, {} replica(s) x {} slots, handler {:?}",
+            self.replicas, self.slots, self.handler
+        )
+    }
+}
+
+impl Report {
+    /// The report as a few aligned lines.
+    pub(crate) fn to_text(&self) -> String {
         let p = |p: &Percentiles| {
             format!(
                 "p50 {:.3}  p95 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3} ms",
@@ -197,13 +214,11 @@ impl Report {
             )
         };
         let mut out = format!(
-            "{mode}, {} replica(s) x {} slots, handler {:?}\n\
+            "{}\n\
              succeeded            {} (not succeeded: {})\n\
              throughput           {:.0} jobs/s over {:.3} s\n\
              enqueue->start       {}\n",
-            c.replicas,
-            c.slots,
-            c.handler,
+            self.config.describe(),
             self.succeeded,
             self.not_succeeded,
             self.jobs_per_s,
@@ -321,14 +336,19 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
     let latencies = client
         .query(
             "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000,
-                    extract(epoch FROM finished_at)::float8, id::text
+                    extract(epoch FROM finished_at)::float8, id::text,
+                    extract(epoch FROM created_at)::float8
                FROM etl_jobs WHERE status = 'succeeded'",
             &[],
         )
         .await?;
-    let enqueue_to_start = latencies.iter().map(|r| r.get::<_, f64>(0)).collect();
+    let enqueue_to_start: Vec<f64> = latencies.iter().map(|r| r.get::<_, f64>(0)).collect();
     let done: Vec<(String, f64)> = latencies.iter().map(|r| (r.get(2), r.get(1))).collect();
-    let jobs = acks.map(|acks| per_job(&done, &acks, &handler_starts));
+    let all_starts: std::collections::HashMap<String, f64> = handler_starts
+        .iter()
+        .flat_map(|starts| starts.iter().map(|(id, at)| (id.clone(), *at)))
+        .collect();
+    let jobs = acks.map(|acks| per_job(&done, &acks, &all_starts));
     let ack_to_done = jobs
         .as_ref()
         .map(|jobs| Percentiles::of(jobs.iter().map(|j| j.ack_to_done).collect()));
@@ -336,6 +356,29 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         let sample: Vec<f64> = jobs.iter().filter_map(|j| j.ack_to_start).collect();
         (!sample.is_empty()).then(|| Percentiles::of(sample))
     });
+    let ack_to_start_ms: Vec<f64> = jobs
+        .iter()
+        .flatten()
+        .filter_map(|j| j.ack_to_start)
+        .collect();
+    let timeline = html::Timeline {
+        latency_label: if ack_to_start_ms.is_empty() {
+            "enqueue->start"
+        } else {
+            "ack->start"
+        },
+        latencies_ms: if ack_to_start_ms.is_empty() {
+            enqueue_to_start.clone()
+        } else {
+            ack_to_start_ms
+        },
+        created: latencies.iter().map(|r| r.get(3)).collect(),
+        finished: done.iter().map(|d| d.1).collect(),
+        starts_by_replica: handler_starts
+            .iter()
+            .map(|starts| starts.values().copied().collect())
+            .collect(),
+    };
     let per_job = |v: f64| {
         if succeeded == 0 {
             0.0
@@ -366,6 +409,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         replica_peak_rss_mib: scraped.peak_rss_kib as f64 / 1024.0,
         replica_cpu_us_per_job: per_job(scraped.cpu_seconds * 1e6),
         server_cpu_us_per_job: per_job(server_cpu * 1e6),
+        timeline,
     })
 }
 

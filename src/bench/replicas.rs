@@ -2,7 +2,7 @@
 //! metrics endpoints and their `/proc` entries.
 
 use super::starts::{parse, STARTS_FILE_ENV};
-use super::{BenchConfig, Mode, WAIT_LIMIT};
+use super::{BenchConfig, WAIT_LIMIT};
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::error::Error;
 use std::collections::HashMap;
@@ -39,7 +39,7 @@ pub(super) struct Replicas {
     url: String,
     /// Slots per replica.
     slots: usize,
-    /// Offered load only: where replica `i` writes its handler starts (`{prefix}-{i}`).
+    /// When the run records handler starts: where replica `i` writes them (`{prefix}-{i}`).
     starts_prefix: Option<PathBuf>,
 }
 
@@ -54,7 +54,7 @@ impl Replicas {
             children: Vec::new(),
             url: db_config.url.clone(),
             slots: config.slots,
-            starts_prefix: matches!(config.mode, Mode::OfferedLoad { .. }).then(|| {
+            starts_prefix: config.record_starts.then(|| {
                 std::env::temp_dir().join(format!(
                     "{}-{}-handler-starts",
                     config.database,
@@ -80,8 +80,9 @@ impl Replicas {
         Some(PathBuf::from(name))
     }
 
-    /// Spawns replica `i` (owner id `bench-{i}`) on a fresh metrics address; in offered load it
-    /// records its handler starts (and never otherwise, whatever this process's environment).
+    /// Spawns replica `i` (owner id `bench-{i}`) on a fresh metrics address; when the run records
+    /// handler starts it records its own (and never otherwise, whatever this process's
+    /// environment).
     fn spawn(&self, i: usize) -> Result<(Child, String), Error> {
         let exe = std::env::current_exe().map_err(Error::io)?;
         let addr = free_local_addr()?;
@@ -183,18 +184,22 @@ impl Replicas {
         }
     }
 
-    /// The handler starts the stopped replicas wrote (Unix seconds by job id, the first start of
-    /// each job); empty when none did. The files are removed.
-    pub(super) fn handler_starts(&self) -> HashMap<String, f64> {
-        let mut starts = HashMap::new();
-        for file in (0..self.children.len()).filter_map(|i| self.starts_file(i)) {
-            let Ok(text) = std::fs::read_to_string(&file) else {
-                continue;
-            };
-            let _ = std::fs::remove_file(&file);
-            parse(&text, &mut starts);
-        }
-        starts
+    /// The handler starts the stopped replicas wrote, per replica in start order (Unix seconds by
+    /// job id, the first start of each job); empty maps for replicas that wrote none. The files
+    /// are removed.
+    pub(super) fn handler_starts(&self) -> Vec<HashMap<String, f64>> {
+        (0..self.children.len())
+            .map(|i| {
+                let mut starts = HashMap::new();
+                if let Some(file) = self.starts_file(i) {
+                    if let Ok(text) = std::fs::read_to_string(&file) {
+                        let _ = std::fs::remove_file(&file);
+                        parse(&text, &mut starts);
+                    }
+                }
+                starts
+            })
+            .collect()
     }
 }
 

@@ -202,11 +202,24 @@ pub(crate) struct BenchArgs {
     /// Print the figures as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Also write a self-contained HTML page (DIR/index.html) with the figures and SVG plots:
+    /// latency distribution, jobs/s over time per replica, backlog over time.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) report: Option<std::path::PathBuf>,
+}
+
+/// Where a bench's figures go.
+#[derive(Debug, Clone)]
+pub(crate) struct BenchOutput {
+    /// Print them as one JSON object (else as text).
+    pub(crate) json: bool,
+    /// Also write the HTML report into this directory.
+    pub(crate) report: Option<std::path::PathBuf>,
 }
 
 impl BenchCommand {
-    /// The bench's settings, and whether to print JSON.
-    pub(crate) fn config(&self) -> (crate::bench::BenchConfig, bool) {
+    /// The bench's settings, and where its figures go.
+    pub(crate) fn config(&self) -> (crate::bench::BenchConfig, BenchOutput) {
         let (mode, common) = match self {
             BenchCommand::BurnDown { jobs, common } => {
                 (crate::bench::Mode::BurnDown { jobs: *jobs }, common)
@@ -237,8 +250,14 @@ impl BenchCommand {
             handler: common.handler,
             database: common.bench_database.clone(),
             keep: common.keep,
+            record_starts: matches!(mode, crate::bench::Mode::OfferedLoad { .. })
+                || common.report.is_some(),
         };
-        (config, common.json)
+        let output = BenchOutput {
+            json: common.json,
+            report: common.report.clone(),
+        };
+        (config, output)
     }
 }
 

@@ -39,8 +39,42 @@ async fn exists(name: &str) -> bool {
         .is_some()
 }
 
+/// The elements of the XML document `text`, by name, in document order; panics if it is not
+/// well-formed (unclosed or mismatched elements, unquoted attributes, bad escapes).
+fn elements(text: &str) -> Vec<String> {
+    let mut reader = quick_xml::Reader::from_str(text);
+    let (mut names, mut open) = (Vec::new(), Vec::new());
+    loop {
+        match reader.read_event().unwrap() {
+            quick_xml::events::Event::Start(e) => {
+                let name = String::from_utf8(e.name().as_ref().to_vec()).unwrap();
+                for attribute in e.attributes() {
+                    attribute.unwrap();
+                }
+                open.push(name.clone());
+                names.push(name);
+            }
+            quick_xml::events::Event::Empty(e) => {
+                names.push(String::from_utf8(e.name().as_ref().to_vec()).unwrap());
+            }
+            quick_xml::events::Event::End(e) => {
+                let name = String::from_utf8(e.name().as_ref().to_vec()).unwrap();
+                assert_eq!(open.pop(), Some(name), "mismatched end tag");
+            }
+            quick_xml::events::Event::Text(t) => {
+                t.decode().unwrap();
+            }
+            quick_xml::events::Event::Eof => break,
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "unclosed elements: {open:?}");
+    names
+}
+
 #[tokio::test]
 async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_database() {
+    let dir = std::env::temp_dir().join(format!("durable-etl-report-{}", uuid::Uuid::new_v4()));
     let (report, name) = bench(
         "burn",
         &[
@@ -51,8 +85,27 @@ async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_datab
             "2",
             "--slots",
             "16",
+            "--report",
+            dir.to_str().unwrap(),
         ],
     );
+    // The HTML report: one well-formed, self-contained page with the three plots, one line per
+    // replica in the throughput plot, and the run's figures.
+    let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let names = elements(&page);
+    assert_eq!(names.iter().filter(|n| *n == "svg").count(), 3, "{page}");
+    assert_eq!(
+        names.iter().filter(|n| *n == "polyline").count(),
+        3,
+        "{page}"
+    );
+    assert!(names.iter().filter(|n| *n == "rect").count() >= 1, "{page}");
+    for external in ["<script", "src=", "href=", "<link", "@import"] {
+        assert!(!page.contains(external), "{external} in {page}");
+    }
+    assert!(page.contains("burn-down of 300 jobs, 2 replica(s) x 16 slots"));
+    assert!(page.contains("<th>succeeded</th><td>300</td>"), "{page}");
     assert_eq!(report["config"]["mode"], "burn_down");
     assert_eq!(report["succeeded"], 300);
     assert_eq!(report["not_succeeded"], 0);
