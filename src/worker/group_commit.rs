@@ -7,9 +7,13 @@
 //! that state, and how the batch ended, in one place ([`step::Step::settle`]).
 //!
 //! Invariants this module keeps:
-//! - Batches form from what is already waiting, never by waiting: a lane takes the first ready
-//!   job, then whatever else is queued (up to the replica's slots), and commits at once. An idle
-//!   replica's single job commits as soon as it is ready.
+//! - A lane takes the first ready job, then whatever else is queued (up to the replica's slots).
+//!   It commits at once unless the other lane is committing right then: it then goes on
+//!   gathering until that commit ends, its batch is full, or [`GATHER_LIMIT`] has passed, so
+//!   under load one batch forms while the other flushes, instead of both lanes committing
+//!   fragments. An idle replica's single job (no other commit running) commits as soon as it is
+//!   ready; a slow batch in one lane (effects waiting on a lock) delays the other by at most
+//!   [`GATHER_LIMIT`].
 //! - A job's slot frees only after its transition is durable: its task waits for the reply, which
 //!   is sent after COMMIT returned (or after the outcome was resolved).
 //! - Every job of a batch is fenced on its own by `id + lease_claim_id + status = 'running'`, and
@@ -43,6 +47,7 @@ use crate::worker::completer::{self, Failure, Fenced};
 use crate::worker::guard::{guarded, Guarded};
 use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
+use lane::{restarting, CommitGuard, Committing, Gather};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
@@ -55,6 +60,11 @@ use tokio_util::sync::CancellationToken;
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
 /// other waits for its WAL flush; more would only split the groups smaller on this workload.
 pub(crate) const COMMIT_LANES: usize = 2;
+
+/// How long a lane that holds a job may go on gathering while the other lane commits: about
+/// one WAL flush on a slow disk, so a lane waits for its partner's flush but never stalls
+/// behind a batch whose effects are slow.
+pub(crate) const GATHER_LIMIT: Duration = Duration::from_millis(5);
 
 /// A ready job and where its outcome goes.
 struct Queued {
@@ -76,19 +86,34 @@ pub(crate) struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts [`COMMIT_LANES`] lanes committing on `pool`, in batches of at most `max_batch`. The
-    /// lanes end when the last handle is dropped and the queue is empty, or when abandoned.
+    /// Starts [`COMMIT_LANES`] lanes committing on `pool`, in batches of at most `max_batch`,
+    /// gathering for at most [`GATHER_LIMIT`] while the other lane commits. The lanes end when
+    /// the last handle is dropped and the queue is empty, or when abandoned.
     pub(crate) fn start(pool: Pool, stats: Arc<WorkerStats>, max_batch: usize) -> GroupCommit {
+        GroupCommit::gathering(pool, stats, max_batch, GATHER_LIMIT)
+    }
+
+    /// [`GroupCommit::start`] with lanes that gather for at most `gather_limit`.
+    fn gathering(
+        pool: Pool,
+        stats: Arc<WorkerStats>,
+        max_batch: usize,
+        gather_limit: Duration,
+    ) -> GroupCommit {
         let (queue, receiver) = mpsc::unbounded_channel();
-        let receiver = Arc::new(Mutex::new(receiver));
         let (stop, in_flight) = (CancellationToken::new(), InFlight::default());
+        let gather = Arc::new(Gather {
+            receiver: Arc::new(Mutex::new(receiver)),
+            max_batch: max_batch.max(1),
+            gather_limit,
+            committing: Committing::default(),
+        });
         for index in 0..COMMIT_LANES {
             let lane = Lane {
                 index,
                 pool: pool.clone(),
                 stats: Arc::clone(&stats),
-                receiver: Arc::clone(&receiver),
-                max_batch: max_batch.max(1),
+                gather: Arc::clone(&gather),
                 stop: stop.clone(),
                 in_flight: in_flight.clone(),
             };
@@ -167,23 +192,6 @@ impl Drop for Shown<'_> {
     }
 }
 
-/// Runs the task `start` makes, again each time it dies of a panic (a commit lane that ran
-/// handler code outside [`Effects::apply`], such as a panicking `Drop`), until it ends normally.
-/// The jobs of the batch it was committing get no answer: their tasks take the transient path,
-/// whose fenced write settles against whatever committed.
-async fn restarting<F, T>(mut start: F)
-where
-    F: FnMut() -> T,
-    T: std::future::Future<Output = ()> + Send + 'static,
-{
-    while let Err(died) = tokio::spawn(start()).await {
-        if !died.is_panic() {
-            return;
-        }
-        tracing::warn!(code = %Code::HandlerPanicked, "a commit lane panicked; restarting it");
-    }
-}
-
 /// One commit lane: takes what is queued, commits it as one batch, answers each job, repeats.
 #[derive(Clone)]
 struct Lane {
@@ -193,10 +201,8 @@ struct Lane {
     pool: Pool,
     /// The replica's counters.
     stats: Arc<WorkerStats>,
-    /// The queue of ready jobs, shared by the lanes.
-    receiver: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
-    /// The largest batch.
-    max_batch: usize,
+    /// How it gathers its batches (shared by the lanes).
+    gather: Arc<Gather<Queued>>,
     /// Ends the lane, dropping its batch ([`GroupCommit::abandon`]).
     stop: CancellationToken,
     /// Where it shows the connection of the batch it commits.
@@ -206,36 +212,28 @@ struct Lane {
 impl Lane {
     /// Runs the lane until the queue closes or the lane is stopped.
     async fn run(self) {
-        while let Some(Some(batch)) = self.stop.run_until_cancelled(self.next_batch()).await {
+        while let Some(Some(batch)) = self
+            .stop
+            .run_until_cancelled(self.gather.next_batch())
+            .await
+        {
             let (jobs, replies): (Vec<Ready>, Vec<_>) =
                 batch.into_iter().map(|q| (q.ready, q.reply)).unzip();
             self.stats.record_commit_batch(jobs.len());
+            let counted = CommitGuard::start(&self.gather.committing);
             let committing =
                 commit_batch(&self.pool, &self.stats, jobs, (&self.in_flight, self.index));
             // Stopped: the batch is dropped unanswered (its tasks are gone).
             let Some(outcomes) = self.stop.run_until_cancelled(committing).await else {
                 return;
             };
+            drop(counted);
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 // A task that is gone (aborted at shutdown) needs no answer: its fenced release
                 // settles against whatever committed.
                 let _ = reply.send(outcome);
             }
         }
-    }
-
-    /// The first queued job (waiting for one), then whatever else is queued, up to the largest
-    /// batch; `None` once the queue is closed.
-    async fn next_batch(&self) -> Option<Vec<Queued>> {
-        let mut receiver = self.receiver.lock().await;
-        let mut batch = vec![receiver.recv().await?];
-        while batch.len() < self.max_batch {
-            match receiver.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        Some(batch)
     }
 }
 
@@ -438,6 +436,7 @@ fn batch_failure(e: &tokio_postgres::Error) -> Code {
     }
 }
 
+mod lane;
 mod step;
 #[cfg(test)]
 mod tests;

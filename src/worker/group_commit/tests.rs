@@ -11,10 +11,10 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// The rows of succeeded outcomes (each carries its job's ledger), for `count`.
-const SUCCEEDED: &str = "etl_job_outcomes WHERE status = 'succeeded'";
+pub(super) const SUCCEEDED: &str = "etl_job_outcomes WHERE status = 'succeeded'";
 
 /// Effects that write one target row, fail, panic or overrun their deadline.
-enum Scripted {
+pub(super) enum Scripted {
     /// Inserts target row `key` for the job.
     Write(Uuid, &'static str),
     /// Writes its row, then fails permanently.
@@ -58,13 +58,13 @@ impl Effects for Scripted {
 }
 
 /// A database of the shared template harness with claimed jobs, and a pool and a client on it.
-struct Scratch {
+pub(super) struct Scratch {
     /// The database (dropped with the guard).
-    db: TestDb,
+    pub(super) db: TestDb,
     /// A pool on it.
-    pool: Pool,
+    pub(super) pool: Pool,
     /// A plain client on it.
-    client: tokio_postgres::Client,
+    pub(super) client: tokio_postgres::Client,
 }
 
 impl Scratch {
@@ -75,7 +75,10 @@ impl Scratch {
     }
 
     /// [`Scratch::with_claimed`], whose sessions wait up to `lock_timeout` for a lock.
-    async fn waiting_for_locks(n: usize, lock_timeout: Duration) -> (Scratch, Vec<(Uuid, Uuid)>) {
+    pub(super) async fn waiting_for_locks(
+        n: usize,
+        lock_timeout: Duration,
+    ) -> (Scratch, Vec<(Uuid, Uuid)>) {
         let mut db = TestDb::migrated().await;
         db.config.lock_timeout = lock_timeout;
         let client = crate::db::connect(&db.config, "test").await.unwrap();
@@ -150,7 +153,7 @@ impl Scratch {
     }
 
     /// `SELECT count(*)` of `from`.
-    async fn count(&self, from: &str) -> i64 {
+    pub(super) async fn count(&self, from: &str) -> i64 {
         self.client
             .query_one(&format!("SELECT count(*) FROM {from}"), &[])
             .await
@@ -171,7 +174,7 @@ impl Scratch {
 }
 
 /// A ready job with `effects` and an effects budget of `budget`.
-fn ready(pair: (Uuid, Uuid), effects: Box<dyn Effects>, budget: Duration) -> Ready {
+pub(super) fn ready(pair: (Uuid, Uuid), effects: Box<dyn Effects>, budget: Duration) -> Ready {
     Ready {
         lease: Lease {
             job_id: pair.0,
