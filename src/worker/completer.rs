@@ -5,6 +5,10 @@
 //! Invariants this module keeps:
 //! - Every statement carries the lease fence (`id`, `lease_claim_id`, `status = 'running'`); zero
 //!   rows matched means the lease was lost, reported as [`Transition::LeaseLost`], never success.
+//!   A statement over a batch fences with `id = ANY(ids) AND lease_claim_id = ANY(claims)`: a
+//!   claim id belongs to one claim of one job, so that is the pairwise fence, and it plans as
+//!   primary-key probes whatever the batch's size (a join with the pairs made the planner hash
+//!   the whole table for batches of a few hundred).
 //! - Every terminal transition deletes the job's live row under its fence and appends its outcome
 //!   row in the same statement (the ledger, for a success): the payload and the lease leave with
 //!   the live row, and a stale claim, which deletes nothing, writes nothing.
@@ -21,8 +25,8 @@ use crate::state::JobState;
 use crate::worker::lease::{self, millis, Lease};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
-use tokio_postgres::types::Type;
-use tokio_postgres::GenericClient;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, Statement};
 
 /// What a fenced transition did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +65,14 @@ pub(crate) enum Failure {
 /// summaries, pairwise), with `$fence` appended to each job's lease fence. Returns the `(id, claim
 /// id)` pairs it succeeded.
 ///
+/// The fence is `id = ANY($1) AND lease_claim_id = ANY($2)`, not a join with the pairs: a claim
+/// id is unique to one claim of one job, so a row whose claim is among the batch's is that
+/// lease's own (a stale claim of the same job in the batch matches nothing, and its pair is not
+/// returned). Every plan of it, custom or generic (the commit sessions prepare it), probes the
+/// primary key with the id array; joined with the pairs instead, the generic plan, which cannot
+/// know the batch's size, hashed the whole live table on every batch (a sixth of the
+/// throughput). The ledger summaries join the deleted rows by claim id, off any table.
+///
 /// Locks: the DELETE row-locks each fenced live row (already locked when an execution transaction
 /// checked the fence first) and removes it; no foreign key points at the live table, so the
 /// delete fires nothing. The INSERT takes the outcomes' primary-key entries.
@@ -74,18 +86,19 @@ WITH held AS (
            AS h(id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
 ), done AS (
     DELETE FROM etl_job_records AS j
-     USING held
-     WHERE j.id = held.id AND j.lease_claim_id = held.claim_id AND j.status = 'running'",
+     WHERE j.id = ANY($1::uuid[]) AND j.lease_claim_id = ANY($2::uuid[])
+       AND j.status = 'running'",
             $fence,
             "
- RETURNING held.*, j.owner_key, j.attempts, j.run_at, j.started_at
+ RETURNING j.id, j.lease_claim_id, j.owner_key, j.attempts, j.run_at, j.started_at
 )
 INSERT INTO etl_job_outcomes
        (job_id, owner_key, status, attempts, run_at, lease_claim_id, rows_inserted, rows_updated,
         rows_unchanged, data_checksum, started_at)
-SELECT id, owner_key, 'succeeded', attempts, run_at, claim_id, rows_inserted, rows_updated, rows_unchanged,
-       data_checksum, started_at
-  FROM done
+SELECT d.id, d.owner_key, 'succeeded', d.attempts, d.run_at, d.lease_claim_id, h.rows_inserted,
+       h.rows_updated, h.rows_unchanged, h.data_checksum, d.started_at
+  FROM done d
+  JOIN held h ON h.claim_id = d.lease_claim_id
 RETURNING job_id, lease_claim_id"
         )
     };
@@ -105,9 +118,8 @@ pub const CANCEL_REQUESTED_SQL: &str = concat!(
     "
 SELECT j.id, j.lease_claim_id
   FROM etl_job_records j
-  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
-    ON j.id = held.id AND j.lease_claim_id = held.claim_id
- WHERE j.status = 'running' AND ",
+ WHERE j.id = ANY($1::uuid[]) AND j.lease_claim_id = ANY($2::uuid[])
+   AND j.status = 'running' AND ",
     cancel_requested!()
 );
 
@@ -138,7 +150,21 @@ pub async fn succeed_many(
     client: &impl GenericClient,
     entries: &[(Lease, LedgerEntry)],
 ) -> Result<HashMap<Lease, Fenced>, tokio_postgres::Error> {
-    let succeeded = succeed(client, SUCCEED_SQL, entries).await?;
+    succeed_many_with(client, None, entries).await
+}
+
+/// [`succeed_many`], running [`SUCCEED_SQL`] as `prepared` (that statement prepared on this
+/// connection, [`SUCCESS_PARAMS`] typed) when given: planned once per connection instead of
+/// once per batch.
+///
+/// # Errors
+/// The database error of a statement.
+pub(crate) async fn succeed_many_with(
+    client: &impl GenericClient,
+    prepared: Option<&Statement>,
+    entries: &[(Lease, LedgerEntry)],
+) -> Result<HashMap<Lease, Fenced>, tokio_postgres::Error> {
+    let succeeded = succeed(client, (SUCCEED_SQL, prepared), entries).await?;
     let missing: Vec<Lease> = entries
         .iter()
         .map(|e| e.0)
@@ -161,22 +187,35 @@ pub async fn succeed_many(
 }
 
 /// Writes the success of every `(lease, ledger)` entry inside an execution transaction that
-/// locked the rows and checked their cancel requests first ([`SUCCEED_LOCKED_SQL`]); returns the
-/// leases that succeeded (every fenced one).
+/// locked the rows and checked their cancel requests first, running [`SUCCEED_LOCKED_SQL`] as
+/// `prepared` (that statement prepared on this connection, [`SUCCESS_PARAMS`] typed); returns
+/// the leases that succeeded (every fenced one).
 ///
 /// # Errors
 /// The database error of the statement.
-pub async fn succeed_locked(
+pub(crate) async fn succeed_locked(
     tx: &tokio_postgres::Transaction<'_>,
+    prepared: &Statement,
     entries: &[(Lease, LedgerEntry)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
-    succeed(tx, SUCCEED_LOCKED_SQL, entries).await
+    succeed(tx, (SUCCEED_LOCKED_SQL, Some(prepared)), entries).await
 }
 
-/// Runs success statement `sql` for `entries`; returns the leases it succeeded.
+/// The types of the success statements' parameters, in order.
+pub(crate) const SUCCESS_PARAMS: [Type; 6] = [
+    Type::UUID_ARRAY,
+    Type::UUID_ARRAY,
+    Type::INT4_ARRAY,
+    Type::INT4_ARRAY,
+    Type::INT4_ARRAY,
+    Type::BYTEA_ARRAY,
+];
+
+/// Runs success statement `sql` for `entries` (as `prepared`, when given: the same statement
+/// prepared on this connection); returns the leases it succeeded.
 async fn succeed(
     client: &impl GenericClient,
-    sql: &str,
+    (sql, prepared): (&str, Option<&Statement>),
     entries: &[(Lease, LedgerEntry)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     let leases: Vec<Lease> = entries.iter().map(|e| e.0).collect();
@@ -185,19 +224,15 @@ async fn succeed(
     let updated: Vec<i32> = entries.iter().map(|e| e.1.rows_updated).collect();
     let unchanged: Vec<i32> = entries.iter().map(|e| e.1.rows_unchanged).collect();
     let checksums: Vec<&[u8]> = entries.iter().map(|e| &e.1.data_checksum[..]).collect();
-    let rows = client
-        .query_typed(
-            sql,
-            &[
-                (&ids, Type::UUID_ARRAY),
-                (&claims, Type::UUID_ARRAY),
-                (&inserted, Type::INT4_ARRAY),
-                (&updated, Type::INT4_ARRAY),
-                (&unchanged, Type::INT4_ARRAY),
-                (&checksums, Type::BYTEA_ARRAY),
-            ],
-        )
-        .await?;
+    let params: [&(dyn ToSql + Sync); 6] =
+        [&ids, &claims, &inserted, &updated, &unchanged, &checksums];
+    let rows = match prepared {
+        Some(statement) => client.query(statement, &params).await?,
+        None => {
+            let typed: Vec<_> = params.into_iter().zip(SUCCESS_PARAMS).collect();
+            client.query_typed(sql, &typed).await?
+        }
+    };
     Ok(leases_of(&leases, &rows))
 }
 
@@ -364,13 +399,12 @@ pub async fn fail(
 /// cancel and a commit never both win. Rows whose claim changed are not returned and not locked.
 pub const LOCK_FENCED_SQL: &str = concat!(
     "
-SELECT j.id, held.claim_id, ",
+SELECT j.id, j.lease_claim_id, ",
     cancel_requested!(),
     "
   FROM etl_job_records j
-  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
-    ON j.id = held.id AND j.lease_claim_id = held.claim_id
- WHERE j.status = 'running'
+ WHERE j.id = ANY($1::uuid[]) AND j.lease_claim_id = ANY($2::uuid[])
+   AND j.status = 'running'
  ORDER BY j.id
    FOR NO KEY UPDATE OF j"
 );
@@ -382,9 +416,8 @@ SELECT j.id, held.claim_id, ",
 pub const LEDGER_BY_CLAIM_SQL: &str = "
 SELECT o.job_id, o.lease_claim_id
   FROM etl_job_outcomes o
-  JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
-    ON o.job_id = held.id AND o.lease_claim_id = held.claim_id
- WHERE o.status = 'succeeded'";
+ WHERE o.job_id = ANY($1::uuid[]) AND o.lease_claim_id = ANY($2::uuid[])
+   AND o.status = 'succeeded'";
 
 /// Locks the fenced rows of `leases`; returns, per `(job id, claim id)` still held, whether its
 /// owner asked to cancel it. Keyed by the lease: when a batch holds a stale claim and the live

@@ -40,7 +40,6 @@
 //!   ordinary fenced retry or failure path.
 
 use crate::codes::Code;
-use crate::db::Pool;
 use crate::error::{is_connection_loss, is_transient};
 use crate::handler::{Effects, LedgerEntry};
 use crate::worker::completer::{self, Failure, Fenced};
@@ -48,13 +47,14 @@ use crate::worker::guard::{guarded, Guarded};
 use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
 use lane::{restarting, CommitGuard, Committing, Gather};
+use sessions::{CommitPool, CommitSession};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 pub(crate) use step::Ready;
 use step::{advance, BatchEnd, Outcome, Step};
 use tokio::sync::{mpsc, oneshot, Mutex};
-use tokio_postgres::{CancelToken, NoTls, Transaction};
+use tokio_postgres::{CancelToken, NoTls, Statement, Transaction};
 use tokio_util::sync::CancellationToken;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
@@ -89,13 +89,17 @@ impl GroupCommit {
     /// Starts [`COMMIT_LANES`] lanes committing on `pool`, in batches of at most `max_batch`,
     /// gathering for at most [`GATHER_LIMIT`] while the other lane commits. The lanes end when
     /// the last handle is dropped and the queue is empty, or when abandoned.
-    pub(crate) fn start(pool: Pool, stats: Arc<WorkerStats>, max_batch: usize) -> GroupCommit {
+    pub(crate) fn start(
+        pool: CommitPool,
+        stats: Arc<WorkerStats>,
+        max_batch: usize,
+    ) -> GroupCommit {
         GroupCommit::gathering(pool, stats, max_batch, GATHER_LIMIT)
     }
 
     /// [`GroupCommit::start`] with lanes that gather for at most `gather_limit`.
     fn gathering(
-        pool: Pool,
+        pool: CommitPool,
         stats: Arc<WorkerStats>,
         max_batch: usize,
         gather_limit: Duration,
@@ -198,7 +202,7 @@ struct Lane {
     /// Which lane it is.
     index: usize,
     /// Where its connections come from.
-    pool: Pool,
+    pool: CommitPool,
     /// The replica's counters.
     stats: Arc<WorkerStats>,
     /// How it gathers its batches (shared by the lanes).
@@ -240,7 +244,7 @@ impl Lane {
 /// Commits one batch; returns one outcome per job, in order. The connection it commits on is
 /// shown in `in_flight` as the given lane's while it does.
 async fn commit_batch(
-    pool: &Pool,
+    pool: &CommitPool,
     stats: &WorkerStats,
     jobs: Vec<Ready>,
     (in_flight, lane): (&InFlight, usize),
@@ -250,11 +254,17 @@ async fn commit_batch(
     let end = match crate::db::checkout(pool).await {
         Err(_) => BatchEnd::Failed(Code::TransientDatabase),
         Ok(mut conn) => {
-            let _shown = in_flight.show(lane, conn.cancel_token());
+            let CommitSession {
+                client,
+                succeed,
+                succeed_locked,
+            } = &mut *conn;
+            let _shown = in_flight.show(lane, client.cancel_token());
             let written = if steps.iter().any(Step::writes) {
-                write_effects(&mut conn, stats, &leases, &mut steps).await
+                let prepared = succeed_locked;
+                write_effects(client, stats, (&leases, &mut steps), prepared).await
             } else {
-                succeed_alone(&conn, stats, &leases, &mut steps).await
+                succeed_alone(client, stats, (&leases, &mut steps), succeed).await
             };
             match written {
                 Ok(()) => {
@@ -275,20 +285,21 @@ async fn commit_batch(
         .collect()
 }
 
-/// The statement of a batch that writes nothing: each job `Claimed → Succeeded`, or `Ended`
-/// cancelled (fenced, but its owner asked to cancel it) or with its lease lost.
+/// The statement of a batch that writes nothing (`prepared`: the success statement prepared on
+/// `client`): each job `Claimed → Succeeded`, or `Ended` cancelled (fenced, but its owner asked
+/// to cancel it) or with its lease lost.
 async fn succeed_alone(
     client: &tokio_postgres::Client,
     stats: &WorkerStats,
-    leases: &[Lease],
-    steps: &mut [Step],
+    (leases, steps): (&[Lease], &mut [Step]),
+    prepared: &Statement,
 ) -> Result<(), tokio_postgres::Error> {
     stats.record_round_trips(1);
     let entries: Vec<(Lease, LedgerEntry)> = leases
         .iter()
         .map(|&l| (l, LedgerEntry::default()))
         .collect();
-    let fenced = completer::succeed_many(client, &entries).await?;
+    let fenced = completer::succeed_many_with(client, Some(prepared), &entries).await?;
     let succeeded = fenced.values().filter(|f| **f == Fenced::Succeeded).count();
     if succeeded < leases.len() {
         // The second statement, which told a cancel request from a lost lease.
@@ -307,12 +318,13 @@ async fn succeed_alone(
 /// The transaction of a batch that writes effects: fences and locks the rows (`Claimed →
 /// Fenced | Ended`), applies each job's effects, each under its own savepoint when the batch
 /// has several jobs (`Fenced → Applied | Ended`), writes the ledger rows and `succeeded` of the
-/// jobs whose effects applied (`Applied → Succeeded`), and commits.
+/// jobs whose effects applied (`Applied → Succeeded`, through `prepared`, the locked success
+/// statement prepared on `conn`), and commits.
 async fn write_effects(
     conn: &mut tokio_postgres::Client,
     stats: &WorkerStats,
-    leases: &[Lease],
-    steps: &mut [Step],
+    (leases, steps): (&[Lease], &mut [Step]),
+    prepared: &Statement,
 ) -> Result<(), tokio_postgres::Error> {
     let isolate = steps.len() > 1;
     let cancel = conn.cancel_token();
@@ -359,7 +371,7 @@ async fn write_effects(
         return tx.rollback().await;
     }
     stats.record_round_trips(1);
-    let succeeded = completer::succeed_locked(&tx, &entries).await?;
+    let succeeded = completer::succeed_locked(&tx, prepared, &entries).await?;
     for (step, lease) in steps.iter_mut().zip(leases) {
         if matches!(step, Step::Applied(_)) && succeeded.contains(lease) {
             *step = Step::Succeeded;
@@ -418,13 +430,13 @@ async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
 /// of `leases` have their ledger row under their claim (those committed; the others did not,
 /// and their fenced retry follows). `None` if the ledger cannot be read either.
 async fn committed_anyway(
-    pool: &Pool,
+    pool: &CommitPool,
     stats: &WorkerStats,
     leases: &[Lease],
 ) -> Option<HashSet<Lease>> {
     stats.record_round_trips(1);
     let conn = crate::db::checkout(pool).await.ok()?;
-    completer::ledger_by_claim(&*conn, leases).await.ok()
+    completer::ledger_by_claim(&conn.client, leases).await.ok()
 }
 
 /// The code a failure of the batch statements themselves gives each of its jobs.
@@ -437,6 +449,7 @@ fn batch_failure(e: &tokio_postgres::Error) -> Code {
 }
 
 mod lane;
+pub(crate) mod sessions;
 mod step;
 #[cfg(test)]
 mod tests;

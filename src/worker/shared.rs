@@ -12,7 +12,7 @@ use crate::db::Pool;
 use crate::error::Error;
 use crate::handler::Registry;
 use crate::worker::claimer::{self, ClaimPool};
-use crate::worker::group_commit::GroupCommit;
+use crate::worker::group_commit::{sessions, GroupCommit};
 use crate::worker::session::Signals;
 use crate::worker::stats::WorkerStats;
 use std::sync::atomic::Ordering;
@@ -46,10 +46,11 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// What the roles of a replica with `config` and `registry` share: `pool`, a claim pool and
-    /// the commit lanes opened here, the replica's `stats` and its session's `signals`.
+    /// the commit lanes (on commit sessions of their own) opened here, the replica's `stats` and
+    /// its session's `signals`.
     ///
     /// # Errors
-    /// Connection errors of the claim pool.
+    /// Connection errors of the claim or commit pool.
     pub(crate) async fn open(
         pool: Pool,
         db_config: &DatabaseConfig,
@@ -59,7 +60,8 @@ impl Shared {
         signals: Option<Arc<Signals>>,
     ) -> Result<Shared, Error> {
         let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats)).await?;
-        let group_commit = GroupCommit::start(pool.clone(), Arc::clone(&stats), config.slots);
+        let commit_pool = sessions::connect_commit_pool(db_config).await?;
+        let group_commit = GroupCommit::start(commit_pool, Arc::clone(&stats), config.slots);
         Ok(Shared {
             pool,
             claim_pool,

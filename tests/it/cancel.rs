@@ -114,7 +114,7 @@ async fn a_cancel_is_recorded_at_once_while_the_jobs_commit_waits_on_a_row_lock(
         async move {
             count(
                 client,
-                "pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'durable-etl/test'",
+                "pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'durable-etl/worker'",
             )
             .await
                 == 1

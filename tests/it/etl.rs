@@ -566,7 +566,7 @@ async fn a_deadlock_with_another_session_is_retried() {
     eventually("the load to wait for row b", || {
         let client = &client;
         async move {
-            count(client, "pg_stat_activity WHERE application_name = 'durable-etl/test' AND wait_event_type = 'Lock' AND datname = current_database()").await == 1
+            count(client, "pg_stat_activity WHERE application_name = 'durable-etl/worker' AND wait_event_type = 'Lock' AND datname = current_database()").await == 1
         }
     })
     .await;
@@ -618,7 +618,7 @@ async fn a_load_whose_connection_is_killed_before_commit_leaves_nothing() {
     let holder = hold_row(&db, "z").await;
     let step = tokio::spawn(async move { (worker.step().await.unwrap(), worker) });
     let waiting =
-        "pg_stat_activity WHERE application_name = 'durable-etl/test' AND wait_event_type = 'Lock' AND datname = current_database()";
+        "pg_stat_activity WHERE application_name = 'durable-etl/worker' AND wait_event_type = 'Lock' AND datname = current_database()";
     eventually("the load to wait mid-transaction", || {
         let client = &client;
         async move { count(client, waiting).await == 1 }

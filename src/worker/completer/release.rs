@@ -24,13 +24,12 @@ use tokio_postgres::GenericClient;
 pub const RELEASE_SQL: &str = concat!(
     "
 WITH decided AS (
-    SELECT j.id, held.claim_id, ",
+    SELECT j.id, j.lease_claim_id AS claim_id, ",
     cancel_requested!(),
     " AS cancel
       FROM etl_job_records j
-      JOIN unnest($1::uuid[], $2::uuid[]) AS held(id, claim_id)
-        ON j.id = held.id AND j.lease_claim_id = held.claim_id
-     WHERE j.status = 'running'
+     WHERE j.id = ANY($1::uuid[]) AND j.lease_claim_id = ANY($2::uuid[])
+       AND j.status = 'running'
 ), released AS (
     UPDATE etl_job_records AS j
        SET status = 'pending', attempts = j.attempts - 1, updated_at = now(), ",

@@ -57,12 +57,13 @@ impl Effects for Scripted {
     }
 }
 
-/// A database of the shared template harness with claimed jobs, and a pool and a client on it.
+/// A database of the shared template harness with claimed jobs, and a commit pool and a client
+/// on it.
 pub(super) struct Scratch {
     /// The database (dropped with the guard).
     pub(super) db: TestDb,
-    /// A pool on it.
-    pub(super) pool: Pool,
+    /// Commit sessions on it, as the lanes have.
+    pub(super) pool: sessions::CommitPool,
     /// A plain client on it.
     pub(super) client: tokio_postgres::Client,
 }
@@ -113,7 +114,7 @@ impl Scratch {
             .map(|j| (j.id(), j.claim_id()))
             .collect();
         claimed.sort();
-        let pool = crate::db::connect_pool(&db.config, "test").await.unwrap();
+        let pool = sessions::connect_commit_pool(&db.config).await.unwrap();
         (Scratch { db, pool, client }, claimed)
     }
 
