@@ -184,9 +184,9 @@ pub struct ClaimSession {
     prepared: Option<Prepared>,
 }
 
-/// Finds the name of the protocol-level statement prepared from [`CLAIM_SQL`] on a session (the
+/// Finds the name of the protocol-level statement prepared from the text `$1` on a session (the
 /// driver does not tell it), to `EXPLAIN` its plan.
-const PREPARED_NAME_SQL: &str =
+pub(crate) const PREPARED_NAME_SQL: &str =
     "SELECT name FROM pg_prepared_statements WHERE statement = $1 AND NOT from_sql LIMIT 1";
 
 impl ClaimSession {

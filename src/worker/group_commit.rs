@@ -261,8 +261,7 @@ async fn commit_batch(
             } = &mut *conn;
             let _shown = in_flight.show(lane, client.cancel_token());
             let written = if steps.iter().any(Step::writes) {
-                let prepared = succeed_locked;
-                write_effects(client, stats, (&leases, &mut steps), prepared).await
+                write_effects(client, stats, (&leases, &mut steps), succeed_locked).await
             } else {
                 succeed_alone(client, stats, (&leases, &mut steps), succeed).await
             };

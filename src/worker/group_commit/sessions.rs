@@ -174,11 +174,7 @@ mod tests {
             for sql in [completer::SUCCEED_SQL, completer::SUCCEED_LOCKED_SQL] {
                 let name: String = session
                     .client
-                    .query_one(
-                        "SELECT name FROM pg_prepared_statements
-                          WHERE statement = $1 AND NOT from_sql",
-                        &[&sql],
-                    )
+                    .query_one(crate::worker::claimer::PREPARED_NAME_SQL, &[&sql])
                     .await
                     .unwrap()
                     .get(0);
