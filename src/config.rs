@@ -36,6 +36,10 @@ pub const POLL_INTERVAL_MAX: Duration = Duration::from_secs(300);
 pub const SLOTS_DEFAULT: usize = 8;
 /// Largest number of slots `validate()` accepts.
 pub const SLOTS_MAX: usize = 1024;
+/// Default number of jobs a replica may claim ahead of its free slots while a backlog lasts.
+pub const PREFETCH_DEFAULT: usize = 128;
+/// Largest prefetch `validate()` accepts.
+pub const PREFETCH_MAX: usize = 1024;
 /// Default lease granted by a claim and by each heartbeat.
 pub const LEASE_DEFAULT: Duration = Duration::from_secs(15);
 /// Default (and longest derived) interval between heartbeats; see [`derived_heartbeat_interval`].
@@ -110,6 +114,9 @@ pub enum ConfigError {
     /// The slot count is outside `1..=SLOTS_MAX`.
     #[error("slots must be between 1 and 1024")]
     Slots,
+    /// The prefetch is above `PREFETCH_MAX`.
+    #[error("prefetch must be at most 1024")]
+    Prefetch,
     /// Three heartbeats must fit in one lease, so that one lost heartbeat does not lose the lease.
     #[error("heartbeat interval must be under a third of the lease")]
     HeartbeatVsLease,
@@ -221,9 +228,15 @@ pub struct WorkerConfig {
     /// The replica's stable `lease_owner_id` (a pod or host name). Defaults to the host name
     /// followed by a random suffix, generated once per process (see [`generated_owner_id`]).
     pub owner_id: String,
-    /// Jobs this replica runs at once; a claim never takes more than the free slots.
-    /// Defaults to [`SLOTS_DEFAULT`].
+    /// Jobs this replica runs at once. Defaults to [`SLOTS_DEFAULT`].
     pub slots: usize,
+    /// Jobs this replica may claim ahead of its free slots while a backlog lasts, into a local
+    /// buffer from which freed slots start at once (so claims stay batches of about half of
+    /// `slots + prefetch` whatever the slot count). The buffered jobs are leased, renewed by
+    /// heartbeats and released at shutdown like running ones; a replica claims ahead less while
+    /// its buffered jobs wait (it releases those that waited longer than a second and halves what
+    /// it claims ahead). 0 claims only for free slots. Defaults to [`PREFETCH_DEFAULT`].
+    pub prefetch: usize,
     /// Interval of the backstop poll. Defaults to [`POLL_INTERVAL_DEFAULT`].
     pub poll_interval: Duration,
     /// Lease granted by a claim and renewed by each heartbeat. Defaults to [`LEASE_DEFAULT`].
@@ -259,6 +272,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             owner_id: generated_owner_id(),
             slots: SLOTS_DEFAULT,
+            prefetch: PREFETCH_DEFAULT,
             poll_interval: POLL_INTERVAL_DEFAULT,
             lease: LEASE_DEFAULT,
             heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
@@ -284,6 +298,9 @@ impl WorkerConfig {
         }
         if !(1..=SLOTS_MAX).contains(&self.slots) {
             return Err(ConfigError::Slots);
+        }
+        if self.prefetch > PREFETCH_MAX {
+            return Err(ConfigError::Prefetch);
         }
         if !(POLL_INTERVAL_MIN..=POLL_INTERVAL_MAX).contains(&self.poll_interval) {
             return Err(ConfigError::PollInterval);

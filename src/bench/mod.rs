@@ -86,6 +86,8 @@ pub(crate) struct BenchConfig {
     pub(crate) replicas: usize,
     /// Slots per replica.
     pub(crate) slots: usize,
+    /// Jobs each replica may claim ahead of its free slots.
+    pub(crate) prefetch: usize,
     /// What the jobs do.
     pub(crate) handler: BenchHandler,
     /// The database the bench creates and drops.
@@ -198,8 +200,8 @@ impl BenchConfig {
             Mode::Recovery { trials } => format!("recovery from {trials} SIGKILLs"),
         };
         format!(
-            "{load}, {} replica(s) x {} slots, handler {:?}",
-            self.replicas, self.slots, self.handler
+            "{load}, {} replica(s) x {} slots (prefetch {}), handler {:?}",
+            self.replicas, self.slots, self.prefetch, self.handler
         )
     }
 }

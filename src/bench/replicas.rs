@@ -39,6 +39,8 @@ pub(super) struct Replicas {
     url: String,
     /// Slots per replica.
     slots: usize,
+    /// Jobs each replica may claim ahead of its free slots.
+    prefetch: usize,
     /// When the run records handler starts: where replica `i` writes them (`{prefix}-{i}`).
     starts_prefix: Option<PathBuf>,
 }
@@ -54,6 +56,7 @@ impl Replicas {
             children: Vec::new(),
             url: db_config.url.clone(),
             slots: config.slots,
+            prefetch: config.prefetch,
             starts_prefix: config.record_starts.then(|| {
                 std::env::temp_dir().join(format!(
                     "{}-{}-handler-starts",
@@ -100,6 +103,7 @@ impl Replicas {
             .env("RUST_LOG", "warn")
             .args(["work", "--owner-id", &format!("bench-{i}")])
             .args(["--slots", &self.slots.to_string()])
+            .args(["--prefetch", &self.prefetch.to_string()])
             .args(["--metrics-listen", &addr])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

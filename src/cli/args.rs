@@ -190,6 +190,9 @@ pub(crate) struct BenchArgs {
     /// Slots per replica.
     #[arg(long, default_value_t = config::SLOTS_DEFAULT)]
     pub(crate) slots: usize,
+    /// Jobs each replica may claim ahead of its free slots while a backlog lasts.
+    #[arg(long, default_value_t = config::PREFETCH_DEFAULT)]
+    pub(crate) prefetch: usize,
     /// What the jobs do.
     #[arg(long, value_enum, default_value = "noop")]
     pub(crate) handler: crate::bench::BenchHandler,
@@ -247,6 +250,7 @@ impl BenchCommand {
             mode,
             replicas,
             slots: common.slots,
+            prefetch: common.prefetch,
             handler: common.handler,
             database: common.bench_database.clone(),
             keep: common.keep,
@@ -338,6 +342,9 @@ pub(crate) struct WorkArgs {
     /// Jobs this replica runs at once.
     #[arg(long, env = "DURABLE_ETL_SLOTS", default_value_t = config::SLOTS_DEFAULT)]
     pub(crate) slots: usize,
+    /// Jobs this replica may claim ahead of its free slots while a backlog lasts (0: none).
+    #[arg(long, env = "DURABLE_ETL_PREFETCH", default_value_t = config::PREFETCH_DEFAULT)]
+    pub(crate) prefetch: usize,
     /// Interval of the backstop poll.
     #[arg(long, env = "DURABLE_ETL_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub(crate) poll_interval: Duration,
@@ -388,6 +395,7 @@ impl WorkArgs {
                 .clone()
                 .unwrap_or_else(config::generated_owner_id),
             slots: self.slots,
+            prefetch: self.prefetch,
             poll_interval: self.poll_interval,
             lease: self.lease,
             heartbeat_interval: self

@@ -16,7 +16,8 @@
 //!   statement ends the job `failed` with `attempts_exhausted`. The decision is made on the row's
 //!   values under this claim (attempts cannot change while the claim holds), and the write
 //!   re-checks the fence under the row lock, not on what the worker remembers.
-//! - A release (shutdown) gives the attempt back: `attempts - 1`, since the job never ran to an end.
+//! - A release (shutdown, or a prefetched job that waited too long for a slot) gives the attempt
+//!   back: `attempts - 1`, since the job never ran to an end.
 //! - Only stored codes from [`Code`] are written; never error text.
 
 use crate::codes::Code;
@@ -454,5 +455,5 @@ pub(crate) async fn ledger_by_claim(
 }
 
 mod release;
-pub(crate) use release::release_held;
 pub use release::{release, RELEASE_SQL, RELEASE_TIMEOUT};
+pub(crate) use release::{release_held, release_leases};

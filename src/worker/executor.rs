@@ -4,6 +4,8 @@
 //!
 //! Invariants this module keeps:
 //! - No pooled connection or transaction is held while [`Handler::prepare`] runs.
+//! - The job's slot is given back as soon as its compute phase ends, however it ends, before its
+//!   transition is written: the next job computes while this one commits.
 //! - Effects, ledger row and `succeeded` commit together or not at all, under the lease fence
 //!   (kept by [`super::group_commit`]); a job whose fence fails is abandoned (`LeaseLost`).
 //! - A panic in the handler is a failed attempt (`handler_panicked`), never a dead replica: the
@@ -22,26 +24,28 @@ use crate::codes::Code;
 use crate::error::is_transient;
 use crate::handler::{Effects, Handler, JobError};
 use crate::worker::completer::{self, Failure, Transition};
-use crate::worker::group_commit::Ready;
+use crate::worker::group_commit::{OwnedEffects, Ready};
 use crate::worker::guard::{guarded, Guarded};
 use crate::worker::lease::ClaimedJob;
 use crate::worker::retry;
 use crate::worker::shared::Shared;
+use crate::worker::slots::SlotPermit;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Runs `job` to a transition. `lost` is cancelled when the heartbeat finds the lease gone or the
-/// job's local lease clock runs out: the compute phase stops at once; the effects phase needs no
-/// signal, its fence check settles it.
+/// Runs `job` to a transition in `slot`. `lost` is cancelled when the heartbeat finds the lease
+/// gone or the job's local lease clock runs out: the compute phase stops at once; the effects
+/// phase needs no signal, its fence check settles it.
 pub(crate) async fn execute(
     shared: &Shared,
     job: ClaimedJob,
     lost: CancellationToken,
+    slot: SlotPermit,
 ) -> Transition {
-    match AssertUnwindSafe(run(shared, &job, lost))
+    match AssertUnwindSafe(run(shared, &job, lost, slot))
         .catch_unwind()
         .await
     {
@@ -60,14 +64,22 @@ pub(crate) async fn execute(
 }
 
 /// [`execute`], unguarded.
-async fn run(shared: &Shared, job: &ClaimedJob, lost: CancellationToken) -> Transition {
+async fn run(
+    shared: &Shared,
+    job: &ClaimedJob,
+    lost: CancellationToken,
+    slot: SlotPermit,
+) -> Transition {
     let deadline = Instant::now() + shared.config.execution_timeout;
-    let outcome = match shared.registry.get(&job.ctx.kind) {
+    let prepared = match shared.registry.get(&job.ctx.kind) {
         None => Err(Failure::Code(Code::UnknownKind)),
-        Some(handler) => match prepare(&handler, job, job.payload.clone(), deadline, &lost).await {
-            Ok(effects) => commit(shared, job, effects).await,
-            Err(failure) => Err(failure),
-        },
+        Some(handler) => prepare(&handler, job, job.payload.clone(), deadline, &lost).await,
+    };
+    // The compute phase is over: the slot goes to the next job while this one commits.
+    drop(slot);
+    let outcome = match prepared {
+        Ok(effects) => commit(shared, job, effects).await,
+        Err(failure) => Err(failure),
     };
     match outcome {
         Ok(transition) => transition,
@@ -111,7 +123,7 @@ async fn commit(
         lease: job.lease(),
         // Asked here, where a panic is this job's own (see `execute`), not in a commit lane.
         writes: effects.writes(),
-        effects,
+        effects: OwnedEffects::new(effects),
         budget: shared.config.execution_timeout,
     };
     shared.group_commit.commit(ready).await

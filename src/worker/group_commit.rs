@@ -7,15 +7,17 @@
 //! that state, and how the batch ended, in one place ([`step::Step::settle`]).
 //!
 //! Invariants this module keeps:
-//! - A lane takes the first ready job, then whatever else is queued (up to the replica's slots).
+//! - A lane takes the first ready job, then whatever else is queued (up to what the replica can
+//!   hold: its slots and its prefetch).
 //!   It commits at once unless the other lane is committing right then: it then goes on
 //!   gathering until that commit ends, its batch is full, or [`GATHER_LIMIT`] has passed, so
 //!   under load one batch forms while the other flushes, instead of both lanes committing
 //!   fragments. An idle replica's single job (no other commit running) commits as soon as it is
 //!   ready; a slow batch in one lane (effects waiting on a lock) delays the other by at most
 //!   [`GATHER_LIMIT`].
-//! - A job's slot frees only after its transition is durable: its task waits for the reply, which
-//!   is sent after COMMIT returned (or after the outcome was resolved).
+//! - A job's task ends only after its transition is durable: it waits for the reply, which is
+//!   sent after COMMIT returned (or after the outcome was resolved). (Its slot freed earlier, when
+//!   its compute phase ended.)
 //! - Every job of a batch is fenced on its own by `id + lease_claim_id + status = 'running'`, and
 //!   its row is locked (`FOR NO KEY UPDATE`, in id order) before any effect is written. A batch never
 //!   commits effects or success for a job whose fence failed or whose owner asked to cancel it.
@@ -34,14 +36,17 @@
 //!   `GroupCommit::abandon` stops the lanes without waiting for the database: the batch in
 //!   flight is dropped uncommitted (rolled back) and its running statement cancelled on the
 //!   server; a COMMIT already sent stands, and the fenced release settles against it.
-//! - A lane that dies of a panic is restarted.
+//! - Handler code never ends a lane: `Effects::apply` runs guarded, and a job's effects are
+//!   dropped under a guard of their own (`OwnedEffects`), so a panicking `Drop` is logged, not
+//!   unwound into the lane (where a second one, while the first unwound, would abort the
+//!   process). A lane that dies of a panic all the same is restarted.
 //! - A failure of the batch itself (not of one job's effects) fails every job of the batch that
 //!   had not already failed on its own, transiently when the SQLSTATE says so: each then takes the
 //!   ordinary fenced retry or failure path.
 
 use crate::codes::Code;
 use crate::error::{is_connection_loss, is_transient};
-use crate::handler::{Effects, LedgerEntry};
+use crate::handler::LedgerEntry;
 use crate::worker::completer::{self, Failure, Fenced};
 use crate::worker::guard::{guarded, Guarded};
 use crate::worker::lease::Lease;
@@ -51,8 +56,8 @@ use sessions::{CommitPool, CommitSession};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
-pub(crate) use step::Ready;
 use step::{advance, BatchEnd, Outcome, Step};
+pub(crate) use step::{OwnedEffects, Ready};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_postgres::{CancelToken, NoTls, Statement, Transaction};
 use tokio_util::sync::CancellationToken;
@@ -389,12 +394,19 @@ const CUT_STATEMENT_WAIT: Duration = Duration::from_millis(100);
 /// lane). Effects that overrun are cut; see [`settle_cut_statement`].
 async fn apply(
     tx: &Transaction<'_>,
-    effects: Box<dyn Effects>,
+    mut effects: OwnedEffects,
     budget: Duration,
     cancel: &CancelToken,
 ) -> Result<LedgerEntry, Failure> {
     let deadline = tokio::time::Instant::now() + budget;
-    match guarded(deadline, async move { effects.apply(tx).await }).await {
+    // Taken inside the guard: `apply` consumes them, so a panicking `Drop` runs in its call.
+    let applying = async move {
+        match effects.take() {
+            Some(effects) => effects.apply(tx).await,
+            None => Ok(LedgerEntry::default()),
+        }
+    };
+    match guarded(deadline, applying).await {
         Guarded::TimedOut => {
             tracing::warn!(code = %Code::ExecutionTimeout, "effects overran their budget");
             settle_cut_statement(tx, cancel).await;

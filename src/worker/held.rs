@@ -2,8 +2,9 @@
 //! and what the shutdown releases.
 //!
 //! Invariants this module keeps:
-//! - A job is held from the moment its task is spawned until that task has ended; a task aborted
-//!   at shutdown stays held, to be released.
+//! - A job is held from its claim until its task has ended: while it waits in the prefetch buffer
+//!   (no task yet), and while its task runs; a job still buffered, or whose task was aborted, at
+//!   shutdown stays held, to be released.
 //! - Each held job carries the token that cancels it when its lease is lost and its local lease
 //!   clock ([`LeaseClock`]); the heartbeat reaches both without the producer's help.
 //! - The map's lock is taken only around map operations, never across an `await`.
@@ -15,7 +16,7 @@ use tokio::task;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// A job a replica is running.
+/// A job a replica holds: buffered or running.
 #[derive(Debug)]
 pub(crate) struct HeldJob {
     /// The job's lease.
@@ -24,8 +25,9 @@ pub(crate) struct HeldJob {
     pub(crate) lost: CancellationToken,
     /// The job's local lease clock, moved forward by each renewal.
     pub(crate) clock: Arc<LeaseClock>,
-    /// The task that runs it, so a task that dies is matched to its claim.
-    pub(crate) task: task::Id,
+    /// The task that runs it, so a task that dies is matched to its claim; `None` while the job
+    /// waits in the prefetch buffer.
+    pub(crate) task: Option<task::Id>,
 }
 
 /// What the heartbeat needs of one held job.
@@ -88,14 +90,15 @@ impl HeldJobs {
     pub(crate) fn of_task(&self, task: task::Id) -> Option<Lease> {
         self.map()
             .values()
-            .find(|job| job.task == task)
+            .find(|job| job.task == Some(task))
             .map(|job| job.lease)
     }
 
-    /// Records that `task` now runs the job of `claim`.
-    pub(crate) fn reassign(&self, claim: Uuid, task: task::Id) {
+    /// Records that `task` now runs the job of `claim` (its first task, or the one that settles
+    /// it after its first died).
+    pub(crate) fn run_by(&self, claim: Uuid, task: task::Id) {
         if let Some(job) = self.map().get_mut(&claim) {
-            job.task = task;
+            job.task = Some(task);
         }
     }
 }
@@ -116,7 +119,7 @@ mod tests {
             },
             lost: tokio_util::sync::CancellationToken::new(),
             clock: Arc::new(LeaseClock::new(tokio::time::Instant::now())),
-            task: task.id(),
+            task: Some(task.id()),
         }
     }
 
@@ -137,7 +140,7 @@ mod tests {
         );
         let mut replacements = tokio::task::JoinSet::new();
         let replacement = replacements.spawn(async {});
-        held.reassign(dead_claim, replacement.id());
+        held.run_by(dead_claim, replacement.id());
         assert_eq!(held.of_task(died.id()), None);
         assert_eq!(
             held.of_task(replacement.id()).map(|l| l.claim_id),
@@ -149,6 +152,22 @@ mod tests {
             held.of_task(aborted.id()).map(|l| l.claim_id),
             Some(live_claim)
         );
+        // A buffered job (no task yet) is held, renewed and released, and no task is its.
+        let buffered = uuid::Uuid::new_v4();
+        held.insert(
+            buffered,
+            HeldJob {
+                task: None,
+                ..job(&living, buffered)
+            },
+        );
+        assert_eq!(
+            held.of_task(aborted.id()).map(|l| l.claim_id),
+            Some(live_claim)
+        );
+        assert_eq!(held.len(), 3);
+        assert_eq!(held.renewable().len(), 3);
+        assert!(held.remove(buffered).is_some());
         assert_eq!(held.len(), 2);
         assert_eq!(held.leases().len(), 2);
         assert!(held.remove(live_claim).is_some());

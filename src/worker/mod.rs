@@ -1,8 +1,8 @@
 //! The worker replica: a thin facade that starts a replica's roles and stops them in order.
 //!
 //! The roles, each owning its loop and its SQL:
-//! - `producer`: the one claim loop; runs each claimed job on a task (`executor`) whose
-//!   effects commit in groups (`group_commit`, [`completer`]);
+//! - `producer`: the one claim loop, with its prefetch buffer (`prefetch`); runs each claimed
+//!   job on a task (`executor`) whose effects commit in groups (`group_commit`, [`completer`]);
 //! - [`heartbeat`]: renews the leases of the held jobs (`held`) on its own task;
 //! - [`rescuer`]: recovers dead owners' and expired leases' jobs on its own task;
 //! - `session`: LISTEN and the owner lock (the notifier), outside the pool.
@@ -26,6 +26,7 @@
 pub mod claimer;
 #[doc(hidden)]
 pub mod completer;
+pub(crate) mod dispatch;
 pub(crate) mod executor;
 pub(crate) mod group_commit;
 pub(crate) mod guard;
@@ -34,12 +35,14 @@ pub mod heartbeat;
 pub(crate) mod held;
 #[doc(hidden)]
 pub mod lease;
+pub(crate) mod prefetch;
 pub(crate) mod producer;
 #[doc(hidden)]
 pub mod rescuer;
 pub(crate) mod retry;
 pub(crate) mod session;
 pub(crate) mod shared;
+pub(crate) mod slots;
 pub mod stats;
 pub(crate) mod timing;
 
@@ -125,7 +128,7 @@ impl Worker {
     /// # Errors
     /// Database errors of the claim.
     pub async fn step(&self) -> Result<Vec<(Uuid, Transition)>, Error> {
-        producer::step(&self.shared).await
+        dispatch::step(&self.shared).await
     }
 
     /// Runs one recovery pass: dead owners' and expired leases' jobs go back to `pending`.

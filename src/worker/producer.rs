@@ -1,37 +1,44 @@
-//! The producer: the replica's one claim loop. It claims due jobs into free slots when notified,
-//! polled, due or freed, runs each claimed job on a task of its own, and at shutdown gives the
-//! running jobs their grace period.
+//! The producer: the replica's one claim loop. It claims due jobs when notified, polled, due or
+//! freed, runs each claimed job on a task of its own as soon as a slot is free (the others wait in
+//! the prefetch buffer, [`Prefetch`]), and at shutdown gives the running jobs their grace period.
 //!
 //! Invariants this module keeps:
-//! - ONE claim loop per replica. Notifications, the poll, due deferred jobs, freed slots, session
-//!   reconnects and the rescuer's catch-up signal all feed it, and each wake causes at most one
-//!   claim. A claim never asks for more jobs than there are free slots. After a claim that came
-//!   back full (or a wake that found no free slot), the replica claims again as soon as half its
-//!   slots are free, or [`REFILL_DELAY`] after the first slot freed (so claims and group commits
-//!   stay batches, and no slot idles behind long jobs); after a short one it waits for the next
-//!   signal.
+//! - ONE claim loop per replica, with at most one claim in flight. Notifications, the poll, due
+//!   deferred jobs, freed slots, session reconnects and the rescuer's catch-up signal all feed it;
+//!   each wake causes at most one claim (a wake during a claim causes one more after it). A claim
+//!   never asks for more than the room: free slots plus what the buffer claims ahead now, less
+//!   the jobs already buffered. The claim runs while the jobs run: a freed slot never waits for
+//!   it while a buffered job waits.
+//! - After a claim that came back full (or a wake that found no room), the replica claims again
+//!   as soon as half of `slots + ahead` is room, or [`REFILL_DELAY`] after a slot freed with
+//!   nothing buffered (so claims and group commits stay batches, and no slot idles behind long
+//!   jobs); after a short one it waits for the next signal.
+//! - A buffered job is held from its claim (renewed by heartbeats, released at shutdown) and
+//!   waits at most [`HOLD`](crate::worker::prefetch::HOLD): then it is released, attempt not charged.
 //! - A claim that fails (a lost connection, a timeout) is tried again after
 //!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll.
 //! - The poll runs whatever happens to notifications, every `poll_interval` with ±10% jitter so
 //!   replicas do not poll in lockstep; when a deferred job is due sooner, the loop wakes then.
-//! - Every running job is held ([`HeldJobs`]) until its task ends. Each job task watches its own
+//! - Every claimed job is held ([`HeldJobs`]) until its task ends. Each job task watches its own
 //!   local lease clock and ends `LeaseLost` when it runs out. A task that dies of a panic no guard
 //!   caught is replaced by a fenced `handler_panicked` write, so no claim stays held forever.
-//! - The claim loop's statements are bounded on the client ([`db::bounded`]).
+//! - The claim loop's statements (in [`dispatch`](crate::worker::dispatch)) are bounded on the
+//!   client.
 
-use crate::codes::Code;
-use crate::db;
 use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
-use crate::worker::claimer::Claimant;
 use crate::worker::completer::{self, Transition};
-use crate::worker::executor;
+use crate::worker::dispatch::{claim, next_due, settle_dead_task, timed_execute};
 use crate::worker::held::{HeldJob, HeldJobs};
 use crate::worker::lease::{self, ClaimedJob, Lease, LeaseClock};
+use crate::worker::prefetch::Prefetch;
 use crate::worker::session::Signals;
 use crate::worker::shared::Shared;
+use crate::worker::slots::Slots;
 use crate::worker::stats::ClaimReason;
 use crate::worker::timing::{jittered, sleep_until_opt, wait};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -59,7 +66,34 @@ struct WakeState {
     next_due: Option<Instant>,
     /// When slots freed under a backlog are claimed even if fewer than half are free.
     refill_at: Option<Instant>,
+    /// The first wake that arrived while a claim was in flight: it claims once that one is back.
+    again: Option<ClaimReason>,
 }
+
+/// A job claimed ahead, waiting in the buffer for a slot, with what it is held under.
+struct Waiting {
+    /// The job.
+    job: ClaimedJob,
+    /// Cancels the job when its lease is lost (the heartbeat reaches it while it waits).
+    lost: CancellationToken,
+    /// Its local lease clock, running from its claim.
+    clock: Arc<LeaseClock>,
+}
+
+/// A claim that came back.
+struct Claimed {
+    /// Why it was sent.
+    why: ClaimReason,
+    /// How many jobs it asked for.
+    asked: usize,
+    /// When it was sent (the claimed jobs' lease clocks run from then).
+    sent: Instant,
+    /// The claimed jobs, or why the claim failed.
+    jobs: Result<Vec<ClaimedJob>, Error>,
+}
+
+/// The claim in flight.
+type InFlight = Pin<Box<dyn Future<Output = Claimed> + Send>>;
 
 /// The claim loop and the job tasks it runs.
 pub(crate) struct Producer {
@@ -67,8 +101,15 @@ pub(crate) struct Producer {
     shared: Arc<Shared>,
     /// The jobs this replica holds.
     held: HeldJobs,
-    /// One task per running job, each ending with its claim id and transition.
+    /// One task per running job (computing or committing), each ending with its claim id and
+    /// transition.
     tasks: JoinSet<(Uuid, Transition)>,
+    /// The jobs in their compute phase.
+    slots: Arc<Slots>,
+    /// Jobs claimed ahead, waiting for a slot.
+    buffer: Prefetch<Waiting>,
+    /// The claim in flight, if any.
+    claiming: Option<InFlight>,
     /// What the loop remembers between wakes.
     wake: WakeState,
 }
@@ -86,9 +127,12 @@ impl Producer {
     /// A producer for the replica `shared` whose running jobs are `held`.
     pub(crate) fn new(shared: Arc<Shared>, held: HeldJobs) -> Producer {
         Producer {
+            buffer: Prefetch::new(shared.config.prefetch),
             shared,
             held,
             tasks: JoinSet::new(),
+            slots: Arc::new(Slots::default()),
+            claiming: None,
             wake: WakeState::default(),
         }
     }
@@ -102,11 +146,18 @@ impl Producer {
         let mut reason = Some(ClaimReason::Startup);
         loop {
             if let Some(why) = reason.take() {
-                self.claim_and_spawn(why).await;
+                self.send_claim(why);
             }
+            let release_at = self.buffer.next_release_at();
+            let slots = Arc::clone(&self.slots);
             tokio::select! {
                 () = shutdown.reached(Stage::Draining) => return Stopped::Draining,
                 () = wait(signals.as_deref().map(|s| &s.fatal)) => return Stopped::OwnerIdTaken,
+                claimed = in_flight(&mut self.claiming) => {
+                    self.claiming = None;
+                    self.take_claimed(claimed).await;
+                    reason = self.wake.again.take();
+                }
                 () = wait(signals.as_deref().map(|s| &s.notified)) => {
                     self.wake.notified_since_claim = true;
                     reason = Some(ClaimReason::Notify);
@@ -123,34 +174,71 @@ impl Producer {
                     self.wake.next_due = None;
                     reason = Some(ClaimReason::Due);
                 }
+                () = slots.freed() => reason = self.slots_freed(),
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     self.finish_task(done);
-                    // A group commit frees its jobs' slots together: take them all before
-                    // claiming, so the next claim fills them in one statement.
+                    // A group commit ends its jobs' tasks together: take them all before
+                    // deciding, so the next claim fills the room in one statement.
                     while let Some(done) = self.tasks.try_join_next() {
                         self.finish_task(done);
                     }
-                    if self.wake.backlog {
-                        if refill_now(config.slots, self.tasks.len()) {
-                            reason = Some(ClaimReason::Drain);
-                        } else if self.wake.refill_at.is_none() {
-                            self.wake.refill_at = Some(Instant::now() + REFILL_DELAY);
-                        }
-                    }
+                    reason = self.slots_freed();
                 }
                 () = sleep_until_opt(self.wake.refill_at) => {
                     self.wake.refill_at = None;
                     reason = Some(ClaimReason::Drain);
                 }
+                () = sleep_until_opt(release_at) => self.release_overdue().await,
             }
         }
+    }
+
+    /// After slots freed or tasks ended: starts buffered jobs in the free slots and, under a
+    /// backlog, decides
+    /// whether to claim now (half the room free), soon (a slot idles with nothing buffered), or
+    /// later. A freed slot that found nothing buffered makes the buffer claim further ahead.
+    fn slots_freed(&mut self) -> Option<ClaimReason> {
+        let ran_dry = self.buffer.is_empty();
+        self.start_waiting();
+        if !self.wake.backlog {
+            return None;
+        }
+        if ran_dry {
+            self.buffer.ran_dry();
+        }
+        if refill_now(self.capacity(), self.tasks.len() + self.buffer.len()) {
+            return Some(ClaimReason::Drain);
+        }
+        let idle = self.slots.busy() < self.shared.config.slots;
+        if idle && self.buffer.is_empty() && self.wake.refill_at.is_none() {
+            self.wake.refill_at = Some(Instant::now() + REFILL_DELAY);
+        }
+        None
+    }
+
+    /// How many jobs the replica may hold now: its slots and what its buffer claims ahead.
+    fn capacity(&self) -> usize {
+        self.shared.config.slots + self.buffer.ahead()
     }
 
     /// Lets running jobs finish within the grace period (none when `now`, or once a second
     /// signal asks to stop immediately), then aborts the rest; their claims stay held, to be
     /// released.
     pub(crate) async fn drain(&mut self, shutdown: &mut Shutdown, now: bool) {
-        tracing::info!(running = self.tasks.len(), "draining");
+        tracing::info!(
+            running = self.tasks.len(),
+            buffered = self.buffer.len(),
+            "draining"
+        );
+        // What a claim in flight takes is held like the buffered jobs: never started now, it is
+        // released with them.
+        if let Some(claim) = self.claiming.take() {
+            let claimed = claim.await;
+            for job in claimed.jobs.into_iter().flatten() {
+                self.hold(job, claimed.sent);
+            }
+        }
+        self.buffer.drain().for_each(drop);
         let grace = tokio::time::sleep(if now {
             Duration::ZERO
         } else {
@@ -170,17 +258,38 @@ impl Producer {
         }
     }
 
-    /// Claims for the free slots and starts the claimed jobs; then, after a short claim, learns
-    /// when the next deferred job is due (the jobs are already running by then).
-    async fn claim_and_spawn(&mut self, why: ClaimReason) {
+    /// Sends a claim for the room (see the module's invariants), unless one is in flight (this
+    /// wake then claims once it is back) or there is no room.
+    fn send_claim(&mut self, why: ClaimReason) {
+        if self.claiming.is_some() {
+            self.wake.again.get_or_insert(why);
+            return;
+        }
         self.wake.refill_at = None;
-        let free = self.shared.config.slots - self.tasks.len();
-        if free == 0 {
+        let room = self
+            .capacity()
+            .saturating_sub(self.tasks.len() + self.buffer.len());
+        if room == 0 {
             self.wake.backlog = true;
             return;
         }
-        let claimed = Instant::now();
-        let jobs = match claim(&self.shared, free, why).await {
+        let shared = Arc::clone(&self.shared);
+        let sent = Instant::now();
+        self.claiming = Some(Box::pin(async move {
+            let jobs = claim(&shared, room, why).await;
+            Claimed {
+                why,
+                asked: room,
+                sent,
+                jobs,
+            }
+        }));
+    }
+
+    /// Holds what a claim took and starts as much of it as slots allow; then, after a short
+    /// claim, learns when the next deferred job is due (the jobs are already running by then).
+    async fn take_claimed(&mut self, claimed: Claimed) {
+        let jobs = match claimed.jobs {
             Ok(jobs) => jobs,
             Err(e) => {
                 // Claim again soon rather than at the next wake, which may be a whole poll away
@@ -191,14 +300,15 @@ impl Producer {
                 return;
             }
         };
-        if why == ClaimReason::Poll && !jobs.is_empty() && !self.wake.notified_since_claim {
+        if claimed.why == ClaimReason::Poll && !jobs.is_empty() && !self.wake.notified_since_claim {
             self.shared.stats.record_poll_found_work();
         }
         self.wake.notified_since_claim = false;
-        self.wake.backlog = jobs.len() == free;
+        self.wake.backlog = jobs.len() == claimed.asked;
         for job in jobs {
-            self.spawn_job(job, claimed);
+            self.hold(job, claimed.sent);
         }
+        self.start_waiting();
         if !self.wake.backlog {
             match next_due(&self.shared).await {
                 Ok(due_in) => self.wake.next_due = due_in.map(|d| Instant::now() + d),
@@ -207,35 +317,75 @@ impl Producer {
         }
     }
 
-    /// Starts a task for `job`, claimed by a statement sent at `claimed`, and holds it.
-    fn spawn_job(&mut self, job: ClaimedJob, claimed: Instant) {
+    /// Holds `job`, claimed by a statement sent at `sent`, and buffers it until a slot frees.
+    fn hold(&mut self, job: ClaimedJob, sent: Instant) {
+        let lease = job.lease();
+        let lost = CancellationToken::new();
+        let clock = Arc::new(LeaseClock::new(
+            sent + lease::trusted_for(self.shared.config.lease),
+        ));
+        self.held.insert(
+            lease.claim_id,
+            HeldJob {
+                lease,
+                lost: lost.clone(),
+                clock: Arc::clone(&clock),
+                task: None,
+            },
+        );
+        self.buffer
+            .push(Waiting { job, lost, clock }, Instant::now());
+    }
+
+    /// Starts buffered jobs, oldest first, while slots are free.
+    fn start_waiting(&mut self) {
+        while self.slots.busy() < self.shared.config.slots {
+            let Some(waiting) = self.buffer.pop() else {
+                return;
+            };
+            self.spawn_job(waiting);
+        }
+    }
+
+    /// Releases the buffered jobs that waited [`HOLD`](crate::worker::prefetch::HOLD) for a slot
+    /// (attempt not charged), so that another replica may run them; the buffer then claims less
+    /// far ahead.
+    async fn release_overdue(&mut self) {
+        let overdue: Vec<Lease> = self
+            .buffer
+            .take_overdue(Instant::now())
+            .into_iter()
+            .map(|waiting| waiting.job.lease())
+            .collect();
+        for lease in &overdue {
+            self.held.remove(lease.claim_id);
+        }
+        match completer::release_leases(&self.shared, &overdue).await {
+            Ok(n) => tracing::debug!(released = n, "released jobs that waited for a slot"),
+            // Unreleased, they are no longer renewed: their leases expire and recovery returns
+            // them.
+            Err(e) => tracing::warn!(code = %e.code(), "release of waiting jobs failed"),
+        }
+    }
+
+    /// Starts a task for the buffered job `waiting`, held since its claim.
+    fn spawn_job(&mut self, waiting: Waiting) {
+        let Waiting { job, lost, clock } = waiting;
         let lease = job.lease();
         let (id, claim) = (lease.job_id, lease.claim_id);
         let shared = Arc::clone(&self.shared);
-        let lost = CancellationToken::new();
-        let clock = Arc::new(LeaseClock::new(
-            claimed + lease::trusted_for(self.shared.config.lease),
-        ));
-        let (task_lost, task_clock) = (lost.clone(), Arc::clone(&clock));
+        let slot = self.slots.take();
         let task = self.tasks.spawn(async move {
-            let execution = timed_execute(&shared, job, task_lost.clone());
+            let execution = timed_execute(&shared, job, lost.clone(), slot);
             tokio::pin!(execution);
             let transition = tokio::select! {
                 transition = &mut execution => transition,
                 // The clock ran out and cancelled the job: let it settle as a lost lease.
-                () = lease::watch_lease(&task_clock, &task_lost, id) => execution.await,
+                () = lease::watch_lease(&clock, &lost, id) => execution.await,
             };
             (claim, transition)
         });
-        self.held.insert(
-            claim,
-            HeldJob {
-                lease,
-                lost,
-                clock,
-                task: task.id(),
-            },
-        );
+        self.held.run_by(claim, task.id());
     }
 
     /// Records a finished task and forgets its claim. A task aborted by shutdown stays held, to
@@ -260,112 +410,40 @@ impl Producer {
                 let settle = self
                     .tasks
                     .spawn(async move { (lease.claim_id, settle_dead_task(&shared, lease).await) });
-                self.held.reassign(lease.claim_id, settle.id());
+                self.held.run_by(lease.claim_id, settle.id());
             }
             Err(_) => {}
         }
     }
 }
 
-/// One step: claims what is due now (up to the slots), runs every claimed job to its transition
-/// on a task of its own, and returns `(job id, transition)` for each, by job id.
-pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>, Error> {
-    let jobs = claim(shared, shared.config.slots, ClaimReason::Step).await?;
-    let mut tasks = JoinSet::new();
-    for job in jobs {
-        let shared = Arc::clone(shared);
-        tasks.spawn(async move {
-            let id = job.id();
-            let transition = timed_execute(&shared, job, CancellationToken::new()).await;
-            shared.stats.record(transition);
-            (id, transition)
-        });
+/// The claim in `slot` once it is back; never resolves when none is in flight. Cancel-safe: the
+/// claim stays in `slot` until it is back.
+async fn in_flight(slot: &mut Option<InFlight>) -> Claimed {
+    match slot {
+        Some(claim) => claim.await,
+        None => std::future::pending().await,
     }
-    let mut done: Vec<(Uuid, Transition)> = tasks.join_all().await;
-    done.sort_by_key(|d| d.0);
-    Ok(done)
 }
 
-/// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it would
-/// only fail every job it took with `unknown_kind`).
-#[tracing::instrument(name = "claim", skip_all, fields(free, ?reason))]
-pub(crate) async fn claim(
-    shared: &Shared,
-    free: usize,
-    reason: ClaimReason,
-) -> Result<Vec<ClaimedJob>, Error> {
-    if shared.registry.is_empty() {
-        return Ok(Vec::new());
-    }
-    let conn = db::checkout(&shared.claim_pool).await?;
-    let claimant = Claimant {
-        owner_id: shared.owner_id(),
-        owner_locked: shared.owner_locked(),
-        lease: shared.config.lease,
-    };
-    crash_point!("claim.before");
-    let jobs = db::bounded(shared.statement_bound, conn.claim(claimant, free)).await?;
-    crash_point!("claim.after_commit");
-    shared.stats.record_claim(reason, jobs.len());
-    for job in &jobs {
-        shared.stats.pickup_latency.observe(job.due_for);
-    }
-    Ok(jobs)
-}
-
-/// How long until the next deferred job is due, asked after a short claim (once its jobs are
-/// already running, so the question never delays them).
-async fn next_due(shared: &Shared) -> Result<Option<Duration>, Error> {
-    let conn = db::checkout(&shared.claim_pool).await?;
-    shared.stats.record_round_trips(1);
-    db::bounded(shared.statement_bound, conn.next_due()).await
-}
-
-/// Executes `job` inside a span with its safe fields, recording its duration.
-async fn timed_execute(shared: &Shared, job: ClaimedJob, lost: CancellationToken) -> Transition {
-    let started = Instant::now();
-    let span = tracing::info_span!("execute", job_id = %job.id(), attempt = job.ctx.attempt);
-    let transition =
-        tracing::Instrument::instrument(executor::execute(shared, job, lost), span.clone()).await;
-    shared
-        .stats
-        .execution
-        .observe(started.elapsed().as_secs_f64());
-    span.in_scope(|| tracing::debug!(?transition, "job settled"));
-    transition
-}
-
-/// Ends the job of `lease` `failed` with `handler_panicked`, under its fence, after its task
-/// died: what the executor would have written had the panic reached its guard.
-async fn settle_dead_task(shared: &Shared, lease: Lease) -> Transition {
-    let Ok(conn) = db::checkout(&shared.pool).await else {
-        return Transition::Unwritten;
-    };
-    shared.stats.record_round_trips(1);
-    db::bounded(
-        shared.statement_bound,
-        completer::fail(&*conn, lease, Code::HandlerPanicked, None),
-    )
-    .await
-    .unwrap_or(Transition::Unwritten)
-}
-
-/// Whether a replica draining a backlog should claim now, with `running` of its `slots` busy:
-/// once at least half its slots are free, so each claim (and the group commits that follow)
-/// carries a batch worth its statement, instead of one claim per freed job.
-fn refill_now(slots: usize, running: usize) -> bool {
-    slots - running >= slots.div_ceil(2)
+/// Whether a replica draining a backlog should claim now, holding `held` (running and buffered)
+/// of its `capacity`: once at least half of it is room, so each claim (and the group commits
+/// that follow) carries a batch worth its statement, instead of one claim per freed job.
+fn refill_now(capacity: usize, held: usize) -> bool {
+    capacity.saturating_sub(held) >= capacity.div_ceil(2)
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_draining_replica_refills_once_half_its_slots_are_free() {
+    fn a_draining_replica_refills_once_half_its_room_is_free() {
         assert!(!super::refill_now(8, 5));
         assert!(super::refill_now(8, 4));
         assert!(super::refill_now(1, 0));
         assert!(!super::refill_now(1, 1));
         assert!(super::refill_now(3, 1));
         assert!(!super::refill_now(3, 2));
+        // The buffer's allowance may shrink below what is already held.
+        assert!(!super::refill_now(4, 9));
     }
 }

@@ -61,7 +61,13 @@ impl Shared {
     ) -> Result<Shared, Error> {
         let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats)).await?;
         let commit_pool = sessions::connect_commit_pool(db_config).await?;
-        let group_commit = GroupCommit::start(commit_pool, Arc::clone(&stats), config.slots);
+        // A batch holds at most what the replica can hold: its slots and what it claims ahead
+        // (a job's slot frees when it stops computing, before it commits).
+        let group_commit = GroupCommit::start(
+            commit_pool,
+            Arc::clone(&stats),
+            config.slots + config.prefetch,
+        );
         Ok(Shared {
             pool,
             claim_pool,

@@ -113,7 +113,9 @@ async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_datab
     // Every claim and completion was counted by the replicas themselves.
     let claims = report["claims"].as_u64().unwrap();
     let commits = report["commit_batches"].as_u64().unwrap();
-    assert!(claims >= 300 / 16 / 2 && commits >= 1, "{report}");
+    // Each claim takes at most the room of a replica: its slots and what it claims ahead.
+    let room = 16 + durable_etl::config::PREFETCH_DEFAULT as u64;
+    assert!(claims >= 300u64.div_ceil(room) && commits >= 1, "{report}");
     assert!(report["round_trips_per_job"].as_f64().unwrap() > 0.0);
     assert!(report["wal_bytes_per_job"].as_f64().unwrap() > 0.0);
     assert!(report["replica_peak_rss_mib"].as_f64().unwrap() > 0.0);

@@ -16,6 +16,7 @@ mod faults;
 mod handlers;
 mod layering;
 mod leases;
+mod prefetch;
 mod privacy;
 mod proxy;
 mod schema;

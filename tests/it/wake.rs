@@ -202,17 +202,31 @@ async fn a_replica_whose_owner_id_is_taken_while_it_reconnects_stops() {
     assert!(matches!(outcome, Err(Error::OwnerIdInUse)));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_jobs_in_one_transaction_drain_in_claims_sized_to_free_slots() {
+/// Drains 1,000 jobs enqueued in one transaction through one replica with 8 slots and
+/// `prefetch`; returns its counters.
+async fn drain_a_thousand(prefetch: usize) -> durable_etl::worker::stats::StatsSnapshot {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let replica = Replica::start(&db, config("drainer", Duration::from_secs(60), 8)).await;
+    let config = WorkerConfig {
+        prefetch,
+        ..config("drainer", Duration::from_secs(60), 8)
+    };
+    let replica = Replica::start(&db, config).await;
     replica.started().await;
     insert_jobs(&client, NOOP, &vec![json!({}); 1000], 3).await;
     until_succeeded(&client, 1000).await;
     let stats = replica.stats.snapshot();
+    replica.stop().await.unwrap();
     assert_eq!(stats.notifications, 1, "one transaction, one notification");
     assert_eq!(stats.claimed, 1000);
+    assert_eq!(stats.claimed_by_poll, 0);
+    stats
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_prefetch_a_thousand_jobs_drain_in_claims_sized_to_free_slots() {
+    let stats = drain_a_thousand(0).await;
+    assert_eq!(stats.claimed_by_notify, 8, "the first claim filled the slots");
     assert!(
         stats.claims > 1000 / 8,
         "no claim took more than 8: {stats:?}"
@@ -221,8 +235,24 @@ async fn a_thousand_jobs_in_one_transaction_drain_in_claims_sized_to_free_slots(
         stats.claims_by_drain >= 1000 / 8 - 1,
         "drained as slots freed: {stats:?}"
     );
-    assert_eq!(stats.claimed_by_poll, 0);
-    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_jobs_drain_in_claims_sized_to_the_slots_and_the_prefetch() {
+    let stats = drain_a_thousand(56).await;
+    assert_eq!(
+        stats.claimed_by_notify, 64,
+        "the first claim filled the slots and the buffer"
+    );
+    // No claim took more than the room; fewer claims than free slots alone would have needed.
+    assert!(
+        (1000 / 64..1000 / 8).contains(&stats.claims),
+        "claims of up to 64 jobs: {stats:?}"
+    );
+    assert!(
+        stats.claims_by_drain >= 1000 / 64 - 1,
+        "drained as the room freed: {stats:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

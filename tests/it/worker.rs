@@ -21,6 +21,7 @@ fn config(owner: &str) -> WorkerConfig {
     WorkerConfig {
         owner_id: owner.to_owned(),
         slots: 8,
+        prefetch: durable_etl::config::PREFETCH_DEFAULT,
         poll_interval: Duration::from_millis(50),
         lease: Duration::from_secs(3),
         heartbeat_interval: Duration::from_millis(200),
@@ -551,6 +552,7 @@ async fn run_drains_the_queue_renews_leases_and_abandons_lost_ones() {
     };
     let mut cfg = config("runner");
     cfg.slots = 4;
+    cfg.prefetch = 0;
     cfg.lease = Duration::from_secs(1);
     cfg.heartbeat_interval = Duration::from_millis(100);
     let worker = start(&db, cfg, gated).await;
@@ -797,8 +799,10 @@ async fn a_freed_slot_is_refilled_while_most_slots_stay_busy() {
     };
     let prepares = Arc::clone(&scripted.prepares);
     insert_jobs(&client, SCRIPTED, &vec![json!({"do": "ok"}); 6], 5).await;
+    // Without prefetch: no job waits in a buffer, so the freed slot needs a claim.
     let config = WorkerConfig {
         slots: 4,
+        prefetch: 0,
         poll_interval: Duration::from_secs(60),
         ..config("refill")
     };

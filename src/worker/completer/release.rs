@@ -8,6 +8,7 @@
 //!   it could not release expire and recovery returns them.
 
 use crate::db;
+use crate::error::Error;
 use crate::worker::held::HeldJobs;
 use crate::worker::lease::{self, Lease};
 use crate::worker::shared::Shared;
@@ -94,16 +95,22 @@ async fn release_now(shared: &Shared, held: &HeldJobs) {
         return;
     }
     crash_point!("release");
-    shared.stats.record_round_trips(1);
-    let released = match db::checkout(&shared.pool).await {
-        Ok(conn) => db::bounded(shared.statement_bound, release(&*conn, &leases)).await,
-        Err(e) => Err(e),
-    };
-    match released {
-        Ok(n) => {
-            shared.stats.record_released(n);
-            tracing::info!(released = n, "released unfinished jobs");
-        }
+    match release_leases(shared, &leases).await {
+        Ok(n) => tracing::info!(released = n, "released unfinished jobs"),
         Err(e) => tracing::warn!(code = %e.code(), "release failed; leases will expire"),
     }
+}
+
+/// Releases `leases` on a pooled connection within the replica's statement bound (the shutdown
+/// release, and the producer's release of jobs that waited too long in its prefetch buffer);
+/// counts and returns how many were still held.
+///
+/// # Errors
+/// Pool and database errors.
+pub(crate) async fn release_leases(shared: &Shared, leases: &[Lease]) -> Result<u64, Error> {
+    shared.stats.record_round_trips(1);
+    let conn = db::checkout(&shared.pool).await?;
+    let n = db::bounded(shared.statement_bound, release(&*conn, leases)).await?;
+    shared.stats.record_released(n);
+    Ok(n)
 }

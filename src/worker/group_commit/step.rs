@@ -20,12 +20,41 @@ pub(crate) struct Ready {
     /// The lease that fences it.
     pub(crate) lease: Lease,
     /// Its effects.
-    pub(crate) effects: Box<dyn Effects>,
+    pub(crate) effects: OwnedEffects,
     /// Whether it needs the execution transaction: its effects write ([`Effects::writes`], asked
     /// by the job's own task so that a panic there is the job's).
     pub(crate) writes: bool,
     /// How long its effects may take, from when they start applying.
     pub(crate) budget: Duration,
+}
+
+/// A job's effects, held by the commit lane, whose drop never unwinds into the lane: a handler's
+/// `Drop` that panics is caught and logged (`handler_panicked`). Else one such panic would end
+/// the lane, and a second one, dropping the rest of the batch while the first unwinds, would
+/// abort the process.
+pub(crate) struct OwnedEffects(Option<Box<dyn Effects>>);
+
+impl OwnedEffects {
+    /// Holds `effects`.
+    pub(crate) fn new(effects: Box<dyn Effects>) -> OwnedEffects {
+        OwnedEffects(Some(effects))
+    }
+
+    /// The effects, to apply: only once (a second take finds none).
+    pub(super) fn take(&mut self) -> Option<Box<dyn Effects>> {
+        self.0.take()
+    }
+}
+
+impl Drop for OwnedEffects {
+    fn drop(&mut self) {
+        if let Some(effects) = self.0.take() {
+            let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(effects)));
+            if dropped.is_err() {
+                tracing::error!(code = %Code::HandlerPanicked, "a job's effects panicked when dropped");
+            }
+        }
+    }
 }
 
 /// What a job of a batch came to.

@@ -2,7 +2,7 @@
 //! each batch's composition is exact (through a replica it depends on timing).
 
 use super::*;
-use crate::handler::JobError;
+use crate::handler::{Effects, JobError};
 use crate::test_db::TestDb;
 use crate::worker::claimer::{self, Claimant};
 use crate::worker::completer::Transition;
@@ -183,7 +183,7 @@ pub(super) fn ready(pair: (Uuid, Uuid), effects: Box<dyn Effects>, budget: Durat
             fencing_token: 1,
         },
         writes: effects.writes(),
-        effects,
+        effects: OwnedEffects::new(effects),
         budget,
     }
 }

@@ -1,0 +1,119 @@
+//! Claiming and running jobs, outside the claim loop's own state: the claim and next-due
+//! statements as a replica sends them (on its claim pool, bounded, counted), the body of one
+//! job's task (its timed execution, and the fenced settle of a task that died), and [`step`],
+//! which claims once and runs what it took.
+//!
+//! Invariants this module keeps:
+//! - Every statement here is bounded on the client ([`db::bounded`]) and counted as a round trip.
+//! - A replica with no handlers claims nothing (it would only fail every job it took with
+//!   `unknown_kind`).
+//! - A task that died of a panic no guard caught is settled `failed` with `handler_panicked`
+//!   under its fence, so no claim stays held forever.
+
+use crate::codes::Code;
+use crate::db;
+use crate::error::Error;
+use crate::worker::claimer::Claimant;
+use crate::worker::completer::{self, Transition};
+use crate::worker::executor;
+use crate::worker::lease::{ClaimedJob, Lease};
+use crate::worker::shared::Shared;
+use crate::worker::slots::{SlotPermit, Slots};
+use crate::worker::stats::ClaimReason;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// One step: claims what is due now (up to the slots), runs every claimed job to its transition
+/// on a task of its own, and returns `(job id, transition)` for each, by job id.
+pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>, Error> {
+    let jobs = claim(shared, shared.config.slots, ClaimReason::Step).await?;
+    let slots = Arc::new(Slots::default());
+    let mut tasks = JoinSet::new();
+    for job in jobs {
+        let shared = Arc::clone(shared);
+        let slot = slots.take();
+        tasks.spawn(async move {
+            let id = job.id();
+            let transition = timed_execute(&shared, job, CancellationToken::new(), slot).await;
+            shared.stats.record(transition);
+            (id, transition)
+        });
+    }
+    let mut done: Vec<(Uuid, Transition)> = tasks.join_all().await;
+    done.sort_by_key(|d| d.0);
+    Ok(done)
+}
+
+/// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it would
+/// only fail every job it took with `unknown_kind`).
+#[tracing::instrument(name = "claim", skip_all, fields(free, ?reason))]
+pub(crate) async fn claim(
+    shared: &Shared,
+    free: usize,
+    reason: ClaimReason,
+) -> Result<Vec<ClaimedJob>, Error> {
+    if shared.registry.is_empty() {
+        return Ok(Vec::new());
+    }
+    let conn = db::checkout(&shared.claim_pool).await?;
+    let claimant = Claimant {
+        owner_id: shared.owner_id(),
+        owner_locked: shared.owner_locked(),
+        lease: shared.config.lease,
+    };
+    crash_point!("claim.before");
+    let jobs = db::bounded(shared.statement_bound, conn.claim(claimant, free)).await?;
+    crash_point!("claim.after_commit");
+    shared.stats.record_claim(reason, jobs.len());
+    for job in &jobs {
+        shared.stats.pickup_latency.observe(job.due_for);
+    }
+    Ok(jobs)
+}
+
+/// How long until the next deferred job is due, asked after a short claim (once its jobs are
+/// already running, so the question never delays them).
+pub(crate) async fn next_due(shared: &Shared) -> Result<Option<Duration>, Error> {
+    let conn = db::checkout(&shared.claim_pool).await?;
+    shared.stats.record_round_trips(1);
+    db::bounded(shared.statement_bound, conn.next_due()).await
+}
+
+/// Executes `job` in `slot` inside a span with its safe fields, recording its duration.
+pub(crate) async fn timed_execute(
+    shared: &Shared,
+    job: ClaimedJob,
+    lost: CancellationToken,
+    slot: SlotPermit,
+) -> Transition {
+    let started = Instant::now();
+    let span = tracing::info_span!("execute", job_id = %job.id(), attempt = job.ctx.attempt);
+    let transition =
+        tracing::Instrument::instrument(executor::execute(shared, job, lost, slot), span.clone())
+            .await;
+    shared
+        .stats
+        .execution
+        .observe(started.elapsed().as_secs_f64());
+    span.in_scope(|| tracing::debug!(?transition, "job settled"));
+    transition
+}
+
+/// Ends the job of `lease` `failed` with `handler_panicked`, under its fence, after its task
+/// died: what the executor would have written had the panic reached its guard.
+pub(crate) async fn settle_dead_task(shared: &Shared, lease: Lease) -> Transition {
+    let Ok(conn) = db::checkout(&shared.pool).await else {
+        return Transition::Unwritten;
+    };
+    shared.stats.record_round_trips(1);
+    db::bounded(
+        shared.statement_bound,
+        completer::fail(&*conn, lease, Code::HandlerPanicked, None),
+    )
+    .await
+    .unwrap_or(Transition::Unwritten)
+}

@@ -1,0 +1,221 @@
+//! The prefetch buffer: jobs claimed ahead of free slots are leased, renewed, started as slots
+//! free, released (attempt not charged) when they wait too long or when the replica stops, and
+//! a claim still in flight at shutdown is released too.
+
+use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
+use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
+use durable_etl::config::WorkerConfig;
+use durable_etl::handler::Registry;
+use durable_etl::shutdown::{self, Stage};
+use durable_etl::worker::Worker;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::Semaphore;
+
+/// One slot, a short lease renewed every 100 ms, no poll to speak of: every claim after the
+/// first is caused by the test.
+fn one_slot(owner: &str) -> WorkerConfig {
+    WorkerConfig {
+        owner_id: owner.to_owned(),
+        slots: 1,
+        prefetch: 8,
+        poll_interval: Duration::from_secs(60),
+        lease: Duration::from_secs(1),
+        heartbeat_interval: Duration::from_millis(100),
+        shutdown_grace: Duration::ZERO,
+        ..WorkerConfig::default()
+    }
+}
+
+/// Starts a replica on `db` running `scripted` and no-op jobs.
+async fn start(db: &TestDb, config: WorkerConfig, scripted: Scripted) -> Worker {
+    let registry = Registry::new().register(Noop).register(scripted);
+    Worker::start(pool(db).await, &db.config, config, registry)
+        .await
+        .unwrap()
+}
+
+/// When job `id`'s lease expires.
+async fn lease_expiry(client: &tokio_postgres::Client, id: uuid::Uuid) -> SystemTime {
+    client
+        .query_one(
+            "SELECT lease_expires_at FROM etl_job_records WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_claimed_ahead_are_leased_renewed_started_in_order_and_released_at_shutdown() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let gate = Arc::new(Semaphore::new(0));
+    let scripted = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let ids = insert_jobs(&client, SCRIPTED, &vec![json!({"do": "ok"}); 4], 3).await;
+    let worker = start(&db, one_slot("ahead"), scripted.clone()).await;
+    let stats = worker.stats_handle();
+    let (trigger, shutdown) = shutdown::manual();
+    let run = tokio::spawn(worker.run(shutdown));
+    eventually("the first job to start", || {
+        let scripted = scripted.clone();
+        async move { scripted.prepares.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    // One claim took all four: one runs, three wait leased to this owner, attempt charged.
+    let snapshot = stats.snapshot();
+    assert_eq!((snapshot.claims, snapshot.claimed), (1, 4), "{snapshot:?}");
+    assert_eq!(
+        count(
+            &client,
+            "etl_job_records WHERE status = 'running' AND lease_owner_id = 'ahead' AND attempts = 1"
+        )
+        .await,
+        4
+    );
+    // A waiting job's lease is renewed by the heartbeat like a running one's.
+    let waiting = ids[3];
+    let first = lease_expiry(&client, waiting).await;
+    eventually("a heartbeat to renew a waiting job's lease", || {
+        let client = &client;
+        async move { lease_expiry(client, waiting).await > first }
+    })
+    .await;
+    // A freed slot starts the next waiting job at once, in claim order, without a claim.
+    gate.add_permits(1);
+    eventually("the second job to start", || {
+        let scripted = scripted.clone();
+        async move { scripted.prepares.load(Ordering::SeqCst) == 2 }
+    })
+    .await;
+    assert_eq!(job_row(&client, ids[0]).await.status, "succeeded");
+    assert_eq!(stats.snapshot().claims, 1);
+    // Stopping releases the running job and the waiting ones, none charged an attempt.
+    trigger.request(Stage::Draining);
+    run.await.unwrap().unwrap();
+    for id in &ids[1..] {
+        let row = job_row(&client, *id).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.lease_cleared),
+            ("pending", 0, true)
+        );
+    }
+    assert_eq!(stats.snapshot().released, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_waits_longer_than_the_hold_is_released_for_another_replica() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let mut ids = insert_jobs(&client, SCRIPTED, &[json!({"do": "hang"})], 3).await;
+    ids.extend(insert_jobs(&client, NOOP, &[json!({}), json!({})], 3).await);
+    let scripted = Scripted::default();
+    let worker = start(&db, one_slot("hoarder"), scripted.clone()).await;
+    let stats = worker.stats_handle();
+    let (trigger, shutdown) = shutdown::manual();
+    let run = tokio::spawn(worker.run(shutdown));
+    eventually("the hanging job to start", || {
+        let scripted = scripted.clone();
+        async move { scripted.prepares.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    assert_eq!(stats.snapshot().claimed, 3);
+    // Behind a job that never ends, the two waiting jobs go back, uncharged, within the hold.
+    eventually("the waiting jobs to be released", || {
+        let client = &client;
+        async move {
+            count(
+                client,
+                "etl_job_records WHERE status = 'pending' AND attempts = 0
+                   AND lease_claim_id IS NULL AND lease_owner_id IS NULL",
+            )
+            .await
+                == 2
+        }
+    })
+    .await;
+    assert_eq!(stats.snapshot().released, 2);
+    // Another replica runs them: each succeeds on its first attempt.
+    let other = start(&db, one_slot("idle"), Scripted::default()).await;
+    for _ in 0..2 {
+        other.step().await.unwrap();
+    }
+    for id in &ids[1..] {
+        let row = job_row(&client, *id).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("succeeded", 1));
+    }
+    trigger.request(Stage::Draining);
+    run.await.unwrap().unwrap();
+    assert_eq!(job_row(&client, ids[0]).await.status, "pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let worker = start(&db, one_slot("stopping"), Scripted::default()).await;
+    let stats = worker.stats_handle();
+    let (trigger, shutdown) = shutdown::manual();
+    let run = tokio::spawn(worker.run(shutdown));
+    eventually("the start-up claim", || {
+        let stats = Arc::clone(&stats);
+        async move { stats.snapshot().claims == 1 }
+    })
+    .await;
+    // Jobs the replica is not told about, then a lock that makes its next claim wait.
+    let quiet = client.transaction().await.unwrap();
+    quiet
+        .batch_execute("SET LOCAL durable_etl.notify = 'off'")
+        .await
+        .unwrap();
+    let ids = insert_jobs(&quiet, NOOP, &[json!({}), json!({})], 3).await;
+    quiet.commit().await.unwrap();
+    let locker = db.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE etl_job_records IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    client
+        .batch_execute(&format!("NOTIFY {}", durable_etl::notifier::CHANNEL))
+        .await
+        .unwrap();
+    eventually("the claim to wait for the lock", || {
+        let client = &client;
+        async move {
+            // The claim is the only statement that bumps the fencing token.
+            count(
+                client,
+                "pg_stat_activity WHERE wait_event_type = 'Lock'
+                   AND query LIKE '%fencing_token = j.fencing_token + 1%'",
+            )
+            .await
+                == 1
+        }
+    })
+    .await;
+    // Stopping now: the claim comes back after the lock goes, and what it took is released.
+    trigger.request(Stage::Draining);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!run.is_finished(), "the replica waits for its claim");
+    locker.batch_execute("COMMIT").await.unwrap();
+    run.await.unwrap().unwrap();
+    let snapshot = stats.snapshot();
+    assert_eq!(
+        (snapshot.claimed, snapshot.released, snapshot.succeeded),
+        (2, 2, 0),
+        "{snapshot:?}"
+    );
+    for id in ids {
+        let row = job_row(&client, id).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.lease_cleared),
+            ("pending", 0, true)
+        );
+    }
+}
