@@ -36,7 +36,7 @@ pub const POLL_INTERVAL_MAX: Duration = Duration::from_secs(300);
 pub const SLOTS_DEFAULT: usize = 8;
 /// Largest number of slots `validate()` accepts.
 pub const SLOTS_MAX: usize = 1024;
-/// Default number of jobs a replica may claim ahead of its free slots while a backlog lasts.
+/// Default of the most jobs a replica claims ahead of its free slots.
 pub const PREFETCH_DEFAULT: usize = 128;
 /// Largest prefetch `validate()` accepts.
 pub const PREFETCH_MAX: usize = 1024;
@@ -230,12 +230,13 @@ pub struct WorkerConfig {
     pub owner_id: String,
     /// Jobs this replica runs at once. Defaults to [`SLOTS_DEFAULT`].
     pub slots: usize,
-    /// Jobs this replica may claim ahead of its free slots while a backlog lasts, into a local
-    /// buffer from which freed slots start at once (so claims stay batches of about half of
-    /// `slots + prefetch` whatever the slot count). The buffered jobs are leased, renewed by
-    /// heartbeats and released at shutdown like running ones; a replica claims ahead less while
-    /// its buffered jobs wait (it releases those that waited longer than a second and halves what
-    /// it claims ahead). 0 claims only for free slots. Defaults to [`PREFETCH_DEFAULT`].
+    /// The most jobs this replica claims ahead of its free slots, into a local buffer from which
+    /// freed slots start at once (so claims stay batches of about half of `slots + prefetch`
+    /// whatever the slot count, and commit batches may hold up to `slots + prefetch` jobs). It
+    /// claims ahead only what it starts in half a second at its recent start rate: none after an
+    /// idle spell (so replicas share a burst), few for long jobs. The buffered jobs are leased,
+    /// renewed by heartbeats and released at shutdown like running ones, and released after a
+    /// second's wait for a slot. 0 claims only for free slots. Defaults to [`PREFETCH_DEFAULT`].
     pub prefetch: usize,
     /// Interval of the backstop poll. Defaults to [`POLL_INTERVAL_DEFAULT`].
     pub poll_interval: Duration,

@@ -10,13 +10,13 @@
 //!
 //! Invariants this module keeps:
 //! - Jobs leave the buffer in the order they were claimed (the claim's due order).
-//! - The buffer never asks for more than the configured prefetch ([`Prefetch::ahead`] is at most
-//!   the configured maximum), and a job waits in it at most [`HOLD`]: the claim loop then releases
-//!   it (attempt not charged), so jobs claimed ahead never wait behind long-running ones while
-//!   another replica idles.
-//! - Claiming ahead adapts: every release of waiting jobs halves what the replica claims ahead
-//!   (down to none, claiming only for free slots); every freed slot that finds the buffer empty
-//!   under a backlog doubles it again, up to the configured maximum.
+//! - The replica claims ahead only what it starts in [`LOOKAHEAD`] at its recent start rate, and
+//!   never more than the configured prefetch ([`Prefetch::ahead`]). An idle replica's start rate
+//!   decays to nothing, so the first claim of a burst asks only for free slots and the replicas
+//!   share the burst; a replica running long jobs starts few per second and so claims few ahead.
+//! - A job waits in the buffer at most [`HOLD`]: the claim loop then releases it (attempt not
+//!   charged), so jobs claimed ahead never wait long behind running ones while another replica
+//!   idles.
 //! - Holding (the lease, its renewals, its release at shutdown) is not this module's: the jobs it
 //!   buffers are in the replica's held jobs from their claim on.
 
@@ -27,24 +27,37 @@ use tokio::time::Instant;
 /// How long a job may wait in the buffer before the claim loop releases it.
 pub(crate) const HOLD: Duration = Duration::from_secs(1);
 
-/// Jobs claimed ahead of free slots, oldest first, with what the replica claims ahead now.
+/// How far ahead a replica claims, in time at its recent start rate: half the hold, so that what
+/// it claims ahead starts well within the hold.
+pub(crate) const LOOKAHEAD: Duration = Duration::from_millis(500);
+
+/// The window over which starts are counted; the rate halves with each window that passes.
+pub(crate) const RATE_WINDOW: Duration = Duration::from_millis(50);
+
+/// Jobs claimed ahead of free slots, oldest first, and the recent rate at which jobs start.
 #[derive(Debug)]
 pub(crate) struct Prefetch<T> {
     /// The buffered jobs, each with when it entered, oldest first.
     jobs: VecDeque<(T, Instant)>,
-    /// How many jobs the replica claims ahead of its free slots now.
-    ahead: usize,
-    /// The configured prefetch: the most `ahead` ever is.
+    /// The configured prefetch: the most the replica ever claims ahead.
     max: usize,
+    /// Jobs started per second, as of `window_start`.
+    rate: f64,
+    /// When the current window of starts began.
+    window_start: Instant,
+    /// Jobs started since `window_start`.
+    started: u32,
 }
 
 impl<T> Prefetch<T> {
-    /// An empty buffer that claims ahead up to `max` jobs.
+    /// An empty buffer that claims ahead up to `max` jobs, with no starts yet.
     pub(crate) fn new(max: usize) -> Prefetch<T> {
         Prefetch {
             jobs: VecDeque::new(),
-            ahead: max,
             max,
+            rate: 0.0,
+            window_start: Instant::now(),
+            started: 0,
         }
     }
 
@@ -58,9 +71,23 @@ impl<T> Prefetch<T> {
         self.jobs.is_empty()
     }
 
-    /// How many jobs the replica claims ahead of its free slots now.
-    pub(crate) fn ahead(&self) -> usize {
-        self.ahead
+    /// Jobs started per second as of `now`: the windows that ended since the last one closed
+    /// each halve the older rate and weigh in the starts counted since.
+    fn rate_at(&self, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.window_start);
+        if elapsed < RATE_WINDOW {
+            return self.rate;
+        }
+        let old = 0.5_f64.powf(elapsed.as_secs_f64() / RATE_WINDOW.as_secs_f64());
+        self.rate * old + f64::from(self.started) / elapsed.as_secs_f64() * (1.0 - old)
+    }
+
+    /// How many jobs the replica claims ahead of its free slots at `now`: what it starts in
+    /// [`LOOKAHEAD`] at its recent rate, at most the configured prefetch.
+    pub(crate) fn ahead(&self, now: Instant) -> usize {
+        let ahead = self.rate_at(now) * LOOKAHEAD.as_secs_f64();
+        // A float to a count: negative is impossible, the cast saturates, and `max` bounds it.
+        (ahead as usize).min(self.max)
     }
 
     /// Buffers `job`, claimed at `now`.
@@ -68,9 +95,16 @@ impl<T> Prefetch<T> {
         self.jobs.push_back((job, now));
     }
 
-    /// The job that waited longest, if any.
-    pub(crate) fn pop(&mut self) -> Option<T> {
-        self.jobs.pop_front().map(|(job, _)| job)
+    /// The job that waited longest, if any, to start at `now` (counted in the start rate).
+    pub(crate) fn pop(&mut self, now: Instant) -> Option<T> {
+        let (job, _) = self.jobs.pop_front()?;
+        if now.saturating_duration_since(self.window_start) >= RATE_WINDOW {
+            self.rate = self.rate_at(now);
+            self.window_start = now;
+            self.started = 0;
+        }
+        self.started = self.started.saturating_add(1);
+        Some(job)
     }
 
     /// When the oldest job will have waited [`HOLD`].
@@ -78,24 +112,14 @@ impl<T> Prefetch<T> {
         self.jobs.front().map(|(_, since)| *since + HOLD)
     }
 
-    /// Removes the jobs that have waited [`HOLD`] or longer by `now`, for release; when there are
-    /// any, halves what the replica claims ahead.
+    /// Removes the jobs that have waited [`HOLD`] or longer by `now`, for release.
     pub(crate) fn take_overdue(&mut self, now: Instant) -> Vec<T> {
         let overdue = self
             .jobs
             .iter()
             .take_while(|(_, since)| *since + HOLD <= now)
             .count();
-        if overdue > 0 {
-            self.ahead /= 2;
-        }
         self.jobs.drain(..overdue).map(|(job, _)| job).collect()
-    }
-
-    /// Records that a slot freed under a backlog found the buffer empty: claims ahead twice as
-    /// many (at least one), up to the configured prefetch.
-    pub(crate) fn ran_dry(&mut self) {
-        self.ahead = (self.ahead * 2).max(1).min(self.max);
     }
 
     /// Every buffered job, emptying the buffer.
@@ -106,7 +130,7 @@ impl<T> Prefetch<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Prefetch, HOLD};
+    use super::{Prefetch, HOLD, RATE_WINDOW};
     use std::time::Duration;
     use tokio::time::Instant;
 
@@ -121,43 +145,71 @@ mod tests {
         buffer.push(3, start + Duration::from_millis(20));
         assert_eq!(buffer.len(), 3);
         assert_eq!(buffer.next_release_at(), Some(start + HOLD));
-        assert_eq!(buffer.pop(), Some(1));
+        assert_eq!(buffer.pop(start), Some(1));
         assert_eq!(
             buffer.next_release_at(),
             Some(start + Duration::from_millis(10) + HOLD)
         );
-        // Nothing is overdue before its hold ends, and the allowance stays.
         assert!(buffer.take_overdue(start + HOLD).is_empty());
-        assert_eq!(buffer.ahead(), 8);
         assert_eq!(
             buffer.take_overdue(start + Duration::from_millis(15) + HOLD),
             vec![2]
         );
-        assert_eq!(buffer.ahead(), 4);
         assert_eq!(buffer.drain().collect::<Vec<_>>(), vec![3]);
-        assert_eq!(buffer.pop(), None);
+        assert_eq!(buffer.pop(start), None);
     }
 
     #[test]
-    fn claiming_ahead_halves_on_release_and_doubles_when_slots_run_dry() {
+    fn a_replica_claims_ahead_what_it_starts_in_half_a_second_and_no_more_than_its_prefetch() {
         let start = Instant::now();
-        let mut buffer = Prefetch::new(6);
-        for expected in [3, 1, 0, 0] {
-            buffer.push((), start);
-            assert_eq!(buffer.take_overdue(start + HOLD).len(), 1);
-            assert_eq!(buffer.ahead(), expected);
+        let (mut wide, mut capped) = (Prefetch::new(1000), Prefetch::new(100));
+        // No start yet: nothing ahead, so the first claim of a burst asks for free slots only.
+        assert_eq!(wide.ahead(start), 0);
+        // 40 starts in one window (800 per second), then the window closes.
+        for buffer in [&mut wide, &mut capped] {
+            for i in 0..40 {
+                buffer.push(i, start);
+            }
+            for _ in 0..40 {
+                buffer.pop(start + Duration::from_millis(1));
+            }
         }
-        for expected in [1, 2, 4, 6, 6] {
-            buffer.ran_dry();
-            assert_eq!(buffer.ahead(), expected);
+        let closed = start + Duration::from_millis(1) + RATE_WINDOW;
+        // Half the older rate (none) and half of 800 per second: 400, so 200 in 500 ms.
+        let ahead = wide.ahead(closed);
+        assert!((190..=200).contains(&ahead), "{ahead}");
+        assert_eq!(capped.ahead(closed), 100, "capped by the prefetch");
+        // The next start keeps the rate.
+        wide.push(99, closed);
+        wide.pop(closed);
+        assert_eq!(wide.ahead(closed), ahead);
+        // Idle, the rate halves with every window: after a second, nothing ahead.
+        assert!(wide.ahead(closed + RATE_WINDOW * 2) < ahead / 2);
+        assert_eq!(wide.ahead(closed + Duration::from_secs(1)), 0);
+    }
+
+    #[test]
+    fn slow_jobs_are_claimed_only_a_few_ahead() {
+        let start = Instant::now();
+        let mut buffer = Prefetch::new(128);
+        // Eight slots of 200 ms jobs: 40 starts a second, one every 25 ms, for two seconds.
+        for i in 0..80u32 {
+            let at = start + Duration::from_millis(25) * i;
+            buffer.push(i, at);
+            buffer.pop(at);
         }
+        let ahead = buffer.ahead(start + Duration::from_secs(2));
+        assert!((10..=30).contains(&ahead), "about 20 ahead: {ahead}");
     }
 
     #[test]
     fn a_replica_without_prefetch_never_claims_ahead() {
-        let mut buffer: Prefetch<()> = Prefetch::new(0);
-        assert_eq!(buffer.ahead(), 0);
-        buffer.ran_dry();
-        assert_eq!(buffer.ahead(), 0);
+        let start = Instant::now();
+        let mut buffer = Prefetch::new(0);
+        for i in 0..10 {
+            buffer.push(i, start);
+            buffer.pop(start);
+        }
+        assert_eq!(buffer.ahead(start + RATE_WINDOW), 0);
     }
 }

@@ -6,15 +6,17 @@
 //! - ONE claim loop per replica, with at most one claim in flight. Notifications, the poll, due
 //!   deferred jobs, freed slots, session reconnects and the rescuer's catch-up signal all feed it;
 //!   each wake causes at most one claim (a wake during a claim causes one more after it). A claim
-//!   never asks for more than the room: free slots plus what the buffer claims ahead now, less
-//!   the jobs already buffered. The claim runs while the jobs run: a freed slot never waits for
-//!   it while a buffered job waits.
+//!   never asks for more than the room: the slots plus what the buffer claims ahead now (what the
+//!   replica starts in half a second at its recent rate, at most the prefetch), less the jobs it
+//!   holds (computing, committing or buffered). The claim runs while the jobs run: a freed slot
+//!   never waits for it while a buffered job waits.
 //! - After a claim that came back full (or a wake that found no room), the replica claims again
 //!   as soon as half of `slots + ahead` is room, or [`REFILL_DELAY`] after a slot freed with
 //!   nothing buffered (so claims and group commits stay batches, and no slot idles behind long
 //!   jobs); after a short one it waits for the next signal.
 //! - A buffered job is held from its claim (renewed by heartbeats, released at shutdown) and
-//!   waits at most [`HOLD`](crate::worker::prefetch::HOLD): then it is released, attempt not charged.
+//!   waits at most [`HOLD`](crate::worker::prefetch::HOLD): then it is released, attempt not
+//!   charged.
 //! - A claim that fails (a lost connection, a timeout) is tried again after
 //!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll.
 //! - The poll runs whatever happens to notifications, every `poll_interval` with ±10% jitter so
@@ -196,15 +198,11 @@ impl Producer {
     /// After slots freed or tasks ended: starts buffered jobs in the free slots and, under a
     /// backlog, decides
     /// whether to claim now (half the room free), soon (a slot idles with nothing buffered), or
-    /// later. A freed slot that found nothing buffered makes the buffer claim further ahead.
+    /// later.
     fn slots_freed(&mut self) -> Option<ClaimReason> {
-        let ran_dry = self.buffer.is_empty();
         self.start_waiting();
         if !self.wake.backlog {
             return None;
-        }
-        if ran_dry {
-            self.buffer.ran_dry();
         }
         if refill_now(self.capacity(), self.tasks.len() + self.buffer.len()) {
             return Some(ClaimReason::Drain);
@@ -218,7 +216,7 @@ impl Producer {
 
     /// How many jobs the replica may hold now: its slots and what its buffer claims ahead.
     fn capacity(&self) -> usize {
-        self.shared.config.slots + self.buffer.ahead()
+        self.shared.config.slots + self.buffer.ahead(Instant::now())
     }
 
     /// Lets running jobs finish within the grace period (none when `now`, or once a second
@@ -340,7 +338,7 @@ impl Producer {
     /// Starts buffered jobs, oldest first, while slots are free.
     fn start_waiting(&mut self) {
         while self.slots.busy() < self.shared.config.slots {
-            let Some(waiting) = self.buffer.pop() else {
+            let Some(waiting) = self.buffer.pop(Instant::now()) else {
                 return;
             };
             self.spawn_job(waiting);
@@ -348,8 +346,7 @@ impl Producer {
     }
 
     /// Releases the buffered jobs that waited [`HOLD`](crate::worker::prefetch::HOLD) for a slot
-    /// (attempt not charged), so that another replica may run them; the buffer then claims less
-    /// far ahead.
+    /// (attempt not charged), so that another replica may run them.
     async fn release_overdue(&mut self) {
         let overdue: Vec<Lease> = self
             .buffer

@@ -163,8 +163,9 @@ counters! {
     claims_by_poll,
     /// Claims made when a known deferred job became due.
     claims_by_due,
-    /// Claims made to keep draining a backlog (after a full claim, or a wake that found no free
-    /// slot), once half the slots are free or a short delay after the first one freed.
+    /// Claims made to keep draining a backlog (after a full claim, or a wake that found no room),
+    /// once half the room (slots and prefetch) is free, or a short delay after a slot freed with
+    /// nothing buffered.
     claims_by_drain,
     /// Catch-up claims: after the session reconnected, or after recovery returned jobs to
     /// `pending` (exposed as trigger `catch_up`).
@@ -189,7 +190,7 @@ pub enum ClaimReason {
     Poll,
     /// A known deferred job became due.
     Due,
-    /// Slots freed under a backlog (see `claims_by_drain`).
+    /// Room (free slots, or the prefetch buffer's) freed under a backlog (see `claims_by_drain`).
     Drain,
     /// The session reconnected, or recovery returned jobs.
     CatchUp,

@@ -1,6 +1,8 @@
 //! The prefetch buffer: jobs claimed ahead of free slots are leased, renewed, started as slots
 //! free, released (attempt not charged) when they wait too long or when the replica stops, and
-//! a claim still in flight at shutdown is released too.
+//! a claim still in flight at shutdown is released too; idle replicas share a burst. A replica
+//! claims ahead only once it has been starting jobs: the tests of a buffer first drain no-op jobs
+//! through its one slot, which sets the start rate that the jobs after them are claimed ahead by.
 
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
 use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
@@ -14,13 +16,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 
-/// One slot, a short lease renewed every 100 ms, no poll to speak of: every claim after the
-/// first is caused by the test.
+/// One slot and a deep buffer (the claims that reach the test's jobs after a warm-up have room
+/// to spare, so they take them all while the start rate is high), a short lease renewed every
+/// 100 ms, no poll to speak of: every claim after the first is caused by the test.
 fn one_slot(owner: &str) -> WorkerConfig {
     WorkerConfig {
         owner_id: owner.to_owned(),
         slots: 1,
-        prefetch: 8,
+        prefetch: 64,
         poll_interval: Duration::from_secs(60),
         lease: Duration::from_secs(1),
         heartbeat_interval: Duration::from_millis(100),
@@ -36,6 +39,9 @@ async fn start(db: &TestDb, config: WorkerConfig, scripted: Scripted) -> Worker 
         .await
         .unwrap()
 }
+
+/// No-op jobs that run first and set the replica's start rate.
+const WARM_UP: usize = 200;
 
 /// When job `id`'s lease expires.
 async fn lease_expiry(client: &tokio_postgres::Client, id: uuid::Uuid) -> SystemTime {
@@ -58,6 +64,7 @@ async fn jobs_claimed_ahead_are_leased_renewed_started_in_order_and_released_at_
         gate: Some(Arc::clone(&gate)),
         ..Scripted::default()
     };
+    insert_jobs(&client, NOOP, &vec![json!({}); WARM_UP], 3).await;
     let ids = insert_jobs(&client, SCRIPTED, &vec![json!({"do": "ok"}); 4], 3).await;
     let worker = start(&db, one_slot("ahead"), scripted.clone()).await;
     let stats = worker.stats_handle();
@@ -68,9 +75,14 @@ async fn jobs_claimed_ahead_are_leased_renewed_started_in_order_and_released_at_
         async move { scripted.prepares.load(Ordering::SeqCst) == 1 }
     })
     .await;
-    // One claim took all four: one runs, three wait leased to this owner, attempt charged.
-    let snapshot = stats.snapshot();
-    assert_eq!((snapshot.claims, snapshot.claimed), (1, 4), "{snapshot:?}");
+    // Claimed ahead while the no-op jobs ran: one runs, three wait leased to this owner, their
+    // attempt charged.
+    // (The last no-op jobs may still be committing: their slot freed when they computed.)
+    eventually("the no-op jobs to commit", || {
+        let stats = Arc::clone(&stats);
+        async move { stats.snapshot().succeeded == WARM_UP as u64 }
+    })
+    .await;
     assert_eq!(
         count(
             &client,
@@ -87,15 +99,30 @@ async fn jobs_claimed_ahead_are_leased_renewed_started_in_order_and_released_at_
         async move { lease_expiry(client, waiting).await > first }
     })
     .await;
-    // A freed slot starts the next waiting job at once, in claim order, without a claim.
+    // A freed slot starts the next waiting job, in claim order, under the claim it waited with.
+    let second_claim = job_row(&client, ids[1]).await.lease_claim_id;
+    assert!(second_claim.is_some());
     gate.add_permits(1);
     eventually("the second job to start", || {
         let scripted = scripted.clone();
         async move { scripted.prepares.load(Ordering::SeqCst) == 2 }
     })
     .await;
-    assert_eq!(job_row(&client, ids[0]).await.status, "succeeded");
-    assert_eq!(stats.snapshot().claims, 1);
+    let first_job = ids[0];
+    eventually("the first job to commit", || {
+        let client = &client;
+        async move { job_row(client, first_job).await.status == "succeeded" }
+    })
+    .await;
+    let second = job_row(&client, ids[1]).await;
+    assert_eq!(
+        (
+            second.status.as_str(),
+            second.attempts,
+            second.lease_claim_id
+        ),
+        ("running", 1, second_claim)
+    );
     // Stopping releases the running job and the waiting ones, none charged an attempt.
     trigger.request(Stage::Draining);
     run.await.unwrap().unwrap();
@@ -113,6 +140,8 @@ async fn jobs_claimed_ahead_are_leased_renewed_started_in_order_and_released_at_
 async fn a_job_that_waits_longer_than_the_hold_is_released_for_another_replica() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
+    let warm_up = WARM_UP;
+    insert_jobs(&client, NOOP, &vec![json!({}); warm_up], 3).await;
     let mut ids = insert_jobs(&client, SCRIPTED, &[json!({"do": "hang"})], 3).await;
     ids.extend(insert_jobs(&client, NOOP, &[json!({}), json!({})], 3).await);
     let scripted = Scripted::default();
@@ -125,7 +154,11 @@ async fn a_job_that_waits_longer_than_the_hold_is_released_for_another_replica()
         async move { scripted.prepares.load(Ordering::SeqCst) == 1 }
     })
     .await;
-    assert_eq!(stats.snapshot().claimed, 3);
+    eventually("the two jobs behind it to be claimed ahead", || {
+        let stats = Arc::clone(&stats);
+        async move { stats.snapshot().claimed == warm_up as u64 + 3 }
+    })
+    .await;
     // Behind a job that never ends, the two waiting jobs go back, uncharged, within the hold.
     eventually("the waiting jobs to be released", || {
         let client = &client;
@@ -199,7 +232,8 @@ async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
         }
     })
     .await;
-    // Stopping now: the claim comes back after the lock goes, and what it took is released.
+    // Stopping now: the claim comes back after the lock goes, and what it took is released. (An
+    // idle replica claims only for its free slot: one job.)
     trigger.request(Stage::Draining);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!run.is_finished(), "the replica waits for its claim");
@@ -208,7 +242,7 @@ async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
     let snapshot = stats.snapshot();
     assert_eq!(
         (snapshot.claimed, snapshot.released, snapshot.succeeded),
-        (2, 2, 0),
+        (1, 1, 0),
         "{snapshot:?}"
     );
     for id in ids {
@@ -217,5 +251,58 @@ async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
             (row.status.as_str(), row.attempts, row.lease_cleared),
             ("pending", 0, true)
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_replicas_share_a_burst_instead_of_one_claiming_it_ahead() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let gate = Arc::new(Semaphore::new(0));
+    let scripted = Scripted {
+        gate: Some(Arc::clone(&gate)),
+        ..Scripted::default()
+    };
+    let mut runs = Vec::new();
+    for owner in ["share-a", "share-b"] {
+        let config = WorkerConfig {
+            slots: 4,
+            prefetch: 64,
+            ..one_slot(owner)
+        };
+        let worker = start(&db, config, scripted.clone()).await;
+        let (trigger, shutdown) = shutdown::manual();
+        runs.push((trigger, tokio::spawn(worker.run(shutdown))));
+    }
+    insert_jobs(&client, SCRIPTED, &vec![json!({"do": "ok"}); 16], 3).await;
+    eventually("both replicas to fill their slots", || {
+        let scripted = scripted.clone();
+        async move { scripted.prepares.load(Ordering::SeqCst) == 8 }
+    })
+    .await;
+    // Neither claimed ahead of its free slots: four each, the other eight still pending.
+    for owner in ["share-a", "share-b"] {
+        assert_eq!(
+            count(
+                &client,
+                &format!("etl_job_records WHERE status = 'running' AND lease_owner_id = '{owner}'"),
+            )
+            .await,
+            4
+        );
+    }
+    assert_eq!(
+        count(&client, "etl_job_records WHERE status = 'pending'").await,
+        8
+    );
+    gate.add_permits(16);
+    eventually("every job to succeed", || {
+        let client = &client;
+        async move { count(client, "etl_jobs WHERE status = 'succeeded'").await == 16 }
+    })
+    .await;
+    for (trigger, run) in runs {
+        trigger.request(Stage::Draining);
+        run.await.unwrap().unwrap();
     }
 }
