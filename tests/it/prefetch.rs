@@ -1,6 +1,7 @@
 //! The prefetch buffer: jobs claimed ahead of free slots are leased, renewed, started as slots
 //! free, released (attempt not charged) when they wait too long or when the replica stops, and
-//! a claim still in flight at shutdown is released too; idle replicas share a burst. A replica
+//! a claim still in flight at shutdown is released too; idle replicas share a burst; a replica
+//! that dies with jobs in its buffer leaves each to run once elsewhere. A replica
 //! claims ahead only once it has been starting jobs: the tests of a buffer first drain no-op jobs
 //! through its one slot, which sets the start rate that the jobs after them are claimed ahead by.
 
@@ -55,26 +56,80 @@ async fn lease_expiry(client: &tokio_postgres::Client, id: uuid::Uuid) -> System
         .get(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobs_claimed_ahead_are_leased_renewed_started_in_order_and_released_at_shutdown() {
-    let db = TestDb::migrated().await;
-    let client = db.client().await;
+/// A one-slot replica running behind a warm-up: four scripted jobs doing `action` follow
+/// [`WARM_UP`] no-op jobs; the first of them holds its slot at `gate` once it starts.
+struct Gated {
+    /// Opens the scripted jobs' handler.
+    gate: Arc<Semaphore>,
+    /// The handler (its `prepares` counts starts).
+    scripted: Scripted,
+    /// The four scripted jobs, in claim order.
+    ids: Vec<uuid::Uuid>,
+    /// The replica's counters.
+    stats: Arc<durable_etl::worker::stats::WorkerStats>,
+    /// Asks the replica to stop.
+    trigger: shutdown::Trigger,
+    /// The replica's `run`.
+    run: tokio::task::JoinHandle<Result<(), durable_etl::error::Error>>,
+}
+
+/// Starts [`Gated`] as `owner` and waits until its first scripted job has started and the other
+/// three wait in its buffer.
+async fn gated(db: &TestDb, client: &tokio_postgres::Client, owner: &str, action: &str) -> Gated {
     let gate = Arc::new(Semaphore::new(0));
     let scripted = Scripted {
         gate: Some(Arc::clone(&gate)),
         ..Scripted::default()
     };
-    insert_jobs(&client, NOOP, &vec![json!({}); WARM_UP], 3).await;
-    let ids = insert_jobs(&client, SCRIPTED, &vec![json!({"do": "ok"}); 4], 3).await;
-    let worker = start(&db, one_slot("ahead"), scripted.clone()).await;
+    insert_jobs(client, NOOP, &vec![json!({}); WARM_UP], 3).await;
+    let ids = insert_jobs(client, SCRIPTED, &vec![json!({ "do": action }); 4], 3).await;
+    let worker = start(db, one_slot(owner), scripted.clone()).await;
     let stats = worker.stats_handle();
     let (trigger, shutdown) = shutdown::manual();
     let run = tokio::spawn(worker.run(shutdown));
-    eventually("the first job to start", || {
+    eventually("the first scripted job to start", || {
         let scripted = scripted.clone();
         async move { scripted.prepares.load(Ordering::SeqCst) == 1 }
     })
     .await;
+    // The other three are claimed ahead by the claim that took the first, or else by the next
+    // wake while the start rate is still high: a notification makes sure there is one.
+    eventually("the other three to be claimed ahead", || {
+        let stats = Arc::clone(&stats);
+        async move {
+            let claimed = stats.snapshot().claimed == WARM_UP as u64 + 4;
+            if !claimed {
+                client
+                    .batch_execute(&format!("NOTIFY {}", durable_etl::notifier::CHANNEL))
+                    .await
+                    .unwrap();
+            }
+            claimed
+        }
+    })
+    .await;
+    Gated {
+        gate,
+        scripted,
+        ids,
+        stats,
+        trigger,
+        run,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_claimed_ahead_are_leased_renewed_started_in_order_and_released_at_shutdown() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let Gated {
+        gate,
+        scripted,
+        ids,
+        stats,
+        trigger,
+        run,
+    } = gated(&db, &client, "ahead", "ok").await;
     // Claimed ahead while the no-op jobs ran: one runs, three wait leased to this owner, their
     // attempt charged.
     // (The last no-op jobs may still be committing: their slot freed when they computed.)
@@ -305,4 +360,53 @@ async fn idle_replicas_share_a_burst_instead_of_one_claiming_it_ahead() {
         trigger.request(Stage::Draining);
         run.await.unwrap().unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_dies_with_jobs_in_its_buffer_leaves_each_to_run_once_elsewhere() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let Gated {
+        gate,
+        ids,
+        stats,
+        run,
+        ..
+    } = gated(&db, &client, "doomed", "write").await;
+    // One write job computes (held at its gate); the other three wait in the buffer.
+    assert_eq!(stats.snapshot().claimed, WARM_UP as u64 + 4);
+    // The replica dies: its tasks, heartbeats, session and owner lock go at once.
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    let heir = start(
+        &db,
+        WorkerConfig {
+            slots: 4,
+            ..one_slot("heir")
+        },
+        Scripted::default(),
+    )
+    .await;
+    // Recovered as a dead owner's (its lock gone, its leases unrenewed), or as expired leases if
+    // the second-long lease ran out first on a slow machine: either way, back to pending.
+    let mut recovered = 0;
+    for _ in 0..200 {
+        let pass = heir.recover().await.unwrap();
+        recovered += pass.dead_owner + pass.expired;
+        if recovered == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(recovered, 4, "the running job and the three buffered ones");
+    let done = heir.step().await.unwrap();
+    assert_eq!(done.len(), 4);
+    // Each ran to its end once, on its second attempt (the dead claim charged the buffered jobs
+    // too: it could not know they never started), and wrote its row once.
+    for id in ids {
+        let row = job_row(&client, id).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("succeeded", 2));
+    }
+    assert_eq!(count(&client, "etl_target_rows").await, 4);
+    gate.add_permits(1);
 }
