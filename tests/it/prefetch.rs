@@ -209,6 +209,10 @@ async fn a_job_that_waits_longer_than_the_hold_is_released_for_another_replica()
         async move { scripted.prepares.load(Ordering::SeqCst) == 1 }
     })
     .await;
+    // Another replica, idle: everything due is claimed already, and its poll is a minute away.
+    let other = start(&db, one_slot("idle"), Scripted::default()).await;
+    let (other_trigger, other_shutdown) = shutdown::manual();
+    let other_run = tokio::spawn(other.run(other_shutdown));
     eventually("the two jobs behind it to be claimed ahead", || {
         let stats = Arc::clone(&stats);
         async move { stats.snapshot().claimed == warm_up as u64 + 3 }
@@ -216,28 +220,27 @@ async fn a_job_that_waits_longer_than_the_hold_is_released_for_another_replica()
     .await;
     // Behind a job that never ends, the two waiting jobs go back, uncharged, within the hold.
     eventually("the waiting jobs to be released", || {
-        let client = &client;
-        async move {
-            count(
-                client,
-                "etl_job_records WHERE status = 'pending' AND attempts = 0
-                   AND lease_claim_id IS NULL AND lease_owner_id IS NULL",
-            )
-            .await
-                == 2
-        }
+        let stats = Arc::clone(&stats);
+        async move { stats.snapshot().released == 2 }
     })
     .await;
-    assert_eq!(stats.snapshot().released, 2);
-    // Another replica runs them: each succeeds on its first attempt.
-    let other = start(&db, one_slot("idle"), Scripted::default()).await;
-    for _ in 0..2 {
-        other.step().await.unwrap();
-    }
+    // The idle replica, whose poll is a minute away, is told: it runs each on its first attempt
+    // (the release refunded the hoarder's).
+    let released = format!(
+        "etl_jobs WHERE status = 'succeeded' AND id IN ('{}', '{}')",
+        ids[1], ids[2]
+    );
+    eventually("the released jobs to run elsewhere", || {
+        let (client, released) = (&client, released.clone());
+        async move { count(client, &released).await == 2 }
+    })
+    .await;
     for id in &ids[1..] {
         let row = job_row(&client, *id).await;
         assert_eq!((row.status.as_str(), row.attempts), ("succeeded", 1));
     }
+    other_trigger.request(Stage::Draining);
+    other_run.await.unwrap().unwrap();
     trigger.request(Stage::Draining);
     run.await.unwrap().unwrap();
     assert_eq!(job_row(&client, ids[0]).await.status, "pending");

@@ -4,6 +4,7 @@
 //! Invariants this module keeps:
 //! - Only leases still held under their claim are touched; a job whose owner asked to cancel it
 //!   ends `cancelled` instead (live row deleted, outcome appended in the same statement).
+//! - Released jobs are announced on the replicas' channel once the release committed.
 //! - The release is bounded by [`RELEASE_TIMEOUT`]: a replica never hangs at exit on it; leases
 //!   it could not release expire and recovery returns them.
 
@@ -103,7 +104,8 @@ async fn release_now(shared: &Shared, held: &HeldJobs) {
 
 /// Releases `leases` on a pooled connection within the replica's statement bound (the shutdown
 /// release, and the producer's release of jobs that waited too long in its prefetch buffer);
-/// counts and returns how many were still held.
+/// counts and returns how many were still held. When any was, it then notifies the channel the
+/// replicas listen on, so an idle replica claims them at once rather than at its next poll.
 ///
 /// # Errors
 /// Pool and database errors.
@@ -112,5 +114,13 @@ pub(crate) async fn release_leases(shared: &Shared, leases: &[Lease]) -> Result<
     let conn = db::checkout(&shared.pool).await?;
     let n = db::bounded(shared.statement_bound, release(&*conn, leases)).await?;
     shared.stats.record_released(n);
+    if n > 0 {
+        shared.stats.record_round_trips(1);
+        db::bounded(
+            shared.statement_bound,
+            conn.batch_execute(&format!("NOTIFY {}", crate::notifier::CHANNEL)),
+        )
+        .await?;
+    }
     Ok(n)
 }
