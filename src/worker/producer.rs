@@ -196,9 +196,8 @@ impl Producer {
     }
 
     /// After slots freed or tasks ended: starts buffered jobs in the free slots and, under a
-    /// backlog, decides
-    /// whether to claim now (half the room free), soon (a slot idles with nothing buffered), or
-    /// later.
+    /// backlog, decides whether to claim now (half the room free), soon (a slot idles with nothing
+    /// buffered), or later.
     fn slots_freed(&mut self) -> Option<ClaimReason> {
         self.start_waiting();
         if !self.wake.backlog {

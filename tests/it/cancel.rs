@@ -49,11 +49,7 @@ async fn gated_job(
         .await
         .unwrap()
         .get(0);
-    let gate = Arc::new(Semaphore::new(0));
-    let scripted = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
+    let (gate, scripted) = Scripted::gated();
     let worker = Worker::start(
         pool(db).await,
         &db.config,

@@ -123,6 +123,18 @@ pub struct Scripted {
     pub gate: Option<Arc<Semaphore>>,
 }
 
+impl Scripted {
+    /// A handler whose jobs each wait for a permit of the returned gate before acting.
+    pub fn gated() -> (Arc<Semaphore>, Scripted) {
+        let gate = Arc::new(Semaphore::new(0));
+        let scripted = Scripted {
+            gate: Some(Arc::clone(&gate)),
+            ..Scripted::default()
+        };
+        (gate, scripted)
+    }
+}
+
 impl Handler for Scripted {
     fn kind(&self) -> &'static str {
         SCRIPTED

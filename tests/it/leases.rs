@@ -72,11 +72,7 @@ async fn gated_replica(
     lease: Duration,
     jobs: usize,
 ) -> (Running, Scripted, Arc<Semaphore>) {
-    let gate = Arc::new(Semaphore::new(0));
-    let gated = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
+    let (gate, gated) = Scripted::gated();
     let worker = Worker::start(
         pool(db).await,
         &db.config,

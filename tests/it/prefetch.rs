@@ -76,11 +76,7 @@ struct Gated {
 /// Starts [`Gated`] as `owner` and waits until its first scripted job has started and the other
 /// three wait in its buffer.
 async fn gated(db: &TestDb, client: &tokio_postgres::Client, owner: &str, action: &str) -> Gated {
-    let gate = Arc::new(Semaphore::new(0));
-    let scripted = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
+    let (gate, scripted) = Scripted::gated();
     insert_jobs(client, NOOP, &vec![json!({}); WARM_UP], 3).await;
     let ids = insert_jobs(client, SCRIPTED, &vec![json!({ "do": action }); 4], 3).await;
     let worker = start(db, one_slot(owner), scripted.clone()).await;
@@ -316,11 +312,7 @@ async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
 async fn idle_replicas_share_a_burst_instead_of_one_claiming_it_ahead() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let gate = Arc::new(Semaphore::new(0));
-    let scripted = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
+    let (gate, scripted) = Scripted::gated();
     let mut runs = Vec::new();
     for owner in ["share-a", "share-b"] {
         let config = WorkerConfig {

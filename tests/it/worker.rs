@@ -77,11 +77,7 @@ async fn stalled_replica(
     cfg: WorkerConfig,
 ) -> Stalled {
     let id = insert_jobs(client, SCRIPTED, &[json!({"do": "write"})], 3).await[0];
-    let gate = Arc::new(Semaphore::new(0));
-    let gated = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
+    let (gate, gated) = Scripted::gated();
     let a = start(db, cfg, gated.clone()).await;
     let step = tokio::spawn(async move { (a.step().await.unwrap(), a.stats()) });
     eventually("A to be inside its handler", || {
@@ -545,11 +541,7 @@ async fn run_drains_the_queue_renews_leases_and_abandons_lost_ones() {
     let [gated_id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
         unreachable!()
     };
-    let gate = Arc::new(Semaphore::new(0));
-    let gated = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
+    let (gate, gated) = Scripted::gated();
     let mut cfg = config("runner");
     cfg.slots = 4;
     cfg.prefetch = 0;
@@ -792,11 +784,7 @@ async fn synchronous_commit(client: &tokio_postgres::Client) -> String {
 async fn a_freed_slot_is_refilled_while_most_slots_stay_busy() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let gate = Arc::new(Semaphore::new(0));
-    let scripted = Scripted {
-        gate: Some(Arc::clone(&gate)),
-        ..Scripted::default()
-    };
+    let (gate, scripted) = Scripted::gated();
     let prepares = Arc::clone(&scripted.prepares);
     insert_jobs(&client, SCRIPTED, &vec![json!({"do": "ok"}); 6], 5).await;
     // Without prefetch: no job waits in a buffer, so the freed slot needs a claim.
