@@ -1,8 +1,10 @@
 //! Enqueue benches: single-job inserts from 8 concurrent producers, one simple-query round trip
-//! per job, to price the NOTIFY: with the trigger on (`on`: each commit notifies), off (`off`:
-//! nobody notifies), and with the API's coalescing notifier (`notifier`: each transaction runs
-//! `SET LOCAL durable_etl.notify = 'off'` and signals one shared `Notifier` after its commit).
-//! `notifier` ÷ `off` is what the notifier keeps of trigger-off throughput.
+//! per job, to price the NOTIFY: with the trigger on while no replica waits (`on`: each enqueue
+//! takes the enqueue barrier and finds nobody to wake, as while every replica is busy), on while
+//! one waits (`on_waiting`: each commit notifies), off (`off`: nobody notifies), and with the
+//! API's coalescing notifier (`notifier`, `notifier_waiting`: each transaction runs `SET LOCAL
+//! durable_etl.notify = 'off'` and signals one shared `Notifier` after its commit). Each ÷ `off`
+//! is what that path keeps of trigger-off throughput.
 //!
 //! The table is emptied between samples, outside the timed region (`iter_custom`).
 // `criterion_group!` and `criterion_main!` generate functions that cannot carry doc comments.
@@ -82,17 +84,25 @@ fn enqueue(c: &mut Criterion) {
     let notifier = rt
         .block_on(async { durable_etl::Notifier::start(&db.config) })
         .expect("notifier");
-    for variant in ["on", "off", "notifier"] {
+    for variant in ["on", "on_waiting", "off", "notifier", "notifier_waiting"] {
         let toggle = if variant == "off" {
             "DISABLE"
         } else {
             "ENABLE"
         };
+        // `_waiting`: a replica waits for work, so every enqueue (or every coalesced signal)
+        // notifies; otherwise nobody waits, as while every replica is busy.
+        let waiting = if variant.ends_with("_waiting") {
+            "INSERT INTO etl_waiting_replicas (owner_id) VALUES ('bench')"
+        } else {
+            "SELECT 1"
+        };
         rt.block_on(db.client.batch_execute(&format!(
-            "ALTER TABLE etl_job_records {toggle} TRIGGER etl_job_records_notify_enqueue"
+            "ALTER TABLE etl_job_records {toggle} TRIGGER etl_job_records_notify_enqueue;
+             DELETE FROM etl_waiting_replicas; {waiting}"
         )))
         .expect("toggle trigger");
-        let notifier = (variant == "notifier").then_some(&notifier);
+        let notifier = variant.starts_with("notifier").then_some(&notifier);
         group.bench_with_input(BenchmarkId::from_parameter(variant), &variant, |b, _| {
             b.to_async(&rt).iter_custom(|iters| {
                 let (db, producers) = (&db, &producers);

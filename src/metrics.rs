@@ -264,6 +264,13 @@ const COUNTERS: &[Counter] = &[
         |s| s.reconnects),
     ("durable_etl_poll_found_work", "Polls that found work no notification announced.",
         |s| s.poll_found_work),
+    ("durable_etl_waits", "Times the replica began waiting for work (enqueues then notify).",
+        |s| s.waits),
+    ("durable_etl_waits_left", "Times a busy replica stopped waiting (enqueues stop notifying it).",
+        |s| s.waits_left),
+    ("durable_etl_enqueue_barrier_held",
+        "Tries of the enqueue barrier that found an enqueue in flight (tried again).",
+        |s| s.barrier_held),
 ];
 
 /// A replica's counters and gauges, read once per scrape.

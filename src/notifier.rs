@@ -60,9 +60,17 @@ pub(crate) fn reconnect_delays() -> impl Iterator<Item = Duration> {
         .build()
 }
 
-/// The notifier's one statement, on its own connection, in its own (implicit) transaction.
-/// Locks: PostgreSQL's notify queue lock, from the NOTIFY through the commit.
-const NOTIFY_SQL: &str = "NOTIFY durable_etl_jobs";
+/// Wakes the waiting replicas, if any (`etl_waiting_replicas`, migration 0009): the notifier's
+/// one statement, on its own connection, in its own (implicit) transaction, and the statement a
+/// replica sends after releasing jobs. It runs after the commits it answers for, so it needs no
+/// barrier: a replica whose row it does not see registered after its snapshot, hence after those
+/// commits, and claims after registering, so it sees their jobs.
+///
+/// Locks: PostgreSQL's notify queue lock, from the NOTIFY through the commit, only when a replica
+/// waits; otherwise none.
+pub(crate) const WAKE_WAITING_SQL: &str = "
+SELECT pg_notify('durable_etl_jobs', '')
+  FROM (SELECT 1 FROM etl_waiting_replicas LIMIT 1) AS waiting";
 
 /// Turns the enqueue trigger's NOTIFY off for the rest of the transaction (migration 0005).
 /// Locks: none.
@@ -193,7 +201,7 @@ impl Connection {
 
     /// One NOTIFY on the open connection.
     async fn try_notify(&mut self) -> Result<(), Error> {
-        self.open().await?.batch_execute(NOTIFY_SQL).await?;
+        self.open().await?.batch_execute(WAKE_WAITING_SQL).await?;
         Ok(())
     }
 }
@@ -216,6 +224,45 @@ mod tests {
     use std::sync::Arc;
     use tokio::sync::{mpsc, Notify, Semaphore};
     use tokio::time::{Duration, Instant};
+
+    /// The wake statement notifies only while a replica waits: run without, then with, a
+    /// waiting row, then a sentinel; notifications arrive in commit order.
+    #[tokio::test]
+    async fn the_wake_statement_notifies_only_while_a_replica_waits() {
+        use futures::StreamExt;
+        let db = crate::test_db::TestDb::migrated().await;
+        let config: tokio_postgres::Config = db.config.url.parse().unwrap();
+        let (listener, mut connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        let (tx, mut seen) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) =
+                messages.next().await
+            {
+                let _ = tx.send(n.channel().to_owned());
+            }
+        });
+        listener
+            .batch_execute("LISTEN durable_etl_jobs; LISTEN sentinel")
+            .await
+            .unwrap();
+        let client = db.client().await;
+        client.batch_execute(super::WAKE_WAITING_SQL).await.unwrap();
+        client
+            .batch_execute("INSERT INTO etl_waiting_replicas (owner_id) VALUES ('w')")
+            .await
+            .unwrap();
+        client.batch_execute(super::WAKE_WAITING_SQL).await.unwrap();
+        client.batch_execute("NOTIFY sentinel").await.unwrap();
+        let mut channels = Vec::new();
+        while let Some(channel) = seen.recv().await {
+            if channel == "sentinel" {
+                break;
+            }
+            channels.push(channel);
+        }
+        assert_eq!(channels, ["durable_etl_jobs"]);
+    }
 
     /// A link whose sends report their start and wait for a permit to finish.
     struct Gated {

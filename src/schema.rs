@@ -110,6 +110,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // and the ledger moved into them; no release before it can read or write this layout.
         min_reader_version: 8,
     },
+    Migration {
+        version: 9,
+        name: "waiting_replicas",
+        up: include_str!("../migrations/0009_waiting_replicas.up.sql"),
+        down: include_str!("../migrations/0009_waiting_replicas.down.sql"),
+        // Additive for readers: a release before it never registers as waiting, and is woken
+        // whenever a newer replica waits, else found by its poll (docs/migrations.md).
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

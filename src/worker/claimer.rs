@@ -219,6 +219,11 @@ impl ClaimSession {
         })
     }
 
+    /// The session's connection, to pipeline other statements before a claim.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Whether the claim runs prepared (its plan passed the check).
     pub fn is_prepared(&self) -> bool {
         self.prepared.is_some()

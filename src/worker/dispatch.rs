@@ -17,6 +17,7 @@ use crate::worker::claimer::Claimant;
 use crate::worker::completer::{self, Transition};
 use crate::worker::executor;
 use crate::worker::lease::{ClaimedJob, Lease};
+use crate::worker::presence::{self, Answer, Change};
 use crate::worker::shared::Shared;
 use crate::worker::slots::{SlotPermit, Slots};
 use crate::worker::stats::ClaimReason;
@@ -50,29 +51,74 @@ pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>
 
 /// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it would
 /// only fail every job it took with `unknown_kind`).
-#[tracing::instrument(name = "claim", skip_all, fields(free, ?reason))]
 pub(crate) async fn claim(
     shared: &Shared,
     free: usize,
     reason: ClaimReason,
 ) -> Result<Vec<ClaimedJob>, Error> {
+    claim_with(shared, free, reason, None).await.0
+}
+
+/// [`claim`], with the presence `change` (if any) pipelined before it on the same connection, in
+/// the same round trip. Returns the claimed jobs and what the change answered (`None` when it was
+/// not sent); the jobs are returned whatever the change answered, so a failed presence statement
+/// never loses a claim.
+#[tracing::instrument(name = "claim", skip_all, fields(free, ?reason, ?change))]
+pub(crate) async fn claim_with(
+    shared: &Shared,
+    free: usize,
+    reason: ClaimReason,
+    change: Option<Change>,
+) -> (Result<Vec<ClaimedJob>, Error>, Answer) {
     if shared.registry.is_empty() {
-        return Ok(Vec::new());
+        return (Ok(Vec::new()), None);
     }
-    let conn = db::checkout(&shared.claim_pool).await?;
+    let conn = match db::checkout(&shared.claim_pool).await {
+        Ok(conn) => conn,
+        Err(e) => return (Err(e), None),
+    };
     let claimant = Claimant {
         owner_id: shared.owner_id(),
         owner_locked: shared.owner_locked(),
         lease: shared.config.lease,
     };
     crash_point!("claim.before");
-    let jobs = db::bounded(shared.statement_bound, conn.claim(claimant, free)).await?;
+    let bound = shared.statement_bound;
+    // Polled first, so its statements are queued (and run) before the claim's.
+    let presence = async {
+        match change {
+            Some(change) => Some(
+                db::bounded(
+                    bound,
+                    presence::send(conn.client(), change, claimant.owner_id),
+                )
+                .await,
+            ),
+            None => None,
+        }
+    };
+    let (answer, jobs) = futures::join!(presence, db::bounded(bound, conn.claim(claimant, free)));
     crash_point!("claim.after_commit");
-    shared.stats.record_claim(reason, jobs.len());
-    for job in &jobs {
-        shared.stats.pickup_latency.observe(job.due_for);
+    if let Ok(jobs) = &jobs {
+        shared.stats.record_claim(reason, jobs.len());
+        for job in jobs {
+            shared.stats.pickup_latency.observe(job.due_for);
+        }
     }
-    Ok(jobs)
+    (jobs, answer)
+}
+
+/// Deletes the replica's waiting row (it stops), best effort: a row left behind only makes
+/// enqueues notify, and recovery deletes it once it is stale.
+pub(crate) async fn leave(shared: &Shared) {
+    let left = async {
+        let conn = db::checkout(&shared.claim_pool).await?;
+        let leave = presence::send(conn.client(), Change::Leave, shared.owner_id());
+        db::bounded(shared.statement_bound, leave).await
+    };
+    if let Err(e) = left.await {
+        tracing::warn!(code = %e.code(), "leaving the waiting replicas failed");
+    }
 }
 
 /// How long until the next deferred job is due, asked after a short claim (once its jobs are

@@ -5,7 +5,8 @@
 //!   job on a task (`executor`) whose effects commit in groups (`group_commit`, [`completer`]);
 //! - [`heartbeat`]: renews the leases of the held jobs (`held`) on its own task;
 //! - [`rescuer`]: recovers dead owners' and expired leases' jobs on its own task;
-//! - `session`: LISTEN and the owner lock (the notifier), outside the pool.
+//! - `session`: LISTEN and the owner lock (the notifier), outside the pool;
+//! - `presence`: whether the replica waits for work, so that enqueues notify only while one does.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
@@ -36,6 +37,7 @@ pub(crate) mod held;
 #[doc(hidden)]
 pub mod lease;
 pub(crate) mod prefetch;
+pub(crate) mod presence;
 pub(crate) mod producer;
 #[doc(hidden)]
 pub mod rescuer;

@@ -30,10 +30,11 @@
 use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
 use crate::worker::completer::{self, Transition};
-use crate::worker::dispatch::{claim, next_due, settle_dead_task, timed_execute};
+use crate::worker::dispatch::{claim_with, leave, next_due, settle_dead_task, timed_execute};
 use crate::worker::held::{HeldJob, HeldJobs};
 use crate::worker::lease::{self, ClaimedJob, Lease, LeaseClock};
 use crate::worker::prefetch::Prefetch;
+use crate::worker::presence::{Answer, Change, Presence};
 use crate::worker::session::Signals;
 use crate::worker::shared::Shared;
 use crate::worker::slots::Slots;
@@ -72,6 +73,11 @@ struct WakeState {
     again: Option<ClaimReason>,
 }
 
+/// Whether a claim was sent by the backstop poll (a waiting replica refreshes its row then).
+fn is_poll(why: ClaimReason) -> bool {
+    why == ClaimReason::Poll
+}
+
 /// A job claimed ahead, waiting in the buffer for a slot, with what it is held under.
 struct Waiting {
     /// The job.
@@ -92,6 +98,10 @@ struct Claimed {
     sent: Instant,
     /// The claimed jobs, or why the claim failed.
     jobs: Result<Vec<ClaimedJob>, Error>,
+    /// The presence change sent before it, if any.
+    change: Option<Change>,
+    /// What that change answered.
+    answer: Answer,
 }
 
 /// The claim in flight.
@@ -114,6 +124,8 @@ pub(crate) struct Producer {
     claiming: Option<InFlight>,
     /// What the loop remembers between wakes.
     wake: WakeState,
+    /// Whether the replica waits for work, as enqueues see it.
+    presence: Presence,
 }
 
 /// Why the claim loop stopped.
@@ -128,6 +140,9 @@ pub(crate) enum Stopped {
 impl Producer {
     /// A producer for the replica `shared` whose running jobs are `held`.
     pub(crate) fn new(shared: Arc<Shared>, held: HeldJobs) -> Producer {
+        // Only a replica that a NOTIFY can wake, and that would claim what it wakes for, waits.
+        let listening = shared.signals.is_some() && !shared.registry.is_empty();
+        let poll_interval = shared.config.poll_interval;
         Producer {
             buffer: Prefetch::new(shared.config.prefetch),
             shared,
@@ -136,6 +151,7 @@ impl Producer {
             slots: Arc::new(Slots::default()),
             claiming: None,
             wake: WakeState::default(),
+            presence: Presence::new(listening, poll_interval),
         }
     }
 
@@ -157,14 +173,15 @@ impl Producer {
                 () = wait(signals.as_deref().map(|s| &s.fatal)) => return Stopped::OwnerIdTaken,
                 claimed = in_flight(&mut self.claiming) => {
                     self.claiming = None;
-                    self.take_claimed(claimed).await;
-                    reason = self.wake.again.take();
+                    let join = self.take_claimed(claimed).await;
+                    reason = self.wake.again.take().or(join);
                 }
                 () = wait(signals.as_deref().map(|s| &s.notified)) => {
                     self.wake.notified_since_claim = true;
                     reason = Some(ClaimReason::Notify);
                 }
                 () = wait(signals.as_deref().map(|s| &s.reconnected)) => {
+                    self.presence.reconnected();
                     reason = Some(ClaimReason::CatchUp);
                 }
                 () = catch_up.notified() => reason = Some(ClaimReason::CatchUp),
@@ -191,6 +208,9 @@ impl Producer {
                     reason = Some(ClaimReason::Drain);
                 }
                 () = sleep_until_opt(release_at) => self.release_overdue().await,
+                () = sleep_until_opt(self.presence.retry_at()) => {
+                    reason = Some(ClaimReason::Presence);
+                }
             }
         }
     }
@@ -231,9 +251,16 @@ impl Producer {
         // released with them.
         if let Some(claim) = self.claiming.take() {
             let claimed = claim.await;
+            let answer = claimed.answer.as_ref();
+            let (now, stats) = (Instant::now(), &self.shared.stats);
+            self.presence
+                .after(claimed.change, answer, true, now, stats);
             for job in claimed.jobs.into_iter().flatten() {
                 self.hold(job, claimed.sent);
             }
+        }
+        if self.presence.registered() {
+            leave(&self.shared).await;
         }
         self.buffer.drain().for_each(drop);
         let grace = tokio::time::sleep(if now {
@@ -272,20 +299,37 @@ impl Producer {
         }
         let shared = Arc::clone(&self.shared);
         let sent = Instant::now();
+        let change = self.presence.change(is_poll(why), self.wake.backlog);
+        self.presence.retrying();
         self.claiming = Some(Box::pin(async move {
-            let jobs = claim(&shared, room, why).await;
+            let (jobs, answer) = claim_with(&shared, room, why, change).await;
             Claimed {
                 why,
                 asked: room,
                 sent,
                 jobs,
+                change,
+                answer,
             }
         }));
     }
 
     /// Holds what a claim took and starts as much of it as slots allow; then, after a short
     /// claim, learns when the next deferred job is due (the jobs are already running by then).
-    async fn take_claimed(&mut self, claimed: Claimed) {
+    /// Returns a reason to claim again at once: a short claim found the replica busy, and it
+    /// registers as waiting on the next one.
+    async fn take_claimed(&mut self, claimed: Claimed) -> Option<ClaimReason> {
+        let full = claimed
+            .jobs
+            .as_ref()
+            .map_or(true, |j| j.len() == claimed.asked);
+        let join = self.presence.after(
+            claimed.change,
+            claimed.answer.as_ref(),
+            full,
+            Instant::now(),
+            &self.shared.stats,
+        );
         let jobs = match claimed.jobs {
             Ok(jobs) => jobs,
             Err(e) => {
@@ -294,14 +338,14 @@ impl Producer {
                 tracing::warn!(code = %e.code(), "claim failed");
                 let retry = Instant::now() + CLAIM_RETRY_DELAY;
                 self.wake.next_due = Some(self.wake.next_due.map_or(retry, |due| due.min(retry)));
-                return;
+                return None;
             }
         };
         if claimed.why == ClaimReason::Poll && !jobs.is_empty() && !self.wake.notified_since_claim {
             self.shared.stats.record_poll_found_work();
         }
         self.wake.notified_since_claim = false;
-        self.wake.backlog = jobs.len() == claimed.asked;
+        self.wake.backlog = full;
         for job in jobs {
             self.hold(job, claimed.sent);
         }
@@ -312,6 +356,7 @@ impl Producer {
                 Err(e) => tracing::warn!(code = %e.code(), "next-due query failed"),
             }
         }
+        join.then_some(ClaimReason::Presence)
     }
 
     /// Holds `job`, claimed by a statement sent at `sent`, and buffers it until a slot frees.

@@ -28,6 +28,7 @@
 use crate::db;
 use crate::error::Error;
 use crate::worker::lease::millis;
+use crate::worker::presence;
 use crate::worker::shared::Shared;
 use crate::worker::timing::ticker;
 use std::sync::Arc;
@@ -216,6 +217,20 @@ pub async fn recover(
     Ok(recovered)
 }
 
+/// Deletes the waiting rows nobody refreshed for [`presence::STALE_AFTER`]: replicas that died
+/// while waiting (their rows would make every enqueue notify). Returns how many.
+///
+/// # Errors
+/// The database error of the statement.
+pub async fn forget_stale_waiters(
+    client: &impl GenericClient,
+) -> Result<u64, tokio_postgres::Error> {
+    let stale_after = millis(presence::STALE_AFTER);
+    client
+        .execute_typed(presence::FORGET_STALE_SQL, &[(&stale_after, Type::INT8)])
+        .await
+}
+
 /// The rescuer role: runs a recovery pass every [`rescue_interval`] (at once, then on every tick)
 /// until `stop`, and signals `catch_up` when a pass returned jobs to `pending`, so the producer
 /// claims them without waiting for its poll.
@@ -242,7 +257,15 @@ pub(crate) async fn pass(shared: &Shared) -> Result<Recovered, Error> {
     let conn = db::checkout(&shared.pool).await?;
     shared.stats.record_round_trips(1);
     let silence = owner_silence(shared.config.heartbeat_interval);
-    let recovered = db::bounded(shared.statement_bound, recover(&*conn, silence)).await?;
+    // Pipelined with the recovery statement, in the same round trip.
+    let (forgotten, recovered) = futures::join!(
+        db::bounded(shared.statement_bound, forget_stale_waiters(&*conn)),
+        db::bounded(shared.statement_bound, recover(&*conn, silence))
+    );
+    let recovered = recovered?;
+    if let Err(e) = forgotten {
+        tracing::warn!(code = %e.code(), "forgetting stale waiting replicas failed");
+    }
     shared.stats.record_recovery(recovered);
     if recovered != Recovered::default() {
         tracing::info!(

@@ -177,6 +177,13 @@ counters! {
     /// Poll claims that found work although no notification had arrived since the previous
     /// claim: a sign of lost notifications (or of work that became due).
     poll_found_work,
+    /// Times the replica began waiting for work: registered, and settled past the enqueue
+    /// barrier (enqueues notify while a replica waits).
+    waits,
+    /// Times a replica whose claim came back full stopped waiting.
+    waits_left,
+    /// Tries of the enqueue barrier that found an enqueue in flight (tried again later).
+    barrier_held,
 }
 
 /// Why the claim loop claimed.
@@ -196,6 +203,8 @@ pub enum ClaimReason {
     CatchUp,
     /// A single step (tests and tools).
     Step,
+    /// The replica registers as waiting, or tries the enqueue barrier again (see `presence`).
+    Presence,
 }
 
 /// Adds one to `counter`.
@@ -259,7 +268,7 @@ impl WorkerStats {
             ClaimReason::Due => bump(&self.claims_by_due),
             ClaimReason::Drain => bump(&self.claims_by_drain),
             ClaimReason::CatchUp => bump(&self.claims_by_reconnect),
-            ClaimReason::Startup | ClaimReason::Step => {}
+            ClaimReason::Startup | ClaimReason::Step | ClaimReason::Presence => {}
         }
     }
 
@@ -271,6 +280,21 @@ impl WorkerStats {
     /// Counts a claim session whose prepared claim failed its plan check.
     pub fn record_claim_plan_fallback(&self) {
         bump(&self.claim_plan_fallbacks);
+    }
+
+    /// Counts the replica beginning to wait for work.
+    pub(crate) fn record_wait(&self) {
+        bump(&self.waits);
+    }
+
+    /// Counts a busy replica leaving the waiting replicas.
+    pub(crate) fn record_wait_left(&self) {
+        bump(&self.waits_left);
+    }
+
+    /// Counts a try of the enqueue barrier that found an enqueue in flight.
+    pub(crate) fn record_barrier_held(&self) {
+        bump(&self.barrier_held);
     }
 
     /// Counts one group commit of `n` jobs.

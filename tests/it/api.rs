@@ -2,7 +2,7 @@
 //! replay, key reuse, owner scoping, cancellation, replacement, deferred jobs, and no request
 //! value in any response.
 
-use crate::support::{count, eventually, job_row, pool, Listener, TestDb};
+use crate::support::{count, eventually, job_row, pool, register_waiting, Listener, TestDb};
 use durable_etl::api::{self, AppState};
 use durable_etl::api_keys;
 use durable_etl::config::{ApiConfig, WorkerConfig};
@@ -1074,6 +1074,7 @@ async fn submissions_skip_the_trigger_and_wake_the_replicas_through_the_notifier
         .await
         .unwrap();
     let mut listener = Listener::start(&api.db, &["durable_etl_jobs"]).await;
+    register_waiting(&client, "listener").await;
     const N: usize = 8;
     let submissions = (0..N).map(|i| {
         let (api, body) = (&api, small(i as i64));
@@ -1126,6 +1127,7 @@ async fn the_notifier_reopens_its_terminated_connection() {
     let api = Api::start_notifying().await;
     let client = api.db.client().await;
     let mut listener = Listener::start(&api.db, &["durable_etl_jobs"]).await;
+    register_waiting(&client, "listener").await;
     eventually("the notifier's connection", || async {
         notifier_pids(&client, &api).await.len() == 1
     })

@@ -211,6 +211,7 @@ async fn a_batch_is_one_statement_one_notification_and_replays_whole() {
     let mut listener =
         crate::support::Listener::start(&db, &["durable_etl_jobs", "sentinel"]).await;
     let client = db.client().await;
+    crate::support::register_waiting(&client, "listener").await;
     let requests: Vec<EtlRequest> = (0..3)
         .map(|i| req(json!({"dataset": "d", "key": "id", "records": [{"id": i}]})))
         .collect();
@@ -249,6 +250,7 @@ async fn a_library_enqueue_notifies_through_the_trigger_unless_its_transaction_o
     let mut listener =
         crate::support::Listener::start(&db, &["durable_etl_jobs", "sentinel"]).await;
     let mut client = db.client().await;
+    crate::support::register_waiting(&client, "listener").await;
     let request = req(json!({"dataset": "d", "key": "id", "records": [{"id": 1}]}));
     for (key, opt_out) in [
         ("plain", false),

@@ -17,6 +17,7 @@ mod handlers;
 mod layering;
 mod leases;
 mod prefetch;
+mod presence;
 mod privacy;
 mod proxy;
 mod schema;

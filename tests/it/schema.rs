@@ -2,8 +2,8 @@
 //! release-compatibility check, the CHECK constraints and the enqueue trigger.
 
 use crate::support::{
-    catalog_snapshot, count, end_job, first_column, insert_ended_jobs, insert_job, Listener,
-    TestDb, LEDGERS,
+    catalog_snapshot, count, end_job, first_column, insert_ended_jobs, insert_job,
+    register_waiting, Listener, TestDb, LEDGERS,
 };
 use durable_etl::codes::Code;
 use durable_etl::error::{Error, SchemaError};
@@ -393,6 +393,7 @@ async fn the_trigger_notifies_once_per_transaction_and_never_for_deferred_jobs()
     let db = TestDb::migrated().await;
     let mut listener = Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
     let mut client = db.client().await;
+    register_waiting(&client, "listener").await;
 
     // One transaction, three due jobs in three statements plus a multi-row insert: one notification.
     let tx = client.transaction().await.unwrap();
@@ -425,6 +426,71 @@ async fn the_trigger_notifies_once_per_transaction_and_never_for_deferred_jobs()
         .get(0);
     assert_eq!(jobs, 5);
     drop(listener.client);
+}
+
+/// 0009: an enqueue notifies only while a replica waits (or when its transaction is stricter
+/// than READ COMMITTED, whose older snapshot may miss a registration), and holds the enqueue
+/// barrier until it commits; the down script restores the trigger that notifies whoever waits.
+#[tokio::test]
+async fn migration_0009_makes_enqueues_notify_only_while_a_replica_waits_and_round_trips() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let other = db.client().await;
+    let mut listener = Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
+    let latest = catalog_snapshot(&client).await;
+    let barrier_free = || async {
+        other
+            .query_one("SELECT pg_try_advisory_xact_lock(1684370540, 1)", &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    };
+
+    // Nobody waits: no notification, but the barrier is held until the commit.
+    let tx = client.transaction().await.unwrap();
+    insert_job(&tx, "now()").await;
+    assert!(!barrier_free().await, "an open enqueue holds the barrier");
+    tx.commit().await.unwrap();
+    assert!(barrier_free().await);
+    // A REPEATABLE READ enqueue notifies anyway.
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .unwrap();
+    insert_job(&tx, "now()").await;
+    tx.commit().await.unwrap();
+    // Somebody waits: the next enqueue notifies; gone again: it does not.
+    register_waiting(&client, "a").await;
+    insert_job(&client, "now()").await;
+    client
+        .batch_execute("DELETE FROM etl_waiting_replicas")
+        .await
+        .unwrap();
+    insert_job(&client, "now()").await;
+
+    let down = schema::migrate_down_to(&mut client, 8).await.unwrap();
+    assert_eq!((down.changed, down.version), (vec![9], 8));
+    let table: Vec<Option<String>> =
+        first_column(&client, "SELECT to_regclass('etl_waiting_replicas')::text").await;
+    assert_eq!(table, [None]);
+    // At 8, every enqueue notifies.
+    insert_job(&client, "now()").await;
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(
+        (up.changed, up.version),
+        (vec![9], schema::latest_version())
+    );
+    assert_eq!(catalog_snapshot(&client).await, latest);
+
+    client.batch_execute("NOTIFY test_sentinel").await.unwrap();
+    assert_eq!(
+        listener.drain_until("test_sentinel").await,
+        vec![("durable_etl_jobs".to_owned(), String::new()); 3],
+        "the REPEATABLE READ enqueue, the one while a replica waited, and the one at 8"
+    );
+    assert_eq!(declared_min_reader(&client, 9).await, 8);
 }
 
 /// The `min_reader_version` the history records for `version`.
@@ -507,6 +573,7 @@ async fn migration_0005_lets_a_transaction_skip_the_trigger_notify_and_round_tri
         ((5..=latest_version).collect::<Vec<_>>(), latest_version)
     );
     assert_eq!(catalog_snapshot(&client).await, latest);
+    register_waiting(&client, "listener").await;
     insert_opted_out(&mut client, false).await;
     insert_job(&client, "now()").await;
 
@@ -514,7 +581,7 @@ async fn migration_0005_lets_a_transaction_skip_the_trigger_notify_and_round_tri
     assert_eq!(
         listener.drain_until("test_sentinel").await,
         vec![("durable_etl_jobs".to_owned(), String::new()); 2],
-        "only the opted-out insert at version 4 and the plain insert at 5 notified"
+        "only the opted-out insert at version 4 and the plain insert at the latest notified"
     );
     assert_eq!(declared_min_reader(&client, 5).await, 4);
 }
@@ -1015,7 +1082,10 @@ async fn migration_0008_moves_live_and_ended_jobs_and_back() {
     assert_eq!((view.len(), ledger.len()), (5, 1));
 
     let up = schema::migrate_up(&mut client).await.unwrap();
-    assert_eq!(up.changed, [8]);
+    assert_eq!(
+        up.changed,
+        (8..=schema::latest_version()).collect::<Vec<_>>()
+    );
     assert_eq!(text_rows(&client, VIEW_ROWS).await, view);
     assert_eq!(
         text_rows(&client, &intake_rows("etl_job_intake")).await,
@@ -1088,7 +1158,10 @@ async fn migration_0008_moves_live_and_ended_jobs_and_back() {
     assert_eq!(referenced, ["etl_job_intake", "etl_job_intake"]);
 
     let down = schema::migrate_down_to(&mut client, 7).await.unwrap();
-    assert_eq!(down.changed, [8]);
+    assert_eq!(
+        down.changed,
+        (8..=schema::latest_version()).rev().collect::<Vec<_>>()
+    );
     assert_eq!(text_rows(&client, VIEW_ROWS).await, view);
     assert_eq!(text_rows(&client, WIDE_ROWS).await, wide);
     assert_eq!(

@@ -106,6 +106,18 @@ impl Listener {
     }
 }
 
+/// Records `owner` as a replica that waits for work (migration 0009), as an idle replica does:
+/// while one waits, enqueues notify.
+pub async fn register_waiting(client: &impl tokio_postgres::GenericClient, owner: &str) {
+    client
+        .execute(
+            "INSERT INTO etl_waiting_replicas (owner_id) VALUES ($1)",
+            &[&owner],
+        )
+        .await
+        .unwrap();
+}
+
 /// Inserts one pending job of kind `test.noop` due at the `run_at` SQL expression: its intake
 /// row and its live row (payload `{}`), in one statement on `client`.
 pub async fn insert_job(

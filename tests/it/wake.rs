@@ -3,7 +3,8 @@
 
 use crate::handlers::{Noop, NOOP};
 use crate::support::{
-    count, eventually, insert_job, insert_jobs, pool, session_pid, Listener, TestDb, LEDGERS,
+    count, eventually, insert_job, insert_jobs, pool, register_waiting, session_pid, Listener,
+    TestDb, LEDGERS,
 };
 use durable_etl::config::WorkerConfig;
 use durable_etl::error::Error;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 /// A configuration with the given poll interval and slots.
-fn config(owner: &str, poll: Duration, slots: usize) -> WorkerConfig {
+pub(crate) fn config(owner: &str, poll: Duration, slots: usize) -> WorkerConfig {
     WorkerConfig {
         owner_id: owner.to_owned(),
         slots,
@@ -30,9 +31,9 @@ fn config(owner: &str, poll: Duration, slots: usize) -> WorkerConfig {
 }
 
 /// A running replica: its counters, its shutdown trigger and its task.
-struct Replica {
+pub(crate) struct Replica {
     /// Live counters.
-    stats: Arc<WorkerStats>,
+    pub(crate) stats: Arc<WorkerStats>,
     /// Asks it to stop.
     trigger: Trigger,
     /// The `run` task.
@@ -42,14 +43,18 @@ struct Replica {
 impl Replica {
     /// Starts a replica on `db` running no-op jobs.
     async fn start(db: &TestDb, config: WorkerConfig) -> Replica {
-        let worker = Worker::start(
-            pool(db).await,
-            &db.config,
-            config,
-            Registry::new().register(Noop),
-        )
-        .await
-        .unwrap();
+        Replica::start_with(db, config, Registry::new().register(Noop)).await
+    }
+
+    /// Starts a replica on `db` running the handlers of `registry`.
+    pub(crate) async fn start_with(
+        db: &TestDb,
+        config: WorkerConfig,
+        registry: Registry,
+    ) -> Replica {
+        let worker = Worker::start(pool(db).await, &db.config, config, registry)
+            .await
+            .unwrap();
         let stats = worker.stats_handle();
         let (trigger, shutdown) = shutdown::manual();
         let task = tokio::spawn(worker.run(shutdown));
@@ -70,14 +75,14 @@ impl Replica {
     }
 
     /// Stops it and waits for it.
-    async fn stop(self) -> Result<(), Error> {
+    pub(crate) async fn stop(self) -> Result<(), Error> {
         self.trigger.request(Stage::Draining);
         self.task.await.unwrap()
     }
 }
 
 /// Waits until `n` jobs have succeeded.
-async fn until_succeeded(client: &tokio_postgres::Client, n: i64) {
+pub(crate) async fn until_succeeded(client: &tokio_postgres::Client, n: i64) {
     eventually(&format!("{n} succeeded jobs"), || async move {
         count(client, "etl_jobs WHERE status = 'succeeded'").await == n
     })
@@ -341,6 +346,7 @@ async fn the_notification_carries_no_id_payload_or_principal() {
     let db = TestDb::migrated().await;
     let mut listener = Listener::start(&db, &["durable_etl_jobs", "sentinel"]).await;
     let client = db.client().await;
+    register_waiting(&client, "listener").await;
     let ids = insert_jobs(
         &client,
         NOOP,
@@ -368,6 +374,11 @@ async fn poll_only_mode_without_a_session_recovers_by_expiry_only() {
     until_succeeded(&client, 1).await;
     let stats = replica.stats.snapshot();
     assert_eq!((stats.notifications, stats.session_up), (0, 0));
+    assert_eq!(
+        (stats.waits, count(&client, "etl_waiting_replicas").await),
+        (0, 0),
+        "nothing can wake it, so it never waits"
+    );
     assert_eq!(
         count(&client, &format!("pg_stat_activity WHERE datname = '{}' AND application_name = 'durable-etl/session'", db.name)).await,
         0

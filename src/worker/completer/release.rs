@@ -104,8 +104,8 @@ async fn release_now(shared: &Shared, held: &HeldJobs) {
 
 /// Releases `leases` on a pooled connection within the replica's statement bound (the shutdown
 /// release, and the producer's release of jobs that waited too long in its prefetch buffer);
-/// counts and returns how many were still held. When any was, it then notifies the channel the
-/// replicas listen on, so an idle replica claims them at once rather than at its next poll.
+/// counts and returns how many were still held. When any was, it then wakes the waiting
+/// replicas, so an idle one claims them at once rather than at its next poll.
 ///
 /// # Errors
 /// Pool and database errors.
@@ -118,7 +118,7 @@ pub(crate) async fn release_leases(shared: &Shared, leases: &[Lease]) -> Result<
         shared.stats.record_round_trips(1);
         db::bounded(
             shared.statement_bound,
-            conn.batch_execute(&format!("NOTIFY {}", crate::notifier::CHANNEL)),
+            conn.batch_execute(crate::notifier::WAKE_WAITING_SQL),
         )
         .await?;
     }

@@ -1,0 +1,178 @@
+//! Presence: replicas that wait for work say so (`etl_waiting_replicas`), enqueues notify only
+//! while one does, and no enqueue is missed in the race between an enqueue that read "nobody
+//! waits" and a replica that registers before that enqueue commits.
+
+use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
+use crate::support::{eventually, insert_jobs, session_pid, TestDb};
+use crate::wake::{config, until_succeeded, Replica};
+use durable_etl::handler::Registry;
+use serde_json::json;
+use std::time::Duration;
+
+/// The owner ids of the waiting rows, in order.
+async fn waiting(client: &tokio_postgres::Client) -> Vec<String> {
+    client
+        .query(
+            "SELECT owner_id FROM etl_waiting_replicas ORDER BY owner_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Starts a no-op replica `owner` polling every `poll`, and waits until it waits for work.
+async fn waiting_replica(db: &TestDb, owner: &str, poll: Duration) -> Replica {
+    let replica =
+        Replica::start_with(db, config(owner, poll, 4), Registry::new().register(Noop)).await;
+    let client = db.client().await;
+    eventually("the replica waits", || async {
+        waiting(&client).await == [owner]
+    })
+    .await;
+    replica
+}
+
+/// The race the enqueue barrier closes: an enqueue reads "nobody waits" (so it will not notify),
+/// a replica then registers and claims before that enqueue commits. The replica's try of the
+/// barrier fails while the enqueue is open, and it tries again until it succeeds, then claims:
+/// the job runs at once, although no NOTIFY was sent and the poll is a minute away. (A replica
+/// that took its registration alone as settled would wait for its poll: the test times out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_in_flight_while_a_replica_registers_still_wakes_it() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let observer = db.client().await;
+    let tx = client.transaction().await.unwrap();
+    insert_jobs(&tx, NOOP, &[json!({})], 3).await;
+    let replica = Replica::start_with(
+        &db,
+        config("late", Duration::from_secs(60), 4),
+        Registry::new().register(Noop),
+    )
+    .await;
+    eventually("a registration that found the enqueue in flight", || {
+        let stats = replica.stats.snapshot();
+        let observer = &observer;
+        async move { stats.barrier_held >= 1 && waiting(observer).await == ["late"] }
+    })
+    .await;
+    assert_eq!(
+        replica.stats.snapshot().waits,
+        0,
+        "not settled while it is open"
+    );
+    tx.commit().await.unwrap();
+    until_succeeded(&observer, 1).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.notifications, 0, "the enqueue saw nobody waiting");
+    assert_eq!(stats.claimed_by_poll, 0, "the 60 s poll never fired");
+    assert_eq!(stats.waits, 1);
+    replica.stop().await.unwrap();
+    assert!(waiting(&observer).await.is_empty(), "it left at shutdown");
+}
+
+/// An idle replica waits (enqueues notify it); one whose claim comes back full leaves (enqueues
+/// stop notifying: it claims again by itself as its jobs end) and waits again once a claim comes
+/// back short; it leaves at shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_waits_while_idle_and_leaves_while_busy() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (gate, scripted) = Scripted::gated();
+    let mut cfg = config("busy", Duration::from_secs(60), 2);
+    cfg.prefetch = 0;
+    let replica = Replica::start_with(&db, cfg, Registry::new().register(scripted)).await;
+    eventually("the replica waits", || async {
+        replica.stats.snapshot().waits == 1 && waiting(&client).await == ["busy"]
+    })
+    .await;
+    // Four jobs, two slots: the notified claim comes back full, and the next one leaves.
+    insert_jobs(&client, SCRIPTED, &vec![json!({}); 4], 3).await;
+    gate.add_permits(2);
+    eventually("the busy replica left", || async {
+        replica.stats.snapshot().waits_left == 1 && waiting(&client).await.is_empty()
+    })
+    .await;
+    // Nobody waits: this enqueue notifies nobody, and the busy replica takes it all the same.
+    insert_jobs(&client, SCRIPTED, &[json!({})], 3).await;
+    gate.add_permits(3);
+    until_succeeded(&client, 5).await;
+    eventually("the replica waits again", || async {
+        replica.stats.snapshot().waits == 2 && waiting(&client).await == ["busy"]
+    })
+    .await;
+    assert_eq!(replica.stats.snapshot().notifications, 1);
+    replica.stop().await.unwrap();
+    assert!(waiting(&client).await.is_empty());
+}
+
+/// A waiting replica whose row is lost (deleted, or emptied by crash recovery) restores it at
+/// its next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_replica_restores_a_lost_row_at_its_poll() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let replica = waiting_replica(&db, "polled", Duration::from_millis(100)).await;
+    client
+        .batch_execute("DELETE FROM etl_waiting_replicas")
+        .await
+        .unwrap();
+    eventually("the restored row", || async {
+        waiting(&client).await == ["polled"]
+    })
+    .await;
+    replica.stop().await.unwrap();
+}
+
+/// A reconnect sends a waiting replica back to register: after crash recovery emptied the
+/// unlogged table and ended its session, it registers again, and an enqueue wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_registers_again_after_its_session_reconnects() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let replica = waiting_replica(&db, "reconnected", Duration::from_secs(60)).await;
+    client
+        .batch_execute("DELETE FROM etl_waiting_replicas")
+        .await
+        .unwrap();
+    let pid = session_pid(&client, &db).await;
+    client
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    eventually("the registration after the reconnect", || async {
+        replica.stats.snapshot().reconnects >= 1 && waiting(&client).await == ["reconnected"]
+    })
+    .await;
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    until_succeeded(&client, 1).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.claims_by_notify, 1, "{stats:?}");
+    assert_eq!(stats.claimed_by_poll, 0, "the 60 s poll never fired");
+    replica.stop().await.unwrap();
+}
+
+/// Recovery deletes the rows of replicas that died while waiting (nobody refreshed them for
+/// twice the longest poll interval), and keeps the others.
+#[tokio::test]
+async fn recovery_forgets_waiting_rows_nobody_refreshed() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO etl_waiting_replicas (owner_id, refreshed_at)
+             VALUES ('dead', now() - interval '11 minutes'),
+                    ('quiet', now() - interval '9 minutes'),
+                    ('fresh', now())",
+        )
+        .await
+        .unwrap();
+    let forgotten = durable_etl::worker::rescuer::forget_stale_waiters(&client)
+        .await
+        .unwrap();
+    assert_eq!(forgotten, 1);
+    assert_eq!(waiting(&client).await, ["fresh", "quiet"]);
+}
