@@ -209,6 +209,9 @@ impl Producer {
                 }
                 () = sleep_until_opt(release_at) => self.release_overdue().await,
                 () = sleep_until_opt(self.presence.retry_at()) => {
+                    // Cleared here, not by the claim: a claim that cannot be sent now (no room)
+                    // must not leave a past deadline that fires again at once.
+                    self.presence.retrying();
                     reason = Some(ClaimReason::Presence);
                 }
             }

@@ -176,3 +176,55 @@ async fn recovery_forgets_waiting_rows_nobody_refreshed() {
     assert_eq!(forgotten, 1);
     assert_eq!(waiting(&client).await, ["fresh", "quiet"]);
 }
+
+/// CPU time this test process has used, user and system (`/proc/self/stat`, in clock ticks of
+/// 10 ms).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // The fields after the command name (which ends with the last ')'): utime is the 12th of
+    // them, stime the 13th.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// A barrier retry that comes due while the replica has no room sends no claim; it must not
+/// stay due either (the claim loop would wake for it again at once, forever, burning a core
+/// until a slot frees).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_no_room_does_not_spin_on_a_barrier_retry() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let observer = db.client().await;
+    let open = client.transaction().await.unwrap();
+    insert_jobs(&open, SCRIPTED, &[json!({})], 3).await;
+    let (gate, scripted) = Scripted::gated();
+    let mut cfg = config("full", Duration::from_secs(60), 1);
+    cfg.prefetch = 0;
+    let replica = Replica::start_with(&db, cfg, Registry::new().register(scripted)).await;
+    eventually("a registration that found the enqueue in flight", || {
+        let stats = replica.stats.snapshot();
+        let observer = &observer;
+        async move { stats.barrier_held >= 1 && waiting(observer).await == ["full"] }
+    })
+    .await;
+    // Notified, it claims this job into its one slot, and its barrier try fails again.
+    insert_jobs(&observer, SCRIPTED, &[json!({})], 3).await;
+    eventually("the slot taken and the barrier held again", || {
+        let stats = replica.stats.snapshot();
+        async move { stats.claimed == 1 && stats.barrier_held >= 2 }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = cpu_time();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let used = cpu_time() - before;
+    assert!(
+        used < Duration::from_millis(250),
+        "{used:?} of CPU in a second with nothing to do"
+    );
+    open.commit().await.unwrap();
+    gate.add_permits(2);
+    until_succeeded(&observer, 2).await;
+    replica.stop().await.unwrap();
+}
