@@ -13,13 +13,15 @@
 //!   Busy ── short claim ─▶ Joining ── Register ──┬── try succeeded ───────────────▶ Waiting
 //!    ▲     (claims again    ▲  (upsert the row,   │                                   │
 //!    │      at once)        │   then try the      └── try failed ─▶ Unsettled ──────┤
-//!    │                      │   enqueue barrier)       Settle: try again after      │ poll claims:
-//!    │                      └── statement failed       1, 2, 4 … ms until it works  │ Register
-//!    │                                                                              │ (a refresh)
+//!    │                      │   enqueue barrier)       Register again after         │ a claim a poll
+//!    │                      └── statement failed       1, 2, 4 … ms until it works  │ interval after the
+//!    │                          (or a reconnect)                                    │ last refresh:
+//!    │                                                                              │ Register (refresh)
 //!    └──── Leave (delete the row): the claim after a full one, from any other state ┘
 //! ```
-//! A reconnected session sends a waiting replica back to `Joining` (crash recovery empties the
-//! unlogged table), and shutdown leaves.
+//! A reconnected session sends a registered replica back to `Joining` (crash recovery empties the
+//! unlogged table), and the answers of claims sent before the reconnect are then ignored; shutdown
+//! leaves, unless another process took the owner id (the row is that process's now).
 //!
 //! Invariants this module keeps:
 //! - A replica counts itself `Waiting` only after its row committed and, after that, a try of the
@@ -27,18 +29,21 @@
 //!   enqueue that read the table before the row existed holds the barrier in share mode from before
 //!   its read to its commit, so it had ended by then and that claim saw its jobs; every enqueue
 //!   that reads after sees the row and notifies. Until the try succeeds (`Unsettled`) the row is
-//!   there all the same, and the replica tries again at doubling intervals capped at its poll
-//!   interval (its poll is the backstop for a long-running enqueue transaction).
+//!   there all the same, and the replica registers again at doubling intervals capped at its poll
+//!   interval (its poll is the backstop for a long-running enqueue transaction). A waiting
+//!   replica's refresh that finds its row gone (it inserted it again) needs a successful try too.
 //! - The try never waits: a waiting exclusive request would queue every new enqueue behind it.
 //! - A claim's jobs are taken whatever its presence statements answered: a failed registration
 //!   never loses claimed jobs.
-//! - Only a replica with a LISTEN session and handlers registers; a poll-only replica is woken by
-//!   nothing, so it never makes an enqueue notify.
+//! - Only a replica that a NOTIFY can wake (a LISTEN session, not `--poll-only`) and that has
+//!   handlers registers; any other would make enqueues notify for nothing.
+//! - A registered replica upserts its row at least once per poll interval (each registration,
+//!   each retry, and the first claim a poll interval after the last refresh), so recovery's
+//!   stale-row delete ([`STALE_AFTER`], twice the longest poll interval) only ever finds the rows
+//!   of replicas that are gone.
 //! - A busy replica (its last claim came back full) leaves: it claims again by itself as its jobs
 //!   end, so enqueues need not wake it. Leaving, like everything here, may fail: a row left
-//!   behind only makes enqueues notify as they did before 0009, and recovery deletes rows nobody
-//!   refreshed for [`STALE_AFTER`]; a row lost while its replica waits is restored at the
-//!   replica's next poll, which is also what finds the jobs meanwhile.
+//!   behind only makes enqueues notify as they did before 0009.
 
 use crate::config::POLL_INTERVAL_MAX;
 use crate::error::Error;
@@ -48,13 +53,15 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-/// Records owner `$1` as waiting, or refreshes its row.
+/// Records owner `$1` as waiting, or refreshes its row; answers whether it inserted the row
+/// (`xmax` is 0 only for a row version this statement inserted).
 ///
 /// Locks: the row's lock, to the end of its own implicit transaction (no other session writes a
 /// replica's row but recovery's stale-row delete). The table is UNLOGGED: no WAL.
 pub(crate) const REGISTER_SQL: &str = "
 INSERT INTO etl_waiting_replicas (owner_id) VALUES ($1)
-    ON CONFLICT (owner_id) DO UPDATE SET refreshed_at = now()";
+    ON CONFLICT (owner_id) DO UPDATE SET refreshed_at = now()
+RETURNING xmax = 0";
 
 /// Tries the enqueue barrier ('detl', 1) in exclusive mode, and releases it at once (its implicit
 /// transaction ends with the statement): true when no enqueue transaction holds it.
@@ -68,7 +75,8 @@ pub(crate) const SETTLE_SQL: &str = "SELECT pg_try_advisory_xact_lock(1684370540
 pub(crate) const LEAVE_SQL: &str = "DELETE FROM etl_waiting_replicas WHERE owner_id = $1";
 
 /// How long a row may go unrefreshed before recovery deletes it as a dead replica's: twice the
-/// longest poll interval, since a waiting replica refreshes its row at every poll.
+/// longest poll interval, since a registered replica refreshes its row at least once per poll
+/// interval.
 pub(crate) const STALE_AFTER: Duration = POLL_INTERVAL_MAX.saturating_mul(2);
 
 /// Deletes the rows nobody refreshed for `$1` milliseconds ([`STALE_AFTER`]): replicas that died
@@ -79,25 +87,40 @@ pub(crate) const STALE_AFTER: Duration = POLL_INTERVAL_MAX.saturating_mul(2);
 pub(crate) const FORGET_STALE_SQL: &str = "
 DELETE FROM etl_waiting_replicas WHERE refreshed_at < now() - $1 * interval '1 millisecond'";
 
-/// What a presence change sent before a claim answered: `None` when none was sent, else whether
-/// the barrier's try succeeded (true for a leave), or why it failed.
-pub(crate) type Answer = Option<Result<bool, Error>>;
+/// What a registration answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Registered {
+    /// The upsert inserted the row (it was not there).
+    pub(crate) inserted: bool,
+    /// The try of the enqueue barrier succeeded (no enqueue transaction held it).
+    pub(crate) free: bool,
+}
+
+/// What a presence change sent before a claim answered: `None` when none was sent.
+pub(crate) type Answer = Option<Result<Registered, Error>>;
 
 /// A presence change, sent before a claim on the claim's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Change {
     /// Upsert the row, then try the barrier.
     Register,
-    /// Try the barrier again.
-    Settle,
     /// Delete the row.
     Leave,
+}
+
+/// The change a claim carries, and the session generation it was decided in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    /// The change, if any.
+    pub(crate) change: Option<Change>,
+    /// How many reconnects the replica had seen when it sent the claim.
+    generation: u64,
 }
 
 /// Where the replica stands (see the module's state machine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// Not registered: its claims come back full, or it has no LISTEN session.
+    /// Not registered: its claims come back full, or nothing can wake it.
     Busy,
     /// Registers on its next claim.
     Joining,
@@ -112,17 +135,21 @@ enum State {
 pub(crate) struct Presence {
     /// Where it stands.
     state: State,
-    /// Whether it may register at all (a LISTEN session and handlers).
+    /// Whether it may register at all (see the module's invariants).
     listening: bool,
-    /// The next pause before trying the barrier again.
+    /// The next pause before registering again after a held barrier or a failed statement.
     backoff: Duration,
-    /// The longest pause: the replica's poll interval.
-    max_backoff: Duration,
-    /// When to claim again to retry a change that failed or a barrier that was held.
+    /// The longest pause, and the refresh interval: the replica's poll interval.
+    poll_interval: Duration,
+    /// When to claim again to retry a registration.
     retry_at: Option<Instant>,
+    /// When a waiting replica last upserted its row.
+    refreshed_at: Option<Instant>,
+    /// Reconnects seen: answers of claims sent before the latest one are ignored.
+    generation: u64,
 }
 
-/// The first pause before trying a held barrier again.
+/// The first pause before registering again.
 const FIRST_BACKOFF: Duration = Duration::from_millis(1);
 
 impl Presence {
@@ -137,62 +164,44 @@ impl Presence {
             },
             listening,
             backoff: FIRST_BACKOFF,
-            max_backoff: poll_interval,
+            poll_interval,
             retry_at: None,
+            refreshed_at: None,
+            generation: 0,
         }
     }
 
-    /// The change to send with the next claim, `poll` when the backstop poll sends it, after a
-    /// claim that came back full (`backlog`) or not.
-    pub(crate) fn change(&self, poll: bool, backlog: bool) -> Option<Change> {
-        match self.state {
+    /// The change the next claim carries, sent at `now` after a claim that came back full
+    /// (`backlog`) or not.
+    pub(crate) fn ticket(&self, backlog: bool, now: Instant) -> Ticket {
+        let change = match self.state {
             State::Busy => None,
             _ if backlog => Some(Change::Leave),
-            State::Joining => Some(Change::Register),
-            State::Unsettled => Some(Change::Settle),
-            State::Waiting => poll.then_some(Change::Register),
+            State::Joining | State::Unsettled => Some(Change::Register),
+            State::Waiting => self
+                .refreshed_at
+                .is_none_or(|at| now >= at + self.poll_interval)
+                .then_some(Change::Register),
+        };
+        Ticket {
+            change,
+            generation: self.generation,
         }
     }
 
-    /// Takes what `change` answered (`None` when the claim's own statement failed first) after a
-    /// claim that came back `full` or short; returns whether to claim again at once (a short claim
-    /// found the replica busy: it registers on the next one).
+    /// Takes what the claim of `ticket` answered (`None` when its change was not sent) after it
+    /// came back `full` or short; returns whether to claim again at once (a short claim found
+    /// the replica busy: it registers on the next one).
     pub(crate) fn after(
         &mut self,
-        change: Option<Change>,
-        answer: Option<&Result<bool, Error>>,
+        ticket: Ticket,
+        answer: Option<&Result<Registered, Error>>,
         full: bool,
         now: Instant,
         stats: &WorkerStats,
     ) -> bool {
-        match (change, answer) {
-            (Some(Change::Leave), _) => {
-                self.state = State::Busy;
-                stats.record_wait_left();
-            }
-            (Some(Change::Register | Change::Settle), Some(Ok(true))) => {
-                if self.state != State::Waiting {
-                    stats.record_wait();
-                }
-                self.state = State::Waiting;
-                self.backoff = FIRST_BACKOFF;
-                self.retry_at = None;
-            }
-            (Some(Change::Register | Change::Settle), Some(Ok(false))) => {
-                if self.state != State::Waiting {
-                    stats.record_barrier_held();
-                    self.state = State::Unsettled;
-                    self.retry_later(now);
-                }
-            }
-            (Some(Change::Register | Change::Settle), _) => {
-                // Failed, or not sent: try again later; a waiting replica's failed refresh
-                // waits for its next poll.
-                if self.state != State::Waiting {
-                    self.retry_later(now);
-                }
-            }
-            (None, _) => {}
+        if ticket.generation == self.generation {
+            self.take(ticket.change, answer, now, stats);
         }
         if self.listening && !full && self.state == State::Busy {
             self.state = State::Joining;
@@ -201,26 +210,70 @@ impl Presence {
         false
     }
 
-    /// Schedules the next try, and doubles the pause after it (up to the poll interval).
-    fn retry_later(&mut self, now: Instant) {
-        self.retry_at = Some(now + self.backoff);
-        self.backoff = self.backoff.saturating_mul(2).min(self.max_backoff);
+    /// Moves the state machine on what `change` answered.
+    fn take(
+        &mut self,
+        change: Option<Change>,
+        answer: Option<&Result<Registered, Error>>,
+        now: Instant,
+        stats: &WorkerStats,
+    ) {
+        match (change, answer) {
+            (Some(Change::Leave), _) => {
+                self.state = State::Busy;
+                stats.record_wait_left();
+            }
+            (Some(Change::Register), Some(Ok(registered))) => {
+                // A refresh that found the row has kept it there since the replica settled.
+                let settled =
+                    registered.free || (self.state == State::Waiting && !registered.inserted);
+                if settled {
+                    if self.state != State::Waiting {
+                        stats.record_wait();
+                    }
+                    self.state = State::Waiting;
+                    self.backoff = FIRST_BACKOFF;
+                    self.retry_at = None;
+                    self.refreshed_at = Some(now);
+                } else {
+                    stats.record_barrier_held();
+                    self.state = State::Unsettled;
+                    self.retry_later(now);
+                }
+            }
+            // Failed, or not sent: a registration is tried again later; a waiting replica's
+            // refresh rides on its next claim (its refresh is still due).
+            (Some(Change::Register), _) => {
+                if self.state != State::Waiting {
+                    self.retry_later(now);
+                }
+            }
+            (None, _) => {}
+        }
     }
 
-    /// When to claim again to retry a change, if one is pending; a claim sent for any other
-    /// reason first takes its place.
+    /// Schedules the next registration, and doubles the pause after it (up to the poll
+    /// interval).
+    fn retry_later(&mut self, now: Instant) {
+        self.retry_at = Some(now + self.backoff);
+        self.backoff = self.backoff.saturating_mul(2).min(self.poll_interval);
+    }
+
+    /// When to claim again to retry a registration, if one is pending.
     pub(crate) fn retry_at(&self) -> Option<Instant> {
         self.retry_at
     }
 
-    /// The retry is being sent now.
+    /// The retry's time has come, or a claim sent for another reason takes its place.
     pub(crate) fn retrying(&mut self) {
         self.retry_at = None;
     }
 
     /// The LISTEN session reconnected: what it missed is claimed now, and the row may be gone
-    /// (crash recovery empties the table), so a registered replica registers again.
+    /// (crash recovery empties the table), so a registered replica registers again; what claims
+    /// already in flight answer is ignored.
     pub(crate) fn reconnected(&mut self) {
+        self.generation += 1;
         if self.state != State::Busy {
             self.state = State::Joining;
         }
@@ -234,7 +287,6 @@ impl Presence {
 
 /// Sends `change` for `owner_id` on `client`, to be pipelined before a claim on the same client:
 /// every statement is queued when this future is first polled, so poll it before the claim.
-/// Answers whether the barrier's try succeeded (true for [`Change::Leave`]).
 ///
 /// # Errors
 /// The database error of a statement.
@@ -242,7 +294,7 @@ pub(crate) async fn send(
     client: &Client,
     change: Change,
     owner_id: &str,
-) -> Result<bool, tokio_postgres::Error> {
+) -> Result<Registered, tokio_postgres::Error> {
     let owner: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&owner_id, Type::TEXT)];
     match change {
         Change::Register => {
@@ -250,25 +302,29 @@ pub(crate) async fn send(
                 client.query_typed(REGISTER_SQL, &owner),
                 client.query_typed(SETTLE_SQL, &[])
             );
-            registered?;
-            settled_of(settled?)
+            Ok(Registered {
+                inserted: first_bool(registered?)?,
+                free: first_bool(settled?)?,
+            })
         }
-        Change::Settle => settled_of(client.query_typed(SETTLE_SQL, &[]).await?),
         Change::Leave => {
             client.query_typed(LEAVE_SQL, &owner).await?;
-            Ok(true)
+            Ok(Registered {
+                inserted: false,
+                free: true,
+            })
         }
     }
 }
 
-/// The answer of [`SETTLE_SQL`]'s rows.
-fn settled_of(rows: Vec<tokio_postgres::Row>) -> Result<bool, tokio_postgres::Error> {
+/// The boolean first column of the first of `rows` (false when there is none).
+fn first_bool(rows: Vec<tokio_postgres::Row>) -> Result<bool, tokio_postgres::Error> {
     rows.first().map_or(Ok(false), |row| row.try_get(0))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Change, Presence, State};
+    use super::{Change, Presence, Registered, State, Ticket};
     use crate::error::Error;
     use crate::worker::stats::WorkerStats;
     use std::time::Duration;
@@ -279,65 +335,64 @@ mod tests {
         Presence::new(true, Duration::from_secs(1))
     }
 
+    /// A registration that inserted the row or found it, with the barrier free or held.
+    fn registered(inserted: bool, free: bool) -> Result<Registered, Error> {
+        Ok(Registered { inserted, free })
+    }
+
     /// A failed presence statement.
-    fn failed() -> Result<bool, Error> {
+    fn failed() -> Result<Registered, Error> {
         Err(Error::Unavailable(None))
     }
 
-    /// Feeds `p` what `change` answered after a short claim at `now`; returns whether it claims
-    /// again at once.
-    fn answered(
+    /// Sends `p`'s next claim at `now` after a short claim, answered with `answer`; returns the
+    /// ticket it carried and whether `p` claims again at once.
+    fn claim(
         p: &mut Presence,
-        change: Change,
-        answer: Result<bool, Error>,
+        answer: Result<Registered, Error>,
         now: Instant,
-    ) -> bool {
-        p.after(
-            Some(change),
-            Some(&answer),
-            false,
-            now,
-            &WorkerStats::default(),
-        )
+        stats: &WorkerStats,
+    ) -> (Ticket, bool) {
+        let ticket = p.ticket(false, now);
+        let again = p.after(ticket, Some(&answer), false, now, stats);
+        (ticket, again)
     }
 
     #[test]
     fn a_listening_replica_registers_on_its_first_claim_and_waits_once_settled() {
-        let (mut p, stats) = (presence(), WorkerStats::default());
+        let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
         assert!(p.registered());
-        assert_eq!(p.change(false, false), Some(Change::Register));
-        let settled = Ok(true);
-        assert!(!p.after(
-            Some(Change::Register),
-            Some(&settled),
-            false,
-            Instant::now(),
-            &stats
-        ));
+        let (ticket, again) = claim(&mut p, registered(true, true), now, &stats);
+        assert_eq!((ticket.change, again), (Some(Change::Register), false));
         assert_eq!((p.state, stats.snapshot().waits), (State::Waiting, 1));
-        // Waiting: claims carry nothing, polls refresh the row.
-        assert_eq!(p.change(false, false), None);
-        assert_eq!(p.change(true, false), Some(Change::Register));
+        // Waiting: claims carry nothing until a poll interval after the last refresh.
+        assert_eq!(
+            p.ticket(false, now + Duration::from_millis(999)).change,
+            None
+        );
+        let due = now + Duration::from_secs(1);
+        assert_eq!(p.ticket(false, due).change, Some(Change::Register));
     }
 
     #[test]
     fn a_held_barrier_is_tried_again_at_doubling_intervals_up_to_the_poll() {
-        let (mut p, stats) = (
+        let stats = WorkerStats::default();
+        let (mut p, now) = (
             Presence::new(true, Duration::from_millis(5)),
-            WorkerStats::default(),
+            Instant::now(),
         );
-        let now = Instant::now();
-        p.after(Some(Change::Register), Some(&Ok(false)), false, now, &stats);
+        claim(&mut p, registered(true, false), now, &stats);
         assert_eq!(p.state, State::Unsettled);
         assert_eq!(p.retry_at(), Some(now + Duration::from_millis(1)));
-        assert_eq!(p.change(false, false), Some(Change::Settle));
+        assert_eq!(p.ticket(false, now).change, Some(Change::Register));
         p.retrying();
         assert_eq!(p.retry_at(), None);
         for pause in [2, 4, 5, 5] {
-            p.after(Some(Change::Settle), Some(&Ok(false)), false, now, &stats);
+            // The row is there now, but that is not enough before a successful try.
+            claim(&mut p, registered(false, false), now, &stats);
             assert_eq!(p.retry_at(), Some(now + Duration::from_millis(pause)));
         }
-        p.after(Some(Change::Settle), Some(&Ok(true)), false, now, &stats);
+        claim(&mut p, registered(false, true), now, &stats);
         assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
         assert_eq!(p.backoff, super::FIRST_BACKOFF);
         let counted = stats.snapshot();
@@ -345,60 +400,87 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_registration_is_retried_and_a_failed_refresh_waits_for_the_poll() {
-        let (mut p, now) = (presence(), Instant::now());
-        answered(&mut p, Change::Register, failed(), now);
+    fn a_failed_registration_is_retried_and_a_failed_refresh_rides_on_the_next_claim() {
+        let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
+        claim(&mut p, failed(), now, &stats);
         assert_eq!(p.state, State::Joining);
         assert!(p.retry_at().is_some());
         // Not sent (the claim failed first): the same.
-        p.after(
+        let ticket = p.ticket(false, now);
+        p.after(ticket, None, false, now, &stats);
+        assert_eq!(p.ticket(false, now).change, Some(Change::Register));
+        claim(&mut p, registered(true, true), now, &stats);
+        let due = now + Duration::from_secs(1);
+        let ticket = p.ticket(false, due);
+        p.after(ticket, Some(&failed()), false, due, &stats);
+        assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
+        assert_eq!(
+            p.ticket(false, due).change,
             Some(Change::Register),
-            None,
-            false,
-            now,
-            &WorkerStats::default(),
+            "still due"
         );
-        assert_eq!(p.change(false, false), Some(Change::Register));
-        answered(&mut p, Change::Register, Ok(true), now);
-        answered(&mut p, Change::Register, failed(), now);
+    }
+
+    #[test]
+    fn a_refresh_that_finds_its_row_gone_must_settle_again() {
+        let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
+        claim(&mut p, registered(true, true), now, &stats);
+        let due = now + Duration::from_secs(1);
+        // The row was there: the barrier does not matter.
+        claim(&mut p, registered(false, false), due, &stats);
         assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
-        // A refresh that finds the barrier held changes nothing: the row was there all along.
-        answered(&mut p, Change::Register, Ok(false), now);
-        assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
+        // It was gone and is inserted again while an enqueue holds the barrier: not settled.
+        let later = due + Duration::from_secs(1);
+        claim(&mut p, registered(true, false), later, &stats);
+        assert_eq!(p.state, State::Unsettled);
+        assert!(p.retry_at().is_some());
     }
 
     #[test]
     fn a_full_claim_makes_a_registered_replica_leave_on_its_next_claim() {
         let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
-        answered(&mut p, Change::Register, Ok(true), now);
-        assert_eq!(p.change(false, true), Some(Change::Leave));
+        claim(&mut p, registered(true, true), now, &stats);
+        let ticket = p.ticket(true, now);
+        assert_eq!(ticket.change, Some(Change::Leave));
         // Leaving ends in Busy, even when the delete failed (a row left behind is harmless).
-        assert!(!p.after(Some(Change::Leave), Some(&failed()), true, now, &stats));
+        assert!(!p.after(ticket, Some(&failed()), true, now, &stats));
         assert_eq!((p.state, stats.snapshot().waits_left), (State::Busy, 1));
         assert!(!p.registered());
-        // Busy: full claims carry nothing; a short claim makes it join, on a claim sent at once.
-        assert_eq!(p.change(false, true), None);
-        assert!(!p.after(None, None, true, now, &stats));
-        assert!(p.after(None, None, false, now, &stats));
+        // Busy: claims carry nothing; a short claim makes it join, on a claim sent at once.
+        let ticket = p.ticket(true, now);
+        assert_eq!(ticket.change, None);
+        assert!(!p.after(ticket, None, true, now, &stats));
+        assert!(p.after(ticket, None, false, now, &stats));
         assert_eq!(p.state, State::Joining);
-        assert!(answered(&mut p, Change::Leave, Ok(true), now));
     }
 
     #[test]
     fn a_replica_that_cannot_be_woken_never_registers() {
-        let mut p = Presence::new(false, Duration::from_secs(1));
+        let (mut p, now) = (Presence::new(false, Duration::from_secs(1)), Instant::now());
         assert!(!p.registered());
-        assert!(!p.after(None, None, false, Instant::now(), &WorkerStats::default()));
-        assert_eq!(p.change(true, false), None);
+        let ticket = p.ticket(false, now);
+        assert_eq!(ticket.change, None);
+        assert!(!p.after(ticket, None, false, now, &WorkerStats::default()));
         p.reconnected();
         assert_eq!(p.state, State::Busy);
     }
 
     #[test]
-    fn a_reconnect_makes_a_registered_replica_register_again() {
-        let mut p = presence();
-        answered(&mut p, Change::Register, Ok(true), Instant::now());
+    fn a_reconnect_makes_a_registered_replica_register_again_whatever_claims_in_flight_answer() {
+        let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
+        claim(&mut p, registered(true, true), now, &stats);
+        let in_flight = p.ticket(false, now + Duration::from_secs(1));
         p.reconnected();
-        assert_eq!(p.change(false, false), Some(Change::Register));
+        // The claim sent before the reconnect settles nothing: the table may have been emptied
+        // after its statement ran.
+        p.after(
+            in_flight,
+            Some(&registered(false, true)),
+            false,
+            now,
+            &stats,
+        );
+        assert_eq!(p.state, State::Joining);
+        assert_eq!(p.ticket(false, now).change, Some(Change::Register));
     }
 }

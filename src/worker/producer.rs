@@ -34,7 +34,7 @@ use crate::worker::dispatch::{claim_with, leave, next_due, settle_dead_task, tim
 use crate::worker::held::{HeldJob, HeldJobs};
 use crate::worker::lease::{self, ClaimedJob, Lease, LeaseClock};
 use crate::worker::prefetch::Prefetch;
-use crate::worker::presence::{Answer, Change, Presence};
+use crate::worker::presence::{Answer, Presence, Ticket};
 use crate::worker::session::Signals;
 use crate::worker::shared::Shared;
 use crate::worker::slots::Slots;
@@ -73,11 +73,6 @@ struct WakeState {
     again: Option<ClaimReason>,
 }
 
-/// Whether a claim was sent by the backstop poll (a waiting replica refreshes its row then).
-fn is_poll(why: ClaimReason) -> bool {
-    why == ClaimReason::Poll
-}
-
 /// A job claimed ahead, waiting in the buffer for a slot, with what it is held under.
 struct Waiting {
     /// The job.
@@ -99,7 +94,7 @@ struct Claimed {
     /// The claimed jobs, or why the claim failed.
     jobs: Result<Vec<ClaimedJob>, Error>,
     /// The presence change sent before it, if any.
-    change: Option<Change>,
+    ticket: Ticket,
     /// What that change answered.
     answer: Answer,
 }
@@ -141,7 +136,8 @@ impl Producer {
     /// A producer for the replica `shared` whose running jobs are `held`.
     pub(crate) fn new(shared: Arc<Shared>, held: HeldJobs) -> Producer {
         // Only a replica that a NOTIFY can wake, and that would claim what it wakes for, waits.
-        let listening = shared.signals.is_some() && !shared.registry.is_empty();
+        let listening =
+            shared.signals.is_some() && !shared.config.poll_only && !shared.registry.is_empty();
         let poll_interval = shared.config.poll_interval;
         Producer {
             buffer: Prefetch::new(shared.config.prefetch),
@@ -241,10 +237,10 @@ impl Producer {
         self.shared.config.slots + self.buffer.ahead(Instant::now())
     }
 
-    /// Lets running jobs finish within the grace period (none when `now`, or once a second
-    /// signal asks to stop immediately), then aborts the rest; their claims stay held, to be
-    /// released.
-    pub(crate) async fn drain(&mut self, shutdown: &mut Shutdown, now: bool) {
+    /// Lets running jobs finish within the grace period (none when another process took the
+    /// owner id, or once a second signal asks to stop immediately), then aborts the rest; their
+    /// claims stay held, to be released.
+    pub(crate) async fn drain(&mut self, shutdown: &mut Shutdown, owner_id_taken: bool) {
         tracing::info!(
             running = self.tasks.len(),
             buffered = self.buffer.len(),
@@ -257,16 +253,18 @@ impl Producer {
             let answer = claimed.answer.as_ref();
             let (now, stats) = (Instant::now(), &self.shared.stats);
             self.presence
-                .after(claimed.change, answer, true, now, stats);
+                .after(claimed.ticket, answer, true, now, stats);
             for job in claimed.jobs.into_iter().flatten() {
                 self.hold(job, claimed.sent);
             }
         }
-        if self.presence.registered() {
+        // A replica whose owner id another process took leaves the row alone: it is that
+        // process's now.
+        if self.presence.registered() && !owner_id_taken {
             leave(&self.shared).await;
         }
         self.buffer.drain().for_each(drop);
-        let grace = tokio::time::sleep(if now {
+        let grace = tokio::time::sleep(if owner_id_taken {
             Duration::ZERO
         } else {
             self.shared.config.shutdown_grace
@@ -302,16 +300,16 @@ impl Producer {
         }
         let shared = Arc::clone(&self.shared);
         let sent = Instant::now();
-        let change = self.presence.change(is_poll(why), self.wake.backlog);
+        let ticket = self.presence.ticket(self.wake.backlog, sent);
         self.presence.retrying();
         self.claiming = Some(Box::pin(async move {
-            let (jobs, answer) = claim_with(&shared, room, why, change).await;
+            let (jobs, answer) = claim_with(&shared, room, why, ticket.change).await;
             Claimed {
                 why,
                 asked: room,
                 sent,
                 jobs,
-                change,
+                ticket,
                 answer,
             }
         }));
@@ -327,7 +325,7 @@ impl Producer {
             .as_ref()
             .map_or(true, |j| j.len() == claimed.asked);
         let join = self.presence.after(
-            claimed.change,
+            claimed.ticket,
             claimed.answer.as_ref(),
             full,
             Instant::now(),

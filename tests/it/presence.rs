@@ -155,6 +155,25 @@ async fn a_replica_registers_again_after_its_session_reconnects() {
     replica.stop().await.unwrap();
 }
 
+/// A `--poll-only` replica with a direct session (owner lock, no LISTEN) cannot be woken, so it
+/// never registers: its row would make every enqueue notify for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_only_replica_with_a_session_never_waits() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let mut cfg = config("polling", Duration::from_millis(100), 4);
+    cfg.poll_only = true;
+    cfg.session_database_url = Some(db.config.url.clone());
+    let replica = Replica::start_with(&db, cfg, Registry::new().register(Noop)).await;
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    until_succeeded(&client, 1).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.session_up, 1, "it has its session");
+    assert_eq!((stats.waits, stats.notifications), (0, 0));
+    assert!(waiting(&client).await.is_empty());
+    replica.stop().await.unwrap();
+}
+
 /// Recovery deletes the rows of replicas that died while waiting (nobody refreshed them for
 /// twice the longest poll interval), and keeps the others.
 #[tokio::test]
@@ -199,7 +218,8 @@ async fn a_replica_with_no_room_does_not_spin_on_a_barrier_retry() {
     let open = client.transaction().await.unwrap();
     insert_jobs(&open, SCRIPTED, &[json!({})], 3).await;
     let (gate, scripted) = Scripted::gated();
-    let mut cfg = config("full", Duration::from_secs(60), 1);
+    // The poll interval caps the retry pauses, so a retry comes due within the measured second.
+    let mut cfg = config("full", Duration::from_millis(200), 1);
     cfg.prefetch = 0;
     let replica = Replica::start_with(&db, cfg, Registry::new().register(scripted)).await;
     eventually("a registration that found the enqueue in flight", || {

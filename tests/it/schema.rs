@@ -471,17 +471,16 @@ async fn migration_0009_makes_enqueues_notify_only_while_a_replica_waits_and_rou
     insert_job(&client, "now()").await;
 
     let down = schema::migrate_down_to(&mut client, 8).await.unwrap();
-    assert_eq!((down.changed, down.version), (vec![9], 8));
+    let from_9: Vec<i32> = (9..=schema::latest_version()).collect();
+    let reversed: Vec<i32> = from_9.iter().rev().copied().collect();
+    assert_eq!((down.changed, down.version), (reversed, 8));
     let table: Vec<Option<String>> =
         first_column(&client, "SELECT to_regclass('etl_waiting_replicas')::text").await;
     assert_eq!(table, [None]);
     // At 8, every enqueue notifies.
     insert_job(&client, "now()").await;
     let up = schema::migrate_up(&mut client).await.unwrap();
-    assert_eq!(
-        (up.changed, up.version),
-        (vec![9], schema::latest_version())
-    );
+    assert_eq!((up.changed, up.version), (from_9, schema::latest_version()));
     assert_eq!(catalog_snapshot(&client).await, latest);
 
     client.batch_execute("NOTIFY test_sentinel").await.unwrap();

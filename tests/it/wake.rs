@@ -168,7 +168,11 @@ async fn a_replica_whose_owner_id_is_taken_while_it_reconnects_stops() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let replica = Replica::start(&db, config("contested", Duration::from_secs(60), 4)).await;
-    eprintln!("started");
+    let waiting = "etl_waiting_replicas WHERE owner_id = 'contested'";
+    eventually("the replica waits", || async {
+        count(&client, waiting).await == 1
+    })
+    .await;
     let pid = session_pid(&client, &db).await;
     // Queue for the owner lock first, then kill the session: the lock passes to the queued
     // waiter the moment the old backend exits, long before the replica can reconnect.
@@ -205,6 +209,11 @@ async fn a_replica_whose_owner_id_is_taken_while_it_reconnects_stops() {
         .unwrap()
         .unwrap();
     assert!(matches!(outcome, Err(Error::OwnerIdInUse)));
+    assert_eq!(
+        count(&client, waiting).await,
+        1,
+        "the row under the owner id is the new holder's: the stopped replica leaves it"
+    );
 }
 
 /// Drains 1,000 jobs enqueued in one transaction through one replica with 8 slots and
