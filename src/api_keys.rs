@@ -22,6 +22,26 @@ pub struct CreatedKey {
     pub key: String,
 }
 
+/// What a key may do beyond acting for its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Acts for its owner only.
+    Owner,
+    /// Acts for its owner, and reads the console's fleet-wide aggregates (migration 0010).
+    Operator,
+}
+
+/// A live key: its id, its owner's digest and its role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyHolder {
+    /// The key's id.
+    pub id: Uuid,
+    /// The keyed digest of its owner.
+    pub owner_key: [u8; 32],
+    /// What it may do.
+    pub role: Role,
+}
+
 /// Creates an API key for `owner`, storing only digests.
 ///
 /// # Errors
@@ -30,6 +50,19 @@ pub async fn create(
     client: &impl GenericClient,
     secret: &Secret,
     owner: &str,
+) -> Result<CreatedKey, Error> {
+    create_as(client, secret, owner, Role::Owner).await
+}
+
+/// Creates an API key for `owner` with `role`, storing only digests.
+///
+/// # Errors
+/// Database errors.
+pub async fn create_as(
+    client: &impl GenericClient,
+    secret: &Secret,
+    owner: &str,
+    role: Role,
 ) -> Result<CreatedKey, Error> {
     let id = Uuid::now_v7();
     let key = format!(
@@ -41,8 +74,14 @@ pub async fn create(
     let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
     client
         .execute(
-            "INSERT INTO etl_api_clients (id, owner_key, key_digest) VALUES ($1, $2, $3)",
-            &[&id, &owner_key.as_slice(), &key_digest.as_slice()],
+            "INSERT INTO etl_api_clients (id, owner_key, key_digest, operator)
+             VALUES ($1, $2, $3, $4)",
+            &[
+                &id,
+                &owner_key.as_slice(),
+                &key_digest.as_slice(),
+                &(role == Role::Operator),
+            ],
         )
         .await?;
     Ok(CreatedKey { id, key })
@@ -79,4 +118,56 @@ pub async fn authenticate(
         )
         .await?;
     Ok(row.and_then(|r| r.get::<_, Vec<u8>>(0).try_into().ok()))
+}
+
+/// The holder of the live key `key`, or `None` for an unknown or revoked key.
+///
+/// # Errors
+/// Database errors.
+pub async fn holder_of_key(
+    client: &impl GenericClient,
+    secret: &Secret,
+    key: &str,
+) -> Result<Option<KeyHolder>, Error> {
+    let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
+    let row = client
+        .query_opt(
+            "SELECT id, owner_key, operator FROM etl_api_clients
+              WHERE key_digest = $1 AND revoked_at IS NULL",
+            &[&key_digest.as_slice()],
+        )
+        .await?;
+    Ok(row.as_ref().and_then(holder))
+}
+
+/// The holder of the live key with id `id`, or `None` once it is revoked (a console session
+/// asks on every request, so revoking the key ends its sessions).
+///
+/// # Errors
+/// Database errors.
+pub async fn holder_of_id(
+    client: &impl GenericClient,
+    id: Uuid,
+) -> Result<Option<KeyHolder>, Error> {
+    let row = client
+        .query_opt(
+            "SELECT id, owner_key, operator FROM etl_api_clients
+              WHERE id = $1 AND revoked_at IS NULL",
+            &[&id],
+        )
+        .await?;
+    Ok(row.as_ref().and_then(holder))
+}
+
+/// The holder of a row of `id, owner_key, operator`.
+fn holder(row: &tokio_postgres::Row) -> Option<KeyHolder> {
+    Some(KeyHolder {
+        id: row.get(0),
+        owner_key: row.get::<_, Vec<u8>>(1).try_into().ok()?,
+        role: if row.get(2) {
+            Role::Operator
+        } else {
+            Role::Owner
+        },
+    })
 }

@@ -78,7 +78,12 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
                 ApiKeysCommand::Create(args) => {
                     let secret =
                         Secret::new(args.secret.into_bytes()).ok_or(config::ConfigError::Secret)?;
-                    let created = api_keys::create(&*conn, &secret, &args.owner).await?;
+                    let role = if args.operator {
+                        api_keys::Role::Operator
+                    } else {
+                        api_keys::Role::Owner
+                    };
+                    let created = api_keys::create_as(&*conn, &secret, &args.owner, role).await?;
                     println!("id:  {}\nkey: {}", created.id, created.key);
                     println!("The key is shown once; only its digest is stored.");
                     Ok(())

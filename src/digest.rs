@@ -36,6 +36,10 @@ pub enum DigestKind {
     ApiKey,
     /// A normalized request document (the request fingerprint).
     Request,
+    /// A console session cookie's signed part.
+    ConsoleSession,
+    /// A console form's anti-forgery token.
+    ConsoleCsrf,
 }
 
 impl DigestKind {
@@ -46,6 +50,8 @@ impl DigestKind {
             DigestKind::IdempotencyKey => b"durable-etl/idempotency-key/v1\0",
             DigestKind::ApiKey => b"durable-etl/api-key/v1\0",
             DigestKind::Request => b"durable-etl/request/v1\0",
+            DigestKind::ConsoleSession => b"durable-etl/console-session/v1\0",
+            DigestKind::ConsoleCsrf => b"durable-etl/console-csrf/v1\0",
         }
     }
 }

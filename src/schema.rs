@@ -119,6 +119,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // whenever a newer replica waits, else found by its poll (docs/migrations.md).
         min_reader_version: 8,
     },
+    Migration {
+        version: 10,
+        name: "operator_keys",
+        up: include_str!("../migrations/0010_operator_keys.up.sql"),
+        down: include_str!("../migrations/0010_operator_keys.down.sql"),
+        // Additive: a column no release before it reads, with a default for the keys it creates.
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

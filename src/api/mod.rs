@@ -13,6 +13,7 @@
 //!   same problem as everything else. The OpenAPI document is generated from the same handlers
 //!   that serve the routes.
 
+mod console;
 mod jobs;
 mod ops;
 pub mod problem;
@@ -122,6 +123,7 @@ fn routes(body_limit: usize) -> Router<AppState> {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .merge(console::routes())
 }
 
 /// The OpenAPI 3.1 document of the API, as served at `/openapi.json`.

@@ -432,6 +432,9 @@ pub(crate) struct CreateKeyArgs {
     /// Secret key of the keyed digests (at least 16 bytes).
     #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
     pub(crate) secret: String,
+    /// Make it an operator key: it also reads the console's fleet-wide operator view.
+    #[arg(long)]
+    pub(crate) operator: bool,
 }
 
 /// Options of `api-keys revoke`.

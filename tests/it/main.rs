@@ -7,6 +7,7 @@ mod bench;
 mod cancel;
 mod claim_plan;
 mod cli;
+mod console;
 mod deploy;
 mod errors;
 mod etl;

@@ -1,0 +1,12 @@
+-- 0010: operator API keys, for the console's operator view.
+--
+-- An operator key (`durable-etl api-keys create --operator`) acts for its owner like any key,
+-- and may also read the fleet-wide aggregates of the console's operator view (replicas, backlog,
+-- throughput, failures by code): never another owner's job.
+--
+-- Readers: additive. Releases before it neither read nor write the column; the keys they create
+-- are not operators (the default).
+--
+-- Locks: ACCESS EXCLUSIVE on etl_api_clients for an instant (a column with a constant default is
+-- added without rewriting the table).
+ALTER TABLE etl_api_clients ADD COLUMN operator boolean NOT NULL DEFAULT false;

@@ -1,0 +1,330 @@
+//! The web console (`/console`): server-rendered pages for owners, over the same owner scoping as
+//! the JSON API.
+//!
+//! Invariants this module keeps:
+//! - Every page but sign-in needs a session ([`session`]); without one, a page redirects to
+//!   sign-in and a form is refused. An owner sees exactly the jobs the API would show that owner's
+//!   key, and another owner's job answers like one that does not exist (`404`).
+//! - Every state-changing request is a `POST` carrying the session's anti-forgery token; a
+//!   missing or wrong token is refused (`403`) before anything is read or written.
+//! - Every answer carries a strict Content-Security-Policy (no inline script or style, nothing
+//!   from another origin, no framing), `nosniff`, `no-referrer` and `no-store`.
+//! - No page carries an API key, a payload, a principal, an idempotency key, SQL or an error
+//!   message ([`pages`]); the API key travels once, in the sign-in form's body.
+
+mod pages;
+pub(crate) mod session;
+
+use super::problem::Problem;
+use super::AppState;
+use crate::api_keys::{self, KeyHolder};
+use crate::codes::Code;
+use crate::jobs::{self, Cancel};
+use crate::state::JobState;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use maud::Markup;
+use serde::Deserialize;
+use session::Viewer;
+use uuid::Uuid;
+
+/// Jobs per page of the list.
+const PAGE_SIZE: i64 = 50;
+
+/// The console's stylesheet.
+const STYLESHEET: &str = include_str!("console.css");
+
+/// The Content-Security-Policy of every console answer: only this origin's stylesheet and
+/// scripts, forms posted to this origin only, never framed.
+const CSP: &str = "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; \
+                   form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// The console's routes.
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/console", get(|| async { Redirect::to("/console/jobs") }))
+        .route("/console/sign-in", get(sign_in_page).post(sign_in))
+        .route("/console/sign-out", post(sign_out))
+        .route("/console/jobs", get(job_list))
+        .route("/console/jobs/{id}", get(job_page))
+        .route("/console/jobs/{id}/cancel", post(cancel))
+        .route("/console/console.css", get(stylesheet))
+        .layer(axum::middleware::map_response(secured))
+}
+
+/// Adds the console's security headers to `response`.
+async fn secured(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The stylesheet (cacheable: it holds nothing of anyone's).
+async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=3600"),
+        ],
+        STYLESHEET,
+    )
+        .into_response()
+}
+
+/// A page with `status`.
+fn page(status: StatusCode, markup: Markup) -> Response {
+    (status, Html(markup.into_string())).into_response()
+}
+
+/// The not-found page of `viewer` (another owner's job looks the same).
+fn not_found(viewer: &Viewer) -> Response {
+    page(StatusCode::NOT_FOUND, pages::not_found(Some(shown(viewer))))
+}
+
+/// Where a request without a session goes.
+fn to_sign_in() -> Response {
+    Redirect::to("/console/sign-in").into_response()
+}
+
+/// The viewer of a request, if its session is valid and its key live.
+async fn viewer(state: &AppState, headers: &HeaderMap) -> Result<Option<Viewer>, Problem> {
+    let conn = crate::db::checkout(&state.pool).await?;
+    Ok(session::viewer(&*conn, &state.secret, headers).await?)
+}
+
+/// What the header shows of a viewer: its role and its forms' token.
+fn shown(viewer: &Viewer) -> (api_keys::Role, &str) {
+    (viewer.holder.role, &viewer.csrf)
+}
+
+/// The sign-in form, with a fresh nonce cookie that its token is bound to.
+async fn sign_in_page(State(state): State<AppState>) -> Response {
+    sign_in_form(&state, false)
+}
+
+/// The sign-in form (`refused` after a key that was not accepted).
+fn sign_in_form(state: &AppState, refused: bool) -> Response {
+    let nonce = session::new_sign_in_nonce();
+    let token = session::csrf_token(&state.secret, &nonce);
+    let status = if refused {
+        StatusCode::UNAUTHORIZED
+    } else {
+        StatusCode::OK
+    };
+    let cookie = session::set_cookie(session::SIGN_IN_COOKIE, &nonce, session::SIGN_IN_LIFETIME);
+    let mut response = page(status, pages::sign_in(&token, refused));
+    response.headers_mut().insert(header::SET_COOKIE, cookie);
+    response
+}
+
+/// The sign-in form's fields.
+#[derive(Deserialize)]
+struct SignIn {
+    /// The API key.
+    api_key: String,
+    /// The form's token.
+    csrf: String,
+}
+
+/// Exchanges an API key for a session cookie. The form must carry the token of the nonce cookie
+/// set with it, still fresh.
+async fn sign_in(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<SignIn>,
+) -> Result<Response, Problem> {
+    let nonce = session::cookie(&headers, session::SIGN_IN_COOKIE).unwrap_or_default();
+    if !session::sign_in_nonce_fresh(nonce, session::now())
+        || !session::csrf_ok(&state.secret, nonce, &form.csrf)
+    {
+        return Ok(page(StatusCode::FORBIDDEN, pages::forbidden()));
+    }
+    let conn = crate::db::checkout(&state.pool).await?;
+    let Some(KeyHolder { id, .. }) =
+        api_keys::holder_of_key(&*conn, &state.secret, form.api_key.trim()).await?
+    else {
+        return Ok(sign_in_form(&state, true));
+    };
+    let value = session::new_session(&state.secret, id);
+    let mut response = Redirect::to("/console/jobs").into_response();
+    let headers = response.headers_mut();
+    headers.append(
+        header::SET_COOKIE,
+        session::set_cookie(session::SESSION_COOKIE, &value, session::SESSION_LIFETIME),
+    );
+    headers.append(
+        header::SET_COOKIE,
+        session::clear_cookie(session::SIGN_IN_COOKIE),
+    );
+    Ok(response)
+}
+
+/// A form that only carries its token.
+#[derive(Deserialize)]
+struct Token {
+    /// The session's anti-forgery token.
+    csrf: String,
+}
+
+/// The viewer of a state-changing form, or the answer that refuses it: no session (sign-in) or
+/// no valid token (`403`).
+async fn form_viewer(
+    state: &AppState,
+    headers: &HeaderMap,
+    token: &str,
+) -> Result<Result<Viewer, Response>, Problem> {
+    let Some(viewer) = viewer(state, headers).await? else {
+        return Ok(Err(page(StatusCode::FORBIDDEN, pages::forbidden())));
+    };
+    if !session::csrf_ok(
+        &state.secret,
+        session::cookie(headers, session::SESSION_COOKIE).unwrap_or_default(),
+        token,
+    ) {
+        return Ok(Err(page(StatusCode::FORBIDDEN, pages::forbidden())));
+    }
+    Ok(Ok(viewer))
+}
+
+/// Ends the session: its cookie is removed (the key stays live; revoke it to end every session).
+async fn sign_out(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<Token>,
+) -> Result<Response, Problem> {
+    if let Err(refused) = form_viewer(&state, &headers, &form.csrf).await? {
+        return Ok(refused);
+    }
+    let mut response = Redirect::to("/console/sign-in").into_response();
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        session::clear_cookie(session::SESSION_COOKIE),
+    );
+    Ok(response)
+}
+
+/// The job list's query.
+#[derive(Deserialize)]
+struct ListQuery {
+    /// A status to show only (empty: any).
+    #[serde(default)]
+    status: String,
+    /// Show jobs older than this one (the next page).
+    after: Option<Uuid>,
+    /// Go to this job (empty: none).
+    #[serde(default)]
+    id: String,
+}
+
+/// The viewer's jobs, newest first, a page at a time, optionally of one status; a job id goes
+/// to that job's page.
+async fn job_list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, Problem> {
+    let Some(viewer) = viewer(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    let Ok(Query(query)) = query else {
+        return Ok(page(
+            StatusCode::NOT_FOUND,
+            pages::not_found(Some(shown(&viewer))),
+        ));
+    };
+    if !query.id.trim().is_empty() {
+        return Ok(match Uuid::parse_str(query.id.trim()) {
+            Ok(id) => Redirect::to(&format!("/console/jobs/{id}")).into_response(),
+            Err(_) => page(
+                StatusCode::NOT_FOUND,
+                pages::not_found(Some(shown(&viewer))),
+            ),
+        });
+    }
+    let status = JobState::parse(&query.status);
+    let conn = crate::db::checkout(&state.pool).await?;
+    let mut jobs = jobs::list(
+        &*conn,
+        &viewer.holder.owner_key,
+        query.after,
+        status.map(JobState::as_str),
+        PAGE_SIZE + 1,
+    )
+    .await?;
+    let next = (jobs.len() > PAGE_SIZE as usize).then(|| {
+        jobs.truncate(PAGE_SIZE as usize);
+        jobs.last().map(|j| j.id)
+    });
+    let view = pages::ListView {
+        status,
+        jobs: &jobs,
+        next: next.flatten(),
+    };
+    Ok(page(StatusCode::OK, pages::jobs(shown(&viewer), &view)))
+}
+
+/// One job of the viewer's: `404` when it is not theirs or does not exist.
+async fn job_page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    let Some(viewer) = viewer(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return Ok(not_found(&viewer));
+    };
+    let conn = crate::db::checkout(&state.pool).await?;
+    Ok(
+        match jobs::status(&*conn, &viewer.holder.owner_key, id).await? {
+            Some(job) => page(StatusCode::OK, pages::job(shown(&viewer), &job)),
+            None => not_found(&viewer),
+        },
+    )
+}
+
+/// Cancels one of the viewer's jobs, with the API's semantics (a pending job ends `cancelled`, a
+/// running one gets a cancel request), then shows its page again.
+async fn cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<Token>,
+) -> Result<Response, Problem> {
+    let viewer = match form_viewer(&state, &headers, &form.csrf).await? {
+        Ok(viewer) => viewer,
+        Err(refused) => return Ok(refused),
+    };
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return Ok(not_found(&viewer));
+    };
+    let conn = crate::db::checkout(&state.pool).await?;
+    let owner = &viewer.holder.owner_key;
+    Ok(
+        match jobs::cancel(&*conn, owner, id, Code::Cancelled).await? {
+            Cancel::NotFound => not_found(&viewer),
+            Cancel::Cancelled | Cancel::Requested | Cancel::AlreadyEnded(_) => {
+                Redirect::to(&format!("/console/jobs/{id}")).into_response()
+            }
+        },
+    )
+}

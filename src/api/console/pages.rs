@@ -1,0 +1,246 @@
+//! The console's pages, as compile-time checked `maud` templates.
+//!
+//! Invariants this module keeps:
+//! - Every value is escaped by the template engine; nothing is inserted unescaped.
+//! - A page shows a job's id, status, times, attempt counts, stored failure code (with its meaning)
+//!   and ledger summary only: never a payload, a principal, an idempotency key, SQL or an error
+//!   message, and never an API key (the sign-in form posts it in the body, and no page echoes it).
+//! - Forms are labelled, headings go in order (one `h1` per page), and every page works without
+//!   JavaScript.
+
+use crate::api_keys::Role;
+use crate::codes::Code;
+use crate::jobs::JobStatus;
+use crate::state::JobState;
+use maud::{html, Markup, DOCTYPE};
+
+/// The page skeleton: title, stylesheet, header (with navigation and sign-out for a viewer) and
+/// `content`.
+pub(crate) fn layout(title: &str, viewer: Option<(Role, &str)>, content: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · durable-etl" }
+                link rel="stylesheet" href="/console/console.css";
+            }
+            body {
+                header {
+                    span.brand { "durable-etl" }
+                    @if let Some((role, csrf)) = viewer {
+                        nav aria-label="Console" {
+                            a href="/console/jobs" { "Jobs" }
+                            @if role == Role::Operator {
+                                a href="/console/operator" { "Operator" }
+                            }
+                        }
+                        form.inline method="post" action="/console/sign-out" {
+                            input type="hidden" name="csrf" value=(csrf);
+                            button type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                main { (content) }
+            }
+        }
+    }
+}
+
+/// The sign-in page; `refused` after a key that was not accepted.
+pub(crate) fn sign_in(csrf: &str, refused: bool) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        html! {
+            h1 { "Sign in" }
+            @if refused {
+                p.error role="alert" { "That key was not accepted. Check it and try again." }
+            }
+            form method="post" action="/console/sign-in" {
+                input type="hidden" name="csrf" value=(csrf);
+                p {
+                    label for="api_key" { "API key" }
+                    input id="api_key" name="api_key" type="password" required
+                          autocomplete="current-password" autofocus size="40";
+                }
+                button type="submit" { "Sign in" }
+            }
+            p { "Your key is exchanged for a session cookie of 30 minutes; it is never stored in the browser." }
+        },
+    )
+}
+
+/// The filters and paging position of the job list.
+#[derive(Debug, Default)]
+pub(crate) struct ListView<'a> {
+    /// The status filter, if any.
+    pub(crate) status: Option<JobState>,
+    /// The jobs of the page, newest first.
+    pub(crate) jobs: &'a [JobStatus],
+    /// The id to page from for the next page, when there is one.
+    pub(crate) next: Option<uuid::Uuid>,
+}
+
+/// The owner's job list.
+pub(crate) fn jobs(viewer: (Role, &str), view: &ListView<'_>) -> Markup {
+    let filter = view.status.map(JobState::as_str);
+    layout(
+        "Jobs",
+        Some(viewer),
+        html! {
+            h1 { "Jobs" }
+            form.filters method="get" action="/console/jobs" {
+                div {
+                    label for="status" { "Status" }
+                    select id="status" name="status" {
+                        option value="" selected[filter.is_none()] { "any" }
+                        @for state in JobState::ALL {
+                            option value=(state.as_str()) selected[filter == Some(state.as_str())] {
+                                (state.as_str())
+                            }
+                        }
+                    }
+                }
+                div {
+                    label for="id" { "Job id" }
+                    input id="id" name="id" type="text" size="38" pattern="[0-9a-fA-F-]{32,36}";
+                }
+                button type="submit" { "Show" }
+            }
+            @if view.jobs.is_empty() {
+                p.empty { "No jobs match." }
+            } @else {
+                table {
+                    thead { tr { th { "Job" } th { "Status" } th { "Attempts" } th { "Accepted" } th { "Finished" } } }
+                    tbody {
+                        @for job in view.jobs {
+                            tr {
+                                td { a.id href={ "/console/jobs/" (job.id) } { (job.id) } }
+                                td { (status(job.status)) }
+                                td { (job.attempts) " of " (job.max_attempts) }
+                                td { (job.created_at) }
+                                td { (job.finished_at.as_deref().unwrap_or("")) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(next) = view.next {
+                p.pager {
+                    a href={ "/console/jobs?after=" (next) @if let Some(s) = filter { "&status=" (s) } } { "Older jobs" }
+                }
+            }
+        },
+    )
+}
+
+/// A status, styled by its kind.
+fn status(state: JobState) -> Markup {
+    html! { span class={ "status status-" (state.as_str()) } { (state.as_str()) } }
+}
+
+/// What a stored failure code means, for the job page.
+pub(crate) fn meaning(code: &str) -> &'static str {
+    match Code::parse(code) {
+        Some(Code::InvalidPayload) => "The job's request failed validation when it ran.",
+        Some(Code::RecordInvalid) => {
+            "A record could not be transformed; its index is shown, never its value."
+        }
+        Some(Code::AttemptsExhausted) => {
+            "A transient failure recurred until every attempt was spent."
+        }
+        Some(Code::LeaseExpiredExhausted) => {
+            "Its worker died or froze on the last permitted attempt."
+        }
+        Some(Code::HandlerPanicked) => "The handler panicked.",
+        Some(Code::HandlerFailed) => "The handler reported a permanent failure.",
+        Some(Code::ExecutionTimeout) => "The handler ran past the execution timeout.",
+        Some(Code::TransientDatabase) => {
+            "A transient database error, on the last permitted attempt."
+        }
+        Some(Code::Cancelled) => "Cancelled by its owner.",
+        Some(Code::Replaced) => "Cancelled because its owner submitted a replacement.",
+        Some(Code::UnknownKind) => "No replica knows how to run its kind.",
+        _ => "See docs/retries-and-failure-codes.md.",
+    }
+}
+
+/// One job's page: its facts, its timeline, its outcome, and a Cancel button while it may be
+/// cancelled.
+pub(crate) fn job(viewer: (Role, &str), job: &JobStatus) -> Markup {
+    let csrf = viewer.1;
+    layout(
+        "Job",
+        Some(viewer),
+        html! {
+            h1 { "Job " span.id { (job.id) } }
+            dl.facts {
+                dt { "Status" } dd { (status(job.status)) @if job.cancel_requested { " (cancel requested)" } }
+                dt { "Attempts" } dd { (job.attempts) " of " (job.max_attempts) }
+                @if let Some(replaced) = job.replaces {
+                    dt { "Replaces" } dd { a.id href={ "/console/jobs/" (replaced) } { (replaced) } }
+                }
+            }
+            h2 { "Timeline" }
+            ol {
+                li { "Accepted " (job.created_at) }
+                li { "Due " (job.run_at) }
+                @if let Some(started) = &job.started_at {
+                    li { "Attempt " (job.attempts) " started " (started) }
+                }
+                @if let Some(finished) = &job.finished_at {
+                    li { "Finished " (finished) }
+                }
+            }
+            @if let Some(failure) = &job.failure {
+                h2 { "Failure" }
+                p {
+                    code { (failure.code) } " — " (meaning(&failure.code))
+                    @if let Some(index) = failure.record_index { " (record " (index) ")" }
+                }
+            }
+            @if let Some(result) = &job.result {
+                h2 { "Ledger" }
+                dl.facts {
+                    dt { "Rows inserted" } dd { (result.rows_inserted) }
+                    dt { "Rows updated" } dd { (result.rows_updated) }
+                    dt { "Rows unchanged" } dd { (result.rows_unchanged) }
+                    dt { "Checksum" } dd { code { (result.checksum) } }
+                }
+            }
+            @if job.is_active() && !job.cancel_requested {
+                form method="post" action={ "/console/jobs/" (job.id) "/cancel" } {
+                    input type="hidden" name="csrf" value=(csrf);
+                    button.danger type="submit" { "Cancel job" }
+                }
+            }
+        },
+    )
+}
+
+/// A page for what is not there (or not the viewer's: the two look alike).
+pub(crate) fn not_found(viewer: Option<(Role, &str)>) -> Markup {
+    layout(
+        "Not found",
+        viewer,
+        html! {
+            h1 { "Not found" }
+            p { "There is no such page, or no such job of yours." }
+            p { a href="/console/jobs" { "Back to your jobs" } }
+        },
+    )
+}
+
+/// A page for a form that came without a valid token (expired, or sent from another site).
+pub(crate) fn forbidden() -> Markup {
+    layout(
+        "Refused",
+        None,
+        html! {
+            h1 { "Refused" }
+            p { "This form was expired or did not come from the console. Go back, reload the page and try again." }
+        },
+    )
+}

@@ -1,0 +1,467 @@
+//! The web console (`/console`) at the handler level, over a real socket: sign-in and its
+//! cookie, anti-forgery tokens, owner scoping, paging and filters, cancel, sign-out, and what
+//! pages never show.
+
+use crate::support::{pool, TestDb};
+use durable_etl::api::{self, AppState};
+use durable_etl::api_keys::{self, Role};
+use durable_etl::config::ApiConfig;
+use durable_etl::digest::Secret;
+use reqwest::header::{HeaderMap, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use reqwest::redirect::Policy;
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// The secret of these tests.
+const SECRET: &str = "console-test-secret-0123456789";
+
+/// A canary in every payload: no page may show it.
+const CANARY: &str = "canary-payload-7c1e";
+
+/// A running API and console with two owners' keys.
+struct Console {
+    /// The database.
+    db: TestDb,
+    /// `http://127.0.0.1:PORT`.
+    base: String,
+    /// Alice's key (an operator's).
+    alice: String,
+    /// Alice's key's id.
+    alice_id: Uuid,
+    /// Bob's key.
+    bob: String,
+    /// A client that does not follow redirects.
+    http: Client,
+}
+
+/// A page as it came back.
+struct Page {
+    /// Its status.
+    status: StatusCode,
+    /// Its headers.
+    headers: HeaderMap,
+    /// Its body.
+    body: String,
+}
+
+impl Page {
+    /// The value of the first hidden `csrf` field.
+    fn csrf(&self) -> String {
+        let at = self
+            .body
+            .find("name=\"csrf\" value=\"")
+            .expect("a csrf field")
+            + 19;
+        self.body[at..at + 64].to_owned()
+    }
+
+    /// The value cookie `name` is set to.
+    fn cookie(&self, name: &str) -> Option<String> {
+        self.headers
+            .get_all(SET_COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with(&format!("{name}=")))
+            .map(|v| v[name.len() + 1..v.find(';').unwrap_or(v.len())].to_owned())
+    }
+
+    /// Where it redirects.
+    fn location(&self) -> &str {
+        self.headers
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Console {
+    /// Starts the API and console on port 0 with keys for alice (an operator) and bob.
+    async fn start() -> Console {
+        let db = TestDb::migrated().await;
+        let secret = Secret::new(SECRET).unwrap();
+        let client = db.client().await;
+        let alice = api_keys::create_as(&client, &secret, "alice", Role::Operator)
+            .await
+            .unwrap();
+        let bob = api_keys::create(&client, &secret, "bob").await.unwrap().key;
+        let app = api::app(AppState::new(pool(&db).await, secret, ApiConfig::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Console {
+            db,
+            base,
+            alice: alice.key,
+            alice_id: alice.id,
+            bob,
+            http: Client::builder().redirect(Policy::none()).build().unwrap(),
+        }
+    }
+
+    /// GETs `path` with `cookies`.
+    async fn get(&self, path: &str, cookies: &str) -> Page {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header(COOKIE, cookies)
+            .send()
+            .await
+            .unwrap();
+        read(response).await
+    }
+
+    /// POSTs the form `fields` to `path` with `cookies`.
+    async fn post(&self, path: &str, cookies: &str, fields: &str) -> Page {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header(COOKIE, cookies)
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(fields.to_owned())
+            .send()
+            .await
+            .unwrap();
+        read(response).await
+    }
+
+    /// Posts the sign-in form served to a fresh browser with `key`; returns the answer.
+    async fn post_sign_in(&self, key: &str) -> Page {
+        let form = self.get("/console/sign-in", "").await;
+        let nonce = form.cookie("detl_sign_in").unwrap();
+        let fields = format!("api_key={key}&csrf={}", form.csrf());
+        self.post(
+            "/console/sign-in",
+            &format!("detl_sign_in={nonce}"),
+            &fields,
+        )
+        .await
+    }
+
+    /// Signs in with `key`; returns the session cookie (`name=value`).
+    async fn sign_in(&self, key: &str) -> String {
+        let signed = self.post_sign_in(key).await;
+        assert_eq!(signed.status, StatusCode::SEE_OTHER);
+        format!("detl_session={}", signed.cookie("detl_session").unwrap())
+    }
+
+    /// Submits a job through the API as `key`, `deferred` by an hour or due now; returns its id.
+    async fn submit(&self, key: &str, idem: &str, deferred: bool) -> Uuid {
+        let mut body = json!({"dataset": "d", "key": "id", "records": [{"id": 1, "note": CANARY}]});
+        if deferred {
+            body["run_at"] = json!((chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339());
+        }
+        let response = self
+            .http
+            .post(format!("{}/v1/etl-jobs", self.base))
+            .bearer_auth(key)
+            .header("Idempotency-Key", idem)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        let job: Value = response.json().await.unwrap();
+        Uuid::parse_str(job["id"].as_str().unwrap()).unwrap()
+    }
+}
+
+/// Reads a response into a page.
+async fn read(response: reqwest::Response) -> Page {
+    Page {
+        status: response.status(),
+        headers: response.headers().clone(),
+        body: response.text().await.unwrap(),
+    }
+}
+
+/// Asserts the console's security headers on `page`.
+fn assert_secured(page: &Page) {
+    let csp = page.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"));
+    assert!(!csp.contains("unsafe-inline"));
+    assert_eq!(page.headers["x-content-type-options"], "nosniff");
+    assert_eq!(page.headers["referrer-policy"], "no-referrer");
+}
+
+#[tokio::test]
+async fn sign_in_exchanges_a_key_for_a_strict_session_cookie_that_never_holds_the_key() {
+    let console = Console::start().await;
+    let form = console.get("/console/sign-in", "").await;
+    assert_eq!(form.status, StatusCode::OK);
+    assert_secured(&form);
+    assert_eq!(form.headers["cache-control"], "no-store");
+    assert!(form.body.contains("<label for=\"api_key\">API key</label>"));
+    let nonce_cookie = form.headers[SET_COOKIE].to_str().unwrap().to_owned();
+    for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/console"] {
+        assert!(nonce_cookie.contains(attribute), "{nonce_cookie}");
+    }
+    let signed = console.post_sign_in(&console.alice).await;
+    assert_eq!(signed.status, StatusCode::SEE_OTHER);
+    assert_eq!(signed.location(), "/console/jobs");
+    let session = signed.cookie("detl_session").unwrap();
+    assert!(session.starts_with(&console.alice_id.to_string()));
+    assert!(!session.contains(&console.alice));
+    let set: Vec<&str> = signed
+        .headers
+        .get_all(SET_COOKIE)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert!(set.iter().any(|c| c.starts_with("detl_session=")
+        && c.contains("Max-Age=1800")
+        && c.contains("HttpOnly")
+        && c.contains("SameSite=Strict")));
+    assert!(
+        set.iter().any(|c| c.starts_with("detl_sign_in=;")),
+        "the nonce is spent"
+    );
+    let jobs = console
+        .get("/console/jobs", &format!("detl_session={session}"))
+        .await;
+    assert_eq!(jobs.status, StatusCode::OK);
+    assert!(!jobs.body.contains(&console.alice));
+    assert!(
+        jobs.body.contains("href=\"/console/operator\""),
+        "alice is an operator"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_key_is_refused_without_echo_and_a_forged_or_stale_form_is_forbidden() {
+    let console = Console::start().await;
+    let form = console.get("/console/sign-in", "").await;
+    let nonce = format!("detl_sign_in={}", form.cookie("detl_sign_in").unwrap());
+    let wrong = console
+        .post(
+            "/console/sign-in",
+            &nonce,
+            &format!("api_key=detl_wrong-canary&csrf={}", form.csrf()),
+        )
+        .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.body.contains("role=\"alert\""));
+    assert!(!wrong.body.contains("wrong-canary"));
+    assert!(wrong.cookie("detl_session").is_none());
+    // No nonce cookie (a form posted from another site), a wrong token, a stale nonce.
+    let key = format!("api_key={}", console.alice);
+    let forged = [
+        ("", format!("{key}&csrf={}", form.csrf())),
+        (nonce.as_str(), format!("{key}&csrf={}", "0".repeat(64))),
+        (
+            "detl_sign_in=abc.1000",
+            format!("{key}&csrf={}", form.csrf()),
+        ),
+    ];
+    for (cookies, fields) in forged {
+        let refused = console.post("/console/sign-in", cookies, &fields).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{cookies} {fields}");
+        assert!(refused.cookie("detl_session").is_none());
+    }
+}
+
+#[tokio::test]
+async fn pages_need_a_live_session_and_revoking_the_key_ends_it() {
+    let console = Console::start().await;
+    for path in [
+        "/console/jobs",
+        &format!("/console/jobs/{}", Uuid::now_v7()),
+    ] {
+        let page = console.get(path, "").await;
+        assert_eq!(
+            (page.status, page.location()),
+            (StatusCode::SEE_OTHER, "/console/sign-in")
+        );
+    }
+    let session = console.sign_in(&console.bob).await;
+    assert_eq!(
+        console.get("/console/jobs", &session).await.status,
+        StatusCode::OK
+    );
+    let tampered = session.replace("detl_session=", "detl_session=0");
+    assert_eq!(
+        console.get("/console/jobs", &tampered).await.status,
+        StatusCode::SEE_OTHER
+    );
+    let client = console.db.client().await;
+    let alice_session = console.sign_in(&console.alice).await;
+    api_keys::revoke(&client, console.alice_id).await.unwrap();
+    let revoked = console.get("/console/jobs", &alice_session).await;
+    assert_eq!(
+        (revoked.status, revoked.location()),
+        (StatusCode::SEE_OTHER, "/console/sign-in")
+    );
+    assert_eq!(
+        console.get("/console/jobs", &session).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn an_owner_sees_only_their_jobs_and_another_owners_job_is_not_found() {
+    let console = Console::start().await;
+    let mine = console.submit(&console.bob, "idem-canary-1", false).await;
+    let theirs = console.submit(&console.alice, "idem-canary-2", false).await;
+    let session = console.sign_in(&console.bob).await;
+    let list = console.get("/console/jobs", &session).await;
+    assert!(list.body.contains(&mine.to_string()));
+    assert!(!list.body.contains(&theirs.to_string()));
+    assert!(
+        !list.body.contains("href=\"/console/operator\""),
+        "bob is no operator"
+    );
+    let own = console
+        .get(&format!("/console/jobs/{mine}"), &session)
+        .await;
+    assert_eq!(own.status, StatusCode::OK);
+    assert_secured(&own);
+    assert!(own.body.contains("pending") && own.body.contains("Accepted "));
+    for path in [
+        format!("/console/jobs/{theirs}"),
+        "/console/jobs/not-a-uuid".to_owned(),
+    ] {
+        let other = console.get(&path, &session).await;
+        assert_eq!(other.status, StatusCode::NOT_FOUND);
+        assert!(!other.body.contains(&theirs.to_string()));
+    }
+    // No page shows a payload, a principal, an idempotency key or a key.
+    for page in [list, own] {
+        for secret in [CANARY, "idem-canary", "bob", console.bob.as_str(), "SELECT"] {
+            assert!(!page.body.contains(secret), "{secret}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_list_pages_newest_first_and_filters_by_status_and_id() {
+    let console = Console::start().await;
+    let mut ids = Vec::new();
+    for i in 0..53 {
+        ids.push(console.submit(&console.bob, &format!("k-{i}"), false).await);
+    }
+    let session = console.sign_in(&console.bob).await;
+    let first = console.get("/console/jobs", &session).await;
+    let shown = |page: &Page| {
+        ids.iter()
+            .filter(|id| page.body.contains(&id.to_string()))
+            .count()
+    };
+    assert_eq!(shown(&first), 50);
+    assert!(first.body.contains(&ids[52].to_string()), "newest first");
+    assert!(!first.body.contains(&ids[2].to_string()));
+    let older = format!("/console/jobs?after={}", ids[3]);
+    assert!(
+        first.body.contains(&format!("href=\"{older}\"")),
+        "{}",
+        first.body
+    );
+    let second = console.get(&older, &session).await;
+    assert_eq!(shown(&second), 3);
+    assert!(!second.body.contains("Older jobs"));
+    let none = console
+        .get("/console/jobs?status=succeeded", &session)
+        .await;
+    assert_eq!(shown(&none), 0);
+    assert!(none.body.contains("No jobs match."));
+    assert!(none.body.contains("<option value=\"succeeded\" selected>"));
+    let pending = console.get("/console/jobs?status=pending", &session).await;
+    assert_eq!(shown(&pending), 50);
+    assert!(pending
+        .body
+        .contains(&format!("href=\"{older}&amp;status=pending\"")));
+    let by_id = console
+        .get(&format!("/console/jobs?id={}", ids[7]), &session)
+        .await;
+    assert_eq!(by_id.location(), format!("/console/jobs/{}", ids[7]));
+    let bad_id = console.get("/console/jobs?id=nope", &session).await;
+    assert_eq!(bad_id.status, StatusCode::NOT_FOUND);
+    let bad_query = console.get("/console/jobs?after=nope", &session).await;
+    assert_eq!(bad_query.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn cancel_needs_the_sessions_token_and_has_the_apis_semantics() {
+    let console = Console::start().await;
+    let job = console.submit(&console.bob, "later", true).await;
+    let session = console.sign_in(&console.bob).await;
+    let page = console.get(&format!("/console/jobs/{job}"), &session).await;
+    assert!(page.body.contains("Cancel job"));
+    let cancel = format!("/console/jobs/{job}/cancel");
+    for fields in [
+        "csrf=".to_owned(),
+        format!("csrf={}", "0".repeat(64)),
+        "x=1".to_owned(),
+    ] {
+        let refused = console.post(&cancel, &session, &fields).await;
+        assert!(
+            [StatusCode::FORBIDDEN, StatusCode::UNPROCESSABLE_ENTITY].contains(&refused.status),
+            "{fields}: {}",
+            refused.status
+        );
+    }
+    // Without a session, even with a token of another session.
+    let alice = console.sign_in(&console.alice).await;
+    let alice_token = console.get("/console/jobs", &alice).await.csrf();
+    let refused = console
+        .post(&cancel, "", &format!("csrf={alice_token}"))
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    // Alice's own session and token: bob's job is not hers.
+    let not_hers = console
+        .post(&cancel, &alice, &format!("csrf={alice_token}"))
+        .await;
+    assert_eq!(not_hers.status, StatusCode::NOT_FOUND);
+    assert!(console
+        .get(&format!("/console/jobs/{job}"), &session)
+        .await
+        .body
+        .contains("pending"));
+    let done = console
+        .post(&cancel, &session, &format!("csrf={}", page.csrf()))
+        .await;
+    assert_eq!(
+        (done.status, done.location()),
+        (
+            StatusCode::SEE_OTHER,
+            format!("/console/jobs/{job}").as_str()
+        )
+    );
+    let after = console.get(&format!("/console/jobs/{job}"), &session).await;
+    assert!(after.body.contains("status-cancelled"));
+    assert!(after.body.contains("Cancelled by its owner."));
+    assert!(!after.body.contains("Cancel job"));
+    // Cancelling again changes nothing.
+    let again = console
+        .post(&cancel, &session, &format!("csrf={}", page.csrf()))
+        .await;
+    assert_eq!(again.status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn sign_out_needs_the_token_and_clears_the_cookie() {
+    let console = Console::start().await;
+    let session = console.sign_in(&console.bob).await;
+    let page = console.get("/console/jobs", &session).await;
+    let forged = console.post("/console/sign-out", &session, "csrf=x").await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let out = console
+        .post(
+            "/console/sign-out",
+            &session,
+            &format!("csrf={}", page.csrf()),
+        )
+        .await;
+    assert_eq!(
+        (out.status, out.location()),
+        (StatusCode::SEE_OTHER, "/console/sign-in")
+    );
+    assert_eq!(out.cookie("detl_session").as_deref(), Some(""));
+    let css = console.get("/console/console.css", "").await;
+    assert_eq!(css.status, StatusCode::OK);
+    assert!(css.headers[CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/css"));
+    let root = console.get("/console", "").await;
+    assert_eq!(root.location(), "/console/jobs");
+}
