@@ -20,17 +20,17 @@ const SECRET: &str = "console-test-secret-0123456789";
 const CANARY: &str = "canary-payload-7c1e";
 
 /// A running API and console with two owners' keys.
-struct Console {
+pub(crate) struct Console {
     /// The database.
-    db: TestDb,
+    pub(crate) db: TestDb,
     /// `http://127.0.0.1:PORT`.
-    base: String,
+    pub(crate) base: String,
     /// Alice's key (an operator's).
-    alice: String,
+    pub(crate) alice: String,
     /// Alice's key's id.
     alice_id: Uuid,
     /// Bob's key.
-    bob: String,
+    pub(crate) bob: String,
     /// A client that does not follow redirects.
     http: Client,
 }
@@ -77,7 +77,7 @@ impl Page {
 
 impl Console {
     /// Starts the API and console on port 0 with keys for alice (an operator) and bob.
-    async fn start() -> Console {
+    pub(crate) async fn start() -> Console {
         let db = TestDb::migrated().await;
         let secret = Secret::new(SECRET).unwrap();
         let client = db.client().await;
@@ -146,7 +146,7 @@ impl Console {
     }
 
     /// Submits a job through the API as `key`, `deferred` by an hour or due now; returns its id.
-    async fn submit(&self, key: &str, idem: &str, deferred: bool) -> Uuid {
+    pub(crate) async fn submit(&self, key: &str, idem: &str, deferred: bool) -> Uuid {
         let mut body = json!({"dataset": "d", "key": "id", "records": [{"id": 1, "note": CANARY}]});
         if deferred {
             body["run_at"] = json!((chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339());

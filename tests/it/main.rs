@@ -4,6 +4,7 @@
 
 mod api;
 mod bench;
+mod browser;
 mod cancel;
 mod claim_plan;
 mod cli;
