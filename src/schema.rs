@@ -127,6 +127,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: a column no release before it reads, with a default for the keys it creates.
         min_reader_version: 8,
     },
+    Migration {
+        version: 11,
+        name: "replica_reports",
+        up: include_str!("../migrations/0011_replica_reports.up.sql"),
+        down: include_str!("../migrations/0011_replica_reports.down.sql"),
+        // Additive: tables that releases before it never read or write.
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

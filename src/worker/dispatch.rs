@@ -102,7 +102,7 @@ pub(crate) async fn claim_with(
     if let Ok(jobs) = &jobs {
         shared.stats.record_claim(reason, jobs.len());
         for job in jobs {
-            shared.stats.pickup_latency.observe(job.due_for);
+            shared.stats.record_pickup(job.due_for);
         }
     }
     (jobs, answer)

@@ -6,7 +6,7 @@
 //! - [`heartbeat`]: renews the leases of the held jobs (`held`) on its own task;
 //! - [`rescuer`]: recovers dead owners' and expired leases' jobs on its own task;
 //! - `session`: LISTEN and the owner lock (the notifier), outside the pool;
-//! - `presence`: whether the replica waits for work, so that enqueues notify only while one does.
+//! - `presence`: is it waiting for work (enqueues notify only then); `reporter`: console figures.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
@@ -39,6 +39,7 @@ pub mod lease;
 pub(crate) mod prefetch;
 pub(crate) mod presence;
 pub(crate) mod producer;
+pub(crate) mod reporter;
 #[doc(hidden)]
 pub mod rescuer;
 pub(crate) mod retry;
@@ -166,6 +167,8 @@ impl Worker {
             Arc::clone(&catch_up),
             stop_rescuer.clone(),
         ));
+        let (shared, stop) = (Arc::clone(&self.shared), stop_rescuer.clone());
+        roles.spawn(reporter::run(shared, held.clone(), stop));
         let mut producer = Producer::new(Arc::clone(&self.shared), held.clone());
         let stopped = producer.run(&catch_up, &mut shutdown).await;
         let shutdown_span = tracing::info_span!("shutdown", running = held.len());

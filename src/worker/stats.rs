@@ -184,6 +184,10 @@ counters! {
     waits_left,
     /// Tries of the enqueue barrier that found an enqueue in flight (tried again later).
     barrier_held,
+    /// Jobs picked up (claimed), counted with their pickup latency.
+    pickups,
+    /// Their pickup latencies (due to claimed, database clock), summed, in microseconds.
+    pickup_micros,
 }
 
 /// Why the claim loop claimed.
@@ -280,6 +284,15 @@ impl WorkerStats {
     /// Counts a claim session whose prepared claim failed its plan check.
     pub fn record_claim_plan_fallback(&self) {
         bump(&self.claim_plan_fallbacks);
+    }
+
+    /// Records one pickup `seconds` after its job was due.
+    pub(crate) fn record_pickup(&self, seconds: f64) {
+        self.pickup_latency.observe(seconds);
+        bump(&self.pickups);
+        // Whole microseconds; a negative latency (clock skew) counts as 0.
+        let micros = (seconds * 1e6).max(0.0) as u64;
+        self.pickup_micros.fetch_add(micros, Ordering::Relaxed);
     }
 
     /// Counts the replica beginning to wait for work.

@@ -1,8 +1,8 @@
 //! The console in a real browser: headless Chromium (Debian's `chromium`) driven over WebDriver
 //! (Debian's `chromium-driver`, which `.ci/run` installs when missing). It signs in with the
 //! keyboard only, watches a job submitted through the API reach `succeeded` on its page,
-//! cancels a deferred job from the console, and saves a screenshot of each page under
-//! `target/console-screenshots/` for review.
+//! cancels a deferred job from the console, checks that the operator view's charts render, and
+//! saves a screenshot of each page under `target/console-screenshots/` for review.
 
 use crate::console::Console;
 use crate::support::{free_port, pool};
@@ -142,7 +142,7 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
         Some("api_key")
     );
     focused
-        .send_keys(&format!("{}{}", console.bob, char::from(Key::Enter)))
+        .send_keys(&format!("{}{}", console.alice, char::from(Key::Enter)))
         .await
         .unwrap();
     browser
@@ -168,14 +168,14 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     );
 
     // A job submitted through the API reaches `succeeded` on its page.
-    let job = console.submit(&console.bob, "browser-1", false).await;
+    let job = console.submit(&console.alice, "browser-1", false).await;
     let page = format!("{}/console/jobs/{job}", console.base);
     let source = until_page_shows(&browser, &page, "status-succeeded").await;
     assert!(source.contains("Rows inserted"));
     screenshot(&browser, "job-succeeded").await;
 
     // A deferred job is cancelled from the console.
-    let deferred = console.submit(&console.bob, "browser-2", true).await;
+    let deferred = console.submit(&console.alice, "browser-2", true).await;
     let page = format!("{}/console/jobs/{deferred}", console.base);
     browser.goto(&page).await.unwrap();
     browser
@@ -195,6 +195,21 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     let list = browser.source().await.unwrap();
     assert!(list.contains(&job.to_string()) && list.contains(&deferred.to_string()));
     screenshot(&browser, "jobs").await;
+
+    // The operator view (alice's key is an operator's) renders its charts once the replica has
+    // reported the job it ran.
+    let operator = format!("{}/console/operator", console.base);
+    until_page_shows(&browser, &operator, "this minute: 1.0 jobs").await;
+    let charts = browser
+        .find_all(Locator::Css("svg[role=img]"))
+        .await
+        .unwrap();
+    assert_eq!(charts.len(), 3);
+    for chart in charts {
+        let (_, _, width, height) = chart.rectangle().await.unwrap();
+        assert!(width > 100.0 && height > 50.0, "{width} x {height}");
+    }
+    screenshot(&browser, "operator").await;
     browser.close().await.unwrap();
     stop.request(durable_etl::shutdown::Stage::Draining);
     running.await.unwrap().unwrap();

@@ -32,7 +32,7 @@ pub(crate) struct Console {
     /// Bob's key.
     pub(crate) bob: String,
     /// A client that does not follow redirects.
-    http: Client,
+    pub(crate) http: Client,
 }
 
 /// A page as it came back.
@@ -464,4 +464,88 @@ async fn sign_out_needs_the_token_and_clears_the_cookie() {
         .starts_with("text/css"));
     let root = console.get("/console", "").await;
     assert_eq!(root.location(), "/console/jobs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_view_shows_reporting_replicas_and_the_last_hour_to_operators_only() {
+    use durable_etl::config::WorkerConfig;
+    use durable_etl::etl::load::EtlLoad;
+    use durable_etl::handler::Registry;
+    use durable_etl::worker::Worker;
+    use std::time::Duration;
+    let console = Console::start().await;
+    let worker = Worker::start(
+        pool(&console.db).await,
+        &console.db.config,
+        WorkerConfig {
+            owner_id: "rep-1".to_owned(),
+            poll_interval: Duration::from_millis(100),
+            lease: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(1),
+            ..WorkerConfig::default()
+        },
+        Registry::new().register(EtlLoad::default()),
+    )
+    .await
+    .unwrap();
+    let (stop, shutdown) = durable_etl::shutdown::manual();
+    let running = tokio::spawn(worker.run(shutdown));
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            console
+                .submit(&console.bob, &format!("ok-{i}"), false)
+                .await,
+        );
+    }
+    // One that fails: its record does not cast.
+    let failing = json!({"dataset": "d", "key": "id", "records": [{"id": 1, "n": "abc"}],
+                         "transform": {"cast": {"n": "integer"}}});
+    let response = console
+        .http
+        .post(format!("{}/v1/etl-jobs", console.base))
+        .bearer_auth(&console.bob)
+        .header("Idempotency-Key", "bad")
+        .json(&failing)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let client = console.db.client().await;
+    crate::support::eventually("the report of four ended jobs", || async {
+        crate::support::count(
+            &client,
+            "etl_replica_minutes WHERE owner_id = 'rep-1' AND succeeded = 3 AND failed = 1",
+        )
+        .await
+            == 1
+    })
+    .await;
+    let alice = console.sign_in(&console.alice).await;
+    let view = console.get("/console/operator", &alice).await;
+    assert_eq!(view.status, StatusCode::OK);
+    assert_secured(&view);
+    assert!(view.body.contains("<code>rep-1</code>"));
+    assert_eq!(view.body.matches("<svg").count(), 3);
+    assert!(view.body.contains("this minute: 4.0 jobs"), "{}", view.body);
+    assert!(view.body.contains("<code>record_invalid</code>"));
+    assert!(view.body.contains("<dt>Due</dt><dd>0</dd>"));
+    for id in &ids {
+        assert!(!view.body.contains(&id.to_string()), "aggregates only");
+    }
+    for secret in [CANARY, "bob", console.bob.as_str()] {
+        assert!(!view.body.contains(secret), "{secret}");
+    }
+    let bob = console.sign_in(&console.bob).await;
+    assert_eq!(
+        console.get("/console/operator", &bob).await.status,
+        StatusCode::NOT_FOUND
+    );
+    stop.request(durable_etl::shutdown::Stage::Draining);
+    running.await.unwrap().unwrap();
+    assert_eq!(
+        crate::support::count(&client, "etl_replicas").await,
+        0,
+        "a stopped replica deletes its row"
+    );
 }

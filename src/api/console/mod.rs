@@ -12,6 +12,8 @@
 //! - No page carries an API key, a payload, a principal, an idempotency key, SQL or an error
 //!   message ([`pages`]); the API key travels once, in the sign-in form's body.
 
+mod charts;
+mod operator;
 mod pages;
 pub(crate) mod session;
 
@@ -19,6 +21,7 @@ use super::problem::Problem;
 use super::AppState;
 use crate::api_keys::{self, KeyHolder};
 use crate::codes::Code;
+use crate::error::Error;
 use crate::jobs::{self, Cancel};
 use crate::state::JobState;
 use axum::extract::rejection::QueryRejection;
@@ -52,6 +55,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/jobs", get(job_list))
         .route("/console/jobs/{id}", get(job_page))
         .route("/console/jobs/{id}/cancel", post(cancel))
+        .route("/console/operator", get(operator_page))
         .route("/console/console.css", get(stylesheet))
         .layer(axum::middleware::map_response(secured))
 }
@@ -327,4 +331,23 @@ async fn cancel(
             }
         },
     )
+}
+
+/// The operator view, for operator keys only: to any other key it does not exist (`404`).
+async fn operator_page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    let Some(viewer) = viewer(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    if viewer.holder.role != api_keys::Role::Operator {
+        return Ok(not_found(&viewer));
+    }
+    let conn = crate::db::checkout(&state.pool).await?;
+    let overview = operator::overview(&*conn).await.map_err(Error::from)?;
+    Ok(page(
+        StatusCode::OK,
+        pages::operator(shown(&viewer), &overview),
+    ))
 }

@@ -8,6 +8,8 @@
 //! - Forms are labelled, headings go in order (one `h1` per page), and every page works without
 //!   JavaScript.
 
+use super::charts;
+use super::operator::{Minute, Overview};
 use crate::api_keys::Role;
 use crate::codes::Code;
 use crate::jobs::JobStatus;
@@ -241,6 +243,62 @@ pub(crate) fn forbidden() -> Markup {
         html! {
             h1 { "Refused" }
             p { "This form was expired or did not come from the console. Go back, reload the page and try again." }
+        },
+    )
+}
+
+/// The operator view: live replicas, the backlog, and the last hour's charts and failures.
+pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
+    let series = |f: fn(&Minute) -> f64| -> Vec<f64> { overview.minutes.iter().map(f).collect() };
+    let backlog = &overview.backlog;
+    layout(
+        "Operator",
+        Some(viewer),
+        html! {
+            h1 { "Operator" }
+            h2 { "Replicas" }
+            @if overview.replicas.is_empty() {
+                p.empty { "No replica has reported in the last hour." }
+            } @else {
+                table {
+                    thead { tr { th { "Owner id" } th { "Started" } th { "Last report" } th { "Jobs held" } th { "Claim rate" } } }
+                    tbody {
+                        @for replica in &overview.replicas {
+                            tr {
+                                td { code { (replica.owner_id) } }
+                                td { (replica.started_at.format("%Y-%m-%dT%H:%M:%SZ")) }
+                                td { (format!("{:.0}", replica.silent_for)) " s ago" }
+                                td { (replica.held) }
+                                td { (format!("{:.1}", replica.claim_rate)) " jobs/s" }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Backlog" }
+            dl.facts {
+                dt { "Due" } dd { (backlog.due) }
+                dt { "Deferred or waiting to retry" } dd { (backlog.deferred) }
+                dt { "Running" } dd { (backlog.running) }
+                dt { "Oldest due" } dd { (format!("{:.1}", backlog.oldest_due_seconds)) " s" }
+            }
+            h2 { "The last hour" }
+            (charts::bars("Jobs finished per minute", &series(|m| (m.succeeded + m.failed) as f64), "jobs"))
+            (charts::bars("Mean pickup latency per minute", &series(|m| m.mean_pickup_ms().unwrap_or(0.0)), "ms"))
+            (charts::bars("Jobs recovered per minute", &series(|m| m.recovered as f64), "jobs"))
+            h2 { "Failures by code" }
+            @if overview.failures.is_empty() {
+                p.empty { "No job failed in the last hour." }
+            } @else {
+                table {
+                    thead { tr { th { "Code" } th { "Jobs" } th { "Meaning" } } }
+                    tbody {
+                        @for (code, n) in &overview.failures {
+                            tr { td { code { (code) } } td { (n) } td { (meaning(code)) } }
+                        }
+                    }
+                }
+            }
         },
     )
 }

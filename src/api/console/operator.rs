@@ -1,0 +1,273 @@
+//! The operator view's figures: live replicas, the backlog, and the last hour minute by minute
+//! (throughput, pickup latency, recoveries, failures by code), all from aggregates the replicas
+//! report (migration 0011) and the active-job sample; never a job, an owner or a payload.
+//!
+//! Invariants this module keeps:
+//! - Every query is index-backed and bounded by the size of the fleet, not of the history: the
+//!   replica table holds one row per live replica, the minute table is read by its primary key's
+//!   range over the last 61 minutes, and the backlog sample reads the active jobs' partial indexes.
+//! - A replica's minute rows hold its totals since it started; a minute's figure is the
+//!   difference from the replica's previous row of the same incarnation (the same `started_at`),
+//!   or the total itself in the minute it started. A difference across a gap in its reports is
+//!   counted in the minute that ends the gap.
+
+use crate::metrics::{sample_queue, QueueSample};
+use chrono::{DateTime, Utc};
+use std::collections::BTreeMap;
+use tokio_postgres::GenericClient;
+
+/// Minutes shown.
+pub(crate) const MINUTES: i64 = 60;
+
+/// The live replicas, by owner id.
+///
+/// Locks: none (a snapshot read of one row per replica).
+const REPLICAS_SQL: &str = "
+SELECT owner_id, started_at, extract(epoch FROM now() - reported_at)::float8, held, claim_rate
+  FROM etl_replicas ORDER BY owner_id";
+
+/// The replicas' minute rows of the last 61 minutes (one more than shown, for differences), and
+/// the database's current minute.
+///
+/// Locks: none (a range of the primary key `(minute, owner_id)`).
+const MINUTES_SQL: &str = "
+SELECT minute, owner_id, started_at, succeeded, failed, failed_by_code, recovered, pickups,
+       pickup_seconds, date_trunc('minute', now())
+  FROM etl_replica_minutes
+ WHERE minute >= date_trunc('minute', now()) - interval '61 minutes'
+ ORDER BY owner_id, minute";
+
+/// A live replica.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Replica {
+    /// Its owner id.
+    pub(crate) owner_id: String,
+    /// When it started.
+    pub(crate) started_at: DateTime<Utc>,
+    /// Seconds since its last report.
+    pub(crate) silent_for: f64,
+    /// Jobs it holds (running, committing or buffered).
+    pub(crate) held: i32,
+    /// Jobs it claimed per second over its last report interval.
+    pub(crate) claim_rate: f64,
+}
+
+/// One replica's totals at the end of a minute.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Totals {
+    /// The minute.
+    pub(crate) minute: DateTime<Utc>,
+    /// The replica.
+    pub(crate) owner_id: String,
+    /// When that incarnation of it started.
+    pub(crate) started_at: DateTime<Utc>,
+    /// Jobs succeeded since it started.
+    pub(crate) succeeded: i64,
+    /// Jobs failed since it started.
+    pub(crate) failed: i64,
+    /// Jobs failed since it started, by stored code.
+    pub(crate) failed_by_code: BTreeMap<String, i64>,
+    /// Jobs it recovered since it started.
+    pub(crate) recovered: i64,
+    /// Jobs it picked up since it started.
+    pub(crate) pickups: i64,
+    /// Their pickup latencies, summed, in seconds.
+    pub(crate) pickup_seconds: f64,
+}
+
+/// One minute of the fleet.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Minute {
+    /// Jobs that ended succeeded.
+    pub(crate) succeeded: i64,
+    /// Jobs that ended failed.
+    pub(crate) failed: i64,
+    /// Jobs recovered.
+    pub(crate) recovered: i64,
+    /// Jobs picked up.
+    pub(crate) pickups: i64,
+    /// Their pickup latencies, summed, in seconds.
+    pub(crate) pickup_seconds: f64,
+}
+
+impl Minute {
+    /// The mean pickup latency in milliseconds, if anything was picked up.
+    pub(crate) fn mean_pickup_ms(&self) -> Option<f64> {
+        (self.pickups > 0).then(|| self.pickup_seconds * 1000.0 / self.pickups as f64)
+    }
+}
+
+/// The operator view's figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Overview {
+    /// Live replicas.
+    pub(crate) replicas: Vec<Replica>,
+    /// The active jobs by state, and the oldest due job's age.
+    pub(crate) backlog: QueueSample,
+    /// The last [`MINUTES`] minutes, oldest first.
+    pub(crate) minutes: Vec<Minute>,
+    /// Failures in those minutes, by stored code.
+    pub(crate) failures: BTreeMap<String, i64>,
+}
+
+/// Reads the operator view's figures.
+///
+/// # Errors
+/// Database errors.
+pub(crate) async fn overview(
+    client: &impl GenericClient,
+) -> Result<Overview, tokio_postgres::Error> {
+    let replicas = client
+        .query(REPLICAS_SQL, &[])
+        .await?
+        .iter()
+        .map(|r| Replica {
+            owner_id: r.get(0),
+            started_at: r.get(1),
+            silent_for: r.get(2),
+            held: r.get(3),
+            claim_rate: r.get(4),
+        })
+        .collect();
+    let rows = client.query(MINUTES_SQL, &[]).await?;
+    let now: Option<DateTime<Utc>> = rows.first().map(|r| r.get(9));
+    let totals: Vec<Totals> = rows
+        .iter()
+        .map(|r| {
+            let by_code: serde_json::Value = r.get(5);
+            Totals {
+                minute: r.get(0),
+                owner_id: r.get(1),
+                started_at: r.get(2),
+                succeeded: r.get(3),
+                failed: r.get(4),
+                failed_by_code: by_code
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), v.as_i64().unwrap_or(0)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                recovered: r.get(6),
+                pickups: r.get(7),
+                pickup_seconds: r.get(8),
+            }
+        })
+        .collect();
+    let (minutes, failures) = now.map(|now| per_minute(&totals, now)).unwrap_or_default();
+    Ok(Overview {
+        replicas,
+        backlog: sample_queue(client).await?,
+        minutes: if minutes.is_empty() {
+            vec![Minute::default(); MINUTES as usize]
+        } else {
+            minutes
+        },
+        failures,
+    })
+}
+
+/// The fleet's last [`MINUTES`] minutes up to `now` (oldest first) and their failures by code,
+/// from the replicas' totals (ordered by replica, then minute; see the module's invariants).
+pub(crate) fn per_minute(
+    totals: &[Totals],
+    now: DateTime<Utc>,
+) -> (Vec<Minute>, BTreeMap<String, i64>) {
+    let first = now - chrono::Duration::minutes(MINUTES - 1);
+    let mut minutes = vec![Minute::default(); MINUTES as usize];
+    let mut failures = BTreeMap::new();
+    let mut previous: Option<&Totals> = None;
+    for row in totals {
+        let before =
+            previous.filter(|p| p.owner_id == row.owner_id && p.started_at == row.started_at);
+        previous = Some(row);
+        let started_then = row.started_at >= row.minute - chrono::Duration::minutes(1);
+        if row.minute < first || (before.is_none() && !started_then) {
+            continue;
+        }
+        let index = (row.minute - first).num_minutes();
+        let Some(minute) = usize::try_from(index).ok().and_then(|i| minutes.get_mut(i)) else {
+            continue;
+        };
+        let delta = |now: i64, then: fn(&Totals) -> i64| (now - before.map_or(0, then)).max(0);
+        minute.succeeded += delta(row.succeeded, |t| t.succeeded);
+        minute.failed += delta(row.failed, |t| t.failed);
+        minute.recovered += delta(row.recovered, |t| t.recovered);
+        minute.pickups += delta(row.pickups, |t| t.pickups);
+        minute.pickup_seconds +=
+            (row.pickup_seconds - before.map_or(0.0, |t| t.pickup_seconds)).max(0.0);
+        for (code, n) in &row.failed_by_code {
+            let was = before.and_then(|t| t.failed_by_code.get(code)).copied();
+            let added = (n - was.unwrap_or(0)).max(0);
+            if added > 0 {
+                *failures.entry(code.clone()).or_insert(0) += added;
+            }
+        }
+    }
+    (minutes, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 12:00 plus `m` minutes.
+    fn at(m: i64) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z")
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or_default()
+            + chrono::Duration::minutes(m)
+    }
+
+    /// A row of `owner`'s totals at minute `m`, of the incarnation started at minute `start`.
+    fn row(owner: &str, m: i64, start: i64, succeeded: i64, failed: &[(&str, i64)]) -> Totals {
+        Totals {
+            minute: at(m),
+            owner_id: owner.to_owned(),
+            started_at: at(start),
+            succeeded,
+            failed: failed.iter().map(|(_, n)| n).sum(),
+            failed_by_code: failed.iter().map(|(c, n)| ((*c).to_owned(), *n)).collect(),
+            recovered: 0,
+            pickups: succeeded,
+            pickup_seconds: succeeded as f64 * 0.001,
+        }
+    }
+
+    #[test]
+    fn minutes_are_differences_within_an_incarnation() {
+        let now = at(100);
+        let totals = [
+            // Started long before the window: its first row in the window is only a baseline.
+            row("a", 39, 0, 1_000, &[]),
+            row("a", 41, 0, 1_010, &[("handler_failed", 1)]),
+            row("a", 42, 0, 1_030, &[("handler_failed", 3)]),
+            // Restarted at 99: counts from its start, not from the old incarnation's totals.
+            row("a", 99, 99, 5, &[]),
+            // Started in the window.
+            row("b", 98, 98, 7, &[]),
+            row("b", 100, 98, 9, &[("invalid_payload", 2)]),
+        ];
+        let (minutes, failures) = per_minute(&totals, now);
+        assert_eq!(minutes.len(), 60);
+        // The window is 41..=100.
+        assert_eq!(minutes[0].succeeded, 10, "41: 1,010 - 1,000");
+        assert_eq!(minutes[1].succeeded, 20);
+        assert_eq!(minutes[58].succeeded, 5, "99: the restarted incarnation");
+        assert_eq!(minutes[57].succeeded, 7, "98: b's first minute");
+        assert_eq!(minutes[59].succeeded, 2);
+        assert_eq!(minutes[59].failed, 2);
+        let total: i64 = minutes.iter().map(|m| m.succeeded).sum();
+        assert_eq!(total, 44);
+        assert_eq!(
+            failures,
+            BTreeMap::from([
+                ("handler_failed".to_owned(), 3),
+                ("invalid_payload".to_owned(), 2)
+            ])
+        );
+        assert_eq!(minutes[1].mean_pickup_ms().map(|ms| ms.round()), Some(1.0));
+        assert_eq!(Minute::default().mean_pickup_ms(), None);
+    }
+}

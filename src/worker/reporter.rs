@@ -1,0 +1,144 @@
+//! The reporter: the role that, once per heartbeat interval, tells the database how this replica
+//! is doing, for the console's operator view (migration 0011): its row of `etl_replicas` (when it
+//! started, when it last reported, the jobs it holds, its claim rate) and its row of the current
+//! minute in `etl_replica_minutes` (its counters since it started).
+//!
+//! Invariants this module keeps:
+//! - A report holds aggregates only: counts, rates, times and stored failure codes; never a job
+//!   id, an owner or a payload.
+//! - One statement per report on the pool, bounded; a failed report is logged by code and the
+//!   next one replaces it (the counters are totals, so nothing is lost but a minute's resolution).
+//! - Rows of the minute table older than two hours, and replica rows not reported for an hour, are
+//!   deleted by the reports themselves; a replica that stops deletes its own row.
+
+use crate::db;
+use crate::error::Error;
+use crate::worker::held::HeldJobs;
+use crate::worker::shared::Shared;
+use crate::worker::timing::ticker;
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
+use tokio::time::Instant;
+use tokio_postgres::types::{Json, Type};
+use tokio_util::sync::CancellationToken;
+
+/// Upserts owner `$1`'s report: started at `$2`, holding `$3` jobs, `$4` claimed in all at `$5`
+/// jobs/s; this minute's totals: `$6` succeeded, `$7` failed (`$8` by code), `$9` recovered,
+/// `$10` pickups taking `$11` seconds in all. Deletes what is too old to show.
+///
+/// Locks: the replica's own rows (nobody else writes them); the deletes take the locks of rows
+/// nobody has written for an hour or more. Both tables are UNLOGGED: no WAL.
+pub(crate) const REPORT_SQL: &str = "
+WITH replica AS (
+    INSERT INTO etl_replicas (owner_id, started_at, reported_at, held, claimed, claim_rate)
+    VALUES ($1, $2, now(), $3, $4, $5)
+        ON CONFLICT (owner_id) DO UPDATE
+       SET started_at = EXCLUDED.started_at, reported_at = now(), held = EXCLUDED.held,
+           claimed = EXCLUDED.claimed, claim_rate = EXCLUDED.claim_rate
+), minute AS (
+    INSERT INTO etl_replica_minutes (minute, owner_id, started_at, succeeded, failed,
+                                     failed_by_code, recovered, pickups, pickup_seconds)
+    VALUES (date_trunc('minute', now()), $1, $2, $6, $7, $8, $9, $10, $11)
+        ON CONFLICT (minute, owner_id) DO UPDATE
+       SET started_at = EXCLUDED.started_at, succeeded = EXCLUDED.succeeded,
+           failed = EXCLUDED.failed, failed_by_code = EXCLUDED.failed_by_code,
+           recovered = EXCLUDED.recovered, pickups = EXCLUDED.pickups,
+           pickup_seconds = EXCLUDED.pickup_seconds
+), old_minutes AS (
+    DELETE FROM etl_replica_minutes WHERE minute < now() - interval '2 hours'
+)
+DELETE FROM etl_replicas WHERE reported_at < now() - interval '1 hour'";
+
+/// Deletes owner `$1`'s replica row: it stopped.
+///
+/// Locks: the row's lock.
+pub(crate) const GONE_SQL: &str = "DELETE FROM etl_replicas WHERE owner_id = $1";
+
+/// The reporter role: reports every heartbeat interval (at once, then on every tick) until
+/// `stop`, then deletes its replica row.
+pub(crate) async fn run(shared: Arc<Shared>, held: HeldJobs, stop: CancellationToken) {
+    let started_at = Utc::now();
+    let mut last: Option<(Instant, u64)> = None;
+    let mut tick = ticker(shared.config.heartbeat_interval);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => match report(&shared, &held, started_at, last).await {
+                Ok(now) => last = Some(now),
+                Err(e) => tracing::warn!(code = %e.code(), "report failed"),
+            },
+        }
+    }
+    if let Err(e) = gone(&shared).await {
+        tracing::warn!(code = %e.code(), "report of the stop failed");
+    }
+}
+
+/// Sends one report; returns when it was taken and the claimed total then, for the next claim
+/// rate (`last`: the previous report's).
+async fn report(
+    shared: &Shared,
+    held: &HeldJobs,
+    started_at: DateTime<Utc>,
+    last: Option<(Instant, u64)>,
+) -> Result<(Instant, u64), Error> {
+    let now = Instant::now();
+    let stats = shared.stats.snapshot();
+    let rate = last.map_or(0.0, |(then, claimed)| {
+        let seconds = now.duration_since(then).as_secs_f64();
+        if seconds > 0.0 {
+            stats.claimed.saturating_sub(claimed) as f64 / seconds
+        } else {
+            0.0
+        }
+    });
+    let by_code: serde_json::Map<String, serde_json::Value> = shared
+        .stats
+        .failed_by_code()
+        .filter(|(_, n)| *n > 0)
+        .map(|(code, n)| (code.to_owned(), n.into()))
+        .collect();
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let held_now = i32::try_from(held.len()).unwrap_or(i32::MAX);
+    let recovered = stats.recovered_expired + stats.recovered_dead_owner;
+    let pickup_seconds = stats.pickup_micros as f64 / 1e6;
+    let (owner, by_code) = (shared.owner_id(), Json(&by_code));
+    let totals = [
+        count(stats.claimed),
+        count(stats.succeeded),
+        count(stats.failed),
+        count(recovered),
+        count(stats.pickups),
+    ];
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 11] = [
+        (&owner, Type::TEXT),
+        (&started_at, Type::TIMESTAMPTZ),
+        (&held_now, Type::INT4),
+        (&totals[0], Type::INT8),
+        (&rate, Type::FLOAT8),
+        (&totals[1], Type::INT8),
+        (&totals[2], Type::INT8),
+        (&by_code, Type::JSONB),
+        (&totals[3], Type::INT8),
+        (&totals[4], Type::INT8),
+        (&pickup_seconds, Type::FLOAT8),
+    ];
+    let conn = db::checkout(&shared.pool).await?;
+    shared.stats.record_round_trips(1);
+    let statement = conn.execute_typed(REPORT_SQL, &params);
+    db::bounded(shared.statement_bound, statement).await?;
+    Ok((now, stats.claimed))
+}
+
+/// Deletes the replica's row as it stops.
+async fn gone(shared: &Shared) -> Result<(), Error> {
+    let conn = db::checkout(&shared.pool).await?;
+    let owner = shared.owner_id();
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&owner, Type::TEXT)];
+    db::bounded(
+        shared.statement_bound,
+        conn.execute_typed(GONE_SQL, &params),
+    )
+    .await?;
+    Ok(())
+}
