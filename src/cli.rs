@@ -33,7 +33,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
     let start_up = cli.database.start_up(&shutdown)?;
     match cli.command {
         Command::Migrate(args) => migrate(&db_config, &start_up, args).await,
-        Command::Demo(args) => crate::demo::run(&db_config, &args.demo_database).await,
+        Command::Demo(args) => {
+            let serve = args.serve.then_some(shutdown);
+            crate::demo::run(&db_config, &args.demo_database, serve).await
+        }
         Command::Bench(command) => {
             let (config, output) = command.config();
             let report = crate::bench::run(&db_config, config).await?;

@@ -7,6 +7,8 @@
 //!   HTTP to a real listening server and run by two real worker replicas.
 //! - It ends: every job reaches a terminal state (bounded wait), then it stops the replicas,
 //!   prints the final table (nothing is printed or logged after it), stops the server and exits 0.
+//!   With `--serve`, the server goes on after the table, which is then followed by the console's
+//!   address and the demo's key, until a shutdown signal.
 
 use durable_etl::api::{self, AppState};
 use durable_etl::config::{ApiConfig, DatabaseConfig, WorkerConfig};
@@ -15,7 +17,7 @@ use durable_etl::digest::Secret;
 use durable_etl::error::Error;
 use durable_etl::etl::load::EtlLoad;
 use durable_etl::handler::Registry;
-use durable_etl::shutdown::{self, Stage};
+use durable_etl::shutdown::{self, Shutdown, Stage};
 use durable_etl::worker::Worker;
 use durable_etl::{api_keys, schema};
 use serde_json::{json, Value};
@@ -94,7 +96,11 @@ fn samples() -> Vec<Sample> {
 /// # Errors
 /// [`Error::Unavailable`] when no server answers (after printing [`NO_SERVER`]); other errors of
 /// the run.
-pub(crate) async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
+pub(crate) async fn run(
+    base: &DatabaseConfig,
+    name: &str,
+    serve: Option<Shutdown>,
+) -> Result<(), Error> {
     let config = match db::recreate_database(base, name).await {
         Ok(config) => DatabaseConfig {
             lock_timeout: Duration::from_millis(300),
@@ -164,6 +170,11 @@ pub(crate) async fn run(base: &DatabaseConfig, name: &str) -> Result<(), Error> 
         Ok(jobs) => summary(&base, &key, &jobs, &session).await,
         Err(e) => Err(e),
     };
+    if let (Ok(()), Some(mut until)) = (&outcome, serve) {
+        println!("\nconsole: {base}/console (sign in with the demo's API key: {key})");
+        println!("serving until Ctrl-C");
+        until.reached(Stage::Draining).await;
+    }
     api_trigger.request(Stage::Draining);
     let _ = server.await;
     outcome

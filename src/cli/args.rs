@@ -275,6 +275,10 @@ pub(crate) struct DemoArgs {
         default_value = "durable_etl_demo"
     )]
     pub(crate) demo_database: String,
+    /// Keep the API and the web console serving after the demo, until Ctrl-C or SIGTERM, and
+    /// print the console's address and the demo's API key to sign in with.
+    #[arg(long)]
+    pub(crate) serve: bool,
 }
 
 /// Options of `migrate`.

@@ -403,3 +403,91 @@ fn the_demo_says_in_one_line_what_to_do_without_a_server() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.trim(), DEMO_NO_SERVER);
 }
+
+/// `demo --serve` keeps the API and the console up after its table, prints the console's address
+/// and the demo's key, and a newcomer signs in there and sees the demo's jobs; a signal ends it.
+#[tokio::test]
+async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
+    use std::io::BufRead;
+    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        )
+        .env("RUST_LOG", "warn")
+        .args(["demo", "--serve", "--demo-database", &name])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (lines, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    // Reads to the end, so the demo never writes into a closed pipe.
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines.send(line);
+        }
+    });
+    let console_line = loop {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(90), seen.recv())
+            .await
+            .expect("the console line within 90 s")
+            .expect("the demo's output");
+        if line.starts_with("console: ") {
+            break line;
+        }
+    };
+    let url = console_line.split_whitespace().nth(1).unwrap().to_owned();
+    let key = console_line
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .trim_end_matches(')')
+        .to_owned();
+    assert!(key.starts_with(api_keys::API_KEY_PREFIX), "{console_line}");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let form = http.get(format!("{url}/sign-in")).send().await.unwrap();
+    let nonce = form.headers()["set-cookie"].to_str().unwrap();
+    let nonce = nonce[..nonce.find(';').unwrap()].to_owned();
+    let body = form.text().await.unwrap();
+    let at = body.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let signed = http
+        .post(format!("{url}/sign-in"))
+        .header("cookie", nonce)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("api_key={key}&csrf={}", &body[at..at + 64]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed.status(), reqwest::StatusCode::SEE_OTHER);
+    let session = signed.headers()["set-cookie"].to_str().unwrap();
+    let session = session[..session.find(';').unwrap()].to_owned();
+    let jobs = http
+        .get(format!("{url}/jobs"))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        jobs.matches("href=\"/console/jobs/").count(),
+        6,
+        "the six samples: {jobs}"
+    );
+    assert!(jobs.contains("status-succeeded") && jobs.contains("status-cancelled"));
+    crate::support::signal(&child, "TERM");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    drop_database(&name).await;
+}
