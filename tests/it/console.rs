@@ -258,6 +258,10 @@ async fn a_wrong_key_is_refused_without_echo_and_a_forged_or_stale_form_is_forbi
         assert_eq!(refused.status, StatusCode::FORBIDDEN, "{cookies} {fields}");
         assert!(refused.cookie("detl_session").is_none());
     }
+    // A form far larger than any key is refused before it is read whole.
+    let huge = format!("api_key={}&csrf={}", "k".repeat(20_000), form.csrf());
+    let refused = console.post("/console/sign-in", &nonce, &huge).await;
+    assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
 #[tokio::test]

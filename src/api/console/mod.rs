@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::jobs::{self, Cancel};
 use crate::state::JobState;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -34,6 +34,10 @@ use maud::Markup;
 use serde::Deserialize;
 use session::Viewer;
 use uuid::Uuid;
+
+/// The largest form body a console route reads, in bytes (an API key and a token fit many
+/// times over); a larger one is refused with `413` before it is read whole.
+const FORM_LIMIT: usize = 8 * 1024;
 
 /// Jobs per page of the list.
 const PAGE_SIZE: i64 = 50;
@@ -57,6 +61,8 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/jobs/{id}/cancel", post(cancel))
         .route("/console/operator", get(operator_page))
         .route("/console/console.css", get(stylesheet))
+        // The app lifts axum's default body limit for the API's own; a console form is small.
+        .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(axum::middleware::map_response(secured))
 }
 
