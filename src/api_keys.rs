@@ -110,14 +110,9 @@ pub async fn authenticate(
     secret: &Secret,
     key: &str,
 ) -> Result<Option<[u8; 32]>, Error> {
-    let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
-    let row = client
-        .query_opt(
-            "SELECT owner_key FROM etl_api_clients WHERE key_digest = $1 AND revoked_at IS NULL",
-            &[&key_digest.as_slice()],
-        )
-        .await?;
-    Ok(row.and_then(|r| r.get::<_, Vec<u8>>(0).try_into().ok()))
+    Ok(holder_of_key(client, secret, key)
+        .await?
+        .map(|holder| holder.owner_key))
 }
 
 /// The holder of the live key `key`, or `None` for an unknown or revoked key.

@@ -204,11 +204,7 @@ async fn form_viewer(
     let Some(viewer) = viewer(state, headers).await? else {
         return Ok(Err(page(StatusCode::FORBIDDEN, pages::forbidden())));
     };
-    if !session::csrf_ok(
-        &state.secret,
-        session::cookie(headers, session::SESSION_COOKIE).unwrap_or_default(),
-        token,
-    ) {
+    if !viewer.accepts(token) {
         return Ok(Err(page(StatusCode::FORBIDDEN, pages::forbidden())));
     }
     Ok(Ok(viewer))

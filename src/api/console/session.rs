@@ -41,6 +41,13 @@ pub(crate) struct Viewer {
     pub(crate) csrf: String,
 }
 
+impl Viewer {
+    /// Whether `token` is this session's anti-forgery token.
+    pub(crate) fn accepts(&self, token: &str) -> bool {
+        same(token, &self.csrf)
+    }
+}
+
 /// Seconds since the Unix epoch, now.
 pub(crate) fn now() -> u64 {
     SystemTime::now()
