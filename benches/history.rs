@@ -17,6 +17,7 @@
 
 mod common;
 
+use common::history::{add_history, HISTORY};
 use common::BenchDb;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use durable_etl::handler::LedgerEntry;
@@ -26,52 +27,6 @@ use std::time::{Duration, Instant};
 
 /// Jobs claimed and completed per sample.
 const JOBS: usize = 100;
-
-/// The ended jobs of the larger history.
-const HISTORY: i64 = 1_000_000;
-
-/// Ended jobs appended per statement: each statement stays well inside the setup session's
-/// `statement_timeout` even on a slow, busy machine (one 1,000,000-row statement did not).
-const HISTORY_CHUNK: i64 = 50_000;
-
-/// Appends `n` ended jobs (succeeded, with their ledger) of another owner, two days old, with
-/// time-ordered ids, in chunks of [`HISTORY_CHUNK`], then analyzes the tables.
-async fn add_history(db: &BenchDb, n: i64) {
-    for first in (1..=n).step_by(usize::try_from(HISTORY_CHUNK).expect("chunk")) {
-        let last = (first + HISTORY_CHUNK - 1).min(n);
-        db.client
-            .batch_execute(&format!(
-                "WITH ids AS (
-                     SELECT (lpad(to_hex((extract(epoch FROM now() - interval '2 days') * 1000)::int8
-                                         + g / 1000), 12, '0')
-                             || '7' || lpad(to_hex(g), 19, '0'))::uuid AS id, g
-                       FROM generate_series({first}, {last}) g
-                 ), intake AS (
-                     INSERT INTO etl_job_intake
-                            (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                             max_attempts, run_at, created_at)
-                     SELECT id, sha256('history'::bytea), sha256(g::text::bytea),
-                            sha256(g::text::bytea), 'noop', 5, now() - interval '2 days',
-                            now() - interval '2 days'
-                       FROM ids
-                 )
-                 INSERT INTO etl_job_outcomes
-                        (job_id, owner_key, status, attempts, run_at, lease_claim_id,
-                         rows_inserted, rows_updated, rows_unchanged, data_checksum, started_at,
-                         finished_at)
-                 SELECT id, sha256('history'::bytea), 'succeeded', 1, now() - interval '2 days',
-                        gen_random_uuid(), 0, 0, 0, sha256(g::text::bytea),
-                        now() - interval '2 days', now() - interval '2 days'
-                   FROM ids"
-            ))
-            .await
-            .expect("history");
-    }
-    db.client
-        .batch_execute("ANALYZE etl_job_intake, etl_job_outcomes, etl_job_records")
-        .await
-        .expect("analyze");
-}
 
 /// Claim + fenced completion of [`JOBS`] jobs, with no history and with [`HISTORY`] ended jobs.
 fn history(c: &mut Criterion) {

@@ -142,30 +142,116 @@ macro_rules! status_select {
 /// One job of one owner (`$1` id, `$2` owner digest). Locks: none.
 pub const STATUS_SQL: &str = concat!(status_select!(), " WHERE j.id = $1 AND j.owner_key = $2");
 
-/// An owner's jobs, newest first, after cursor `$2` (exclusive), optionally of status `$3`, at
-/// most `$4`. Locks: none; walks `etl_job_intake_owner_listing_idx` backwards and probes the
-/// live row and the outcome of each job by primary key. Serves the listing of every job and of
+/// An owner's jobs, newest first, with ids below `$2` and at or above `$5` (a [`Window`]),
+/// optionally of status `$3`, at most `$4` (a NULL bound is open). Locks: none; walks
+/// `etl_job_intake_owner_listing_idx` backwards between the two bounds and probes the live row
+/// and the outcome of each job by primary key. [`list`] sends it unnamed, so it is planned with
+/// its parameters: PostgreSQL folds the `IS NULL` tests away and each given bound is an index
+/// condition (a narrow window never walks the owner's older history; the `claim_plan` test
+/// checks it). Passing the widest ids for open bounds instead made the planner read the
+/// owner's whole history from a never-analyzed table. Serves the listing of every job and of
 /// the live states (`pending`, `running`): those filter the owner's jobs one by one, newest
 /// first, so their cost grows with the jobs newer than the page's oldest live one (an index on
 /// the live table's owner would be written by every claim).
 pub const LIST_SQL: &str = concat!(
     status_select!(),
     " WHERE j.owner_key = $1 AND ($2::uuid IS NULL OR j.id < $2)
+        AND ($5::uuid IS NULL OR j.id >= $5)
         AND ($3::text IS NULL OR j.status = $3)
       ORDER BY j.id DESC LIMIT $4"
 );
 
-/// An owner's ended jobs of status `$3`, newest first, after cursor `$2` (exclusive), at most
-/// `$4`. Locks: none; walks `etl_job_outcomes_owner_status_listing_idx` backwards, whatever
-/// the history holds, then reads each job of the page through the view by primary key.
+/// An owner's ended jobs of status `$3`, newest first, with ids below `$2` and at or above `$5`
+/// (NULL: open, folded away as in [`LIST_SQL`]), at most `$4`. Locks: none; walks `etl_job_outcomes_owner_status_listing_idx` backwards
+/// between the two bounds, whatever the history holds, then reads each job of the page through
+/// the view by primary key.
 pub const LIST_ENDED_SQL: &str = concat!(
     status_select!(),
     " WHERE j.id IN (SELECT o.job_id FROM etl_job_outcomes o
                        WHERE o.owner_key = $1 AND o.status = $3
                          AND ($2::uuid IS NULL OR o.job_id < $2)
+                         AND ($5::uuid IS NULL OR o.job_id >= $5)
                        ORDER BY o.job_id DESC LIMIT $4)
       ORDER BY j.id DESC"
 );
+
+/// How an attempt that did not end its job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnding {
+    /// A transient failure; a retry was scheduled.
+    Retried,
+    /// Its lease expired or its replica died; recovery gave the job back.
+    Recovered,
+    /// Its replica shut down before it finished; the attempt was not charged.
+    Released,
+}
+
+impl AttemptEnding {
+    /// The ending stored as `s` (the table's CHECK constraint admits these three only).
+    fn parse(s: &str) -> Option<AttemptEnding> {
+        match s {
+            "retried" => Some(AttemptEnding::Retried),
+            "recovered" => Some(AttemptEnding::Recovered),
+            "released" => Some(AttemptEnding::Released),
+            _ => None,
+        }
+    }
+}
+
+/// One attempt of a job that did not end it, from its attempt history: the timeline between
+/// acceptance and the attempt the job's status shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PastAttempt {
+    /// The attempt's number (a released attempt's number is used again by the next one).
+    pub attempt: i32,
+    /// When it started, canonical UTC.
+    pub started_at: String,
+    /// When it ended, canonical UTC.
+    pub ended_at: String,
+    /// How it ended.
+    pub ending: AttemptEnding,
+    /// When the job was due again, canonical UTC: the retry's scheduled time, or the moment it
+    /// was given back.
+    pub due_at: String,
+}
+
+/// The attempt history of job `$1` of owner `$2`, oldest first. Locks: none; probes the
+/// intake's primary key and walks `etl_job_attempts_job_idx` for the one job.
+pub const ATTEMPTS_SQL: &str = "
+SELECT a.attempt, a.started_at, a.ended_at, a.ending, a.due_at
+  FROM etl_job_intake i
+  JOIN etl_job_attempts a ON a.job_id = i.id
+ WHERE i.id = $1 AND i.owner_key = $2
+ ORDER BY a.ended_at, a.attempt";
+
+/// The attempts of job `id` of `owner` that did not end it, oldest first (none for another
+/// owner's job).
+///
+/// # Errors
+/// Database errors.
+pub async fn past_attempts(
+    client: &impl GenericClient,
+    owner: &[u8; 32],
+    id: Uuid,
+) -> Result<Vec<PastAttempt>, Error> {
+    let owner: &[u8] = owner;
+    let rows = client
+        .query_typed(ATTEMPTS_SQL, &[(&id, Type::UUID), (&owner, Type::BYTEA)])
+        .await?;
+    let time = |row: &Row, i: usize| canonical_utc(row.get::<_, DateTime<Utc>>(i));
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            Some(PastAttempt {
+                attempt: row.get(0),
+                started_at: time(row, 1),
+                ended_at: time(row, 2),
+                ending: AttemptEnding::parse(row.get(3))?,
+                due_at: time(row, 4),
+            })
+        })
+        .collect())
+}
 
 /// The status of job `id` for `owner`, if that owner has it.
 ///
@@ -183,18 +269,56 @@ pub async fn status(
     Ok(row.as_ref().map(JobStatus::from_row).transpose()?)
 }
 
-/// A page of `owner`'s jobs, newest first.
+/// Which of an owner's jobs a listing covers, as bounds on their ids. Job ids are UUIDv7, which
+/// begin with the millisecond they were made at intake, so a range of submission times is a
+/// range of ids, and the listing's index serves both bounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Only ids below this one (a page's cursor, or the end of a submission range).
+    pub before: Option<Uuid>,
+    /// Only ids at or above this one (the start of a submission range).
+    pub from: Option<Uuid>,
+}
+
+impl Window {
+    /// The jobs submitted from `from` (inclusive) to `to` (exclusive), either bound open.
+    pub fn submitted(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Window {
+        Window {
+            before: to.map(first_id_at),
+            from: from.map(first_id_at),
+        }
+    }
+
+    /// This window, below `cursor` too (the next page after the job `cursor`).
+    pub fn after(self, cursor: Option<Uuid>) -> Window {
+        let before = match (self.before, cursor) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Window { before, ..self }
+    }
+}
+
+/// The smallest UUIDv7 of the millisecond `at` (every id made in that millisecond or later is at
+/// least this; every id made before is less). Times before 1970 map to the nil id.
+fn first_id_at(at: DateTime<Utc>) -> Uuid {
+    let millis = u128::try_from(at.timestamp_millis()).unwrap_or(0);
+    Uuid::from_u128((millis & 0xffff_ffff_ffff) << 80)
+}
+
+/// A page of `owner`'s jobs in `window`, newest first.
 ///
 /// # Errors
 /// Database errors.
 pub async fn list(
     client: &impl GenericClient,
     owner: &[u8; 32],
-    after: Option<Uuid>,
+    window: Window,
     status: Option<&str>,
     limit: i64,
 ) -> Result<Vec<JobStatus>, Error> {
     let owner: &[u8] = owner;
+    let Window { before, from } = window;
     let ended = status
         .and_then(JobState::parse)
         .is_some_and(JobState::is_terminal);
@@ -203,9 +327,10 @@ pub async fn list(
             if ended { LIST_ENDED_SQL } else { LIST_SQL },
             &[
                 (&owner, Type::BYTEA),
-                (&after, Type::UUID),
+                (&before, Type::UUID),
                 (&status, Type::TEXT),
                 (&limit, Type::INT8),
+                (&from, Type::UUID),
             ],
         )
         .await?;

@@ -135,6 +135,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: tables that releases before it never read or write.
         min_reader_version: 8,
     },
+    Migration {
+        version: 12,
+        name: "attempt_history",
+        up: include_str!("../migrations/0012_attempt_history.up.sql"),
+        down: include_str!("../migrations/0012_attempt_history.down.sql"),
+        // Additive for readers: a table that releases before it never read or write; the attempts
+        // they end are only missing from the console's timeline.
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

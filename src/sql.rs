@@ -11,6 +11,10 @@
 //!   write one, and the payload leaves with the live row.
 //! - Every path that ends an attempt or gives a job back reads a cancel request with
 //!   `cancel_requested!()`, the one definition of "the owner asked to cancel".
+//! - Every statement that gives a live row back to `pending` (retry, recovery, release) appends
+//!   the attempt it ended to `etl_job_attempts` in the same statement, through
+//!   `attempt_ended!()`, built only from the rows its fenced UPDATE returned: a stale claim
+//!   changes no row, so it records no attempt.
 
 /// The SET items that end a lease, shared by every statement that gives a live row back to
 /// `pending` (retry, release, recovery), so none forgets a lease column.
@@ -60,6 +64,33 @@ macro_rules! outcome_of {
             $source,
             "
  RETURNING job_id, status"
+        )
+    };
+}
+
+/// The RETURNING list of an UPDATE that gives live rows aliased `j` back to `pending`: what
+/// [`attempt_ended`] needs (the attempt's number as charged, so a release, which uncharges it,
+/// writes its own list).
+macro_rules! attempt_columns {
+    () => {
+        "j.id, j.attempts, j.started_at, j.run_at"
+    };
+}
+
+/// Appends one row of attempt history per row of CTE `$source` (which returned
+/// [`attempt_columns`]): the attempt ended now, `$ending` (`retried`, `recovered` or
+/// `released`), and the job is due again at its `run_at` (or now, if that has passed).
+///
+/// Locks: inserts new rows; the foreign-key check takes `FOR KEY SHARE` on each job's intake
+/// row, which nothing else locks (the intake is written once and never updated).
+macro_rules! attempt_ended {
+    ($source:expr, $ending:expr) => {
+        concat!(
+            "INSERT INTO etl_job_attempts (job_id, attempt, started_at, ending, due_at)
+    SELECT id, attempts, coalesce(started_at, now()), '",
+            $ending,
+            "', greatest(run_at, now()) FROM ",
+            $source
         )
     };
 }

@@ -1,5 +1,5 @@
 //! What every bench shares: a throw-away database on `DATABASE_URL`'s server, and queue fills
-//! done outside the timed region.
+//! and histories of ended jobs done outside the timed region.
 //!
 //! The benches need PostgreSQL. Without one they print what to do and exit with status 2 instead
 //! of timing nothing.
@@ -63,12 +63,13 @@ impl BenchDb {
         db::connect_pool(&config, "bench").await.expect("pool")
     }
 
-    /// Empties the queue and vacuums it, so every sample starts from the same table.
+    /// Empties the queue and vacuums it, so every sample starts from the same table. `CASCADE`
+    /// also empties the tables that reference these (a job's attempts reference its intake row).
     pub(crate) async fn reset(&self) {
         self.client
             .batch_execute(
                 "TRUNCATE etl_target_rows, etl_job_cancel_requests, etl_job_records,
-                          etl_job_outcomes, etl_job_intake",
+                          etl_job_outcomes, etl_job_intake CASCADE",
             )
             .await
             .expect("truncate");
@@ -97,6 +98,60 @@ impl BenchDb {
             )
             .await
             .expect("fill");
+    }
+}
+
+/// Histories of ended jobs, as the retention runbook leaves them until they age out: what the
+/// hot paths and the pages must not read.
+// Only the benches that price a history use it (history, console).
+#[allow(dead_code)]
+pub(crate) mod history {
+    use super::BenchDb;
+
+    /// The ended jobs of the larger history.
+    pub(crate) const HISTORY: i64 = 1_000_000;
+
+    /// Ended jobs appended per statement: each statement stays well inside the setup session's
+    /// `statement_timeout` even on a slow, busy machine (one 1,000,000-row statement did not).
+    const HISTORY_CHUNK: i64 = 50_000;
+
+    /// Appends `n` ended jobs (succeeded, with their ledger) of another owner, two days old,
+    /// with time-ordered ids, in chunks of [`HISTORY_CHUNK`], then analyzes the tables.
+    pub(crate) async fn add_history(db: &BenchDb, n: i64) {
+        for first in (1..=n).step_by(usize::try_from(HISTORY_CHUNK).expect("chunk")) {
+            let last = (first + HISTORY_CHUNK - 1).min(n);
+            db.client
+                .batch_execute(&format!(
+                    "WITH ids AS (
+                         SELECT (lpad(to_hex((extract(epoch FROM now() - interval '2 days') * 1000)::int8
+                                             + g / 1000), 12, '0')
+                                 || '7' || lpad(to_hex(g), 19, '0'))::uuid AS id, g
+                           FROM generate_series({first}, {last}) g
+                     ), intake AS (
+                         INSERT INTO etl_job_intake
+                                (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                                 max_attempts, run_at, created_at)
+                         SELECT id, sha256('history'::bytea), sha256(g::text::bytea),
+                                sha256(g::text::bytea), 'noop', 5, now() - interval '2 days',
+                                now() - interval '2 days'
+                           FROM ids
+                     )
+                     INSERT INTO etl_job_outcomes
+                            (job_id, owner_key, status, attempts, run_at, lease_claim_id,
+                             rows_inserted, rows_updated, rows_unchanged, data_checksum,
+                             started_at, finished_at)
+                     SELECT id, sha256('history'::bytea), 'succeeded', 1, now() - interval '2 days',
+                            gen_random_uuid(), 0, 0, 0, sha256(g::text::bytea),
+                            now() - interval '2 days', now() - interval '2 days'
+                       FROM ids"
+                ))
+                .await
+                .expect("history");
+        }
+        db.client
+            .batch_execute("ANALYZE etl_job_intake, etl_job_outcomes, etl_job_records")
+            .await
+            .expect("analyze");
     }
 }
 

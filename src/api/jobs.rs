@@ -326,7 +326,14 @@ pub(super) async fn list(
     };
     let conn = crate::db::checkout(&state.pool).await?;
     let status = status.map(JobState::as_str);
-    let mut page = jobs::list(&*conn, &owner.0, cursor, status, limit + 1).await?;
+    let mut page = jobs::list(
+        &*conn,
+        &owner.0,
+        jobs::Window::default().after(cursor),
+        status,
+        limit + 1,
+    )
+    .await?;
     let more = page.len() as i64 > limit;
     page.truncate(usize::try_from(limit).unwrap_or(0));
     let next_cursor = if more {

@@ -264,11 +264,13 @@ async fn leases_returned(
 
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else
 /// ended `failed` with `attempts_exhausted` (`$1` id, `$2` claim id). A job whose owner asked to
-/// cancel it ends `cancelled` instead of retrying. Returns the job's new status.
+/// cancel it ends `cancelled` instead of retrying. A retried attempt is appended to the job's
+/// attempt history (`retried`, with the time it is due again). Returns the job's new status.
 ///
 /// Locks: `decided` reads the fenced row (no lock); `retried` or `ended` (never both: their
 /// conditions exclude each other) row-locks it, re-checks the fence on its current version and
-/// updates or deletes it; waits at most `lock_timeout` for an executor's lock.
+/// updates or deletes it; waits at most `lock_timeout` for an executor's lock. `history` takes
+/// `FOR KEY SHARE` on the job's intake row (its foreign key), which nothing else locks.
 pub const RETRY_SQL: &str = concat!(
     "
 WITH decided AS (
@@ -286,7 +288,13 @@ WITH decided AS (
     "
       FROM decided d
      WHERE j.id = d.id AND d.again AND NOT d.cancel AND j.lease_claim_id = $2 AND j.status = 'running'
- RETURNING j.status
+ RETURNING j.status, ",
+    attempt_columns!(),
+    "
+), history AS (
+    ",
+    attempt_ended!("retried", "retried"),
+    "
 ), ended AS (
     DELETE FROM etl_job_records AS j
      USING decided d

@@ -49,10 +49,12 @@ pub fn owner_silence(heartbeat_interval: Duration) -> Duration {
 /// The tail of a recovery statement over CTE `stale` (columns `id`, `expired`, `cancel`, `again`,
 /// its rows locked): each stale row goes back to `pending` with its lease cleared while attempts
 /// remain and no cancel was asked; otherwise its live row is deleted and its outcome appended
-/// (`cancelled`, or `failed` with `lease_expired_exhausted`). Returns, per recovered row, whether
-/// its lease had expired and its new status.
+/// (`cancelled`, or `failed` with `lease_expired_exhausted`). A row given back is appended to its
+/// job's attempt history (`recovered`). Returns, per recovered row, whether its lease had expired
+/// and its new status.
 ///
-/// Locks: none beyond `stale`'s row locks; both writes re-check `status = 'running'`.
+/// Locks: none beyond `stale`'s row locks (and `history`'s `FOR KEY SHARE` on the intake rows of
+/// the jobs given back); both writes re-check `status = 'running'`.
 macro_rules! recover_stale {
     () => {
         concat!(
@@ -64,7 +66,13 @@ macro_rules! recover_stale {
             "
       FROM stale
      WHERE j.id = stale.id AND stale.again AND NOT stale.cancel AND j.status = 'running'
- RETURNING stale.expired, j.status
+ RETURNING stale.expired, j.status, ",
+            attempt_columns!(),
+            "
+), history AS (
+    ",
+            attempt_ended!("recovered", "recovered"),
+            "
 ), ended AS (
     DELETE FROM etl_job_records AS j
      USING stale

@@ -657,6 +657,7 @@ async fn the_status_listing_reads_one_page_of_the_owner_status_index() {
                 (&None::<uuid::Uuid>, Type::UUID),
                 (&"cancelled", Type::TEXT),
                 (&51i64, Type::INT8),
+                (&None::<uuid::Uuid>, Type::UUID),
             ],
         )
         .await

@@ -1,16 +1,14 @@
 //! The console in a real browser: headless Chromium (Debian's `chromium`) driven over WebDriver
 //! (Debian's `chromium-driver`, which `.ci/run` installs when missing). It signs in with the
-//! keyboard only, watches a job submitted through the API reach `succeeded` on its page,
-//! cancels a deferred job from the console, checks that the operator view's charts render, and
-//! saves a screenshot of each page under `target/console-screenshots/` for review.
+//! keyboard only, watches a job submitted through the API reach `succeeded` on its open page
+//! (refreshed in place by the live-refresh script),
+//! cancels a deferred job from the console, checks that the operator view's charts render, checks
+//! each page's accessibility basics (text contrast measured on the rendered page, labelled
+//! controls, headings in order), and saves a screenshot of each page under
+//! `target/console-screenshots/` for review.
 
 use crate::console::Console;
-use crate::support::{free_port, pool};
-use durable_etl::config::WorkerConfig;
-use durable_etl::etl::load::EtlLoad;
-use durable_etl::handler::Registry;
-use durable_etl::shutdown;
-use durable_etl::worker::Worker;
+use crate::support::free_port;
 use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator};
 use std::path::PathBuf;
@@ -81,8 +79,10 @@ fn tempdir(what: &str) -> PathBuf {
     dir
 }
 
-/// Saves a screenshot of the current page as `target/console-screenshots/NAME.png`.
+/// Checks the current page's accessibility basics, then saves a screenshot of it as
+/// `target/console-screenshots/NAME.png`.
 async fn screenshot(browser: &Client, name: &str) {
+    assert_accessible(browser, name).await;
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join("..")
         .join("console-screenshots");
@@ -105,23 +105,69 @@ async fn until_page_shows(browser: &Client, url: &str, text: &str) -> String {
     panic!("{url} never showed {text}");
 }
 
+/// Run in the page: every element with text of its own whose contrast ratio against its
+/// effective background (the first opaque background of it or an ancestor; white if none) is
+/// under WCAG AA's 4.5:1 (3:1 for large text), every form control without a label, and every
+/// heading that skips a level or a page without exactly one `h1`. Returns the findings as
+/// strings (none: the page passes).
+const ACCESSIBILITY_SCRIPT: &str = r#"
+const rgb = (css) => (css.match(/[\d.]+/g) || []).map(Number);
+const luminance = ([r, g, b]) => {
+  const lin = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
+  return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+};
+const background = (el) => {
+  for (; el; el = el.parentElement) {
+    const c = rgb(getComputedStyle(el).backgroundColor);
+    if (c.length === 3 || (c.length === 4 && c[3] > 0)) return c.slice(0, 3);
+  }
+  return [255, 255, 255];
+};
+const findings = [];
+for (const el of document.querySelectorAll("body *")) {
+  if (el.closest("svg, script, style")) continue;
+  const own = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim() !== "");
+  const style = getComputedStyle(el);
+  if (!own || style.visibility === "hidden" || style.display === "none") continue;
+  const [fg, bg] = [luminance(rgb(style.color).slice(0, 3)), luminance(background(el))];
+  const ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+  const size = parseFloat(style.fontSize);
+  const large = size >= 24 || (size >= 18.66 && Number(style.fontWeight) >= 700);
+  if (ratio < (large ? 3 : 4.5)) {
+    findings.push(`contrast ${ratio.toFixed(2)} of <${el.tagName.toLowerCase()} class="${el.className}">`);
+  }
+}
+for (const el of document.querySelectorAll("input:not([type=hidden]), select, textarea")) {
+  if (el.labels.length === 0 && !el.getAttribute("aria-label")) findings.push(`unlabelled ${el.name}`);
+}
+const levels = [...document.querySelectorAll("h1, h2, h3, h4, h5, h6")].map((h) => Number(h.tagName[1]));
+if (levels.filter((l) => l === 1).length !== 1 || levels[0] !== 1) findings.push(`headings ${levels}`);
+levels.forEach((l, i) => { if (i > 0 && l > levels[i - 1] + 1) findings.push(`heading skips to h${l}`); });
+return findings;
+"#;
+
+/// Asserts that the open page (`what`) passes [`ACCESSIBILITY_SCRIPT`]'s checks.
+async fn assert_accessible(browser: &Client, what: &str) {
+    let findings = browser.execute(ACCESSIBILITY_SCRIPT, vec![]).await.unwrap();
+    assert_eq!(findings, serde_json::json!([]), "{what}");
+}
+
+/// Waits, without navigating, until the open page contains `text` (or fails after 30 s).
+async fn until_live_page_shows(browser: &Client, text: &str) -> String {
+    for _ in 0..150 {
+        let source = browser.source().await.unwrap();
+        if source.contains(text) {
+            return source;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the open page never showed {text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_deferred_one() {
     let console = Console::start().await;
-    let worker = Worker::start(
-        pool(&console.db).await,
-        &console.db.config,
-        WorkerConfig {
-            owner_id: "browser".to_owned(),
-            poll_interval: Duration::from_millis(200),
-            ..WorkerConfig::default()
-        },
-        Registry::new().register(EtlLoad::default()),
-    )
-    .await
-    .unwrap();
-    let (stop, shutdown) = shutdown::manual();
-    let running = tokio::spawn(worker.run(shutdown));
+    let replica = console.replica("browser").await;
     let (_driver, browser) = browser().await;
 
     // Sign in with the keyboard only: the key field has focus, Enter submits.
@@ -167,11 +213,34 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
         "Jobs"
     );
 
-    // A job submitted through the API reaches `succeeded` on its page.
-    let job = console.submit(&console.alice, "browser-1", false).await;
+    // A job submitted through the API, due in three seconds, reaches `succeeded` on its page
+    // while the page stays open: the live-refresh script swaps the new state in, with no reload
+    // (a mark left on the page's window survives).
+    let job = console
+        .submit_due_in(
+            &console.alice,
+            "browser-1",
+            Some(chrono::Duration::seconds(3)),
+        )
+        .await;
     let page = format!("{}/console/jobs/{job}", console.base);
-    let source = until_page_shows(&browser, &page, "status-succeeded").await;
+    browser.goto(&page).await.unwrap();
+    assert!(browser.source().await.unwrap().contains("status-pending"));
+    screenshot(&browser, "job-pending").await;
+    browser
+        .execute(
+            "window.durableEtlMark = 'not reloaded'; return null;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let source = until_live_page_shows(&browser, "status-succeeded").await;
     assert!(source.contains("Rows inserted"));
+    let mark = browser
+        .execute("return window.durableEtlMark;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(mark, "not reloaded", "the page was refreshed in place");
     screenshot(&browser, "job-succeeded").await;
 
     // A deferred job is cancelled from the console.
@@ -211,6 +280,5 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     }
     screenshot(&browser, "operator").await;
     browser.close().await.unwrap();
-    stop.request(durable_etl::shutdown::Stage::Draining);
-    running.await.unwrap().unwrap();
+    replica.stop().await;
 }

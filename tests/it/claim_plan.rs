@@ -349,10 +349,11 @@ async fn hot_statements_stay_off_the_history(
         .unwrap();
     assert_eq!(status.unwrap().status, "succeeded", "{pass}");
     check("status read", plans);
-    let newest = jobs::list(&*session, &OWNER, None, None, 50).await.unwrap();
+    let all = jobs::Window::default();
+    let newest = jobs::list(&*session, &OWNER, all, None, 50).await.unwrap();
     assert_eq!(newest.len(), 50, "{pass}");
     check("listing", plans);
-    let cancelled = jobs::list(&*session, &OWNER, None, Some("cancelled"), 50)
+    let cancelled = jobs::list(&*session, &OWNER, all, Some("cancelled"), 50)
         .await
         .unwrap();
     assert_eq!(cancelled.len(), 50, "{pass}");
@@ -361,7 +362,7 @@ async fn hot_statements_stay_off_the_history(
     let next = jobs::list(
         &*session,
         &OWNER,
-        cancelled.last().map(|j| j.id),
+        all.after(cancelled.last().map(|j| j.id)),
         Some("cancelled"),
         50,
     )
@@ -369,11 +370,48 @@ async fn hot_statements_stay_off_the_history(
     .unwrap();
     assert_eq!(next.len(), 50, "{pass}");
     check("listing by status, next page", plans);
+    submitted_windows_stay_off_the_rest_of_the_history(&*session, &check, plans, pass).await;
     let cancel = jobs::cancel(&*session, &OWNER, leases[4].job_id, Code::Cancelled)
         .await
         .unwrap();
     assert_eq!(cancel, jobs::Cancel::Cancelled, "{pass}");
     check("cancel", plans);
+}
+
+/// Listings of a submission window: 50 jobs from the middle of the history (any status, and
+/// succeeded ones), and a window with none of the owner's jobs (a day long, between the history
+/// and the live jobs). Both bounds are index conditions, so none walks the rest of the history.
+async fn submitted_windows_stay_off_the_rest_of_the_history(
+    session: &impl GenericClient,
+    check: &impl Fn(&str, &mut mpsc::UnboundedReceiver<String>) -> Vec<Value>,
+    plans: &mut mpsc::UnboundedReceiver<String>,
+    pass: &str,
+) {
+    let oldest: Uuid = session
+        .query_one("SELECT id FROM etl_job_intake ORDER BY id LIMIT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    plans_since(plans);
+    let first_ms = i64::try_from(oldest.as_u128() >> 80).unwrap();
+    let at = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).unwrap();
+    let middle =
+        jobs::Window::submitted(Some(at(first_ms + 100_000)), Some(at(first_ms + 100_050)));
+    for status in [None, Some("succeeded")] {
+        let page = jobs::list(session, &OWNER, middle, status, 200)
+            .await
+            .unwrap();
+        assert_eq!(page.len(), 50, "{pass}: {status:?}");
+        check(&format!("listing a submitted window, {status:?}"), plans);
+    }
+    let now = chrono::Utc::now();
+    let quiet = jobs::Window::submitted(
+        Some(now - chrono::Duration::days(1)),
+        Some(now - chrono::Duration::hours(1)),
+    );
+    let none = jobs::list(session, &OWNER, quiet, None, 50).await.unwrap();
+    assert!(none.is_empty(), "{pass}");
+    check("listing an empty submitted window", plans);
 }
 
 /// Every hot statement on a worker session, on a table with 200,000 terminal rows: first never

@@ -6,11 +6,17 @@ use crate::support::{pool, TestDb};
 use durable_etl::api::{self, AppState};
 use durable_etl::api_keys::{self, Role};
 use durable_etl::config::ApiConfig;
+use durable_etl::config::WorkerConfig;
 use durable_etl::digest::Secret;
+use durable_etl::etl::load::EtlLoad;
+use durable_etl::handler::Registry;
+use durable_etl::shutdown;
+use durable_etl::worker::Worker;
 use reqwest::header::{HeaderMap, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 use reqwest::redirect::Policy;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
+use std::time::Duration;
 use uuid::Uuid;
 
 /// The secret of these tests.
@@ -36,18 +42,18 @@ pub(crate) struct Console {
 }
 
 /// A page as it came back.
-struct Page {
+pub(crate) struct Page {
     /// Its status.
-    status: StatusCode,
+    pub(crate) status: StatusCode,
     /// Its headers.
-    headers: HeaderMap,
+    pub(crate) headers: HeaderMap,
     /// Its body.
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Page {
     /// The value of the first hidden `csrf` field.
-    fn csrf(&self) -> String {
+    pub(crate) fn csrf(&self) -> String {
         let at = self
             .body
             .find("name=\"csrf\" value=\"")
@@ -57,7 +63,7 @@ impl Page {
     }
 
     /// The value cookie `name` is set to.
-    fn cookie(&self, name: &str) -> Option<String> {
+    pub(crate) fn cookie(&self, name: &str) -> Option<String> {
         self.headers
             .get_all(SET_COOKIE)
             .iter()
@@ -99,8 +105,18 @@ impl Console {
         }
     }
 
+    /// Creates a key for `principal` with `role`; returns the key.
+    pub(crate) async fn key_for(&self, principal: &str, role: Role) -> String {
+        let client = self.db.client().await;
+        let secret = Secret::new(SECRET).unwrap();
+        api_keys::create_as(&client, &secret, principal, role)
+            .await
+            .unwrap()
+            .key
+    }
+
     /// GETs `path` with `cookies`.
-    async fn get(&self, path: &str, cookies: &str) -> Page {
+    pub(crate) async fn get(&self, path: &str, cookies: &str) -> Page {
         let response = self
             .http
             .get(format!("{}{path}", self.base))
@@ -112,7 +128,7 @@ impl Console {
     }
 
     /// POSTs the form `fields` to `path` with `cookies`.
-    async fn post(&self, path: &str, cookies: &str, fields: &str) -> Page {
+    pub(crate) async fn post(&self, path: &str, cookies: &str, fields: &str) -> Page {
         let response = self
             .http
             .post(format!("{}{path}", self.base))
@@ -126,7 +142,7 @@ impl Console {
     }
 
     /// Posts the sign-in form served to a fresh browser with `key`; returns the answer.
-    async fn post_sign_in(&self, key: &str) -> Page {
+    pub(crate) async fn post_sign_in(&self, key: &str) -> Page {
         let form = self.get("/console/sign-in", "").await;
         let nonce = form.cookie("detl_sign_in").unwrap();
         let fields = format!("api_key={key}&csrf={}", form.csrf());
@@ -139,7 +155,7 @@ impl Console {
     }
 
     /// Signs in with `key`; returns the session cookie (`name=value`).
-    async fn sign_in(&self, key: &str) -> String {
+    pub(crate) async fn sign_in(&self, key: &str) -> String {
         let signed = self.post_sign_in(key).await;
         assert_eq!(signed.status, StatusCode::SEE_OTHER);
         format!("detl_session={}", signed.cookie("detl_session").unwrap())
@@ -147,22 +163,78 @@ impl Console {
 
     /// Submits a job through the API as `key`, `deferred` by an hour or due now; returns its id.
     pub(crate) async fn submit(&self, key: &str, idem: &str, deferred: bool) -> Uuid {
+        let hour = deferred.then(|| chrono::Duration::hours(1));
+        self.submit_due_in(key, idem, hour).await
+    }
+
+    /// Submits a job through the API as `key`, due after `delay` (or now); returns its id.
+    pub(crate) async fn submit_due_in(
+        &self,
+        key: &str,
+        idem: &str,
+        delay: Option<chrono::Duration>,
+    ) -> Uuid {
         let mut body = json!({"dataset": "d", "key": "id", "records": [{"id": 1, "note": CANARY}]});
-        if deferred {
-            body["run_at"] = json!((chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339());
+        if let Some(delay) = delay {
+            body["run_at"] = json!((chrono::Utc::now() + delay).to_rfc3339());
         }
+        self.submit_body(key, idem, &body).await
+    }
+
+    /// Submits the job `body` through the API as `key`; returns its id.
+    pub(crate) async fn submit_body(&self, key: &str, idem: &str, body: &Value) -> Uuid {
         let response = self
             .http
             .post(format!("{}/v1/etl-jobs", self.base))
             .bearer_auth(key)
             .header("Idempotency-Key", idem)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::ACCEPTED);
         let job: Value = response.json().await.unwrap();
         Uuid::parse_str(job["id"].as_str().unwrap()).unwrap()
+    }
+
+    /// Starts a replica that runs ETL loads against the console's database, polling every
+    /// 100 ms and reporting every second, as `owner_id`.
+    pub(crate) async fn replica(&self, owner_id: &str) -> Replica {
+        let worker = Worker::start(
+            pool(&self.db).await,
+            &self.db.config,
+            WorkerConfig {
+                owner_id: owner_id.to_owned(),
+                poll_interval: Duration::from_millis(100),
+                lease: Duration::from_secs(10),
+                heartbeat_interval: Duration::from_secs(1),
+                ..WorkerConfig::default()
+            },
+            Registry::new().register(EtlLoad::default()),
+        )
+        .await
+        .unwrap();
+        let (trigger, shutdown) = shutdown::manual();
+        Replica {
+            trigger,
+            running: tokio::spawn(worker.run(shutdown)),
+        }
+    }
+}
+
+/// A running replica of [`Console::replica`].
+pub(crate) struct Replica {
+    /// Stops it.
+    trigger: shutdown::Trigger,
+    /// Its run.
+    running: tokio::task::JoinHandle<Result<(), durable_etl::Error>>,
+}
+
+impl Replica {
+    /// Drains and stops it, and asserts it stopped cleanly.
+    pub(crate) async fn stop(self) {
+        self.trigger.request(shutdown::Stage::Draining);
+        self.running.await.unwrap().unwrap();
     }
 }
 
@@ -472,28 +544,8 @@ async fn sign_out_needs_the_token_and_clears_the_cookie() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_view_shows_reporting_replicas_and_the_last_hour_to_operators_only() {
-    use durable_etl::config::WorkerConfig;
-    use durable_etl::etl::load::EtlLoad;
-    use durable_etl::handler::Registry;
-    use durable_etl::worker::Worker;
-    use std::time::Duration;
     let console = Console::start().await;
-    let worker = Worker::start(
-        pool(&console.db).await,
-        &console.db.config,
-        WorkerConfig {
-            owner_id: "rep-1".to_owned(),
-            poll_interval: Duration::from_millis(100),
-            lease: Duration::from_secs(10),
-            heartbeat_interval: Duration::from_secs(1),
-            ..WorkerConfig::default()
-        },
-        Registry::new().register(EtlLoad::default()),
-    )
-    .await
-    .unwrap();
-    let (stop, shutdown) = durable_etl::shutdown::manual();
-    let running = tokio::spawn(worker.run(shutdown));
+    let replica = console.replica("rep-1").await;
     let mut ids = Vec::new();
     for i in 0..3 {
         ids.push(
@@ -545,8 +597,7 @@ async fn the_operator_view_shows_reporting_replicas_and_the_last_hour_to_operato
         console.get("/console/operator", &bob).await.status,
         StatusCode::NOT_FOUND
     );
-    stop.request(durable_etl::shutdown::Stage::Draining);
-    running.await.unwrap().unwrap();
+    replica.stop().await;
     assert_eq!(
         crate::support::count(&client, "etl_replicas").await,
         0,

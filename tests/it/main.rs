@@ -9,6 +9,8 @@ mod cancel;
 mod claim_plan;
 mod cli;
 mod console;
+mod console_history;
+mod console_privacy;
 mod deploy;
 mod errors;
 mod etl;

@@ -11,6 +11,8 @@
 //!   from another origin, no framing), `nosniff`, `no-referrer` and `no-store`.
 //! - No page carries an API key, a payload, a principal, an idempotency key, SQL or an error
 //!   message ([`pages`]); the API key travels once, in the sign-in form's body.
+//! - The one script (`console.js`, from this origin) only refreshes pages that ask for it; every
+//!   page reads and works the same without it.
 
 mod charts;
 mod operator;
@@ -30,6 +32,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use maud::Markup;
 use serde::Deserialize;
 use session::Viewer;
@@ -45,10 +48,14 @@ const PAGE_SIZE: i64 = 50;
 /// The console's stylesheet.
 const STYLESHEET: &str = include_str!("console.css");
 
+/// The console's one script: live refresh of the pages that ask for it (`data-refresh`).
+const SCRIPT: &str = include_str!("console.js");
+
 /// The Content-Security-Policy of every console answer: only this origin's stylesheet and
-/// scripts, forms posted to this origin only, never framed.
+/// script, fetches (the live refresh) and forms to this origin only, never framed.
 const CSP: &str = "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; \
-                   form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; \
+                   base-uri 'none'";
 
 /// The console's routes.
 pub(super) fn routes() -> Router<AppState> {
@@ -61,6 +68,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/jobs/{id}/cancel", post(cancel))
         .route("/console/operator", get(operator_page))
         .route("/console/console.css", get(stylesheet))
+        .route("/console/console.js", get(script))
         // The app lifts axum's default body limit for the API's own; a console form is small.
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(axum::middleware::map_response(secured))
@@ -87,16 +95,26 @@ async fn secured(mut response: Response) -> Response {
     response
 }
 
-/// The stylesheet (cacheable: it holds nothing of anyone's).
-async fn stylesheet() -> Response {
+/// A static asset of `content_type` (cacheable: it holds nothing of anyone's).
+fn asset(content_type: &'static str, body: &'static str) -> Response {
     (
         [
-            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CONTENT_TYPE, content_type),
             (header::CACHE_CONTROL, "max-age=3600"),
         ],
-        STYLESHEET,
+        body,
     )
         .into_response()
+}
+
+/// The stylesheet.
+async fn stylesheet() -> Response {
+    asset("text/css; charset=utf-8", STYLESHEET)
+}
+
+/// The live-refresh script.
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
 }
 
 /// A page with `status`.
@@ -114,10 +132,18 @@ fn to_sign_in() -> Response {
     Redirect::to("/console/sign-in").into_response()
 }
 
-/// The viewer of a request, if its session is valid and its key live.
-async fn viewer(state: &AppState, headers: &HeaderMap) -> Result<Option<Viewer>, Problem> {
+/// A pooled connection of the API's pool.
+type Conn<'a> = bb8::PooledConnection<'a, crate::db::Manager>;
+
+/// The viewer of a request, if its session is valid and its key live, with the connection that
+/// checked it: the page's own statements run on it, so a page costs one checkout.
+async fn viewer<'a>(
+    state: &'a AppState,
+    headers: &HeaderMap,
+) -> Result<Option<(Viewer, Conn<'a>)>, Problem> {
     let conn = crate::db::checkout(&state.pool).await?;
-    Ok(session::viewer(&*conn, &state.secret, headers).await?)
+    let viewer = session::viewer(&*conn, &state.secret, headers).await?;
+    Ok(viewer.map(|viewer| (viewer, conn)))
 }
 
 /// What the header shows of a viewer: its role and its forms' token.
@@ -196,18 +222,15 @@ struct Token {
 
 /// The viewer of a state-changing form, or the answer that refuses it: no session (sign-in) or
 /// no valid token (`403`).
-async fn form_viewer(
-    state: &AppState,
+async fn form_viewer<'a>(
+    state: &'a AppState,
     headers: &HeaderMap,
     token: &str,
-) -> Result<Result<Viewer, Response>, Problem> {
-    let Some(viewer) = viewer(state, headers).await? else {
-        return Ok(Err(page(StatusCode::FORBIDDEN, pages::forbidden())));
-    };
-    if !viewer.accepts(token) {
-        return Ok(Err(page(StatusCode::FORBIDDEN, pages::forbidden())));
-    }
-    Ok(Ok(viewer))
+) -> Result<Result<(Viewer, Conn<'a>), Response>, Problem> {
+    Ok(match viewer(state, headers).await? {
+        Some((viewer, conn)) if viewer.accepts(token) => Ok((viewer, conn)),
+        _ => Err(page(StatusCode::FORBIDDEN, pages::forbidden())),
+    })
 }
 
 /// Ends the session: its cookie is removed (the key stays live; revoke it to end every session).
@@ -238,16 +261,37 @@ struct ListQuery {
     /// Go to this job (empty: none).
     #[serde(default)]
     id: String,
+    /// Only jobs submitted from this time, UTC, as a `datetime-local` field sends it (empty:
+    /// open).
+    #[serde(default)]
+    from: String,
+    /// Only jobs submitted before this time, UTC (empty: open).
+    #[serde(default)]
+    to: String,
 }
 
-/// The viewer's jobs, newest first, a page at a time, optionally of one status; a job id goes
-/// to that job's page.
+/// A `datetime-local` field's value, read as UTC: `None` when empty, `Err` when not a time.
+fn utc_field(value: &str) -> Result<Option<DateTime<Utc>>, ()> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
+        .iter()
+        .find_map(|format| NaiveDateTime::parse_from_str(value, format).ok())
+        .map(|at| Some(at.and_utc()))
+        .ok_or(())
+}
+
+/// The viewer's jobs, newest first, a page at a time, optionally of one status and submitted
+/// between two times; a job id goes to that job's page, and a time that is not one answers `400`
+/// with the form and a hint.
 async fn job_list(
     State(state): State<AppState>,
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {
-    let Some(viewer) = viewer(&state, &headers).await? else {
+    let Some((viewer, conn)) = viewer(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     let Ok(Query(query)) = query else {
@@ -266,11 +310,22 @@ async fn job_list(
         });
     }
     let status = JobState::parse(&query.status);
-    let conn = crate::db::checkout(&state.pool).await?;
+    let (Ok(from), Ok(to)) = (utc_field(&query.from), utc_field(&query.to)) else {
+        let view = pages::ListView {
+            status,
+            bad_time: true,
+            ..Default::default()
+        };
+        return Ok(page(
+            StatusCode::BAD_REQUEST,
+            pages::jobs(shown(&viewer), &view),
+        ));
+    };
+    let window = jobs::Window::submitted(from, to).after(query.after);
     let mut jobs = jobs::list(
         &*conn,
         &viewer.holder.owner_key,
-        query.after,
+        window,
         status.map(JobState::as_str),
         PAGE_SIZE + 1,
     )
@@ -281,8 +336,11 @@ async fn job_list(
     });
     let view = pages::ListView {
         status,
+        from,
+        to,
         jobs: &jobs,
         next: next.flatten(),
+        bad_time: false,
     };
     Ok(page(StatusCode::OK, pages::jobs(shown(&viewer), &view)))
 }
@@ -293,19 +351,22 @@ async fn job_page(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    let Some(viewer) = viewer(&state, &headers).await? else {
+    let Some((viewer, conn)) = viewer(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     let Ok(id) = Uuid::parse_str(&id) else {
         return Ok(not_found(&viewer));
     };
-    let conn = crate::db::checkout(&state.pool).await?;
-    Ok(
-        match jobs::status(&*conn, &viewer.holder.owner_key, id).await? {
-            Some(job) => page(StatusCode::OK, pages::job(shown(&viewer), &job)),
-            None => not_found(&viewer),
-        },
-    )
+    let owner = &viewer.holder.owner_key;
+    // Both statements are pipelined on the one connection: one round trip.
+    let (job, attempts) = tokio::try_join!(
+        jobs::status(&*conn, owner, id),
+        jobs::past_attempts(&*conn, owner, id)
+    )?;
+    Ok(match job {
+        Some(job) => page(StatusCode::OK, pages::job(shown(&viewer), &job, &attempts)),
+        None => not_found(&viewer),
+    })
 }
 
 /// Cancels one of the viewer's jobs, with the API's semantics (a pending job ends `cancelled`, a
@@ -316,14 +377,13 @@ async fn cancel(
     Path(id): Path<String>,
     Form(form): Form<Token>,
 ) -> Result<Response, Problem> {
-    let viewer = match form_viewer(&state, &headers, &form.csrf).await? {
-        Ok(viewer) => viewer,
+    let (viewer, conn) = match form_viewer(&state, &headers, &form.csrf).await? {
+        Ok(signed_in) => signed_in,
         Err(refused) => return Ok(refused),
     };
     let Ok(id) = Uuid::parse_str(&id) else {
         return Ok(not_found(&viewer));
     };
-    let conn = crate::db::checkout(&state.pool).await?;
     let owner = &viewer.holder.owner_key;
     Ok(
         match jobs::cancel(&*conn, owner, id, Code::Cancelled).await? {
@@ -340,13 +400,12 @@ async fn operator_page(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
-    let Some(viewer) = viewer(&state, &headers).await? else {
+    let Some((viewer, conn)) = viewer(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     if viewer.holder.role != api_keys::Role::Operator {
         return Ok(not_found(&viewer));
     }
-    let conn = crate::db::checkout(&state.pool).await?;
     let overview = operator::overview(&*conn).await.map_err(Error::from)?;
     Ok(page(
         StatusCode::OK,

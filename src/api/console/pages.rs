@@ -6,19 +6,40 @@
 //!   and ledger summary only: never a payload, a principal, an idempotency key, SQL or an error
 //!   message, and never an API key (the sign-in form posts it in the body, and no page echoes it).
 //! - Forms are labelled, headings go in order (one `h1` per page), and every page works without
-//!   JavaScript.
+//!   JavaScript (the live-refresh script only swaps in a fresh `main`).
 
 use super::charts;
 use super::operator::{Minute, Overview};
 use crate::api_keys::Role;
 use crate::codes::Code;
-use crate::jobs::JobStatus;
+use crate::jobs::{AttemptEnding, JobStatus, PastAttempt};
 use crate::state::JobState;
+use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 
-/// The page skeleton: title, stylesheet, header (with navigation and sign-out for a viewer) and
-/// `content`.
+/// How often a job list refreshes itself, in seconds (with the live-refresh script).
+const LIST_REFRESH: u32 = 5;
+
+/// How often the page of a job still to run or running refreshes itself, in seconds.
+const JOB_REFRESH: u32 = 2;
+
+/// How often the operator view refreshes itself, in seconds.
+const OPERATOR_REFRESH: u32 = 10;
+
+/// The page skeleton: title, stylesheet, live-refresh script, header (with navigation and
+/// sign-out for a viewer) and `content`, with no live refresh.
 pub(crate) fn layout(title: &str, viewer: Option<(Role, &str)>, content: Markup) -> Markup {
+    live_layout(title, viewer, None, content)
+}
+
+/// [`layout`], refreshing its `main` every `refresh` seconds when given (the script reads
+/// `data-refresh`; without the script the page is as it was served).
+fn live_layout(
+    title: &str,
+    viewer: Option<(Role, &str)>,
+    refresh: Option<u32>,
+    content: Markup,
+) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -27,6 +48,7 @@ pub(crate) fn layout(title: &str, viewer: Option<(Role, &str)>, content: Markup)
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · durable-etl" }
                 link rel="stylesheet" href="/console/console.css";
+                script src="/console/console.js" defer {}
             }
             body {
                 header {
@@ -44,7 +66,7 @@ pub(crate) fn layout(title: &str, viewer: Option<(Role, &str)>, content: Markup)
                         }
                     }
                 }
-                main { (content) }
+                main data-refresh=[refresh] { (content) }
             }
         }
     }
@@ -79,18 +101,48 @@ pub(crate) fn sign_in(csrf: &str, refused: bool) -> Markup {
 pub(crate) struct ListView<'a> {
     /// The status filter, if any.
     pub(crate) status: Option<JobState>,
+    /// Only jobs submitted from this time, if given.
+    pub(crate) from: Option<DateTime<Utc>>,
+    /// Only jobs submitted before this time, if given.
+    pub(crate) to: Option<DateTime<Utc>>,
+    /// Whether a submission time given was not a time (the list is then not read).
+    pub(crate) bad_time: bool,
     /// The jobs of the page, newest first.
     pub(crate) jobs: &'a [JobStatus],
     /// The id to page from for the next page, when there is one.
     pub(crate) next: Option<uuid::Uuid>,
 }
 
+/// A time as a `datetime-local` field shows it (UTC, to the second).
+fn field_time(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S").to_string()
+}
+
+/// The list's query for the page after job `next`, keeping the filters. Every part is an id, a
+/// status or a formatted time: nothing needs escaping beyond what the template does.
+fn next_page(view: &ListView<'_>, next: uuid::Uuid) -> String {
+    let mut query = format!("/console/jobs?after={next}");
+    if let Some(status) = view.status {
+        query.push_str(&format!("&status={}", status.as_str()));
+    }
+    if let Some(from) = view.from {
+        query.push_str(&format!("&from={}", field_time(from)));
+    }
+    if let Some(to) = view.to {
+        query.push_str(&format!("&to={}", field_time(to)));
+    }
+    query
+}
+
 /// The owner's job list.
 pub(crate) fn jobs(viewer: (Role, &str), view: &ListView<'_>) -> Markup {
     let filter = view.status.map(JobState::as_str);
-    layout(
+    let from = view.from.map(field_time).unwrap_or_default();
+    let to = view.to.map(field_time).unwrap_or_default();
+    live_layout(
         "Jobs",
         Some(viewer),
+        (!view.bad_time).then_some(LIST_REFRESH),
         html! {
             h1 { "Jobs" }
             form.filters method="get" action="/console/jobs" {
@@ -106,12 +158,22 @@ pub(crate) fn jobs(viewer: (Role, &str), view: &ListView<'_>) -> Markup {
                     }
                 }
                 div {
+                    label for="from" { "Submitted from (UTC)" }
+                    input id="from" name="from" type="datetime-local" step="1" value=(from);
+                }
+                div {
+                    label for="to" { "Submitted before (UTC)" }
+                    input id="to" name="to" type="datetime-local" step="1" value=(to);
+                }
+                div {
                     label for="id" { "Job id" }
                     input id="id" name="id" type="text" size="38" pattern="[0-9a-fA-F-]{32,36}";
                 }
                 button type="submit" { "Show" }
             }
-            @if view.jobs.is_empty() {
+            @if view.bad_time {
+                p.error role="alert" { "Write times as 2026-12-01T07:30 (UTC)." }
+            } @else if view.jobs.is_empty() {
                 p.empty { "No jobs match." }
             } @else {
                 table {
@@ -131,7 +193,7 @@ pub(crate) fn jobs(viewer: (Role, &str), view: &ListView<'_>) -> Markup {
             }
             @if let Some(next) = view.next {
                 p.pager {
-                    a href={ "/console/jobs?after=" (next) @if let Some(s) = filter { "&status=" (s) } } { "Older jobs" }
+                    a href=(next_page(view, next)) { "Older jobs" }
                 }
             }
         },
@@ -169,13 +231,59 @@ pub(crate) fn meaning(code: &str) -> &'static str {
     }
 }
 
+/// What ended an attempt that did not end its job, and what came next, for the timeline.
+fn ended(attempt: &PastAttempt) -> Markup {
+    let (what, next) = match attempt.ending {
+        AttemptEnding::Retried => ("failed transiently", "retry scheduled at"),
+        AttemptEnding::Recovered => (
+            "recovered after its lease expired or its replica stopped",
+            "due again at",
+        ),
+        AttemptEnding::Released => (
+            "released as its replica shut down (not charged)",
+            "due again at",
+        ),
+    };
+    html! {
+        li { "Attempt " (attempt.attempt) " started " (attempt.started_at) }
+        li { "Attempt " (attempt.attempt) " " (what) " " (attempt.ended_at) "; " (next) " " (attempt.due_at) }
+    }
+}
+
+/// The job's timeline: accepted, each past attempt's start and end (with the retry's scheduled
+/// time), the attempt its status shows (unless that is the last past one: a job waiting to retry
+/// keeps its last attempt's start), when it is due while it waits, and when it finished.
+fn timeline(job: &JobStatus, attempts: &[PastAttempt]) -> Markup {
+    let last_past = attempts.last().map(|a| a.started_at.as_str());
+    let current = job
+        .started_at
+        .as_deref()
+        .filter(|started| Some(*started) != last_past);
+    html! {
+        ol.timeline {
+            li { "Accepted " (job.created_at) }
+            @for attempt in attempts { (ended(attempt)) }
+            @if job.status == JobState::Pending {
+                li { "Due " (job.run_at) }
+            }
+            @if let Some(started) = current {
+                li { "Attempt " (job.attempts) " started " (started) }
+            }
+            @if let Some(finished) = &job.finished_at {
+                li { "Finished " (status(job.status)) " " (finished) }
+            }
+        }
+    }
+}
+
 /// One job's page: its facts, its timeline, its outcome, and a Cancel button while it may be
 /// cancelled.
-pub(crate) fn job(viewer: (Role, &str), job: &JobStatus) -> Markup {
+pub(crate) fn job(viewer: (Role, &str), job: &JobStatus, attempts: &[PastAttempt]) -> Markup {
     let csrf = viewer.1;
-    layout(
+    live_layout(
         "Job",
         Some(viewer),
+        job.is_active().then_some(JOB_REFRESH),
         html! {
             h1 { "Job " span.id { (job.id) } }
             dl.facts {
@@ -186,16 +294,7 @@ pub(crate) fn job(viewer: (Role, &str), job: &JobStatus) -> Markup {
                 }
             }
             h2 { "Timeline" }
-            ol {
-                li { "Accepted " (job.created_at) }
-                li { "Due " (job.run_at) }
-                @if let Some(started) = &job.started_at {
-                    li { "Attempt " (job.attempts) " started " (started) }
-                }
-                @if let Some(finished) = &job.finished_at {
-                    li { "Finished " (finished) }
-                }
-            }
+            (timeline(job, attempts))
             @if let Some(failure) = &job.failure {
                 h2 { "Failure" }
                 p {
@@ -251,9 +350,10 @@ pub(crate) fn forbidden() -> Markup {
 pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
     let series = |f: fn(&Minute) -> f64| -> Vec<f64> { overview.minutes.iter().map(f).collect() };
     let backlog = &overview.backlog;
-    layout(
+    live_layout(
         "Operator",
         Some(viewer),
+        Some(OPERATOR_REFRESH),
         html! {
             h1 { "Operator" }
             h2 { "Replicas" }

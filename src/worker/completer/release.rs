@@ -19,10 +19,12 @@ use tokio_postgres::GenericClient;
 
 /// Gives unfinished jobs back on shutdown: `pending`, attempt not charged, lease cleared, for
 /// every `(id, claim id)` pair in `$1`/`$2` still running under that claim; a job whose owner
-/// asked to cancel it ends `cancelled` instead of running again. Returns how many were still held.
+/// asked to cancel it ends `cancelled` instead of running again. Each released attempt is
+/// appended to its job's attempt history (`released`). Returns how many were still held.
 ///
 /// Locks: `decided` reads the fenced rows (no lock); `released` and `ended` row-lock each fenced
-/// row and re-check its fence; rows whose claim changed are not touched.
+/// row and re-check its fence; rows whose claim changed are not touched. `history` takes
+/// `FOR KEY SHARE` on each released job's intake row (its foreign key).
 pub const RELEASE_SQL: &str = concat!(
     "
 WITH decided AS (
@@ -39,7 +41,11 @@ WITH decided AS (
     "
       FROM decided d
      WHERE j.id = d.id AND NOT d.cancel AND j.lease_claim_id = d.claim_id AND j.status = 'running'
- RETURNING j.id
+ RETURNING j.id, j.attempts + 1 AS attempts, j.started_at, j.run_at
+), history AS (
+    ",
+    attempt_ended!("released", "released"),
+    "
 ), ended AS (
     DELETE FROM etl_job_records AS j
      USING decided d
