@@ -253,6 +253,29 @@ pub async fn past_attempts(
         .collect())
 }
 
+/// The jobs of owner `$2` submitted to replace job `$1`, oldest first. Locks: none; reads the
+/// partial index `etl_job_intake_replaces_idx` for the one job.
+pub const REPLACED_BY_SQL: &str = "
+SELECT i.id FROM etl_job_intake i
+ WHERE i.replaces_job_id = $1 AND i.owner_key = $2
+ ORDER BY i.id";
+
+/// The jobs of `owner` that were submitted to replace job `id`, oldest first.
+///
+/// # Errors
+/// Database errors.
+pub async fn replaced_by(
+    client: &impl GenericClient,
+    owner: &[u8; 32],
+    id: Uuid,
+) -> Result<Vec<Uuid>, Error> {
+    let owner: &[u8] = owner;
+    let rows = client
+        .query_typed(REPLACED_BY_SQL, &[(&id, Type::UUID), (&owner, Type::BYTEA)])
+        .await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
 /// The status of job `id` for `owner`, if that owner has it.
 ///
 /// # Errors

@@ -9,6 +9,7 @@
 
 use crate::console::Console;
 use crate::support::free_port;
+use durable_etl::worker::completer;
 use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator};
 use std::path::PathBuf;
@@ -167,6 +168,13 @@ async fn until_live_page_shows(browser: &Client, text: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_deferred_one() {
     let console = Console::start().await;
+    // A job whose first attempt failed transiently, waiting an hour for its retry (claimed and
+    // retried before the replica starts, so the replica cannot take it first).
+    let retrying = console.submit(&console.alice, "browser-0", false).await;
+    let client = console.db.client().await;
+    let lease = crate::console_history::claim(&client).await;
+    let retried = completer::retry(&client, lease, Duration::from_secs(3600)).await;
+    assert_eq!(retried.unwrap(), completer::Transition::Retried);
     let replica = console.replica("browser").await;
     let (_driver, browser) = browser().await;
 
@@ -256,6 +264,17 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
         .unwrap();
     until_page_shows(&browser, &page, "status-cancelled").await;
     screenshot(&browser, "job-cancelled").await;
+
+    // The waiting job's timeline shows its first attempt and when its retry is due.
+    browser
+        .goto(&format!("{}/console/jobs/{retrying}", console.base))
+        .await
+        .unwrap();
+    let source = browser.source().await.unwrap();
+    assert!(
+        source.contains("Attempt 1 failed transiently") && source.contains("retry scheduled at")
+    );
+    screenshot(&browser, "job-retrying").await;
 
     browser
         .goto(&format!("{}/console/jobs", console.base))

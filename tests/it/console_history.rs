@@ -235,3 +235,28 @@ async fn the_list_shows_the_jobs_submitted_in_a_window_and_refuses_a_time_that_i
         assert_eq!(shown(&refused.body), [false, false, false], "{bad}");
     }
 }
+
+#[tokio::test]
+async fn a_replaced_job_links_to_its_replacement_and_back() {
+    let console = Console::start().await;
+    let old = console.submit(&console.bob, "old", true).await;
+    let body = serde_json::json!({"dataset": "d", "key": "id", "records": [{"id": 2}],
+                                  "replaces": old.to_string()});
+    let new = console.submit_body(&console.bob, "new", &body).await;
+    let session = console.sign_in(&console.bob).await;
+    let old_page = console.get(&format!("/console/jobs/{old}"), &session).await;
+    assert!(old_page.body.contains("<code>replaced</code>"));
+    let link = |id: Uuid| format!("<a class=\"id\" href=\"/console/jobs/{id}\">{id}</a>");
+    assert!(
+        old_page
+            .body
+            .contains(&format!("<dt>Replaced by</dt><dd>{}</dd>", link(new))),
+        "{}",
+        old_page.body
+    );
+    let new_page = console.get(&format!("/console/jobs/{new}"), &session).await;
+    assert!(new_page
+        .body
+        .contains(&format!("<dt>Replaces</dt><dd>{}</dd>", link(old))));
+    assert!(!new_page.body.contains("Replaced by"));
+}

@@ -358,13 +358,20 @@ async fn job_page(
         return Ok(not_found(&viewer));
     };
     let owner = &viewer.holder.owner_key;
-    // Both statements are pipelined on the one connection: one round trip.
-    let (job, attempts) = tokio::try_join!(
+    // The three statements are pipelined on the one connection: one round trip.
+    let (job, attempts, replaced_by) = tokio::try_join!(
         jobs::status(&*conn, owner, id),
-        jobs::past_attempts(&*conn, owner, id)
+        jobs::past_attempts(&*conn, owner, id),
+        jobs::replaced_by(&*conn, owner, id)
     )?;
     Ok(match job {
-        Some(job) => page(StatusCode::OK, pages::job(shown(&viewer), &job, &attempts)),
+        Some(job) => {
+            let history = pages::JobHistory {
+                attempts: &attempts,
+                replaced_by: &replaced_by,
+            };
+            page(StatusCode::OK, pages::job(shown(&viewer), &job, &history))
+        }
         None => not_found(&viewer),
     })
 }

@@ -276,9 +276,18 @@ fn timeline(job: &JobStatus, attempts: &[PastAttempt]) -> Markup {
     }
 }
 
+/// What a job's page shows beside its status: its past attempts and its replacements.
+#[derive(Debug)]
+pub(crate) struct JobHistory<'a> {
+    /// The attempts that did not end it, oldest first.
+    pub(crate) attempts: &'a [PastAttempt],
+    /// The jobs submitted to replace it, oldest first.
+    pub(crate) replaced_by: &'a [uuid::Uuid],
+}
+
 /// One job's page: its facts, its timeline, its outcome, and a Cancel button while it may be
 /// cancelled.
-pub(crate) fn job(viewer: (Role, &str), job: &JobStatus, attempts: &[PastAttempt]) -> Markup {
+pub(crate) fn job(viewer: (Role, &str), job: &JobStatus, history: &JobHistory<'_>) -> Markup {
     let csrf = viewer.1;
     live_layout(
         "Job",
@@ -292,9 +301,12 @@ pub(crate) fn job(viewer: (Role, &str), job: &JobStatus, attempts: &[PastAttempt
                 @if let Some(replaced) = job.replaces {
                     dt { "Replaces" } dd { a.id href={ "/console/jobs/" (replaced) } { (replaced) } }
                 }
+                @for replacement in history.replaced_by {
+                    dt { "Replaced by" } dd { a.id href={ "/console/jobs/" (replacement) } { (replacement) } }
+                }
             }
             h2 { "Timeline" }
-            (timeline(job, attempts))
+            (timeline(job, history.attempts))
             @if let Some(failure) = &job.failure {
                 h2 { "Failure" }
                 p {
