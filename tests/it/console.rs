@@ -604,3 +604,52 @@ async fn the_operator_view_shows_reporting_replicas_and_the_last_hour_to_operato
         "a stopped replica deletes its row"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_view_has_empty_states_and_lists_recovery_events() {
+    let console = Console::start().await;
+    let alice = console.sign_in(&console.alice).await;
+    let empty = console.get("/console/operator", &alice).await;
+    assert_eq!(empty.status, StatusCode::OK);
+    for state in [
+        "No replica has reported in the last hour.",
+        "No job failed in the last hour.",
+        "No job was recovered in the last hour.",
+    ] {
+        assert!(empty.body.contains(state), "{state}");
+    }
+    assert_eq!(empty.body.matches("<svg").count(), 3, "empty charts");
+
+    // A replica that died holding a job: its lease has already expired.
+    let job = console.submit(&console.bob, "orphan", false).await;
+    let client = console.db.client().await;
+    let claimant = durable_etl::worker::claimer::Claimant {
+        owner_id: "gone",
+        owner_locked: false,
+        lease: Duration::from_millis(1),
+    };
+    let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
+        .await
+        .unwrap();
+    assert_eq!(claimed[0].ctx.id, job);
+    let replica = console.replica("rescuer").await;
+    crate::support::eventually("the report of a recovered job", || async {
+        crate::support::count(
+            &client,
+            "etl_replica_minutes WHERE owner_id = 'rescuer' AND recovered = 1 AND succeeded = 1",
+        )
+        .await
+            == 1
+    })
+    .await;
+    let view = console.get("/console/operator", &alice).await;
+    replica.stop().await;
+    assert!(
+        view.body
+            .contains("<td><code>rescuer</code></td><td>1</td></tr>"),
+        "{}",
+        view.body
+    );
+    assert!(!view.body.contains("No job was recovered"));
+    assert!(!view.body.contains(&job.to_string()), "aggregates only");
+}

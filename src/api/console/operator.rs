@@ -102,6 +102,28 @@ impl Minute {
     }
 }
 
+/// A recovery event: jobs one replica's recovery gave back (or ended) in one minute.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Recovery {
+    /// The minute.
+    pub(crate) minute: DateTime<Utc>,
+    /// The replica whose recovery took them.
+    pub(crate) owner_id: String,
+    /// How many jobs.
+    pub(crate) jobs: i64,
+}
+
+/// The fleet's last hour.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct LastHour {
+    /// The last [`MINUTES`] minutes, oldest first.
+    pub(crate) minutes: Vec<Minute>,
+    /// Failures in those minutes, by stored code.
+    pub(crate) failures: BTreeMap<String, i64>,
+    /// Recovery events in those minutes, newest first.
+    pub(crate) recoveries: Vec<Recovery>,
+}
+
 /// The operator view's figures.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Overview {
@@ -109,10 +131,8 @@ pub(crate) struct Overview {
     pub(crate) replicas: Vec<Replica>,
     /// The active jobs by state, and the oldest due job's age.
     pub(crate) backlog: QueueSample,
-    /// The last [`MINUTES`] minutes, oldest first.
-    pub(crate) minutes: Vec<Minute>,
-    /// Failures in those minutes, by stored code.
-    pub(crate) failures: BTreeMap<String, i64>,
+    /// The last hour, minute by minute.
+    pub(crate) hour: LastHour,
 }
 
 /// Reads the operator view's figures.
@@ -160,28 +180,25 @@ pub(crate) async fn overview(
             }
         })
         .collect();
-    let (minutes, failures) = now.map(|now| per_minute(&totals, now)).unwrap_or_default();
+    let mut hour = now.map(|now| per_minute(&totals, now)).unwrap_or_default();
+    if hour.minutes.is_empty() {
+        hour.minutes = vec![Minute::default(); MINUTES as usize];
+    }
     Ok(Overview {
         replicas,
         backlog: sample_queue(client).await?,
-        minutes: if minutes.is_empty() {
-            vec![Minute::default(); MINUTES as usize]
-        } else {
-            minutes
-        },
-        failures,
+        hour,
     })
 }
 
-/// The fleet's last [`MINUTES`] minutes up to `now` (oldest first) and their failures by code,
-/// from the replicas' totals (ordered by replica, then minute; see the module's invariants).
-pub(crate) fn per_minute(
-    totals: &[Totals],
-    now: DateTime<Utc>,
-) -> (Vec<Minute>, BTreeMap<String, i64>) {
+/// The fleet's last [`MINUTES`] minutes up to `now` (oldest first), their failures by code and
+/// their recovery events, from the replicas' totals (ordered by replica, then minute; see the
+/// module's invariants).
+pub(crate) fn per_minute(totals: &[Totals], now: DateTime<Utc>) -> LastHour {
     let first = now - chrono::Duration::minutes(MINUTES - 1);
     let mut minutes = vec![Minute::default(); MINUTES as usize];
     let mut failures = BTreeMap::new();
+    let mut recoveries = Vec::new();
     let mut previous: Option<&Totals> = None;
     for row in totals {
         let before =
@@ -198,7 +215,15 @@ pub(crate) fn per_minute(
         let delta = |now: i64, then: fn(&Totals) -> i64| (now - before.map_or(0, then)).max(0);
         minute.succeeded += delta(row.succeeded, |t| t.succeeded);
         minute.failed += delta(row.failed, |t| t.failed);
-        minute.recovered += delta(row.recovered, |t| t.recovered);
+        let recovered = delta(row.recovered, |t| t.recovered);
+        minute.recovered += recovered;
+        if recovered > 0 {
+            recoveries.push(Recovery {
+                minute: row.minute,
+                owner_id: row.owner_id.clone(),
+                jobs: recovered,
+            });
+        }
         minute.pickups += delta(row.pickups, |t| t.pickups);
         minute.pickup_seconds +=
             (row.pickup_seconds - before.map_or(0.0, |t| t.pickup_seconds)).max(0.0);
@@ -210,7 +235,12 @@ pub(crate) fn per_minute(
             }
         }
     }
-    (minutes, failures)
+    recoveries.sort_by(|a, b| b.minute.cmp(&a.minute).then(a.owner_id.cmp(&b.owner_id)));
+    LastHour {
+        minutes,
+        failures,
+        recoveries,
+    }
 }
 
 #[cfg(test)]
@@ -225,16 +255,18 @@ mod tests {
             + chrono::Duration::minutes(m)
     }
 
-    /// A row of `owner`'s totals at minute `m`, of the incarnation started at minute `start`.
+    /// A row of `owner`'s totals at minute `m`, of the incarnation started at minute `start`,
+    /// having recovered as many jobs as it failed.
     fn row(owner: &str, m: i64, start: i64, succeeded: i64, failed: &[(&str, i64)]) -> Totals {
+        let failed_total = failed.iter().map(|(_, n)| n).sum();
         Totals {
             minute: at(m),
             owner_id: owner.to_owned(),
             started_at: at(start),
             succeeded,
-            failed: failed.iter().map(|(_, n)| n).sum(),
+            failed: failed_total,
             failed_by_code: failed.iter().map(|(c, n)| ((*c).to_owned(), *n)).collect(),
-            recovered: 0,
+            recovered: failed_total,
             pickups: succeeded,
             pickup_seconds: succeeded as f64 * 0.001,
         }
@@ -254,7 +286,11 @@ mod tests {
             row("b", 98, 98, 7, &[]),
             row("b", 100, 98, 9, &[("invalid_payload", 2)]),
         ];
-        let (minutes, failures) = per_minute(&totals, now);
+        let LastHour {
+            minutes,
+            failures,
+            recoveries,
+        } = per_minute(&totals, now);
         assert_eq!(minutes.len(), 60);
         // The window is 41..=100.
         assert_eq!(minutes[0].succeeded, 10, "41: 1,010 - 1,000");
@@ -272,6 +308,17 @@ mod tests {
                 ("invalid_payload".to_owned(), 2)
             ])
         );
+        let event = |m: i64, owner: &str, jobs: i64| Recovery {
+            minute: at(m),
+            owner_id: owner.to_owned(),
+            jobs,
+        };
+        assert_eq!(
+            recoveries,
+            [event(100, "b", 2), event(42, "a", 2), event(41, "a", 1)],
+            "newest first; a's baseline at 39 is no event"
+        );
+        assert_eq!(minutes[1].recovered, 2);
         assert_eq!(minutes[1].mean_pickup_ms().map(|ms| ms.round()), Some(1.0));
         assert_eq!(Minute::default().mean_pickup_ms(), None);
     }

@@ -360,7 +360,8 @@ pub(crate) fn forbidden() -> Markup {
 
 /// The operator view: live replicas, the backlog, and the last hour's charts and failures.
 pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
-    let series = |f: fn(&Minute) -> f64| -> Vec<f64> { overview.minutes.iter().map(f).collect() };
+    let hour = &overview.hour;
+    let series = |f: fn(&Minute) -> f64| -> Vec<f64> { hour.minutes.iter().map(f).collect() };
     let backlog = &overview.backlog;
     live_layout(
         "Operator",
@@ -399,14 +400,31 @@ pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
             (charts::bars("Mean pickup latency per minute", &series(|m| m.mean_pickup_ms().unwrap_or(0.0)), "ms"))
             (charts::bars("Jobs recovered per minute", &series(|m| m.recovered as f64), "jobs"))
             h2 { "Failures by code" }
-            @if overview.failures.is_empty() {
+            @if hour.failures.is_empty() {
                 p.empty { "No job failed in the last hour." }
             } @else {
                 table {
                     thead { tr { th { "Code" } th { "Jobs" } th { "Meaning" } } }
                     tbody {
-                        @for (code, n) in &overview.failures {
+                        @for (code, n) in &hour.failures {
                             tr { td { code { (code) } } td { (n) } td { (meaning(code)) } }
+                        }
+                    }
+                }
+            }
+            h2 { "Recoveries" }
+            @if hour.recoveries.is_empty() {
+                p.empty { "No job was recovered in the last hour." }
+            } @else {
+                table {
+                    thead { tr { th { "Minute" } th { "Recovered by" } th { "Jobs" } } }
+                    tbody {
+                        @for event in &hour.recoveries {
+                            tr {
+                                td { (event.minute.format("%Y-%m-%dT%H:%MZ")) }
+                                td { code { (event.owner_id) } }
+                                td { (event.jobs) }
+                            }
                         }
                     }
                 }
