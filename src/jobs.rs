@@ -322,11 +322,15 @@ impl Window {
     }
 }
 
+/// The largest millisecond a UUIDv7 can hold (48 bits: the year 10889).
+const LAST_V7_MILLI: u128 = 0xffff_ffff_ffff;
+
 /// The smallest UUIDv7 of the millisecond `at` (every id made in that millisecond or later is at
-/// least this; every id made before is less). Times before 1970 map to the nil id.
+/// least this; every id made before is less). Times before 1970 map to the nil id, times past
+/// what a UUIDv7 holds to the largest millisecond it holds.
 fn first_id_at(at: DateTime<Utc>) -> Uuid {
     let millis = u128::try_from(at.timestamp_millis()).unwrap_or(0);
-    Uuid::from_u128((millis & 0xffff_ffff_ffff) << 80)
+    Uuid::from_u128(millis.min(LAST_V7_MILLI) << 80)
 }
 
 /// A page of `owner`'s jobs in `window`, newest first.
@@ -455,4 +459,59 @@ pub async fn cancel(
         });
     }
     Err(Error::Contended)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The time `rfc3339`.
+    fn at(rfc3339: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(rfc3339)
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_window_bounds_ids_by_their_millisecond_and_saturates_at_both_ends() {
+        let id = Uuid::now_v7();
+        let millis = i64::try_from(id.as_u128() >> 80).unwrap_or_default();
+        let made = DateTime::from_timestamp_millis(millis).unwrap_or_default();
+        let next = made + chrono::Duration::milliseconds(1);
+        let window = Window::submitted(Some(made), Some(next));
+        assert!(window.from.is_some_and(|from| from <= id));
+        assert!(window.before.is_some_and(|before| id < before));
+        let later = Window::submitted(Some(next), None);
+        assert!(later.from.is_some_and(|from| id < from) && later.before.is_none());
+        let far = Window::submitted(Some(at("1960-01-01T00:00:00Z")), None);
+        assert_eq!(far.from, Some(Uuid::nil()));
+        let future = DateTime::<Utc>::MAX_UTC;
+        let beyond = Window::submitted(None, Some(future));
+        assert!(beyond.before.is_some_and(|before| before > Uuid::now_v7()));
+    }
+
+    #[test]
+    fn a_cursor_narrows_a_window_and_never_widens_it() {
+        let (a, b) = (Uuid::from_u128(5), Uuid::from_u128(9));
+        let open = Window::default();
+        assert_eq!(open.after(None), open);
+        assert_eq!(open.after(Some(a)).before, Some(a));
+        let bounded = Window {
+            before: Some(a),
+            from: None,
+        };
+        assert_eq!(bounded.after(Some(b)).before, Some(a));
+        assert_eq!(bounded.after(None).before, Some(a));
+        let wide = Window {
+            before: Some(b),
+            from: Some(a),
+        };
+        assert_eq!(
+            wide.after(Some(a)),
+            Window {
+                before: Some(a),
+                from: Some(a)
+            }
+        );
+    }
 }

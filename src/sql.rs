@@ -77,20 +77,27 @@ macro_rules! attempt_columns {
     };
 }
 
-/// Appends one row of attempt history per row of CTE `$source` (which returned
-/// [`attempt_columns`]): the attempt ended now, `$ending` (`retried`, `recovered` or
-/// `released`), and the job is due again at its `run_at` (or now, if that has passed).
+/// Appends one row of attempt history per row of `$source` (a CTE or a parenthesized query that
+/// returned [`attempt_columns`]): the attempt ended now, `$ending` (`retried`, `recovered` or
+/// `released`), and the job is due again at its `run_at` (or now, if that has passed). Only
+/// rows whose job has an intake row are recorded: a live row without one (which no release
+/// writes) must not make the history's foreign key fail the statement that gives jobs back.
 ///
-/// Locks: inserts new rows; the foreign-key check takes `FOR KEY SHARE` on each job's intake
-/// row, which nothing else locks (the intake is written once and never updated).
+/// Locks: reads each job's intake row by primary key (no lock), inserts new rows; the
+/// foreign-key check takes `FOR KEY SHARE` on the intake row. The other lockers of intake rows
+/// take `FOR KEY SHARE` too (a cancel request's and a target row's foreign keys), which never
+/// conflict with it; the retention runbook deletes only ended jobs' intake rows, and an ended
+/// job has no live row to give back.
 macro_rules! attempt_ended {
     ($source:expr, $ending:expr) => {
         concat!(
             "INSERT INTO etl_job_attempts (job_id, attempt, started_at, ending, due_at)
-    SELECT id, attempts, coalesce(started_at, now()), '",
+    SELECT s.id, s.attempts, coalesce(s.started_at, now()), '",
             $ending,
-            "', greatest(run_at, now()) FROM ",
-            $source
+            "', greatest(s.run_at, now())
+      FROM ",
+            $source,
+            " s JOIN etl_job_intake i ON i.id = s.id"
         )
     };
 }

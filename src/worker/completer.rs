@@ -270,7 +270,7 @@ async fn leases_returned(
 /// Locks: `decided` reads the fenced row (no lock); `retried` or `ended` (never both: their
 /// conditions exclude each other) row-locks it, re-checks the fence on its current version and
 /// updates or deletes it; waits at most `lock_timeout` for an executor's lock. `history` takes
-/// `FOR KEY SHARE` on the job's intake row (its foreign key), which nothing else locks.
+/// `FOR KEY SHARE` on the job's intake row (its foreign key; see `attempt_ended!`).
 pub const RETRY_SQL: &str = concat!(
     "
 WITH decided AS (

@@ -86,6 +86,16 @@ impl HeldJobs {
         self.map().values().map(|job| job.lease).collect()
     }
 
+    /// The claims of the held jobs whose handler has started (a task runs or ran them), for the
+    /// shutdown release to record their attempts; jobs still waiting in the buffer have none.
+    pub(crate) fn started(&self) -> Vec<Uuid> {
+        self.map()
+            .iter()
+            .filter(|(_, job)| job.task.is_some())
+            .map(|(claim, _)| *claim)
+            .collect()
+    }
+
     /// The lease of the job that task `task` runs, if any.
     pub(crate) fn of_task(&self, task: task::Id) -> Option<Lease> {
         self.map()
@@ -167,6 +177,11 @@ mod tests {
         );
         assert_eq!(held.len(), 3);
         assert_eq!(held.renewable().len(), 3);
+        let mut started = held.started();
+        started.sort();
+        let mut expected = vec![dead_claim, live_claim];
+        expected.sort();
+        assert_eq!(started, expected, "the buffered job started no attempt");
         assert!(held.remove(buffered).is_some());
         assert_eq!(held.len(), 2);
         assert_eq!(held.leases().len(), 2);

@@ -402,7 +402,8 @@ impl Producer {
         for lease in &overdue {
             self.held.remove(lease.claim_id);
         }
-        match completer::release_leases(&self.shared, &overdue).await {
+        // They waited in the buffer: none started an attempt, so none is recorded.
+        match completer::release_leases(&self.shared, &overdue, &[]).await {
             Ok(n) => tracing::debug!(released = n, "released jobs that waited for a slot"),
             // Unreleased, they are no longer renewed: their leases expire and recovery returns
             // them.

@@ -221,14 +221,14 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
         "Jobs"
     );
 
-    // A job submitted through the API, due in three seconds, reaches `succeeded` on its page
+    // A job submitted through the API, due in six seconds, reaches `succeeded` on its page
     // while the page stays open: the live-refresh script swaps the new state in, with no reload
     // (a mark left on the page's window survives).
     let job = console
         .submit_due_in(
             &console.alice,
             "browser-1",
-            Some(chrono::Duration::seconds(3)),
+            Some(chrono::Duration::seconds(6)),
         )
         .await;
     let page = format!("{}/console/jobs/{job}", console.base);
@@ -283,6 +283,36 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     let list = browser.source().await.unwrap();
     assert!(list.contains(&job.to_string()) && list.contains(&deferred.to_string()));
     screenshot(&browser, "jobs").await;
+
+    // The list refreshes every 5 s, but never from under a reader whose focus is on a job link;
+    // once the focus leaves, it does (a mark on the served `main` goes with it).
+    let focus_and_mark = "document.querySelector('main').dataset.mark = 'served'; \
+                          document.querySelector('main a.id').focus(); \
+                          return document.activeElement.getAttribute('href');";
+    let focused = browser.execute(focus_and_mark, vec![]).await.unwrap();
+    assert!(focused
+        .as_str()
+        .is_some_and(|href| href.starts_with("/console/jobs/")));
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    let kept = "return [document.activeElement.getAttribute('href'), \
+                        document.querySelector('main').dataset.mark || null];";
+    let state = browser.execute(kept, vec![]).await.unwrap();
+    assert_eq!(
+        state,
+        serde_json::json!([focused, "served"]),
+        "focus kept, not refreshed"
+    );
+    browser
+        .execute("document.activeElement.blur(); return null;", vec![])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    let state = browser.execute(kept, vec![]).await.unwrap();
+    assert_eq!(
+        state[1],
+        serde_json::Value::Null,
+        "refreshed once the focus left"
+    );
 
     // The operator view (alice's key is an operator's) renders its charts once the replica has
     // reported the job it ran.

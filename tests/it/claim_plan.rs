@@ -313,7 +313,9 @@ async fn hot_statements_stay_off_the_history(
     assert_eq!(failed, completer::Transition::Failed(Code::HandlerFailed));
     check("fail", plans);
     assert_eq!(
-        completer::release(&*session, &leases[6..7]).await.unwrap(),
+        completer::release(&*session, &leases[6..7], &[leases[6].claim_id])
+            .await
+            .unwrap(),
         1
     );
     check("release", plans);
@@ -463,7 +465,7 @@ async fn the_fencing_token_grows_with_every_claim_and_never_goes_back() {
     // A shutdown release gives the attempt back, never the token.
     let job = claimer::claim(&client, PLANNER, 1).await.unwrap().remove(0);
     seen.push(job.ctx.fencing_token);
-    let released = completer::release(&client, &[job.lease()]).await;
+    let released = completer::release(&client, &[job.lease()], &[]).await;
     assert_eq!(released.unwrap(), 1);
     assert_eq!(
         stored(client.query_one(read, &[&id]).await.unwrap()),

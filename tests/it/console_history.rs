@@ -89,8 +89,19 @@ async fn each_attempt_that_did_not_end_its_job_is_recorded_under_its_fence_and_s
         claim_id: Uuid::new_v4(),
         ..third
     };
-    assert_eq!(completer::release(&client, &[stale]).await.unwrap(), 0);
-    assert_eq!(completer::release(&client, &[third]).await.unwrap(), 1);
+    let started = [stale.claim_id, third.claim_id];
+    assert_eq!(
+        completer::release(&client, &[stale], &started)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        completer::release(&client, &[third], &started)
+            .await
+            .unwrap(),
+        1
+    );
 
     // Attempt 3, again, ends the job.
     let last = claim(&client).await;
@@ -107,12 +118,15 @@ async fn each_attempt_that_did_not_end_its_job_is_recorded_under_its_fence_and_s
             (3, "released".to_owned())
         ]
     );
-    let due_after_end: Vec<bool> = first_column(
+    // Each was due again at once (the retry had no delay; recovery and release give back now),
+    // not at the job's first due time, which had passed.
+    let due_at_once: Vec<bool> = first_column(
         &client,
-        "SELECT due_at >= ended_at AND ended_at >= started_at FROM etl_job_attempts",
+        "SELECT a.due_at = a.ended_at AND a.ended_at > a.started_at AND a.due_at > i.run_at
+           FROM etl_job_attempts a JOIN etl_job_intake i ON i.id = a.job_id",
     )
     .await;
-    assert_eq!(due_after_end, [true, true, true]);
+    assert_eq!(due_at_once, [true, true, true]);
 
     let session = console.sign_in(&console.bob).await;
     let page = console.get(&format!("/console/jobs/{job}"), &session).await;
@@ -155,6 +169,12 @@ async fn a_job_waiting_to_retry_shows_its_last_attempt_once_and_when_it_is_due()
         .await
         .unwrap();
     assert_eq!(retried, Transition::Retried);
+    let delay: Vec<f64> = first_column(
+        &client,
+        "SELECT extract(epoch FROM due_at - ended_at)::float8 FROM etl_job_attempts",
+    )
+    .await;
+    assert_eq!(delay, [3600.0], "due when the retry is");
     let session = console.sign_in(&console.bob).await;
     let page = console.get(&format!("/console/jobs/{job}"), &session).await;
     assert_eq!(page.body.matches("Attempt 1 started ").count(), 1);
@@ -220,13 +240,23 @@ async fn the_list_shows_the_jobs_submitted_in_a_window_and_refuses_a_time_that_i
         .get(&format!("/console/jobs?to={to}"), &session)
         .await;
     assert_eq!(shown(&before.body), [true, true, false]);
+    // The window over ended jobs (their own listing statement): the middle one succeeded.
+    let client = console.db.client().await;
+    crate::support::end_job(&client, middle, "succeeded", None, Some((1, 0, 0))).await;
     let ended = console
         .get(
             &format!("/console/jobs?from={from}&status=succeeded"),
             &session,
         )
         .await;
-    assert!(ended.body.contains("No jobs match."));
+    assert_eq!(shown(&ended.body), [false, true, false]);
+    let ended_before = console
+        .get(
+            &format!("/console/jobs?to={from}&status=succeeded"),
+            &session,
+        )
+        .await;
+    assert!(ended_before.body.contains("No jobs match."));
 
     for bad in ["from=yesterday", "to=2026-13-01T00:00"] {
         let refused = console.get(&format!("/console/jobs?{bad}"), &session).await;
@@ -259,4 +289,31 @@ async fn a_replaced_job_links_to_its_replacement_and_back() {
         .body
         .contains(&format!("<dt>Replaces</dt><dd>{}</dd>", link(old))));
     assert!(!new_page.body.contains("Replaced by"));
+}
+
+#[tokio::test]
+async fn a_live_row_without_an_intake_row_never_blocks_recovery_or_its_history() {
+    let console = Console::start().await;
+    let job = console.submit(&console.bob, "kept", false).await;
+    let client = console.db.client().await;
+    let lease = claim(&client).await;
+    assert_eq!(lease.job_id, job);
+    // A row no release writes: live and running, with no intake row; both leases expired.
+    client
+        .batch_execute(
+            "INSERT INTO etl_job_records
+                 (id, owner_key, kind, request_payload, status, attempts, lease_owner_id,
+                  lease_claim_id, lease_expires_at, lease_renewed_at, started_at)
+             VALUES (gen_random_uuid(), sha256('o'::bytea), 'noop', '{}', 'running', 1, 'o',
+                     gen_random_uuid(), now() - interval '1 second', now(), now());
+             UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second';",
+        )
+        .await
+        .unwrap();
+    let recovered = rescuer::recover(&client, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(recovered.expired, 2, "both go back");
+    assert_eq!(history(&client, job).await, [(1, "recovered".to_owned())]);
+    assert_eq!(crate::support::count(&client, "etl_job_attempts").await, 1);
 }

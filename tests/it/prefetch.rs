@@ -185,6 +185,19 @@ async fn jobs_claimed_ahead_are_leased_renewed_started_in_order_and_released_at_
         );
     }
     assert_eq!(stats.snapshot().released, 3);
+    // Only the job whose handler had started has an attempt in its history; the buffered ones
+    // never started one.
+    assert_eq!(released_attempts(&client, &ids[1..]).await, [1, 0, 0]);
+}
+
+/// How many `released` attempts the history holds for each of `ids`.
+async fn released_attempts(client: &tokio_postgres::Client, ids: &[uuid::Uuid]) -> Vec<i64> {
+    let mut counts = Vec::new();
+    for id in ids {
+        let sql = format!("etl_job_attempts WHERE job_id = '{id}' AND ending = 'released'");
+        counts.push(count(client, &sql).await);
+    }
+    counts
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,6 +253,9 @@ async fn a_job_that_waits_longer_than_the_hold_is_released_for_another_replica()
     trigger.request(Stage::Draining);
     run.await.unwrap().unwrap();
     assert_eq!(job_row(&client, ids[0]).await.status, "pending");
+    // Released from the buffer, never started: no attempt in their history. The hanging job,
+    // released at shutdown, had started one.
+    assert_eq!(released_attempts(&client, &ids).await, [1, 0, 0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -710,9 +710,9 @@ async fn write_target(client: &tokio_postgres::Client, key: &str, job: uuid::Uui
 }
 
 /// The retention runbook, run exactly as `docs/operations.md` prints it, deletes every ended
-/// job older than its cutoff (its outcome, with its ledger, and its intake row), in several
-/// batches, whatever names them: target rows it wrote (they keep their data, without a writer)
-/// and jobs that replaced it (old and recent). Recent and live jobs stay.
+/// job older than its cutoff (its outcome, with its ledger, its intake row and its attempt
+/// history), in several batches, whatever names them: target rows it wrote (they keep their
+/// data, without a writer) and jobs that replaced it (old and recent). Recent and live jobs stay.
 #[tokio::test]
 async fn the_retention_runbook_deletes_old_jobs_as_written() {
     let db = TestDb::migrated().await;
@@ -744,8 +744,29 @@ async fn the_retention_runbook_deletes_old_jobs_as_written() {
     )
     .await;
     let pending = insert_job(&client, "now()").await;
+    // Attempt history: an old job's (deleted with it), a recent one's and the live job's (kept).
+    for job in [first, kept, pending] {
+        client
+            .execute(
+                "INSERT INTO etl_job_attempts (job_id, attempt, started_at, ending, due_at)
+                 VALUES ($1, 1, now() - interval '32 days', 'retried', now())",
+                &[&job],
+            )
+            .await
+            .unwrap();
+    }
 
     client.batch_execute(&retention_runbook()).await.unwrap();
+    let attempts: Vec<uuid::Uuid> = first_column(
+        &client,
+        "SELECT job_id FROM etl_job_attempts ORDER BY job_id",
+    )
+    .await;
+    assert_eq!(
+        attempts,
+        vec![kept, pending],
+        "an old job's attempts go with it"
+    );
 
     let remaining: Vec<uuid::Uuid> =
         first_column(&client, "SELECT id FROM etl_job_intake ORDER BY id").await;

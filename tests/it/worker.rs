@@ -198,7 +198,12 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
             .unwrap(),
         Transition::LeaseLost
     );
-    assert_eq!(completer::release(&a, &[stale_lease]).await.unwrap(), 0);
+    assert_eq!(
+        completer::release(&a, &[stale_lease], &[stale_lease.claim_id])
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(job_row(&client, id).await, after_b);
     assert_eq!(count(&client, LEDGERS).await, 1);
     assert_eq!(count(&client, "etl_target_rows").await, 1);

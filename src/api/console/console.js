@@ -1,9 +1,11 @@
 // durable-etl console: live refresh. Pages work without this script; with it, a page whose
 // <main> carries data-refresh="N" fetches itself every N seconds and swaps in the new <main>
 // (the page it came back with says whether to go on: a job page stops once the job has ended).
-// It never refreshes while the reader is in a form field or the tab is hidden, and it stops when
-// the session has ended (the fetch is redirected to sign-in). Served from this origin only, as
-// the Content-Security-Policy requires; no inline script, no other origin.
+// It waits while the tab is hidden, while the reader has focus on a form field or on anything in
+// <main> (a keyboard user on a link keeps their place), and while text is selected. It stops when
+// the session has ended (the fetch is redirected to sign-in) or the page answers an error; a
+// reload starts it again. Served from this origin only, as the Content-Security-Policy
+// requires; no inline script, no other origin.
 "use strict";
 
 (function () {
@@ -15,7 +17,11 @@
 
   function busy() {
     var active = document.activeElement;
-    return document.hidden || (active && active.closest && active.closest("form") !== null);
+    var main = document.querySelector("main");
+    var focused = active && active !== document.body &&
+      ((main && main.contains(active)) || active.closest("form") !== null);
+    var selected = String(window.getSelection ? window.getSelection() : "") !== "";
+    return document.hidden || focused || selected;
   }
 
   function schedule() {

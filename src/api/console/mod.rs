@@ -36,6 +36,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use maud::Markup;
 use serde::Deserialize;
 use session::Viewer;
+use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
 /// The largest form body a console route reads, in bytes (an API key and a token fit many
@@ -351,19 +352,28 @@ async fn job_page(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    let Some((viewer, conn)) = viewer(&state, &headers).await? else {
+    let Some((viewer, mut conn)) = viewer(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     let Ok(id) = Uuid::parse_str(&id) else {
         return Ok(not_found(&viewer));
     };
     let owner = &viewer.holder.owner_key;
-    // The three statements are pipelined on the one connection: one round trip.
+    // One snapshot for the three reads (a retry committing between them would otherwise show an
+    // attempt the status does not count), pipelined in one round trip.
+    let snapshot = conn
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(Error::from)?;
     let (job, attempts, replaced_by) = tokio::try_join!(
-        jobs::status(&*conn, owner, id),
-        jobs::past_attempts(&*conn, owner, id),
-        jobs::replaced_by(&*conn, owner, id)
+        jobs::status(&snapshot, owner, id),
+        jobs::past_attempts(&snapshot, owner, id),
+        jobs::replaced_by(&snapshot, owner, id)
     )?;
+    snapshot.commit().await.map_err(Error::from)?;
     Ok(match job {
         Some(job) => {
             let history = pages::JobHistory {

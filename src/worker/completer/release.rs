@@ -16,15 +16,18 @@ use crate::worker::shared::Shared;
 use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
+use uuid::Uuid;
 
-/// Gives unfinished jobs back on shutdown: `pending`, attempt not charged, lease cleared, for
-/// every `(id, claim id)` pair in `$1`/`$2` still running under that claim; a job whose owner
-/// asked to cancel it ends `cancelled` instead of running again. Each released attempt is
-/// appended to its job's attempt history (`released`). Returns how many were still held.
+/// Gives unfinished jobs back: `pending`, attempt not charged, lease cleared, for every
+/// `(id, claim id)` pair in `$1`/`$2` still running under that claim; a job whose owner asked
+/// to cancel it ends `cancelled` instead of running again. A released job whose claim is in `$3`
+/// (its handler had started) gets its attempt appended to its history (`released`); a job that
+/// only waited in a replica's buffer started no attempt and gets none. Returns how many were
+/// still held.
 ///
 /// Locks: `decided` reads the fenced rows (no lock); `released` and `ended` row-lock each fenced
 /// row and re-check its fence; rows whose claim changed are not touched. `history` takes
-/// `FOR KEY SHARE` on each released job's intake row (its foreign key).
+/// `FOR KEY SHARE` on each started job's intake row (its foreign key; see `attempt_ended!`).
 pub const RELEASE_SQL: &str = concat!(
     "
 WITH decided AS (
@@ -41,10 +44,13 @@ WITH decided AS (
     "
       FROM decided d
      WHERE j.id = d.id AND NOT d.cancel AND j.lease_claim_id = d.claim_id AND j.status = 'running'
- RETURNING j.id, j.attempts + 1 AS attempts, j.started_at, j.run_at
+ RETURNING j.id, j.attempts + 1 AS attempts, j.started_at, j.run_at, d.claim_id
 ), history AS (
     ",
-    attempt_ended!("released", "released"),
+    attempt_ended!(
+        "(SELECT * FROM released WHERE claim_id = ANY($3::uuid[]))",
+        "released"
+    ),
     "
 ), ended AS (
     DELETE FROM etl_job_records AS j
@@ -61,19 +67,25 @@ WITH decided AS (
 SELECT (SELECT count(*) FROM released) + (SELECT count(*) FROM outcome)"
 );
 
-/// Releases the given `(id, claim id)` leases; returns how many were still held.
+/// Releases the given `(id, claim id)` leases, recording an attempt for those whose claim is in
+/// `started` (their handler had started); returns how many were still held.
 ///
 /// # Errors
 /// The database error of the statement.
 pub async fn release(
     client: &impl GenericClient,
     held: &[Lease],
+    started: &[Uuid],
 ) -> Result<u64, tokio_postgres::Error> {
     let (ids, claims) = lease::unzip(held);
     let row = client
         .query_typed_one(
             RELEASE_SQL,
-            &[(&ids, Type::UUID_ARRAY), (&claims, Type::UUID_ARRAY)],
+            &[
+                (&ids, Type::UUID_ARRAY),
+                (&claims, Type::UUID_ARRAY),
+                (&started, Type::UUID_ARRAY),
+            ],
         )
         .await?;
     Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
@@ -102,23 +114,28 @@ async fn release_now(shared: &Shared, held: &HeldJobs) {
         return;
     }
     crash_point!("release");
-    match release_leases(shared, &leases).await {
+    match release_leases(shared, &leases, &held.started()).await {
         Ok(n) => tracing::info!(released = n, "released unfinished jobs"),
         Err(e) => tracing::warn!(code = %e.code(), "release failed; leases will expire"),
     }
 }
 
 /// Releases `leases` on a pooled connection within the replica's statement bound (the shutdown
-/// release, and the producer's release of jobs that waited too long in its prefetch buffer);
-/// counts and returns how many were still held. When any was, it then wakes the waiting
-/// replicas, so an idle one claims them at once rather than at its next poll.
+/// release, and the producer's release of jobs that waited too long in its prefetch buffer),
+/// recording an attempt for the claims in `started`; counts and returns how many were still
+/// held. When any was, it then wakes the waiting replicas, so an idle one claims them at once
+/// rather than at its next poll.
 ///
 /// # Errors
 /// Pool and database errors.
-pub(crate) async fn release_leases(shared: &Shared, leases: &[Lease]) -> Result<u64, Error> {
+pub(crate) async fn release_leases(
+    shared: &Shared,
+    leases: &[Lease],
+    started: &[Uuid],
+) -> Result<u64, Error> {
     shared.stats.record_round_trips(1);
     let conn = db::checkout(&shared.pool).await?;
-    let n = db::bounded(shared.statement_bound, release(&*conn, leases)).await?;
+    let n = db::bounded(shared.statement_bound, release(&*conn, leases, started)).await?;
     shared.stats.record_released(n);
     if n > 0 {
         shared.stats.record_round_trips(1);
