@@ -221,7 +221,8 @@ async fn a_worker_session_claims_through_the_index_on_a_never_analyzed_table() {
 /// Inserts `n` terminal jobs of [`OWNER`] with time-ordered ids (UUIDv7 layout, two days old),
 /// oldest first: all `succeeded` but the 100 oldest, which are `cancelled` (so a listing of
 /// cancelled jobs that filtered the owner's jobs one by one would walk all of them); every
-/// succeeded one has its ledger row.
+/// succeeded one has its ledger row, and each retried once before it ended (an attempt history as
+/// big as the history).
 async fn fill_history(client: &tokio_postgres::Client, n: i64) {
     insert_ended_jobs(
         client,
@@ -235,6 +236,17 @@ async fn fill_history(client: &tokio_postgres::Client, n: i64) {
         &[&n],
     )
     .await;
+    // Each ended job retried once before it ended: an attempt history as big as the history.
+    client
+        .execute(
+            "INSERT INTO etl_job_attempts (job_id, attempt, started_at, ended_at, ending, due_at)
+             SELECT job_id, 1, finished_at - interval '2 minutes', finished_at - interval '1 minute',
+                    'retried', finished_at - interval '1 minute'
+               FROM etl_job_outcomes",
+            &[],
+        )
+        .await
+        .unwrap();
 }
 
 /// Runs `sql` with the job ids `$1` and claim ids `$2` (pairwise) and counts the rows it returns.
@@ -351,6 +363,16 @@ async fn hot_statements_stay_off_the_history(
         .unwrap();
     assert_eq!(status.unwrap().status, "succeeded", "{pass}");
     check("status read", plans);
+    let attempts = jobs::past_attempts(&*session, &OWNER, leases[4].job_id)
+        .await
+        .unwrap();
+    assert_eq!(attempts.len(), 1, "{pass}: the retried attempt");
+    check("attempt history read", plans);
+    let replacements = jobs::replaced_by(&*session, &OWNER, leases[0].job_id)
+        .await
+        .unwrap();
+    assert!(replacements.is_empty(), "{pass}");
+    check("replacements read", plans);
     let all = jobs::Window::default();
     let newest = jobs::list(&*session, &OWNER, all, None, 50).await.unwrap();
     assert_eq!(newest.len(), 50, "{pass}");
@@ -434,7 +456,8 @@ async fn no_hot_statement_walks_the_history_of_terminal_rows() {
             "SET auto_explain.log_min_duration = -1;
              ALTER TABLE etl_job_intake SET (autovacuum_enabled = false);
              ALTER TABLE etl_job_records SET (autovacuum_enabled = false);
-             ALTER TABLE etl_job_outcomes SET (autovacuum_enabled = false);",
+             ALTER TABLE etl_job_outcomes SET (autovacuum_enabled = false);
+             ALTER TABLE etl_job_attempts SET (autovacuum_enabled = false);",
         )
         .await
         .unwrap();
