@@ -107,6 +107,7 @@ impl BenchDb {
 #[allow(dead_code)]
 pub(crate) mod history {
     use super::BenchDb;
+    use sha2::{Digest, Sha256};
 
     /// The ended jobs of the larger history.
     pub(crate) const HISTORY: i64 = 1_000_000;
@@ -115,36 +116,59 @@ pub(crate) mod history {
     /// `statement_timeout` even on a slow, busy machine (one 1,000,000-row statement did not).
     const HISTORY_CHUNK: i64 = 50_000;
 
-    /// Appends `n` ended jobs (succeeded, with their ledger) of another owner, two days old,
-    /// with time-ordered ids, in chunks of [`HISTORY_CHUNK`], then analyzes the tables.
+    /// Milliseconds between two jobs of a history: 50 jobs a second, so 1,000,000 span 5.6 hours
+    /// and every whole second inside a history holds 50 of its jobs.
+    pub(crate) const SPACING_MS: i64 = 20;
+
+    /// Appends `n` ended jobs of an owner no bench signs in as; see [`add_owned_history`].
     pub(crate) async fn add_history(db: &BenchDb, n: i64) {
+        add_owned_history(db, n, &Sha256::digest(b"history")[..]).await;
+    }
+
+    /// Appends `n` ended jobs (succeeded, with their ledger) of the owner whose digest is
+    /// `owner_key`, in chunks of [`HISTORY_CHUNK`], then analyzes the tables. Job `g` (1 to `n`)
+    /// has a UUIDv7 id that begins with the millisecond it was submitted, ran and ended at: a
+    /// whole second two days ago, plus `g` times [`SPACING_MS`].
+    pub(crate) async fn add_owned_history(db: &BenchDb, n: i64, owner_key: &[u8]) {
+        let start: i64 = db
+            .client
+            .query_one(
+                "SELECT (extract(epoch FROM date_trunc('second', now() - interval '2 days'))
+                         * 1000)::int8",
+                &[],
+            )
+            .await
+            .expect("history start")
+            .get(0);
         for first in (1..=n).step_by(usize::try_from(HISTORY_CHUNK).expect("chunk")) {
             let last = (first + HISTORY_CHUNK - 1).min(n);
             db.client
-                .batch_execute(&format!(
-                    "WITH ids AS (
-                         SELECT (lpad(to_hex((extract(epoch FROM now() - interval '2 days') * 1000)::int8
-                                             + g / 1000), 12, '0')
-                                 || '7' || lpad(to_hex(g), 19, '0'))::uuid AS id, g
-                           FROM generate_series({first}, {last}) g
-                     ), intake AS (
-                         INSERT INTO etl_job_intake
-                                (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                                 max_attempts, run_at, created_at)
-                         SELECT id, sha256('history'::bytea), sha256(g::text::bytea),
-                                sha256(g::text::bytea), 'noop', 5, now() - interval '2 days',
-                                now() - interval '2 days'
-                           FROM ids
-                     )
-                     INSERT INTO etl_job_outcomes
-                            (job_id, owner_key, status, attempts, run_at, lease_claim_id,
-                             rows_inserted, rows_updated, rows_unchanged, data_checksum,
-                             started_at, finished_at)
-                     SELECT id, sha256('history'::bytea), 'succeeded', 1, now() - interval '2 days',
-                            gen_random_uuid(), 0, 0, 0, sha256(g::text::bytea),
-                            now() - interval '2 days', now() - interval '2 days'
-                       FROM ids"
-                ))
+                .execute(
+                    &format!(
+                        "WITH ids AS (
+                             SELECT (lpad(to_hex(ms), 12, '0') || '7000' || '8'
+                                     || lpad(to_hex(g), 15, '0'))::uuid AS id,
+                                    'epoch'::timestamptz + ms * interval '1 millisecond' AS at, g
+                               FROM (SELECT $2::int8 + g * {SPACING_MS} AS ms, g
+                                       FROM generate_series($3::int8, $4::int8) g) s
+                         ), intake AS (
+                             INSERT INTO etl_job_intake
+                                    (id, owner_key, idempotency_key_digest, request_fingerprint,
+                                     kind, max_attempts, run_at, created_at)
+                             SELECT id, $1, sha256(g::text::bytea), sha256(g::text::bytea),
+                                    'noop', 5, at, at
+                               FROM ids
+                         )
+                         INSERT INTO etl_job_outcomes
+                                (job_id, owner_key, status, attempts, run_at, lease_claim_id,
+                                 rows_inserted, rows_updated, rows_unchanged, data_checksum,
+                                 started_at, finished_at)
+                         SELECT id, $1, 'succeeded', 1, at, gen_random_uuid(), 0, 0, 0,
+                                sha256(g::text::bytea), at, at
+                           FROM ids"
+                    ),
+                    &[&owner_key, &start, &first, &last],
+                )
                 .await
                 .expect("history");
         }

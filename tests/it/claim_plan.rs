@@ -29,6 +29,9 @@ const OWNER: [u8; 32] = [0xab; 32];
 /// Terminal rows in the history of the hot-statement test.
 const HISTORY: i64 = 200_000;
 
+/// Ended jobs of other owners, newer than all of [`OWNER`]'s, in the hot-statement test.
+const OTHER_OWNERS_JOBS: i64 = 5_000;
+
 /// The most rows any scan of a hot statement may examine on a table with [`HISTORY`] terminal
 /// rows: far above what the statements touch (tens of rows), far below a walk of the history.
 const EXAMINED_BOUND: f64 = 2_000.0;
@@ -222,7 +225,7 @@ async fn a_worker_session_claims_through_the_index_on_a_never_analyzed_table() {
 /// oldest first: all `succeeded` but the 100 oldest, which are `cancelled` (so a listing of
 /// cancelled jobs that filtered the owner's jobs one by one would walk all of them); every
 /// succeeded one has its ledger row, and each retried once before it ended (an attempt history as
-/// big as the history).
+/// big as the history); then [`OTHER_OWNERS_JOBS`] newer ended jobs of ten other owners.
 async fn fill_history(client: &tokio_postgres::Client, n: i64) {
     insert_ended_jobs(
         client,
@@ -234,6 +237,18 @@ async fn fill_history(client: &tokio_postgres::Client, n: i64) {
                 now() AS finished_at, NULL::uuid AS replaces_job_id
            FROM generate_series(1, $1::int8) g",
         &[&n],
+    )
+    .await;
+    // Ten other owners' jobs, newer than any of this owner's (their ids a day ahead), so that a
+    // listing that walked the primary key and filtered by owner would read all of them first.
+    insert_ended_jobs(
+        client,
+        "SELECT (lpad(to_hex((extract(epoch FROM now() + interval '1 day') * 1000)::int8 + g),
+                      12, '0') || '70008' || lpad(to_hex(g), 15, '0'))::uuid AS id,
+                sha256((g % 10)::text::bytea) AS owner_key, 'succeeded' AS status,
+                NULL::text AS failure_code, now() AS finished_at, NULL::uuid AS replaces_job_id
+           FROM generate_series(1, $1::int8) g",
+        &[&OTHER_OWNERS_JOBS],
     )
     .await;
     // Each ended job retried once before it ended: an attempt history as big as the history.
