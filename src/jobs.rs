@@ -278,6 +278,38 @@ pub async fn list(
         .collect::<Result<_, _>>()?)
 }
 
+/// One page of an owner's jobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// The jobs of the page, newest first.
+    pub jobs: Vec<JobStatus>,
+    /// The id to continue after (the page's last job), when older jobs follow.
+    pub next: Option<Uuid>,
+}
+
+/// A page of at most `size` of `owner`'s jobs in `window`, newest first, and where the next page
+/// starts: one more job is read to tell whether one follows.
+///
+/// # Errors
+/// Database errors.
+pub async fn page(
+    client: &impl GenericClient,
+    owner: &[u8; 32],
+    window: Window,
+    status: Option<&str>,
+    size: i64,
+) -> Result<Page, Error> {
+    let mut jobs = list(client, owner, window, status, size.saturating_add(1)).await?;
+    let size = usize::try_from(size).unwrap_or(0);
+    let next = if jobs.len() > size {
+        jobs.truncate(size);
+        jobs.last().map(|j| j.id)
+    } else {
+        None
+    };
+    Ok(Page { jobs, next })
+}
+
 /// Cancels job `$1` of owner `$2` with code `$3` (`cancelled` or `replaced`): a pending job ends
 /// at once, a running job gets a cancel request. Returns the status the job had in the
 /// statement's snapshot, and whether a pending job was cancelled by it.

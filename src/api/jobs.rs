@@ -326,24 +326,11 @@ pub(super) async fn list(
     };
     let conn = crate::db::checkout(&state.pool).await?;
     let status = status.map(JobState::as_str);
-    let mut page = jobs::list(
-        &*conn,
-        &owner.0,
-        jobs::Window::default().after(cursor),
-        status,
-        limit + 1,
-    )
-    .await?;
-    let more = page.len() as i64 > limit;
-    page.truncate(usize::try_from(limit).unwrap_or(0));
-    let next_cursor = if more {
-        page.last().map(|j| j.id)
-    } else {
-        None
-    };
+    let window = jobs::Window::default().after(cursor);
+    let page = jobs::page(&*conn, &owner.0, window, status, limit).await?;
     Ok(Json(JobList {
-        jobs: page,
-        next_cursor,
+        jobs: page.jobs,
+        next_cursor: page.next,
     }))
 }
 

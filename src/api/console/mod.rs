@@ -296,18 +296,12 @@ async fn job_list(
         return Ok(to_sign_in());
     };
     let Ok(Query(query)) = query else {
-        return Ok(page(
-            StatusCode::NOT_FOUND,
-            pages::not_found(Some(shown(&viewer))),
-        ));
+        return Ok(not_found(&viewer));
     };
     if !query.id.trim().is_empty() {
         return Ok(match Uuid::parse_str(query.id.trim()) {
             Ok(id) => Redirect::to(&format!("/console/jobs/{id}")).into_response(),
-            Err(_) => page(
-                StatusCode::NOT_FOUND,
-                pages::not_found(Some(shown(&viewer))),
-            ),
+            Err(_) => not_found(&viewer),
         });
     }
     let status = JobState::parse(&query.status);
@@ -323,24 +317,15 @@ async fn job_list(
         ));
     };
     let window = jobs::Window::submitted(from, to).after(query.after);
-    let mut jobs = jobs::list(
-        &*conn,
-        &viewer.holder.owner_key,
-        window,
-        status.map(JobState::as_str),
-        PAGE_SIZE + 1,
-    )
-    .await?;
-    let next = (jobs.len() > PAGE_SIZE as usize).then(|| {
-        jobs.truncate(PAGE_SIZE as usize);
-        jobs.last().map(|j| j.id)
-    });
+    let owner = &viewer.holder.owner_key;
+    let status_filter = status.map(JobState::as_str);
+    let listed = jobs::page(&*conn, owner, window, status_filter, PAGE_SIZE).await?;
     let view = pages::ListView {
         status,
         from,
         to,
-        jobs: &jobs,
-        next: next.flatten(),
+        jobs: &listed.jobs,
+        next: listed.next,
         bad_time: false,
     };
     Ok(page(StatusCode::OK, pages::jobs(shown(&viewer), &view)))
@@ -360,7 +345,7 @@ async fn job_page(
     };
     let owner = &viewer.holder.owner_key;
     // One snapshot for the three reads (a retry committing between them would otherwise show an
-    // attempt the status does not count), pipelined in one round trip.
+    // attempt the status does not count): they are pipelined between its BEGIN and COMMIT.
     let snapshot = conn
         .build_transaction()
         .isolation_level(IsolationLevel::RepeatableRead)

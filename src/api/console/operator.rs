@@ -142,9 +142,13 @@ pub(crate) struct Overview {
 pub(crate) async fn overview(
     client: &impl GenericClient,
 ) -> Result<Overview, tokio_postgres::Error> {
-    let replicas = client
-        .query(REPLICAS_SQL, &[])
-        .await?
+    // The three reads are pipelined on the one connection, each in one round trip.
+    let (replica_rows, rows, backlog) = tokio::try_join!(
+        client.query_typed(REPLICAS_SQL, &[]),
+        client.query_typed(MINUTES_SQL, &[]),
+        sample_queue(client)
+    )?;
+    let replicas = replica_rows
         .iter()
         .map(|r| Replica {
             owner_id: r.get(0),
@@ -154,7 +158,6 @@ pub(crate) async fn overview(
             claim_rate: r.get(4),
         })
         .collect();
-    let rows = client.query(MINUTES_SQL, &[]).await?;
     let now: Option<DateTime<Utc>> = rows.first().map(|r| r.get(9));
     let totals: Vec<Totals> = rows
         .iter()
@@ -186,7 +189,7 @@ pub(crate) async fn overview(
     }
     Ok(Overview {
         replicas,
-        backlog: sample_queue(client).await?,
+        backlog,
         hour,
     })
 }
