@@ -311,15 +311,19 @@ pub async fn page(
 }
 
 /// Cancels job `$1` of owner `$2` with code `$3` (`cancelled` or `replaced`): a pending job ends
-/// at once, a running job gets a cancel request. Returns the status the job had in the
-/// statement's snapshot, and whether a pending job was cancelled by it.
+/// at once, a running job gets a cancel request (its live row's `cancel_code`; a job asked twice
+/// keeps the first code). Returns the status the job had in the statement's snapshot, and whether
+/// the statement did what that status calls for (cancelled the pending job, or recorded the
+/// running job's request): when it did not, the job changed between the snapshot and the row
+/// lock, and the caller looks again.
 ///
 /// Locks: `target` takes none (the job's intake row, and its live row or outcome, by primary
-/// key). `cancelled` row-locks the live row only if the snapshot saw it `pending` (waiting, at
-/// most for a claim's short transaction, then re-checking that it is still `pending`), deletes it
-/// and appends the outcome; a running job's row is never locked or waited for: its request is a
-/// row of `etl_job_cancel_requests`, whose foreign-key check takes FOR KEY SHARE on the job's
-/// intake row, which nothing else locks. Every path that ends the attempt reads the request.
+/// key). `cancelled` (snapshot saw it `pending`) or `requested` (snapshot saw it `running`)
+/// row-locks the live row, waiting for a claim's short transaction or a group commit's effects,
+/// then re-checks its status on the row's current version: a job whose commit held the row is
+/// gone by then (it succeeded, and the request answers so), and a job whose request holds the row
+/// makes the group commit wait and then see the request. So "its effects never commit" is true
+/// of every request this statement records.
 pub const CANCEL_SQL: &str = concat!(
     "
 WITH target AS (
@@ -340,11 +344,14 @@ WITH target AS (
     outcome_of!("cancelled", "'cancelled'", "$3::text", "NULL::int4"),
     "
 ), requested AS (
-    INSERT INTO etl_job_cancel_requests (job_id)
-    SELECT id FROM target WHERE status = 'running'
-        ON CONFLICT (job_id) DO NOTHING
+    UPDATE etl_job_records AS j
+       SET cancel_code = coalesce(j.cancel_code, $3::text)
+      FROM target t
+     WHERE j.id = t.id AND t.status = 'running' AND j.status = 'running'
+ RETURNING j.id
 )
-SELECT t.status, EXISTS (SELECT 1 FROM outcome) FROM target t"
+SELECT t.status, EXISTS (SELECT 1 FROM outcome) OR EXISTS (SELECT 1 FROM requested)
+  FROM target t"
 );
 
 /// How many times a cancellation looks again at a job that stopped being `pending` between its
@@ -392,12 +399,12 @@ pub async fn cancel(
         let Some(row) = row else {
             return Ok(Cancel::NotFound);
         };
-        let (status, cancelled): (JobState, bool) = (row.try_get(0)?, row.get(1));
+        let (status, done): (JobState, bool) = (row.try_get(0)?, row.get(1));
         return Ok(match status {
-            JobState::Pending if cancelled => Cancel::Cancelled,
-            // Claimed between the snapshot and the row lock: look again.
-            JobState::Pending => continue,
-            JobState::Running => Cancel::Requested,
+            JobState::Pending if done => Cancel::Cancelled,
+            JobState::Running if done => Cancel::Requested,
+            // Claimed, given back or ended between the snapshot and the row lock: look again.
+            JobState::Pending | JobState::Running => continue,
             ended => Cancel::AlreadyEnded(ended.as_str().to_owned()),
         });
     }

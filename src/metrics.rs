@@ -253,6 +253,8 @@ const COUNTERS: &[Counter] = &[
     ("durable_etl_transitions_unwritten", "Transitions not written (database unavailable).",
         |s| s.unwritten),
     ("durable_etl_claims_empty", "Claims that found no job.", |s| s.empty_claims),
+    ("durable_etl_commit_failures",
+        "Group commits whose own statements failed; their jobs retry.", |s| s.commit_failures),
     ("durable_etl_claim_plan_fallbacks",
         "Claim sessions whose prepared claim failed its plan check (they plan every claim).",
         |s| s.claim_plan_fallbacks),

@@ -144,6 +144,16 @@ pub static MIGRATIONS: &[Migration] = &[
         // they end are only missing from the console's timeline.
         min_reader_version: 8,
     },
+    Migration {
+        version: 13,
+        name: "cancel_on_live_row",
+        up: include_str!("../migrations/0013_cancel_on_live_row.up.sql"),
+        down: include_str!("../migrations/0013_cancel_on_live_row.down.sql"),
+        // Breaking for readers: cancel requests moved from their table onto the live row, so
+        // that a request and a commit serialize on the row lock; releases before it read the
+        // table, which is gone.
+        min_reader_version: 13,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

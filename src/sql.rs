@@ -10,7 +10,11 @@
 //!   rows the fenced DELETE returned, so a stale claim (whose DELETE matched nothing) can never
 //!   write one, and the payload leaves with the live row.
 //! - Every path that ends an attempt or gives a job back reads a cancel request with
-//!   `cancel_requested!()`, the one definition of "the owner asked to cancel".
+//!   `cancel_requested!()`, the one definition of "the owner asked to cancel", off the live row
+//!   it locked or changed (never off another table), so a request and a commit serialize on the
+//!   row lock and never both win; a cancelled job's code is the row's `cancel_code`.
+//! - An outcome's `finished_at` is the time its statement ran (`statement_timestamp()`), not the
+//!   start of its transaction, which a batch of effects may have opened long before.
 //! - Every statement that gives a live row back to `pending` (retry, recovery, release) appends
 //!   the attempt it ended to `etl_job_attempts` in the same statement, through
 //!   `attempt_ended!()`, built only from the rows its fenced UPDATE returned: a stale claim
@@ -25,20 +29,23 @@ macro_rules! lease_cleared {
     };
 }
 
-/// Whether the owner of the job row aliased `j` asked to cancel it: a row of
-/// `etl_job_cancel_requests` (a primary-key probe), so a request never waits for the job's row.
-/// Written out in each statement, not as an SQL function: a function with a sub-select is never
-/// inlined, and calling it once per row tripled the server CPU of a group commit.
+/// Whether the owner of the job row aliased `j` asked to cancel it: its `cancel_code` (the code
+/// the job ends with, `cancelled` or `replaced`) is set. A column of the live row, not a row of
+/// another table, so the request and every statement that ends or fences the job serialize on the
+/// job's row lock, and a statement that waited for a request's lock re-checks the row's current
+/// version (PostgreSQL re-evaluates a waiting UPDATE's, DELETE's or `FOR UPDATE`'s predicate on
+/// the new version, but a sub-select over another table only on its own snapshot).
 macro_rules! cancel_requested {
     () => {
-        "EXISTS (SELECT 1 FROM etl_job_cancel_requests c WHERE c.job_id = j.id)"
+        "j.cancel_code IS NOT NULL"
     };
 }
 
-/// The RETURNING list of a fenced DELETE of live rows aliased `j`: what [`outcome_of`] needs.
+/// The RETURNING list of a fenced DELETE of live rows aliased `j`: what [`outcome_of`] needs, and
+/// the code a cancelled job ends with (`cancel_code`, null without a request).
 macro_rules! ended_columns {
     () => {
-        "j.id, j.owner_key, j.attempts, j.run_at, j.started_at, j.lease_claim_id"
+        "j.id, j.owner_key, j.attempts, j.run_at, j.started_at, j.lease_claim_id, j.cancel_code"
     };
 }
 
@@ -53,14 +60,14 @@ macro_rules! outcome_of {
         concat!(
             "INSERT INTO etl_job_outcomes
            (job_id, owner_key, status, attempts, run_at, lease_claim_id, failure_code,
-            failure_record_index, started_at)
+            failure_record_index, started_at, finished_at)
     SELECT id, owner_key, ",
             $status,
             ", attempts, run_at, lease_claim_id, ",
             $code,
             ", ",
             $index,
-            ", started_at FROM ",
+            ", started_at, statement_timestamp() FROM ",
             $source,
             "
  RETURNING job_id, status"

@@ -68,7 +68,7 @@ impl BenchDb {
     pub(crate) async fn reset(&self) {
         self.client
             .batch_execute(
-                "TRUNCATE etl_target_rows, etl_job_cancel_requests, etl_job_records,
+                "TRUNCATE etl_target_rows, etl_job_records,
                           etl_job_outcomes, etl_job_intake CASCADE",
             )
             .await

@@ -6,11 +6,14 @@
 //!   the database clock, `lease_renewed_at = now()`, `attempts + 1` and `fencing_token + 1`:
 //!   attempts are counted at claim time, so a job that kills its worker every time still reaches
 //!   its bound, and the fencing token grows with every claim and is never given back.
-//! - The claim commits asynchronously (`synchronous_commit = off` for its own transaction only,
-//!   set from its select list, so an empty claim changes nothing): a job starts one WAL flush
-//!   sooner. This is safe because a claim's durability protects nothing: if a server crash loses
-//!   it, the row is back to `pending` with its old claim id, and the fence refuses every write of
-//!   the lost claim, effects included. Completions, retries and failures stay synchronous.
+//! - The claim commits like every other commit, under the server's `synchronous_commit` (its WAL
+//!   flushed, and under synchronous replication replicated, before the claimer sees its rows), so
+//!   no handler starts on a claim that a crash or a failover can undo. A claim that committed
+//!   without waiting for its flush (as claims did before) could be lost by a server crash while
+//!   its handler ran: the row came back `pending` with its old fencing token and attempt count,
+//!   and the next claim handed the same token to a second attempt, which an external system
+//!   fencing by token would accept too (`faults::restart` crashes a private server to prove it
+//!   cannot happen now).
 //! - The claim's plan is pinned on the claim sessions alone: the producer claims on its own small
 //!   pool ([`connect_claim_pool`]), whose sessions plan with sorts and bitmap scans
 //!   off, so the claim walks the pending index in order even on a table without statistics; the
@@ -79,9 +82,7 @@ UPDATE etl_job_records AS j
  WHERE j.id = due.id
 RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
           j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
-          j.fencing_token,
-          -- Commit this claim without waiting for its WAL flush (see the invariants above).
-          set_config('synchronous_commit', 'off', true)";
+          j.fencing_token";
 
 /// Who claims, and on what terms.
 #[derive(Debug, Clone, Copy)]

@@ -76,7 +76,11 @@ pub(crate) enum Failure {
 ///
 /// Locks: the DELETE row-locks each fenced live row (already locked when an execution transaction
 /// checked the fence first) and removes it; no foreign key points at the live table, so the
-/// delete fires nothing. The INSERT takes the outcomes' primary-key entries.
+/// delete fires nothing. A cancel request changes the live row, so a DELETE that reaches a row
+/// the request holds waits for it and re-checks the row's new version (the request wins; see
+/// [`SUCCEED_SQL`]), and a request that reaches a row this DELETE holds waits for the commit and
+/// finds the job ended. The INSERT takes the outcomes' primary-key entries. `finished_at` is the
+/// statement's time (the last statement of its transaction), not the transaction's start.
 macro_rules! succeed_sql {
     ($fence:expr) => {
         concat!(
@@ -95,9 +99,9 @@ WITH held AS (
 )
 INSERT INTO etl_job_outcomes
        (job_id, owner_key, status, attempts, run_at, lease_claim_id, rows_inserted, rows_updated,
-        rows_unchanged, data_checksum, started_at)
+        rows_unchanged, data_checksum, started_at, finished_at)
 SELECT d.id, d.owner_key, 'succeeded', d.attempts, d.run_at, d.lease_claim_id, h.rows_inserted,
-       h.rows_updated, h.rows_unchanged, h.data_checksum, d.started_at
+       h.rows_updated, h.rows_unchanged, h.data_checksum, d.started_at, statement_timestamp()
   FROM done d
   JOIN held h ON h.claim_id = d.lease_claim_id
 RETURNING job_id, lease_claim_id"
@@ -125,9 +129,9 @@ SELECT j.id, j.lease_claim_id
 );
 
 /// Succeeds the jobs of an execution transaction whose rows [`LOCK_FENCED_SQL`] already locked
-/// and checked for cancel requests: it must not look again, since a request recorded after that
-/// check (requests never wait for the row) would leave the job's applied effects in the
-/// transaction without their success. See `succeed_sql` for the parameters and locks.
+/// and checked for cancel requests: no request can be recorded after that check (a request
+/// updates the live row, so it waits for this transaction's row lock and then finds the job
+/// ended), so it need not look again. See `succeed_sql` for the parameters and locks.
 pub const SUCCEED_LOCKED_SQL: &str = succeed_sql!("");
 
 /// What the success statement of a batch that writes nothing found a fenced job to be.
@@ -267,10 +271,13 @@ async fn leases_returned(
 /// cancel it ends `cancelled` instead of retrying. A retried attempt is appended to the job's
 /// attempt history (`retried`, with the time it is due again). Returns the job's new status.
 ///
-/// Locks: `decided` reads the fenced row (no lock); `retried` or `ended` (never both: their
-/// conditions exclude each other) row-locks it, re-checks the fence on its current version and
-/// updates or deletes it; waits at most `lock_timeout` for an executor's lock. `history` takes
-/// `FOR KEY SHARE` on the job's intake row (its foreign key; see `attempt_ended!`).
+/// Locks: `decided` row-locks the fenced row (`FOR NO KEY UPDATE`), so it reads the row's current
+/// version: a cancel request that committed while it waited is seen, and one that comes later
+/// waits for this statement and finds the job `pending` (which it cancels at once) or ended.
+/// `retried` or `ended` (never both: their conditions exclude each other) then updates or deletes
+/// the row it holds; waits at most `lock_timeout` for an executor's or a request's lock.
+/// `history` takes `FOR KEY SHARE` on the job's intake row (its foreign key; see
+/// `attempt_ended!`).
 pub const RETRY_SQL: &str = concat!(
     "
 WITH decided AS (
@@ -280,6 +287,7 @@ WITH decided AS (
            j.attempts < j.max_attempts AS again
       FROM etl_job_records j
      WHERE j.id = $1 AND j.lease_claim_id = $2 AND j.status = 'running'
+       FOR NO KEY UPDATE OF j
 ), retried AS (
     UPDATE etl_job_records AS j
        SET status = 'pending', run_at = now() + $3 * interval '1 millisecond', updated_at = now(),
@@ -307,7 +315,7 @@ WITH decided AS (
     outcome_of!(
         "ended",
         "CASE WHEN cancel THEN 'cancelled' ELSE 'failed' END",
-        "CASE WHEN cancel THEN 'cancelled' ELSE 'attempts_exhausted' END",
+        "CASE WHEN cancel THEN cancel_code ELSE 'attempts_exhausted' END",
         "NULL::int4"
     ),
     "
@@ -344,7 +352,8 @@ pub async fn retry(
 }
 
 /// Ends the job `failed` with code `$3` (and record index `$4`) — or `cancelled` when `$3` is
-/// `cancelled` — deleting its fenced live row and appending its outcome.
+/// `cancelled`, with the code its owner's request gave (`cancelled`, or `replaced` for a job a
+/// newer one replaced) — deleting its fenced live row and appending its outcome.
 ///
 /// Locks: row-locks and deletes the one fenced live row.
 pub const FAIL_SQL: &str = concat!(
@@ -360,7 +369,7 @@ WITH ended AS (
     outcome_of!(
         "ended",
         "CASE WHEN $3::text = 'cancelled' THEN 'cancelled' ELSE 'failed' END",
-        "$3::text",
+        "CASE WHEN $3::text = 'cancelled' THEN coalesce(cancel_code, $3::text) ELSE $3::text END",
         "$4::int4"
     )
 );
@@ -402,10 +411,12 @@ pub async fn fail(
 /// Locks: a row lock (`FOR NO KEY UPDATE`, which conflicts with every other writer and with the
 /// `FOR UPDATE` of recovery and heartbeats) on each fenced job row, taken in id order (the lock
 /// step runs above the sort) and held until the transaction ends; this is what makes recovery
-/// and heartbeats skip the rows while their effects commit. A cancel request never waits for
-/// them: one recorded before this statement's snapshot is seen here and wins (nothing commits);
-/// one recorded after loses to the commit ([`SUCCEED_LOCKED_SQL`] does not look again), so a
-/// cancel and a commit never both win. Rows whose claim changed are not returned and not locked.
+/// and heartbeats skip the rows while their effects commit. A cancel request updates the live
+/// row, so the two serialize on the row lock: a request that holds the row makes this statement
+/// wait, and the row it then locks and returns is the request's new version, so the request wins
+/// (nothing of the job commits); a request that comes after this lock waits until the
+/// transaction ends and finds the job ended (its answer says so). A cancel and a commit never
+/// both win. Rows whose claim changed are not returned and not locked.
 pub const LOCK_FENCED_SQL: &str = concat!(
     "
 SELECT j.id, j.lease_claim_id, ",

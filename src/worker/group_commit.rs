@@ -24,6 +24,9 @@
 //! - Each job's effects stay atomic: in a batch of more than one job, each job's effects run under
 //!   their own savepoint, so one job's failure rolls back its own writes only, and the rest of the
 //!   batch still commits. Effects, ledger row and `succeeded` of a job commit together.
+//! - No transaction holds more than [`MAX_JOBS_PER_TRANSACTION`] jobs' savepoints, so a group
+//!   commit never overflows PostgreSQL's subtransaction cache: a larger batch that writes commits
+//!   as several transactions.
 //! - A COMMIT whose outcome is unknown (connection lost) is resolved by reading the ledger under
 //!   each job's claim, never by running a job again.
 //! - Each job's effects have their own budget, counted from when they start applying: time
@@ -41,8 +44,9 @@
 //!   unwound into the lane (where a second one, while the first unwound, would abort the
 //!   process). A lane that dies of a panic all the same is restarted.
 //! - A failure of the batch itself (not of one job's effects) fails every job of the batch that
-//!   had not already failed on its own, transiently when the SQLSTATE says so: each then takes the
-//!   ordinary fenced retry or failure path.
+//!   had not already failed on its own, always transiently (whatever the SQLSTATE: only a
+//!   handler's verdict fails a job for good), and drops the session it failed on: each job then
+//!   takes the ordinary fenced retry path within its attempt bound.
 
 use crate::codes::Code;
 use crate::error::{is_connection_loss, is_transient};
@@ -246,9 +250,41 @@ impl Lane {
     }
 }
 
-/// Commits one batch; returns one outcome per job, in order. The connection it commits on is
-/// shown in `in_flight` as the given lane's while it does.
+/// The most jobs one execution transaction applies the effects of. In a transaction of several
+/// jobs each job's effects run under a savepoint of their own, a subtransaction; PostgreSQL
+/// keeps at most 64 of a transaction's subtransaction ids in its shared cache
+/// (`PGPROC_MAX_CACHED_SUBXIDS`), and while a transaction has more, every snapshot taken in the
+/// cluster is "suboverflowed" and looks its subtransactions up in the `pg_subtrans` SLRU, the
+/// well-known cliff. A batch larger than this (slots plus prefetch reach 136 by default) is
+/// committed as several transactions. Effects that open savepoints of their own count against
+/// the same 64.
+pub(crate) const MAX_JOBS_PER_TRANSACTION: usize = 64;
+
+/// Commits one batch, in transactions of at most [`MAX_JOBS_PER_TRANSACTION`] jobs when it
+/// writes effects (each with its own outcome: a failure of one never settles another's jobs);
+/// returns one outcome per job, in order. The connection it commits on is shown in `in_flight`
+/// as the given lane's while it does.
 async fn commit_batch(
+    pool: &CommitPool,
+    stats: &WorkerStats,
+    jobs: Vec<Ready>,
+    shown: (&InFlight, usize),
+) -> Vec<Outcome> {
+    if jobs.len() <= MAX_JOBS_PER_TRANSACTION || !jobs.iter().any(|j| j.writes) {
+        return commit_transaction(pool, stats, jobs, shown).await;
+    }
+    let mut outcomes = Vec::with_capacity(jobs.len());
+    let mut jobs = jobs.into_iter().peekable();
+    while jobs.peek().is_some() {
+        let part = jobs.by_ref().take(MAX_JOBS_PER_TRANSACTION).collect();
+        outcomes.extend(commit_transaction(pool, stats, part, shown).await);
+    }
+    outcomes
+}
+
+/// Commits `jobs` in one transaction (or one statement, when none writes); returns one outcome
+/// per job, in order.
+async fn commit_transaction(
     pool: &CommitPool,
     stats: &WorkerStats,
     jobs: Vec<Ready>,
@@ -263,6 +299,7 @@ async fn commit_batch(
                 client,
                 succeed,
                 succeed_locked,
+                broken,
             } = &mut *conn;
             let _shown = in_flight.show(lane, client.cancel_token());
             let written = if steps.iter().any(Step::writes) {
@@ -278,7 +315,10 @@ async fn commit_batch(
                 Err(e) if is_connection_loss(&e) => {
                     BatchEnd::Unknown(committed_anyway(pool, stats, &leases).await)
                 }
-                Err(e) => BatchEnd::Failed(batch_failure(&e)),
+                Err(e) => {
+                    *broken = true;
+                    BatchEnd::Failed(batch_failure(stats, &e))
+                }
             }
         }
     };
@@ -450,13 +490,21 @@ async fn committed_anyway(
     completer::ledger_by_claim(&conn.client, leases).await.ok()
 }
 
-/// The code a failure of the batch statements themselves gives each of its jobs.
-fn batch_failure(e: &tokio_postgres::Error) -> Code {
-    if is_transient(e) {
-        Code::TransientDatabase
-    } else {
-        Code::HandlerFailed
-    }
+/// The code a failure of the batch statements themselves (not of a job's effects, which end
+/// only their own job) gives each of its jobs: always transient, whatever the SQLSTATE, since
+/// only a handler's own verdict may fail a job for good. A prepared statement gone behind a
+/// pooler, a cached plan a migration changed or a read-only standby is the replica's trouble,
+/// not the job's: each job retries within its attempt bound. Counted and logged by SQLSTATE.
+fn batch_failure(stats: &WorkerStats, e: &tokio_postgres::Error) -> Code {
+    stats.record_commit_failure();
+    let sqlstate = e.code().map_or("none", |c| c.code());
+    tracing::warn!(
+        code = %Code::TransientDatabase,
+        sqlstate,
+        transient = is_transient(e),
+        "a group commit's own statement failed; its jobs retry"
+    );
+    Code::TransientDatabase
 }
 
 mod lane;

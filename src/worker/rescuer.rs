@@ -85,7 +85,7 @@ macro_rules! recover_stale {
             outcome_of!(
                 "ended",
                 "CASE WHEN cancel THEN 'cancelled' ELSE 'failed' END",
-                "CASE WHEN cancel THEN 'cancelled' ELSE 'lease_expired_exhausted' END",
+                "CASE WHEN cancel THEN cancel_code ELSE 'lease_expired_exhausted' END",
                 "NULL::int4"
             ),
             "

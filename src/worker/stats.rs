@@ -122,6 +122,9 @@ counters! {
     round_trips,
     /// Group commits (batches of finished jobs written together).
     commit_batches,
+    /// Group commits whose own statements failed (the replica's database trouble, not a job's
+    /// effects): their jobs retry.
+    commit_failures,
     /// Jobs claimed.
     claimed,
     /// Jobs that ended `succeeded`.
@@ -279,6 +282,11 @@ impl WorkerStats {
     /// Counts `n` round trips to the database.
     pub fn record_round_trips(&self, n: u64) {
         self.round_trips.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a group commit whose own statements failed.
+    pub(crate) fn record_commit_failure(&self) {
+        bump(&self.commit_failures);
     }
 
     /// Counts a claim session whose prepared claim failed its plan check.

@@ -1,5 +1,7 @@
-//! Cancel requests of running jobs: recorded at once, whatever holds the job's row, and honoured
-//! by every path that ends an attempt or gives the job back (retry, shutdown release, recovery).
+//! Cancel requests of running jobs: a request and the job's commit serialize on the job's row, so
+//! the request is honoured (nothing of the job commits) or answers that the job ended, never
+//! both; and every path that ends an attempt or gives the job back (retry, shutdown release,
+//! recovery) honours it, with the request's code (`cancelled` or `replaced`).
 
 use crate::handlers::{Scripted, SCRIPTED};
 use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb, LEDGERS};
@@ -87,52 +89,71 @@ async fn assert_cancelled(client: &tokio_postgres::Client, id: Uuid) {
     assert_eq!(count(client, LEDGERS).await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_is_recorded_at_once_while_the_jobs_commit_waits_on_a_row_lock() {
-    let db = TestDb::migrated().await;
-    let client = db.client().await;
-    let (id, owner, worker, scripted, gate) = gated_job(&db, &client, "blocked", "write").await;
-    // Another transaction holds the target row the job's effects will write.
-    let mut blocker = db.client().await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.execute(
-        "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
-         VALUES ($1, 'tests', $2, '{}'::jsonb, $3)",
-        &[&owner.to_vec(), &id.to_string(), &id],
-    )
-    .await
-    .unwrap();
-    let step = tokio::spawn(async move { worker.step().await.unwrap() });
-    until_prepared(&scripted, 1).await;
-    gate.add_permits(1);
-    eventually("the commit to wait on the row lock", || {
-        let client = &client;
-        async move {
-            count(
-                client,
-                "pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'durable-etl/worker'",
-            )
-            .await
-                == 1
-        }
+/// Waits until `n` sessions of the test's database wait for a lock (the lock waits of other
+/// databases on the shared server are not counted).
+async fn until_lock_waits(client: &tokio_postgres::Client, n: i64) {
+    eventually("sessions to wait for row locks", || async move {
+        count(
+            client,
+            "pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .await
+            == n
     })
     .await;
-    // The commit holds the job's row; the cancel neither waits for it nor times out.
-    let cancel = tokio::time::timeout(
-        Duration::from_secs(3),
-        jobs::cancel(&client, &owner, id, Code::Cancelled),
-    )
-    .await
-    .expect("the cancel waited for the job's row")
-    .unwrap();
-    assert_eq!(cancel, Cancel::Requested);
-    assert_eq!(count(&client, "etl_job_cancel_requests").await, 1);
-    tx.rollback().await.unwrap();
-    // The commit had checked its fence before the request: it wins, with its effects once.
-    assert_eq!(step.await.unwrap(), vec![(id, Transition::Succeeded)]);
-    assert_eq!(job_row(&client, id).await.status, "succeeded");
-    assert_eq!(count(&client, "etl_target_rows").await, 1);
-    assert_eq!(count(&client, LEDGERS).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_holds_the_job_row_first_wins_over_its_commit() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, owner, worker, scripted, gate) = gated_job(&db, &client, "second", "write").await;
+    let step = tokio::spawn(async move { worker.step().await.unwrap() });
+    until_prepared(&scripted, 1).await;
+    // The request is recorded in a transaction still open when the job's commit comes.
+    let mut canceller = db.client().await;
+    let request = canceller.transaction().await.unwrap();
+    assert_eq!(
+        jobs::cancel(&request, &owner, id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::Requested
+    );
+    gate.add_permits(1);
+    until_lock_waits(&client, 1).await;
+    request.commit().await.unwrap();
+    assert_eq!(step.await.unwrap(), vec![(id, Transition::Cancelled)]);
+    assert_cancelled(&client, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_that_is_replaced_ends_replaced() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, owner, worker, scripted, gate) = gated_job(&db, &client, "replaced", "write").await;
+    let step = tokio::spawn(async move { worker.step().await.unwrap() });
+    until_prepared(&scripted, 1).await;
+    assert_eq!(
+        jobs::cancel(&client, &owner, id, Code::Replaced)
+            .await
+            .unwrap(),
+        Cancel::Requested
+    );
+    // A second request keeps the first one's code.
+    assert_eq!(
+        jobs::cancel(&client, &owner, id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::Requested
+    );
+    gate.add_permits(1);
+    assert_eq!(step.await.unwrap(), vec![(id, Transition::Cancelled)]);
+    let row = job_row(&client, id).await;
+    assert_eq!(
+        (row.status.as_str(), row.failure_code.as_deref()),
+        ("cancelled", Some("replaced"))
+    );
+    assert_eq!(count(&client, "etl_target_rows").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +254,6 @@ async fn a_pending_job_is_cancelled_at_once_and_an_ended_one_is_refused() {
         Cancel::Cancelled
     );
     assert_cancelled(&client, id).await;
-    assert_eq!(count(&client, "etl_job_cancel_requests").await, 0);
     assert_eq!(
         jobs::cancel(&client, &owner, id, Code::Cancelled)
             .await
@@ -246,4 +266,65 @@ async fn a_pending_job_is_cancelled_at_once_and_an_ended_one_is_refused() {
             .unwrap(),
         Cancel::NotFound
     );
+}
+
+/// A replacement that comes while the job it replaces is committing waits for that commit, and
+/// is refused (`conflict`: the job it names has ended) instead of being accepted and then
+/// overwritten by the stale data of the job it was told it replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_that_races_the_commit_of_the_job_it_replaces_is_never_overwritten() {
+    use crate::etl::{etl_worker, new_job, owner, req, secret};
+    use durable_etl::etl::enqueue::enqueue;
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let owner = owner("replacing");
+    let old = req(json!({"dataset": "tests", "key": "id", "records": [{"id": "k", "v": "OLD"}]}));
+    let replaced = enqueue(&client, &secret(), &owner, new_job("old", &old, 5))
+        .await
+        .unwrap()
+        .id;
+    // A session holds the target row, so the old job's commit locks its live row and waits.
+    let mut blocker = db.client().await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record)
+         VALUES ($1, 'tests', 'k', '{}'::jsonb)",
+        &[&owner.to_vec()],
+    )
+    .await
+    .unwrap();
+    let worker = etl_worker(&db, "replaced", Duration::from_secs(30)).await;
+    let step = tokio::spawn(async move { worker.step().await.unwrap() });
+    until_lock_waits(&client, 1).await;
+    let mut submitter = db.client().await;
+    let replacing = tokio::spawn(async move {
+        let new = req(json!({
+            "dataset": "tests", "key": "id", "records": [{"id": "k", "v": "NEW"}],
+            "replaces": replaced.to_string(),
+        }));
+        let tx = submitter.transaction().await.unwrap();
+        let accepted = enqueue(&tx, &secret(), &owner, new_job("new", &new, 5)).await;
+        tx.commit().await.unwrap();
+        accepted.map(|job| job.id)
+    });
+    until_lock_waits(&client, 2).await;
+    tx.rollback().await.unwrap();
+    assert_eq!(step.await.unwrap(), vec![(replaced, Transition::Succeeded)]);
+    let refused = replacing.await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), Code::Conflict);
+    assert_eq!(
+        count(&client, "etl_jobs").await,
+        1,
+        "no replacement accepted"
+    );
+    let record: serde_json::Value = client
+        .query_one(
+            "SELECT record FROM etl_target_rows WHERE record_key = 'k'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(record["v"], "OLD");
+    assert_eq!(job_row(&client, replaced).await.status, "succeeded");
 }

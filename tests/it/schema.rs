@@ -976,7 +976,7 @@ async fn the_jobs_view_shows_every_job_and_nothing_private() {
                     lease_claim_id = gen_random_uuid(), lease_expires_at = now() + interval '1 minute',
                     lease_renewed_at = now(), started_at = now()
               WHERE id IN ('{running}', '{succeeded}');
-             INSERT INTO etl_job_cancel_requests (job_id) VALUES ('{running}');"
+             UPDATE etl_job_records SET cancel_code = 'cancelled' WHERE id = '{running}';"
         ))
         .await
         .unwrap();
@@ -1158,12 +1158,15 @@ async fn migration_0008_moves_live_and_ended_jobs_and_back() {
             ),
         ]
     );
-    let requests: Vec<uuid::Uuid> =
-        first_column(&client, "SELECT job_id FROM etl_job_cancel_requests").await;
+    let requests: Vec<uuid::Uuid> = first_column(
+        &client,
+        "SELECT id FROM etl_job_records WHERE cancel_code = 'cancelled'",
+    )
+    .await;
     assert_eq!(
         requests,
         [running],
-        "the legacy cancel request is a request row"
+        "the legacy cancel request is the live row's (0008, then 0013)"
     );
     let writer: Vec<Option<uuid::Uuid>> =
         first_column(&client, "SELECT written_by_job FROM etl_target_rows").await;
@@ -1171,11 +1174,10 @@ async fn migration_0008_moves_live_and_ended_jobs_and_back() {
     let referenced: Vec<String> = first_column(
         &client,
         "SELECT confrelid::regclass::text FROM pg_constraint
-          WHERE conname IN ('etl_target_rows_written_by_job_fkey',
-                            'etl_job_cancel_requests_job_id_fkey')",
+          WHERE conname = 'etl_target_rows_written_by_job_fkey'",
     )
     .await;
-    assert_eq!(referenced, ["etl_job_intake", "etl_job_intake"]);
+    assert_eq!(referenced, ["etl_job_intake"]);
 
     let down = schema::migrate_down_to(&mut client, 7).await.unwrap();
     assert_eq!(

@@ -1,9 +1,12 @@
 //! Test support: the template-database harness (`test_db`), and helpers that observe the
 //! database (catalog snapshots, notifications).
 
+#[path = "support/cluster.rs"]
+mod cluster;
 #[path = "support/test_db.rs"]
 mod test_db;
 
+pub use cluster::Cluster;
 use futures::StreamExt;
 pub use test_db::{admin_config, connect, TestDb, TEST_DB_PREFIX};
 use tokio::sync::mpsc;

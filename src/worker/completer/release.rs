@@ -25,8 +25,10 @@ use uuid::Uuid;
 /// only waited in a replica's buffer started no attempt and gets none. Returns how many were
 /// still held.
 ///
-/// Locks: `decided` reads the fenced rows (no lock); `released` and `ended` row-lock each fenced
-/// row and re-check its fence; rows whose claim changed are not touched. `history` takes
+/// Locks: `decided` row-locks the fenced rows (`FOR NO KEY UPDATE`, in id order, as a group
+/// commit does), so it reads each row's current version and a cancel request that committed
+/// while it waited is honoured; `released` and `ended` then change the rows it holds; rows whose
+/// claim changed are not touched. `history` takes
 /// `FOR KEY SHARE` on each started job's intake row (its foreign key; see `attempt_ended!`).
 pub const RELEASE_SQL: &str = concat!(
     "
@@ -37,6 +39,8 @@ WITH decided AS (
       FROM etl_job_records j
      WHERE j.id = ANY($1::uuid[]) AND j.lease_claim_id = ANY($2::uuid[])
        AND j.status = 'running'
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
 ), released AS (
     UPDATE etl_job_records AS j
        SET status = 'pending', attempts = j.attempts - 1, updated_at = now(), ",
@@ -61,7 +65,7 @@ WITH decided AS (
     "
 ), outcome AS (
     ",
-    outcome_of!("ended", "'cancelled'", "'cancelled'", "NULL::int4"),
+    outcome_of!("ended", "'cancelled'", "cancel_code", "NULL::int4"),
     "
 )
 SELECT (SELECT count(*) FROM released) + (SELECT count(*) FROM outcome)"

@@ -7,6 +7,8 @@
 //! - A commit session holds [`completer::SUCCEED_SQL`] and [`completer::SUCCEED_LOCKED_SQL`]
 //!   prepared on its own connection, typed [`completer::SUCCESS_PARAMS`]; a statement is never
 //!   run on a connection it was not prepared on.
+//! - A session on which a batch's own statement failed (not with a lost connection) is dropped
+//!   when it goes back to the pool, so the next batch prepares its statements afresh.
 //! - The sessions plan with the server's settings, like every session but the claim's, and
 //!   show as `durable-etl/worker` in `pg_stat_activity`, like a replica's pool: the sessions
 //!   where jobs' effects run and commit.
@@ -27,6 +29,10 @@ pub(crate) struct CommitSession {
     pub(crate) succeed: Statement,
     /// [`completer::SUCCEED_LOCKED_SQL`], prepared.
     pub(crate) succeed_locked: Statement,
+    /// Set when a batch's own statement failed on it with an error that is not a lost
+    /// connection (a prepared statement gone behind a pooler, a cached plan a migration
+    /// invalidated, a read-only standby): the pool drops it rather than lend it again.
+    pub(crate) broken: bool,
 }
 
 impl db::Session for CommitSession {
@@ -57,6 +63,7 @@ impl ManageConnection for CommitSessions {
             client,
             succeed,
             succeed_locked,
+            broken: false,
         })
     }
 
@@ -65,7 +72,7 @@ impl ManageConnection for CommitSessions {
     }
 
     fn has_broken(&self, session: &mut CommitSession) -> bool {
-        session.client.is_closed()
+        session.broken || session.client.is_closed()
     }
 }
 

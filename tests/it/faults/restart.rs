@@ -1,127 +1,21 @@
-//! PostgreSQL restarts under load. Restarting the shared test server would break every other
-//! test, so this test runs its own private cluster (initdb into a temporary directory, on a
-//! free port), which a guard stops and deletes.
+//! PostgreSQL restarts and crashes under load. Restarting the shared test server would break
+//! every other test, so these tests run their own private cluster ([`Cluster`]).
 
 use crate::support::{
-    assert_settled_once, connect, enqueue_loads, eventually, free_port, signal, spawn_replica,
+    assert_settled_once, connect, enqueue_loads, eventually, signal, spawn_replica, Cluster,
     Processes, LEDGERS,
 };
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// A private PostgreSQL cluster, stopped and deleted when dropped.
-struct Cluster {
-    /// The PostgreSQL binaries (`initdb`, `pg_ctl`).
-    bin: PathBuf,
-    /// The data directory (inside a temporary directory owned by `postgres`).
-    data: PathBuf,
-    /// The TCP port it listens on (127.0.0.1 only).
-    port: u16,
-}
-
-impl Cluster {
-    /// The newest installed PostgreSQL's binary directory.
-    fn bin() -> PathBuf {
-        let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL binaries under /usr/lib/postgresql")
-            .filter_map(|e| {
-                let e = e.ok()?;
-                let version = e.file_name().to_str()?.parse().ok()?;
-                Some((version, e.path().join("bin")))
-            })
-            .filter(|(_, bin)| bin.join("initdb").exists())
-            .collect();
-        versions.sort();
-        versions.pop().expect("an installed PostgreSQL").1
-    }
-
-    /// Runs PostgreSQL tool `tool` with `args` as the `postgres` OS user (initdb refuses root).
-    fn run(&self, tool: &str, args: &[&str]) {
-        let status = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(self.bin.join(tool))
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success(), "{tool} {args:?} failed");
-    }
-
-    /// The data directory as an argument.
-    fn data(&self) -> &str {
-        self.data.to_str().unwrap()
-    }
-
-    /// Creates and starts a cluster: trust auth, 127.0.0.1 only, on a free port, its socket in
-    /// its own directory, no fsync (nothing here survives the test).
-    fn start() -> Cluster {
-        let dir =
-            std::env::temp_dir().join(format!("durable-etl-pg-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir(&dir).unwrap();
-        let chown = Command::new("chown")
-            .args(["postgres:postgres", dir.to_str().unwrap()])
-            .status()
-            .unwrap();
-        assert!(chown.success());
-        let cluster = Cluster {
-            bin: Cluster::bin(),
-            data: dir.join("data"),
-            port: free_port(),
-        };
-        cluster.run(
-            "initdb",
-            &[
-                "-D",
-                cluster.data(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-            ],
-        );
-        let conf = format!(
-            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\nfsync = off\nmax_connections = 60\n",
-            cluster.port,
-            dir.display()
-        );
-        use std::io::Write;
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(cluster.data.join("postgresql.conf"))
-            .unwrap()
-            .write_all(conf.as_bytes())
-            .unwrap();
-        cluster.pg_ctl(&["start"]);
-        cluster
-    }
-
-    /// Runs `pg_ctl` on the cluster, waiting for it, logging next to the data directory.
-    fn pg_ctl(&self, args: &[&str]) {
-        let log = self.data.parent().unwrap().join("server.log");
-        let mut all = vec!["-D", self.data(), "-w", "-l", log.to_str().unwrap()];
-        all.extend_from_slice(args);
-        self.run("pg_ctl", &all);
-    }
-
-    /// The URL of database `name` on the cluster.
-    fn url(&self, name: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(self.bin.join("pg_ctl"))
-            .args(["-D", self.data(), "-m", "immediate", "-w", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        let _ = std::fs::remove_dir_all(Path::new(&self.data).parent().unwrap());
-    }
+/// Migrates the database at `url` with the real binary.
+fn migrate(url: &str) {
+    let migrated = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env("DATABASE_URL", url)
+        .arg("migrate")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(migrated.success());
 }
 
 /// Two replicas burn through a thousand jobs; PostgreSQL is restarted (`pg_ctl -m fast
@@ -132,13 +26,7 @@ impl Drop for Cluster {
 async fn a_postgres_restart_mid_burn_loses_nothing_and_the_replicas_reconnect() {
     let cluster = Cluster::start();
     let url = cluster.url("etl");
-    let migrated = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
-        .env("DATABASE_URL", &url)
-        .arg("migrate")
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(migrated.success());
+    migrate(&url);
     let config: tokio_postgres::Config = url.parse().unwrap();
     let client = connect(&config).await;
     let args = ["--lease", "3s", "--heartbeat-interval", "500ms"];
@@ -166,4 +54,59 @@ async fn a_postgres_restart_mid_burn_loses_nothing_and_the_replicas_reconnect() 
         signal(replica, "TERM");
         assert_eq!(replica.wait().unwrap().code(), Some(0));
     }
+}
+
+/// A claim is durable before the claimer sees it, so its handler never starts on a claim that a
+/// server crash can undo: after the server is killed (`pg_ctl -m immediate stop`, no checkpoint)
+/// right after the claim returned, the job is still `running` under that claim, with its attempt
+/// counted and its fencing token taken, and a second claimer gets nothing. The WAL writer's
+/// background flush is held off for 10 s, so a claim that committed without waiting for its WAL
+/// flush is lost by the crash, and its token and attempt are handed out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_crash_after_a_claim_never_hands_its_fencing_token_to_a_second_attempt() {
+    use durable_etl::worker::claimer::{claim, Claimant};
+    let cluster = Cluster::start_with("wal_writer_delay = 10s\nwal_writer_flush_after = 0");
+    let url = cluster.url("etl");
+    migrate(&url);
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let client = connect(&config).await;
+    let [id] = crate::support::insert_jobs(
+        &client,
+        crate::handlers::SCRIPTED,
+        &[serde_json::json!({"do": "write"})],
+        3,
+    )
+    .await[..] else {
+        unreachable!()
+    };
+    let claimant = |owner_id| Claimant {
+        owner_id,
+        owner_locked: true,
+        lease: std::time::Duration::from_secs(60),
+    };
+    let first = claim(&client, claimant("before-crash"), 1).await.unwrap();
+    let (claim_id, token) = (first[0].claim_id(), first[0].ctx.fencing_token);
+    cluster.pg_ctl(&["-m", "immediate", "stop"]);
+    cluster.pg_ctl(&["start"]);
+    let client = connect(&config).await;
+    let row = client
+        .query_one(
+            "SELECT status, lease_claim_id, fencing_token, attempts FROM etl_job_records
+              WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, Option<uuid::Uuid>>(1),
+            row.get::<_, i64>(2),
+            row.get::<_, i32>(3)
+        ),
+        ("running".to_owned(), Some(claim_id), token, 1),
+        "the claim survived the crash"
+    );
+    let second = claim(&client, claimant("after-crash"), 1).await.unwrap();
+    assert!(second.is_empty(), "the job was claimed a second time");
 }
