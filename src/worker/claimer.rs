@@ -25,7 +25,10 @@
 //!   the session opens (it must walk the pending index in order, with no sort, and join the
 //!   claimed rows back through the primary key, with no scan or hash of the whole table), and a
 //!   session whose plan fails the check sends the claim unnamed, planned on every call with its
-//!   values, and counts a `claim_plan_fallbacks`. Elsewhere (tests, tools) [`claim`] sends it unnamed
+//!   values. It counts a `claim_plan_fallbacks` only when the check can be judged (the live
+//!   table has [`JUDGED_FROM_PAGES`] pages on disk: on an empty or nearly empty queue a
+//!   sequential scan is the right plan, not an alarm); a session that could not judge is
+//!   replaced after [`RECHECK_AFTER`], and its successor checks again. Elsewhere (tests, tools) [`claim`] sends it unnamed
 //!   with typed parameters (`query_typed`): one round trip either way.
 
 use crate::config::DatabaseConfig;
@@ -37,7 +40,7 @@ use crate::worker::stats::WorkerStats;
 use bb8::ManageConnection;
 use bb8_postgres::PostgresConnectionManager;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, NoTls, Row, Statement};
 
@@ -183,7 +186,28 @@ pub struct ClaimSession {
     client: Client,
     /// Its prepared statements; `None` after a failed plan check.
     prepared: Option<Prepared>,
+    /// When a session whose check could not be judged yet (the live table was too small for
+    /// any plan to matter) is due to be replaced, so that a fresh session checks again.
+    recheck_at: Option<Instant>,
 }
+
+/// The fewest pages the live table must have on disk before a failed plan check means
+/// something: below it a sequential scan costs no more than the index, and PostgreSQL rightly
+/// plans one for an empty or nearly empty queue (every replica started against an empty,
+/// vacuumed queue failed the check). Read from the table's size on disk, which is what the
+/// planner sees of a table never analyzed.
+pub(crate) const JUDGED_FROM_PAGES: i64 = 8;
+
+/// How long a session whose plan check could not be judged plans every claim before the pool
+/// replaces it with one that checks again.
+pub(crate) const RECHECK_AFTER: Duration = Duration::from_secs(60);
+
+/// Whether the live table is large enough for a failed plan check to mean something
+/// ([`JUDGED_FROM_PAGES`]).
+///
+/// Locks: none (reads the table's size on disk).
+pub(crate) const CAN_JUDGE_SQL: &str = "
+SELECT pg_relation_size('etl_job_records') / current_setting('block_size')::int8 >= $1";
 
 /// Finds the name of the protocol-level statement prepared from the text `$1` on a session (the
 /// driver does not tell it), to `EXPLAIN` its plan.
@@ -192,9 +216,11 @@ pub(crate) const PREPARED_NAME_SQL: &str =
 
 impl ClaimSession {
     /// Prepares the statements on `client` and checks the claim's plan: it must walk
-    /// `etl_job_records_pending_due_idx`, with no sort and no scan or join of the whole table. If it does not, the session plans each
-    /// claim for its values instead (`plan_cache_mode = force_custom_plan`), and `stats` counts a
-    /// fallback.
+    /// `etl_job_records_pending_due_idx`, with no sort and no scan or join of the whole table.
+    /// If it does not, the session plans each claim for its values instead (`plan_cache_mode =
+    /// force_custom_plan`); and if the live table is large enough for the check to be judged
+    /// ([`JUDGED_FROM_PAGES`]), the failure is logged and `stats` counts a fallback, else the
+    /// session is only due for a recheck after [`RECHECK_AFTER`] (an empty queue is no alarm).
     ///
     /// # Errors
     /// The database error of a statement.
@@ -207,16 +233,30 @@ impl ClaimSession {
         if walks_the_pending_index_in_order(&explained) {
             let next_due = client.prepare(NEXT_DUE_SQL).await?;
             let prepared = Some(Prepared { claim, next_due });
-            return Ok(ClaimSession { client, prepared });
+            return Ok(ClaimSession {
+                client,
+                prepared,
+                recheck_at: None,
+            });
         }
-        tracing::warn!("the prepared claim's plan failed its check; planning every claim");
-        stats.record_claim_plan_fallback();
+        let judged: bool = client
+            .query_typed_one(CAN_JUDGE_SQL, &[(&JUDGED_FROM_PAGES, Type::INT8)])
+            .await?
+            .get(0);
+        let recheck_at = if judged {
+            tracing::warn!("the prepared claim's plan failed its check; planning every claim");
+            stats.record_claim_plan_fallback();
+            None
+        } else {
+            Some(Instant::now() + RECHECK_AFTER)
+        };
         client
             .batch_execute("SET plan_cache_mode = force_custom_plan")
             .await?;
         Ok(ClaimSession {
             client,
             prepared: None,
+            recheck_at,
         })
     }
 
@@ -228,6 +268,12 @@ impl ClaimSession {
     /// Whether the claim runs prepared (its plan passed the check).
     pub fn is_prepared(&self) -> bool {
         self.prepared.is_some()
+    }
+
+    /// Whether the session's plan check could not be judged (the queue was nearly empty) and
+    /// it is due, at `now`, to be replaced by a session that checks again.
+    pub(crate) fn due_for_recheck(&self, now: Instant) -> bool {
+        self.recheck_at.is_some_and(|at| now >= at)
     }
 
     /// [`claim`] on this session, prepared when it can be.
@@ -338,7 +384,7 @@ impl ManageConnection for ClaimSessions {
     }
 
     fn has_broken(&self, session: &mut ClaimSession) -> bool {
-        session.client.is_closed()
+        session.client.is_closed() || session.due_for_recheck(Instant::now())
     }
 }
 

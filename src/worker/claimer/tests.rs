@@ -105,8 +105,27 @@ async fn on_a_full_analyzed_queue_the_generic_claim_probes_the_primary_key_per_c
 }
 
 #[tokio::test]
+async fn on_an_empty_vacuumed_queue_a_failed_plan_check_is_no_alarm_and_is_checked_again_later() {
+    let (db, config) = with_jobs(0).await;
+    let client = db.client().await;
+    for sql in ["DELETE FROM etl_job_records", "VACUUM etl_job_records"] {
+        client.batch_execute(sql).await.unwrap();
+    }
+    let stats = WorkerStats::default();
+    let session = session(&config, &stats).await;
+    // An empty table's generic plan scans it: right, and not what the check wants.
+    assert!(!session.is_prepared());
+    assert_eq!(stats.snapshot().claim_plan_fallbacks, 0);
+    assert!(session.claim(CLAIMANT, 5).await.unwrap().is_empty());
+    let now = Instant::now();
+    assert!(!session.due_for_recheck(now));
+    assert!(session.due_for_recheck(now + RECHECK_AFTER));
+}
+
+#[tokio::test]
 async fn a_session_whose_claim_plan_fails_its_check_plans_every_claim_and_says_so() {
-    let (db, config) = with_jobs(3).await;
+    // Enough jobs for the table to be judged (JUDGED_FROM_PAGES on disk).
+    let (db, config) = with_jobs(2_000).await;
     // Without the pending index no plan can walk it: the check must fail.
     db.client()
         .await
@@ -124,9 +143,11 @@ async fn a_session_whose_claim_plan_fails_its_check_plans_every_claim_and_says_s
         .unwrap()
         .get(0);
     assert_eq!(mode, "force_custom_plan");
-    // It still claims, exactly what is due, and reads the next due time.
-    assert_eq!(session.claim(CLAIMANT, 5).await.unwrap().len(), 3);
+    // It still claims, exactly what is due, and reads the next due time; it is never replaced
+    // for a recheck (its failure was judged).
+    assert_eq!(session.claim(CLAIMANT, 5).await.unwrap().len(), 5);
     assert!(session.next_due().await.unwrap().is_some());
+    assert!(!session.due_for_recheck(Instant::now() + RECHECK_AFTER));
 }
 
 #[tokio::test]
