@@ -32,6 +32,8 @@ async fn replica(pool: durable_etl::db::Pool, owner: String) {
         owner_id: &owner,
         owner_locked: false,
         lease: Duration::from_secs(60),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     loop {
         let conn = pool.get().await.expect("conn");
@@ -109,6 +111,8 @@ fn batch_size(c: &mut Criterion) {
                         owner_id: "batch",
                         owner_locked: false,
                         lease: Duration::from_secs(60),
+                        heartbeat_interval: std::time::Duration::from_secs(4),
+                        alive_locked: false,
                     };
                     let mut total = Duration::ZERO;
                     for i in 0..iters {

@@ -31,6 +31,8 @@ async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Lease, Led
         owner_id: "completion",
         owner_locked: false,
         lease: Duration::from_secs(60),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     claimer::claim(conn, claimant, JOBS)
         .await

@@ -232,6 +232,8 @@ async fn add_activity(db: &BenchDb, pool: &Pool) {
         owner_id: "console-bench-0",
         owner_locked: false,
         lease: Duration::from_secs(3600),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     let running = claimer::claim(&*conn, claimant, LIVE / 10)
         .await

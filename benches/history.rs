@@ -39,6 +39,8 @@ fn history(c: &mut Criterion) {
         owner_id: "history",
         owner_locked: false,
         lease: Duration::from_secs(60),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     for ended in [0, HISTORY] {
         rt.block_on(async {

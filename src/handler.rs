@@ -14,6 +14,7 @@ use crate::codes::Code;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
@@ -149,7 +150,14 @@ impl Effects for NoEffects {
 /// and benchmarked without side effects.
 pub const NOOP_KIND: &str = "noop";
 
-/// The handler of [`NOOP_KIND`]: ignores its payload and writes nothing.
+/// The longest pause a [`NOOP_KIND`] job's payload may ask for (an hour); a longer one pauses
+/// this long.
+pub const NOOP_PAUSE_MAX: Duration = Duration::from_secs(3600);
+
+/// The handler of [`NOOP_KIND`]: writes nothing. Its compute phase first waits the payload's
+/// `pause_ms` milliseconds, if it has that member (at most [`NOOP_PAUSE_MAX`]), holding no
+/// connection, so that a test or a bench can catch a job computing (a crash, a restart); every
+/// other payload is ignored.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Noop;
 
@@ -161,9 +169,20 @@ impl Handler for Noop {
     fn prepare<'a>(
         &'a self,
         _job: &'a JobContext,
-        _payload: serde_json::Value,
+        payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
-        Box::pin(async { Ok(Box::new(NoEffects) as Box<dyn Effects>) })
+        let pause = payload
+            .get("pause_ms")
+            .and_then(serde_json::Value::as_u64)
+            .map_or(Duration::ZERO, |ms| {
+                Duration::from_millis(ms).min(NOOP_PAUSE_MAX)
+            });
+        Box::pin(async move {
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            Ok(Box::new(NoEffects) as Box<dyn Effects>)
+        })
     }
 }
 
@@ -248,5 +267,37 @@ mod tests {
             JobError::transient("busy"),
             JobError::Transient(_)
         ));
+    }
+
+    /// A job context for the tests.
+    fn ctx() -> JobContext {
+        JobContext {
+            id: Uuid::nil(),
+            kind: NOOP_KIND.to_owned(),
+            attempt: 1,
+            max_attempts: 1,
+            lease_claim_id: Uuid::nil(),
+            fencing_token: 1,
+            owner_key: vec![0; 32],
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_noop_job_pauses_as_its_payload_asks_within_the_bound() {
+        let ctx = ctx();
+        for (payload, pause) in [
+            (serde_json::json!({}), Duration::ZERO),
+            (
+                serde_json::json!({"pause_ms": 250}),
+                Duration::from_millis(250),
+            ),
+            (serde_json::json!({"pause_ms": "soon"}), Duration::ZERO),
+            (serde_json::json!({"pause_ms": u64::MAX}), NOOP_PAUSE_MAX),
+        ] {
+            let started = tokio::time::Instant::now();
+            let effects = Noop.prepare(&ctx, payload).await.unwrap();
+            assert_eq!(started.elapsed(), pause);
+            assert!(!effects.writes());
+        }
     }
 }

@@ -154,6 +154,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // table, which is gone.
         min_reader_version: 13,
     },
+    Migration {
+        version: 14,
+        name: "owner_alive_locks",
+        up: include_str!("../migrations/0014_owner_alive_locks.up.sql"),
+        down: include_str!("../migrations/0014_owner_alive_locks.down.sql"),
+        // Breaking for readers: the claim stamps the owner's heartbeat interval and alive locks,
+        // which releases before it would leave stale on rows they give back or claim.
+        min_reader_version: 14,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

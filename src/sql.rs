@@ -25,7 +25,8 @@
 macro_rules! lease_cleared {
     () => {
         "lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, \
-         lease_owner_locked = false, lease_renewed_at = NULL"
+         lease_owner_locked = false, lease_renewed_at = NULL, lease_heartbeat_ms = NULL, \
+         lease_owner_alive_locked = false"
     };
 }
 

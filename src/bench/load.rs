@@ -34,7 +34,7 @@ pub(super) async fn fill(
     while done < jobs {
         let n = INSERT_CHUNK.min(jobs - done);
         match handler {
-            BenchHandler::Noop => insert_noops(client, done, n).await?,
+            BenchHandler::Noop => insert_noops(client, (done, n), &serde_json::json!({})).await?,
             BenchHandler::Etl => insert_loads(client, &secret, &owner, done, n).await?,
         };
         done += n;
@@ -42,11 +42,12 @@ pub(super) async fn fill(
     Ok(())
 }
 
-/// Inserts `n` due `noop` jobs numbered from `first`, in one statement; returns their ids.
+/// Inserts `n` due `noop` jobs numbered from `first`, with `payload` (`{}`, or a pause), in one
+/// statement; returns their ids.
 async fn insert_noops(
     client: &tokio_postgres::Client,
-    first: usize,
-    n: usize,
+    (first, n): (usize, usize),
+    payload: &serde_json::Value,
 ) -> Result<Vec<uuid::Uuid>, Error> {
     let (first, n) = (
         i64::try_from(first).unwrap_or(i64::MAX),
@@ -64,9 +65,9 @@ async fn insert_noops(
                  RETURNING id, owner_key, kind, max_attempts, run_at
              )
              INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
-             SELECT id, owner_key, kind, '{}'::jsonb, max_attempts, run_at FROM intake
+             SELECT id, owner_key, kind, $4::jsonb, max_attempts, run_at FROM intake
              RETURNING id",
-            &[&first, &n, &durable_etl::handler::NOOP_KIND],
+            &[&first, &n, &durable_etl::handler::NOOP_KIND, payload],
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -103,18 +104,39 @@ async fn insert_loads(
     Ok(enqueued.iter().map(|e| e.id).collect())
 }
 
-/// Times `trials` recoveries: each time an ETL job is enqueued whose first row another session
-/// holds, so its load waits inside its effects; the replica running it is SIGKILLed; and the
-/// time until a live replica claims it again is read from the database clock. The killed replica
-/// is restarted only after that (its own restart would release the job at once).
+/// How long the job of a compute-phase recovery trial computes: long enough to be killed in
+/// the middle of it, short enough for the replica that recovers it to finish it soon.
+const COMPUTE_TRIAL_PAUSE_MS: u64 = 3000;
+
+/// The numbers of the compute-phase trials' jobs start here, far from any burn-down's.
+const COMPUTE_TRIAL_FIRST: usize = 1 << 40;
+
+/// The times of a recovery bench, in milliseconds: SIGKILL of the replica running the job → a
+/// live replica's claim of it (database clock), for a job caught in each phase.
+pub(super) struct RecoveryTimes {
+    /// The job was inside its effects (its load waiting for a row another session holds).
+    pub(super) effects: Vec<f64>,
+    /// The job was computing (a `noop` job pausing in its compute phase, no connection held).
+    pub(super) compute: Vec<f64>,
+}
+
+/// Times `trials` recoveries of each phase. Effects phase: an ETL job is enqueued whose first
+/// row another session holds, so its load waits inside its effects; the replica running it is
+/// SIGKILLed; and the time until a live replica claims it again is read from the database
+/// clock. Compute phase: the same for a `noop` job pausing [`COMPUTE_TRIAL_PAUSE_MS`] in its
+/// compute phase. The killed replica is restarted only after that (its own restart would
+/// release the job at once).
 pub(super) async fn recoveries(
     db_config: &DatabaseConfig,
     client: &tokio_postgres::Client,
     replicas: &mut Replicas,
     trials: usize,
-) -> Result<Vec<f64>, Error> {
+) -> Result<RecoveryTimes, Error> {
     let (secret, owner) = bench_owner()?;
-    let mut times = Vec::with_capacity(trials);
+    let mut times = RecoveryTimes {
+        effects: Vec::with_capacity(trials),
+        compute: Vec::with_capacity(trials),
+    };
     for trial in 0..trials {
         // The job and its first target row are committed with the job deferred; then another
         // session locks that row, and only then does the job become due: its load must wait.
@@ -148,25 +170,43 @@ pub(super) async fn recoveries(
                 &[&job.first()],
             )
             .await?;
-        client
-            .batch_execute("SELECT pg_notify('durable_etl_jobs', '')")
-            .await?;
-        let (running, _) = until_running(client, job.first(), None).await?;
-        let victim = running
-            .strip_prefix("bench-")
-            .and_then(|i| i.parse::<usize>().ok())
-            .unwrap_or(0);
-        let killed_at: f64 = client
-            .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
-            .await?
-            .get(0);
-        replicas.kill(victim).await;
-        let (_, reclaimed_at) = until_running(client, job.first(), Some(&running)).await?;
-        times.push((reclaimed_at - killed_at) * 1000.0);
+        times
+            .effects
+            .push(kill_and_time(client, replicas, job.first()).await?);
         drop(holder);
-        replicas.restart(victim).await?;
+        let pause = serde_json::json!({ "pause_ms": COMPUTE_TRIAL_PAUSE_MS });
+        let job = insert_noops(client, (COMPUTE_TRIAL_FIRST + trial, 1), &pause).await?;
+        times
+            .compute
+            .push(kill_and_time(client, replicas, job.first()).await?);
     }
     Ok(times)
+}
+
+/// Wakes the replicas for `job` (due now), waits until one runs it, SIGKILLs that one, waits until
+/// another claims the job, restarts the killed one, and returns the time from the kill to the
+/// claim in milliseconds (database clock).
+async fn kill_and_time(
+    client: &tokio_postgres::Client,
+    replicas: &mut Replicas,
+    job: Option<&uuid::Uuid>,
+) -> Result<f64, Error> {
+    client
+        .batch_execute("SELECT pg_notify('durable_etl_jobs', '')")
+        .await?;
+    let (running, _) = until_running(client, job, None).await?;
+    let victim = running
+        .strip_prefix("bench-")
+        .and_then(|i| i.parse::<usize>().ok())
+        .unwrap_or(0);
+    let killed_at: f64 = client
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .await?
+        .get(0);
+    replicas.kill(victim).await;
+    let (_, reclaimed_at) = until_running(client, job, Some(&running)).await?;
+    replicas.restart(victim).await?;
+    Ok((reclaimed_at - killed_at) * 1000.0)
 }
 
 /// Waits (bounded) until `job` is running under an owner other than `not_owner`; returns that
@@ -210,7 +250,7 @@ pub(super) async fn offer(
     for i in 0..jobs {
         tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
         let ids = match handler {
-            BenchHandler::Noop => insert_noops(client, i, 1).await?,
+            BenchHandler::Noop => insert_noops(client, (i, 1), &serde_json::json!({})).await?,
             BenchHandler::Etl => insert_loads(client, &secret, &owner, i, 1).await?,
         };
         let ack = SystemTime::now()

@@ -68,10 +68,10 @@ pub(crate) enum Mode {
         /// Seconds of load.
         duration_s: f64,
     },
-    /// `trials` times: SIGKILL the replica running a (held) job and time until a live replica
-    /// runs it again.
+    /// `trials` times for each phase: SIGKILL the replica running a job (held inside its
+    /// effects, or computing) and time until a live replica runs it again.
     Recovery {
-        /// Kills to time.
+        /// Kills to time, per phase.
         trials: usize,
     },
 }
@@ -164,9 +164,11 @@ pub(crate) struct Report {
     pub(crate) ack_to_start_ms: Option<Percentiles>,
     /// Offered load only: each offered job's `ack_to_start` and `ack_to_done`, in milliseconds.
     pub(crate) per_job_ms: Option<Vec<JobLatency>>,
-    /// Recovery only: SIGKILL of the replica running a job → a live replica's claim of that job
-    /// (database clock).
-    pub(crate) recovery_ms: Option<Percentiles>,
+    /// Recovery only: SIGKILL of the replica running a job inside its effects → a live
+    /// replica's claim of that job (database clock).
+    pub(crate) recovery_effects_ms: Option<Percentiles>,
+    /// Recovery only: the same for a job killed while it computed (no connection held).
+    pub(crate) recovery_compute_ms: Option<Percentiles>,
     /// Statements the replicas sent on pooled connections, per succeeded job.
     pub(crate) round_trips_per_job: f64,
     /// Claims the replicas made.
@@ -197,7 +199,9 @@ impl BenchConfig {
             Mode::OfferedLoad { rate, duration_s } => {
                 format!("offered load of {rate} jobs/s for {duration_s} s")
             }
-            Mode::Recovery { trials } => format!("recovery from {trials} SIGKILLs"),
+            Mode::Recovery { trials } => {
+                format!("recovery from {trials} SIGKILLs per phase (effects, computing)")
+            }
         };
         format!(
             "{load}, {} replica(s) x {} slots (prefetch {}), handler {:?}",
@@ -238,8 +242,17 @@ impl Report {
         if let Some(ack) = &self.ack_to_done_ms {
             out.push_str(&format!("ack->done            {}\n", p(ack)));
         }
-        if let Some(recovery) = &self.recovery_ms {
-            out.push_str(&format!("kill->reclaimed      {}\n", p(recovery)));
+        if let Some(recovery) = &self.recovery_effects_ms {
+            out.push_str(&format!(
+                "kill->reclaimed      {} (in its effects)\n",
+                p(recovery)
+            ));
+        }
+        if let Some(recovery) = &self.recovery_compute_ms {
+            out.push_str(&format!(
+                "kill->reclaimed      {} (computing)\n",
+                p(recovery)
+            ));
         }
         out.push_str(&format!(
             "round trips per job  {:.3} ({} claims, {} empty, {} group commits)\n\
@@ -285,7 +298,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
     let jobs = match config.mode {
         Mode::BurnDown { jobs } => jobs,
         Mode::OfferedLoad { rate, duration_s } => (rate * duration_s).round() as usize,
-        Mode::Recovery { trials } => trials,
+        Mode::Recovery { trials } => 2 * trials,
     };
     if let Mode::BurnDown { jobs } = config.mode {
         fill(&client, config.handler, jobs).await?;
@@ -302,12 +315,16 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
             Some(offer(&client, config.handler, jobs, rate).await?),
             None,
         ),
-        Mode::Recovery { trials } => (
-            None,
-            Some(Percentiles::of(
-                recoveries(db_config, &client, &mut replicas, trials).await?,
-            )),
-        ),
+        Mode::Recovery { trials } => {
+            let times = recoveries(db_config, &client, &mut replicas, trials).await?;
+            (
+                None,
+                Some((
+                    Percentiles::of(times.effects),
+                    Percentiles::of(times.compute),
+                )),
+            )
+        }
     };
     let waited = wait_until_done(&client).await;
     let server_cpu = server_cpu_seconds(&client).await?;
@@ -402,7 +419,8 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         ack_to_done_ms: ack_to_done,
         ack_to_start_ms: ack_to_start,
         per_job_ms: jobs,
-        recovery_ms: recovery,
+        recovery_effects_ms: recovery.map(|r| r.0),
+        recovery_compute_ms: recovery.map(|r| r.1),
         round_trips_per_job: per_job(scraped.round_trips as f64),
         claims: scraped.claims,
         empty_claims: scraped.empty_claims,

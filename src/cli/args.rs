@@ -170,9 +170,10 @@ pub(crate) enum BenchCommand {
         common: BenchArgs,
     },
     /// Time how soon a live replica runs the job of a SIGKILLed one (default settings; at least
-    /// two replicas; ETL jobs held inside their effects).
+    /// two replicas), for a job killed in each phase: an ETL job held inside its effects, and a
+    /// `noop` job computing (pausing in its compute phase).
     Recovery {
-        /// Kills to time.
+        /// Kills to time, per phase.
         #[arg(long, default_value_t = 5)]
         trials: usize,
         /// The replicas and how they run.

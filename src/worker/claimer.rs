@@ -45,7 +45,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, NoTls, Row, Statement};
 
 /// Claims up to `$1` due jobs for owner `$2` with a lease of `$3` milliseconds; `$4` says whether
-/// the owner holds its owner lock (so recovery may treat the lock's absence as death).
+/// the owner holds its owner lock (so recovery may treat the lock's absence as death), `$5` is
+/// the owner's heartbeat interval in milliseconds and `$6` whether every connection of the
+/// owner holds its alive lock (the terms recovery judges the owner by).
 ///
 /// Locks: the CTE walks `etl_job_records_pending_due_idx` in `(run_at, id)` order and takes a
 /// row lock (`FOR NO KEY UPDATE`: the claim changes no key, so the `FOR KEY SHARE` locks that foreign-key
@@ -79,6 +81,8 @@ UPDATE etl_job_records AS j
        lease_owner_locked = $4,
        lease_expires_at = now() + $3 * interval '1 millisecond',
        lease_renewed_at = now(),
+       lease_heartbeat_ms = $5,
+       lease_owner_alive_locked = $6,
        started_at = now(),
        updated_at = now()
   FROM due
@@ -96,10 +100,23 @@ pub struct Claimant<'a> {
     pub owner_locked: bool,
     /// The lease each claim grants.
     pub lease: Duration,
+    /// The owner's heartbeat interval: recovery gives the owner two of them to renew.
+    pub heartbeat_interval: Duration,
+    /// Whether every connection of the owner holds its alive lock
+    /// (`durable_etl_owner_alive_key`, see `worker::alive`), so that recovery reads "no lock at
+    /// all" as death.
+    pub alive_locked: bool,
 }
 
 /// The types of [`CLAIM_SQL`]'s parameters.
-const CLAIM_PARAMS: [Type; 4] = [Type::INT8, Type::TEXT, Type::INT8, Type::BOOL];
+const CLAIM_PARAMS: [Type; 6] = [
+    Type::INT8,
+    Type::TEXT,
+    Type::INT8,
+    Type::BOOL,
+    Type::INT4,
+    Type::BOOL,
+];
 
 /// Claims up to `free_slots` due jobs for `claimant`, with an unnamed statement planned for
 /// its values.
@@ -111,19 +128,53 @@ pub async fn claim(
     claimant: Claimant<'_>,
     free_slots: usize,
 ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
-    let (limit, lease) = claim_values(claimant, free_slots);
-    let params: [&(dyn ToSql + Sync); 4] =
-        [&limit, &claimant.owner_id, &lease, &claimant.owner_locked];
-    let typed: Vec<_> = params.into_iter().zip(CLAIM_PARAMS).collect();
+    let values = ClaimValues::of(claimant, free_slots);
+    let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
     Ok(claimed(client.query_typed(CLAIM_SQL, &typed).await?))
 }
 
-/// The `LIMIT` and the lease in milliseconds of a claim of `free_slots` for `claimant`.
-fn claim_values(claimant: Claimant<'_>, free_slots: usize) -> (i64, i64) {
-    (
-        i64::try_from(free_slots).unwrap_or(i64::MAX),
-        millis(claimant.lease),
-    )
+/// The parameter values of [`CLAIM_SQL`] for a claim of `free_slots` for a claimant.
+struct ClaimValues<'a> {
+    /// The `LIMIT`.
+    limit: i64,
+    /// The owner id.
+    owner_id: &'a str,
+    /// The lease in milliseconds.
+    lease: i64,
+    /// Whether the owner holds its owner lock.
+    owner_locked: bool,
+    /// The owner's heartbeat interval in milliseconds, at least 1.
+    heartbeat: i32,
+    /// Whether the owner's connections hold its alive lock.
+    alive_locked: bool,
+}
+
+impl<'a> ClaimValues<'a> {
+    /// The values of a claim of `free_slots` for `claimant`.
+    fn of(claimant: Claimant<'a>, free_slots: usize) -> ClaimValues<'a> {
+        ClaimValues {
+            limit: i64::try_from(free_slots).unwrap_or(i64::MAX),
+            owner_id: claimant.owner_id,
+            lease: millis(claimant.lease),
+            owner_locked: claimant.owner_locked,
+            heartbeat: i32::try_from(millis(claimant.heartbeat_interval))
+                .unwrap_or(i32::MAX)
+                .max(1),
+            alive_locked: claimant.alive_locked,
+        }
+    }
+
+    /// The values in [`CLAIM_SQL`]'s parameter order.
+    fn params(&self) -> [&(dyn ToSql + Sync); 6] {
+        [
+            &self.limit,
+            &self.owner_id,
+            &self.lease,
+            &self.owner_locked,
+            &self.heartbeat,
+            &self.alive_locked,
+        ]
+    }
 }
 
 /// The claimed jobs of [`CLAIM_SQL`]'s rows.
@@ -288,14 +339,8 @@ impl ClaimSession {
         let Some(prepared) = &self.prepared else {
             return claim(&self.client, claimant, free_slots).await;
         };
-        let (limit, lease) = claim_values(claimant, free_slots);
-        let rows = self
-            .client
-            .query(
-                &prepared.claim,
-                &[&limit, &claimant.owner_id, &lease, &claimant.owner_locked],
-            )
-            .await?;
+        let values = ClaimValues::of(claimant, free_slots);
+        let rows = self.client.query(&prepared.claim, &values.params()).await?;
         Ok(claimed(rows))
     }
 
@@ -324,7 +369,7 @@ async fn explain_prepared_claim(
     // The values do not matter to a generic plan; the statement is only explained.
     Ok(client
         .query_one(
-            &format!("EXPLAIN (FORMAT JSON) EXECUTE {name}(1, '', 1, false)"),
+            &format!("EXPLAIN (FORMAT JSON) EXECUTE {name}(1, '', 1, false, 1, false)"),
             &[],
         )
         .await?
@@ -363,12 +408,15 @@ fn walks_the_pending_index_in_order(explained: &serde_json::Value) -> bool {
     walks && !grows
 }
 
-/// Opens a replica's claim sessions ([`ClaimSession`]) for `bb8`.
+/// Opens a replica's claim sessions ([`ClaimSession`]) for `bb8`, each holding its owner's alive
+/// lock when the replica holds them.
 pub struct ClaimSessions {
     /// Opens the connections.
     connections: PostgresConnectionManager<NoTls>,
     /// Where plan-check fallbacks are counted.
     stats: Arc<WorkerStats>,
+    /// The owner whose alive lock each session holds (`None`: a replica without alive locks).
+    alive: Option<String>,
 }
 
 impl ManageConnection for ClaimSessions {
@@ -376,7 +424,9 @@ impl ManageConnection for ClaimSessions {
     type Error = tokio_postgres::Error;
 
     async fn connect(&self) -> Result<ClaimSession, tokio_postgres::Error> {
-        ClaimSession::open(self.connections.connect().await?, &self.stats).await
+        let client = self.connections.connect().await?;
+        crate::worker::alive::hold(&client, self.alive.as_deref()).await?;
+        ClaimSession::open(client, &self.stats).await
     }
 
     async fn is_valid(&self, session: &mut ClaimSession) -> Result<(), tokio_postgres::Error> {
@@ -391,18 +441,21 @@ impl ManageConnection for ClaimSessions {
 /// The claim sessions of a replica.
 pub type ClaimPool = bb8::Pool<ClaimSessions>;
 
-/// Opens a replica's claim pool ([`db::claim_pg_config`], [`db::CLAIM_POOL_SIZE`] sessions),
-/// proving the database answers; plan-check fallbacks are counted in `stats`.
+/// Opens a replica's claim pool ([`db::claim_pg_config`], [`db::CLAIM_POOL_SIZE`] sessions,
+/// each holding `alive`'s alive lock when given), proving the database answers; plan-check
+/// fallbacks are counted in `stats`.
 ///
 /// # Errors
 /// As [`db::connect_pool`].
 pub async fn connect_claim_pool(
     cfg: &DatabaseConfig,
     stats: Arc<WorkerStats>,
+    alive: Option<&str>,
 ) -> Result<ClaimPool, Error> {
     let sessions = ClaimSessions {
         connections: PostgresConnectionManager::new(db::claim_pg_config(cfg)?, NoTls),
         stats,
+        alive: alive.map(str::to_owned),
     };
     db::build_pool_of(sessions, cfg, db::CLAIM_POOL_SIZE).await
 }

@@ -81,6 +81,8 @@ pub(crate) async fn claim_with(
         owner_id: shared.owner_id(),
         owner_locked: shared.owner_locked(),
         lease: shared.config.lease,
+        heartbeat_interval: shared.config.heartbeat_interval,
+        alive_locked: shared.holds_alive_locks(),
     };
     crash_point!("claim.before");
     let bound = shared.statement_bound;

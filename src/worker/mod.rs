@@ -23,6 +23,7 @@
 // The roles whose statements the integration suite and the benches drive directly (fencing,
 // plans, recovery races) are public for them, and hidden: they are not the library's surface,
 // which is `Worker`, its configuration, `stats` and the handler contract.
+pub(crate) mod alive;
 #[doc(hidden)]
 pub mod claimer;
 #[doc(hidden)]
@@ -100,8 +101,10 @@ impl Worker {
         config.validate()?;
         let stats = Arc::new(WorkerStats::default());
         let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
-        stats
-            .record_released(rescuer::release_previous_incarnation(&pool, &config.owner_id).await?);
+        let took_over = session.as_ref().is_some_and(Session::took_over);
+        stats.record_released(
+            rescuer::release_previous_incarnation(&pool, &config.owner_id, took_over).await?,
+        );
         let signals = session.as_ref().map(Session::signals);
         let shared = Shared::open(pool, db_config, config, registry, stats, signals).await?;
         Ok(Worker {

@@ -7,13 +7,22 @@
 //! - Each live replica holds a session-level advisory lock keyed by
 //!   `durable_etl_owner_lock_key(lease_owner_id)` on its long-lived owner session; a second
 //!   process with the same owner id cannot take it and refuses to start.
-//! - A `running` row claimed by a lock-backed owner (`lease_owner_locked`) is reclaimable before
-//!   its lease expires only on two pieces of evidence together: the owner lock is gone AND the
-//!   lease has not been renewed for [`owner_silence`] (two heartbeat intervals of the recovering
-//!   replica). The lock alone is not evidence: it also vanishes while a live replica's session
-//!   reconnects (a terminated backend, a restart or failover, a cut to the direct URL), and its
-//!   pool goes on renewing meanwhile. Claims and heartbeats stamp `lease_owner_locked` from
-//!   whether the session holds the lock right then.
+//! - Every connection a replica opens for itself also holds its owner's shared alive lock
+//!   (`worker::alive`), unless it runs behind a transaction-mode pooler.
+//! - A `running` row claimed by a lock-backed owner is reclaimable before its lease expires only
+//!   when the owner is dead by its own terms, which its claim stamped on the row: no backend holds
+//!   its owner lock or its alive lock (one dropped session leaves the others' alive locks: a
+//!   terminated backend, a reconnecting session, a cut to the direct URL never make a live
+//!   replica dead); and, for an owner without alive locks, its leases also went unrenewed for two
+//!   of ITS heartbeat intervals (`lease_heartbeat_ms`), not the recovering replica's.
+//! - Recovery never counts time during which the recovering replica itself could not reach the
+//!   database: it judges no owner until it has reached the database (since its own last loss of
+//!   it, and since the server started) for [`RECONNECT_GRACE`] plus two of the owner's heartbeat
+//!   intervals, so after a server restart or a failover every owner has that long to reconnect
+//!   before anyone takes it for dead.
+//! - At start-up a replica releases what its previous incarnation left `running`, unless it took
+//!   the owner lock over from a silent holder (a node that may still run those jobs, cut off):
+//!   then only the rows past that incarnation's own trust window, the rest left to their leases.
 //! - A `running` row whose lease expired is reclaimable whatever its owner. Nothing else is
 //!   touched: recovery re-checks `status = 'running'` in the statement that changes the row,
 //!   skips rows locked by a live executor, and never sees ended jobs (they have no live row).
@@ -37,14 +46,6 @@ use tokio::sync::Notify;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
-
-/// How long a lock-backed owner whose lock is gone must also have left its leases unrenewed
-/// before recovery treats it as dead: two heartbeat intervals, so one late or failed heartbeat is
-/// not enough, while a replica whose session is only reconnecting (its pool still renews) is
-/// never taken for dead.
-pub fn owner_silence(heartbeat_interval: Duration) -> Duration {
-    heartbeat_interval.saturating_mul(2)
-}
 
 /// The tail of a recovery statement over CTE `stale` (columns `id`, `expired`, `cancel`, `again`,
 /// its rows locked): each stale row goes back to `pending` with its lease cleared while attempts
@@ -108,8 +109,17 @@ macro_rules! stale_columns {
     };
 }
 
-/// Recovers every `running` row whose lease expired, or whose lock-backed owner holds no owner
-/// lock and has not renewed the lease for `$1` milliseconds.
+/// Recovers every `running` row whose lease expired, or whose lock-backed owner is dead
+/// ([`Judgement`], its values in `$1..$3`).
+///
+/// An owner is dead when no backend of this database holds its owner lock or its alive lock
+/// (`worker::alive`), this replica has reached the database for at least [`RECONNECT_GRACE`]
+/// plus two of the owner's heartbeat intervals (counted from its own last loss of the database,
+/// and from the server's start: `pg_postmaster_start_time()`), and, for an owner whose
+/// connections do not all hold alive locks (`--poll-only`), its leases have also gone
+/// unrenewed for two of its heartbeat intervals. The owner's interval is the row's
+/// `lease_heartbeat_ms` (`$1`, this replica's own, for rows an older release claimed); `$2` is
+/// how long this replica has reached the database, `$3` the grace, both in milliseconds.
 ///
 /// Locks: `live_owners` reads `pg_locks` once (a brief look at the lock manager). `stale` walks
 /// the small `status = 'running'` partial index and row-locks each candidate (`FOR UPDATE`: the
@@ -124,23 +134,34 @@ WITH live_owners AS MATERIALIZED (
       FROM pg_locks l
      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), seen AS MATERIALIZED (
+    SELECT least($2 * interval '1 millisecond', now() - pg_postmaster_start_time()) AS reachable
 ),
 stale AS (
     SELECT j.id, j.lease_expires_at < now() AS expired, ",
     stale_columns!(),
     "
-      FROM etl_job_records j
+      FROM etl_job_records j, seen
      WHERE j.status = 'running'
        AND (j.lease_expires_at < now()
-            OR (j.lease_owner_locked
-                AND coalesce(j.lease_renewed_at, '-infinity') < now() - $1 * interval '1 millisecond'
+            OR ((j.lease_owner_locked OR j.lease_owner_alive_locked)
                 AND NOT EXISTS (SELECT 1 FROM live_owners o
-                                 WHERE o.lock_key = durable_etl_owner_lock_key(j.lease_owner_id))))
+                                 WHERE o.lock_key IN (durable_etl_owner_lock_key(j.lease_owner_id),
+                                                      durable_etl_owner_alive_key(j.lease_owner_id)))
+                AND seen.reachable >= ($3 + 2 * coalesce(j.lease_heartbeat_ms, $1))
+                                      * interval '1 millisecond'
+                AND (j.lease_owner_alive_locked
+                     OR coalesce(j.lease_renewed_at, '-infinity')
+                        < now() - 2 * coalesce(j.lease_heartbeat_ms, $1) * interval '1 millisecond')))
        FOR UPDATE OF j SKIP LOCKED",
     recover_stale!()
 );
 
-/// Releases the `running` rows a previous incarnation of owner `$1` left behind.
+/// Releases the `running` rows a previous incarnation of owner `$1` left behind; when `$2` (the
+/// owner lock was taken over from a silent holder: the previous incarnation may be alive, cut
+/// off from the database), only the rows past that incarnation's own trust window (it stops
+/// trusting a lease a fifth of the lease before it expires, counted from its last renewal; see
+/// `lease`), leaving the others to their leases.
 ///
 /// Locks: row-locks this owner's running rows (through the running partial index), skipping
 /// any another session holds.
@@ -152,6 +173,8 @@ WITH stale AS (
     "
       FROM etl_job_records j
      WHERE j.status = 'running' AND j.lease_owner_id = $1
+       AND (NOT $2
+            OR now() >= j.lease_expires_at - (j.lease_expires_at - j.lease_renewed_at) / 5)
        FOR UPDATE OF j SKIP LOCKED",
     recover_stale!()
 );
@@ -168,48 +191,84 @@ pub struct Recovered {
     pub exhausted: u64,
 }
 
-/// Releases what a previous incarnation of `owner_id` left `running`; returns how many rows.
+/// Releases what a previous incarnation of `owner_id` left `running` (when `took_over`, only what
+/// it no longer trusts; see [`RECOVER_OWN_SQL`]); returns how many rows.
 ///
 /// # Errors
 /// The database error of the statement.
 pub async fn recover_own(
     client: &impl GenericClient,
     owner_id: &str,
+    took_over: bool,
 ) -> Result<u64, tokio_postgres::Error> {
     let rows = client
-        .query_typed(RECOVER_OWN_SQL, &[(&owner_id, Type::TEXT)])
+        .query_typed(
+            RECOVER_OWN_SQL,
+            &[(&owner_id, Type::TEXT), (&took_over, Type::BOOL)],
+        )
         .await?;
     Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
 }
 
 /// At start-up, releases what a previous incarnation of `owner_id` left `running` (on a
-/// connection of `pool`) and logs how many; returns how many.
+/// connection of `pool`; when the owner lock was `took_over` from a silent holder, only what
+/// that incarnation no longer trusts) and logs how many; returns how many.
 ///
 /// # Errors
 /// A checkout or database error.
 pub(crate) async fn release_previous_incarnation(
     pool: &db::Pool,
     owner_id: &str,
+    took_over: bool,
 ) -> Result<u64, Error> {
     let conn = db::checkout(pool).await?;
-    let released = recover_own(&*conn, owner_id).await?;
+    let released = recover_own(&*conn, owner_id, took_over).await?;
     if released > 0 {
         tracing::info!(released, "released the previous incarnation's running jobs");
     }
     Ok(released)
 }
 
-/// Runs one recovery pass. A lock-backed owner whose lock is gone counts as dead only once its
-/// leases have also gone unrenewed for `silence` (see [`owner_silence`]).
+/// What a recovering replica brings to its judgement of other owners ([`RECOVER_SQL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Judgement {
+    /// This replica's heartbeat interval: the owner's, for rows an older release claimed.
+    pub heartbeat_interval: Duration,
+    /// For how long this replica has reached the database without a loss it saw
+    /// (`Duration::MAX`: it never lost it).
+    pub reachable_for: Duration,
+}
+
+/// How long a replica that regained the database (or a server that restarted) gives every other
+/// owner to reconnect its own connections, beyond two of the owner's heartbeat intervals: the
+/// longest pause between a session's reconnect attempts.
+pub const RECONNECT_GRACE: Duration = crate::notifier::RECONNECT_MAX_DELAY;
+
+/// The longest reachability [`recover`] passes on (a year; `Duration::MAX` would overflow an
+/// SQL interval).
+const REACHABLE_CAP: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Runs one recovery pass, judging owners as `judgement` says (see [`RECOVER_SQL`]).
 ///
 /// # Errors
 /// The database error of the statement.
 pub async fn recover(
     client: &impl GenericClient,
-    silence: Duration,
+    judgement: Judgement,
 ) -> Result<Recovered, tokio_postgres::Error> {
     let rows = client
-        .query_typed(RECOVER_SQL, &[(&millis(silence), Type::INT8)])
+        .query_typed(
+            RECOVER_SQL,
+            &[
+                (&millis(judgement.heartbeat_interval), Type::INT8),
+                // A year is as good as forever, and stays inside an interval's range.
+                (
+                    &millis(judgement.reachable_for.min(REACHABLE_CAP)),
+                    Type::INT8,
+                ),
+                (&millis(RECONNECT_GRACE), Type::INT8),
+            ],
+        )
         .await?;
     let mut recovered = Recovered::default();
     for row in rows {
@@ -263,13 +322,25 @@ pub(crate) async fn run(shared: Arc<Shared>, catch_up: Arc<Notify>, stop: Cancel
 /// Database errors, and [`Error::Unavailable`] when the statement outlives its client-side bound.
 #[tracing::instrument(name = "recovery", skip_all)]
 pub(crate) async fn pass(shared: &Shared) -> Result<Recovered, Error> {
+    let passed = judged_pass(shared).await;
+    if passed.is_err() {
+        shared.lost_the_database();
+    }
+    passed
+}
+
+/// [`pass`], without noting a failure.
+async fn judged_pass(shared: &Shared) -> Result<Recovered, Error> {
     let conn = db::checkout(&shared.pool).await?;
     shared.stats.record_round_trips(1);
-    let silence = owner_silence(shared.config.heartbeat_interval);
+    let judgement = Judgement {
+        heartbeat_interval: shared.config.heartbeat_interval,
+        reachable_for: shared.reachable_for(std::time::Instant::now()),
+    };
     // Pipelined with the recovery statement, in the same round trip.
     let (forgotten, recovered) = futures::join!(
         db::bounded(shared.statement_bound, forget_stale_waiters(&*conn)),
-        db::bounded(shared.statement_bound, recover(&*conn, silence))
+        db::bounded(shared.statement_bound, recover(&*conn, judgement))
     );
     let recovered = recovered?;
     if let Err(e) = forgotten {
@@ -304,14 +375,6 @@ mod tests {
         assert_eq!(
             super::rescue_interval(Duration::from_secs(1)),
             Duration::from_millis(500)
-        );
-    }
-
-    #[test]
-    fn an_owner_is_silent_after_two_heartbeat_intervals() {
-        assert_eq!(
-            super::owner_silence(Duration::from_secs(4)),
-            Duration::from_secs(8)
         );
     }
 }

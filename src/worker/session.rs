@@ -44,6 +44,9 @@ pub(crate) struct SessionConfig {
     pub(crate) owner_id: String,
     /// Whether to LISTEN (false in poll-only mode).
     pub(crate) listen: bool,
+    /// Whether the session holds the owner's alive lock beside its owner lock (`worker::alive`;
+    /// false in poll-only mode).
+    pub(crate) alive: bool,
 }
 
 /// Signals from the session to the claim loop.
@@ -59,6 +62,27 @@ pub(crate) struct Signals {
     /// the lock is taken, cleared as soon as the session is found lost. Claims and heartbeats
     /// stamp it into `lease_owner_locked`.
     pub(crate) locked: AtomicBool,
+    /// When the session was last found lost (the database unreachable from it, for all this
+    /// replica knows).
+    lost_at: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Signals {
+    /// When the session was last found lost, if ever.
+    pub(crate) fn lost_at(&self) -> Option<std::time::Instant> {
+        *self
+            .lost_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes that the session was found lost just now.
+    fn lost_now(&self) {
+        *self
+            .lost_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
+    }
 }
 
 /// A running session; dropping it ends the session (and with it the owner lock).
@@ -68,6 +92,9 @@ pub(crate) struct Session {
     task: JoinHandle<()>,
     /// Signals for the claim loop.
     signals: Arc<Signals>,
+    /// Whether, at start-up, the owner lock was taken from a silent holder (terminated): the
+    /// previous incarnation may still be running its jobs, cut off from the database.
+    took_over: bool,
 }
 
 impl Drop for Session {
@@ -98,14 +125,23 @@ impl Session {
         stats: Arc<WorkerStats>,
     ) -> Result<Session, Error> {
         let signals = Arc::new(Signals::default());
-        let live = open_at_start(&config, &signals, &stats).await?;
+        let (live, took_over) = open_at_start(&config, &signals, &stats).await?;
         let task = tokio::spawn(maintain(live, config, Arc::clone(&signals), stats));
-        Ok(Session { task, signals })
+        Ok(Session {
+            task,
+            signals,
+            took_over,
+        })
     }
 
     /// The signals for the claim loop.
     pub(crate) fn signals(&self) -> Arc<Signals> {
         Arc::clone(&self.signals)
+    }
+
+    /// Whether the owner lock was taken over from a silent holder at start-up.
+    pub(crate) fn took_over(&self) -> bool {
+        self.took_over
     }
 }
 
@@ -136,6 +172,7 @@ pub(crate) async fn open_for(
         },
         owner_id: config.owner_id.clone(),
         listen: !config.poll_only,
+        alive: !config.poll_only,
     };
     Ok(Some(Session::start(session_config, stats).await?))
 }
@@ -162,7 +199,7 @@ async fn open(
     if !try_lock(&live.client, &config.owner_id).await? {
         return Err(evict_own_previous(&live.client, &config.owner_id, previous).await);
     }
-    Ok(locked(live, signals, stats))
+    locked(live, config, signals, stats).await
 }
 
 /// [`open`] at start-up, where no previous backend of this replica is known. If another backend
@@ -171,16 +208,19 @@ async fn open(
 /// silent for [`SILENT_HOLDER`] is the orphaned session of a lost node (its client gone without
 /// the server noticing yet) and is terminated, so a replica restarted with the same owner id
 /// after a node loss takes its lock instead of failing until the server reaps the old backend.
+/// Returns the session and whether a silent holder was terminated for it (then the lost node
+/// may still be running that incarnation's jobs: they are left to their leases).
 async fn open_at_start(
     config: &SessionConfig,
     signals: &Arc<Signals>,
     stats: &Arc<WorkerStats>,
-) -> Result<Live, Error> {
+) -> Result<(Live, bool), Error> {
     let live = connect(config, signals, stats).await?;
     let mut first_seen: Option<Holder> = None;
+    let mut took_over = false;
     loop {
         if try_lock(&live.client, &config.owner_id).await? {
-            return Ok(locked(live, signals, stats));
+            return Ok((locked(live, config, signals, stats).await?, took_over));
         }
         let holder = lock_holder(&live.client, &config.owner_id).await?;
         match (holder, first_seen) {
@@ -195,6 +235,7 @@ async fn open_at_start(
                 live.client
                     .query_typed_one("SELECT pg_terminate_backend($1)", &[(&h.pid, Type::INT4)])
                     .await?;
+                took_over = true;
             }
             (Some(h), Some(seen)) if h.pid == seen.pid => {}
             (Some(h), _) => first_seen = Some(h),
@@ -252,11 +293,19 @@ async fn try_lock(client: &Client, owner_id: &str) -> Result<bool, Error> {
     Ok(row.get(0))
 }
 
-/// Marks `live` as holding the owner lock and returns it.
-fn locked(live: Live, signals: &Signals, stats: &WorkerStats) -> Live {
+/// Takes the owner's alive lock on `live` (when `config` holds one), marks it as holding the
+/// owner lock and returns it.
+async fn locked(
+    live: Live,
+    config: &SessionConfig,
+    signals: &Signals,
+    stats: &WorkerStats,
+) -> Result<Live, Error> {
+    let alive = config.alive.then_some(config.owner_id.as_str());
+    crate::worker::alive::hold(&live.client, alive).await?;
     signals.locked.store(true, Ordering::Relaxed);
     stats.session_up.store(1, Ordering::Relaxed);
-    live
+    Ok(live)
 }
 
 /// How long the backend holding an owner lock must have shown no activity before a starting
@@ -350,6 +399,7 @@ async fn maintain(
         // Close our side of the lost connection before opening the next one.
         drop(live);
         signals.locked.store(false, Ordering::Relaxed);
+        signals.lost_now();
         stats.session_up.store(0, Ordering::Relaxed);
         tracing::warn!(code = "database_unavailable", "session lost; reconnecting");
         let mut delays = reconnect_delays();
@@ -368,6 +418,8 @@ async fn maintain(
                 Err(e) => tracing::warn!(code = %e.code(), "session reconnect failed"),
             }
         };
+        // Reachable again from now on: recovery counts other owners' silence from here.
+        signals.lost_now();
         stats.reconnects.fetch_add(1, Ordering::Relaxed);
         tracing::info!("session reconnected");
         signals.reconnected.notify_one();

@@ -6,6 +6,9 @@
 //!   by the producer, the job tasks, the heartbeat, the rescuer and the completer.
 //! - [`Shared::owner_locked`] says whether the session holds the owner lock right now; it is what
 //!   claims and heartbeats stamp into `lease_owner_locked`, never a guess from configuration.
+//! - [`Shared::reachable_for`] only shrinks on evidence the replica saw itself (a failed
+//!   recovery pass, a lost session), so recovery never judges other owners by time during which
+//!   it could not have seen them either.
 
 use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db::Pool;
@@ -16,8 +19,8 @@ use crate::worker::group_commit::{sessions, GroupCommit};
 use crate::worker::session::Signals;
 use crate::worker::stats::WorkerStats;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// What the client-side statement bound allows beyond the server's `statement_timeout`.
 pub(crate) const STATEMENT_BOUND_SLACK: Duration = Duration::from_secs(2);
@@ -42,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) statement_bound: Duration,
     /// The session's signals; `None` in poll-only mode without a direct session.
     pub(crate) signals: Option<Arc<Signals>>,
+    /// When a recovery pass of this replica last failed (see [`Shared::reachable_for`]).
+    lost_at: StdMutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -59,8 +64,9 @@ impl Shared {
         stats: Arc<WorkerStats>,
         signals: Option<Arc<Signals>>,
     ) -> Result<Shared, Error> {
-        let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats)).await?;
-        let commit_pool = sessions::connect_commit_pool(db_config).await?;
+        let alive = (!config.poll_only).then_some(config.owner_id.as_str());
+        let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats), alive).await?;
+        let commit_pool = sessions::connect_commit_pool(db_config, alive).await?;
         // A batch holds at most what the replica can hold: its slots and what it claims ahead
         // (a job's slot frees when it stops computing, before it commits).
         let group_commit = GroupCommit::start(
@@ -79,7 +85,30 @@ impl Shared {
                 .statement_timeout
                 .saturating_add(STATEMENT_BOUND_SLACK),
             signals,
+            lost_at: StdMutex::new(None),
         })
+    }
+
+    /// Whether this replica's own connections hold its alive lock (`worker::alive`): all but a
+    /// replica behind a transaction-mode pooler (`--poll-only`).
+    pub(crate) fn holds_alive_locks(&self) -> bool {
+        !self.config.poll_only
+    }
+
+    /// Notes that the replica found the database unreachable just now (a failed recovery pass).
+    pub(crate) fn lost_the_database(&self) {
+        *self.lost_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// For how long, as of `now`, this replica has reached the database without a loss that it
+    /// saw (a failed recovery pass, or its session found lost): recovery never counts the time
+    /// before, when other replicas may have been just as cut off. `Duration::MAX` if it never
+    /// lost it.
+    pub(crate) fn reachable_for(&self, now: Instant) -> Duration {
+        let own = *self.lost_at.lock().unwrap_or_else(PoisonError::into_inner);
+        let session = self.signals.as_ref().and_then(|s| s.lost_at());
+        own.max(session)
+            .map_or(Duration::MAX, |lost| now.saturating_duration_since(lost))
     }
 
     /// Whether this replica's session holds its owner lock right now: what its claims and

@@ -702,6 +702,8 @@ async fn cancellation_of_pending_running_and_terminal_jobs() {
         owner_id: "stalled",
         owner_locked: false,
         lease: Duration::from_secs(60),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
         .await

@@ -21,6 +21,8 @@ const PLANNER: claimer::Claimant<'static> = claimer::Claimant {
     owner_id: "planner",
     owner_locked: false,
     lease: Duration::from_secs(30),
+    heartbeat_interval: std::time::Duration::from_secs(4),
+    alive_locked: false,
 };
 
 /// The owner digest [`insert_jobs`] gives every job (`ab` × 32).
@@ -353,15 +355,21 @@ async fn hot_statements_stay_off_the_history(
         .await
         .unwrap();
     plans_since(plans);
-    let recovered = rescuer::recover(&*session, Duration::from_secs(1))
-        .await
-        .unwrap();
+    let recovered = rescuer::recover(
+        &*session,
+        rescuer::Judgement {
+            heartbeat_interval: Duration::from_secs(1),
+            reachable_for: Duration::MAX,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(recovered.expired, 1, "{pass}");
     check("recovery", plans);
     claimer::claim(&*session, PLANNER, 1).await.unwrap();
     plans_since(plans);
     assert_eq!(
-        rescuer::recover_own(&*session, PLANNER.owner_id)
+        rescuer::recover_own(&*session, PLANNER.owner_id, false)
             .await
             .unwrap(),
         1
@@ -524,10 +532,16 @@ async fn the_fencing_token_grows_with_every_claim_and_never_goes_back() {
         .await
         .unwrap();
     assert_eq!(
-        rescuer::recover(&client, Duration::from_secs(1))
-            .await
-            .unwrap()
-            .expired,
+        rescuer::recover(
+            &client,
+            rescuer::Judgement {
+                heartbeat_interval: Duration::from_secs(1),
+                reachable_for: Duration::MAX
+            }
+        )
+        .await
+        .unwrap()
+        .expired,
         1
     );
 

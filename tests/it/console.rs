@@ -627,6 +627,8 @@ async fn the_operator_view_has_empty_states_and_lists_recovery_events() {
         owner_id: "gone",
         owner_locked: false,
         lease: Duration::from_millis(1),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
         .await

@@ -21,6 +21,8 @@ pub(crate) async fn claim(client: &Client) -> Lease {
         owner_id: "timeline-replica",
         owner_locked: false,
         lease: Duration::from_secs(60),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     let claimed = claimer::claim(client, claimant, 1).await.unwrap();
     assert_eq!(claimed.len(), 1, "one job is due");
@@ -77,9 +79,15 @@ async fn each_attempt_that_did_not_end_its_job_is_recorded_under_its_fence_and_s
         )
         .await
         .unwrap();
-    let recovered = rescuer::recover(&client, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let recovered = rescuer::recover(
+        &client,
+        rescuer::Judgement {
+            heartbeat_interval: Duration::from_secs(60),
+            reachable_for: Duration::MAX,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(recovered.expired, 1);
 
     // Attempt 3 is released at shutdown (not charged), so the next attempt is attempt 3 again;
@@ -310,9 +318,15 @@ async fn a_live_row_without_an_intake_row_never_blocks_recovery_or_its_history()
         )
         .await
         .unwrap();
-    let recovered = rescuer::recover(&client, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let recovered = rescuer::recover(
+        &client,
+        rescuer::Judgement {
+            heartbeat_interval: Duration::from_secs(60),
+            reachable_for: Duration::MAX,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(recovered.expired, 2, "both go back");
     assert_eq!(history(&client, job).await, [(1, "recovered".to_owned())]);
     assert_eq!(crate::support::count(&client, "etl_job_attempts").await, 1);

@@ -1,7 +1,9 @@
 //! Leases held by a live replica against what can go wrong around them: a session that keeps
 //! dropping (the owner lock comes and goes while the pool still renews), heartbeats that stop
 //! reaching the database (the local lease clock must abandon the job before the database lease
-//! ends), and an owner that really died (recovered once it has also stopped renewing).
+//! ends), an owner that really died (every connection of its own gone: recovered at once), and
+//! owners judged by their own terms (their heartbeat interval, their alive locks), never by
+//! the recovering replica's.
 
 use crate::handlers::{Noop, Scripted, SCRIPTED};
 use crate::proxy::{Mode, Proxy};
@@ -90,21 +92,28 @@ async fn gated_replica(
     (running, gated, gate)
 }
 
-/// Terminates the backend holding `owner`'s lock, if one does; returns whether one did.
+/// Terminates the backend holding `owner`'s owner lock, if one does; returns whether one did.
 async fn terminate_owner_session(client: &tokio_postgres::Client, owner: &str) -> bool {
+    terminate_holders(client, owner, false).await > 0
+}
+
+/// Terminates every backend holding `owner`'s owner lock or, with `alive`, its alive lock (as a
+/// crash of its process would end them all); returns how many locks they held.
+async fn terminate_holders(client: &tokio_postgres::Client, owner: &str, alive: bool) -> i64 {
     client
         .query_one(
             "SELECT count(pg_terminate_backend(pid))
                FROM pg_locks
               WHERE locktype = 'advisory' AND objsubid = 1 AND granted
                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND ((classid::bigint << 32) | objid::bigint) = durable_etl_owner_lock_key($1)",
-            &[&owner],
+                AND (((classid::bigint << 32) | objid::bigint) = durable_etl_owner_lock_key($1)
+                     OR $2 AND ((classid::bigint << 32) | objid::bigint)
+                                = durable_etl_owner_alive_key($1))",
+            &[&owner, &alive],
         )
         .await
         .unwrap()
-        .get::<_, i64>(0)
-        > 0
+        .get(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,17 +166,18 @@ async fn jobs_in_flight_survive_a_session_terminated_again_and_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_owner_is_recovered_once_it_has_also_stopped_renewing() {
+async fn an_owner_whose_every_connection_vanished_is_recovered_at_once() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
         unreachable!()
     };
     let (a, gated, _gate) = gated_replica(&db, "doomed", Duration::from_secs(600), 1).await;
-    // A stops renewing (its task is gone, as in a crash) and its session ends.
+    // A stops (its task is gone, as in a crash) and every connection of its own ends: its
+    // session and its claim and commit sessions, each of which held its alive lock.
     a.task.abort();
     let _ = a.task.await;
-    terminate_owner_session(&client, "doomed").await;
+    terminate_holders(&client, "doomed", true).await;
     let b = Worker::start(
         pool(&db).await,
         &db.config,
@@ -176,7 +186,8 @@ async fn a_dead_owner_is_recovered_once_it_has_also_stopped_renewing() {
     )
     .await
     .unwrap();
-    // The lease has ten minutes left; the job comes back as a dead owner's, not an expired one.
+    // The lease has ten minutes left, and was renewed moments ago: the job comes back as a dead
+    // owner's, not an expired one, without waiting for the renewals to stop.
     let mut recovered = b.recover().await.unwrap();
     for _ in 0..300 {
         if recovered.dead_owner > 0 {
@@ -191,12 +202,129 @@ async fn a_dead_owner_is_recovered_once_it_has_also_stopped_renewing() {
     assert_eq!(
         count(
             &client,
-            "etl_job_records WHERE lease_owner_locked OR lease_renewed_at IS NOT NULL"
+            "etl_job_records WHERE lease_owner_locked OR lease_renewed_at IS NOT NULL
+                OR lease_owner_alive_locked OR lease_heartbeat_ms IS NOT NULL"
         )
         .await,
         0,
         "the lease is cleared whole on the way back to pending"
     );
+}
+
+/// A live peer with a longer heartbeat interval whose session is cut, and stays cut, is never
+/// taken for dead by a replica with a shorter interval: its claim and commit sessions still
+/// hold its alive lock. (Judged by the recovering replica's interval and the owner lock alone,
+/// the peer was dead as soon as its last renewal was 1.6 s old.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_session_is_cut_is_alive_to_a_replica_with_a_shorter_heartbeat() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
+        unreachable!()
+    };
+    let proxy = Proxy::in_front_of_test_server().await;
+    let (gate, gated) = Scripted::gated();
+    let slow = WorkerConfig {
+        heartbeat_interval: Duration::from_secs(4),
+        session_database_url: Some(proxy.url_for(&db.config.url)),
+        ..config("slow", Duration::from_secs(15))
+    };
+    let registry = Registry::new().register(gated.clone());
+    let worker = Worker::start(pool(&db).await, &db.config, slow, registry)
+        .await
+        .unwrap();
+    let a = Running::start(worker);
+    eventually("the slow replica to run its job", || {
+        let gated = gated.clone();
+        async move { gated.prepares.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    // Its session is cut and cannot come back; its pool still reaches the server.
+    proxy.set_mode(Mode::Blackhole);
+    proxy.drop_all();
+    eventually("the slow replica's owner lock to go", || {
+        let client = &client;
+        async move { !terminate_owner_session(client, "slow").await }
+    })
+    .await;
+    let quick = WorkerConfig {
+        heartbeat_interval: Duration::from_millis(800),
+        ..config("quick", Duration::from_secs(3))
+    };
+    let b = Worker::start(pool(&db).await, &db.config, quick, Registry::new())
+        .await
+        .unwrap();
+    // Longer than the slow replica's heartbeat interval, so its renewal grows past 1.6 s old.
+    for _ in 0..25 {
+        assert_eq!(b.recover().await.unwrap(), Default::default());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let row = job_row(&client, id).await;
+    assert_eq!((row.status.as_str(), row.attempts), ("running", 1));
+    gate.add_permits(1);
+    eventually("the slow replica's job to succeed", || {
+        let client = &client;
+        async move { job_row(client, id).await.status == "succeeded" }
+    })
+    .await;
+    assert_eq!(job_row(&client, id).await.attempts, 1);
+    a.task.abort();
+}
+
+/// An owner without alive locks (behind a pooler, with a direct session) is judged by its own
+/// heartbeat interval, stamped by its claim, and only by a replica that has itself reached the
+/// database long enough for the owner to have reconnected.
+#[tokio::test]
+async fn an_owner_without_alive_locks_is_judged_by_its_own_heartbeat_and_the_judges_view() {
+    use durable_etl::worker::claimer::{self, Claimant};
+    use durable_etl::worker::rescuer::{self, Judgement, RECONNECT_GRACE};
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
+        unreachable!()
+    };
+    let owner = Claimant {
+        owner_id: "pooled",
+        owner_locked: true,
+        lease: Duration::from_secs(600),
+        heartbeat_interval: Duration::from_secs(4),
+        alive_locked: false,
+    };
+    assert_eq!(claimer::claim(&client, owner, 1).await.unwrap().len(), 1);
+    let renewed = |seconds: i32| {
+        let client = &client;
+        async move {
+            client
+                .execute(
+                    "UPDATE etl_job_records
+                        SET lease_renewed_at = now() - $1 * interval '1 second'",
+                    &[&f64::from(seconds)],
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let judge = |reachable_for| Judgement {
+        heartbeat_interval: Duration::from_millis(800),
+        reachable_for,
+    };
+    // Two of the judge's intervals, not of the owner's: alive.
+    renewed(2).await;
+    let recovered = rescuer::recover(&client, judge(Duration::MAX))
+        .await
+        .unwrap();
+    assert_eq!(recovered.dead_owner, 0);
+    // Two of the owner's intervals, but the judge itself reached the database only just now
+    // (as after a server restart): alive, for the grace.
+    renewed(9).await;
+    let recovered = rescuer::recover(&client, judge(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    assert_eq!(recovered.dead_owner, 0);
+    let long_enough = RECONNECT_GRACE + Duration::from_secs(9);
+    let recovered = rescuer::recover(&client, judge(long_enough)).await.unwrap();
+    assert_eq!(recovered.dead_owner, 1);
+    assert_eq!(job_row(&client, id).await.status, "pending");
 }
 
 /// Kind of [`Hangs`].

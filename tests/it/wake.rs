@@ -398,6 +398,8 @@ async fn poll_only_mode_without_a_session_recovers_by_expiry_only() {
         owner_id: "pooled-2",
         owner_locked: false,
         lease: Duration::from_secs(600),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     insert_jobs(&client, NOOP, &[json!({})], 3).await;
     assert_eq!(

@@ -41,6 +41,8 @@ fn claimant(owner_id: &str, lease_secs: u64) -> claimer::Claimant<'_> {
         owner_id,
         owner_locked: true,
         lease: Duration::from_secs(lease_secs),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     }
 }
 
@@ -747,26 +749,27 @@ async fn a_commit_lost_with_its_connection_is_resolved_through_the_ledger() {
     assert_eq!(count(&client, "etl_target_rows").await, 1);
 }
 
-/// The claim commits asynchronously, but only itself: the setting is local to the claim's own
-/// transaction, so the completions that follow on the same pooled connection stay durable.
+/// The claim commits like every commit, under the server's `synchronous_commit` (it used to
+/// turn it off for its own transaction, which a server crash could undo while the job ran):
+/// neither on its own nor inside an explicit transaction does it change the setting.
 #[tokio::test]
-async fn the_asynchronous_claim_commit_does_not_leak_to_later_statements() {
+async fn the_claim_commits_under_the_servers_synchronous_commit() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     insert_jobs(&client, NOOP, &[json!({}), json!({})], 5).await;
     let claimant = claimer::Claimant {
-        owner_id: "async-claim",
+        owner_id: "durable-claim",
         owner_locked: false,
         lease: Duration::from_secs(30),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     assert_eq!(claimer::claim(&client, claimant, 1).await.unwrap().len(), 1);
     assert_eq!(synchronous_commit(&client).await, "on");
-    // Inside an explicit transaction the claim's setting ends with that transaction too.
     client.batch_execute("BEGIN").await.unwrap();
     assert_eq!(claimer::claim(&client, claimant, 1).await.unwrap().len(), 1);
-    assert_eq!(synchronous_commit(&client).await, "off");
-    client.batch_execute("COMMIT").await.unwrap();
     assert_eq!(synchronous_commit(&client).await, "on");
+    client.batch_execute("COMMIT").await.unwrap();
     assert_eq!(
         count(&client, "etl_job_records WHERE status = 'running'").await,
         2

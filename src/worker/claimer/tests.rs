@@ -10,6 +10,8 @@ const CLAIMANT: Claimant<'static> = Claimant {
     owner_id: "claim-session",
     owner_locked: false,
     lease: Duration::from_secs(30),
+    heartbeat_interval: std::time::Duration::from_secs(4),
+    alive_locked: false,
 };
 
 /// A fresh database with `due` due jobs and one deferred an hour, and the claim sessions'
@@ -157,6 +159,7 @@ async fn the_pool_opens_checked_sessions_and_knows_a_closed_one() {
     let manager = ClaimSessions {
         connections: PostgresConnectionManager::new(config, NoTls),
         stats: Arc::clone(&stats),
+        alive: None,
     };
     let mut session = manager.connect().await.unwrap();
     assert!(session.is_prepared());
@@ -183,7 +186,7 @@ async fn the_pool_opens_checked_sessions_and_knows_a_closed_one() {
     }
     assert!(manager.has_broken(&mut session));
     // The replica's pool is made of such sessions.
-    let pool = connect_claim_pool(&db.config, stats).await.unwrap();
+    let pool = connect_claim_pool(&db.config, stats, None).await.unwrap();
     let pooled = db::checkout(&pool).await.unwrap();
     assert_eq!(pooled.claim(CLAIMANT, 1).await.unwrap().len(), 1);
 }

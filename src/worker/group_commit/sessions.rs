@@ -41,10 +41,13 @@ impl db::Session for CommitSession {
     }
 }
 
-/// Opens commit sessions: a connection, then the two success statements prepared on it.
+/// Opens commit sessions: a connection, its owner's alive lock taken, then the two success
+/// statements prepared on it.
 pub(crate) struct CommitSessions {
     /// Opens the connections.
     connections: PostgresConnectionManager<NoTls>,
+    /// The owner whose alive lock each session holds (`None`: a replica without alive locks).
+    alive: Option<String>,
 }
 
 impl ManageConnection for CommitSessions {
@@ -53,6 +56,7 @@ impl ManageConnection for CommitSessions {
 
     async fn connect(&self) -> Result<CommitSession, tokio_postgres::Error> {
         let client = self.connections.connect().await?;
+        crate::worker::alive::hold(&client, self.alive.as_deref()).await?;
         let succeed = client
             .prepare_typed(completer::SUCCEED_SQL, &completer::SUCCESS_PARAMS)
             .await?;
@@ -84,13 +88,17 @@ pub(crate) type CommitPool = bb8::Pool<CommitSessions>;
 pub(crate) const COMMIT_POOL_SIZE: u32 = super::COMMIT_LANES as u32 + 1;
 
 /// Opens a replica's commit pool ([`COMMIT_POOL_SIZE`] sessions, the replica's usual session
-/// settings), proving the database answers.
+/// settings, each holding `alive`'s alive lock when given), proving the database answers.
 ///
 /// # Errors
 /// As [`db::connect_pool`].
-pub(crate) async fn connect_commit_pool(cfg: &DatabaseConfig) -> Result<CommitPool, Error> {
+pub(crate) async fn connect_commit_pool(
+    cfg: &DatabaseConfig,
+    alive: Option<&str>,
+) -> Result<CommitPool, Error> {
     let sessions = CommitSessions {
         connections: PostgresConnectionManager::new(db::pg_config(cfg, "worker")?, NoTls),
+        alive: alive.map(str::to_owned),
     };
     db::build_pool_of(sessions, cfg, COMMIT_POOL_SIZE).await
 }
@@ -117,7 +125,7 @@ mod tests {
     #[tokio::test]
     async fn a_commit_session_holds_both_success_statements_prepared_and_runs_them_by_name() {
         let db = TestDb::migrated().await;
-        let pool = connect_commit_pool(&db.config).await.unwrap();
+        let pool = connect_commit_pool(&db.config, None).await.unwrap();
         let session = pool.get().await.unwrap();
         assert_eq!(
             plans_of(&session.client, completer::SUCCEED_LOCKED_SQL).await,
@@ -147,7 +155,7 @@ mod tests {
     #[tokio::test]
     async fn the_plans_of_the_success_statements_probe_the_primary_key() {
         let db = TestDb::migrated().await;
-        let pool = connect_commit_pool(&db.config).await.unwrap();
+        let pool = connect_commit_pool(&db.config, None).await.unwrap();
         let session = pool.get().await.unwrap();
         let pairs = session
             .client

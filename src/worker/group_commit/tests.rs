@@ -106,6 +106,8 @@ impl Scratch {
             owner_id: "unit",
             owner_locked: false,
             lease: Duration::from_secs(60),
+            heartbeat_interval: std::time::Duration::from_secs(4),
+            alive_locked: false,
         };
         let mut claimed: Vec<(Uuid, Uuid)> = claimer::claim(&client, claimant, n)
             .await
@@ -114,7 +116,9 @@ impl Scratch {
             .map(|j| (j.id(), j.claim_id()))
             .collect();
         claimed.sort();
-        let pool = sessions::connect_commit_pool(&db.config).await.unwrap();
+        let pool = sessions::connect_commit_pool(&db.config, None)
+            .await
+            .unwrap();
         (Scratch { db, pool, client }, claimed)
     }
 

@@ -83,6 +83,8 @@ async fn a_server_crash_after_a_claim_never_hands_its_fencing_token_to_a_second_
         owner_id,
         owner_locked: true,
         lease: std::time::Duration::from_secs(60),
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
     };
     let first = claim(&client, claimant("before-crash"), 1).await.unwrap();
     let (claim_id, token) = (first[0].claim_id(), first[0].ctx.fencing_token);
@@ -109,4 +111,68 @@ async fn a_server_crash_after_a_claim_never_hands_its_fencing_token_to_a_second_
     );
     let second = claim(&client, claimant("after-crash"), 1).await.unwrap();
     assert!(second.is_empty(), "the job was claimed a second time");
+}
+
+/// A server restart longer than two heartbeat intervals, with jobs computing on two replicas:
+/// nobody can renew during the outage, and the first replica back sees every owner lock gone,
+/// yet no replica takes another's jobs for a dead owner's (recovery gives every owner time to
+/// reconnect, counted from when the server, and the recovering replica, came back). Every job
+/// succeeds on its first attempt, and none is recovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_with_jobs_computing_on_two_replicas_recovers_none_of_them() {
+    let cluster = Cluster::start();
+    let url = cluster.url("etl");
+    migrate(&url);
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let client = connect(&config).await;
+    let args = [
+        "--lease",
+        "15s",
+        "--heartbeat-interval",
+        "500ms",
+        "--slots",
+        "2",
+    ];
+    let mut replicas = Processes(
+        ["restart-a", "restart-b"]
+            .iter()
+            .map(|o| spawn_replica(&url, o, &args, Stdio::null()))
+            .collect(),
+    );
+    let pause = serde_json::json!({"pause_ms": 9000});
+    let ids = crate::support::insert_jobs(&client, "noop", &vec![pause; 4], 5).await;
+    eventually("both replicas to compute jobs", || {
+        let client = &client;
+        async move {
+            let owners: Vec<String> = crate::support::first_column(
+                client,
+                "SELECT DISTINCT lease_owner_id FROM etl_job_records WHERE status = 'running'",
+            )
+            .await;
+            owners.len() == 2
+                && crate::support::count(client, "etl_job_records WHERE status = 'running'").await
+                    == 4
+        }
+    })
+    .await;
+    // Down for four heartbeat intervals and more.
+    cluster.pg_ctl(&["-m", "fast", "stop"]);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    cluster.pg_ctl(&["start"]);
+    let client = connect(&config).await;
+    super::until_all_terminal(&client).await;
+    for id in ids {
+        let row = crate::support::job_row(&client, id).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("succeeded", 1));
+    }
+    assert_eq!(
+        crate::support::count(&client, "etl_job_attempts").await,
+        0,
+        "no attempt was recovered"
+    );
+    for replica in &mut replicas.0 {
+        assert!(replica.try_wait().unwrap().is_none(), "a replica died");
+        signal(replica, "TERM");
+        assert_eq!(replica.wait().unwrap().code(), Some(0));
+    }
 }
