@@ -145,6 +145,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // they end are only missing from the console's timeline.
         min_reader_version: 8,
     },
+    Migration {
+        version: 14,
+        name: "ended_sessions_and_incarnations",
+        up: include_str!("../migrations/0014_ended_sessions_and_incarnations.up.sql"),
+        down: include_str!("../migrations/0014_ended_sessions_and_incarnations.down.sql"),
+        // Additive: a table of the console's that releases before it never read or write (their
+        // cookies are not accepted by the new console, nor the new ones by theirs).
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

@@ -264,6 +264,12 @@ async fn sign_in_exchanges_a_key_for_a_strict_session_cookie_that_never_holds_th
     assert_secured(&form);
     assert_eq!(form.headers["cache-control"], "no-store");
     assert!(form.body.contains("<label for=\"api_key\">API key</label>"));
+    // The key is never stored in the browser: its field asks no password manager to keep it.
+    assert!(
+        form.body.contains("autocomplete=\"off\"") && !form.body.contains("current-password"),
+        "{}",
+        form.body
+    );
     let nonce_cookie = form.headers[SET_COOKIE].to_str().unwrap().to_owned();
     for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/console"] {
         assert!(nonce_cookie.contains(attribute), "{nonce_cookie}");
@@ -520,18 +526,29 @@ async fn sign_out_needs_the_token_and_clears_the_cookie() {
     let page = console.get("/console/jobs", &session).await;
     let forged = console.post("/console/sign-out", &session, "csrf=x").await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
-    let out = console
-        .post(
-            "/console/sign-out",
-            &session,
-            &format!("csrf={}", page.csrf()),
-        )
-        .await;
+    let token = format!("csrf={}", page.csrf());
+    let out = console.post("/console/sign-out", &session, &token).await;
     assert_eq!(
         (out.status, out.location()),
         (StatusCode::SEE_OTHER, "/console/sign-in")
     );
     assert_eq!(out.cookie("detl_session").as_deref(), Some(""));
+    // A copy of the cookie taken before the sign-out is refused from then on: the session ended
+    // on the server, not only in the browser.
+    let replayed = console.get("/console/jobs", &session).await;
+    assert_eq!(
+        (replayed.status, replayed.location()),
+        (StatusCode::SEE_OTHER, "/console/sign-in"),
+        "a signed-out session's cookie replayed"
+    );
+    let again = console.post("/console/sign-out", &session, &token).await;
+    assert_eq!(again.status, StatusCode::FORBIDDEN, "its forms too");
+    // Another session of the same key lives on.
+    let other = console.sign_in(&console.bob).await;
+    assert_eq!(
+        console.get("/console/jobs", &other).await.status,
+        StatusCode::OK
+    );
     let css = console.get("/console/console.css", "").await;
     assert_eq!(css.status, StatusCode::OK);
     assert!(css.headers[CONTENT_TYPE]
