@@ -150,8 +150,9 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "ended_sessions_and_incarnations",
         up: include_str!("../migrations/0014_ended_sessions_and_incarnations.up.sql"),
         down: include_str!("../migrations/0014_ended_sessions_and_incarnations.down.sql"),
-        // Additive: a table of the console's that releases before it never read or write (their
-        // cookies are not accepted by the new console, nor the new ones by theirs).
+        // Additive for the queue: a table and columns of the console's; releases before it keep
+        // running, their replicas' reports refused and their cookies not accepted by the new
+        // console (docs/migrations.md).
         min_reader_version: 8,
     },
 ];

@@ -5,8 +5,8 @@
 use crate::support::{pool, TestDb};
 use durable_etl::api::{self, AppState};
 use durable_etl::api_keys::{self, Role};
-use durable_etl::config::ApiConfig;
 use durable_etl::config::WorkerConfig;
+use durable_etl::config::{ApiConfig, DatabaseConfig};
 use durable_etl::digest::Secret;
 use durable_etl::etl::load::EtlLoad;
 use durable_etl::handler::Registry;
@@ -200,9 +200,21 @@ impl Console {
     /// Starts a replica that runs ETL loads against the console's database, polling every
     /// 100 ms and reporting every second, as `owner_id`.
     pub(crate) async fn replica(&self, owner_id: &str) -> Replica {
+        self.try_replica_on(&self.db.config, owner_id)
+            .await
+            .unwrap()
+    }
+
+    /// [`Console::replica`] connecting with `config` (to the console's database, through a
+    /// proxy, say), or the error its start met.
+    pub(crate) async fn try_replica_on(
+        &self,
+        config: &DatabaseConfig,
+        owner_id: &str,
+    ) -> Result<Replica, durable_etl::Error> {
         let worker = Worker::start(
-            pool(&self.db).await,
-            &self.db.config,
+            durable_etl::db::connect_pool(config, "test").await?,
+            config,
             WorkerConfig {
                 owner_id: owner_id.to_owned(),
                 poll_interval: Duration::from_millis(100),
@@ -212,13 +224,12 @@ impl Console {
             },
             Registry::new().register(EtlLoad::default()),
         )
-        .await
-        .unwrap();
+        .await?;
         let (trigger, shutdown) = shutdown::manual();
-        Replica {
+        Ok(Replica {
             trigger,
             running: tokio::spawn(worker.run(shutdown)),
-        }
+        })
     }
 }
 
@@ -235,6 +246,21 @@ impl Replica {
     pub(crate) async fn stop(self) {
         self.trigger.request(shutdown::Stage::Draining);
         self.running.await.unwrap().unwrap();
+    }
+
+    /// Kills it as `kill -9` would: its tasks end where they are, nothing runs after them (no
+    /// release, no last report), and its connections close.
+    pub(crate) async fn kill(self) {
+        self.running.abort();
+        let _ = self.running.await;
+    }
+
+    /// Waits (at most 30 s) for it to stop by itself; returns how its run ended.
+    pub(crate) async fn ended(self) -> Result<(), durable_etl::Error> {
+        tokio::time::timeout(Duration::from_secs(30), self.running)
+            .await
+            .expect("the replica to stop within 30 s")
+            .unwrap()
     }
 }
 

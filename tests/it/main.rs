@@ -11,6 +11,7 @@ mod cli;
 mod console;
 mod console_history;
 mod console_privacy;
+mod console_replicas;
 mod deploy;
 mod errors;
 mod etl;
