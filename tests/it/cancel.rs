@@ -110,7 +110,8 @@ async fn a_cancel_is_recorded_at_once_while_the_jobs_commit_waits_on_a_row_lock(
         async move {
             count(
                 client,
-                "pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'durable-etl/worker'",
+                "pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'durable-etl/worker'
+                   AND datname = current_database()",
             )
             .await
                 == 1

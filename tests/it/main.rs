@@ -19,6 +19,7 @@ mod etl_limits;
 mod execution;
 mod faults;
 mod handlers;
+mod hygiene;
 mod layering;
 mod leases;
 mod prefetch;
