@@ -552,6 +552,16 @@ async fn sign_out_needs_the_token_and_clears_the_cookie() {
     let page = console.get("/console/jobs", &session).await;
     let forged = console.post("/console/sign-out", &session, "csrf=x").await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    // A session signed out long ago, whose cookie has expired since: the next sign-out purges it.
+    let client = console.db.client().await;
+    client
+        .execute(
+            "INSERT INTO etl_console_ended_sessions (session_id, expires_at)
+             VALUES (gen_random_uuid(), now() - interval '1 second')",
+            &[],
+        )
+        .await
+        .unwrap();
     let token = format!("csrf={}", page.csrf());
     let out = console.post("/console/sign-out", &session, &token).await;
     assert_eq!(
@@ -569,6 +579,20 @@ async fn sign_out_needs_the_token_and_clears_the_cookie() {
     );
     let again = console.post("/console/sign-out", &session, &token).await;
     assert_eq!(again.status, StatusCode::FORBIDDEN, "its forms too");
+    assert_eq!(
+        crate::support::count(&client, "etl_console_ended_sessions").await,
+        1,
+        "this session's row only: the expired one was purged, the refused form wrote none"
+    );
+    assert_eq!(
+        crate::support::count(
+            &client,
+            "etl_console_ended_sessions WHERE expires_at > now() + interval '29 minutes'"
+        )
+        .await,
+        1,
+        "kept until the cookie's own expiry"
+    );
     // Another session of the same key lives on.
     let other = console.sign_in(&console.bob).await;
     assert_eq!(
