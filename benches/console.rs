@@ -264,14 +264,16 @@ async fn add_activity(db: &BenchDb, pool: &Pool) {
                FROM ids;
 
              TRUNCATE etl_replicas, etl_replica_minutes;
-             INSERT INTO etl_replicas (owner_id, started_at, reported_at, held, claimed, claim_rate)
-             SELECT 'console-bench-' || r, now() - interval '3 hours', now(), 25, 100000 * r, 150.0
+             INSERT INTO etl_replicas
+                    (owner_id, incarnation, started_at, reported_at, held, claimed, claim_rate)
+             SELECT 'console-bench-' || r, md5('console-bench-' || r)::uuid,
+                    now() - interval '3 hours', now(), 25, 100000 * r, 150.0
                FROM generate_series(0, {REPLICAS} - 1) r;
              INSERT INTO etl_replica_minutes
-                    (minute, owner_id, started_at, succeeded, failed, failed_by_code, recovered,
-                     pickups, pickup_seconds)
+                    (minute, owner_id, incarnation, started_at, succeeded, failed, failed_by_code,
+                     recovered, pickups, pickup_seconds)
              SELECT date_trunc('minute', now()) - m * interval '1 minute', 'console-bench-' || r,
-                    now() - interval '3 hours', (120 - m) * 600, (120 - m) * 2,
+                    md5('console-bench-' || r)::uuid, now() - interval '3 hours', (120 - m) * 600, (120 - m) * 2,
                     jsonb_build_object('handler_failed', 120 - m, 'record_invalid', 120 - m),
                     (120 - m) / 10, (120 - m) * 600, (120 - m) * 600 * 0.0007
                FROM generate_series(0, {REPLICAS} - 1) r, generate_series(0, 119) m;

@@ -7,19 +7,22 @@
 //!   HTTP to a real listening server and run by two real worker replicas.
 //! - It ends: every job reaches a terminal state (bounded wait), then it stops the replicas,
 //!   prints the final table (nothing is printed or logged after it), stops the server and exits 0.
-//!   With `--serve`, the server goes on after the table, which is then followed by the console's
-//!   address and the demo's key, until a shutdown signal.
+//!   With `--serve`, the server and both replicas go on after the table (a job submitted then
+//!   runs too), which is then followed by the console's address, the demo's key and an operator
+//!   key (for the operator view), until a shutdown signal; then the replicas stop, then the
+//!   server.
 
 use durable_etl::api::{self, AppState};
+use durable_etl::api_keys::{self, Role};
 use durable_etl::config::{ApiConfig, DatabaseConfig, WorkerConfig};
 use durable_etl::db;
 use durable_etl::digest::Secret;
 use durable_etl::error::Error;
 use durable_etl::etl::load::EtlLoad;
 use durable_etl::handler::Registry;
+use durable_etl::schema;
 use durable_etl::shutdown::{self, Shutdown, Stage};
 use durable_etl::worker::Worker;
-use durable_etl::{api_keys, schema};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -121,6 +124,9 @@ pub(crate) async fn run(
     let secret = Secret::new(uuid::Uuid::new_v4().simple().to_string().into_bytes())
         .ok_or(durable_etl::config::ConfigError::Secret)?;
     let key = api_keys::create(&session, &secret, "demo-owner").await?.key;
+    let operator_key = api_keys::create_as(&session, &secret, "demo-operator", Role::Operator)
+        .await?
+        .key;
     let pool = db::connect_pool(&config, "api").await?;
     let app = api::app(AppState::new(pool, secret, ApiConfig::default()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -161,10 +167,12 @@ pub(crate) async fn run(
 
     let base = format!("http://{addr}");
     let progress = drive(&base, &key, &session).await;
-    // The replicas log their shutdown: stop them before the summary, so it is printed last.
-    trigger.request(Stage::Draining);
-    for replica in replicas {
-        let _ = replica.await;
+    if serve.is_none() {
+        // The replicas log their shutdown: stop them before the summary, so it is printed last.
+        trigger.request(Stage::Draining);
+        for replica in replicas.drain(..) {
+            let _ = replica.await;
+        }
     }
     let outcome = match progress {
         Ok(jobs) => summary(&base, &key, &jobs, &session).await,
@@ -172,8 +180,17 @@ pub(crate) async fn run(
     };
     if let (Ok(()), Some(mut until)) = (&outcome, serve) {
         println!("\nconsole: {base}/console (sign in with the demo's API key: {key})");
+        println!(
+            "operator view: {base}/console/operator (sign in with the operator key: {operator_key})"
+        );
+        println!("the two replicas keep running: jobs submitted now run too");
         println!("serving until Ctrl-C");
         until.reached(Stage::Draining).await;
+    }
+    // With --serve, the replicas stop only now, before the server that the console uses.
+    trigger.request(Stage::Draining);
+    for replica in replicas {
+        let _ = replica.await;
     }
     api_trigger.request(Stage::Draining);
     let _ = server.await;

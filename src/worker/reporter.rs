@@ -1,15 +1,24 @@
 //! The reporter: the role that, once per heartbeat interval, tells the database how this replica
 //! is doing, for the console's operator view (migration 0011): its row of `etl_replicas` (when it
-//! started, when it last reported, the jobs it holds, its claim rate) and its row of the current
-//! minute in `etl_replica_minutes` (its counters since it started).
+//! started, when it last reported, the jobs it holds, its claim rate) and its incarnation's row
+//! of the current minute in `etl_replica_minutes` (its counters since it started).
 //!
 //! Invariants this module keeps:
 //! - A report holds aggregates only: counts, rates, times and stored failure codes; never a job
 //!   id, an owner or a payload.
+//! - Each run of a replica is an incarnation with a random id (migration 0015). Its minute rows
+//!   are its own, keyed by (minute, owner id, incarnation): an incarnation that died mid-minute
+//!   keeps the totals of its last report, and one restarted with the same owner id adds its own
+//!   beside them instead of overwriting them. The totals are idempotent: a report whose outcome
+//!   is unknown (a timeout after the commit, say) is replaced by the next without counting twice.
 //! - One statement per report on the pool, bounded; a failed report is logged by code and the
 //!   next one replaces it (the counters are totals, so nothing is lost but a minute's resolution).
+//! - While its session is known to have lost the owner lock, a replica does not report: another
+//!   process may hold its owner id now, and that holder's row is not overwritten.
 //! - Rows of the minute table older than two hours, and replica rows not reported for an hour, are
-//!   deleted by the reports themselves; a replica that stops deletes its own row.
+//!   deleted by the reports themselves; a replica that stops deletes its own row only if it is
+//!   still its incarnation's, so one stopped because another process took its owner id leaves the
+//!   holder's row.
 
 use crate::db;
 use crate::error::Error;
@@ -21,25 +30,30 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_postgres::types::{Json, Type};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
-/// Upserts owner `$1`'s report: started at `$2`, holding `$3` jobs, `$4` claimed in all at `$5`
-/// jobs/s; this minute's totals: `$6` succeeded, `$7` failed (`$8` by code), `$9` recovered,
-/// `$10` pickups taking `$11` seconds in all. Deletes what is too old to show.
+/// Upserts owner `$1`'s report, of incarnation `$12`: started at `$2`, holding `$3` jobs, `$4`
+/// claimed in all at `$5` jobs/s; this minute's totals: `$6` succeeded, `$7` failed (`$8` by
+/// code), `$9` recovered, `$10` pickups taking `$11` seconds in all. Deletes what is too old to
+/// show.
 ///
-/// Locks: the replica's own rows (nobody else writes them); the deletes take the locks of rows
-/// nobody has written for an hour or more. Both tables are UNLOGGED: no WAL.
+/// Locks: the replica's own rows (its incarnation's minute rows: nobody else writes them; its
+/// owner id's replica row, which only a process holding that owner id writes); the deletes take
+/// the locks of rows nobody has written for an hour or more. Both tables are UNLOGGED: no WAL.
 pub(crate) const REPORT_SQL: &str = "
 WITH replica AS (
-    INSERT INTO etl_replicas (owner_id, started_at, reported_at, held, claimed, claim_rate)
-    VALUES ($1, $2, now(), $3, $4, $5)
+    INSERT INTO etl_replicas (owner_id, incarnation, started_at, reported_at, held, claimed,
+                              claim_rate)
+    VALUES ($1, $12, $2, now(), $3, $4, $5)
         ON CONFLICT (owner_id) DO UPDATE
-       SET started_at = EXCLUDED.started_at, reported_at = now(), held = EXCLUDED.held,
-           claimed = EXCLUDED.claimed, claim_rate = EXCLUDED.claim_rate
+       SET incarnation = EXCLUDED.incarnation, started_at = EXCLUDED.started_at,
+           reported_at = now(), held = EXCLUDED.held, claimed = EXCLUDED.claimed,
+           claim_rate = EXCLUDED.claim_rate
 ), minute AS (
-    INSERT INTO etl_replica_minutes (minute, owner_id, started_at, succeeded, failed,
-                                     failed_by_code, recovered, pickups, pickup_seconds)
-    VALUES (date_trunc('minute', now()), $1, $2, $6, $7, $8, $9, $10, $11)
-        ON CONFLICT (minute, owner_id) DO UPDATE
+    INSERT INTO etl_replica_minutes (minute, owner_id, incarnation, started_at, succeeded,
+                                     failed, failed_by_code, recovered, pickups, pickup_seconds)
+    VALUES (date_trunc('minute', now()), $1, $12, $2, $6, $7, $8, $9, $10, $11)
+        ON CONFLICT (minute, owner_id, incarnation) DO UPDATE
        SET started_at = EXCLUDED.started_at, succeeded = EXCLUDED.succeeded,
            failed = EXCLUDED.failed, failed_by_code = EXCLUDED.failed_by_code,
            recovered = EXCLUDED.recovered, pickups = EXCLUDED.pickups,
@@ -49,27 +63,46 @@ WITH replica AS (
 )
 DELETE FROM etl_replicas WHERE reported_at < now() - interval '1 hour'";
 
-/// Deletes owner `$1`'s replica row: it stopped.
+/// Deletes owner `$1`'s replica row if it is still incarnation `$2`'s: it stopped.
 ///
 /// Locks: the row's lock.
-pub(crate) const GONE_SQL: &str = "DELETE FROM etl_replicas WHERE owner_id = $1";
+pub(crate) const GONE_SQL: &str =
+    "DELETE FROM etl_replicas WHERE owner_id = $1 AND incarnation = $2";
 
-/// The reporter role: reports every heartbeat interval (at once, then on every tick) until
-/// `stop`, then deletes its replica row.
+/// One run of a replica: what its reports say it is.
+#[derive(Debug, Clone, Copy)]
+struct Incarnation {
+    /// Its random id.
+    id: Uuid,
+    /// When it started.
+    started_at: DateTime<Utc>,
+}
+
+/// The reporter role: reports every heartbeat interval (at once, then on every tick, except
+/// while the session is known to have lost the owner lock) until `stop`, then deletes its
+/// replica row if it is still its own.
 pub(crate) async fn run(shared: Arc<Shared>, held: HeldJobs, stop: CancellationToken) {
-    let started_at = Utc::now();
+    let incarnation = Incarnation {
+        id: Uuid::new_v4(),
+        started_at: Utc::now(),
+    };
     let mut last: Option<(Instant, u64)> = None;
     let mut tick = ticker(shared.config.heartbeat_interval);
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
-            _ = tick.tick() => match report(&shared, &held, started_at, last).await {
-                Ok(now) => last = Some(now),
-                Err(e) => tracing::warn!(code = %e.code(), "report failed"),
-            },
+            _ = tick.tick() => {
+                if shared.signals.is_some() && !shared.owner_locked() {
+                    continue;
+                }
+                match report(&shared, &held, incarnation, last).await {
+                    Ok(now) => last = Some(now),
+                    Err(e) => tracing::warn!(code = %e.code(), "report failed"),
+                }
+            }
         }
     }
-    if let Err(e) = gone(&shared).await {
+    if let Err(e) = gone(&shared, incarnation).await {
         tracing::warn!(code = %e.code(), "report of the stop failed");
     }
 }
@@ -79,7 +112,7 @@ pub(crate) async fn run(shared: Arc<Shared>, held: HeldJobs, stop: CancellationT
 async fn report(
     shared: &Shared,
     held: &HeldJobs,
-    started_at: DateTime<Utc>,
+    incarnation: Incarnation,
     last: Option<(Instant, u64)>,
 ) -> Result<(Instant, u64), Error> {
     let now = Instant::now();
@@ -110,9 +143,9 @@ async fn report(
         count(recovered),
         count(stats.pickups),
     ];
-    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 11] = [
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 12] = [
         (&owner, Type::TEXT),
-        (&started_at, Type::TIMESTAMPTZ),
+        (&incarnation.started_at, Type::TIMESTAMPTZ),
         (&held_now, Type::INT4),
         (&totals[0], Type::INT8),
         (&rate, Type::FLOAT8),
@@ -122,6 +155,7 @@ async fn report(
         (&totals[3], Type::INT8),
         (&totals[4], Type::INT8),
         (&pickup_seconds, Type::FLOAT8),
+        (&incarnation.id, Type::UUID),
     ];
     let conn = db::checkout(&shared.pool).await?;
     shared.stats.record_round_trips(1);
@@ -130,11 +164,12 @@ async fn report(
     Ok((now, stats.claimed))
 }
 
-/// Deletes the replica's row as it stops.
-async fn gone(shared: &Shared) -> Result<(), Error> {
+/// Deletes the replica's row as it stops, if it is still `incarnation`'s.
+async fn gone(shared: &Shared, incarnation: Incarnation) -> Result<(), Error> {
     let conn = db::checkout(&shared.pool).await?;
     let owner = shared.owner_id();
-    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&owner, Type::TEXT)];
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+        [(&owner, Type::TEXT), (&incarnation.id, Type::UUID)];
     db::bounded(
         shared.statement_bound,
         conn.execute_typed(GONE_SQL, &params),

@@ -328,10 +328,7 @@ async fn the_demo_runs_to_completion_in_its_own_database() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", stderr(&out));
     let row = |label: &str| {
-        stdout
-            .lines()
-            .find(|l| l.starts_with(label))
-            .unwrap_or_else(|| panic!("{label} missing from:\n{stdout}"))
+        line_starting(stdout.lines(), label)
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ")
@@ -392,6 +389,19 @@ async fn the_demo_ends_with_its_final_table_and_logs_carry_no_colour_into_files(
     drop_database(&name).await;
 }
 
+/// The first of `lines` that starts with `prefix` (a failure names the lines when none does).
+fn line_starting<'a>(lines: impl Iterator<Item = &'a str> + Clone, prefix: &str) -> &'a str {
+    lines
+        .clone()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| {
+            panic!(
+                "no line starts {prefix:?} in:\n{:#?}",
+                lines.collect::<Vec<_>>()
+            )
+        })
+}
+
 /// The one line the demo prints when no PostgreSQL server answers (the binary's `demo::NO_SERVER`,
 /// read here from its output since the demo lives on the binary side).
 const DEMO_NO_SERVER: &str = "durable-etl demo needs PostgreSQL: start the local server (apt-get install postgresql; pg_ctlcluster 15 main start) or set DATABASE_URL=postgres://USER@HOST:PORT/DB";
@@ -404,8 +414,43 @@ fn the_demo_says_in_one_line_what_to_do_without_a_server() {
     assert_eq!(stdout.trim(), DEMO_NO_SERVER);
 }
 
-/// `demo --serve` keeps the API and the console up after its table, prints the console's address
-/// and the demo's key, and a newcomer signs in there and sees the demo's jobs; a signal ends it.
+/// Signs in to the console at `url` with `key` as a fresh browser would; returns the session
+/// cookie (`name=value`).
+async fn console_session(http: &reqwest::Client, url: &str, key: &str) -> String {
+    let form = http.get(format!("{url}/sign-in")).send().await.unwrap();
+    let nonce = form.headers()["set-cookie"].to_str().unwrap();
+    let nonce = nonce[..nonce.find(';').unwrap()].to_owned();
+    let body = form.text().await.unwrap();
+    let at = body.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let signed = http
+        .post(format!("{url}/sign-in"))
+        .header("cookie", nonce)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("api_key={key}&csrf={}", &body[at..at + 64]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed.status(), reqwest::StatusCode::SEE_OTHER);
+    let session = signed.headers()["set-cookie"].to_str().unwrap();
+    session[..session.find(';').unwrap()].to_owned()
+}
+
+/// The JSON body of the answer to `request`.
+async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+/// The last word of `line`, without a closing parenthesis: the key the demo prints.
+fn printed_key(line: &str) -> String {
+    let key = line.rsplit(' ').next().unwrap().trim_end_matches(')');
+    assert!(key.starts_with(api_keys::API_KEY_PREFIX), "{line}");
+    key.to_owned()
+}
+
+/// `demo --serve` keeps the API, the console and its replicas up after its table, prints the
+/// console's address, the demo's key and an operator key: a newcomer signs in there and sees the
+/// demo's jobs, a job submitted after the table succeeds, and the operator key opens the
+/// operator view; a signal ends it.
 #[tokio::test]
 async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
     use std::io::BufRead;
@@ -432,46 +477,29 @@ async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
             let _ = lines.send(line);
         }
     });
-    let console_line = loop {
+    let mut printed = Vec::new();
+    while !printed
+        .iter()
+        .any(|l: &String| l.starts_with("serving until"))
+    {
         let line = tokio::time::timeout(std::time::Duration::from_secs(90), seen.recv())
             .await
-            .expect("the console line within 90 s")
+            .expect("the serving line within 90 s")
             .expect("the demo's output");
-        if line.starts_with("console: ") {
-            break line;
-        }
-    };
+        printed.push(line);
+    }
+    let find = |prefix: &str| line_starting(printed.iter().map(String::as_str), prefix).to_owned();
+    let console_line = find("console: ");
     let url = console_line.split_whitespace().nth(1).unwrap().to_owned();
-    let key = console_line
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .trim_end_matches(')')
-        .to_owned();
-    assert!(key.starts_with(api_keys::API_KEY_PREFIX), "{console_line}");
+    let key = printed_key(&console_line);
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
-    let form = http.get(format!("{url}/sign-in")).send().await.unwrap();
-    let nonce = form.headers()["set-cookie"].to_str().unwrap();
-    let nonce = nonce[..nonce.find(';').unwrap()].to_owned();
-    let body = form.text().await.unwrap();
-    let at = body.find("name=\"csrf\" value=\"").unwrap() + 19;
-    let signed = http
-        .post(format!("{url}/sign-in"))
-        .header("cookie", nonce)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("api_key={key}&csrf={}", &body[at..at + 64]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(signed.status(), reqwest::StatusCode::SEE_OTHER);
-    let session = signed.headers()["set-cookie"].to_str().unwrap();
-    let session = session[..session.find(';').unwrap()].to_owned();
+    let session = console_session(&http, &url, &key).await;
     let jobs = http
         .get(format!("{url}/jobs"))
-        .header("cookie", session)
+        .header("cookie", &session)
         .send()
         .await
         .unwrap()
@@ -484,6 +512,47 @@ async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
         "the six samples: {jobs}"
     );
     assert!(jobs.contains("status-succeeded") && jobs.contains("status-cancelled"));
+
+    // A job submitted after the table: the replicas are still there to run it.
+    let api = url.trim_end_matches("/console");
+    let submitted = json_of(
+        http.post(format!("{api}/v1/etl-jobs"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", "after-the-table")
+            .json(&serde_json::json!({"dataset": "orders", "key": "order_id",
+                                      "records": [{"order_id": "Z-1", "amount": "1"}]})),
+    )
+    .await;
+    let id = submitted["id"].as_str().unwrap().to_owned();
+    let mut status = String::new();
+    for _ in 0..300 {
+        let job = json_of(
+            http.get(format!("{api}/v1/etl-jobs/{id}"))
+                .bearer_auth(&key),
+        )
+        .await;
+        status = job["status"].as_str().unwrap_or_default().to_owned();
+        if status == "succeeded" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "succeeded", "the job submitted after the table");
+
+    // The operator key opens the operator view, which shows the demo's two replicas.
+    let operator_line = find("operator view: ");
+    let operator = console_session(&http, &url, &printed_key(&operator_line)).await;
+    let view = http
+        .get(format!("{url}/operator"))
+        .header("cookie", &operator)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(view.status(), reqwest::StatusCode::OK);
+    let view = view.text().await.unwrap();
+    for replica in ["demo-replica-1", "demo-replica-2"] {
+        assert!(view.contains(&format!("<code>{replica}</code>")), "{view}");
+    }
     crate::support::signal(&child, "TERM");
     let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
         .await

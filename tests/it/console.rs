@@ -5,8 +5,8 @@
 use crate::support::{pool, TestDb};
 use durable_etl::api::{self, AppState};
 use durable_etl::api_keys::{self, Role};
-use durable_etl::config::ApiConfig;
 use durable_etl::config::WorkerConfig;
+use durable_etl::config::{ApiConfig, DatabaseConfig};
 use durable_etl::digest::Secret;
 use durable_etl::etl::load::EtlLoad;
 use durable_etl::handler::Registry;
@@ -200,9 +200,21 @@ impl Console {
     /// Starts a replica that runs ETL loads against the console's database, polling every
     /// 100 ms and reporting every second, as `owner_id`.
     pub(crate) async fn replica(&self, owner_id: &str) -> Replica {
+        self.try_replica_on(&self.db.config, owner_id)
+            .await
+            .unwrap()
+    }
+
+    /// [`Console::replica`] connecting with `config` (to the console's database, through a
+    /// proxy, say), or the error its start met.
+    pub(crate) async fn try_replica_on(
+        &self,
+        config: &DatabaseConfig,
+        owner_id: &str,
+    ) -> Result<Replica, durable_etl::Error> {
         let worker = Worker::start(
-            pool(&self.db).await,
-            &self.db.config,
+            durable_etl::db::connect_pool(config, "test").await?,
+            config,
             WorkerConfig {
                 owner_id: owner_id.to_owned(),
                 poll_interval: Duration::from_millis(100),
@@ -212,13 +224,12 @@ impl Console {
             },
             Registry::new().register(EtlLoad::default()),
         )
-        .await
-        .unwrap();
+        .await?;
         let (trigger, shutdown) = shutdown::manual();
-        Replica {
+        Ok(Replica {
             trigger,
             running: tokio::spawn(worker.run(shutdown)),
-        }
+        })
     }
 }
 
@@ -235,6 +246,21 @@ impl Replica {
     pub(crate) async fn stop(self) {
         self.trigger.request(shutdown::Stage::Draining);
         self.running.await.unwrap().unwrap();
+    }
+
+    /// Kills it as `kill -9` would: its tasks end where they are, nothing runs after them (no
+    /// release, no last report), and its connections close.
+    pub(crate) async fn kill(self) {
+        self.running.abort();
+        let _ = self.running.await;
+    }
+
+    /// Waits (at most 30 s) for it to stop by itself; returns how its run ended.
+    pub(crate) async fn ended(self) -> Result<(), durable_etl::Error> {
+        tokio::time::timeout(Duration::from_secs(30), self.running)
+            .await
+            .expect("the replica to stop within 30 s")
+            .unwrap()
     }
 }
 
@@ -264,6 +290,12 @@ async fn sign_in_exchanges_a_key_for_a_strict_session_cookie_that_never_holds_th
     assert_secured(&form);
     assert_eq!(form.headers["cache-control"], "no-store");
     assert!(form.body.contains("<label for=\"api_key\">API key</label>"));
+    // The key is never stored in the browser: its field asks no password manager to keep it.
+    assert!(
+        form.body.contains("autocomplete=\"off\"") && !form.body.contains("current-password"),
+        "{}",
+        form.body
+    );
     let nonce_cookie = form.headers[SET_COOKIE].to_str().unwrap().to_owned();
     for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/console"] {
         assert!(nonce_cookie.contains(attribute), "{nonce_cookie}");
@@ -520,18 +552,53 @@ async fn sign_out_needs_the_token_and_clears_the_cookie() {
     let page = console.get("/console/jobs", &session).await;
     let forged = console.post("/console/sign-out", &session, "csrf=x").await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
-    let out = console
-        .post(
-            "/console/sign-out",
-            &session,
-            &format!("csrf={}", page.csrf()),
+    // A session signed out long ago, whose cookie has expired since: the next sign-out purges it.
+    let client = console.db.client().await;
+    client
+        .execute(
+            "INSERT INTO etl_console_ended_sessions (session_id, expires_at)
+             VALUES (gen_random_uuid(), now() - interval '1 second')",
+            &[],
         )
-        .await;
+        .await
+        .unwrap();
+    let token = format!("csrf={}", page.csrf());
+    let out = console.post("/console/sign-out", &session, &token).await;
     assert_eq!(
         (out.status, out.location()),
         (StatusCode::SEE_OTHER, "/console/sign-in")
     );
     assert_eq!(out.cookie("detl_session").as_deref(), Some(""));
+    // A copy of the cookie taken before the sign-out is refused from then on: the session ended
+    // on the server, not only in the browser.
+    let replayed = console.get("/console/jobs", &session).await;
+    assert_eq!(
+        (replayed.status, replayed.location()),
+        (StatusCode::SEE_OTHER, "/console/sign-in"),
+        "a signed-out session's cookie replayed"
+    );
+    let again = console.post("/console/sign-out", &session, &token).await;
+    assert_eq!(again.status, StatusCode::FORBIDDEN, "its forms too");
+    assert_eq!(
+        crate::support::count(&client, "etl_console_ended_sessions").await,
+        1,
+        "this session's row only: the expired one was purged, the refused form wrote none"
+    );
+    assert_eq!(
+        crate::support::count(
+            &client,
+            "etl_console_ended_sessions WHERE expires_at > now() + interval '29 minutes'"
+        )
+        .await,
+        1,
+        "kept until the cookie's own expiry"
+    );
+    // Another session of the same key lives on.
+    let other = console.sign_in(&console.bob).await;
+    assert_eq!(
+        console.get("/console/jobs", &other).await.status,
+        StatusCode::OK
+    );
     let css = console.get("/console/console.css", "").await;
     assert_eq!(css.status, StatusCode::OK);
     assert!(css.headers[CONTENT_TYPE]

@@ -180,7 +180,14 @@ async fn concurrent_identical_replacements_with_one_key_replay() {
         done.map_err(|e| e.code())
     });
     eventually("the second submission waits on the first", || async {
-        count(&client, "pg_locks WHERE NOT granted").await > 0
+        // A wait for a transaction's lock names no database: scoped by the waiting backend's.
+        count(
+            &client,
+            "pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+              WHERE NOT l.granted AND a.datname = current_database()",
+        )
+        .await
+            > 0
     })
     .await;
     first_tx.commit().await.unwrap();

@@ -294,7 +294,7 @@ async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
             // The claim is the only statement that bumps the fencing token.
             count(
                 client,
-                "pg_stat_activity WHERE wait_event_type = 'Lock'
+                "pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()
                    AND query LIKE '%fencing_token = j.fencing_token + 1%'",
             )
             .await

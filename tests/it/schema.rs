@@ -11,6 +11,16 @@ use durable_etl::schema;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
+/// The versions this release knows from `first` on, in order. Numbers are not contiguous while a
+/// parallel branch holds one back (0014 came before 0013 merged).
+fn versions_from(first: i32) -> Vec<i32> {
+    schema::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| *v >= first)
+        .collect()
+}
+
 #[tokio::test]
 async fn up_down_up_restores_the_catalog_exactly() {
     let db = TestDb::empty().await;
@@ -22,10 +32,7 @@ async fn up_down_up_restores_the_catalog_exactly() {
     );
 
     let up = schema::migrate_up(&mut client).await.unwrap();
-    assert_eq!(
-        up.changed,
-        (1..=schema::latest_version()).collect::<Vec<_>>()
-    );
+    assert_eq!(up.changed, versions_from(1));
     assert_eq!(up.version, schema::latest_version());
     let migrated = catalog_snapshot(&client).await;
     assert!(migrated
@@ -35,7 +42,7 @@ async fn up_down_up_restores_the_catalog_exactly() {
     let down = schema::migrate_down_to(&mut client, 0).await.unwrap();
     assert_eq!(
         down.changed,
-        (1..=schema::latest_version()).rev().collect::<Vec<_>>()
+        versions_from(1).into_iter().rev().collect::<Vec<_>>()
     );
     assert_eq!(down.version, 0);
     assert_eq!(catalog_snapshot(&client).await, before);
@@ -48,7 +55,7 @@ async fn up_down_up_restores_the_catalog_exactly() {
     assert!(noop.changed.is_empty());
 
     // Each intermediate version reached by `down` is exactly the schema its `up` scripts build.
-    for target in (1..schema::latest_version()).rev() {
+    for target in versions_from(1).into_iter().rev().skip(1) {
         schema::migrate_down_to(&mut client, target).await.unwrap();
         let reference_db = TestDb::empty().await;
         let reference = reference_db.client().await;
@@ -68,7 +75,7 @@ async fn up_down_up_restores_the_catalog_exactly() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, i64::from(schema::latest_version()));
+    assert_eq!(history, schema::MIGRATIONS.len() as i64);
 }
 
 #[tokio::test]
@@ -88,7 +95,7 @@ async fn four_concurrent_migrations_apply_each_version_exactly_once() {
         applied.extend(report.changed);
     }
     applied.sort_unstable();
-    assert_eq!(applied, (1..=schema::latest_version()).collect::<Vec<_>>());
+    assert_eq!(applied, versions_from(1));
     let client = db.client().await;
     assert_eq!(
         schema::check_compatible(&client).await.unwrap(),
@@ -471,7 +478,7 @@ async fn migration_0009_makes_enqueues_notify_only_while_a_replica_waits_and_rou
     insert_job(&client, "now()").await;
 
     let down = schema::migrate_down_to(&mut client, 8).await.unwrap();
-    let from_9: Vec<i32> = (9..=schema::latest_version()).collect();
+    let from_9 = versions_from(9);
     let reversed: Vec<i32> = from_9.iter().rev().copied().collect();
     assert_eq!((down.changed, down.version), (reversed, 8));
     let table: Vec<Option<String>> =
@@ -567,10 +574,7 @@ async fn migration_0005_lets_a_transaction_skip_the_trigger_notify_and_round_tri
 
     let up = schema::migrate_up(&mut client).await.unwrap();
     let latest_version = schema::latest_version();
-    assert_eq!(
-        (up.changed, up.version),
-        ((5..=latest_version).collect::<Vec<_>>(), latest_version)
-    );
+    assert_eq!((up.changed, up.version), (versions_from(5), latest_version));
     assert_eq!(catalog_snapshot(&client).await, latest);
     register_waiting(&client, "listener").await;
     insert_opted_out(&mut client, false).await;
@@ -1102,10 +1106,7 @@ async fn migration_0008_moves_live_and_ended_jobs_and_back() {
     assert_eq!((view.len(), ledger.len()), (5, 1));
 
     let up = schema::migrate_up(&mut client).await.unwrap();
-    assert_eq!(
-        up.changed,
-        (8..=schema::latest_version()).collect::<Vec<_>>()
-    );
+    assert_eq!(up.changed, versions_from(8));
     assert_eq!(text_rows(&client, VIEW_ROWS).await, view);
     assert_eq!(
         text_rows(&client, &intake_rows("etl_job_intake")).await,
@@ -1182,7 +1183,7 @@ async fn migration_0008_moves_live_and_ended_jobs_and_back() {
     let down = schema::migrate_down_to(&mut client, 7).await.unwrap();
     assert_eq!(
         down.changed,
-        (8..=schema::latest_version()).rev().collect::<Vec<_>>()
+        versions_from(8).into_iter().rev().collect::<Vec<_>>()
     );
     assert_eq!(text_rows(&client, VIEW_ROWS).await, view);
     assert_eq!(text_rows(&client, WIDE_ROWS).await, wide);

@@ -262,6 +262,7 @@ async fn a_dead_owners_jobs_are_claimable_long_before_their_lease_expires() {
             count(
                 client,
                 "pg_locks WHERE locktype = 'advisory' AND granted
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                    AND ((classid::bigint << 32) | objid::bigint) = durable_etl_owner_lock_key('doomed-a')",
             )
             .await

@@ -2,9 +2,10 @@
 //! the JSON API.
 //!
 //! Invariants this module keeps:
-//! - Every page but sign-in needs a session ([`session`]); without one, a page redirects to
-//!   sign-in and a form is refused. An owner sees exactly the jobs the API would show that owner's
-//!   key, and another owner's job answers like one that does not exist (`404`).
+//! - Every page but sign-in needs a session ([`session`]) that was not signed out; without one, a
+//!   page redirects to sign-in and a form is refused. An owner sees exactly the jobs the API
+//!   would show that owner's key, and another owner's job answers like one that does not exist
+//!   (`404`).
 //! - Every state-changing request is a `POST` carrying the session's anti-forgery token; a
 //!   missing or wrong token is refused (`403`) before anything is read or written.
 //! - Every answer carries a strict Content-Security-Policy (no inline script or style, nothing
@@ -234,15 +235,18 @@ async fn form_viewer<'a>(
     })
 }
 
-/// Ends the session: its cookie is removed (the key stays live; revoke it to end every session).
+/// Ends the session on the server (a copy of its cookie is refused from then on) and removes its
+/// cookie; the key stays live (revoke it to end every session).
 async fn sign_out(
     State(state): State<AppState>,
     headers: HeaderMap,
     Form(form): Form<Token>,
 ) -> Result<Response, Problem> {
-    if let Err(refused) = form_viewer(&state, &headers, &form.csrf).await? {
-        return Ok(refused);
-    }
+    let (viewer, conn) = match form_viewer(&state, &headers, &form.csrf).await? {
+        Ok(signed_in) => signed_in,
+        Err(refused) => return Ok(refused),
+    };
+    session::end(&*conn, viewer.session).await?;
     let mut response = Redirect::to("/console/sign-in").into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,

@@ -10,15 +10,18 @@
 //!   backlog sample reads the live table of active jobs only, through its partial indexes or a
 //!   scan, whichever the planner prefers. `benches/console.rs` measures the page with 1,000,000
 //!   ended jobs.
-//! - A replica's minute rows hold its totals since it started; a minute's figure is the
-//!   difference from the replica's previous row of the same incarnation (the same `started_at`),
-//!   or the total itself in the minute it started. A difference across a gap in its reports is
-//!   counted in the minute that ends the gap.
+//! - A replica's minute rows hold its incarnation's totals since it started (migration 0015: one
+//!   row per minute, owner id and incarnation); a minute's figure is the sum over incarnations of
+//!   the difference from the incarnation's previous row (the same owner id, incarnation and
+//!   `started_at`), or the total itself in the minute it started. Two incarnations of one owner
+//!   id in one minute (a restart after `kill -9`) add up. A difference across a gap in its
+//!   reports is counted in the minute that ends the gap.
 
 use crate::metrics::{sample_queue, QueueSample};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use tokio_postgres::GenericClient;
+use uuid::Uuid;
 
 /// Minutes shown.
 pub(crate) const MINUTES: i64 = 60;
@@ -34,13 +37,13 @@ SELECT owner_id, started_at, extract(epoch FROM now() - reported_at)::float8, he
 /// the database's current minute.
 ///
 /// Locks: none (the rows of the last 61 minutes, about half the table: a scan of it, or a range
-/// of the primary key `(minute, owner_id)`).
+/// of the primary key `(minute, owner_id, incarnation)`).
 const MINUTES_SQL: &str = "
 SELECT minute, owner_id, started_at, succeeded, failed, failed_by_code, recovered, pickups,
-       pickup_seconds, date_trunc('minute', now())
+       pickup_seconds, date_trunc('minute', now()), incarnation
   FROM etl_replica_minutes
  WHERE minute >= date_trunc('minute', now()) - interval '61 minutes'
- ORDER BY owner_id, minute";
+ ORDER BY owner_id, started_at, incarnation, minute";
 
 /// A live replica.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +67,8 @@ pub(crate) struct Totals {
     pub(crate) minute: DateTime<Utc>,
     /// The replica.
     pub(crate) owner_id: String,
+    /// That incarnation of it (nil for rows written before migration 0015).
+    pub(crate) incarnation: Uuid,
     /// When that incarnation of it started.
     pub(crate) started_at: DateTime<Utc>,
     /// Jobs succeeded since it started.
@@ -166,6 +171,7 @@ pub(crate) async fn overview(
             Totals {
                 minute: r.get(0),
                 owner_id: r.get(1),
+                incarnation: r.get(10),
                 started_at: r.get(2),
                 succeeded: r.get(3),
                 failed: r.get(4),
@@ -195,8 +201,8 @@ pub(crate) async fn overview(
 }
 
 /// The fleet's last [`MINUTES`] minutes up to `now` (oldest first), their failures by code and
-/// their recovery events, from the replicas' totals (ordered by replica, then minute; see the
-/// module's invariants).
+/// their recovery events, from the replicas' totals (ordered by replica, then incarnation, then
+/// minute; see the module's invariants).
 pub(crate) fn per_minute(totals: &[Totals], now: DateTime<Utc>) -> LastHour {
     let first = now - chrono::Duration::minutes(MINUTES - 1);
     let mut minutes = vec![Minute::default(); MINUTES as usize];
@@ -204,8 +210,11 @@ pub(crate) fn per_minute(totals: &[Totals], now: DateTime<Utc>) -> LastHour {
     let mut recoveries = Vec::new();
     let mut previous: Option<&Totals> = None;
     for row in totals {
-        let before =
-            previous.filter(|p| p.owner_id == row.owner_id && p.started_at == row.started_at);
+        let before = previous.filter(|p| {
+            p.owner_id == row.owner_id
+                && p.incarnation == row.incarnation
+                && p.started_at == row.started_at
+        });
         previous = Some(row);
         let started_then = row.started_at >= row.minute - chrono::Duration::minutes(1);
         if row.minute < first || (before.is_none() && !started_then) {
@@ -265,6 +274,7 @@ mod tests {
         Totals {
             minute: at(m),
             owner_id: owner.to_owned(),
+            incarnation: Uuid::from_u128(u128::try_from(start).unwrap_or_default()),
             started_at: at(start),
             succeeded,
             failed: failed_total,
@@ -324,5 +334,21 @@ mod tests {
         assert_eq!(minutes[1].recovered, 2);
         assert_eq!(minutes[1].mean_pickup_ms().map(|ms| ms.round()), Some(1.0));
         assert_eq!(Minute::default().mean_pickup_ms(), None);
+    }
+
+    #[test]
+    fn incarnations_of_one_owner_id_in_one_minute_add_up() {
+        let now = at(100);
+        // Killed at 99 after 41 jobs (5 failed); restarted in the same minute: 23 more (2 failed).
+        let first = row("a", 99, 99, 36, &[("record_invalid", 5)]);
+        let mut second = row("a", 99, 99, 21, &[("record_invalid", 2)]);
+        second.incarnation = Uuid::from_u128(7);
+        second.started_at = at(99) + chrono::Duration::seconds(30);
+        let LastHour {
+            minutes, failures, ..
+        } = per_minute(&[first, second], now);
+        assert_eq!(minutes[58].succeeded, 57);
+        assert_eq!(minutes[58].failed, 7);
+        assert_eq!(failures, BTreeMap::from([("record_invalid".to_owned(), 7)]));
     }
 }

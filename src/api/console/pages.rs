@@ -87,7 +87,7 @@ pub(crate) fn sign_in(csrf: &str, refused: bool) -> Markup {
                 p {
                     label for="api_key" { "API key" }
                     input id="api_key" name="api_key" type="password" required
-                          autocomplete="current-password" autofocus size="40";
+                          autocomplete="off" autofocus size="40";
                 }
                 button type="submit" { "Sign in" }
             }

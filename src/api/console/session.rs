@@ -2,11 +2,15 @@
 //! anti-forgery tokens of the console's forms.
 //!
 //! Invariants this module keeps:
-//! - The session cookie holds the key's id and an expiry, signed with HMAC-SHA-256 under
-//!   `DURABLE_ETL_SECRET` (its own domain label); never the key, the owner or anything the key
-//!   could be found from. It is `HttpOnly`, `SameSite=Strict`, `Secure` and scoped to `/console`,
-//!   and lives [`SESSION_LIFETIME`].
-//! - Every request reads the key again by id: revoking the key ends its sessions at once.
+//! - The session cookie holds the key's id, a random session id and an expiry, signed with
+//!   HMAC-SHA-256 under `DURABLE_ETL_SECRET` (its own domain label); never the key, the owner or
+//!   anything the key could be found from. It is `HttpOnly`, `SameSite=Strict`, `Secure` and
+//!   scoped to `/console`, and lives [`SESSION_LIFETIME`].
+//! - Every request reads the key again by id, and whether its session was signed out, in one
+//!   pipelined round trip: revoking the key ends its sessions at once, and signing out ends that
+//!   session on the server (`etl_console_ended_sessions`, migration 0015), so a copy of its
+//!   cookie is refused like an expired one. The table stays bounded: each sign-out deletes the
+//!   rows past their cookie's expiry, after which the cookie is refused anyway.
 //! - Every state-changing form carries a token derived from the session cookie (its own label),
 //!   which a page of another site cannot read; the sign-in form carries one derived from a nonce
 //!   cookie set with the form (so another site cannot sign a browser into its own key).
@@ -16,7 +20,9 @@ use crate::api_keys::{self, KeyHolder};
 use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
 use axum::http::{header, HeaderMap, HeaderValue};
+use chrono::{DateTime, Utc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
@@ -32,11 +38,42 @@ pub(crate) const SESSION_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// How long a sign-in form may be submitted after it was served.
 pub(crate) const SIGN_IN_LIFETIME: Duration = Duration::from_secs(10 * 60);
 
-/// A signed-in viewer: the key's holder, and the token its forms carry.
+/// Whether session `$1` was signed out.
+///
+/// Locks: none (a primary-key read).
+const ENDED_SQL: &str =
+    "SELECT EXISTS (SELECT 1 FROM etl_console_ended_sessions WHERE session_id = $1)";
+
+/// Ends session `$1`, whose cookie expires at `$2`, and deletes the rows of sessions whose cookie
+/// has expired (refused anyway): the table holds only sign-outs of the last [`SESSION_LIFETIME`].
+///
+/// Locks: the new row's; the deleted rows' (expired sessions nobody reads any more).
+const END_SQL: &str = "
+WITH purged AS (
+    DELETE FROM etl_console_ended_sessions WHERE expires_at < now()
+)
+INSERT INTO etl_console_ended_sessions (session_id, expires_at)
+VALUES ($1, $2)
+    ON CONFLICT (session_id) DO NOTHING";
+
+/// What a valid session cookie says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Session {
+    /// The key it was signed in with.
+    pub(crate) key_id: Uuid,
+    /// The session's own id (random, one per sign-in).
+    pub(crate) id: Uuid,
+    /// When its cookie expires, in Unix seconds.
+    pub(crate) expires: u64,
+}
+
+/// A signed-in viewer: the key's holder, its session, and the token its forms carry.
 #[derive(Debug, Clone)]
 pub(crate) struct Viewer {
     /// Who the session acts for.
     pub(crate) holder: KeyHolder,
+    /// The session, for signing out.
+    pub(crate) session: Session,
     /// The anti-forgery token of this session's forms.
     pub(crate) csrf: String,
 }
@@ -69,28 +106,46 @@ fn same(a: &str, b: &str) -> bool {
             == 0
 }
 
-/// The value of a session cookie for key `id`, expiring at `expires` (Unix seconds).
-pub(crate) fn session_value(secret: &Secret, id: Uuid, expires: u64) -> String {
-    let payload = format!("{id}.{expires}");
+/// The value of the cookie of `session`.
+pub(crate) fn session_value(secret: &Secret, session: Session) -> String {
+    let payload = format!(
+        "{}.{}.{}",
+        session.key_id,
+        session.id.simple(),
+        session.expires
+    );
     let mac = signature(secret, DigestKind::ConsoleSession, &payload);
     format!("{payload}.{mac}")
 }
 
-/// A new session's cookie value for key `id`.
-pub(crate) fn new_session(secret: &Secret, id: Uuid) -> String {
-    session_value(secret, id, now() + SESSION_LIFETIME.as_secs())
+/// A new session's cookie value for key `key_id`.
+pub(crate) fn new_session(secret: &Secret, key_id: Uuid) -> String {
+    let session = Session {
+        key_id,
+        id: Uuid::new_v4(),
+        expires: now() + SESSION_LIFETIME.as_secs(),
+    };
+    session_value(secret, session)
 }
 
-/// The key id of a session cookie `value` whose signature holds and that has not expired at
-/// `now` (Unix seconds).
-pub(crate) fn verify_session(secret: &Secret, value: &str, now: u64) -> Option<Uuid> {
+/// The session of a cookie `value` whose signature holds and that has not expired at `now`
+/// (Unix seconds). A cookie of the format before sessions had ids is refused.
+pub(crate) fn verify_session(secret: &Secret, value: &str, now: u64) -> Option<Session> {
     let (payload, mac) = value.rsplit_once('.')?;
     if !same(mac, &signature(secret, DigestKind::ConsoleSession, payload)) {
         return None;
     }
-    let (id, expires) = payload.split_once('.')?;
-    let expires: u64 = expires.parse().ok()?;
-    (now < expires).then(|| Uuid::parse_str(id).ok()).flatten()
+    let mut parts = payload.split('.');
+    let (key_id, id, expires) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let session = Session {
+        key_id: Uuid::parse_str(key_id).ok()?,
+        id: Uuid::parse_str(id).ok()?,
+        expires: expires.parse().ok()?,
+    };
+    (now < session.expires).then_some(session)
 }
 
 /// The anti-forgery token of forms bound to `value` (a session cookie, or a sign-in nonce).
@@ -142,7 +197,8 @@ pub(crate) fn clear_cookie(name: &str) -> HeaderValue {
     set_cookie(name, "", Duration::ZERO)
 }
 
-/// The viewer of a request whose session cookie is valid and whose key is still live.
+/// The viewer of a request whose session cookie is valid, whose session was not signed out and
+/// whose key is still live.
 ///
 /// # Errors
 /// Database errors.
@@ -154,15 +210,40 @@ pub(crate) async fn viewer(
     let Some(value) = cookie(headers, SESSION_COOKIE) else {
         return Ok(None);
     };
-    let Some(id) = verify_session(secret, value, now()) else {
+    let Some(session) = verify_session(secret, value, now()) else {
         return Ok(None);
     };
-    Ok(api_keys::holder_of_id(client, id)
-        .await?
-        .map(|holder| Viewer {
-            holder,
-            csrf: csrf_token(secret, value),
-        }))
+    // Both reads are pipelined on the one connection: one round trip.
+    let ended = async {
+        let row = client
+            .query_typed_one(ENDED_SQL, &[(&session.id, Type::UUID)])
+            .await?;
+        Ok::<bool, Error>(row.get(0))
+    };
+    let (holder, ended) = tokio::try_join!(api_keys::holder_of_id(client, session.key_id), ended)?;
+    Ok(holder.filter(|_| !ended).map(|holder| Viewer {
+        holder,
+        session,
+        csrf: csrf_token(secret, value),
+    }))
+}
+
+/// Ends `session` on the server: its cookie is refused from now on, wherever it was copied to.
+///
+/// # Errors
+/// Database errors.
+pub(crate) async fn end(client: &impl GenericClient, session: Session) -> Result<(), Error> {
+    let expires = i64::try_from(session.expires)
+        .ok()
+        .and_then(|secs| DateTime::<Utc>::from_timestamp(secs, 0))
+        .unwrap_or_else(|| Utc::now() + SESSION_LIFETIME);
+    client
+        .execute_typed(
+            END_SQL,
+            &[(&session.id, Type::UUID), (&expires, Type::TIMESTAMPTZ)],
+        )
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -176,9 +257,13 @@ mod tests {
 
     #[test]
     fn a_session_verifies_until_it_expires_and_never_once_altered() {
-        let id = Uuid::now_v7();
-        let value = session_value(&secret(), id, 1_000);
-        assert_eq!(verify_session(&secret(), &value, 999), Some(id));
+        let session = Session {
+            key_id: Uuid::now_v7(),
+            id: Uuid::new_v4(),
+            expires: 1_000,
+        };
+        let value = session_value(&secret(), session);
+        assert_eq!(verify_session(&secret(), &value, 999), Some(session));
         assert_eq!(verify_session(&secret(), &value, 1_000), None, "expired");
         let other = Secret::new("another-secret-of-16").unwrap_or_else(|| unreachable!());
         assert_eq!(verify_session(&other, &value, 999), None, "another secret");
@@ -191,6 +276,19 @@ mod tests {
         for broken in ["", "x", "a.b", "a.b.c", &value[..value.len() - 1]] {
             assert_eq!(verify_session(&secret(), broken, 999), None, "{broken}");
         }
+        // A cookie of the format without a session id, however well signed, is refused.
+        let payload = format!("{}.1000", session.key_id);
+        let old = format!(
+            "{payload}.{}",
+            signature(&secret(), DigestKind::ConsoleSession, &payload)
+        );
+        assert_eq!(verify_session(&secret(), &old, 999), None);
+        let other = new_session(&secret(), session.key_id);
+        assert_ne!(
+            verify_session(&secret(), &other, now()).map(|s| s.id),
+            Some(session.id),
+            "each sign-in is a session of its own"
+        );
     }
 
     #[test]
