@@ -121,6 +121,42 @@ impl Api {
         self.read(response).await
     }
 
+    /// Sends `method` to `url` (another server's, say) as `key`.
+    async fn send_to(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        key: &str,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let response = self
+            .http
+            .request(method, url)
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        self.read(response).await
+    }
+
+    /// Every page of `key`'s listing of `status`, `limit` jobs a page, following the cursors:
+    /// each page's job ids.
+    async fn pages(&self, key: &str, status: &str, limit: usize) -> Vec<Vec<uuid::Uuid>> {
+        let mut pages = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let path = format!("/v1/etl-jobs?status={status}&limit={limit}{cursor}");
+            let (s, _, page) = self.get(key, &path).await;
+            assert_eq!(s, StatusCode::OK, "{page}");
+            let jobs = page["jobs"].as_array().unwrap();
+            assert!(jobs.iter().all(|j| j["status"] == status), "{page}");
+            pages.push(jobs.iter().map(id_of).collect());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = format!("&cursor={next}"),
+                None => return pages,
+            }
+        }
+    }
+
     /// GETs `path` as `key`.
     async fn get(&self, key: &str, path: &str) -> (StatusCode, reqwest::header::HeaderMap, Value) {
         let response = self
@@ -392,14 +428,8 @@ async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees(
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     for path in ["/v1/etl-jobs", "/readyz"] {
-        let response = api
-            .http
-            .get(format!("{base}{path}"))
-            .bearer_auth(&api.alice)
-            .send()
-            .await
-            .unwrap();
-        let (s, h, p) = api.read(response).await;
+        let url = format!("{base}{path}");
+        let (s, h, p) = api.send_to(reqwest::Method::GET, &url, &api.alice).await;
         assert_eq!(
             (s, p["code"].as_str()),
             (
@@ -592,6 +622,44 @@ async fn the_listing_is_owner_scoped_newest_first_and_paginated() {
 /// 20,000 newer succeeded jobs, the three cancelled ones come newest first, two pages of them,
 /// and the listing's plan reads them through `etl_job_outcomes_owner_status_listing_idx` without
 /// filtering out a single other job.
+/// A listing by a live status pages the owner's live jobs of that status, newest first, and
+/// none of another owner's or of the other live status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_status_listing_pages_the_owners_live_jobs_newest_first() {
+    use durable_etl::worker::claimer;
+    let api = Api::start().await;
+    let client = api.db.client().await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(id_of(
+            &api.submit(&api.alice, &format!("live-{n}"), &small(1))
+                .await
+                .2,
+        ));
+    }
+    api.submit(&api.bob, "live-bob", &small(1)).await;
+    // The claim takes the due jobs oldest first: alice's two oldest run, her newest waits.
+    let claimant = claimer::Claimant {
+        owner_id: "lister",
+        owner_locked: false,
+        lease: Duration::from_secs(60),
+    };
+    let claimed = claimer::claim(&client, claimant, 2).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(
+        api.pages(&api.alice, "running", 1).await,
+        vec![vec![ids[1]], vec![ids[0]]]
+    );
+    assert_eq!(
+        api.pages(&api.alice, "pending", 20).await,
+        vec![vec![ids[2]]]
+    );
+    assert_eq!(
+        api.pages(&api.bob, "running", 20).await,
+        [Vec::<uuid::Uuid>::new()]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_listing_reads_one_page_of_the_owner_status_index() {
     let api = Api::start().await;
@@ -619,23 +687,10 @@ async fn the_status_listing_reads_one_page_of_the_owner_status_index() {
         .await
         .unwrap();
 
-    let ids = |page: &Value| -> Vec<uuid::Uuid> {
-        page["jobs"].as_array().unwrap().iter().map(id_of).collect()
-    };
-    let (s, _, first) = api
-        .get(&api.alice, "/v1/etl-jobs?status=cancelled&limit=2")
-        .await;
-    assert_eq!(s, StatusCode::OK);
-    assert_eq!(ids(&first), vec![cancelled[2], cancelled[1]]);
-    let cursor = first["next_cursor"].as_str().unwrap();
-    let (_, _, second) = api
-        .get(
-            &api.alice,
-            &format!("/v1/etl-jobs?status=cancelled&limit=2&cursor={cursor}"),
-        )
-        .await;
-    assert_eq!(ids(&second), vec![cancelled[0]]);
-    assert!(second.get("next_cursor").is_none());
+    assert_eq!(
+        api.pages(&api.alice, "cancelled", 2).await,
+        vec![vec![cancelled[2], cancelled[1]], vec![cancelled[0]]]
+    );
 
     let owner: Vec<u8> = client
         .query_one(

@@ -409,6 +409,19 @@ async fn hot_statements_stay_off_the_history(
     .unwrap();
     assert_eq!(next.len(), 50, "{pass}");
     check("listing by status, next page", plans);
+    // The live states: none of the owner's jobs runs now, and an empty page reads no history.
+    let running = jobs::list(&*session, &OWNER, all, Some("running"), 50)
+        .await
+        .unwrap();
+    assert!(running.is_empty(), "{pass}: {running:?}");
+    check("listing the running jobs (none)", plans);
+    let pending = jobs::list(&*session, &OWNER, all, Some("pending"), 50)
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 50, "{pass}");
+    assert!(pending.iter().all(|j| j.status == "pending"), "{pass}");
+    assert!(pending.windows(2).all(|w| w[0].id > w[1].id), "{pass}");
+    check("listing the pending jobs", plans);
     submitted_windows_stay_off_the_rest_of_the_history(&*session, &check, plans, pass).await;
     let cancel = jobs::cancel(&*session, &OWNER, leases[4].job_id, Code::Cancelled)
         .await
@@ -455,8 +468,9 @@ async fn submitted_windows_stay_off_the_rest_of_the_history(
 
 /// Every hot statement on a worker session, on a table with 200,000 terminal rows: first never
 /// analyzed (a bulk load before autovacuum's analyze), then analyzed. None of them walks the
-/// history: the lock step of a group commit takes its rows through the primary key, and the
-/// listing by status through the owner + status index.
+/// history: the lock step of a group commit takes its rows through the primary key, the listing
+/// by an ended status through the owner + status index, and the listing by a live status
+/// through the live table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_hot_statement_walks_the_history_of_terminal_rows() {
     let db = TestDb::migrated().await;
