@@ -171,13 +171,45 @@ where
     M: bb8::ManageConnection<Error = tokio_postgres::Error>,
     M::Connection: Session,
 {
+    first_live(pool, || pool.get()).await
+}
+
+/// [`checkout`], owned: the connection does not borrow the pool, so it can outlive the caller
+/// (the API settles a connection whose request was cut in a task of its own).
+///
+/// # Errors
+/// As [`checkout`].
+pub async fn checkout_owned<M>(
+    pool: &bb8::Pool<M>,
+) -> Result<bb8::PooledConnection<'static, M>, Error>
+where
+    M: bb8::ManageConnection<Error = tokio_postgres::Error>,
+    M::Connection: Session,
+{
+    first_live(pool, || pool.get_owned()).await
+}
+
+/// The first connection `get` hands out that is not known to be closed, trying once per
+/// connection of `pool` (then whatever `get` gives).
+async fn first_live<'a, M, F, Fut>(
+    pool: &bb8::Pool<M>,
+    mut get: F,
+) -> Result<bb8::PooledConnection<'a, M>, Error>
+where
+    M: bb8::ManageConnection<Error = tokio_postgres::Error>,
+    M::Connection: Session,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<
+        Output = Result<bb8::PooledConnection<'a, M>, bb8::RunError<tokio_postgres::Error>>,
+    >,
+{
     for _ in 0..=pool.state().connections {
-        let conn = pool.get().await.map_err(pool_error)?;
+        let conn = get().await.map_err(pool_error)?;
         if !conn.is_closed() {
             return Ok(conn);
         }
     }
-    pool.get().await.map_err(pool_error)
+    get().await.map_err(pool_error)
 }
 
 /// A pooled session whose loss may already be known without a round trip.

@@ -9,6 +9,7 @@
 //!   enqueue trigger's NOTIFY, and the notifier is signalled only after it committed.
 //! - Responses carry only the job's own id, status fields and ledger summary.
 
+use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::api_keys;
@@ -46,8 +47,8 @@ impl FromRequestParts<AppState> for Owner {
             .and_then(bearer_token)
             .filter(|k| !k.is_empty())
             .ok_or_else(|| Problem::new(Code::Unauthorized))?;
-        let conn = crate::db::checkout(&state.pool).await?;
-        api_keys::authenticate(&*conn, &state.secret, key)
+        let mut conn = Conn::checkout(&state.pool).await?;
+        conn.run(|c| api_keys::authenticate(&*c, &state.secret, key))
             .await?
             .map(Owner)
             .ok_or_else(|| Problem::new(Code::Unauthorized))
@@ -206,19 +207,25 @@ pub(super) async fn submit(
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| Problem::new(Code::IdempotencyKeyInvalid))?;
     let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
-    let mut conn = crate::db::checkout(&state.pool).await?;
-    let tx = conn.transaction().await.map_err(Error::from)?;
-    if state.notifier.is_some() {
-        notifier::skip_trigger_notify(&tx).await?;
-    }
     let job = NewJob {
         idempotency_key: key,
         request: &request,
         max_attempts: MAX_ATTEMPTS_DEFAULT,
     };
-    let enqueued = enqueue::enqueue(&tx, &state.secret, &owner.0, job).await?;
-    let status = jobs::status(&tx, &owner.0, enqueued.id).await?;
-    tx.commit().await.map_err(Error::from)?;
+    let (secret, owner, skip_notify) = (&state.secret, &owner.0, state.notifier.is_some());
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let (enqueued, status) = conn
+        .run(|c| async move {
+            let tx = c.transaction().await?;
+            if skip_notify {
+                notifier::skip_trigger_notify(&tx).await?;
+            }
+            let enqueued = enqueue::enqueue(&tx, secret, owner, job).await?;
+            let status = jobs::status(&tx, owner, enqueued.id).await?;
+            tx.commit().await?;
+            Ok::<_, Error>((enqueued, status))
+        })
+        .await?;
     // Like the trigger: only a new job that is due now wakes a replica.
     let due = !enqueued.replayed && request.run_at.is_none_or(|at| at <= chrono::Utc::now());
     if let Some(notifier) = state.notifier.as_ref().filter(|_| due) {
@@ -249,8 +256,8 @@ pub(super) async fn get_job(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
     let id = job_id(id)?;
-    let conn = crate::db::checkout(&state.pool).await?;
-    jobs::status(&*conn, &owner.0, id)
+    let mut conn = Conn::checkout(&state.pool).await?;
+    conn.run(|c| jobs::status(&*c, &owner.0, id))
         .await?
         .map(monitor)
         .ok_or_else(|| Problem::new(Code::NotFound))
@@ -324,10 +331,12 @@ pub(super) async fn list(
         None => None,
         Some(c) => Some(Uuid::parse_str(c).map_err(|_| invalid("cursor"))?),
     };
-    let conn = crate::db::checkout(&state.pool).await?;
+    let mut conn = Conn::checkout(&state.pool).await?;
     let status = status.map(JobState::as_str);
     let window = jobs::Window::default().after(cursor);
-    let page = jobs::page(&*conn, &owner.0, window, status, limit).await?;
+    let page = conn
+        .run(|c| jobs::page(&*c, &owner.0, window, status, limit))
+        .await?;
     Ok(Json(JobList {
         jobs: page.jobs,
         next_cursor: page.next,
@@ -357,16 +366,22 @@ pub(super) async fn cancel_job(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
     let id = job_id(id)?;
-    let conn = crate::db::checkout(&state.pool).await?;
-    let outcome = jobs::cancel(&*conn, &owner.0, id, Code::Cancelled).await?;
-    let status = || async {
-        jobs::status(&*conn, &owner.0, id)
-            .await?
-            .ok_or_else(|| Problem::new(Code::NotFound))
-    };
+    let owner = &owner.0;
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let (outcome, status) = conn
+        .run(|c| async move {
+            let outcome = jobs::cancel(&*c, owner, id, Code::Cancelled).await?;
+            let status = match outcome {
+                Cancel::Cancelled | Cancel::Requested => jobs::status(&*c, owner, id).await?,
+                Cancel::AlreadyEnded(_) | Cancel::NotFound => None,
+            };
+            Ok::<_, Error>((outcome, status))
+        })
+        .await?;
+    let status = || status.ok_or_else(|| Problem::new(Code::NotFound));
     match outcome {
-        Cancel::Cancelled => Ok(monitor(status().await?)),
-        Cancel::Requested => Ok(accepted(status().await?)),
+        Cancel::Cancelled => Ok(monitor(status()?)),
+        Cancel::Requested => Ok(accepted(status()?)),
         Cancel::AlreadyEnded(s) => Err(Problem::conflict(s)),
         Cancel::NotFound => Err(Problem::new(Code::NotFound)),
     }

@@ -13,6 +13,7 @@
 //!   same problem as everything else. The OpenAPI document is generated from the same handlers
 //!   that serve the routes.
 
+mod conn;
 mod console;
 mod jobs;
 mod ops;

@@ -484,6 +484,77 @@ async fn a_request_over_its_time_answers_503_request_timeout_as_a_problem_and_is
     );
 }
 
+/// The API's own sessions (role `api`) of `db` that are not idle: running a statement, or in a
+/// transaction.
+async fn busy_api_sessions(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name = 'durable-etl/api'
+                AND state <> 'idle'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A request cut by its timeout while its statement waits for a row lock, on a pool of one
+/// connection: the statement is cancelled and the connection settled before reuse, so the next
+/// requests on that connection answer (instead of queueing behind the cut statement until its
+/// lock timeout), no statement of the API is left running, and the cut cancellation never
+/// takes effect later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
+    let api = Api::start().await;
+    let held = id_of(&api.submit(&api.alice, "cut-held", &small(1)).await.2);
+    let other = id_of(&api.submit(&api.alice, "cut-other", &small(1)).await.2);
+    let one = durable_etl::config::DatabaseConfig {
+        pool_max_size: 1,
+        ..api.db.config.clone()
+    };
+    let pool = durable_etl::db::connect_pool(&one, "api").await.unwrap();
+    let config = ApiConfig {
+        request_timeout: Duration::from_secs(1),
+        ..ApiConfig::default()
+    };
+    let app = api::app(AppState::new(pool, Secret::new(SECRET).unwrap(), config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    // Another session holds the pending job's live row: the cancellation's DELETE waits for it
+    // (the lock timeout, 5 s, is far beyond the request's 1 s).
+    let mut blocker = api.db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.execute(
+        "SELECT 1 FROM etl_job_records WHERE id = $1 FOR UPDATE",
+        &[&held],
+    )
+    .await
+    .unwrap();
+    let url = format!("{base}/v1/etl-jobs/{held}");
+    let (s, _, p) = api.send_to(reqwest::Method::DELETE, &url, &api.alice).await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("request_timeout"))
+    );
+    let url = format!("{base}/v1/etl-jobs/{other}");
+    for round in 0..3 {
+        let (s, _, p) = api.send_to(reqwest::Method::GET, &url, &api.alice).await;
+        assert_eq!(s, StatusCode::OK, "request {round} after the cut one: {p}");
+        assert_eq!(id_of(&p), other);
+    }
+    let observer = api.db.client().await;
+    assert_eq!(
+        busy_api_sessions(&observer).await,
+        0,
+        "a cut statement still runs"
+    );
+    lock.commit().await.unwrap();
+    assert_eq!(job_row(&observer, held).await.status, "pending");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_body_is_a_413_problem_with_or_without_a_content_length() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
