@@ -200,12 +200,14 @@ fn as_problem(response: Response) -> Response {
 /// Serves the API of `state` on its `listen` address until `shutdown` asks it to drain.
 ///
 /// # Errors
-/// [`Error::Config`] when the configuration is invalid or the address cannot be bound.
+/// [`Error::Config`] when the configuration is invalid; [`Error::Listen`] when the address
+/// cannot be bound.
 pub async fn serve(state: AppState, mut shutdown: Shutdown) -> Result<(), Error> {
     state.config.validate()?;
-    let listener = tokio::net::TcpListener::bind(state.config.listen)
+    let address = state.config.listen;
+    let listener = tokio::net::TcpListener::bind(address)
         .await
-        .map_err(|_| crate::config::ConfigError::Listen)?;
+        .map_err(|source| Error::Listen { address, source })?;
     tracing::info!(listen = %state.config.listen, "serving");
     let app = app(state);
     axum::serve(listener, app)
