@@ -100,6 +100,8 @@ pub enum Code {
     NotFound,
     /// The job is in a state that does not allow the request (for example, already terminal).
     Conflict,
+    /// No route of the API or the console has this path.
+    NoSuchRoute,
     /// The request body is not `application/json`.
     UnsupportedMediaType,
     /// The request took longer than the server allows.
@@ -155,6 +157,7 @@ impl Code {
         Code::Unauthorized,
         Code::NotFound,
         Code::Conflict,
+        Code::NoSuchRoute,
         Code::UnsupportedMediaType,
         Code::RequestTimeout,
         Code::QueryInvalid,
@@ -205,6 +208,7 @@ impl Code {
             Code::Unauthorized => "unauthorized",
             Code::NotFound => "not_found",
             Code::Conflict => "conflict",
+            Code::NoSuchRoute => "no_such_route",
             Code::UnsupportedMediaType => "unsupported_media_type",
             Code::RequestTimeout => "request_timeout",
             Code::QueryInvalid => "query_invalid",

@@ -160,6 +160,18 @@ fn monitor(status: JobStatus) -> Response {
     response
 }
 
+/// What a submission without an `Idempotency-Key` header is told.
+const IDEMPOTENCY_KEY_MISSING: &str = "The Idempotency-Key header is required: a key of 1 to 255 \
+     characters, the same on every retry of this submission";
+
+/// What a submission whose `Idempotency-Key` is not visible ASCII is told.
+const IDEMPOTENCY_KEY_NOT_ASCII: &str = "Idempotency-Key must be visible ASCII characters";
+
+/// What a listing with a query parameter it does not take is told (the parameter itself is not
+/// named: a response never echoes what the client sent).
+const LIST_PARAMS_ONLY: &str = "The listing takes only the query parameters status, limit and \
+     cursor, each at most once";
+
 /// Submits an ETL job.
 #[utoipa::path(
     post,
@@ -202,10 +214,12 @@ pub(super) async fn submit(
             Code::RequestMalformed
         })
     })?;
+    let invalid_key = |detail| Problem::new(Code::IdempotencyKeyInvalid).because(detail);
     let key = headers
         .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| Problem::new(Code::IdempotencyKeyInvalid))?;
+        .ok_or_else(|| invalid_key(IDEMPOTENCY_KEY_MISSING))?
+        .to_str()
+        .map_err(|_| invalid_key(IDEMPOTENCY_KEY_NOT_ASCII))?;
     let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
     let job = NewJob {
         idempotency_key: key,
@@ -263,8 +277,10 @@ pub(super) async fn get_job(
         .ok_or_else(|| Problem::new(Code::NotFound))
 }
 
-/// Query parameters of the listing (read as text, validated by `list` with precise codes).
+/// Query parameters of the listing (read as text, validated by `list` with precise codes); any
+/// other parameter is refused, so a misspelt filter (`?state=`) is not silently ignored.
 #[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(super) struct ListParams {
     /// Only jobs in this status.
@@ -313,7 +329,8 @@ pub(super) async fn list(
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<JobList>, Problem> {
     let invalid = |name: &str| Problem::new(Code::QueryInvalid).at(format!("/{name}"));
-    let Query(params) = params.map_err(|_| Problem::new(Code::QueryInvalid))?;
+    let Query(params) =
+        params.map_err(|_| Problem::new(Code::QueryInvalid).because(LIST_PARAMS_ONLY))?;
     let status = params
         .status
         .as_deref()

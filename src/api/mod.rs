@@ -155,7 +155,12 @@ pub fn app(state: AppState) -> Router {
                 async move { axum::Json(doc.as_ref().clone()) }
             }),
         )
-        .fallback(|| async { Problem::new(Code::NotFound) })
+        // The service's root leads to the console, which signs a visitor in.
+        .route(
+            "/",
+            get(|| async { axum::response::Redirect::to("/console") }),
+        )
+        .fallback(|| async { Problem::new(Code::NoSuchRoute) })
         // axum adds the `Allow` header to this fallback's answer.
         .method_not_allowed_fallback(|| async { Problem::new(Code::MethodNotAllowed) })
         // The submit route's `RequestBodyLimitLayer` is the one body limit; axum's own default

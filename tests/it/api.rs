@@ -308,10 +308,32 @@ async fn every_error_is_a_problem_with_a_stable_code() {
         (s, p["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("request_malformed"))
     );
+    // A missing key is told it is missing; an unknown member is told what v1 defines.
     let (s, _, p) = send(api.http.post(&url).bearer_auth(&api.alice).json(&small(1))).await;
     assert_eq!(
         (s, p["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("idempotency_key_invalid"))
+    );
+    let detail = p["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("The Idempotency-Key header is required"),
+        "{p}"
+    );
+    let mut unknown = small(1);
+    unknown["colour"] = json!("blue");
+    let (s, _, p) = api.submit(&api.alice, "x", &unknown).await;
+    assert_eq!(
+        (s, p["code"].as_str(), p["pointer"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("request_invalid"),
+            Some("")
+        )
+    );
+    let detail = p["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("only dataset, key, records, transform, run_at and replaces"),
+        "{p}"
     );
     let (s, _, p) = api
         .submit(
@@ -369,11 +391,44 @@ async fn every_error_is_a_problem_with_a_stable_code() {
             Some("unsupported_media_type")
         )
     );
+    // An unknown route is not a missing job, and the root leads to the console.
     let (s, _, p) = api.get(&api.alice, "/v1/no-such-route").await;
     assert_eq!(
-        (s, p["code"].as_str()),
-        (StatusCode::NOT_FOUND, Some("not_found"))
+        (s, p["code"].as_str(), p["title"].as_str()),
+        (
+            StatusCode::NOT_FOUND,
+            Some("no_such_route"),
+            Some("No such resource")
+        )
     );
+    let root = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{}/", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(root.status(), StatusCode::SEE_OTHER);
+    assert_eq!(root.headers()["location"], "/console");
+    // A misspelt or unknown query parameter is refused, not ignored, and not echoed.
+    for query in [
+        "state=running",
+        "status=running&canary_param=1",
+        "limit=1&limit=2",
+    ] {
+        let (s, _, p) = api.get(&api.alice, &format!("/v1/etl-jobs?{query}")).await;
+        assert_eq!(
+            (s, p["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("query_invalid")),
+            "{query}"
+        );
+        let detail = p["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("only the query parameters status, limit and cursor"),
+            "{p}"
+        );
+    }
     let (s, _, p) = api.get(&api.alice, "/v1/etl-jobs?limit=0").await;
     assert_eq!(
         (s, p["pointer"].as_str()),
