@@ -7,8 +7,8 @@
 //! to `statement_timeout`: 5 of 8 concurrent `GET`s hung 30 s, then answered 503).
 //!
 //! Invariants this module keeps:
-//! - Handlers run their statements through [`Conn::run`]; a future dropped inside it leaves the
-//!   connection marked cut.
+//! - Handlers (the API's and the console's) run their statements through [`Conn::run`]; a future
+//!   dropped inside it leaves the connection marked cut.
 //! - A cut connection is never reused as is: its drop hands it to a task that sends the server a
 //!   cancel request for the backend's running statement, then one `ROLLBACK`, whose reply comes
 //!   only after the replies of everything sent before it (and which ends any transaction the cut

@@ -554,19 +554,12 @@ async fn busy_api_sessions(client: &tokio_postgres::Client) -> i64 {
         .get(0)
 }
 
-/// A request cut by its timeout while its statement waits for a row lock, on a pool of one
-/// connection: the statement is cancelled and the connection settled before reuse, so the next
-/// requests on that connection answer (instead of queueing behind the cut statement until its
-/// lock timeout), no statement of the API is left running, and the cut cancellation never
-/// takes effect later.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
-    let api = Api::start().await;
-    let held = id_of(&api.submit(&api.alice, "cut-held", &small(1)).await.2);
-    let other = id_of(&api.submit(&api.alice, "cut-other", &small(1)).await.2);
+/// Serves the API and console of `db` on port 0 with a pool of one connection (role `api`) and
+/// a request timeout of 1 s; returns its base URL.
+async fn serve_on_one_connection(db: &TestDb) -> String {
     let one = durable_etl::config::DatabaseConfig {
         pool_max_size: 1,
-        ..api.db.config.clone()
+        ..db.config.clone()
     };
     let pool = durable_etl::db::connect_pool(&one, "api").await.unwrap();
     let config = ApiConfig {
@@ -577,7 +570,20 @@ async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
 
+/// A request cut by its timeout while its statement waits for a row lock, on a pool of one
+/// connection: the statement is cancelled and the connection settled before reuse, so the next
+/// requests on that connection answer (instead of queueing behind the cut statement until its
+/// lock timeout), no statement of the API is left running, and the cut cancellation never
+/// takes effect later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
+    let api = Api::start().await;
+    let held = id_of(&api.submit(&api.alice, "cut-held", &small(1)).await.2);
+    let other = id_of(&api.submit(&api.alice, "cut-other", &small(1)).await.2);
+    let base = serve_on_one_connection(&api.db).await;
     // Another session holds the pending job's live row: the cancellation's DELETE waits for it
     // (the lock timeout, 5 s, is far beyond the request's 1 s).
     let mut blocker = api.db.client().await;
@@ -608,6 +614,64 @@ async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
     );
     lock.commit().await.unwrap();
     assert_eq!(job_row(&observer, held).await.status, "pending");
+}
+
+/// The console's pages run their statements the same way: a sign-in cut while the key table is
+/// locked has its statement cancelled, so the next request on the pool's only connection
+/// answers while the lock is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_request_cut_mid_statement_never_hands_its_busy_connection_on() {
+    let api = Api::start().await;
+    let base = serve_on_one_connection(&api.db).await;
+    let http = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let form = http
+        .get(format!("{base}/console/sign-in"))
+        .send()
+        .await
+        .unwrap();
+    let nonce = form
+        .headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| v.strip_prefix("detl_sign_in="))
+        .and_then(|v| v.split(';').next())
+        .unwrap()
+        .to_owned();
+    let html = form.text().await.unwrap();
+    let at = html.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = &html[at..at + 64];
+    let mut blocker = api.db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE etl_api_clients IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let cut = http
+        .post(format!("{base}/console/sign-in"))
+        .header(reqwest::header::COOKIE, format!("detl_sign_in={nonce}"))
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded",
+        )
+        .body(format!("api_key={}&csrf={csrf}", api.alice))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cut.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // Readiness reads only the schema history, which the lock leaves alone.
+    let url = format!("{base}/readyz");
+    let (s, _, p) = api.send_to(reqwest::Method::GET, &url, &api.alice).await;
+    assert_eq!(s, StatusCode::OK, "after the cut sign-in: {p}");
+    let observer = api.db.client().await;
+    assert_eq!(
+        busy_api_sessions(&observer).await,
+        0,
+        "a cut statement still runs"
+    );
+    lock.rollback().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
