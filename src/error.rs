@@ -13,6 +13,7 @@ use crate::codes::Code;
 use crate::config::ConfigError;
 use crate::intake::Rejection;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::NoTlsError;
 
 /// Exit code of a successful run.
 pub const EXIT_OK: u8 = 0;
@@ -124,13 +125,13 @@ pub enum Error {
     /// An invariant this crate keeps did not hold: a bug, never a condition of the environment.
     #[error("internal error")]
     Internal,
-    /// The database server refused the connection for a reason that retrying cannot fix: SQLSTATE
-    /// class 28 (a wrong password, a missing role, no `pg_hba.conf` entry, a server that
-    /// requires TLS, a pooler that does not know the user) or 3D000 (no such database).
+    /// The connection was refused for a reason that retrying cannot fix: SQLSTATE class 28 (a
+    /// wrong password, a missing role, no `pg_hba.conf` entry, a server that requires TLS, a
+    /// pooler that does not know the user), 3D000 (no such database), or a failure of the
+    /// connection's own set-up (a URL that asks for TLS, which this release does not speak).
     #[error(
-        "the database server at {target} refused the connection: {} (SQLSTATE {})",
-        refusal_reason(.source),
-        .source.code().map_or("none", SqlState::code)
+        "the database server at {target} refused the connection: {}",
+        refusal_reason(.source)
     )]
     Refused {
         /// Where the connection went.
@@ -207,16 +208,20 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// Whether a failed connection attempt is one that retrying cannot fix (see [`Error::Refused`]).
+/// Whether a failed connection attempt is one that retrying cannot fix (see [`Error::Refused`]):
+/// an authorization refusal or a missing database, or any failure that is neither a lost
+/// connection nor transient.
 pub fn is_refusal(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|code| {
+    let refused = e.code().is_some_and(|code| {
         code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
-    })
+    });
+    refused || !is_transient(e)
 }
 
-/// What a refusal means, by its SQLSTATE: a fixed sentence, never the server's text.
-fn refusal_reason(e: &tokio_postgres::Error) -> &'static str {
-    match e.code() {
+/// What a refusal means, by its SQLSTATE (shown) or its kind: a fixed sentence, never the
+/// server's text.
+fn refusal_reason(e: &tokio_postgres::Error) -> String {
+    let reason = match e.code() {
         Some(&SqlState::INVALID_PASSWORD) => {
             "password authentication failed (check the password of DATABASE_URL or PGPASSWORD)"
         }
@@ -227,7 +232,17 @@ fn refusal_reason(e: &tokio_postgres::Error) -> &'static str {
             "the role may not connect (a missing role, no pg_hba.conf entry for it, a server \
              that requires TLS, or a pooler that does not know it)"
         }
-        _ => "the server refused it",
+        Some(_) => "the server refused it",
+        None if std::error::Error::source(e).is_some_and(|s| s.is::<NoTlsError>()) => {
+            return "the URL asks for TLS (sslmode), which this release does not speak: \
+                    connect without it (sslmode=disable or prefer)"
+                .to_owned();
+        }
+        None => return "the connection could not be set up".to_owned(),
+    };
+    match e.code() {
+        Some(code) => format!("{reason} (SQLSTATE {})", code.code()),
+        None => reason.to_owned(),
     }
 }
 
