@@ -182,7 +182,7 @@ const LIST_PARAMS_ONLY: &str = "The listing takes only the query parameters stat
     responses(
         (status = 202, description = "Accepted: the body is the job's status; Location is its status monitor", body = JobStatus,
          headers(("Location" = String, description = "The status monitor"), ("Retry-After" = u32, description = "Seconds before polling the monitor"))),
-        (status = 400, description = "Malformed JSON or Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON, or a missing or invalid Idempotency-Key (the problem's detail says which)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The job to replace does not exist", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The job to replace has already ended", body = Problem, content_type = "application/problem+json"),
@@ -317,7 +317,7 @@ const PAGE_MAX: i64 = 100;
     params(ListParams),
     responses(
         (status = 200, description = "A page of jobs", body = JobList),
-        (status = 400, description = "A query parameter is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A query parameter is not valid, not one the listing takes, or repeated", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
