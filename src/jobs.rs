@@ -176,20 +176,23 @@ pub const LIST_SQL: &str = concat!(
 /// `$2` and at or above `$5` (NULL: open), at most `$4`. Locks: none; picks the page's ids
 /// from `etl_job_records`, which holds only live jobs (migration 0008), then reads each job of
 /// the page through the view by primary key, so the owner's ended history is never read: an
-/// empty page reads no intake row and no outcome. The ids are an array (`= ANY (ARRAY(…))`),
-/// not an `IN` subquery: once analyzed, the planner merged an `IN` with the intake's primary
-/// key walked backwards from the newest job of any owner (5,051 rows read for a page of 50 in
-/// the `claim_plan` test). Filtering the owner's jobs one by one, newest first,
-/// walked the owner's whole history to answer an empty `?status=running` page (1.1 s and about
-/// 4 M buffer hits at 1,000,000 ended jobs). Its cost is the live rows' (running ones through
-/// `etl_job_records_running_owner_idx`, which every replica's slots bound), not the history's.
+/// empty page reads no intake row and no outcome (filtering the owner's jobs one by one, newest
+/// first, walked the owner's whole history to answer an empty `?status=running` page: 1.1 s and
+/// about 4 M buffer hits at 1,000,000 ended jobs). Pending ids come from
+/// `etl_job_records_pending_owner_idx` (migration 0015) between the two bounds, the owner matched
+/// as in [`LIST_SQL`], whatever backlog other owners have (the primary key walked backwards read
+/// every newer live job of any owner first); running ones through
+/// `etl_job_records_running_owner_idx`, which the replicas' slots bound. The ids are an array
+/// (`= ANY (ARRAY(…))`), not an `IN` subquery: once analyzed, the planner merged an `IN` with
+/// the intake's primary key walked backwards from the newest job of any owner (5,051 rows read
+/// for a page of 50 in the `claim_plan` test).
 pub const LIST_LIVE_SQL: &str = concat!(
     status_select!(),
     " WHERE j.id = ANY (ARRAY(SELECT r.id FROM etl_job_records r
-                               WHERE r.owner_key = $1::bytea AND r.status = $3
+                               WHERE r.owner_key = ANY (ARRAY[$1::bytea]) AND r.status = $3
                                  AND ($2::uuid IS NULL OR r.id < $2)
                                  AND ($5::uuid IS NULL OR r.id >= $5)
-                               ORDER BY r.id DESC LIMIT $4))
+                               ORDER BY r.owner_key DESC, r.id DESC LIMIT $4))
       ORDER BY j.id DESC"
 );
 
