@@ -11,8 +11,11 @@
 //!   it, and every start-up step has a deadline, so a blackholed server cannot hang a start.
 //! - Unset worker timings are derived from `--lease` (heartbeat interval, idle-in-transaction
 //!   timeout); explicitly set ones are validated as given.
-//! - Exit codes: 0 success, 2 usage or configuration error, 3 database unreachable, 4 schema
-//!   incompatible (see `error`).
+//! - Start-up fails at once on what retrying cannot fix (a refused role, password or database),
+//!   and every start-up failure names the target (address, database, role; never the password).
+//! - Exit codes: 0 success, 2 usage or configuration error (a refused role, password or database
+//!   included), 3 database unreachable, 4 schema incompatible, 5 a local resource such as a
+//!   listen address failed (see `error`).
 
 mod args;
 
@@ -92,11 +95,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
                     Ok(())
                 }
                 ApiKeysCommand::Revoke(args) => {
-                    if api_keys::revoke(&*conn, args.id).await? {
-                        println!("revoked {}", args.id);
-                    } else {
-                        println!("no live key with id {}", args.id);
+                    if !api_keys::revoke(&*conn, args.id).await? {
+                        return Err(Error::NoLiveKey(args.id));
                     }
+                    println!("revoked {}", args.id);
                     Ok(())
                 }
             }
@@ -127,10 +129,10 @@ async fn work(
 ) -> Result<(), Error> {
     let starts = starts_file.map(|file| (file, crate::bench::starts::StartLog::default()));
     let metrics = match worker_config.metrics_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
                 .await
-                .map_err(|_| config::ConfigError::Listen)?,
+                .map_err(|source| Error::Listen { address, source })?,
         ),
         None => None,
     };
@@ -179,6 +181,10 @@ async fn migrate(
     start_up: &db::StartUp,
     args: MigrateArgs,
 ) -> Result<(), Error> {
+    let latest = schema::latest_version();
+    if let Some(target) = args.down_to.filter(|t| !(0..=latest).contains(t)) {
+        return Err(config::ConfigError::DownTo(target, latest).into());
+    }
     if start_up.run(|| db::ensure_database(db_config)).await? {
         tracing::info!("created the database");
     }

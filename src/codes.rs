@@ -44,6 +44,9 @@ pub enum Code {
     DatabaseUnavailable,
     /// The database failed a statement for a reason that is not transient.
     DatabaseError,
+    /// The database server refused the connection for a reason retrying cannot fix: the role,
+    /// its password or its TLS setting (SQLSTATE class 28), or a missing database (3D000).
+    DatabaseRefused,
     /// A local resource that is not the database (a socket, a child process, a local HTTP
     /// endpoint) failed or did not answer in time.
     IoError,
@@ -92,10 +95,13 @@ pub enum Code {
     ReplacesInvalid,
     /// Credentials are missing, malformed, unknown or revoked.
     Unauthorized,
-    /// No such job for this owner (the same answer whether it exists for another owner or not).
+    /// No such job for this owner (the same answer whether it exists for another owner or not),
+    /// or no live API key with the id `api-keys revoke` was given.
     NotFound,
     /// The job is in a state that does not allow the request (for example, already terminal).
     Conflict,
+    /// No route of the API or the console has this path.
+    NoSuchRoute,
     /// The request body is not `application/json`.
     UnsupportedMediaType,
     /// The request took longer than the server allows.
@@ -125,6 +131,7 @@ impl Code {
         Code::ConfigInvalid,
         Code::DatabaseUnavailable,
         Code::DatabaseError,
+        Code::DatabaseRefused,
         Code::IoError,
         Code::InternalError,
         Code::SchemaTooOld,
@@ -150,6 +157,7 @@ impl Code {
         Code::Unauthorized,
         Code::NotFound,
         Code::Conflict,
+        Code::NoSuchRoute,
         Code::UnsupportedMediaType,
         Code::RequestTimeout,
         Code::QueryInvalid,
@@ -174,6 +182,7 @@ impl Code {
             Code::ConfigInvalid => "config_invalid",
             Code::DatabaseUnavailable => "database_unavailable",
             Code::DatabaseError => "database_error",
+            Code::DatabaseRefused => "database_refused",
             Code::IoError => "io_error",
             Code::InternalError => "internal_error",
             Code::SchemaTooOld => "schema_too_old",
@@ -199,6 +208,7 @@ impl Code {
             Code::Unauthorized => "unauthorized",
             Code::NotFound => "not_found",
             Code::Conflict => "conflict",
+            Code::NoSuchRoute => "no_such_route",
             Code::UnsupportedMediaType => "unsupported_media_type",
             Code::RequestTimeout => "request_timeout",
             Code::QueryInvalid => "query_invalid",

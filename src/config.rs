@@ -126,6 +126,10 @@ pub enum ConfigError {
     /// The owner id is empty, too long, or has characters outside `[A-Za-z0-9._:-]`.
     #[error("owner id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -")]
     OwnerId,
+    /// `migrate --down-to` names a version this release does not know (the second field is its
+    /// newest).
+    #[error("--down-to {0} is not a schema version this release knows (0 to {1})")]
+    DownTo(i32, i32),
     /// The listen address cannot be bound (in use, or not this host's).
     #[error("the listen address cannot be bound")]
     Listen,

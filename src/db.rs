@@ -10,11 +10,13 @@
 //! - `application_name` is `durable-etl/<role>`: never an id, a payload or a principal.
 //! - Start-up is bounded ([`StartUp`]): every start-up step runs before one deadline, each attempt
 //!   is bounded too, and a lost connection is retried with backoff until the deadline.
+//! - A connection the server refuses for a reason retrying cannot fix (SQLSTATE class 28, 3D000)
+//!   is [`Error::Refused`], naming the address, database and role (never the password).
 //! - `serve` and `work` check at start that the server applies the session limits
 //!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
 
 use crate::config::{ConfigError, DatabaseConfig};
-use crate::error::Error;
+use crate::error::{Error, Target};
 use bb8_postgres::PostgresConnectionManager;
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
@@ -155,8 +157,46 @@ where
         .test_on_check_out(false)
         .build(manager)
         .await?;
-    drop(pool.get().await.map_err(pool_error)?);
+    // The first session is opened here rather than by the pool, whose own attempts keep
+    // their errors to themselves and end as a bare timeout: a refused password, role or
+    // database would read "database unavailable" after retrying for nothing.
+    let first = pool
+        .dedicated_connection()
+        .await
+        .map_err(|e| connect_error(cfg, e))?;
+    // A new pool has room for it; were it refused, the pool opens its own.
+    let _ = pool.add(first);
     Ok(pool)
+}
+
+/// The error of a failed attempt to connect with `cfg`: [`Error::Refused`], naming the target,
+/// when retrying cannot fix it; else as any database error.
+pub fn connect_error(cfg: &DatabaseConfig, e: tokio_postgres::Error) -> Error {
+    match cfg.url.parse::<tokio_postgres::Config>() {
+        Ok(pg) => refused_or(&pg, e),
+        Err(_) => Error::from(e),
+    }
+}
+
+/// Where connections made with `cfg` go: address, database and role, never the password.
+///
+/// # Errors
+/// [`ConfigError::DatabaseUrl`] if the URL does not parse.
+pub fn target(cfg: &DatabaseConfig) -> Result<Target, ConfigError> {
+    let pg: tokio_postgres::Config = cfg.url.parse().map_err(|_| ConfigError::DatabaseUrl)?;
+    Ok(Target::of(&pg))
+}
+
+/// The error of a failed attempt to connect with `pg`, as [`connect_error`].
+fn refused_or(pg: &tokio_postgres::Config, e: tokio_postgres::Error) -> Error {
+    if crate::error::is_refusal(&e) {
+        Error::Refused {
+            target: Target::of(pg),
+            source: e,
+        }
+    } else {
+        Error::from(e)
+    }
 }
 
 /// A pooled connection that is not known to be closed. Connections whose backend ended while
@@ -171,13 +211,45 @@ where
     M: bb8::ManageConnection<Error = tokio_postgres::Error>,
     M::Connection: Session,
 {
+    first_live(pool, || pool.get()).await
+}
+
+/// [`checkout`], owned: the connection does not borrow the pool, so it can outlive the caller
+/// (the API settles a connection whose request was cut in a task of its own).
+///
+/// # Errors
+/// As [`checkout`].
+pub async fn checkout_owned<M>(
+    pool: &bb8::Pool<M>,
+) -> Result<bb8::PooledConnection<'static, M>, Error>
+where
+    M: bb8::ManageConnection<Error = tokio_postgres::Error>,
+    M::Connection: Session,
+{
+    first_live(pool, || pool.get_owned()).await
+}
+
+/// The first connection `get` hands out that is not known to be closed, trying once per
+/// connection of `pool` (then whatever `get` gives).
+async fn first_live<'a, M, F, Fut>(
+    pool: &bb8::Pool<M>,
+    mut get: F,
+) -> Result<bb8::PooledConnection<'a, M>, Error>
+where
+    M: bb8::ManageConnection<Error = tokio_postgres::Error>,
+    M::Connection: Session,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<
+        Output = Result<bb8::PooledConnection<'a, M>, bb8::RunError<tokio_postgres::Error>>,
+    >,
+{
     for _ in 0..=pool.state().connections {
-        let conn = pool.get().await.map_err(pool_error)?;
+        let conn = get().await.map_err(pool_error)?;
         if !conn.is_closed() {
             return Ok(conn);
         }
     }
-    pool.get().await.map_err(pool_error)
+    get().await.map_err(pool_error)
 }
 
 /// A pooled session whose loss may already be known without a round trip.
@@ -225,86 +297,13 @@ pub fn pool_error(e: bb8::RunError<tokio_postgres::Error>) -> Error {
 /// # Errors
 /// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when the connection fails.
 pub async fn connect(cfg: &DatabaseConfig, role: &str) -> Result<Client, Error> {
-    let (client, connection) = pg_config(cfg, role)?.connect(NoTls).await?;
+    let pg = pg_config(cfg, role)?;
+    let (client, connection) = pg.connect(NoTls).await.map_err(|e| refused_or(&pg, e))?;
     tokio::spawn(async move {
         // The session's end is seen by the client as a closed connection; nothing to report here.
         let _ = connection.await;
     });
     Ok(client)
-}
-
-/// First pause between two start-up attempts.
-const STARTUP_RETRY_MIN: Duration = Duration::from_millis(100);
-
-/// Longest pause between two start-up attempts.
-const STARTUP_RETRY_MAX: Duration = Duration::from_secs(2);
-
-/// When a process must have started: every start-up step (connecting, the schema and session
-/// settings checks, the owner lock, the release of a previous incarnation's jobs) runs before it.
-#[derive(Debug, Clone)]
-pub struct StartUp {
-    /// The end of the whole start-up, shared by all its steps; once it has passed, start-up fails
-    /// `database_unavailable`.
-    pub deadline: tokio::time::Instant,
-    /// The longest one attempt of one step may take (a blackholed server answers nothing).
-    pub attempt: Duration,
-    /// A signal during start-up stops the retries.
-    pub shutdown: crate::shutdown::Shutdown,
-}
-
-impl StartUp {
-    /// Runs `step` until it succeeds, before the deadline: each attempt is bounded, and an attempt
-    /// that loses its connection, times out or meets a transient database error is tried again
-    /// after a pause that doubles from 100 ms up to 2 s. Any other error ends start-up at once.
-    ///
-    /// # Errors
-    /// The first error that is not worth retrying; [`Error::Unavailable`] when the deadline passes
-    /// or a shutdown is requested while retrying.
-    pub async fn run<T, F, Fut>(&self, mut step: F) -> Result<T, Error>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, Error>>,
-    {
-        let deadline = self.deadline;
-        let mut pause = STARTUP_RETRY_MIN;
-        let mut shutdown = self.shutdown.clone();
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let error = match tokio::time::timeout(left.min(self.attempt), step()).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(e)) if !retried_at_start_up(&e) => return Err(e),
-                Ok(Err(e)) => e,
-                Err(_) => Error::Unavailable(None),
-            };
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left <= pause || shutdown.stage() != crate::shutdown::Stage::Running {
-                return Err(match error {
-                    Error::Unavailable(source) => Error::Unavailable(source),
-                    _ => Error::Unavailable(None),
-                });
-            }
-            tracing::warn!(
-                code = %error.code(),
-                retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
-                "start-up step failed; retrying"
-            );
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = shutdown.reached(crate::shutdown::Stage::Draining) => {}
-            }
-            pause = (pause * 2).min(STARTUP_RETRY_MAX);
-        }
-    }
-}
-
-/// Whether a start-up step that failed with `e` is worth another attempt: a lost or refused
-/// connection, or a transient database error (a lock or statement timeout, too many connections).
-fn retried_at_start_up(e: &Error) -> bool {
-    match e {
-        Error::Unavailable(_) => true,
-        Error::Database(db) => crate::error::is_transient(db),
-        _ => false,
-    }
 }
 
 /// The session settings every session needs, as the server applies them (milliseconds). Read
@@ -356,7 +355,10 @@ pub async fn ensure_database(cfg: &DatabaseConfig) -> Result<bool, Error> {
     let name = target.get_dbname().unwrap_or("postgres").to_owned();
     let mut maintenance = target.clone();
     maintenance.dbname("postgres");
-    let (client, connection) = maintenance.connect(NoTls).await?;
+    let (client, connection) = maintenance
+        .connect(NoTls)
+        .await
+        .map_err(|e| refused_or(&maintenance, e))?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -389,7 +391,10 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
     let mut target = pg_config(base, "admin")?;
     let mut maintenance = target.clone();
     maintenance.dbname("postgres");
-    let (client, connection) = maintenance.connect(NoTls).await?;
+    let (client, connection) = maintenance
+        .connect(NoTls)
+        .await
+        .map_err(|e| refused_or(&maintenance, e))?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -414,7 +419,10 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
 pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
     let mut maintenance = pg_config(base, "admin")?;
     maintenance.dbname("postgres");
-    let (client, connection) = maintenance.connect(NoTls).await?;
+    let (client, connection) = maintenance
+        .connect(NoTls)
+        .await
+        .map_err(|e| refused_or(&maintenance, e))?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -444,6 +452,9 @@ fn url_of(config: &tokio_postgres::Config) -> String {
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
+
+mod start_up;
+pub use start_up::StartUp;
 
 #[cfg(test)]
 mod tests;

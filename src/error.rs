@@ -13,6 +13,7 @@ use crate::codes::Code;
 use crate::config::ConfigError;
 use crate::intake::Rejection;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::NoTlsError;
 
 /// Exit code of a successful run.
 pub const EXIT_OK: u8 = 0;
@@ -124,6 +125,159 @@ pub enum Error {
     /// An invariant this crate keeps did not hold: a bug, never a condition of the environment.
     #[error("internal error")]
     Internal,
+    /// The connection was refused for a reason that retrying cannot fix: SQLSTATE class 28 (a
+    /// wrong password, a missing role, no `pg_hba.conf` entry, a server that requires TLS, a
+    /// pooler that does not know the user), 3D000 (no such database), or a failure of the
+    /// connection's own set-up (a URL that asks for TLS, which this release does not speak).
+    #[error(
+        "the database server at {target} refused the connection: {}",
+        refusal_reason(.source)
+    )]
+    Refused {
+        /// Where the connection went.
+        target: Target,
+        /// The server's error (never displayed: only its SQLSTATE).
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// Start-up opened no connection before its deadline.
+    #[error("database unavailable at {target}: {}", unreachable_cause(.source.as_ref()))]
+    Unreachable {
+        /// Where the connections went.
+        target: Target,
+        /// The last attempt's error, if it ended with one (never displayed: only its kind).
+        #[source]
+        source: Option<tokio_postgres::Error>,
+    },
+    /// `api-keys revoke` named no live key.
+    #[error("no live API key has the id {0}")]
+    NoLiveKey(uuid::Uuid),
+    /// A listening socket could not be opened.
+    #[error("cannot listen on {address}: {}", listen_cause(.source))]
+    Listen {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// Why (never displayed: only its kind).
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where a process connects, as an error names it: the URL's first host and port, the database
+/// and the role, never the password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `host:port` (a Unix socket's directory in place of the host).
+    pub address: String,
+    /// The database.
+    pub database: String,
+    /// The role.
+    pub user: String,
+}
+
+impl Target {
+    /// The target of connections made with `config`.
+    pub fn of(config: &tokio_postgres::Config) -> Target {
+        use tokio_postgres::config::Host;
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(host)) => host.clone(),
+            #[cfg(unix)]
+            Some(Host::Unix(dir)) => dir.display().to_string(),
+            None => "localhost".to_owned(),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let user = config.get_user().unwrap_or("(none)").to_owned();
+        // PostgreSQL's default database is the role's name.
+        let database = config.get_dbname().unwrap_or(&user).to_owned();
+        Target {
+            address: format!("{host}:{port}"),
+            database,
+            user,
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Target {
+            address,
+            database,
+            user,
+        } = self;
+        write!(f, "{address} (database \"{database}\", role \"{user}\")")
+    }
+}
+
+/// Whether a failed connection attempt is one that retrying cannot fix (see [`Error::Refused`]):
+/// an authorization refusal or a missing database, or any failure that is neither a lost
+/// connection nor transient.
+pub fn is_refusal(e: &tokio_postgres::Error) -> bool {
+    let refused = e.code().is_some_and(|code| {
+        code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
+    });
+    refused || !is_transient(e)
+}
+
+/// What a refusal means, by its SQLSTATE (shown) or its kind: a fixed sentence, never the
+/// server's text.
+fn refusal_reason(e: &tokio_postgres::Error) -> String {
+    let reason = match e.code() {
+        Some(&SqlState::INVALID_PASSWORD) => {
+            "password authentication failed (check the password of DATABASE_URL or PGPASSWORD)"
+        }
+        Some(&SqlState::INVALID_CATALOG_NAME) => {
+            "the database does not exist (`durable-etl migrate` creates it)"
+        }
+        Some(code) if code.code().starts_with("28") => {
+            "the role may not connect (a missing role, no pg_hba.conf entry for it, a server \
+             that requires TLS, or a pooler that does not know it)"
+        }
+        Some(_) => "the server refused it",
+        None if std::error::Error::source(e).is_some_and(|s| s.is::<NoTlsError>()) => {
+            return "the URL asks for TLS (sslmode), which this release does not speak: \
+                    connect without it (sslmode=disable or prefer)"
+                .to_owned();
+        }
+        None => return "the connection could not be set up".to_owned(),
+    };
+    match e.code() {
+        Some(code) => format!("{reason} (SQLSTATE {})", code.code()),
+        None => reason.to_owned(),
+    }
+}
+
+/// Why the last connection attempt failed, by its kind: a fixed phrase, never the error's text.
+fn unreachable_cause(e: Option<&tokio_postgres::Error>) -> String {
+    let Some(e) = e else {
+        return "no answer within the start-up timeout".to_owned();
+    };
+    if let Some(code) = e.code() {
+        return format!(
+            "the server kept answering SQLSTATE {} until the start-up timeout",
+            code.code()
+        );
+    }
+    let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    let kind = match io.map(std::io::Error::kind) {
+        Some(std::io::ErrorKind::ConnectionRefused) => {
+            "connection refused: is the server running and listening there?"
+        }
+        Some(std::io::ErrorKind::TimedOut) => "the connection timed out",
+        Some(_) => "the connection failed",
+        None if e.is_closed() => "the server closed the connection",
+        None => "the connection failed",
+    };
+    format!("{kind} (until the start-up timeout)")
+}
+
+/// Why a listening socket could not be opened, by its kind: a fixed phrase.
+fn listen_cause(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => "the address is in use",
+        std::io::ErrorKind::AddrNotAvailable => "the address is not one of this host's",
+        std::io::ErrorKind::PermissionDenied => "permission denied",
+        _ => "the socket could not be opened",
+    }
 }
 
 impl Error {
@@ -138,8 +292,11 @@ impl Error {
             Error::OwnerIdInUse => Code::OwnerIdInUse,
             Error::Rejected(r) => r.code,
             Error::Contended => Code::TransientDatabase,
-            Error::Io(_) => Code::IoError,
+            Error::Io(_) | Error::Listen { .. } => Code::IoError,
             Error::Internal => Code::InternalError,
+            Error::Refused { .. } => Code::DatabaseRefused,
+            Error::NoLiveKey(_) => Code::NotFound,
+            Error::Unreachable { .. } => Code::DatabaseUnavailable,
         }
     }
 
@@ -151,10 +308,10 @@ impl Error {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config(_) | Error::Rejected(_) => EXIT_USAGE,
-            Error::Unavailable(_) => EXIT_DATABASE_UNREACHABLE,
+            Error::Config(_) | Error::Rejected(_) | Error::Refused { .. } => EXIT_USAGE,
+            Error::Unavailable(_) | Error::Unreachable { .. } => EXIT_DATABASE_UNREACHABLE,
             Error::Schema(e) if e.code() != Code::MigrationFailed => EXIT_SCHEMA_INCOMPATIBLE,
-            Error::Io(_) => EXIT_IO,
+            Error::Io(_) | Error::Listen { .. } => EXIT_IO,
             Error::Internal => EXIT_INTERNAL,
             _ => EXIT_FAILURE,
         }
@@ -163,7 +320,12 @@ impl Error {
     /// The SQLSTATE of the underlying database error, if there is one.
     pub fn db_code(&self) -> Option<&SqlState> {
         match self {
-            Error::Unavailable(Some(e)) | Error::Database(e) => e.code(),
+            Error::Unavailable(Some(e))
+            | Error::Database(e)
+            | Error::Refused { source: e, .. }
+            | Error::Unreachable {
+                source: Some(e), ..
+            } => e.code(),
             _ => None,
         }
     }
@@ -213,99 +375,4 @@ pub fn is_transient(e: &tokio_postgres::Error) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_and_owner_errors_map_to_codes_and_exits() {
-        let e = Error::from(ConfigError::Slots);
-        assert_eq!(e.code(), Code::ConfigInvalid);
-        assert_eq!(e.exit_code(), EXIT_USAGE);
-        assert_eq!(e.db_code(), None);
-        assert_eq!(Error::OwnerIdInUse.code(), Code::OwnerIdInUse);
-        assert_eq!(Error::OwnerIdInUse.exit_code(), EXIT_FAILURE);
-        let rejected = Error::from(Rejection::new(Code::DatasetInvalid, "/dataset"));
-        assert_eq!(
-            (rejected.code(), rejected.exit_code()),
-            (Code::DatasetInvalid, EXIT_USAGE)
-        );
-        let unavailable = Error::Unavailable(None);
-        assert_eq!(unavailable.code(), Code::DatabaseUnavailable);
-        assert_eq!(unavailable.exit_code(), EXIT_DATABASE_UNREACHABLE);
-        assert_eq!(unavailable.db_code(), None);
-    }
-
-    #[test]
-    fn failures_beside_the_database_say_what_failed() {
-        let io = Error::io(std::io::Error::other("no such file"));
-        assert_eq!((io.code(), io.exit_code()), (Code::IoError, EXIT_IO));
-        assert!(std::error::Error::source(&io).is_some());
-        assert_eq!(
-            io.to_string(),
-            "local I/O failed",
-            "no source text in Display"
-        );
-        let silent = Error::Io(None);
-        assert_eq!(
-            (silent.code(), silent.exit_code()),
-            (Code::IoError, EXIT_IO)
-        );
-        assert_eq!(
-            (Error::Internal.code(), Error::Internal.exit_code()),
-            (Code::InternalError, EXIT_INTERNAL)
-        );
-        let contended = Error::Contended;
-        assert_eq!(
-            (contended.code(), contended.exit_code()),
-            (Code::TransientDatabase, EXIT_FAILURE)
-        );
-        for e in [io, Error::Internal, Error::Contended] {
-            assert_eq!(e.db_code(), None);
-            assert_ne!(e.code(), Code::DatabaseUnavailable);
-        }
-        let exits = [
-            EXIT_OK,
-            EXIT_FAILURE,
-            EXIT_USAGE,
-            EXIT_DATABASE_UNREACHABLE,
-            EXIT_SCHEMA_INCOMPATIBLE,
-            EXIT_IO,
-            EXIT_INTERNAL,
-        ];
-        let distinct: std::collections::HashSet<_> = exits.iter().collect();
-        assert_eq!(distinct.len(), exits.len());
-    }
-
-    #[test]
-    fn connection_class_covers_08_and_shutdowns() {
-        assert!(is_connection_class(&SqlState::CONNECTION_FAILURE));
-        assert!(is_connection_class(&SqlState::ADMIN_SHUTDOWN));
-        assert!(!is_connection_class(&SqlState::UNIQUE_VIOLATION));
-    }
-
-    #[test]
-    fn schema_errors_map_to_codes() {
-        assert_eq!(
-            SchemaError::TooOld {
-                found: 0,
-                required: 1
-            }
-            .code(),
-            Code::SchemaTooOld
-        );
-        let too_new = SchemaError::TooNew {
-            found: 3,
-            needs: 3,
-            supported: 1,
-        };
-        assert_eq!(too_new.code(), Code::SchemaTooNew);
-        assert_eq!(
-            SchemaError::UnknownVersion { version: 9 }.code(),
-            Code::SchemaTooNew
-        );
-        assert_eq!(
-            SchemaError::ChecksumMismatch { version: 1 }.code(),
-            Code::MigrationChecksumMismatch
-        );
-    }
-}
+mod tests;

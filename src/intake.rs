@@ -41,6 +41,8 @@ pub struct Rejection {
     pub code: Code,
     /// The JSON pointer (RFC 6901) of the offending member; empty for the whole document.
     pub pointer: String,
+    /// A fixed sentence saying more than the code, if one helps (never a request value).
+    pub detail: Option<&'static str>,
 }
 
 impl Rejection {
@@ -49,6 +51,15 @@ impl Rejection {
         Rejection {
             code,
             pointer: pointer.into(),
+            detail: None,
+        }
+    }
+
+    /// This rejection, saying `detail` too.
+    pub fn because(self, detail: &'static str) -> Rejection {
+        Rejection {
+            detail: Some(detail),
+            ..self
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The `durable-etl` binary: parses the command line, installs logging, runs the command and maps
-//! its outcome to an exit code (0 success, 1 any other failure, 2 usage, 3 database unreachable,
-//! 4 schema incompatible, 5 local I/O failure, 6 internal error).
+//! its outcome to an exit code (0 success, 1 any other failure, 2 usage or configuration (a
+//! database that refuses the configured role or database included), 3 database unreachable, 4
+//! schema incompatible, 5 local I/O failure (a listen address in use included), 6 internal
+//! error).
 
 mod bench;
 mod cli;

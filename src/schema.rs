@@ -173,6 +173,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // console (docs/migrations.md).
         min_reader_version: 8,
     },
+    Migration {
+        version: 16,
+        name: "pending_owner_listing",
+        up: include_str!("../migrations/0016_pending_owner_listing.up.sql"),
+        down: include_str!("../migrations/0016_pending_owner_listing.down.sql"),
+        // Additive: an index that releases before it never use.
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

@@ -9,6 +9,7 @@
 //!   enqueue trigger's NOTIFY, and the notifier is signalled only after it committed.
 //! - Responses carry only the job's own id, status fields and ledger summary.
 
+use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::api_keys;
@@ -46,8 +47,8 @@ impl FromRequestParts<AppState> for Owner {
             .and_then(bearer_token)
             .filter(|k| !k.is_empty())
             .ok_or_else(|| Problem::new(Code::Unauthorized))?;
-        let conn = crate::db::checkout(&state.pool).await?;
-        api_keys::authenticate(&*conn, &state.secret, key)
+        let mut conn = Conn::checkout(&state.pool).await?;
+        conn.run(|c| api_keys::authenticate(&*c, &state.secret, key))
             .await?
             .map(Owner)
             .ok_or_else(|| Problem::new(Code::Unauthorized))
@@ -159,6 +160,18 @@ fn monitor(status: JobStatus) -> Response {
     response
 }
 
+/// What a submission without an `Idempotency-Key` header is told.
+const IDEMPOTENCY_KEY_MISSING: &str = "The Idempotency-Key header is required: a key of 1 to 255 \
+     characters, the same on every retry of this submission";
+
+/// What a submission whose `Idempotency-Key` is not visible ASCII is told.
+const IDEMPOTENCY_KEY_NOT_ASCII: &str = "Idempotency-Key must be visible ASCII characters";
+
+/// What a listing with a query parameter it does not take is told (the parameter itself is not
+/// named: a response never echoes what the client sent).
+const LIST_PARAMS_ONLY: &str = "The listing takes only the query parameters status, limit and \
+     cursor, each at most once";
+
 /// Submits an ETL job.
 #[utoipa::path(
     post,
@@ -169,7 +182,7 @@ fn monitor(status: JobStatus) -> Response {
     responses(
         (status = 202, description = "Accepted: the body is the job's status; Location is its status monitor", body = JobStatus,
          headers(("Location" = String, description = "The status monitor"), ("Retry-After" = u32, description = "Seconds before polling the monitor"))),
-        (status = 400, description = "Malformed JSON or Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON, or a missing or invalid Idempotency-Key (the problem's detail says which)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The job to replace does not exist", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The job to replace has already ended", body = Problem, content_type = "application/problem+json"),
@@ -201,24 +214,32 @@ pub(super) async fn submit(
             Code::RequestMalformed
         })
     })?;
+    let invalid_key = |detail| Problem::new(Code::IdempotencyKeyInvalid).because(detail);
     let key = headers
         .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| Problem::new(Code::IdempotencyKeyInvalid))?;
+        .ok_or_else(|| invalid_key(IDEMPOTENCY_KEY_MISSING))?
+        .to_str()
+        .map_err(|_| invalid_key(IDEMPOTENCY_KEY_NOT_ASCII))?;
     let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
-    let mut conn = crate::db::checkout(&state.pool).await?;
-    let tx = conn.transaction().await.map_err(Error::from)?;
-    if state.notifier.is_some() {
-        notifier::skip_trigger_notify(&tx).await?;
-    }
     let job = NewJob {
         idempotency_key: key,
         request: &request,
         max_attempts: MAX_ATTEMPTS_DEFAULT,
     };
-    let enqueued = enqueue::enqueue(&tx, &state.secret, &owner.0, job).await?;
-    let status = jobs::status(&tx, &owner.0, enqueued.id).await?;
-    tx.commit().await.map_err(Error::from)?;
+    let (secret, owner, skip_notify) = (&state.secret, &owner.0, state.notifier.is_some());
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let (enqueued, status) = conn
+        .run(|c| async move {
+            let tx = c.transaction().await?;
+            if skip_notify {
+                notifier::skip_trigger_notify(&tx).await?;
+            }
+            let enqueued = enqueue::enqueue(&tx, secret, owner, job).await?;
+            let status = jobs::status(&tx, owner, enqueued.id).await?;
+            tx.commit().await?;
+            Ok::<_, Error>((enqueued, status))
+        })
+        .await?;
     // Like the trigger: only a new job that is due now wakes a replica.
     let due = !enqueued.replayed && request.run_at.is_none_or(|at| at <= chrono::Utc::now());
     if let Some(notifier) = state.notifier.as_ref().filter(|_| due) {
@@ -249,15 +270,17 @@ pub(super) async fn get_job(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
     let id = job_id(id)?;
-    let conn = crate::db::checkout(&state.pool).await?;
-    jobs::status(&*conn, &owner.0, id)
+    let mut conn = Conn::checkout(&state.pool).await?;
+    conn.run(|c| jobs::status(&*c, &owner.0, id))
         .await?
         .map(monitor)
         .ok_or_else(|| Problem::new(Code::NotFound))
 }
 
-/// Query parameters of the listing (read as text, validated by `list` with precise codes).
+/// Query parameters of the listing (read as text, validated by `list` with precise codes); any
+/// other parameter is refused, so a misspelt filter (`?state=`) is not silently ignored.
 #[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(super) struct ListParams {
     /// Only jobs in this status.
@@ -294,7 +317,7 @@ const PAGE_MAX: i64 = 100;
     params(ListParams),
     responses(
         (status = 200, description = "A page of jobs", body = JobList),
-        (status = 400, description = "A query parameter is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A query parameter is not valid, not one the listing takes, or repeated", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
@@ -306,7 +329,8 @@ pub(super) async fn list(
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<JobList>, Problem> {
     let invalid = |name: &str| Problem::new(Code::QueryInvalid).at(format!("/{name}"));
-    let Query(params) = params.map_err(|_| Problem::new(Code::QueryInvalid))?;
+    let Query(params) =
+        params.map_err(|_| Problem::new(Code::QueryInvalid).because(LIST_PARAMS_ONLY))?;
     let status = params
         .status
         .as_deref()
@@ -324,10 +348,12 @@ pub(super) async fn list(
         None => None,
         Some(c) => Some(Uuid::parse_str(c).map_err(|_| invalid("cursor"))?),
     };
-    let conn = crate::db::checkout(&state.pool).await?;
+    let mut conn = Conn::checkout(&state.pool).await?;
     let status = status.map(JobState::as_str);
     let window = jobs::Window::default().after(cursor);
-    let page = jobs::page(&*conn, &owner.0, window, status, limit).await?;
+    let page = conn
+        .run(|c| jobs::page(&*c, &owner.0, window, status, limit))
+        .await?;
     Ok(Json(JobList {
         jobs: page.jobs,
         next_cursor: page.next,
@@ -357,16 +383,22 @@ pub(super) async fn cancel_job(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
     let id = job_id(id)?;
-    let conn = crate::db::checkout(&state.pool).await?;
-    let outcome = jobs::cancel(&*conn, &owner.0, id, Code::Cancelled).await?;
-    let status = || async {
-        jobs::status(&*conn, &owner.0, id)
-            .await?
-            .ok_or_else(|| Problem::new(Code::NotFound))
-    };
+    let owner = &owner.0;
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let (outcome, status) = conn
+        .run(|c| async move {
+            let outcome = jobs::cancel(&*c, owner, id, Code::Cancelled).await?;
+            let status = match outcome {
+                Cancel::Cancelled | Cancel::Requested => jobs::status(&*c, owner, id).await?,
+                Cancel::AlreadyEnded(_) | Cancel::NotFound => None,
+            };
+            Ok::<_, Error>((outcome, status))
+        })
+        .await?;
+    let status = || status.ok_or_else(|| Problem::new(Code::NotFound));
     match outcome {
-        Cancel::Cancelled => Ok(monitor(status().await?)),
-        Cancel::Requested => Ok(accepted(status().await?)),
+        Cancel::Cancelled => Ok(monitor(status()?)),
+        Cancel::Requested => Ok(accepted(status()?)),
         Cancel::AlreadyEnded(s) => Err(Problem::conflict(s)),
         Cancel::NotFound => Err(Problem::new(Code::NotFound)),
     }

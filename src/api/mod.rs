@@ -13,6 +13,7 @@
 //!   same problem as everything else. The OpenAPI document is generated from the same handlers
 //!   that serve the routes.
 
+mod conn;
 mod console;
 mod jobs;
 mod ops;
@@ -154,7 +155,12 @@ pub fn app(state: AppState) -> Router {
                 async move { axum::Json(doc.as_ref().clone()) }
             }),
         )
-        .fallback(|| async { Problem::new(Code::NotFound) })
+        // The service's root leads to the console, which signs a visitor in.
+        .route(
+            "/",
+            get(|| async { axum::response::Redirect::to("/console") }),
+        )
+        .fallback(|| async { Problem::new(Code::NoSuchRoute) })
         // axum adds the `Allow` header to this fallback's answer.
         .method_not_allowed_fallback(|| async { Problem::new(Code::MethodNotAllowed) })
         // The submit route's `RequestBodyLimitLayer` is the one body limit; axum's own default
@@ -199,12 +205,14 @@ fn as_problem(response: Response) -> Response {
 /// Serves the API of `state` on its `listen` address until `shutdown` asks it to drain.
 ///
 /// # Errors
-/// [`Error::Config`] when the configuration is invalid or the address cannot be bound.
+/// [`Error::Config`] when the configuration is invalid; [`Error::Listen`] when the address
+/// cannot be bound.
 pub async fn serve(state: AppState, mut shutdown: Shutdown) -> Result<(), Error> {
     state.config.validate()?;
-    let listener = tokio::net::TcpListener::bind(state.config.listen)
+    let address = state.config.listen;
+    let listener = tokio::net::TcpListener::bind(address)
         .await
-        .map_err(|_| crate::config::ConfigError::Listen)?;
+        .map_err(|source| Error::Listen { address, source })?;
     tracing::info!(listen = %state.config.listen, "serving");
     let app = app(state);
     axum::serve(listener, app)

@@ -78,8 +78,8 @@ pub(super) async fn healthz() -> Json<Health> {
         (status = 503, description = "Database unavailable or schema incompatible", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, Problem> {
-    let conn = crate::db::checkout(&state.pool).await?;
-    match schema::check_compatible(&conn).await {
+    let mut conn = super::conn::Conn::checkout(&state.pool).await?;
+    match conn.run(|c| schema::check_compatible(&*c)).await {
         Ok(_) => Ok(Json(Health { status: "ready" })),
         Err(e) => {
             tracing::warn!(code = %e.code(), "not ready");

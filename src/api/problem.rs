@@ -31,6 +31,10 @@ pub struct Problem {
     /// The job's current status, for conflicts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job_status: Option<String>,
+    /// A fixed sentence on this occurrence, where the title alone would leave the client
+    /// guessing (never a request value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<&'static str>,
 }
 
 /// The HTTP status and fixed title of a code.
@@ -40,7 +44,7 @@ fn status_and_title(code: Code) -> (StatusCode, &'static str) {
         Code::RequestMalformed => (StatusCode::BAD_REQUEST, "The body is not valid JSON"),
         Code::IdempotencyKeyInvalid => (
             StatusCode::BAD_REQUEST,
-            "Idempotency-Key must be 1 to 255 characters",
+            "Idempotency-Key is missing or not 1 to 255 characters",
         ),
         Code::QueryInvalid => (StatusCode::BAD_REQUEST, "A query parameter is not valid"),
         Code::RequestTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "The body is too large"),
@@ -49,6 +53,7 @@ fn status_and_title(code: Code) -> (StatusCode, &'static str) {
             "The body must be application/json",
         ),
         Code::NotFound => (StatusCode::NOT_FOUND, "No such job"),
+        Code::NoSuchRoute => (StatusCode::NOT_FOUND, "No such resource"),
         Code::MethodNotAllowed => (
             StatusCode::METHOD_NOT_ALLOWED,
             "The resource does not serve this method",
@@ -95,6 +100,15 @@ impl Problem {
             code: code.as_str(),
             pointer: None,
             job_status: None,
+            detail: None,
+        }
+    }
+
+    /// The same problem, saying `detail` too.
+    pub fn because(self, detail: &'static str) -> Problem {
+        Problem {
+            detail: Some(detail),
+            ..self
         }
     }
 
@@ -117,7 +131,11 @@ impl From<Error> for Problem {
     fn from(e: Error) -> Problem {
         let code = e.code();
         if let Error::Rejected(r) = e {
-            return Problem::new(r.code).at(r.pointer);
+            let problem = Problem::new(r.code).at(r.pointer);
+            return Problem {
+                detail: r.detail,
+                ..problem
+            };
         }
         let problem = Problem::new(code);
         if problem.status >= 500 {

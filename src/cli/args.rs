@@ -118,10 +118,12 @@ impl DatabaseArgs {
         if self.startup_timeout > config::DURATION_MAX {
             return Err(config::ConfigError::DurationTooLong("startup timeout", "365 days").into());
         }
+        let target = db::target(&self.config()?)?;
         Ok(db::StartUp {
             deadline: tokio::time::Instant::now() + self.startup_timeout,
             attempt: self.connect_timeout.saturating_add(self.statement_timeout),
             shutdown: shutdown.clone(),
+            target,
         })
     }
 }

@@ -53,6 +53,11 @@ const FIELDS: &[&str] = &[
     "replaces",
 ];
 
+/// What a request with a member v1 does not define is told (the member itself is not named: a
+/// response never echoes what the client sent).
+const UNKNOWN_MEMBER: &str = "The request has a member v1 does not define; it may have only \
+     dataset, key, records, transform, run_at and replaces";
+
 /// Parses and validates a request body.
 ///
 /// # Errors
@@ -121,7 +126,8 @@ fn parse_document(value: &Value, limits: Option<IntakeLimits>) -> Result<EtlRequ
         .as_object()
         .ok_or_else(|| Rejection::new(Code::RequestInvalid, ""))?;
     if doc.keys().any(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(Rejection::new(Code::RequestInvalid, ""));
+        // The member's name is the client's and is never echoed: the pointer is the document.
+        return Err(Rejection::new(Code::RequestInvalid, "").because(UNKNOWN_MEMBER));
     }
     let dataset = doc
         .get("dataset")

@@ -121,6 +121,42 @@ impl Api {
         self.read(response).await
     }
 
+    /// Sends `method` to `url` (another server's, say) as `key`.
+    async fn send_to(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        key: &str,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let response = self
+            .http
+            .request(method, url)
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        self.read(response).await
+    }
+
+    /// Every page of `key`'s listing of `status`, `limit` jobs a page, following the cursors:
+    /// each page's job ids.
+    async fn pages(&self, key: &str, status: &str, limit: usize) -> Vec<Vec<uuid::Uuid>> {
+        let mut pages = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let path = format!("/v1/etl-jobs?status={status}&limit={limit}{cursor}");
+            let (s, _, page) = self.get(key, &path).await;
+            assert_eq!(s, StatusCode::OK, "{page}");
+            let jobs = page["jobs"].as_array().unwrap();
+            assert!(jobs.iter().all(|j| j["status"] == status), "{page}");
+            pages.push(jobs.iter().map(id_of).collect());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = format!("&cursor={next}"),
+                None => return pages,
+            }
+        }
+    }
+
     /// GETs `path` as `key`.
     async fn get(&self, key: &str, path: &str) -> (StatusCode, reqwest::header::HeaderMap, Value) {
         let response = self
@@ -272,10 +308,32 @@ async fn every_error_is_a_problem_with_a_stable_code() {
         (s, p["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("request_malformed"))
     );
+    // A missing key is told it is missing; an unknown member is told what v1 defines.
     let (s, _, p) = send(api.http.post(&url).bearer_auth(&api.alice).json(&small(1))).await;
     assert_eq!(
         (s, p["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("idempotency_key_invalid"))
+    );
+    let detail = p["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("The Idempotency-Key header is required"),
+        "{p}"
+    );
+    let mut unknown = small(1);
+    unknown["colour"] = json!("blue");
+    let (s, _, p) = api.submit(&api.alice, "x", &unknown).await;
+    assert_eq!(
+        (s, p["code"].as_str(), p["pointer"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("request_invalid"),
+            Some("")
+        )
+    );
+    let detail = p["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("only dataset, key, records, transform, run_at and replaces"),
+        "{p}"
     );
     let (s, _, p) = api
         .submit(
@@ -333,11 +391,44 @@ async fn every_error_is_a_problem_with_a_stable_code() {
             Some("unsupported_media_type")
         )
     );
+    // An unknown route is not a missing job, and the root leads to the console.
     let (s, _, p) = api.get(&api.alice, "/v1/no-such-route").await;
     assert_eq!(
-        (s, p["code"].as_str()),
-        (StatusCode::NOT_FOUND, Some("not_found"))
+        (s, p["code"].as_str(), p["title"].as_str()),
+        (
+            StatusCode::NOT_FOUND,
+            Some("no_such_route"),
+            Some("No such resource")
+        )
     );
+    let root = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{}/", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(root.status(), StatusCode::SEE_OTHER);
+    assert_eq!(root.headers()["location"], "/console");
+    // A misspelt or unknown query parameter is refused, not ignored, and not echoed.
+    for query in [
+        "state=running",
+        "status=running&canary_param=1",
+        "limit=1&limit=2",
+    ] {
+        let (s, _, p) = api.get(&api.alice, &format!("/v1/etl-jobs?{query}")).await;
+        assert_eq!(
+            (s, p["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("query_invalid")),
+            "{query}"
+        );
+        let detail = p["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("only the query parameters status, limit and cursor"),
+            "{p}"
+        );
+    }
     let (s, _, p) = api.get(&api.alice, "/v1/etl-jobs?limit=0").await;
     assert_eq!(
         (s, p["pointer"].as_str()),
@@ -392,14 +483,8 @@ async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees(
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     for path in ["/v1/etl-jobs", "/readyz"] {
-        let response = api
-            .http
-            .get(format!("{base}{path}"))
-            .bearer_auth(&api.alice)
-            .send()
-            .await
-            .unwrap();
-        let (s, h, p) = api.read(response).await;
+        let url = format!("{base}{path}");
+        let (s, h, p) = api.send_to(reqwest::Method::GET, &url, &api.alice).await;
         assert_eq!(
             (s, p["code"].as_str()),
             (
@@ -452,6 +537,141 @@ async fn a_request_over_its_time_answers_503_request_timeout_as_a_problem_and_is
         metrics.contains("durable_etl_http_responses_total{class=\"5xx\"} 1\n"),
         "{metrics}"
     );
+}
+
+/// The API's own sessions (role `api`) of `db` that are not idle: running a statement, or in a
+/// transaction.
+async fn busy_api_sessions(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name = 'durable-etl/api'
+                AND state <> 'idle'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Serves the API and console of `db` on port 0 with a pool of one connection (role `api`) and
+/// a request timeout of 1 s; returns its base URL.
+async fn serve_on_one_connection(db: &TestDb) -> String {
+    let one = durable_etl::config::DatabaseConfig {
+        pool_max_size: 1,
+        ..db.config.clone()
+    };
+    let pool = durable_etl::db::connect_pool(&one, "api").await.unwrap();
+    let config = ApiConfig {
+        request_timeout: Duration::from_secs(1),
+        ..ApiConfig::default()
+    };
+    let app = api::app(AppState::new(pool, Secret::new(SECRET).unwrap(), config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
+
+/// A request cut by its timeout while its statement waits for a row lock, on a pool of one
+/// connection: the statement is cancelled and the connection settled before reuse, so the next
+/// requests on that connection answer (instead of queueing behind the cut statement until its
+/// lock timeout), no statement of the API is left running, and the cut cancellation never
+/// takes effect later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
+    let api = Api::start().await;
+    let held = id_of(&api.submit(&api.alice, "cut-held", &small(1)).await.2);
+    let other = id_of(&api.submit(&api.alice, "cut-other", &small(1)).await.2);
+    let base = serve_on_one_connection(&api.db).await;
+    // Another session holds the pending job's live row: the cancellation's DELETE waits for it
+    // (the lock timeout, 5 s, is far beyond the request's 1 s).
+    let mut blocker = api.db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.execute(
+        "SELECT 1 FROM etl_job_records WHERE id = $1 FOR UPDATE",
+        &[&held],
+    )
+    .await
+    .unwrap();
+    let url = format!("{base}/v1/etl-jobs/{held}");
+    let (s, _, p) = api.send_to(reqwest::Method::DELETE, &url, &api.alice).await;
+    assert_eq!(
+        (s, p["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("request_timeout"))
+    );
+    let url = format!("{base}/v1/etl-jobs/{other}");
+    for round in 0..3 {
+        let (s, _, p) = api.send_to(reqwest::Method::GET, &url, &api.alice).await;
+        assert_eq!(s, StatusCode::OK, "request {round} after the cut one: {p}");
+        assert_eq!(id_of(&p), other);
+    }
+    let observer = api.db.client().await;
+    assert_eq!(
+        busy_api_sessions(&observer).await,
+        0,
+        "a cut statement still runs"
+    );
+    lock.commit().await.unwrap();
+    assert_eq!(job_row(&observer, held).await.status, "pending");
+}
+
+/// The console's pages run their statements the same way: a sign-in cut while the key table is
+/// locked has its statement cancelled, so the next request on the pool's only connection
+/// answers while the lock is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_request_cut_mid_statement_never_hands_its_busy_connection_on() {
+    let api = Api::start().await;
+    let base = serve_on_one_connection(&api.db).await;
+    let http = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let form = http
+        .get(format!("{base}/console/sign-in"))
+        .send()
+        .await
+        .unwrap();
+    let nonce = form
+        .headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| v.strip_prefix("detl_sign_in="))
+        .and_then(|v| v.split(';').next())
+        .unwrap()
+        .to_owned();
+    let html = form.text().await.unwrap();
+    let at = html.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = &html[at..at + 64];
+    let mut blocker = api.db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE etl_api_clients IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let cut = http
+        .post(format!("{base}/console/sign-in"))
+        .header(reqwest::header::COOKIE, format!("detl_sign_in={nonce}"))
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded",
+        )
+        .body(format!("api_key={}&csrf={csrf}", api.alice))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cut.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // Readiness reads only the schema history, which the lock leaves alone.
+    let url = format!("{base}/readyz");
+    let (s, _, p) = api.send_to(reqwest::Method::GET, &url, &api.alice).await;
+    assert_eq!(s, StatusCode::OK, "after the cut sign-in: {p}");
+    let observer = api.db.client().await;
+    assert_eq!(
+        busy_api_sessions(&observer).await,
+        0,
+        "a cut statement still runs"
+    );
+    lock.rollback().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -592,6 +812,46 @@ async fn the_listing_is_owner_scoped_newest_first_and_paginated() {
 /// 20,000 newer succeeded jobs, the three cancelled ones come newest first, two pages of them,
 /// and the listing's plan reads them through `etl_job_outcomes_owner_status_listing_idx` without
 /// filtering out a single other job.
+/// A listing by a live status pages the owner's live jobs of that status, newest first, and
+/// none of another owner's or of the other live status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_status_listing_pages_the_owners_live_jobs_newest_first() {
+    use durable_etl::worker::claimer;
+    let api = Api::start().await;
+    let client = api.db.client().await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(id_of(
+            &api.submit(&api.alice, &format!("live-{n}"), &small(1))
+                .await
+                .2,
+        ));
+    }
+    api.submit(&api.bob, "live-bob", &small(1)).await;
+    // The claim takes the due jobs oldest first: alice's two oldest run, her newest waits.
+    let claimant = claimer::Claimant {
+        owner_id: "lister",
+        owner_locked: false,
+        lease: Duration::from_secs(60),
+        heartbeat_interval: Duration::from_secs(4),
+        alive_locked: false,
+    };
+    let claimed = claimer::claim(&client, claimant, 2).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(
+        api.pages(&api.alice, "running", 1).await,
+        vec![vec![ids[1]], vec![ids[0]]]
+    );
+    assert_eq!(
+        api.pages(&api.alice, "pending", 20).await,
+        vec![vec![ids[2]]]
+    );
+    assert_eq!(
+        api.pages(&api.bob, "running", 20).await,
+        [Vec::<uuid::Uuid>::new()]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_listing_reads_one_page_of_the_owner_status_index() {
     let api = Api::start().await;
@@ -619,23 +879,10 @@ async fn the_status_listing_reads_one_page_of_the_owner_status_index() {
         .await
         .unwrap();
 
-    let ids = |page: &Value| -> Vec<uuid::Uuid> {
-        page["jobs"].as_array().unwrap().iter().map(id_of).collect()
-    };
-    let (s, _, first) = api
-        .get(&api.alice, "/v1/etl-jobs?status=cancelled&limit=2")
-        .await;
-    assert_eq!(s, StatusCode::OK);
-    assert_eq!(ids(&first), vec![cancelled[2], cancelled[1]]);
-    let cursor = first["next_cursor"].as_str().unwrap();
-    let (_, _, second) = api
-        .get(
-            &api.alice,
-            &format!("/v1/etl-jobs?status=cancelled&limit=2&cursor={cursor}"),
-        )
-        .await;
-    assert_eq!(ids(&second), vec![cancelled[0]]);
-    assert!(second.get("next_cursor").is_none());
+    assert_eq!(
+        api.pages(&api.alice, "cancelled", 2).await,
+        vec![vec![cancelled[2], cancelled[1]], vec![cancelled[0]]]
+    );
 
     let owner: Vec<u8> = client
         .query_one(

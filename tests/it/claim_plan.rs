@@ -223,7 +223,8 @@ async fn a_worker_session_claims_through_the_index_on_a_never_analyzed_table() {
 /// oldest first: all `succeeded` but the 100 oldest, which are `cancelled` (so a listing of
 /// cancelled jobs that filtered the owner's jobs one by one would walk all of them); every
 /// succeeded one has its ledger row, and each retried once before it ended (an attempt history as
-/// big as the history); then [`OTHER_OWNERS_JOBS`] newer ended jobs of ten other owners.
+/// big as the history); then [`OTHER_OWNERS_JOBS`] newer ended jobs of ten other owners, and as
+/// many newer pending jobs of theirs, due tomorrow.
 async fn fill_history(client: &tokio_postgres::Client, n: i64) {
     insert_ended_jobs(
         client,
@@ -249,6 +250,32 @@ async fn fill_history(client: &tokio_postgres::Client, n: i64) {
         &[&OTHER_OWNERS_JOBS],
     )
     .await;
+    // Other owners' backlog: pending jobs due tomorrow (no claim takes them), newer than any of
+    // this owner's, so that a listing of this owner's pending jobs that walked the live table's
+    // primary key and filtered by owner would read all of them first.
+    client
+        .execute(
+            "WITH g AS (
+                 SELECT (lpad(to_hex((extract(epoch FROM now() + interval '2 days') * 1000)::int8
+                                     + g), 12, '0') || '70008' || lpad(to_hex(g), 15, '0'))::uuid
+                            AS id,
+                        sha256((g % 10)::text::bytea) AS owner_key
+                   FROM generate_series(1, $1::int8) g
+             ), intake AS (
+                 INSERT INTO etl_job_intake
+                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                      max_attempts, run_at)
+                 SELECT id, owner_key, sha256(id::text::bytea), sha256(id::text::bytea),
+                        'test.noop', 3, now() + interval '1 day'
+                   FROM g
+             )
+             INSERT INTO etl_job_records
+                 (id, owner_key, kind, request_payload, max_attempts, run_at)
+             SELECT id, owner_key, 'test.noop', '{}', 3, now() + interval '1 day' FROM g",
+            &[&OTHER_OWNERS_JOBS],
+        )
+        .await
+        .unwrap();
     // Each ended job retried once before it ended: an attempt history as big as the history.
     client
         .execute(
@@ -413,6 +440,19 @@ async fn hot_statements_stay_off_the_history(
     .unwrap();
     assert_eq!(next.len(), 50, "{pass}");
     check("listing by status, next page", plans);
+    // The live states: none of the owner's jobs runs now, and an empty page reads no history.
+    let running = jobs::list(&*session, &OWNER, all, Some("running"), 50)
+        .await
+        .unwrap();
+    assert!(running.is_empty(), "{pass}: {running:?}");
+    check("listing the running jobs (none)", plans);
+    let pending = jobs::list(&*session, &OWNER, all, Some("pending"), 50)
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 50, "{pass}");
+    assert!(pending.iter().all(|j| j.status == "pending"), "{pass}");
+    assert!(pending.windows(2).all(|w| w[0].id > w[1].id), "{pass}");
+    check("listing the pending jobs", plans);
     submitted_windows_stay_off_the_rest_of_the_history(&*session, &check, plans, pass).await;
     let cancel = jobs::cancel(&*session, &OWNER, leases[4].job_id, Code::Cancelled)
         .await
@@ -459,8 +499,9 @@ async fn submitted_windows_stay_off_the_rest_of_the_history(
 
 /// Every hot statement on a worker session, on a table with 200,000 terminal rows: first never
 /// analyzed (a bulk load before autovacuum's analyze), then analyzed. None of them walks the
-/// history: the lock step of a group commit takes its rows through the primary key, and the
-/// listing by status through the owner + status index.
+/// history: the lock step of a group commit takes its rows through the primary key, the listing
+/// by an ended status through the owner + status index, and the listing by a live status
+/// through the live table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_hot_statement_walks_the_history_of_terminal_rows() {
     let db = TestDb::migrated().await;

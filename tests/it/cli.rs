@@ -44,6 +44,15 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// Asserts that the process exited with `code` and said `message` on standard error, which it
+/// returns.
+fn assert_failed(output: &Output, code: i32, message: &str) -> String {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "{err}");
+    assert!(err.contains(message), "no {message:?} in: {err}");
+    err
+}
+
 #[tokio::test]
 async fn work_refuses_an_unmigrated_database_with_exit_4() {
     let db = TestDb::empty().await;
@@ -73,13 +82,64 @@ async fn work_refuses_a_schema_from_a_newer_incompatible_release_with_exit_4() {
 }
 
 #[test]
-fn an_unreachable_database_exits_3() {
+fn an_unreachable_database_exits_3_naming_the_target_and_the_cause() {
     let out = run(
-        "postgres://postgres@127.0.0.1:1/nowhere",
+        "postgres://postgres:canary-password-7d1e@127.0.0.1:1/nowhere",
         &["work", "--owner-id", "x", "--startup-timeout", "1s"],
     );
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("[database_unavailable]"));
+    let unreachable = "database unavailable at 127.0.0.1:1 (database \"nowhere\", role \"postgres\"): connection refused";
+    let err = assert_failed(&out, 3, unreachable);
+    assert!(err.contains("[database_unavailable]"), "{err}");
+    assert!(!err.contains("canary-password-7d1e"), "{err}");
+}
+
+/// What retrying cannot fix fails at once, naming the target and the server's SQLSTATE: a role
+/// the server does not know (SQLSTATE class 28, as a wrong password or a server that requires
+/// TLS), a database that does not exist (3D000), and a URL that asks for TLS, which this
+/// release does not speak. Never the password; no retry.
+#[tokio::test]
+async fn a_refused_role_or_missing_database_exits_2_at_once_naming_both() {
+    let db = TestDb::migrated().await;
+    let (host, port) = ("127.0.0.1", 5432);
+    let name = db.config.url.rsplit('/').next().unwrap().to_owned();
+    let missing = format!("{TEST_DB_PREFIX}missing_{}", uuid::Uuid::new_v4().simple());
+    let cases = [
+        (
+            format!("postgres://no_such_role_4b2c:canary-password-7d1e@{host}:{port}/{name}"),
+            format!("{host}:{port} (database \"{name}\", role \"no_such_role_4b2c\")"),
+            "the role may not connect",
+            "(SQLSTATE 28000) [database_refused]",
+        ),
+        (
+            format!("postgres://postgres@{host}:{port}/{missing}"),
+            format!("{host}:{port} (database \"{missing}\", role \"postgres\")"),
+            "the database does not exist",
+            "(SQLSTATE 3D000) [database_refused]",
+        ),
+        (
+            format!("postgres://postgres@{host}:{port}/{name}?sslmode=require"),
+            format!("{host}:{port} (database \"{name}\", role \"postgres\")"),
+            "the URL asks for TLS (sslmode), which this release does not speak",
+            "(sslmode=disable or prefer) [database_refused]",
+        ),
+    ];
+    for (url, target, reason, tail) in cases {
+        for command in [
+            &["work", "--owner-id", "x"][..],
+            &["serve"],
+            &["api-keys", "revoke", &uuid::Uuid::nil().to_string()],
+        ] {
+            let mut args = command.to_vec();
+            args.extend(["--startup-timeout", "20s"]);
+            let out = run(&url, &args);
+            let refused =
+                format!("the database server at {target} refused the connection: {reason}");
+            let err = assert_failed(&out, 2, &refused);
+            assert!(err.contains(tail), "{err}");
+            assert!(!err.contains("canary-password-7d1e"), "{err}");
+            assert!(!err.contains("retrying"), "retried what cannot pass: {err}");
+        }
+    }
 }
 
 #[test]
@@ -171,6 +231,15 @@ async fn migrate_creates_the_database_then_reverses_it() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{n} migration(s) applied")));
     let again = run(&url, &["migrate"]);
     assert!(String::from_utf8_lossy(&again.stdout).contains("0 migration(s) applied"));
+    // A version this release does not know is refused before anything is touched.
+    for version in [n + 1, 99] {
+        let out = run(&url, &["migrate", "--down-to", &version.to_string()]);
+        let known =
+            format!("--down-to {version} is not a schema version this release knows (0 to {n})");
+        assert_failed(&out, 2, &known);
+    }
+    let out = run(&url, &["migrate", "--down-to", "-1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let down = run(&url, &["migrate", "--down-to", "0"]);
     assert_eq!(down.status.code(), Some(0), "{}", stderr(&down));
     assert!(String::from_utf8_lossy(&down.stdout)
@@ -235,8 +304,12 @@ async fn api_keys_are_printed_once_stored_as_digests_and_revocable() {
             .unwrap(),
         None
     );
-    let out = run(&db.config.url, &["api-keys", "revoke", &id]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("no live key"));
+    // Revoking it again, or a key that never was, names the id and fails.
+    for id in [id.clone(), uuid::Uuid::new_v4().to_string()] {
+        let out = run(&db.config.url, &["api-keys", "revoke", &id]);
+        let named = format!("no live API key has the id {id} [not_found]");
+        assert_failed(&out, 1, &named);
+    }
     let out = run(
         &db.config.url,
         &["api-keys", "create", "--owner", "x", "--secret", "short"],
@@ -297,8 +370,8 @@ async fn serve_answers_until_sigterm_and_refuses_bad_configuration() {
     assert_eq!(health.status(), 200);
     // The port is taken now: a second server cannot bind it.
     let taken = run(&db.config.url, &["serve", "--listen", &listen]);
-    assert_eq!(taken.status.code(), Some(2), "{}", stderr(&taken));
-    assert!(stderr(&taken).contains("cannot be bound"));
+    let in_use = format!("cannot listen on {listen}: the address is in use [io_error]");
+    assert_failed(&taken, 5, &in_use);
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

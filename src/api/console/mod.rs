@@ -20,6 +20,7 @@ mod operator;
 mod pages;
 pub(crate) mod session;
 
+use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::api_keys::{self, KeyHolder};
@@ -134,17 +135,14 @@ fn to_sign_in() -> Response {
     Redirect::to("/console/sign-in").into_response()
 }
 
-/// A pooled connection of the API's pool.
-type Conn<'a> = bb8::PooledConnection<'a, crate::db::Manager>;
-
 /// The viewer of a request, if its session is valid and its key live, with the connection that
-/// checked it: the page's own statements run on it, so a page costs one checkout.
-async fn viewer<'a>(
-    state: &'a AppState,
-    headers: &HeaderMap,
-) -> Result<Option<(Viewer, Conn<'a>)>, Problem> {
-    let conn = crate::db::checkout(&state.pool).await?;
-    let viewer = session::viewer(&*conn, &state.secret, headers).await?;
+/// checked it: the page's own statements run on it (through `Conn::run`, so a page cut by the
+/// request timeout never hands its connection on busy), and a page costs one checkout.
+async fn viewer(state: &AppState, headers: &HeaderMap) -> Result<Option<(Viewer, Conn)>, Problem> {
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let viewer = conn
+        .run(|c| session::viewer(&*c, &state.secret, headers))
+        .await?;
     Ok(viewer.map(|viewer| (viewer, conn)))
 }
 
@@ -195,9 +193,11 @@ async fn sign_in(
     {
         return Ok(page(StatusCode::FORBIDDEN, pages::forbidden()));
     }
-    let conn = crate::db::checkout(&state.pool).await?;
-    let Some(KeyHolder { id, .. }) =
-        api_keys::holder_of_key(&*conn, &state.secret, form.api_key.trim()).await?
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let key = form.api_key.trim();
+    let Some(KeyHolder { id, .. }) = conn
+        .run(|c| api_keys::holder_of_key(&*c, &state.secret, key))
+        .await?
     else {
         return Ok(sign_in_form(&state, true));
     };
@@ -224,11 +224,11 @@ struct Token {
 
 /// The viewer of a state-changing form, or the answer that refuses it: no session (sign-in) or
 /// no valid token (`403`).
-async fn form_viewer<'a>(
-    state: &'a AppState,
+async fn form_viewer(
+    state: &AppState,
     headers: &HeaderMap,
     token: &str,
-) -> Result<Result<(Viewer, Conn<'a>), Response>, Problem> {
+) -> Result<Result<(Viewer, Conn), Response>, Problem> {
     Ok(match viewer(state, headers).await? {
         Some((viewer, conn)) if viewer.accepts(token) => Ok((viewer, conn)),
         _ => Err(page(StatusCode::FORBIDDEN, pages::forbidden())),
@@ -242,11 +242,12 @@ async fn sign_out(
     headers: HeaderMap,
     Form(form): Form<Token>,
 ) -> Result<Response, Problem> {
-    let (viewer, conn) = match form_viewer(&state, &headers, &form.csrf).await? {
+    let (viewer, mut conn) = match form_viewer(&state, &headers, &form.csrf).await? {
         Ok(signed_in) => signed_in,
         Err(refused) => return Ok(refused),
     };
-    session::end(&*conn, viewer.session).await?;
+    let ended = viewer.session;
+    conn.run(|c| session::end(&*c, ended)).await?;
     let mut response = Redirect::to("/console/sign-in").into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,
@@ -296,7 +297,7 @@ async fn job_list(
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {
-    let Some((viewer, conn)) = viewer(&state, &headers).await? else {
+    let Some((viewer, mut conn)) = viewer(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     let Ok(Query(query)) = query else {
@@ -323,7 +324,9 @@ async fn job_list(
     let window = jobs::Window::submitted(from, to).after(query.after);
     let owner = &viewer.holder.owner_key;
     let status_filter = status.map(JobState::as_str);
-    let listed = jobs::page(&*conn, owner, window, status_filter, PAGE_SIZE).await?;
+    let listed = conn
+        .run(|c| jobs::page(&*c, owner, window, status_filter, PAGE_SIZE))
+        .await?;
     let view = pages::ListView {
         status,
         from,
@@ -350,19 +353,23 @@ async fn job_page(
     let owner = &viewer.holder.owner_key;
     // One snapshot for the three reads (a retry committing between them would otherwise show an
     // attempt the status does not count): they are pipelined between its BEGIN and COMMIT.
-    let snapshot = conn
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await
-        .map_err(Error::from)?;
-    let (job, attempts, replaced_by) = tokio::try_join!(
-        jobs::status(&snapshot, owner, id),
-        jobs::past_attempts(&snapshot, owner, id),
-        jobs::replaced_by(&snapshot, owner, id)
-    )?;
-    snapshot.commit().await.map_err(Error::from)?;
+    let (job, attempts, replaced_by) = conn
+        .run(|c| async move {
+            let snapshot = c
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await?;
+            let read = tokio::try_join!(
+                jobs::status(&snapshot, owner, id),
+                jobs::past_attempts(&snapshot, owner, id),
+                jobs::replaced_by(&snapshot, owner, id)
+            )?;
+            snapshot.commit().await?;
+            Ok::<_, Error>(read)
+        })
+        .await?;
     Ok(match job {
         Some(job) => {
             let history = pages::JobHistory {
@@ -383,7 +390,7 @@ async fn cancel(
     Path(id): Path<String>,
     Form(form): Form<Token>,
 ) -> Result<Response, Problem> {
-    let (viewer, conn) = match form_viewer(&state, &headers, &form.csrf).await? {
+    let (viewer, mut conn) = match form_viewer(&state, &headers, &form.csrf).await? {
         Ok(signed_in) => signed_in,
         Err(refused) => return Ok(refused),
     };
@@ -392,7 +399,10 @@ async fn cancel(
     };
     let owner = &viewer.holder.owner_key;
     Ok(
-        match jobs::cancel(&*conn, owner, id, Code::Cancelled).await? {
+        match conn
+            .run(|c| jobs::cancel(&*c, owner, id, Code::Cancelled))
+            .await?
+        {
             Cancel::NotFound => not_found(&viewer),
             Cancel::Cancelled | Cancel::Requested | Cancel::AlreadyEnded(_) => {
                 Redirect::to(&format!("/console/jobs/{id}")).into_response()
@@ -406,13 +416,13 @@ async fn operator_page(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
-    let Some((viewer, conn)) = viewer(&state, &headers).await? else {
+    let Some((viewer, mut conn)) = viewer(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     if viewer.holder.role != api_keys::Role::Operator {
         return Ok(not_found(&viewer));
     }
-    let overview = operator::overview(&*conn).await.map_err(Error::from)?;
+    let overview = conn.run(|c| operator::overview(&*c)).await?;
     Ok(page(
         StatusCode::OK,
         pages::operator(shown(&viewer), &overview),

@@ -1,0 +1,97 @@
+//! Bounded start-up: every step of a process's start runs before one deadline, and a step that
+//! failed for a reason that may pass is tried again.
+//!
+//! Invariants this module keeps:
+//! - Each attempt is bounded (a blackholed server answers nothing), and so is the whole start-up.
+//! - Only a lost or refused connection, a timed-out attempt and a transient database error are
+//!   retried, after a pause that doubles from 100 ms up to 2 s; anything else (a refused role or
+//!   password, a missing database, an incompatible schema) ends start-up at once.
+//! - Giving up names the target (address, database, role; never the password) and the last
+//!   attempt's cause, never an error's text.
+
+use crate::error::{Error, Target};
+use std::time::Duration;
+use tokio_postgres::error::SqlState;
+
+/// First pause between two start-up attempts.
+const STARTUP_RETRY_MIN: Duration = Duration::from_millis(100);
+
+/// Longest pause between two start-up attempts.
+const STARTUP_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// When a process must have started: every start-up step (connecting, the schema and session
+/// settings checks, the owner lock, the release of a previous incarnation's jobs) runs before it.
+#[derive(Debug, Clone)]
+pub struct StartUp {
+    /// The end of the whole start-up, shared by all its steps; once it has passed, start-up fails
+    /// `database_unavailable`.
+    pub deadline: tokio::time::Instant,
+    /// The longest one attempt of one step may take (a blackholed server answers nothing).
+    pub attempt: Duration,
+    /// A signal during start-up stops the retries.
+    pub shutdown: crate::shutdown::Shutdown,
+    /// Where the connections go, named when start-up gives up.
+    pub target: Target,
+}
+
+impl StartUp {
+    /// Runs `step` until it succeeds, before the deadline: each attempt is bounded, and an attempt
+    /// that loses its connection, times out or meets a transient database error is tried again
+    /// after a pause that doubles from 100 ms up to 2 s. Any other error ends start-up at once.
+    ///
+    /// # Errors
+    /// The first error that is not worth retrying (such as [`Error::Refused`]);
+    /// [`Error::Unreachable`], naming the target and the last attempt's cause, when the deadline
+    /// passes or a shutdown is requested while retrying.
+    pub async fn run<T, F, Fut>(&self, mut step: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let deadline = self.deadline;
+        let mut pause = STARTUP_RETRY_MIN;
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let error = match tokio::time::timeout(left.min(self.attempt), step()).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) if !retried_at_start_up(&e) => return Err(e),
+                Ok(Err(e)) => e,
+                Err(_) => Error::Unavailable(None),
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left <= pause || shutdown.stage() != crate::shutdown::Stage::Running {
+                let source = match error {
+                    Error::Unavailable(source) => source,
+                    Error::Database(source) => Some(source),
+                    _ => None,
+                };
+                return Err(Error::Unreachable {
+                    target: self.target.clone(),
+                    source,
+                });
+            }
+            tracing::warn!(
+                code = %error.code(),
+                sqlstate = error.db_code().map(SqlState::code),
+                retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                "start-up step failed; retrying"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = shutdown.reached(crate::shutdown::Stage::Draining) => {}
+            }
+            pause = (pause * 2).min(STARTUP_RETRY_MAX);
+        }
+    }
+}
+
+/// Whether a start-up step that failed with `e` is worth another attempt: a lost or refused
+/// connection, or a transient database error (a lock or statement timeout, too many connections).
+fn retried_at_start_up(e: &Error) -> bool {
+    match e {
+        Error::Unavailable(_) => true,
+        Error::Database(db) => crate::error::is_transient(db),
+        _ => false,
+    }
+}
