@@ -52,9 +52,9 @@ use crate::codes::Code;
 use crate::error::{is_connection_loss, is_transient};
 use crate::handler::LedgerEntry;
 use crate::worker::completer::{self, Failure, Fenced};
-use crate::worker::guard::{guarded, Guarded};
 use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
+use effects::apply;
 use lane::{restarting, CommitGuard, Committing, Gather};
 use sessions::{CommitPool, CommitSession};
 use std::collections::{HashMap, HashSet};
@@ -63,7 +63,7 @@ use std::time::Duration;
 use step::{advance, BatchEnd, Outcome, Step};
 pub(crate) use step::{OwnedEffects, Ready};
 use tokio::sync::{mpsc, oneshot, Mutex};
-use tokio_postgres::{CancelToken, NoTls, Statement, Transaction};
+use tokio_postgres::{CancelToken, NoTls, Statement};
 use tokio_util::sync::CancellationToken;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
@@ -425,58 +425,6 @@ async fn write_effects(
     tx.commit().await
 }
 
-/// How long the statement that effects cut at their budget were running may still take to end
-/// on its own before it is cancelled on the server.
-const CUT_STATEMENT_WAIT: Duration = Duration::from_millis(100);
-
-/// Applies one job's effects on `tx` within `budget`, counted from now; a panic is the job's
-/// failure, in the call of [`Effects::apply`] as well as in its future (else it would end the
-/// lane). Effects that overrun are cut; see [`settle_cut_statement`].
-async fn apply(
-    tx: &Transaction<'_>,
-    mut effects: OwnedEffects,
-    budget: Duration,
-    cancel: &CancelToken,
-) -> Result<LedgerEntry, Failure> {
-    let deadline = tokio::time::Instant::now() + budget;
-    // Taken inside the guard: `apply` consumes them, so a panicking `Drop` runs in its call.
-    let applying = async move {
-        match effects.take() {
-            Some(effects) => effects.apply(tx).await,
-            None => Ok(LedgerEntry::default()),
-        }
-    };
-    match guarded(deadline, applying).await {
-        Guarded::TimedOut => {
-            tracing::warn!(code = %Code::ExecutionTimeout, "effects overran their budget");
-            settle_cut_statement(tx, cancel).await;
-            Err(Failure::EffectsOverrun)
-        }
-        Guarded::Panicked => Err(Failure::Code(Code::HandlerPanicked)),
-        Guarded::Done(Err(e)) => Err(Failure::Job(e)),
-        Guarded::Done(Ok(ledger)) => Ok(ledger),
-    }
-}
-
-/// After effects were cut, waits until the statement they were running (if any) has ended, so
-/// the rollback that follows does not queue behind it: an empty statement is answered only
-/// after it. A statement still running after [`CUT_STATEMENT_WAIT`] (blocked on a row lock,
-/// say) is cancelled on the server through `cancel` (the token of `tx`'s connection). The cancel
-/// is sent only then, while that statement runs: sent at an idle session, it could reach a later
-/// statement instead. The empty statement's own outcome (an error in an aborted transaction)
-/// does not matter.
-async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
-    let settled = tx.batch_execute("");
-    tokio::pin!(settled);
-    if tokio::time::timeout(CUT_STATEMENT_WAIT, &mut settled)
-        .await
-        .is_err()
-    {
-        let _ = cancel.cancel_query(NoTls).await;
-        let _ = settled.await;
-    }
-}
-
 /// The batch's connection was lost, perhaps during COMMIT: reads, on another connection, which
 /// of `leases` have their ledger row under their claim (those committed; the others did not,
 /// and their fenced retry follows). `None` if the ledger cannot be read either.
@@ -507,8 +455,11 @@ fn batch_failure(stats: &WorkerStats, e: &tokio_postgres::Error) -> Code {
     Code::TransientDatabase
 }
 
+mod effects;
 mod lane;
 pub(crate) mod sessions;
 mod step;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transaction_tests;

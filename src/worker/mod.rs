@@ -101,10 +101,8 @@ impl Worker {
         config.validate()?;
         let stats = Arc::new(WorkerStats::default());
         let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
-        let took_over = session.as_ref().is_some_and(Session::took_over);
-        stats.record_released(
-            rescuer::release_previous_incarnation(&pool, &config.owner_id, took_over).await?,
-        );
+        let previous = rescuer::release_previous_incarnation(&pool, &config.owner_id, &session);
+        stats.record_released(previous.await?);
         let signals = session.as_ref().map(Session::signals);
         let shared = Shared::open(pool, db_config, config, registry, stats, signals).await?;
         Ok(Worker {

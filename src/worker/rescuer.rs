@@ -38,6 +38,7 @@ use crate::db;
 use crate::error::Error;
 use crate::worker::lease::millis;
 use crate::worker::presence;
+use crate::worker::session::Session;
 use crate::worker::shared::Shared;
 use crate::worker::timing::ticker;
 use std::sync::Arc;
@@ -211,16 +212,17 @@ pub async fn recover_own(
 }
 
 /// At start-up, releases what a previous incarnation of `owner_id` left `running` (on a
-/// connection of `pool`; when the owner lock was `took_over` from a silent holder, only what
-/// that incarnation no longer trusts) and logs how many; returns how many.
+/// connection of `pool`; when the replica's `session` took the owner lock over from a silent
+/// holder, only what that incarnation no longer trusts) and logs how many; returns how many.
 ///
 /// # Errors
 /// A checkout or database error.
 pub(crate) async fn release_previous_incarnation(
     pool: &db::Pool,
     owner_id: &str,
-    took_over: bool,
+    session: &Option<Session>,
 ) -> Result<u64, Error> {
+    let took_over = session.as_ref().is_some_and(Session::took_over);
     let conn = db::checkout(pool).await?;
     let released = recover_own(&*conn, owner_id, took_over).await?;
     if released > 0 {

@@ -1,0 +1,71 @@
+//! One job's effects inside a group commit's transaction: applied within their own budget,
+//! guarded against the handler's panics, and cut (their running statement cancelled on the
+//! server) when they overrun.
+//!
+//! Invariants this module keeps:
+//! - A job's budget counts from when its effects start applying, never from when it queued.
+//! - Handler code never unwinds into the lane: a panic in `Effects::apply` or in its future is
+//!   the job's failure (`handler_panicked`).
+//! - Effects cut at their budget leave no statement running behind them: the one they were
+//!   running is waited for briefly, then cancelled on the server, before the savepoint (or the
+//!   transaction) is rolled back.
+
+use super::step::OwnedEffects;
+use crate::codes::Code;
+use crate::handler::LedgerEntry;
+use crate::worker::completer::Failure;
+use crate::worker::guard::{guarded, Guarded};
+use std::time::Duration;
+use tokio_postgres::{CancelToken, NoTls, Transaction};
+
+/// How long the statement that effects cut at their budget were running may still take to end
+/// on its own before it is cancelled on the server.
+const CUT_STATEMENT_WAIT: Duration = Duration::from_millis(100);
+
+/// Applies one job's effects on `tx` within `budget`, counted from now; a panic is the job's
+/// failure, in the call of [`Effects::apply`] as well as in its future (else it would end the
+/// lane). Effects that overrun are cut; see [`settle_cut_statement`].
+pub(super) async fn apply(
+    tx: &Transaction<'_>,
+    mut effects: OwnedEffects,
+    budget: Duration,
+    cancel: &CancelToken,
+) -> Result<LedgerEntry, Failure> {
+    let deadline = tokio::time::Instant::now() + budget;
+    // Taken inside the guard: `apply` consumes them, so a panicking `Drop` runs in its call.
+    let applying = async move {
+        match effects.take() {
+            Some(effects) => effects.apply(tx).await,
+            None => Ok(LedgerEntry::default()),
+        }
+    };
+    match guarded(deadline, applying).await {
+        Guarded::TimedOut => {
+            tracing::warn!(code = %Code::ExecutionTimeout, "effects overran their budget");
+            settle_cut_statement(tx, cancel).await;
+            Err(Failure::EffectsOverrun)
+        }
+        Guarded::Panicked => Err(Failure::Code(Code::HandlerPanicked)),
+        Guarded::Done(Err(e)) => Err(Failure::Job(e)),
+        Guarded::Done(Ok(ledger)) => Ok(ledger),
+    }
+}
+
+/// After effects were cut, waits until the statement they were running (if any) has ended, so
+/// the rollback that follows does not queue behind it: an empty statement is answered only
+/// after it. A statement still running after [`CUT_STATEMENT_WAIT`] (blocked on a row lock,
+/// say) is cancelled on the server through `cancel` (the token of `tx`'s connection). The cancel
+/// is sent only then, while that statement runs: sent at an idle session, it could reach a later
+/// statement instead. The empty statement's own outcome (an error in an aborted transaction)
+/// does not matter.
+async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
+    let settled = tx.batch_execute("");
+    tokio::pin!(settled);
+    if tokio::time::timeout(CUT_STATEMENT_WAIT, &mut settled)
+        .await
+        .is_err()
+    {
+        let _ = cancel.cancel_query(NoTls).await;
+        let _ = settled.await;
+    }
+}
