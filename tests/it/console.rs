@@ -387,18 +387,30 @@ async fn pages_need_a_live_session_and_revoking_the_key_ends_it() {
         StatusCode::OK
     );
     let tampered = session.replace("detl_session=", "detl_session=0");
+    let refused = console.get("/console/jobs", &tampered).await;
     assert_eq!(
-        console.get("/console/jobs", &tampered).await.status,
-        StatusCode::SEE_OTHER
+        (refused.status, refused.location()),
+        (StatusCode::SEE_OTHER, "/console/sign-in?ended=1")
     );
     let client = console.db.client().await;
     let alice_session = console.sign_in(&console.alice).await;
     api_keys::revoke(&client, console.alice_id).await.unwrap();
+    // A session that ended (its key revoked, or expired, or signed out) is told so on the
+    // sign-in page, and its cookie is cleared; a request without one is sent there plainly.
     let revoked = console.get("/console/jobs", &alice_session).await;
     assert_eq!(
         (revoked.status, revoked.location()),
-        (StatusCode::SEE_OTHER, "/console/sign-in")
+        (StatusCode::SEE_OTHER, "/console/sign-in?ended=1")
     );
+    let sign_in = console.get(revoked.location(), "").await;
+    assert_eq!(sign_in.status, StatusCode::OK);
+    assert!(
+        sign_in.body.contains("Your session has ended"),
+        "{}",
+        sign_in.body
+    );
+    let plain = console.get("/console/sign-in", "").await;
+    assert!(!plain.body.contains("Your session has ended"));
     assert_eq!(
         console.get("/console/jobs", &session).await.status,
         StatusCode::OK
@@ -574,7 +586,7 @@ async fn sign_out_needs_the_token_and_clears_the_cookie() {
     let replayed = console.get("/console/jobs", &session).await;
     assert_eq!(
         (replayed.status, replayed.location()),
-        (StatusCode::SEE_OTHER, "/console/sign-in"),
+        (StatusCode::SEE_OTHER, "/console/sign-in?ended=1"),
         "a signed-out session's cookie replayed"
     );
     let again = console.post("/console/sign-out", &session, &token).await;

@@ -130,9 +130,19 @@ fn not_found(viewer: &Viewer) -> Response {
     page(StatusCode::NOT_FOUND, pages::not_found(Some(shown(viewer))))
 }
 
-/// Where a request without a session goes.
-fn to_sign_in() -> Response {
-    Redirect::to("/console/sign-in").into_response()
+/// Where a request without a session goes: the sign-in form, which says that the session ended
+/// when the request carried a session cookie that no longer opens one (expired, signed out, its
+/// key revoked); that cookie is cleared.
+fn to_sign_in(headers: &HeaderMap) -> Response {
+    if session::cookie(headers, session::SESSION_COOKIE).is_none() {
+        return Redirect::to("/console/sign-in").into_response();
+    }
+    let mut response = Redirect::to("/console/sign-in?ended=1").into_response();
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        session::clear_cookie(session::SESSION_COOKIE),
+    );
+    response
 }
 
 /// The viewer of a request, if its session is valid and its key live, with the connection that
@@ -151,22 +161,35 @@ fn shown(viewer: &Viewer) -> (api_keys::Role, &str) {
     (viewer.holder.role, &viewer.csrf)
 }
 
-/// The sign-in form, with a fresh nonce cookie that its token is bound to.
-async fn sign_in_page(State(state): State<AppState>) -> Response {
-    sign_in_form(&state, false)
+/// The sign-in page's query: `ended=1` after a session that ended.
+#[derive(Deserialize)]
+struct SignInQuery {
+    /// Whether the viewer came from a session that ended.
+    ended: Option<u8>,
 }
 
-/// The sign-in form (`refused` after a key that was not accepted).
-fn sign_in_form(state: &AppState, refused: bool) -> Response {
+/// The sign-in form, with a fresh nonce cookie that its token is bound to (and, after a session
+/// that ended, a message saying so).
+async fn sign_in_page(
+    State(state): State<AppState>,
+    query: Result<Query<SignInQuery>, QueryRejection>,
+) -> Response {
+    let ended = query.is_ok_and(|q| q.ended == Some(1));
+    let message = ended.then_some(pages::SignInMessage::Ended);
+    sign_in_form(&state, message)
+}
+
+/// The sign-in form, with `message` (a key that was not accepted, a session that ended).
+fn sign_in_form(state: &AppState, message: Option<pages::SignInMessage>) -> Response {
     let nonce = session::new_sign_in_nonce();
     let token = session::csrf_token(&state.secret, &nonce);
-    let status = if refused {
+    let status = if message == Some(pages::SignInMessage::Refused) {
         StatusCode::UNAUTHORIZED
     } else {
         StatusCode::OK
     };
     let cookie = session::set_cookie(session::SIGN_IN_COOKIE, &nonce, session::SIGN_IN_LIFETIME);
-    let mut response = page(status, pages::sign_in(&token, refused));
+    let mut response = page(status, pages::sign_in(&token, message));
     response.headers_mut().insert(header::SET_COOKIE, cookie);
     response
 }
@@ -199,7 +222,7 @@ async fn sign_in(
         .run(|c| api_keys::holder_of_key(&*c, &state.secret, key))
         .await?
     else {
-        return Ok(sign_in_form(&state, true));
+        return Ok(sign_in_form(&state, Some(pages::SignInMessage::Refused)));
     };
     let value = session::new_session(&state.secret, id);
     let mut response = Redirect::to("/console/jobs").into_response();
@@ -298,7 +321,7 @@ async fn job_list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {
     let Some((viewer, mut conn)) = viewer(&state, &headers).await? else {
-        return Ok(to_sign_in());
+        return Ok(to_sign_in(&headers));
     };
     let Ok(Query(query)) = query else {
         return Ok(not_found(&viewer));
@@ -345,7 +368,7 @@ async fn job_page(
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
     let Some((viewer, mut conn)) = viewer(&state, &headers).await? else {
-        return Ok(to_sign_in());
+        return Ok(to_sign_in(&headers));
     };
     let Ok(id) = Uuid::parse_str(&id) else {
         return Ok(not_found(&viewer));
@@ -417,7 +440,7 @@ async fn operator_page(
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     let Some((viewer, mut conn)) = viewer(&state, &headers).await? else {
-        return Ok(to_sign_in());
+        return Ok(to_sign_in(&headers));
     };
     if viewer.holder.role != api_keys::Role::Operator {
         return Ok(not_found(&viewer));

@@ -72,15 +72,32 @@ fn live_layout(
     }
 }
 
+/// What the sign-in form says above its field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SignInMessage {
+    /// The key given was not accepted.
+    Refused,
+    /// The viewer's session ended (expired, signed out, its key revoked).
+    Ended,
+}
+
 /// The sign-in page; `refused` after a key that was not accepted.
-pub(crate) fn sign_in(csrf: &str, refused: bool) -> Markup {
+pub(crate) fn sign_in(csrf: &str, message: Option<SignInMessage>) -> Markup {
     layout(
         "Sign in",
         None,
         html! {
             h1 { "Sign in" }
-            @if refused {
-                p.error role="alert" { "That key was not accepted. Check it and try again." }
+            @match message {
+                Some(SignInMessage::Refused) => {
+                    p.error role="alert" { "That key was not accepted. Check it and try again." }
+                }
+                Some(SignInMessage::Ended) => {
+                    p.error role="alert" {
+                        "Your session has ended (it expired after 30 minutes, was signed out, or its key was revoked). Sign in again."
+                    }
+                }
+                None => {}
             }
             form method="post" action="/console/sign-in" {
                 input type="hidden" name="csrf" value=(csrf);
