@@ -3,8 +3,10 @@
 //! # State model
 //! A claim moves a `pending` row to `running` and stamps it with a lease: the replica's stable
 //! `lease_owner_id`, a fresh `lease_claim_id` (unique per claim), `lease_expires_at` and
-//! `lease_renewed_at` (database clock), and `lease_owner_locked` (whether the replica's session
-//! held its owner lock right then). It also adds 1 to the job's `fencing_token`, which nothing else writes: the token
+//! `lease_renewed_at` (database clock), `lease_owner_locked` (whether the replica's session
+//! held its owner lock right then), and the owner's terms recovery judges it by: its heartbeat
+//! interval (`lease_heartbeat_ms`) and whether its connections hold alive locks
+//! (`lease_owner_alive_locked`). It also adds 1 to the job's `fencing_token`, which nothing else writes: the token
 //! numbers the job's terms in order, for external systems that must refuse a stale term. A lease
 //! is a *term*: it ends when the job reaches a terminal state, is released, or is recovered by
 //! any replica after the owner died or the lease expired.
@@ -28,8 +30,10 @@
 //! is cancelled and settles as a lost lease before the database lets another replica take it.
 //!
 //! # Failure handling
-//! A dead owner (its advisory lock gone with its session, and its leases unrenewed for two
-//! heartbeat intervals) or an expired lease makes the row reclaimable by recovery (`rescuer`).
+//! A dead owner (no connection of its process left holding its owner lock or its alive lock,
+//! judged by the owner's own heartbeat interval, stamped by the claim, and never by time the
+//! recovering replica itself could not see; see `rescuer`) or an expired lease makes the row
+//! reclaimable by recovery.
 //! Recovery, like every fenced write, re-checks `status = 'running'` in the statement that
 //! changes the row, and skips rows another session has locked (an executor committing).
 
