@@ -247,11 +247,11 @@ pub struct ClaimSession {
 /// plans one for an empty or nearly empty queue (every replica started against an empty,
 /// vacuumed queue failed the check). Read from the table's size on disk, which is what the
 /// planner sees of a table never analyzed.
-pub(crate) const JUDGED_FROM_PAGES: i64 = 8;
+pub const JUDGED_FROM_PAGES: i64 = 8;
 
 /// How long a session whose plan check could not be judged plans every claim before the pool
 /// replaces it with one that checks again.
-pub(crate) const RECHECK_AFTER: Duration = Duration::from_secs(60);
+pub const RECHECK_AFTER: Duration = Duration::from_secs(60);
 
 /// Whether the live table is large enough for a failed plan check to mean something
 /// ([`JUDGED_FROM_PAGES`]).
