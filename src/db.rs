@@ -10,8 +10,9 @@
 //! - `application_name` is `durable-etl/<role>`: never an id, a payload or a principal.
 //! - Start-up is bounded ([`StartUp`]): every start-up step runs before one deadline, each attempt
 //!   is bounded too, and a lost connection is retried with backoff until the deadline.
-//! - A connection the server refuses for a reason retrying cannot fix (SQLSTATE class 28, 3D000)
-//!   is [`Error::Refused`], naming the address, database and role (never the password).
+//! - A connection the server refuses for a reason retrying cannot fix (SQLSTATE class 28, 3D000,
+//!   a pooler's permanent 08P01) is [`Error::Refused`], naming the address, database and role
+//!   (never the password).
 //! - `serve` and `work` check at start that the server applies the session limits
 //!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
 

@@ -127,7 +127,8 @@ pub enum Error {
     Internal,
     /// The connection was refused for a reason that retrying cannot fix: SQLSTATE class 28 (a
     /// wrong password, a missing role, no `pg_hba.conf` entry, a server that requires TLS, a
-    /// pooler that does not know the user), 3D000 (no such database), or a failure of the
+    /// pooler that does not know the user), 3D000 (no such database), a pooler's permanent
+    /// refusal under 08P01 (an unknown database or role), or a failure of the
     /// connection's own set-up (a URL that asks for TLS, which this release does not speak).
     #[error(
         "the database server at {target} refused the connection: {}",
@@ -215,12 +216,50 @@ pub fn is_refusal(e: &tokio_postgres::Error) -> bool {
     let refused = e.code().is_some_and(|code| {
         code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
     });
-    refused || !is_transient(e)
+    refused || pooler_refusal(e).is_some() || !is_transient(e)
+}
+
+/// What a pooler (PgBouncer up to 1.18) says, under SQLSTATE 08P01, when it refuses a login that
+/// retrying cannot let in, and what that means. Its other 08P01 refusals (no server reachable,
+/// too many clients, a server login that keeps failing) may pass, and are retried.
+const POOLER_REFUSALS: [(&str, &str); 5] = [
+    (
+        "unsupported startup parameter",
+        "a pooler rejects the startup parameter `options`, which carries the session limits \
+         (set `ignore_startup_parameters = options` in PgBouncer: the limits are then checked \
+         at start)",
+    ),
+    ("no such database", "a pooler does not know the database"),
+    ("no such user", "a pooler does not know the role"),
+    (
+        "authentication failed",
+        "a pooler refused the role's authentication (a role it does not know or a wrong password)",
+    ),
+    (
+        "SSL required",
+        "a pooler requires TLS, which this release does not speak",
+    ),
+];
+
+/// What a pooler's refusal of `e` means, if `e` is one retrying cannot fix (see
+/// [`POOLER_REFUSALS`]). The server's text is matched here only, never shown.
+fn pooler_refusal(e: &tokio_postgres::Error) -> Option<&'static str> {
+    let db = e.as_db_error()?;
+    if *db.code() != SqlState::PROTOCOL_VIOLATION {
+        return None;
+    }
+    POOLER_REFUSALS
+        .iter()
+        .find(|(said, _)| db.message().contains(said))
+        .map(|(_, meaning)| *meaning)
 }
 
 /// What a refusal means, by its SQLSTATE (shown) or its kind: a fixed sentence, never the
 /// server's text.
 fn refusal_reason(e: &tokio_postgres::Error) -> String {
+    if let Some(meaning) = pooler_refusal(e) {
+        return format!("{meaning} (SQLSTATE 08P01)");
+    }
     let reason = match e.code() {
         Some(&SqlState::INVALID_PASSWORD) => {
             "password authentication failed (check the password of DATABASE_URL or PGPASSWORD)"

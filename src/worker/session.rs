@@ -77,7 +77,7 @@ impl Signals {
     }
 
     /// Notes that the session was found lost just now.
-    fn lost_now(&self) {
+    pub(crate) fn lost_now(&self) {
         *self
             .lost_at
             .lock()

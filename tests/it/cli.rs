@@ -142,6 +142,60 @@ async fn a_refused_role_or_missing_database_exits_2_at_once_naming_both() {
     }
 }
 
+/// A pooler answers every refusal with SQLSTATE 08P01: those retrying cannot fix (a database or a
+/// role it does not know, the startup parameter that carries the session limits) end start-up at
+/// once, naming the pooler's address, what the refusal means and the SQLSTATE; a known database
+/// whose server is down is retried until the start-up timeout.
+#[tokio::test]
+async fn a_poolers_refusal_of_an_unknown_database_or_role_exits_2_at_once() {
+    let db = TestDb::migrated().await;
+    let name = db.config.url.rsplit('/').next().unwrap().to_owned();
+    let down = crate::support::free_port();
+    let databases = format!(
+        "known = host=127.0.0.1 port=5432 dbname={name}\n\
+         down = host=127.0.0.1 port={down} dbname={name}"
+    );
+    let pooler = crate::support::Pooler::start("session", &databases);
+    let strict = crate::support::Pooler::start_with("session", &databases, "");
+    let cases = [
+        (
+            pooler.url("postgres", "no_such_db_in_the_pooler"),
+            "a pooler does not know the database",
+        ),
+        (
+            pooler.url("no_such_role_4b2c", "known"),
+            "a pooler refused the role's authentication",
+        ),
+        (
+            strict.url("postgres", "known"),
+            "a pooler rejects the startup parameter `options`",
+        ),
+    ];
+    for (url, meaning) in cases {
+        let started = std::time::Instant::now();
+        let out = run(&url, &["work", "--startup-timeout", "30s"]);
+        let err = assert_failed(&out, 2, &format!("refused the connection: {meaning}"));
+        assert!(err.contains("(SQLSTATE 08P01) [database_refused]"), "{err}");
+        assert!(!err.contains("retrying"), "retried what cannot pass: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "waited for the start-up timeout: {err}"
+        );
+    }
+    let out = run(
+        &pooler.url("postgres", "down"),
+        &["work", "--startup-timeout", "3s"],
+    );
+    let err = assert_failed(&out, 3, "database unavailable at 127.0.0.1:");
+    assert!(err.contains("[database_unavailable]"), "{err}");
+    let nil = uuid::Uuid::nil().to_string();
+    let out = run(
+        &pooler.url("postgres", "known"),
+        &["api-keys", "revoke", &nil],
+    );
+    assert_failed(&out, 1, "[not_found]");
+}
+
 #[test]
 fn configuration_errors_exit_2_and_name_the_relation() {
     let url = "postgres://postgres@127.0.0.1:1/nowhere";

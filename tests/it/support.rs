@@ -1,13 +1,17 @@
-//! Test support: the template-database harness (`test_db`), and helpers that observe the
+//! Test support: the template-database harness (`test_db`), a private cluster (`cluster`) and
+//! PgBouncer (`pooler`), and helpers that observe the
 //! database (catalog snapshots, notifications).
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/pooler.rs"]
+mod pooler;
 #[path = "support/test_db.rs"]
 mod test_db;
 
 pub use cluster::Cluster;
 use futures::StreamExt;
+pub use pooler::Pooler;
 pub use test_db::{admin_config, connect, TestDb, TEST_DB_PREFIX};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
