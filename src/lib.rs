@@ -78,10 +78,13 @@
 //! - [`config`]: typed configuration with documented defaults and `validate()`.
 //! - [`db`]: the pool, sessions and their settings; database creation for tools.
 //! - [`digest`]: keyed digests of principals, idempotency keys, API keys and requests.
+//! - [`enqueue`]: the one transactional, idempotent insert path of every kind.
 //! - [`error`]: the crate's [`Error`], mapped to codes and exit codes.
 //! - [`etl`]: the shipped job kind: intake validation, transactional idempotent enqueue, the load.
 //! - [`handler`]: the handler contract: compute without a connection, effects in the fence.
 //! - [`intake`]: intake limits and rejections.
+//! - [`job`]: typed jobs ([`Job`], [`Perform`]) and [`Jobs`], the front door: enqueue in the
+//!   caller's transaction, status, cancel and listing.
 //! - [`jobs`]: owner-scoped status, listing and cancellation.
 //! - [`metrics`]: the worker's and the API's Prometheus text.
 //! - [`notifier`]: one coalescing NOTIFY connection per process, for enqueues that skip the
@@ -115,10 +118,12 @@ pub mod codes;
 pub mod config;
 pub mod db;
 pub mod digest;
+pub mod enqueue;
 pub mod error;
 pub mod etl;
 pub mod handler;
 pub mod intake;
+pub mod job;
 pub mod jobs;
 pub mod metrics;
 pub mod notifier;
@@ -145,9 +150,10 @@ pub use codes::Code;
 pub use config::{ApiConfig, ConfigError, DatabaseConfig, WorkerConfig};
 pub use db::{connect_pool, Pool};
 pub use digest::Secret;
+pub use enqueue::Enqueued;
 pub use error::Error;
-pub use etl::enqueue::{enqueue, enqueue_many, Enqueued, NewJob};
 pub use handler::{Effects, Handler, JobContext, JobError, LedgerEntry, NoEffects, Registry};
+pub use job::{Apply, EnqueueOptions, Job, Jobs, Perform};
 pub use notifier::{skip_trigger_notify, Notifier};
 pub use schema::{check_compatible, migrate_down_to, migrate_up};
 pub use shutdown::Shutdown;

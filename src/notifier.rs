@@ -92,7 +92,7 @@ const SKIP_TRIGGER_NOTIFY_SQL: &str = "SET LOCAL durable_etl.notify = 'off'";
 /// let mut conn = pool.get().await.map_err(durable_etl::db::pool_error)?;
 /// let tx = conn.transaction().await?;
 /// durable_etl::skip_trigger_notify(&tx).await?;
-/// // … `durable_etl::enqueue(&tx, …)` and your own writes …
+/// // … `jobs.enqueue(&tx, …)` and your own writes …
 /// tx.commit().await?;
 /// notifier.signal();
 /// # Ok(())

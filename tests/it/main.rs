@@ -26,6 +26,7 @@ mod prefetch;
 mod presence;
 mod privacy;
 mod proxy;
+mod runtime;
 mod schema;
 mod soak;
 mod states;

@@ -1,0 +1,349 @@
+//! Transactional, idempotent enqueue of jobs of any kind on the caller's own connection or
+//! transaction: the one insert path every kind uses (the shipped ETL kind included).
+//!
+//! Invariants this module keeps:
+//! - The enqueue runs on the caller's client: inside the caller's transaction, the caller's domain
+//!   writes and the jobs commit or roll back together.
+//! - Owner + idempotency key identify a job for its whole life: the same key with the same
+//!   (normalized) payload returns the original job; with a different payload it is refused with
+//!   `idempotency_key_reused`. A job enqueued without a key gets one of its own (a keyed digest
+//!   of its id), so it can never be matched. Keys and principals are stored only as keyed
+//!   digests; the payload is stored as the job's payload, cleared when the job ends.
+//! - A batch is one INSERT statement per [`CHUNK`] jobs, so the enqueue trigger notifies at most
+//!   once per statement, when the caller's transaction commits; not at all if that transaction
+//!   ran [`crate::notifier::skip_trigger_notify`].
+//! - A submission that `replaces` a job cancels it (as `replaced`) before it is inserted; on the
+//!   caller's transaction both commit or neither does. A replaced running job ends `cancelled`
+//!   when its worker next settles it, and its effects never commit.
+//! - Two concurrent submissions replacing one job under the same key answer as if they came one
+//!   after the other: the loser waits for the replaced job's row lock, finds the job ended, sees
+//!   the winner's key and replays it. This holds on a transaction; on a bare connection the cancel
+//!   commits before the insert, and the loser may find neither the job pending nor the key
+//!   (`conflict`).
+
+use crate::codes::Code;
+use crate::digest::{DigestKind, Secret};
+use crate::error::Error;
+use crate::intake::Rejection;
+use crate::jobs::{self, Cancel};
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+/// The most jobs one INSERT statement carries; a larger batch takes one statement per chunk.
+pub const CHUNK: usize = 5_000;
+
+/// The attempt bounds a job may have.
+pub const MAX_ATTEMPTS_RANGE: std::ops::RangeInclusive<i32> = 1..=100;
+
+/// One job to enqueue, its payload already a JSON document.
+#[derive(Debug, Clone)]
+pub struct Submission<'a> {
+    /// The job's payload (normalized: object members sorted, as `serde_json` keeps them).
+    pub payload: serde_json::Value,
+    /// The caller's idempotency key (1 to 255 characters), stored only as a keyed digest; `None`
+    /// gives the job a key of its own that nothing else matches.
+    pub idempotency_key: Option<&'a str>,
+    /// The attempt bound, clamped to [`MAX_ATTEMPTS_RANGE`].
+    pub max_attempts: i32,
+    /// When the job is due; `None` or a past instant means now.
+    pub run_at: Option<DateTime<Utc>>,
+    /// A job of the same owner this one replaces (cancelled as `replaced` first).
+    pub replaces: Option<Uuid>,
+}
+
+/// What an enqueue did for one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id.
+    pub id: Uuid,
+    /// Whether the job existed already (an idempotent replay).
+    pub replayed: bool,
+}
+
+/// Inserts the jobs of one chunk in one statement, skipping any whose owner + idempotency key
+/// exists already: each new job's intake row and its live (`pending`) row with the payload.
+/// `$1..$6` and `$9` are parallel arrays; `$7` is the owner digest, `$8` the kind. A `run_at` in
+/// the past (or none) becomes `now()`: a job cannot be dated before the jobs already due, jump
+/// ahead of them, or skew the enqueue-to-start latency.
+///
+/// Locks: inserts new rows (and their unique-index entries). A concurrent insert of the same
+/// owner + key waits for the other transaction, then is skipped if it committed; only the intake
+/// rows actually inserted get a live row. The live table's statement-level trigger notifies
+/// once, and only if a due job was inserted.
+pub const INSERT_SQL: &str = "
+WITH batch AS (
+    SELECT b.*, greatest(b.run_at_asked, now()) AS run_at
+      FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[],
+                  $6::timestamptz[], $9::uuid[])
+           AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces)
+), accepted AS (
+    INSERT INTO etl_job_intake
+           (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at,
+            replaces_job_id)
+    SELECT id, $7, key_digest, fingerprint, $8, max_attempts, run_at, replaces FROM batch
+        ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
+    RETURNING id
+)
+INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
+SELECT b.id, $7, $8, b.payload, b.max_attempts, b.run_at
+  FROM batch b JOIN accepted a ON a.id = b.id
+RETURNING id";
+
+/// The existing jobs of an owner (`$1`) for idempotency key digests (`$2`).
+///
+/// Locks: none (a read through the intake's idempotency unique index).
+pub const EXISTING_SQL: &str = "
+SELECT idempotency_key_digest, id, request_fingerprint
+  FROM etl_job_intake
+ WHERE owner_key = $1 AND idempotency_key_digest = ANY($2)";
+
+/// The columns of one chunk, parallel arrays in [`INSERT_SQL`]'s order.
+#[derive(Debug, Default)]
+struct Columns {
+    /// New job ids (UUIDv7, time-ordered).
+    ids: Vec<Uuid>,
+    /// Idempotency key digests (or the job's own key).
+    key_digests: Vec<Vec<u8>>,
+    /// Payload fingerprints (the job's own key again, for a job without a key).
+    fingerprints: Vec<Vec<u8>>,
+    /// Payloads.
+    payloads: Vec<serde_json::Value>,
+    /// Attempt bounds.
+    max_attempts: Vec<i32>,
+    /// Due times as asked.
+    run_ats: Vec<Option<DateTime<Utc>>>,
+    /// Replaced jobs.
+    replaces: Vec<Option<Uuid>>,
+    /// Whether the job came with the caller's key (only those can be replays).
+    keyed: Vec<bool>,
+}
+
+impl Columns {
+    /// The columns of `jobs`, digested under `secret`.
+    ///
+    /// # Errors
+    /// [`Error::Rejected`] with `idempotency_key_invalid` for a key that is empty or longer than
+    /// 255 characters.
+    fn of(secret: &Secret, jobs: Vec<Submission<'_>>) -> Result<Columns, Error> {
+        let mut c = Columns::default();
+        for job in jobs {
+            let id = Uuid::now_v7();
+            let (key_digest, fingerprint) = match job.idempotency_key {
+                Some(key) => {
+                    if !(1..=255).contains(&key.chars().count()) {
+                        return Err(Rejection::new(Code::IdempotencyKeyInvalid, "").into());
+                    }
+                    (
+                        secret.digest(DigestKind::IdempotencyKey, key.as_bytes()),
+                        fingerprint(secret, &job.payload),
+                    )
+                }
+                None => {
+                    let own = secret.digest(DigestKind::UnkeyedJob, id.as_bytes());
+                    (own, own)
+                }
+            };
+            c.ids.push(id);
+            c.key_digests.push(key_digest.to_vec());
+            c.fingerprints.push(fingerprint.to_vec());
+            c.keyed.push(job.idempotency_key.is_some());
+            c.payloads.push(job.payload);
+            c.max_attempts.push(
+                job.max_attempts
+                    .clamp(*MAX_ATTEMPTS_RANGE.start(), *MAX_ATTEMPTS_RANGE.end()),
+            );
+            c.run_ats.push(job.run_at);
+            c.replaces.push(job.replaces);
+        }
+        Ok(c)
+    }
+}
+
+/// Enqueues `jobs` of `kind` for `owner_key` on `client` (a connection or the caller's
+/// transaction), one INSERT per [`CHUNK`] jobs; returns one [`Enqueued`] per job, in order. The
+/// enqueue trigger wakes the replicas when the transaction commits, unless it opted out with
+/// [`crate::notifier::skip_trigger_notify`]. If any job reuses a key with a different payload,
+/// nothing is returned but the error (the caller's transaction should be rolled back; on a bare
+/// connection the jobs inserted before stay).
+///
+/// # Errors
+/// [`Error::Rejected`] with `idempotency_key_invalid`, `idempotency_key_reused`, or `not_found`
+/// / `conflict` for a `replaces` that names no job of the owner / one that ended; database
+/// errors.
+pub async fn submit(
+    client: &impl GenericClient,
+    secret: &Secret,
+    owner_key: &[u8; 32],
+    kind: &str,
+    jobs: Vec<Submission<'_>>,
+) -> Result<Vec<Enqueued>, Error> {
+    let into = Destination {
+        secret,
+        owner_key,
+        kind,
+    };
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut rest = jobs;
+    while !rest.is_empty() {
+        let tail = rest.split_off(rest.len().min(CHUNK));
+        out.extend(into.submit_chunk(client, rest).await?);
+        rest = tail;
+    }
+    Ok(out)
+}
+
+/// Where [`submit`] puts its jobs: the owner and kind, and the secret their keys are digested
+/// under.
+struct Destination<'a> {
+    /// The deployment's digest key.
+    secret: &'a Secret,
+    /// The owner digest.
+    owner_key: &'a [u8; 32],
+    /// The jobs' kind.
+    kind: &'a str,
+}
+
+impl Destination<'_> {
+    /// [`submit`] for at most [`CHUNK`] jobs: one INSERT, and one read of the existing jobs only if
+    /// some keys were taken already.
+    async fn submit_chunk(
+        &self,
+        client: &impl GenericClient,
+        jobs: Vec<Submission<'_>>,
+    ) -> Result<Vec<Enqueued>, Error> {
+        let Destination {
+            secret,
+            owner_key,
+            kind,
+        } = *self;
+        let count = jobs.len();
+        let c = Columns::of(secret, jobs)?;
+        let owner: &[u8] = owner_key;
+        replace_olds(client, owner_key, &c.key_digests, &c.replaces).await?;
+        let inserted: std::collections::HashSet<Uuid> = client
+            .query_typed(
+                INSERT_SQL,
+                &[
+                    (&c.ids, Type::UUID_ARRAY),
+                    (&c.key_digests, Type::BYTEA_ARRAY),
+                    (&c.fingerprints, Type::BYTEA_ARRAY),
+                    (&c.payloads, Type::JSONB_ARRAY),
+                    (&c.max_attempts, Type::INT4_ARRAY),
+                    (&c.run_ats, Type::TIMESTAMPTZ_ARRAY),
+                    (&owner, Type::BYTEA),
+                    (&kind, Type::TEXT),
+                    (&c.replaces, Type::UUID_ARRAY),
+                ],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let existing: HashMap<Vec<u8>, (Uuid, Vec<u8>)> = if inserted.len() == count {
+            HashMap::new()
+        } else {
+            client
+                .query_typed(
+                    EXISTING_SQL,
+                    &[(&owner, Type::BYTEA), (&c.key_digests, Type::BYTEA_ARRAY)],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), (r.get(1), r.get(2))))
+                .collect()
+        };
+        let mut out = Vec::with_capacity(count);
+        for i in 0..count {
+            if inserted.contains(&c.ids[i]) {
+                out.push(Enqueued {
+                    id: c.ids[i],
+                    replayed: false,
+                });
+                continue;
+            }
+            match existing.get(&c.key_digests[i]) {
+                Some((id, stored)) if c.keyed[i] && *stored == c.fingerprints[i] => {
+                    out.push(Enqueued {
+                        id: *id,
+                        replayed: true,
+                    });
+                }
+                _ => return Err(Rejection::new(Code::IdempotencyKeyReused, "").into()),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Cancels (as `replaced`) the jobs the batch replaces, unless the replacing job exists already
+/// (an idempotent replay replaces nothing again). Atomic with the insert when the caller passes a
+/// transaction.
+async fn replace_olds(
+    client: &impl GenericClient,
+    owner_key: &[u8; 32],
+    key_digests: &[Vec<u8>],
+    replaces: &[Option<Uuid>],
+) -> Result<(), Error> {
+    for (digest, old) in key_digests.iter().zip(replaces) {
+        let Some(old) = *old else { continue };
+        if key_exists(client, owner_key, digest).await? {
+            continue;
+        }
+        match jobs::cancel(client, owner_key, old, Code::Replaced).await? {
+            Cancel::Cancelled | Cancel::Requested => {}
+            Cancel::NotFound => return Err(Rejection::new(Code::NotFound, "/replaces").into()),
+            // Lost the race to a concurrent submission with the same key, which replaced the job
+            // and committed while this cancel waited for its row lock: the insert then replays
+            // it (or refuses a different payload), as if it had come first.
+            Cancel::AlreadyEnded(_) if key_exists(client, owner_key, digest).await? => {}
+            Cancel::AlreadyEnded(_) => {
+                return Err(Rejection::new(Code::Conflict, "/replaces").into())
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether owner `owner_key` has a job under the idempotency key digest `digest` (committed, or
+/// inserted earlier in the caller's transaction).
+async fn key_exists(
+    client: &impl GenericClient,
+    owner_key: &[u8; 32],
+    digest: &[u8],
+) -> Result<bool, Error> {
+    let owner: &[u8] = owner_key;
+    let digests: &[&[u8]] = &[digest];
+    let found = client
+        .query_typed_opt(
+            EXISTING_SQL,
+            &[(&owner, Type::BYTEA), (&digests, Type::BYTEA_ARRAY)],
+        )
+        .await?;
+    Ok(found.is_some())
+}
+
+/// The keyed fingerprint of a normalized payload document (object members sorted).
+pub fn fingerprint(secret: &Secret, payload: &serde_json::Value) -> [u8; 32] {
+    secret.digest(DigestKind::Request, payload.to_string().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+    use crate::digest::Secret;
+
+    #[test]
+    fn fingerprints_ignore_member_order() {
+        let secret = Secret::new("0123456789abcdef").unwrap();
+        let a: serde_json::Value =
+            serde_json::from_str(r#"{"a": 1, "b": {"x": 1, "y": 2}}"#).unwrap();
+        let b: serde_json::Value =
+            serde_json::from_str(r#"{"b": {"y": 2, "x": 1}, "a": 1}"#).unwrap();
+        assert_eq!(fingerprint(&secret, &a), fingerprint(&secret, &b));
+        let c: serde_json::Value = serde_json::from_str(r#"{"a": 2}"#).unwrap();
+        assert_ne!(fingerprint(&secret, &a), fingerprint(&secret, &c));
+    }
+}

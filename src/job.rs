@@ -1,0 +1,204 @@
+//! Typed jobs of any kind: a [`Job`] is a Rust type whose value is the payload; [`Jobs`] enqueues
+//! it on the caller's own transaction (or connection) and reads and controls jobs by id, all
+//! scoped to an owner; [`Perform`] runs it.
+//!
+//! Invariants this module keeps:
+//! - Payloads are typed end to end: what [`Jobs::enqueue`] stores is the job serialized by
+//!   `serde`, and what a [`Perform`] gets is that document decoded as the same type.
+//! - The caller never computes a digest or names an internal table: owners (principals) and
+//!   idempotency keys are digested here under the deployment's secret, and only the digests are
+//!   stored ([`crate::digest`]).
+//! - Every read and control call is owner-scoped: a job of another owner is indistinguishable
+//!   from one that does not exist ([`crate::jobs`]).
+//! - Enqueue inherits [`crate::enqueue`]'s guarantees: atomic with the caller's transaction,
+//!   durable dedup by owner + idempotency key for the job's whole life, one statement per chunk.
+
+use crate::codes::Code;
+use crate::digest::{DigestKind, Secret};
+use crate::enqueue::{self, Enqueued, Submission};
+use crate::error::Error;
+use crate::intake::Rejection;
+use crate::jobs::{self, Cancel, JobStatus, Page, Window};
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+mod perform;
+pub use perform::{Apply, Perform};
+
+/// A job kind: its value is the job's payload.
+///
+/// ```
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct WelcomeEmail { user_id: i64 }
+///
+/// impl durable_etl::Job for WelcomeEmail {
+///     const KIND: &'static str = "welcome_email";
+///     const MAX_ATTEMPTS: i32 = 3;
+/// }
+/// ```
+pub trait Job: Serialize + DeserializeOwned + Send + 'static {
+    /// The kind's name, stored with every job of the kind and matched to its handler. Keep it
+    /// stable: renaming it strands the jobs already enqueued.
+    const KIND: &'static str;
+    /// The attempt bound of a job of this kind when [`EnqueueOptions::max_attempts`] is not set
+    /// (1 to 100). Defaults to 5.
+    const MAX_ATTEMPTS: i32 = 5;
+}
+
+/// How one job is enqueued; every field may be left out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnqueueOptions<'a> {
+    /// When the job is due (UTC); `None` or a past instant means now.
+    pub run_at: Option<DateTime<Utc>>,
+    /// The attempt bound (1 to 100); `None` is the kind's [`Job::MAX_ATTEMPTS`].
+    pub max_attempts: Option<i32>,
+    /// An idempotency key (1 to 255 characters): a second enqueue of the same owner with the same
+    /// key returns the existing job, whatever state it is in; with a different payload it is
+    /// refused (`idempotency_key_reused`). Stored only as a keyed digest.
+    pub idempotency_key: Option<&'a str>,
+    /// A job of the same owner this one replaces: it is cancelled (`replaced`) in the same
+    /// transaction; if it is running, its effects never commit.
+    pub replaces: Option<Uuid>,
+    /// The owner (a principal, digested here); `None` is the [`Jobs`] handle's owner.
+    pub owner: Option<&'a str>,
+}
+
+/// Enqueues, reads and controls jobs of any kind for one owner: the library's front door.
+///
+/// Cheap to clone; [`Jobs::for_owner`] gives the same handle for another owner.
+#[derive(Debug, Clone)]
+pub struct Jobs {
+    /// The deployment's digest key.
+    secret: Secret,
+    /// The digest of the owner calls act for.
+    owner: [u8; 32],
+}
+
+impl Jobs {
+    /// A handle that digests under `secret` and acts for `owner` (a principal: the name an API
+    /// key of the HTTP API maps to, so the jobs show there too), unless a call names another.
+    pub fn new(secret: Secret, owner: &str) -> Jobs {
+        let owner = secret.digest(DigestKind::Principal, owner.as_bytes());
+        Jobs { secret, owner }
+    }
+
+    /// This handle, acting for `owner` instead.
+    pub fn for_owner(&self, owner: &str) -> Jobs {
+        Jobs::new(self.secret.clone(), owner)
+    }
+
+    /// The owner digest calls act for (what [`crate::handler::JobContext::owner_key`] shows).
+    pub fn owner_key(&self) -> [u8; 32] {
+        self.owner
+    }
+
+    /// Enqueues `job` on `client`: the caller's transaction (the job commits or rolls back with
+    /// the caller's writes) or a connection. One round trip, unless `options.replaces` is set.
+    /// The replicas wake when the transaction commits.
+    ///
+    /// # Errors
+    /// [`Error::Rejected`] with `idempotency_key_invalid`, `idempotency_key_reused`,
+    /// `invalid_payload` (the job does not serialize as a JSON document), or `not_found` /
+    /// `conflict` for a `replaces` that names no job of the owner / one that ended; database
+    /// errors.
+    pub async fn enqueue<J: Job>(
+        &self,
+        client: &impl GenericClient,
+        job: &J,
+        options: EnqueueOptions<'_>,
+    ) -> Result<Enqueued, Error> {
+        let done = self.enqueue_many_with(client, [(job, options)]).await?;
+        done.into_iter().next().ok_or(Error::Internal)
+    }
+
+    /// Enqueues `jobs` with the default options on `client`, one statement per chunk of
+    /// [`enqueue::CHUNK`] jobs; returns their ids, in order.
+    ///
+    /// # Errors
+    /// As [`Jobs::enqueue`].
+    pub async fn enqueue_many<'j, J: Job>(
+        &self,
+        client: &impl GenericClient,
+        jobs: impl IntoIterator<Item = &'j J>,
+    ) -> Result<Vec<Uuid>, Error> {
+        let jobs = jobs.into_iter().map(|j| (j, EnqueueOptions::default()));
+        let done = self.enqueue_many_with(client, jobs).await?;
+        Ok(done.into_iter().map(|e| e.id).collect())
+    }
+
+    /// Enqueues `jobs`, each with its options, on `client`: one statement per chunk of
+    /// [`enqueue::CHUNK`] jobs of one owner; returns one [`Enqueued`] per job, in order.
+    ///
+    /// # Errors
+    /// As [`Jobs::enqueue`].
+    pub async fn enqueue_many_with<'j, J: Job>(
+        &self,
+        client: &impl GenericClient,
+        jobs: impl IntoIterator<Item = (&'j J, EnqueueOptions<'_>)>,
+    ) -> Result<Vec<Enqueued>, Error> {
+        // Runs of consecutive jobs of one owner go in one call; most batches are one run.
+        let mut runs: Vec<([u8; 32], Vec<Submission<'_>>)> = Vec::new();
+        for (job, options) in jobs {
+            let owner = options.owner.map_or(self.owner, |o| {
+                self.secret.digest(DigestKind::Principal, o.as_bytes())
+            });
+            let submission = Submission {
+                payload: serde_json::to_value(job)
+                    .map_err(|_| Error::from(Rejection::new(Code::InvalidPayload, "")))?,
+                idempotency_key: options.idempotency_key,
+                max_attempts: options.max_attempts.unwrap_or(J::MAX_ATTEMPTS),
+                run_at: options.run_at,
+                replaces: options.replaces,
+            };
+            match runs.last_mut() {
+                Some((last, run)) if *last == owner => run.push(submission),
+                _ => runs.push((owner, vec![submission])),
+            }
+        }
+        let mut out = Vec::new();
+        for (owner, run) in runs {
+            out.extend(enqueue::submit(client, &self.secret, &owner, J::KIND, run).await?);
+        }
+        Ok(out)
+    }
+
+    /// The status of job `id`, if this handle's owner has it.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn status(
+        &self,
+        client: &impl GenericClient,
+        id: Uuid,
+    ) -> Result<Option<JobStatus>, Error> {
+        jobs::status(client, &self.owner, id).await
+    }
+
+    /// Cancels job `id` of this handle's owner: a pending job ends `cancelled` at once; a
+    /// running one ends `cancelled` when its worker settles it, and its effects never commit.
+    ///
+    /// # Errors
+    /// Database errors; [`Error::Contended`] when claims kept taking the job (nothing written).
+    pub async fn cancel(&self, client: &impl GenericClient, id: Uuid) -> Result<Cancel, Error> {
+        jobs::cancel(client, &self.owner, id, Code::Cancelled).await
+    }
+
+    /// A page of at most `size` of this handle's owner's jobs in `window` (of any kind), newest
+    /// first, only those in `status` if given, and where the next page starts.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn list(
+        &self,
+        client: &impl GenericClient,
+        window: Window,
+        status: Option<crate::state::JobState>,
+        size: i64,
+    ) -> Result<Page, Error> {
+        let status = status.map(crate::state::JobState::as_str);
+        jobs::page(client, &self.owner, window, status, size).await
+    }
+}

@@ -1,0 +1,390 @@
+//! The job runtime for any kind, through the public API only: a typed kind enqueued with a
+//! domain write in the caller's transaction, run by a worker, its effects committed with its
+//! success; idempotency, bulk enqueue, replacement and cancellation, retries and failures.
+
+use crate::support::{count, eventually, pool, TestDb};
+use durable_etl::jobs::Window;
+use durable_etl::{
+    shutdown, Apply, Code, EnqueueOptions, Error, Job, JobContext, JobError, JobState, Jobs,
+    Perform, Registry, Secret, Worker, WorkerConfig,
+};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+/// The test's welcome-email kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Welcome {
+    /// The user the email greets.
+    user_id: i64,
+    /// Where it goes.
+    email: String,
+}
+
+impl Job for Welcome {
+    const KIND: &'static str = "test.welcome";
+    const MAX_ATTEMPTS: i32 = 3;
+}
+
+/// Records the sent email in the domain table `sent`, inside the fence.
+struct Sent(Welcome);
+
+impl Apply for Sent {
+    async fn apply(self, tx: &Transaction<'_>, job: &JobContext) -> Result<(), JobError> {
+        tx.execute(
+            "INSERT INTO sent (user_id, email, job_id, attempt) VALUES ($1, $2, $3, $4)",
+            &[&self.0.user_id, &self.0.email, &job.id, &job.attempt],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Sends welcome emails; fails transiently on the attempts before `succeed_from`, and
+/// permanently for user 0.
+struct Mailer {
+    /// The first attempt that succeeds.
+    succeed_from: i32,
+    /// Compute phases run.
+    computed: Arc<AtomicI32>,
+}
+
+impl Perform for Mailer {
+    type Job = Welcome;
+    type Effects = Sent;
+
+    async fn compute(&self, job: Welcome, ctx: &JobContext) -> Result<Sent, JobError> {
+        self.computed.fetch_add(1, Ordering::SeqCst);
+        if job.user_id == 0 {
+            return Err(JobError::permanent(Code::HandlerFailed));
+        }
+        if ctx.attempt < self.succeed_from {
+            return Err(JobError::transient("mail server busy"));
+        }
+        Ok(Sent(job))
+    }
+}
+
+/// A test database with the domain tables `users` and `sent`, and a [`Jobs`] handle on it.
+async fn domain() -> (TestDb, tokio_postgres::Client, Jobs) {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE users (id int8 PRIMARY KEY, email text NOT NULL);
+             CREATE TABLE sent (user_id int8, email text, job_id uuid, attempt int4)",
+        )
+        .await
+        .unwrap();
+    let secret = Secret::new(b"runtime-secret-0123456789".to_vec()).unwrap();
+    (db, client, Jobs::new(secret, "tenant-1"))
+}
+
+/// Runs a replica with `mailer` until `done` holds, then stops it.
+async fn run_until<F, Fut>(db: &TestDb, mailer: Mailer, what: &str, done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let config = WorkerConfig {
+        owner_id: "runtime".into(),
+        retry_min_delay: Duration::from_millis(10),
+        retry_max_delay: Duration::from_millis(20),
+        ..WorkerConfig::default()
+    };
+    let registry = Registry::new().perform(mailer);
+    let worker = Worker::start(pool(db).await, &db.config, config, registry)
+        .await
+        .unwrap();
+    let (stop, until) = shutdown::manual();
+    let replica = tokio::spawn(worker.run(until));
+    eventually(what, done).await;
+    stop.request(shutdown::Stage::Draining);
+    replica.await.unwrap().unwrap();
+}
+
+/// Runs a replica with `mailer` until no job is live.
+async fn run_until_ended(db: &TestDb, mailer: Mailer, what: &str) {
+    let probe = db.client().await;
+    run_until(db, mailer, what, || async {
+        count(&probe, "etl_job_records").await == 0
+    })
+    .await;
+}
+
+/// The welcome job of user `user_id`.
+fn welcome(user_id: i64) -> Welcome {
+    Welcome {
+        user_id,
+        email: format!("u{user_id}@example.test"),
+    }
+}
+
+/// Enqueues `job` now, for the handle's owner, without a key.
+async fn enqueue_now(
+    jobs: &Jobs,
+    client: &impl tokio_postgres::GenericClient,
+    job: &Welcome,
+) -> Uuid {
+    jobs.enqueue(client, job, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id
+}
+
+/// A mailer that succeeds from attempt `from`, and its compute counter.
+fn mailer(from: i32) -> (Mailer, Arc<AtomicI32>) {
+    let computed = Arc::new(AtomicI32::new(0));
+    let m = Mailer {
+        succeed_from: from,
+        computed: Arc::clone(&computed),
+    };
+    (m, computed)
+}
+
+#[tokio::test]
+async fn a_typed_job_enqueued_with_a_domain_write_runs_once_and_commits_its_effects() {
+    let (db, mut client, jobs) = domain().await;
+    let welcome = welcome(42);
+    let tx = client.transaction().await.unwrap();
+    tx.execute("INSERT INTO users VALUES (42, 'a@example.test')", &[])
+        .await
+        .unwrap();
+    let queued = jobs
+        .enqueue(&tx, &welcome, EnqueueOptions::default())
+        .await
+        .unwrap();
+    assert!(!queued.replayed);
+    tx.commit().await.unwrap();
+
+    let (m, computed) = mailer(1);
+    let probe = db.client().await;
+    run_until(&db, m, "the welcome job to succeed", || async {
+        count(&probe, "sent").await == 1
+    })
+    .await;
+    let row = client
+        .query_one("SELECT user_id, email, job_id, attempt FROM sent", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 42);
+    assert_eq!(row.get::<_, String>(1), "u42@example.test");
+    assert_eq!(row.get::<_, Uuid>(2), queued.id);
+    assert_eq!(computed.load(Ordering::SeqCst), 1);
+    let status = jobs.status(&client, queued.id).await.unwrap().unwrap();
+    assert_eq!(status.status, JobState::Succeeded);
+    assert_eq!((status.attempts, status.max_attempts), (1, 3));
+    // Another owner cannot see it.
+    let other = jobs.for_owner("tenant-2");
+    assert_eq!(other.status(&client, queued.id).await.unwrap(), None);
+    // The payload left with the live row.
+    assert_eq!(count(&client, "etl_job_records").await, 0);
+}
+
+#[tokio::test]
+async fn an_enqueue_rolled_back_with_the_domain_write_leaves_neither() {
+    let (_db, mut client, jobs) = domain().await;
+    let tx = client.transaction().await.unwrap();
+    tx.execute("INSERT INTO users VALUES (7, 'b@example.test')", &[])
+        .await
+        .unwrap();
+    let queued = enqueue_now(&jobs, &tx, &welcome(7)).await;
+    tx.rollback().await.unwrap();
+    assert_eq!(count(&client, "users").await, 0);
+    assert_eq!(count(&client, "etl_job_intake").await, 0);
+    assert_eq!(count(&client, "etl_job_records").await, 0);
+    assert_eq!(jobs.status(&client, queued).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_duplicate_key_returns_the_same_job_and_a_different_payload_under_it_is_refused() {
+    let (_db, client, jobs) = domain().await;
+    let options = EnqueueOptions {
+        idempotency_key: Some("welcome-42"),
+        ..EnqueueOptions::default()
+    };
+    let welcome = welcome(42);
+    let first = jobs.enqueue(&client, &welcome, options).await.unwrap();
+    let again = jobs.enqueue(&client, &welcome, options).await.unwrap();
+    assert_eq!(again.id, first.id);
+    assert!(again.replayed);
+    let changed = Welcome {
+        email: "other@example.test".into(),
+        ..welcome.clone()
+    };
+    match jobs.enqueue(&client, &changed, options).await {
+        Err(Error::Rejected(r)) => assert_eq!(r.code, Code::IdempotencyKeyReused),
+        other => panic!("a different payload under the key was not refused: {other:?}"),
+    }
+    // Under another owner the key is another key.
+    let theirs = jobs
+        .enqueue(
+            &client,
+            &changed,
+            EnqueueOptions {
+                owner: Some("tenant-2"),
+                ..options
+            },
+        )
+        .await
+        .unwrap();
+    assert_ne!(theirs.id, first.id);
+    assert_eq!(count(&client, "etl_job_intake").await, 2);
+    // Jobs without a key never match each other.
+    let a = enqueue_now(&jobs, &client, &welcome).await;
+    assert_ne!(a, enqueue_now(&jobs, &client, &welcome).await);
+}
+
+#[tokio::test]
+async fn a_bulk_enqueue_commits_every_job_with_the_transaction_and_none_before() {
+    let (db, mut client, jobs) = domain().await;
+    let batch: Vec<Welcome> = (1..=12_000)
+        .map(|i| Welcome {
+            user_id: i,
+            email: format!("u{i}@example.test"),
+        })
+        .collect();
+    let tx = client.transaction().await.unwrap();
+    let ids = jobs.enqueue_many(&tx, &batch).await.unwrap();
+    assert_eq!(ids.len(), batch.len());
+    let distinct: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), batch.len());
+    let outside = db.client().await;
+    assert_eq!(count(&outside, "etl_job_records").await, 0);
+    tx.commit().await.unwrap();
+    assert_eq!(
+        count(
+            &outside,
+            "etl_job_records WHERE kind = 'test.welcome' AND status = 'pending'"
+        )
+        .await,
+        12_000
+    );
+    // In order: the 1,000th id is the 1,000th job.
+    let payload: serde_json::Value = outside
+        .query_one(
+            "SELECT request_payload FROM etl_job_records WHERE id = $1",
+            &[&ids[999]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(payload["user_id"], 1000);
+}
+
+#[tokio::test]
+async fn a_custom_kind_is_replaced_and_cancelled_under_its_owner() {
+    let (_db, client, jobs) = domain().await;
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let welcome = welcome(5);
+    let deferred = EnqueueOptions {
+        run_at: Some(later),
+        ..EnqueueOptions::default()
+    };
+    let old = jobs.enqueue(&client, &welcome, deferred).await.unwrap();
+    let new = jobs
+        .enqueue(
+            &client,
+            &welcome,
+            EnqueueOptions {
+                replaces: Some(old.id),
+                ..deferred
+            },
+        )
+        .await
+        .unwrap();
+    let old_status = jobs.status(&client, old.id).await.unwrap().unwrap();
+    assert_eq!(old_status.status, JobState::Cancelled);
+    assert_eq!(old_status.failure.unwrap().code, "replaced");
+    assert_eq!(
+        jobs.status(&client, new.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .replaces,
+        Some(old.id)
+    );
+    // Another owner can neither cancel it nor see it.
+    let other = jobs.for_owner("tenant-2");
+    assert_eq!(
+        other.cancel(&client, new.id).await.unwrap(),
+        durable_etl::jobs::Cancel::NotFound
+    );
+    assert_eq!(
+        jobs.cancel(&client, new.id).await.unwrap(),
+        durable_etl::jobs::Cancel::Cancelled
+    );
+    let page = jobs
+        .list(&client, Window::default(), Some(JobState::Cancelled), 10)
+        .await
+        .unwrap();
+    let listed: Vec<Uuid> = page.jobs.iter().map(|j| j.id).collect();
+    assert_eq!(listed, vec![new.id, old.id]);
+    assert_eq!(count(&client, "etl_job_records").await, 0);
+}
+
+#[tokio::test]
+async fn a_transient_failure_is_retried_within_the_kinds_bound_and_a_permanent_one_is_not() {
+    let (db, client, jobs) = domain().await;
+    let retried = welcome(1);
+    let ok = enqueue_now(&jobs, &client, &retried).await;
+    let bad = enqueue_now(&jobs, &client, &welcome(0)).await;
+    let (m, computed) = mailer(3);
+    run_until_ended(&db, m, "both jobs to end").await;
+    let ok = jobs.status(&client, ok).await.unwrap().unwrap();
+    assert_eq!(ok.status, JobState::Succeeded);
+    assert_eq!(ok.attempts, 3, "two transient failures, then success");
+    let bad = jobs.status(&client, bad).await.unwrap().unwrap();
+    assert_eq!(bad.status, JobState::Failed);
+    assert_eq!(bad.attempts, 1, "a permanent failure is never retried");
+    assert_eq!(bad.failure.unwrap().code, "handler_failed");
+    assert_eq!(computed.load(Ordering::SeqCst), 4);
+    assert_eq!(count(&client, "sent").await, 1);
+
+    // A kind whose attempts are spent ends `attempts_exhausted`, after exactly its bound.
+    let spent = jobs
+        .enqueue(
+            &client,
+            &retried,
+            EnqueueOptions {
+                max_attempts: Some(2),
+                ..EnqueueOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let (m, computed) = mailer(i32::MAX);
+    run_until_ended(&db, m, "the spent job to end").await;
+    let spent = jobs.status(&client, spent.id).await.unwrap().unwrap();
+    assert_eq!(spent.status, JobState::Failed);
+    assert_eq!(spent.attempts, 2);
+    assert_eq!(spent.failure.unwrap().code, "attempts_exhausted");
+    assert_eq!(computed.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_payload_that_does_not_decode_as_the_kind_fails_invalid_payload() {
+    let (db, client, jobs) = domain().await;
+    #[derive(Serialize, Deserialize)]
+    struct Impostor {
+        /// Not a `Welcome`.
+        user: String,
+    }
+    impl Job for Impostor {
+        const KIND: &'static str = "test.welcome";
+    }
+    let impostor = Impostor { user: "x".into() };
+    let queued = jobs
+        .enqueue(&client, &impostor, EnqueueOptions::default())
+        .await
+        .unwrap();
+    let (m, computed) = mailer(1);
+    run_until_ended(&db, m, "the impostor to end").await;
+    let status = jobs.status(&client, queued.id).await.unwrap().unwrap();
+    assert_eq!(status.status, JobState::Failed);
+    assert_eq!(status.failure.unwrap().code, "invalid_payload");
+    assert_eq!(computed.load(Ordering::SeqCst), 0);
+}
