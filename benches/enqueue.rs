@@ -6,6 +6,11 @@
 //! durable_etl.notify = 'off'` and signals one shared `Notifier` after its commit). Each ÷ `off`
 //! is what that path keeps of trigger-off throughput.
 //!
+//! `typed_one_producer` prices the library's typed enqueue from one producer, in one
+//! transaction per sample, with the trigger on and nobody waiting: `enqueue_many` of
+//! [`BULK`] small jobs (one statement per 5,000), and a loop of [`SINGLES`] single `enqueue`
+//! calls (one round trip each). Elements/s is jobs/s.
+//!
 //! The table is emptied between samples, outside the timed region (`iter_custom`).
 // `criterion_group!` and `criterion_main!` generate functions that cannot carry doc comments.
 // A bench aborts on a failed setup step: `expect` names the step.
@@ -62,6 +67,65 @@ async fn produce(
             notifier.signal();
         }
     }
+}
+
+/// Jobs per `typed_one_producer/enqueue_many` sample.
+const BULK: usize = 20_000;
+
+/// Jobs per `typed_one_producer/enqueue_loop` sample.
+const SINGLES: usize = 500;
+
+/// A small job of the typed enqueue benches.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Ping {
+    /// Its number.
+    n: u64,
+}
+
+impl durable_etl::Job for Ping {
+    const KIND: &'static str = "noop";
+}
+
+/// The typed enqueue from one producer: bulk and single, jobs/s.
+fn typed(c: &mut Criterion) {
+    let rt = common::runtime();
+    let db = BenchDb::create(&rt, "durable_etl_bench_enqueue_typed");
+    let secret = durable_etl::Secret::new("bench-secret-0123456789").expect("secret");
+    let jobs = durable_etl::Jobs::new(secret, "bench");
+    let mut group = c.benchmark_group("typed_one_producer");
+    for (variant, size) in [("enqueue_many", BULK), ("enqueue_loop", SINGLES)] {
+        let batch: Vec<Ping> = (0..size as u64).map(|n| Ping { n }).collect();
+        group.throughput(Throughput::Elements(size as u64));
+        group.bench_function(variant, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let (db, jobs, batch) = (&db, &jobs, &batch);
+                async move {
+                    let mut client = durable_etl::db::connect(&db.config, "bench")
+                        .await
+                        .expect("connect");
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        db.reset().await;
+                        let start = Instant::now();
+                        let tx = client.transaction().await.expect("begin");
+                        if variant == "enqueue_many" {
+                            jobs.enqueue_many(&tx, batch).await.expect("enqueue_many");
+                        } else {
+                            for ping in batch {
+                                jobs.enqueue(&tx, ping, durable_etl::EnqueueOptions::default())
+                                    .await
+                                    .expect("enqueue");
+                            }
+                        }
+                        tx.commit().await.expect("commit");
+                        total += start.elapsed();
+                    }
+                    total
+                }
+            });
+        });
+    }
+    group.finish();
 }
 
 /// Enqueue commits/s with the trigger on, off, and off with the coalescing notifier.
@@ -128,6 +192,6 @@ fn enqueue(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = common::criterion();
-    targets = enqueue
+    targets = enqueue, typed
 }
 criterion_main!(benches);

@@ -185,6 +185,14 @@ impl Default for DatabaseConfig {
 }
 
 impl DatabaseConfig {
+    /// The defaults, connecting to `url` (a `postgres://` URL).
+    pub fn new(url: impl Into<String>) -> DatabaseConfig {
+        DatabaseConfig {
+            url: url.into(),
+            ..DatabaseConfig::default()
+        }
+    }
+
     /// Checks the configuration.
     ///
     /// # Errors

@@ -67,6 +67,18 @@ impl Secret {
         (bytes.len() >= SECRET_MIN_LEN).then_some(Secret(bytes))
     }
 
+    /// The secret in the environment variable `DURABLE_ETL_SECRET` (what the binary reads).
+    ///
+    /// # Errors
+    /// [`crate::ConfigError::Secret`] when it is unset, not UTF-8 or shorter than
+    /// [`SECRET_MIN_LEN`] bytes.
+    pub fn from_env() -> Result<Secret, crate::ConfigError> {
+        std::env::var("DURABLE_ETL_SECRET")
+            .ok()
+            .and_then(Secret::new)
+            .ok_or(crate::ConfigError::Secret)
+    }
+
     /// The 32-byte HMAC-SHA-256 of `value` under this secret and `kind`'s domain label.
     pub fn digest(&self, kind: DigestKind, value: &[u8]) -> [u8; 32] {
         // HMAC accepts keys of any length, so `new_from_slice` cannot fail here.

@@ -13,63 +13,20 @@
 //! below, without clap, reqwest or humantime.
 //!
 //! ## Quick start
-//! Connect a pool, migrate, register a handler, start a [`Worker`], and enqueue a job in your own
-//! transaction, so that it commits (or rolls back) with your domain writes:
+//! A job kind is a Rust type ([`Job`]); a typed handler ([`Perform`]) runs it, computing with no
+//! connection held and writing its effects ([`Apply`]) inside the fenced transaction that records
+//! its success; [`Jobs`] enqueues it in your own transaction, so that it commits (or rolls back)
+//! with your domain writes, and reads and cancels jobs for their owner
+//! (`examples/quick_start.rs`, run by CI):
 //!
 //! ```no_run
-//! use durable_etl::digest::DigestKind;
-//! use durable_etl::etl::{enqueue::MAX_ATTEMPTS_DEFAULT, load::EtlLoad, request};
-//! use durable_etl::intake::IntakeLimits;
-//! use durable_etl::{
-//!     connect_pool, enqueue, migrate_up, shutdown, DatabaseConfig, NewJob, Registry, Secret,
-//!     Worker, WorkerConfig,
-//! };
-//!
-//! # async fn quick_start() -> Result<(), durable_etl::Error> {
-//! let db = DatabaseConfig {
-//!     url: "postgres://postgres@127.0.0.1:5432/app".to_owned(),
-//!     ..DatabaseConfig::default()
-//! };
-//! // Migrate (advisory-locked, so replicas may all do it at start-up).
-//! let mut session = durable_etl::db::connect(&db, "migrate").await?;
-//! migrate_up(&mut session).await?;
-//!
-//! // A replica running the shipped ETL kind (register your own `Handler`s the same way).
-//! let pool = connect_pool(&db, "worker").await?;
-//! let registry = Registry::new().register(EtlLoad::default());
-//! let worker = Worker::start(pool.clone(), &db, WorkerConfig::default(), registry).await?;
-//! let (stop, until) = shutdown::manual();
-//! let replica = tokio::spawn(worker.run(until));
-//!
-//! // Enqueue inside the caller's transaction: the job exists only if the transaction commits.
-//! let secret = Secret::new(b"a secret of at least 16 bytes".to_vec())
-//!     .ok_or(durable_etl::ConfigError::Secret)?;
-//! let owner = secret.digest(DigestKind::Principal, b"tenant-42");
-//! let body = serde_json::json!({
-//!     "dataset": "prices", "key": "sku",
-//!     "records": [{"sku": "a-1", "price": "3.50"}], "transform": {"cast": {"price": "decimal"}}
-//! });
-//! let etl = request::parse(&body, IntakeLimits::default())?;
-//! let mut conn = pool.get().await.map_err(durable_etl::db::pool_error)?;
-//! let tx = conn.transaction().await?;
-//! // … your own writes on `tx` …
-//! let job = NewJob {
-//!     idempotency_key: "order-7",
-//!     request: &etl,
-//!     max_attempts: MAX_ATTEMPTS_DEFAULT,
-//! };
-//! let queued = enqueue(&tx, &secret, &owner, job).await?;
-//! tx.commit().await?;
-//! println!("job {} queued", queued.id);
-//!
-//! stop.request(shutdown::Stage::Draining);
-//! replica.await.map_err(|_| durable_etl::Error::Internal)??;
-//! # Ok(())
-//! # }
+#![doc = include_str!("../examples/quick_start.rs")]
 //! ```
 //!
-//! `examples/custom_kind.rs` writes a job kind of its own and shows the rest of the runtime
-//! contract: a deferred job whose effects recheck the domain state under the fence, and the ledger.
+//! `examples/custom_kind.rs` shows the rest of the runtime contract: effects that recheck the
+//! domain state under the fence, a deferred job, idempotent enqueue, replacement, and the
+//! fencing token handed to an outside system. The shipped ETL kind ([`etl`]) is enqueued with
+//! [`etl::enqueue`] and run by [`etl::load::EtlLoad`].
 //!
 //! ## Layout
 //! - [`api`]: the HTTP API ([`app`] builds the router), problem responses, OpenAPI.
@@ -155,7 +112,7 @@ pub use error::Error;
 pub use handler::{Effects, Handler, JobContext, JobError, LedgerEntry, NoEffects, Registry};
 pub use job::{Apply, EnqueueOptions, Job, Jobs, Perform};
 pub use notifier::{skip_trigger_notify, Notifier};
-pub use schema::{check_compatible, migrate_down_to, migrate_up};
+pub use schema::{check_compatible, migrate, migrate_down_to, migrate_up};
 pub use shutdown::Shutdown;
 pub use state::JobState;
-pub use worker::Worker;
+pub use worker::{Replica, Worker};

@@ -251,6 +251,16 @@ async fn current_version(tx: &tokio_postgres::Transaction<'_>) -> Result<i32, Er
     Ok(row.get(0))
 }
 
+/// Applies every pending migration on a connection of its own to `db` (role `migrate`), as
+/// [`migrate_up`] does: advisory-locked, so replicas may all do it at start-up.
+///
+/// # Errors
+/// As [`migrate_up`]; connection errors.
+pub async fn migrate(db: &crate::config::DatabaseConfig) -> Result<MigrateReport, Error> {
+    let mut client = crate::db::connect(db, "migrate").await?;
+    migrate_up(&mut client).await
+}
+
 /// Applies every embedded migration the database lacks, one transaction each, and verifies the
 /// checksum of each one already applied.
 ///

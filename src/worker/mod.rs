@@ -20,9 +20,8 @@
 //!   the heartbeat stops; the pool and the session close. Heartbeats run until the release, so
 //!   no held lease lapses while jobs finish within the grace.
 
-// The roles whose statements the integration suite and the benches drive directly (fencing,
-// plans, recovery races) are public for them, and hidden: they are not the library's surface,
-// which is `Worker`, its configuration, `stats` and the handler contract.
+// The roles the integration suite and the benches drive directly (fencing, plans, recovery
+// races) are public for them, and hidden: not the library's surface (`Worker`, `Replica`, `stats`).
 pub(crate) mod alive;
 #[doc(hidden)]
 pub mod claimer;
@@ -40,6 +39,7 @@ pub mod lease;
 pub(crate) mod prefetch;
 pub(crate) mod presence;
 pub(crate) mod producer;
+mod replica;
 pub(crate) mod reporter;
 #[doc(hidden)]
 pub mod rescuer;
@@ -58,6 +58,7 @@ use crate::shutdown::Shutdown;
 use completer::Transition;
 use held::HeldJobs;
 use producer::{Producer, Stopped};
+pub use replica::Replica;
 use rescuer::Recovered;
 use session::Session;
 use shared::Shared;
