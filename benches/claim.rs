@@ -14,7 +14,6 @@ mod common;
 
 use common::BenchDb;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use durable_etl::handler::LedgerEntry;
 use durable_etl::worker::claimer::{self, Claimant};
 use durable_etl::worker::completer;
 use std::time::{Duration, Instant};
@@ -43,10 +42,7 @@ async fn replica(pool: durable_etl::db::Pool, owner: String) {
         if jobs.is_empty() {
             return;
         }
-        let entries: Vec<_> = jobs
-            .iter()
-            .map(|j| (j.lease(), LedgerEntry::default()))
-            .collect();
+        let entries: Vec<_> = jobs.iter().map(|j| (j.lease(), None)).collect();
         let done = completer::succeed_many(&*conn, &entries)
             .await
             .expect("succeed");

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 const JOBS: usize = 100;
 
 /// Claims [`JOBS`] fresh jobs and returns their ledger entries.
-async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Lease, LedgerEntry)> {
+async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Lease, Option<LedgerEntry>)> {
     db.reset().await;
     db.fill(JOBS).await;
     let claimant = Claimant {
@@ -38,7 +38,7 @@ async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Lease, Led
         .await
         .expect("claim")
         .iter()
-        .map(|j| (j.lease(), LedgerEntry::default()))
+        .map(|j| (j.lease(), None))
         .collect()
 }
 

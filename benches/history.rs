@@ -20,7 +20,6 @@ mod common;
 use common::history::{add_history, HISTORY};
 use common::BenchDb;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use durable_etl::handler::LedgerEntry;
 use durable_etl::worker::claimer::{self, Claimant};
 use durable_etl::worker::completer;
 use std::time::{Duration, Instant};
@@ -63,10 +62,7 @@ fn history(c: &mut Criterion) {
                         db.fill(JOBS).await;
                         let start = Instant::now();
                         let claimed = claimer::claim(conn, claimant, JOBS).await.expect("claim");
-                        let entries: Vec<_> = claimed
-                            .iter()
-                            .map(|j| (j.lease(), LedgerEntry::default()))
-                            .collect();
+                        let entries: Vec<_> = claimed.iter().map(|j| (j.lease(), None)).collect();
                         let done = completer::succeed_many(conn, &entries)
                             .await
                             .expect("succeed")

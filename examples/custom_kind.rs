@@ -183,17 +183,17 @@ impl Effects for Expiry {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async move {
             let changed = tx
                 .execute(EXPIRE_SQL, &[&self.offer_id, &self.version, &self.job_id])
                 .await?;
             let (rows_updated, rows_unchanged) = if changed == 1 { (1, 0) } else { (0, 1) };
-            Ok(LedgerEntry {
+            Ok(Some(LedgerEntry {
                 rows_updated,
                 rows_unchanged,
                 ..LedgerEntry::default()
-            })
+            }))
         })
     }
 }

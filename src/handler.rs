@@ -46,7 +46,8 @@ pub struct JobContext {
     pub owner_key: Vec<u8>,
 }
 
-/// The summary the response ledger keeps for a job whose effects committed.
+/// The response ledger a kind may keep for a job whose effects committed (the ETL kind's: rows
+/// and a checksum of the loaded data). A kind that keeps none reports no `result`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LedgerEntry {
     /// Rows the effects inserted.
@@ -115,11 +116,11 @@ impl JobError {
 
 /// The writes a prepared job makes, applied inside the fenced execution transaction.
 pub trait Effects: Send {
-    /// Writes the job's effects on `tx` and returns the ledger summary.
+    /// Writes the job's effects on `tx` and returns the ledger summary, if the kind keeps one.
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>>;
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>>;
 
     /// Whether [`Effects::apply`] writes anything. Effects that do not let the worker commit
     /// their job together with others in one statement, without an explicit transaction.
@@ -137,8 +138,8 @@ impl Effects for NoEffects {
     fn apply<'a>(
         self: Box<Self>,
         _tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
-        Box::pin(async { Ok(LedgerEntry::default()) })
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+        Box::pin(async { Ok(None) })
     }
 
     fn writes(&self) -> bool {

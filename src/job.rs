@@ -20,33 +20,13 @@ use crate::error::Error;
 use crate::intake::Rejection;
 use crate::jobs::{self, Cancel, JobStatus, Page, Window};
 use chrono::{DateTime, Utc};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
+mod kind;
 mod perform;
+pub use kind::Job;
 pub use perform::{Apply, Perform};
-
-/// A job kind: its value is the job's payload.
-///
-/// ```
-/// #[derive(serde::Serialize, serde::Deserialize)]
-/// struct WelcomeEmail { user_id: i64 }
-///
-/// impl durable_etl::Job for WelcomeEmail {
-///     const KIND: &'static str = "welcome_email";
-///     const MAX_ATTEMPTS: i32 = 3;
-/// }
-/// ```
-pub trait Job: Serialize + DeserializeOwned + Send + 'static {
-    /// The kind's name, stored with every job of the kind and matched to its handler. Keep it
-    /// stable: renaming it strands the jobs already enqueued.
-    const KIND: &'static str;
-    /// The attempt bound of a job of this kind when [`EnqueueOptions::max_attempts`] is not set
-    /// (1 to 100). Defaults to 5.
-    const MAX_ATTEMPTS: i32 = 5;
-}
 
 /// How one job is enqueued; every field may be left out.
 #[derive(Debug, Clone, Copy, Default)]

@@ -46,6 +46,7 @@
 //! - [`metrics`]: the worker's and the API's Prometheus text.
 //! - [`notifier`]: one coalescing NOTIFY connection per process, for enqueues that skip the
 //!   trigger's own NOTIFY.
+//! - [`replica`]: a [`Worker`] on a task of its own, drained and stopped through its handle.
 //! - [`schema`]: embedded migrations and the release-compatibility check.
 //! - [`shutdown`]: the one shutdown signal the worker and the HTTP server watch.
 //! - [`state`]: [`JobState`], the five job states.
@@ -84,6 +85,7 @@ pub mod job;
 pub mod jobs;
 pub mod metrics;
 pub mod notifier;
+pub mod replica;
 pub mod schema;
 pub mod shutdown;
 pub mod state;
@@ -112,7 +114,8 @@ pub use error::Error;
 pub use handler::{Effects, Handler, JobContext, JobError, LedgerEntry, NoEffects, Registry};
 pub use job::{Apply, EnqueueOptions, Job, Jobs, Perform};
 pub use notifier::{skip_trigger_notify, Notifier};
+pub use replica::Replica;
 pub use schema::{check_compatible, migrate, migrate_down_to, migrate_up};
 pub use shutdown::Shutdown;
 pub use state::JobState;
-pub use worker::{Replica, Worker};
+pub use worker::Worker;

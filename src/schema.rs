@@ -181,6 +181,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: an index that releases before it never use.
         min_reader_version: 8,
     },
+    Migration {
+        version: 17,
+        name: "optional_ledger",
+        up: include_str!("../migrations/0017_optional_ledger.up.sql"),
+        down: include_str!("../migrations/0017_optional_ledger.down.sql"),
+        // Additive for readers: releases before it write a ledger for every success, which the
+        // new rule admits, and read the ledger as optional already.
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

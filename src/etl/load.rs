@@ -137,7 +137,7 @@ impl Effects for Load {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async move {
             let keys: Vec<&str> = self.rows.keys().map(String::as_str).collect();
             let records: Vec<&Value> = self.rows.values().collect();
@@ -157,12 +157,12 @@ impl Effects for Load {
             let inserted = written.iter().filter(|r| r.get::<_, bool>(0)).count();
             let total = self.rows.len();
             let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-            Ok(LedgerEntry {
+            Ok(Some(LedgerEntry {
                 rows_inserted: count(inserted),
                 rows_updated: count(written.len() - inserted),
                 rows_unchanged: count(total - written.len()),
                 data_checksum: self.checksum(),
-            })
+            }))
         })
     }
 }

@@ -10,9 +10,9 @@
 //! - Effects that write nothing (`()`) let the worker commit the job without an explicit
 //!   transaction, together with others in one statement.
 
+use super::kind::Job;
 use crate::codes::Code;
 use crate::handler::{Effects, Handler, JobContext, JobError, LedgerEntry, Registry};
-use crate::job::Job;
 use futures::future::BoxFuture;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -140,11 +140,11 @@ impl<A: Apply> Effects for TypedEffects<A> {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async move {
             let TypedEffects { effects, job } = *self;
             effects.apply(tx, &job).await?;
-            Ok(LedgerEntry::default())
+            Ok(None)
         })
     }
 

@@ -153,7 +153,7 @@ pub enum Fenced {
 /// The database error of a statement.
 pub async fn succeed_many(
     client: &impl GenericClient,
-    entries: &[(Lease, LedgerEntry)],
+    entries: &[(Lease, Option<LedgerEntry>)],
 ) -> Result<HashMap<Lease, Fenced>, tokio_postgres::Error> {
     succeed_many_with(client, None, entries).await
 }
@@ -167,7 +167,7 @@ pub async fn succeed_many(
 pub(crate) async fn succeed_many_with(
     client: &impl GenericClient,
     prepared: Option<&Statement>,
-    entries: &[(Lease, LedgerEntry)],
+    entries: &[(Lease, Option<LedgerEntry>)],
 ) -> Result<HashMap<Lease, Fenced>, tokio_postgres::Error> {
     let succeeded = succeed(client, (SUCCEED_SQL, prepared), entries).await?;
     let missing: Vec<Lease> = entries
@@ -201,7 +201,7 @@ pub(crate) async fn succeed_many_with(
 pub(crate) async fn succeed_locked(
     tx: &tokio_postgres::Transaction<'_>,
     prepared: &Statement,
-    entries: &[(Lease, LedgerEntry)],
+    entries: &[(Lease, Option<LedgerEntry>)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     succeed(tx, (SUCCEED_LOCKED_SQL, Some(prepared)), entries).await
 }
@@ -221,14 +221,21 @@ pub(crate) const SUCCESS_PARAMS: [Type; 6] = [
 async fn succeed(
     client: &impl GenericClient,
     (sql, prepared): (&str, Option<&Statement>),
-    entries: &[(Lease, LedgerEntry)],
+    entries: &[(Lease, Option<LedgerEntry>)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     let leases: Vec<Lease> = entries.iter().map(|e| e.0).collect();
     let (ids, claims) = lease::unzip(&leases);
-    let inserted: Vec<i32> = entries.iter().map(|e| e.1.rows_inserted).collect();
-    let updated: Vec<i32> = entries.iter().map(|e| e.1.rows_updated).collect();
-    let unchanged: Vec<i32> = entries.iter().map(|e| e.1.rows_unchanged).collect();
-    let checksums: Vec<&[u8]> = entries.iter().map(|e| &e.1.data_checksum[..]).collect();
+    // A kind that keeps no ledger stores none: NULL in each of the four columns.
+    let ledger = |f: fn(&LedgerEntry) -> i32| -> Vec<Option<i32>> {
+        entries.iter().map(|e| e.1.as_ref().map(f)).collect()
+    };
+    let inserted = ledger(|l| l.rows_inserted);
+    let updated = ledger(|l| l.rows_updated);
+    let unchanged = ledger(|l| l.rows_unchanged);
+    let checksums: Vec<Option<&[u8]>> = entries
+        .iter()
+        .map(|e| e.1.as_ref().map(|l| &l.data_checksum[..]))
+        .collect();
     let params: [&(dyn ToSql + Sync); 6] =
         [&ids, &claims, &inserted, &updated, &unchanged, &checksums];
     let rows = match prepared {

@@ -339,10 +339,7 @@ async fn succeed_alone(
     prepared: &Statement,
 ) -> Result<(), tokio_postgres::Error> {
     stats.record_round_trips(1);
-    let entries: Vec<(Lease, LedgerEntry)> = leases
-        .iter()
-        .map(|&l| (l, LedgerEntry::default()))
-        .collect();
+    let entries: Vec<(Lease, Option<LedgerEntry>)> = leases.iter().map(|&l| (l, None)).collect();
     let fenced = completer::succeed_many_with(client, Some(prepared), &entries).await?;
     let succeeded = fenced.values().filter(|f| **f == Fenced::Succeeded).count();
     if succeeded < leases.len() {
@@ -402,7 +399,7 @@ async fn write_effects(
         crash_point!("effects.applied");
         *step = applied.map_or_else(Step::Ended, Step::Applied);
     }
-    let entries: Vec<(Lease, LedgerEntry)> = steps
+    let entries: Vec<(Lease, Option<LedgerEntry>)> = steps
         .iter()
         .zip(leases)
         .filter_map(|(step, &lease)| match step {

@@ -21,7 +21,7 @@
 //!   no held lease lapses while jobs finish within the grace.
 
 // The roles the integration suite and the benches drive directly (fencing, plans, recovery
-// races) are public for them, and hidden: not the library's surface (`Worker`, `Replica`, `stats`).
+// races) are public for them, and hidden: not the library's surface (`Worker`, its `stats`).
 pub(crate) mod alive;
 #[doc(hidden)]
 pub mod claimer;
@@ -39,7 +39,6 @@ pub mod lease;
 pub(crate) mod prefetch;
 pub(crate) mod presence;
 pub(crate) mod producer;
-mod replica;
 pub(crate) mod reporter;
 #[doc(hidden)]
 pub mod rescuer;
@@ -58,7 +57,6 @@ use crate::shutdown::Shutdown;
 use completer::Transition;
 use held::HeldJobs;
 use producer::{Producer, Stopped};
-pub use replica::Replica;
 use rescuer::Recovered;
 use session::Session;
 use shared::Shared;

@@ -41,7 +41,7 @@ impl Effects for WriteRow {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         if self.then == "panic_at_call" {
             panic!("effects panicked before returning their future");
         }
@@ -62,19 +62,19 @@ impl Effects for WriteRow {
                         &[&self.job.id],
                     )
                     .await?;
-                    Ok(LedgerEntry::default())
+                    Ok(None)
                 }
                 "lock_timeout" => {
                     tx.batch_execute("LOCK TABLE etl_api_clients IN ACCESS SHARE MODE NOWAIT")
                         .await?;
-                    Ok(LedgerEntry::default())
+                    Ok(None)
                 }
                 "panic" => panic!("effects panicked"),
                 "hang" => std::future::pending().await,
-                _ => Ok(LedgerEntry {
+                _ => Ok(Some(LedgerEntry {
                     rows_inserted: 1,
                     ..LedgerEntry::default()
-                }),
+                })),
             }
         })
     }
@@ -91,8 +91,8 @@ impl Effects for Panicky {
     fn apply<'a>(
         self: Box<Self>,
         _tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
-        Box::pin(async { Ok(LedgerEntry::default()) })
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+        Box::pin(async { Ok(None) })
     }
 
     fn writes(&self) -> bool {

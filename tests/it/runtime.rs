@@ -177,6 +177,8 @@ async fn a_typed_job_enqueued_with_a_domain_write_runs_once_and_commits_its_effe
     let status = jobs.status(&client, queued.id).await.unwrap().unwrap();
     assert_eq!(status.status, JobState::Succeeded);
     assert_eq!((status.attempts, status.max_attempts), (1, 3));
+    // A kind that keeps no ledger reports none (no rows, no checksum).
+    assert_eq!(status.result, None);
     // Another owner cannot see it.
     let other = jobs.for_owner("tenant-2");
     assert_eq!(other.status(&client, queued.id).await.unwrap(), None);

@@ -231,6 +231,9 @@ fn live_row(status: &str, leased: bool) -> String {
 /// The five ledger columns of an outcome (claim, rows inserted, updated, unchanged, checksum).
 const LEDGER: &str = "gen_random_uuid(), 1, 0, 0, decode(repeat('00', 32), 'hex')";
 
+/// The five ledger columns of a success that keeps no ledger: its claim id only.
+const CLAIM_ONLY: &str = "gen_random_uuid(), NULL, NULL, NULL, NULL";
+
 /// The five ledger columns of an outcome, all NULL.
 const NO_LEDGER: &str = "NULL, NULL, NULL, NULL, NULL";
 
@@ -286,25 +289,33 @@ async fn check_constraints_reject_leaky_and_unknown_states() {
     let once_sql = format!("'{once}'");
     for (status, code, ledger, refused) in [
         ("succeeded", "NULL", LEDGER, None),
+        // A kind that keeps no ledger: the claim, and no ledger at all (0017).
+        ("succeeded", "NULL", CLAIM_ONLY, None),
         ("failed", "'record_invalid'", NO_LEDGER, None),
         ("cancelled", "'replaced'", NO_LEDGER, None),
         (
             "succeeded",
             "NULL",
             NO_LEDGER,
-            check("etl_job_outcomes_ledger_iff_succeeded"),
+            check("etl_job_outcomes_ledger_only_if_succeeded"),
         ),
         (
             "succeeded",
             "NULL",
             "NULL, 1, 0, 0, decode(repeat('00', 32), 'hex')",
-            check("etl_job_outcomes_ledger_iff_succeeded"),
+            check("etl_job_outcomes_ledger_only_if_succeeded"),
+        ),
+        (
+            "succeeded",
+            "NULL",
+            "gen_random_uuid(), 1, NULL, 0, decode(repeat('00', 32), 'hex')",
+            check("etl_job_outcomes_ledger_only_if_succeeded"),
         ),
         (
             "failed",
             "'handler_failed'",
             LEDGER,
-            check("etl_job_outcomes_ledger_iff_succeeded"),
+            check("etl_job_outcomes_ledger_only_if_succeeded"),
         ),
         (
             "failed",
@@ -433,6 +444,61 @@ async fn the_trigger_notifies_once_per_transaction_and_never_for_deferred_jobs()
         .get(0);
     assert_eq!(jobs, 5);
     drop(listener.client);
+}
+
+/// 0017: a success may keep no ledger; going down gives such successes the zero ledger releases
+/// before it wrote, so the stricter rule holds again, and going up again admits them anew.
+#[tokio::test]
+async fn migration_0017_admits_successes_without_a_ledger_and_round_trips() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let latest = catalog_snapshot(&client).await;
+    let bare = uuid::Uuid::new_v4();
+    let bare_sql = format!("'{bare}'");
+    assert_eq!(
+        refusal(
+            &client,
+            &outcome_row(&bare_sql, "succeeded", "NULL", CLAIM_ONLY)
+        )
+        .await,
+        None
+    );
+    let loaded = "gen_random_uuid()";
+    assert_eq!(
+        refusal(&client, &outcome_row(loaded, "succeeded", "NULL", LEDGER)).await,
+        None
+    );
+
+    let down = schema::migrate_down_to(&mut client, 16).await.unwrap();
+    assert_eq!((down.changed, down.version), (vec![17], 16));
+    let ledger: Vec<String> = first_column(
+        &client,
+        &format!(
+            "SELECT (rows_inserted, rows_updated, rows_unchanged, encode(data_checksum, 'hex'))::text
+               FROM etl_job_outcomes WHERE job_id = {bare_sql}"
+        ),
+    )
+    .await;
+    assert_eq!(ledger, [format!("(0,0,0,{})", "0".repeat(64))]);
+    assert_eq!(
+        refusal(
+            &client,
+            &outcome_row(loaded, "succeeded", "NULL", CLAIM_ONLY)
+        )
+        .await,
+        check("etl_job_outcomes_ledger_iff_succeeded")
+    );
+
+    schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(catalog_snapshot(&client).await, latest);
+    assert_eq!(
+        refusal(
+            &client,
+            &outcome_row(loaded, "succeeded", "NULL", CLAIM_ONLY)
+        )
+        .await,
+        None
+    );
 }
 
 /// 0009: an enqueue notifies only while a replica waits (or when its transaction is stricter

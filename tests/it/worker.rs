@@ -176,7 +176,7 @@ async fn a_stale_owner_can_write_nothing_after_its_lease_is_reclaimed() {
     // Every write A could still try matches nothing.
     let mut a = db.client().await;
     let tx = a.transaction().await.unwrap();
-    let ledger = LedgerEntry::default();
+    let ledger = Some(LedgerEntry::default());
     assert!(completer::succeed_many(&tx, &[(stale_lease, ledger)])
         .await
         .unwrap()

@@ -30,13 +30,13 @@ pub(super) async fn apply(
     mut effects: OwnedEffects,
     budget: Duration,
     cancel: &CancelToken,
-) -> Result<LedgerEntry, Failure> {
+) -> Result<Option<LedgerEntry>, Failure> {
     let deadline = tokio::time::Instant::now() + budget;
     // Taken inside the guard: `apply` consumes them, so a panicking `Drop` runs in its call.
     let applying = async move {
         match effects.take() {
             Some(effects) => effects.apply(tx).await,
-            None => Ok(LedgerEntry::default()),
+            None => Ok(None),
         }
     };
     match guarded(deadline, applying).await {

@@ -78,7 +78,7 @@ pub(super) enum Step {
     /// Its effects are being applied (a batch that fails now fails it with the batch).
     Applying,
     /// Its effects are applied in the transaction; its success is not written yet.
-    Applied(LedgerEntry),
+    Applied(Option<LedgerEntry>),
     /// Its success is written; durable once the batch commits.
     Succeeded,
     /// It failed on its own, or its fence failed: final, whatever the batch does.
@@ -187,7 +187,7 @@ mod tests {
                 "code: transient_database",
             ),
             (
-                Step::Applied(LedgerEntry::default()),
+                Step::Applied(None),
                 BatchEnd::Unknown(None),
                 "code: transient_database",
             ),

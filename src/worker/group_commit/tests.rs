@@ -30,7 +30,7 @@ impl Effects for Scripted {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async move {
             let (job, key, fail) = match *self {
                 Scripted::Write(job, key) => (job, key, false),
@@ -38,7 +38,7 @@ impl Effects for Scripted {
                 Scripted::Panic => panic!("scripted panic"),
                 Scripted::Hang => {
                     tokio::time::sleep(Duration::from_secs(60)).await;
-                    return Ok(LedgerEntry::default());
+                    return Ok(None);
                 }
             };
             tx.execute(
@@ -50,10 +50,10 @@ impl Effects for Scripted {
             if fail {
                 return Err(JobError::permanent(Code::RecordInvalid));
             }
-            Ok(LedgerEntry {
+            Ok(Some(LedgerEntry {
                 rows_inserted: 1,
                 ..LedgerEntry::default()
-            })
+            }))
         })
     }
 }

@@ -63,7 +63,7 @@ impl Effects for Stamped {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<LedgerEntry, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async move {
             tx.execute("SELECT pg_sleep($1)", &[&self.pause.as_secs_f64()])
                 .await?;
@@ -75,10 +75,10 @@ impl Effects for Stamped {
                 &[&self.key, &self.job],
             )
             .await?;
-            Ok(LedgerEntry {
+            Ok(Some(LedgerEntry {
                 rows_inserted: 1,
                 ..LedgerEntry::default()
-            })
+            }))
         })
     }
 }

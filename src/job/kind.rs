@@ -1,0 +1,28 @@
+//! What a job kind is: a Rust type whose value is the payload.
+//!
+//! Invariants this module keeps:
+//! - A kind's name ([`Job::KIND`]) is what is stored with its jobs and matched to its handler;
+//!   its payload is the value serialized by `serde`.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// A job kind: its value is the job's payload.
+///
+/// ```
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct WelcomeEmail { user_id: i64 }
+///
+/// impl durable_etl::Job for WelcomeEmail {
+///     const KIND: &'static str = "welcome_email";
+///     const MAX_ATTEMPTS: i32 = 3;
+/// }
+/// ```
+pub trait Job: Serialize + DeserializeOwned + Send + 'static {
+    /// The kind's name, stored with every job of the kind and matched to its handler. Keep it
+    /// stable: renaming it strands the jobs already enqueued.
+    const KIND: &'static str;
+    /// The attempt bound of a job of this kind when [`EnqueueOptions::max_attempts`] is not set
+    /// (1 to 100). Defaults to 5.
+    const MAX_ATTEMPTS: i32 = 5;
+}
