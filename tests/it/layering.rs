@@ -7,7 +7,8 @@
 //! and so is `lib.rs`, whose re-exports are the public surface, not a dependency.
 //!
 //! Rules:
-//! - the foundation (`config`, `error`, `jobs`) never imports `etl/`;
+//! - the core ([`CORE`]: the job runtime every kind runs on, the worker included) never imports
+//!   `etl/`: the ETL kind is built on it like any user's kind;
 //! - the worker (`worker/`) never imports `metrics`, `etl/` or `api/`;
 //! - no two files import each other;
 //! - `worker/mod.rs` stays a facade (at most 200 lines) and no file is over 500 lines.
@@ -22,6 +23,29 @@ const CIRCLE_EXCEPTIONS: &[(&str, &str, &str)] = &[];
 /// Imports from the worker into `metrics` still allowed, with the reason (see
 /// [`CIRCLE_EXCEPTIONS`]); the test fails when one no longer exists.
 const WORKER_METRICS_EXCEPTIONS: &[(&str, &str)] = &[];
+
+/// The core: every module of the job runtime, which no kind's module (`etl/`) may be imported by.
+const CORE: &[&str] = &[
+    "codes",
+    "config",
+    "db",
+    "digest",
+    "enqueue",
+    "error",
+    "handler",
+    "intake",
+    "job",
+    "jobs",
+    "notifier",
+    "replica",
+    "schema",
+    "shutdown",
+    "sql",
+    "state",
+    "telemetry",
+    "time",
+    "worker",
+];
 
 /// The crate's `src/` directory.
 fn src() -> PathBuf {
@@ -332,13 +356,13 @@ fn the_parser_sees_use_trees_inline_paths_and_child_modules() {
 }
 
 #[test]
-fn the_foundation_never_imports_etl_and_the_worker_never_imports_metrics_etl_or_api() {
+fn the_core_never_imports_etl_and_the_worker_never_imports_metrics_etl_or_api() {
     let imports = imports();
     let mut broken = Vec::new();
     for (file, targets) in &imports {
         for target in targets {
-            let foundation = ["config.rs", "error.rs", "jobs.rs"].contains(&file.as_str());
-            if foundation && is_in(target, "etl") {
+            let core = CORE.iter().any(|m| is_in(file, m));
+            if core && is_in(target, "etl") {
                 broken.push(format!("{file} imports {target}"));
             }
             let worker = is_in(file, "worker");

@@ -396,3 +396,130 @@ async fn panics_timeouts_and_handler_errors_leak_nothing_into_logs() {
     );
     assert_eq!(leak(&text), None, "leaked in:\n{text}");
 }
+
+/// A job of the runtime's test kind: what to do, and a secret it carries.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Canary {
+    /// `ok`, `flaky` (transient once), `doomed` (permanent) or `panic`.
+    what: String,
+    /// A canary that must never leave the payload.
+    secret: String,
+}
+
+impl durable_etl::Job for Canary {
+    const KIND: &'static str = "test.canary";
+}
+
+/// Runs [`Canary`] jobs; every failure carries a canary in its source or message.
+struct CanaryRunner;
+
+impl durable_etl::Perform for CanaryRunner {
+    type Job = Canary;
+    type Effects = ();
+
+    async fn compute(
+        &self,
+        job: Canary,
+        ctx: &durable_etl::JobContext,
+    ) -> Result<(), durable_etl::JobError> {
+        use durable_etl::JobError;
+        match job.what.as_str() {
+            "flaky" if ctx.attempt == 1 => Err(JobError::transient(std::io::Error::other(
+                format!("canary-transient {}", job.secret),
+            ))),
+            "doomed" => Err(JobError::Permanent {
+                code: durable_etl::Code::HandlerFailed,
+                record_index: None,
+                source: Some(format!("canary-permanent {}", job.secret).into()),
+            }),
+            "panic" => panic!("canary-panic {}", job.secret),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A kind of the job runtime (`Jobs`, `Perform`) whose payloads, owner and idempotency keys are
+/// canaries, run through success, a transient failure, a permanent failure and a panic (each
+/// failure with a canary in its error), plus a refused replay: none of it reaches the logs (all
+/// levels), the replica's metrics, the status and listing answers, a refusal's message or a
+/// stored code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_kinds_payloads_owner_and_keys_never_leak() {
+    let sink = Sink::default();
+    let writer = sink.clone();
+    tracing_subscriber::fmt()
+        .with_env_filter(durable_etl::telemetry::filter(Some("trace")))
+        .with_writer(move || writer.clone())
+        .init();
+    durable_etl::telemetry::install_panic_hook();
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let secret = durable_etl::Secret::new("privacy-secret-0123456789").unwrap();
+    let jobs = durable_etl::Jobs::new(secret, "canary-owner");
+    let mut ids = Vec::new();
+    for what in ["ok", "flaky", "doomed", "panic"] {
+        let job = Canary {
+            what: what.into(),
+            secret: format!("canary-secret-{what}"),
+        };
+        let key = format!("canary-key-{what}");
+        let options = durable_etl::EnqueueOptions {
+            idempotency_key: Some(&key),
+            ..durable_etl::EnqueueOptions::default()
+        };
+        ids.push(jobs.enqueue(&client, &job, options).await.unwrap().id);
+    }
+    let reused = Canary {
+        what: "ok".into(),
+        secret: "canary-other".into(),
+    };
+    let options = durable_etl::EnqueueOptions {
+        idempotency_key: Some("canary-key-ok"),
+        ..durable_etl::EnqueueOptions::default()
+    };
+    let refused = jobs.enqueue(&client, &reused, options).await.unwrap_err();
+    assert_eq!(leak(&refused.to_string()), None, "{refused}");
+
+    let config = WorkerConfig {
+        owner_id: "privacy-runtime".into(),
+        retry_min_delay: Duration::from_millis(10),
+        retry_max_delay: Duration::from_millis(20),
+        ..WorkerConfig::default()
+    };
+    let registry = Registry::new().perform(CanaryRunner);
+    let worker = Worker::start(pool(&db).await, &db.config, config, registry)
+        .await
+        .unwrap();
+    let stats = worker.stats_handle();
+    let replica = worker.spawn();
+    until_all_terminal(&client).await;
+    let metrics = durable_etl::metrics::render_worker(&stats);
+    replica.stop().await.unwrap();
+
+    let page = jobs
+        .list(&client, durable_etl::jobs::Window::default(), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(page.jobs.len(), 4);
+    let answers = serde_json::to_string(&page.jobs).unwrap();
+    let states: Vec<String> = page.jobs.iter().map(|j| j.status.to_string()).collect();
+    assert_eq!(states, ["failed", "failed", "succeeded", "succeeded"]);
+    let codes: Vec<String> = crate::support::first_column(
+        &client,
+        "SELECT coalesce(failure_code, '-') FROM etl_job_outcomes ORDER BY job_id",
+    )
+    .await;
+    assert_eq!(codes, ["-", "-", "handler_failed", "handler_panicked"]);
+    let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains("job settled"),
+        "trace-level logs were captured"
+    );
+    for (what, found) in [
+        ("logs", &text),
+        ("metrics", &metrics),
+        ("answers", &answers),
+    ] {
+        assert_eq!(leak(found), None, "leaked in the {what}:\n{found}");
+    }
+}
