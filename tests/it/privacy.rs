@@ -321,8 +321,8 @@ impl std::io::Write for Sink {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn panics_timeouts_and_handler_errors_leak_nothing_into_logs() {
+/// Sends this process's logs, at every level, and its panic reports to the returned sink.
+fn capture_logs() -> Sink {
     let sink = Sink::default();
     let writer = sink.clone();
     tracing_subscriber::fmt()
@@ -330,6 +330,12 @@ async fn panics_timeouts_and_handler_errors_leak_nothing_into_logs() {
         .with_writer(move || writer.clone())
         .init();
     durable_etl::telemetry::install_panic_hook();
+    sink
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panics_timeouts_and_handler_errors_leak_nothing_into_logs() {
+    let sink = capture_logs();
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let payloads: Vec<Value> = [
@@ -445,13 +451,7 @@ impl durable_etl::Perform for CanaryRunner {
 /// stored code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_custom_kinds_payloads_owner_and_keys_never_leak() {
-    let sink = Sink::default();
-    let writer = sink.clone();
-    tracing_subscriber::fmt()
-        .with_env_filter(durable_etl::telemetry::filter(Some("trace")))
-        .with_writer(move || writer.clone())
-        .init();
-    durable_etl::telemetry::install_panic_hook();
+    let sink = capture_logs();
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let secret = durable_etl::Secret::new("privacy-secret-0123456789").unwrap();
