@@ -33,8 +33,12 @@ use durable_etl::{
 use serde::{Deserialize, Serialize};
 use std::process::ExitCode;
 use std::time::Duration;
+use support::check;
 use tokio_postgres::{GenericClient, Transaction};
 use uuid::Uuid;
+
+#[path = "support/mod.rs"]
+mod support;
 
 /// The principal every job of the example belongs to.
 const OWNER: &str = "example-shop";
@@ -207,56 +211,11 @@ struct Offer {
     job: Uuid,
 }
 
-/// Records one check: prints it, and remembers a failure.
-fn check(failures: &mut Vec<String>, what: &str, holds: bool) {
-    println!("{} {what}", if holds { "ok  " } else { "FAIL" });
-    if !holds {
-        failures.push(what.to_owned());
-    }
-}
-
-/// Creates the example's database, runs the example on it, drops it, and exits 0 only if every
-/// check held.
+/// Runs the example on a database of its own (dropped at the end); exits 0 only if every check
+/// held.
 #[tokio::main]
 async fn main() -> ExitCode {
-    let base = DatabaseConfig {
-        url: std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned()),
-        ..DatabaseConfig::default()
-    };
-    let name = format!(
-        "durable_etl_example_{}",
-        &Uuid::new_v4().simple().to_string()[..12]
-    );
-    let outcome = match db::recreate_database(&base, &name).await {
-        Ok(config) => {
-            println!("example database: {name} (dropped at the end)");
-            let outcome = run(&config).await;
-            if db::drop_database(&base, &name).await.is_err() {
-                eprintln!("could not drop {name}");
-            }
-            outcome
-        }
-        Err(e) => Err(Failure::from(e)),
-    };
-    match outcome {
-        Ok(failures) if failures.is_empty() => {
-            println!("every check holds");
-            ExitCode::SUCCESS
-        }
-        Ok(failures) => {
-            eprintln!(
-                "{} check(s) failed: {}",
-                failures.len(),
-                failures.join("; ")
-            );
-            ExitCode::FAILURE
-        }
-        Err(failure) => {
-            eprintln!("the example stopped: {failure}");
-            ExitCode::FAILURE
-        }
-    }
+    support::on_fresh_database(|config| async move { run(&config).await }).await
 }
 
 /// Runs the example on the database of `config`; returns the checks that failed.
