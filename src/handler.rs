@@ -68,6 +68,16 @@ pub enum JobError {
     /// until the job's `max_attempts` is spent.
     #[error("transient failure")]
     Transient(#[source] BoxError),
+    /// Worth retrying after `after` (a remote system said when): back to `pending`, due then
+    /// (at most [`RETRY_AFTER_MAX`]), until the job's `max_attempts` is spent.
+    #[error("transient failure, retry later")]
+    RetryAfter {
+        /// When to try again, from now.
+        after: Duration,
+        /// What went wrong (never stored or logged).
+        #[source]
+        source: BoxError,
+    },
     /// Never worth retrying: the job ends `failed` with `code` at once.
     #[error("permanent failure: {code}")]
     Permanent {
@@ -88,6 +98,15 @@ impl JobError {
     /// A transient failure with this source.
     pub fn transient(source: impl Into<BoxError>) -> JobError {
         JobError::Transient(source.into())
+    }
+
+    /// A transient failure to retry after `after` (at most [`RETRY_AFTER_MAX`]), whatever the
+    /// kind's or the replica's retry policy says.
+    pub fn retry_after(after: Duration, source: impl Into<BoxError>) -> JobError {
+        JobError::RetryAfter {
+            after,
+            source: source.into(),
+        }
     }
 
     /// A permanent failure with a stored code (`handler_failed` if `code` is not a stored code).
@@ -113,6 +132,10 @@ impl JobError {
         }
     }
 }
+
+/// The longest retry delay a kind or a handler's [`JobError::RetryAfter`] may ask for (a
+/// week): every delay stays finite, and inside what a timestamp can hold.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The writes a prepared job makes, applied inside the fenced execution transaction.
 pub trait Effects: Send {
@@ -198,6 +221,19 @@ pub trait Handler: Send + Sync + 'static {
         job: &'a JobContext,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>>;
+
+    /// How long one attempt's compute phase may take, and then its effects (each phase its
+    /// own budget); `None` (the default) is the replica's execution timeout.
+    fn execution_timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The delay before retrying a job of this kind after its failed attempt `attempt` (from
+    /// 1), at most [`RETRY_AFTER_MAX`]; `None` (the default) is the replica's policy (its retry
+    /// delays, growing with jitter).
+    fn retry_delay(&self, _attempt: i32) -> Option<Duration> {
+        None
+    }
 }
 
 /// The handlers a worker runs, by kind.

@@ -6,6 +6,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::time::Duration;
 
 /// A job kind: its value is the job's payload.
 ///
@@ -22,7 +23,19 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     /// The kind's name, stored with every job of the kind and matched to its handler. Keep it
     /// stable: renaming it strands the jobs already enqueued.
     const KIND: &'static str;
-    /// The attempt bound of a job of this kind when [`EnqueueOptions::max_attempts`] is not set
-    /// (1 to 100). Defaults to 5.
+    /// The attempt bound of a job of this kind when
+    /// [`EnqueueOptions::max_attempts`](crate::EnqueueOptions::max_attempts) is not set (1 to
+    /// 100). Defaults to 5.
     const MAX_ATTEMPTS: i32 = 5;
+    /// How long one attempt's compute phase may take, and then its effects; `None` (the
+    /// default) is the replica's execution timeout.
+    const EXECUTION_TIMEOUT: Option<Duration> = None;
+
+    /// The delay before retrying after failed attempt `attempt` (from 1), at most
+    /// [`RETRY_AFTER_MAX`](crate::handler::RETRY_AFTER_MAX); `None` (the default) is the
+    /// replica's policy. A handler's [`JobError::RetryAfter`](crate::JobError::RetryAfter)
+    /// overrides both.
+    fn retry_delay(_attempt: i32) -> Option<Duration> {
+        None
+    }
 }

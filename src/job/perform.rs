@@ -111,6 +111,14 @@ impl<P: Perform> Handler for Typed<P> {
         <P::Job as Job>::KIND
     }
 
+    fn execution_timeout(&self) -> Option<std::time::Duration> {
+        <P::Job as Job>::EXECUTION_TIMEOUT
+    }
+
+    fn retry_delay(&self, attempt: i32) -> Option<std::time::Duration> {
+        <P::Job as Job>::retry_delay(attempt)
+    }
+
     fn prepare<'a>(
         &'a self,
         job: &'a JobContext,

@@ -13,16 +13,20 @@
 //!   their futures, and so is the whole task, whose panic anywhere else is written the same
 //!   fenced way (its claim never outlives it). An overrun of the execution timeout by the compute
 //!   phase is `execution_timeout`. Both are terminal.
-//! - Effects have a budget of their own (the execution timeout again), counted from when they
+//! - Each phase's budget is the kind's execution timeout ([`Handler::execution_timeout`]), else
+//!   the replica's. Effects have a budget of their own (that timeout again), counted from when they
 //!   start applying: time spent queued for a commit lane, behind the other jobs of a batch or
 //!   waiting for the fenced row lock never counts against it. An overrun of that budget is
 //!   transient (a retry, bounded by `max_attempts`), never terminal: their time may be spent
 //!   waiting for a row lock another transaction holds.
+//! - A retry is due after the delay the failure asks for ([`JobError::RetryAfter`]), else the
+//!   kind's ([`Handler::retry_delay`]), else the replica's policy; never more than
+//!   [`RETRY_AFTER_MAX`], so every delay is finite.
 //! - Only codes leave this module: no error text, SQL or payload is logged or stored.
 
 use crate::codes::Code;
 use crate::error::is_transient;
-use crate::handler::{Effects, Handler, JobError};
+use crate::handler::{Effects, Handler, JobError, RETRY_AFTER_MAX};
 use crate::worker::completer::{self, Failure, Transition};
 use crate::worker::group_commit::{OwnedEffects, Ready};
 use crate::worker::guard::{guarded, Guarded};
@@ -54,7 +58,8 @@ pub(crate) async fn execute(
         // held (renewed, then released with its attempt refunded, to run again) for ever. Should
         // even that panic, the task still ends: the lease expires and recovery returns the job.
         Err(_panic) => {
-            let failed = settle_failure(shared, &job, Failure::Code(Code::HandlerPanicked));
+            let panicked = Failure::Code(Code::HandlerPanicked);
+            let failed = settle_failure(shared, &job, panicked, None);
             AssertUnwindSafe(failed)
                 .catch_unwind()
                 .await
@@ -70,20 +75,25 @@ async fn run(
     lost: CancellationToken,
     slot: SlotPermit,
 ) -> Transition {
-    let deadline = Instant::now() + shared.config.execution_timeout;
-    let prepared = match shared.registry.get(&job.ctx.kind) {
+    let handler = shared.registry.get(&job.ctx.kind);
+    let budget = handler
+        .as_ref()
+        .and_then(|h| h.execution_timeout())
+        .unwrap_or(shared.config.execution_timeout);
+    let deadline = Instant::now() + budget;
+    let prepared = match &handler {
         None => Err(Failure::Code(Code::UnknownKind)),
-        Some(handler) => prepare(&handler, job, job.payload.clone(), deadline, &lost).await,
+        Some(handler) => prepare(handler, job, job.payload.clone(), deadline, &lost).await,
     };
     // The compute phase is over: the slot goes to the next job while this one commits.
     drop(slot);
     let outcome = match prepared {
-        Ok(effects) => commit(shared, job, effects).await,
+        Ok(effects) => commit(shared, job, effects, budget).await,
         Err(failure) => Err(failure),
     };
     match outcome {
         Ok(transition) => transition,
-        Err(failure) => settle_failure(shared, job, failure).await,
+        Err(failure) => settle_failure(shared, job, failure, handler.as_deref()).await,
     }
 }
 
@@ -113,31 +123,43 @@ async fn prepare(
 }
 
 /// The effects phase, group-committed with whatever else this replica finished meanwhile; the
-/// effects get a budget of their own, whatever time the compute phase took.
+/// effects get a `budget` of their own, whatever time the compute phase took.
 async fn commit(
     shared: &Shared,
     job: &ClaimedJob,
     effects: Box<dyn Effects>,
+    budget: std::time::Duration,
 ) -> Result<Transition, Failure> {
     let ready = Ready {
         lease: job.lease(),
         // Asked here, where a panic is this job's own (see `execute`), not in a commit lane.
         writes: effects.writes(),
         effects: OwnedEffects::new(effects),
-        budget: shared.config.execution_timeout,
+        budget,
     };
     shared.group_commit.commit(ready).await
 }
 
-/// Writes the transition a failure calls for: a retry for transient failures, `failed` for the
-/// rest. Lease loss is written nowhere (the job is no longer ours).
-async fn settle_failure(shared: &Shared, job: &ClaimedJob, failure: Failure) -> Transition {
+/// Writes the transition a failure calls for: a retry for transient failures (after the delay
+/// the failure asks for, else the one `handler`'s kind asks for, else the replica's policy's),
+/// `failed` for the rest. Lease loss is written nowhere (the job is no longer ours).
+async fn settle_failure(
+    shared: &Shared,
+    job: &ClaimedJob,
+    failure: Failure,
+    handler: Option<&dyn Handler>,
+) -> Transition {
+    let mut after = None;
     let (code, record_index, transient) = match failure {
         Failure::LeaseLost => return Transition::LeaseLost,
         Failure::EffectsOverrun => (Code::ExecutionTimeout, None, true),
         Failure::Cancelled => (Code::Cancelled, None, false),
         Failure::Code(code) => (code, None, code == Code::TransientDatabase),
         Failure::Job(JobError::Transient(_)) => (Code::HandlerFailed, None, true),
+        Failure::Job(JobError::RetryAfter { after: asked, .. }) => {
+            after = Some(asked);
+            (Code::HandlerFailed, None, true)
+        }
         Failure::Job(JobError::Permanent {
             code, record_index, ..
         }) => (code, record_index, false),
@@ -154,11 +176,16 @@ async fn settle_failure(shared: &Shared, job: &ClaimedJob, failure: Failure) -> 
     shared.stats.record_round_trips(1);
     let written = if transient {
         crash_point!("retry.schedule");
-        let delay = retry::delay(
-            job.ctx.attempt,
-            shared.config.retry_min_delay,
-            shared.config.retry_max_delay,
-        );
+        let attempt = job.ctx.attempt;
+        let delay = after
+            .or_else(|| handler.and_then(|h| h.retry_delay(attempt)))
+            .map_or_else(
+                || {
+                    let config = &shared.config;
+                    retry::delay(attempt, config.retry_min_delay, config.retry_max_delay)
+                },
+                |asked| asked.min(RETRY_AFTER_MAX),
+            );
         completer::retry(&*conn, job.lease(), delay).await
     } else {
         completer::fail(&*conn, job.lease(), code, record_index).await

@@ -390,3 +390,139 @@ async fn a_payload_that_does_not_decode_as_the_kind_fails_invalid_payload() {
     assert_eq!(status.failure.unwrap().code, "invalid_payload");
     assert_eq!(computed.load(Ordering::SeqCst), 0);
 }
+
+/// A kind with its own policy: retried an hour after a transient failure, and five seconds per
+/// phase, whatever the replica's settings.
+#[derive(Debug, Serialize, Deserialize)]
+struct Patient {
+    /// `transient`, `retry_after` (two hours), `forever` (a retry after `Duration::MAX`) or
+    /// `slow` (1.5 s of compute).
+    mode: String,
+}
+
+impl Job for Patient {
+    const KIND: &'static str = "test.patient";
+    const EXECUTION_TIMEOUT: Option<Duration> = Some(Duration::from_secs(5));
+
+    fn retry_delay(_attempt: i32) -> Option<Duration> {
+        Some(Duration::from_secs(3600))
+    }
+}
+
+/// A kind whose compute phase may take only 100 ms.
+#[derive(Debug, Serialize, Deserialize)]
+struct Hasty {}
+
+impl Job for Hasty {
+    const KIND: &'static str = "test.hasty";
+    const EXECUTION_TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
+}
+
+/// Runs [`Patient`] jobs as their mode says.
+struct PatientRunner;
+
+impl Perform for PatientRunner {
+    type Job = Patient;
+    type Effects = ();
+
+    async fn compute(&self, job: Patient, _ctx: &JobContext) -> Result<(), JobError> {
+        match job.mode.as_str() {
+            "transient" => Err(JobError::transient("busy")),
+            "retry_after" => Err(JobError::retry_after(
+                Duration::from_secs(7200),
+                "come back in two hours",
+            )),
+            "forever" => Err(JobError::retry_after(Duration::MAX, "come back never")),
+            _ => {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs [`Hasty`] jobs too slowly for their kind (500 ms), not for the replica.
+struct HastyRunner;
+
+impl Perform for HastyRunner {
+    type Job = Hasty;
+    type Effects = ();
+
+    async fn compute(&self, _job: Hasty, _ctx: &JobContext) -> Result<(), JobError> {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(())
+    }
+}
+
+/// Seconds from `from` to `to`, both canonical UTC timestamps of a status.
+fn seconds_between(from: &str, to: &str) -> i64 {
+    let at = |t: &str| t.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    (at(to) - at(from)).num_seconds()
+}
+
+#[tokio::test]
+async fn a_kinds_own_timeout_and_retry_delay_override_the_replicas_and_a_retry_after_both() {
+    let (db, client, jobs) = domain().await;
+    let mut ids = Vec::new();
+    for mode in ["transient", "retry_after", "slow", "forever"] {
+        let job = Patient { mode: mode.into() };
+        let queued = jobs.enqueue(&client, &job, EnqueueOptions::default());
+        ids.push(queued.await.unwrap().id);
+    }
+    let hasty = jobs.enqueue(&client, &Hasty {}, EnqueueOptions::default());
+    let hasty = hasty.await.unwrap().id;
+    // The replica's own policy would retry within 20 ms and cut every phase at 1 s.
+    let config = WorkerConfig {
+        owner_id: "policies".into(),
+        execution_timeout: Duration::from_secs(1),
+        retry_min_delay: Duration::from_millis(10),
+        retry_max_delay: Duration::from_millis(20),
+        ..WorkerConfig::default()
+    };
+    let registry = Registry::new().perform(PatientRunner).perform(HastyRunner);
+    let replica = Worker::start(pool(&db).await, &db.config, config, registry)
+        .await
+        .unwrap()
+        .spawn();
+    let probe = db.client().await;
+    eventually("three retries waiting and two jobs ended", || async {
+        count(
+            &probe,
+            "etl_job_records WHERE status = 'pending' AND attempts = 1",
+        )
+        .await
+            == 3
+            && count(&probe, "etl_job_outcomes").await == 2
+    })
+    .await;
+    replica.stop().await.unwrap();
+
+    let status = |id| {
+        let (jobs, client) = (&jobs, &client);
+        async move { jobs.status(client, id).await.unwrap().unwrap() }
+    };
+    let transient = status(ids[0]).await;
+    let wait = seconds_between(&transient.updated_at, &transient.run_at);
+    assert!((3590..=3610).contains(&wait), "the kind's hour: {wait} s");
+    let later = status(ids[1]).await;
+    let wait = seconds_between(&later.updated_at, &later.run_at);
+    assert!(
+        (7190..=7210).contains(&wait),
+        "the failure's two hours: {wait} s"
+    );
+    let capped = status(ids[3]).await;
+    let wait = seconds_between(&capped.updated_at, &capped.run_at);
+    assert!(
+        (604_790..=604_810).contains(&wait),
+        "capped at a week: {wait} s"
+    );
+    let slow = status(ids[2]).await;
+    assert_eq!(
+        slow.status,
+        JobState::Succeeded,
+        "the kind's 5 s, not 100 ms"
+    );
+    let hasty = status(hasty).await;
+    assert_eq!(hasty.status, JobState::Failed);
+    assert_eq!(hasty.failure.unwrap().code, "execution_timeout");
+}
