@@ -89,6 +89,17 @@ pub enum JobError {
         #[source]
         source: Option<BoxError>,
     },
+    /// Never worth retrying, for a reason of the kind's own: the job ends `failed` with `code`,
+    /// one of the codes the kind declares ([`Handler::codes`]); an undeclared code is stored as
+    /// `handler_failed`.
+    #[error("permanent failure of the kind: {code}")]
+    KindFailure {
+        /// A code the kind declares.
+        code: &'static str,
+        /// What went wrong (never stored or logged).
+        #[source]
+        source: Option<BoxError>,
+    },
     /// A database error inside the effects; transient or permanent by its SQLSTATE.
     #[error("database error in effects")]
     Database(#[from] tokio_postgres::Error),
@@ -123,6 +134,12 @@ impl JobError {
         }
     }
 
+    /// A permanent failure with `code`, one of the codes the job's kind declares
+    /// ([`Handler::codes`], `Job::CODES`): stored as it is, and shown by the job's status.
+    pub fn failed(code: &'static str) -> JobError {
+        JobError::KindFailure { code, source: None }
+    }
+
     /// A permanent `record_invalid` failure naming the first bad record by index.
     pub fn record_invalid(index: usize) -> JobError {
         JobError::Permanent {
@@ -136,6 +153,17 @@ impl JobError {
 /// The longest retry delay a kind or a handler's [`JobError::RetryAfter`] may ask for (a
 /// week): every delay stays finite, and inside what a timestamp can hold.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Whether `code` may be a kind's own failure code: a lower-case identifier (`[a-z][a-z0-9_]*`,
+/// at most 63 characters) that is not one of the crate's codes, so it can never be mistaken for
+/// one.
+pub fn is_kind_code(code: &str) -> bool {
+    let mut chars = code.chars();
+    let well_formed = chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && code.len() <= 63;
+    well_formed && Code::parse(code).is_none()
+}
 
 /// The writes a prepared job makes, applied inside the fenced execution transaction.
 pub trait Effects: Send {
@@ -228,6 +256,13 @@ pub trait Handler: Send + Sync + 'static {
         None
     }
 
+    /// The failure codes of the kind's own ([`JobError::failed`]): each a lower-case
+    /// identifier (`[a-z][a-z0-9_]*`, at most 63 characters) that is not one of the crate's
+    /// codes. Stored and shown as they are; metrics count them as `handler_failed`.
+    fn codes(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// The delay before retrying a job of this kind after its failed attempt `attempt` (from
     /// 1), at most [`RETRY_AFTER_MAX`]; `None` (the default) is the replica's policy (its retry
     /// delays, growing with jitter).
@@ -304,6 +339,27 @@ mod tests {
             JobError::transient("busy"),
             JobError::Transient(_)
         ));
+    }
+
+    #[test]
+    fn a_kind_code_is_a_lower_case_identifier_that_is_no_code_of_the_crate() {
+        for code in ["address_bounced", "a", "quota_2", &"x".repeat(63)] {
+            assert!(is_kind_code(code), "{code}");
+        }
+        for code in [
+            "",
+            "Bounced",
+            "2fast",
+            "_private",
+            "address bounced",
+            "address-bounced",
+            "ünïcode",
+            &"x".repeat(64),
+            "handler_failed",
+            "cancelled",
+        ] {
+            assert!(!is_kind_code(code), "{code}");
+        }
     }
 
     /// A job context for the tests.

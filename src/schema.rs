@@ -190,6 +190,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // new rule admits, and read the ledger as optional already.
         min_reader_version: 8,
     },
+    Migration {
+        version: 18,
+        name: "kind_failure_codes",
+        up: include_str!("../migrations/0018_kind_failure_codes.up.sql"),
+        down: include_str!("../migrations/0018_kind_failure_codes.down.sql"),
+        // Additive for readers: releases before it read the code as text and never run the
+        // kinds that declare codes of their own.
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

@@ -30,6 +30,10 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     /// How long one attempt's compute phase may take, and then its effects; `None` (the
     /// default) is the replica's execution timeout.
     const EXECUTION_TIMEOUT: Option<Duration> = None;
+    /// The failure codes of the kind's own, for [`JobError::failed`](crate::JobError::failed):
+    /// each a lower-case identifier that is not one of the crate's codes
+    /// ([`is_kind_code`](crate::handler::is_kind_code)). Defaults to none.
+    const CODES: &'static [&'static str] = &[];
 
     /// The delay before retrying after failed attempt `attempt` (from 1), at most
     /// [`RETRY_AFTER_MAX`](crate::handler::RETRY_AFTER_MAX); `None` (the default) is the

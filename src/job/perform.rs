@@ -115,6 +115,10 @@ impl<P: Perform> Handler for Typed<P> {
         <P::Job as Job>::EXECUTION_TIMEOUT
     }
 
+    fn codes(&self) -> &'static [&'static str] {
+        <P::Job as Job>::CODES
+    }
+
     fn retry_delay(&self, attempt: i32) -> Option<std::time::Duration> {
         <P::Job as Job>::retry_delay(attempt)
     }

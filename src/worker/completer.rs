@@ -21,7 +21,7 @@
 //! - Only stored codes from [`Code`] are written; never error text.
 
 use crate::codes::Code;
-use crate::handler::{JobError, LedgerEntry};
+use crate::handler::LedgerEntry;
 use crate::state::JobState;
 use crate::worker::lease::{self, millis, Lease};
 use std::collections::{HashMap, HashSet};
@@ -29,37 +29,8 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Statement};
 
-/// What a fenced transition did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
-    /// The job is `succeeded`.
-    Succeeded,
-    /// The job is `pending` again, due after the retry delay.
-    Retried,
-    /// The job is `failed` with this code.
-    Failed(Code),
-    /// The job is `cancelled`: its owner asked, and its effects never committed.
-    Cancelled,
-    /// The fence matched no row: another claim (or a cancellation, or recovery) owns the job now.
-    LeaseLost,
-    /// The transition could not be written (the database did not answer); the lease will expire
-    /// and recovery will return the job.
-    Unwritten,
-}
-
-/// Why an attempt ended without committing, before the transition is written.
-pub(crate) enum Failure {
-    /// The handler or the database said so.
-    Job(JobError),
-    /// A stored code decided by the executor or the group commit itself.
-    Code(Code),
-    /// The lease was gone when the effects transaction checked it.
-    LeaseLost,
-    /// The effects overran their own budget; cut and rolled back, they are tried again.
-    EffectsOverrun,
-    /// The owner asked to cancel the job.
-    Cancelled,
-}
+pub(crate) use crate::worker::transition::Failure;
+pub use crate::worker::transition::Transition;
 
 /// The statement that ends every job of a group `succeeded`: it deletes each fenced live row and
 /// appends its outcome with its response ledger (`$1` job ids, `$2` claim ids, `$3..$6` the ledger
@@ -391,7 +362,29 @@ pub async fn fail(
     code: Code,
     record_index: Option<i32>,
 ) -> Result<Transition, tokio_postgres::Error> {
-    let code_str = code.as_str();
+    fail_stored(client, lease, (code, code.as_str()), record_index).await
+}
+
+/// Ends the job `failed` with `stored`, a code its kind declares (see
+/// [`crate::handler::Handler::codes`]); the transition counts it as `handler_failed`.
+///
+/// # Errors
+/// The database error of the statement.
+pub(crate) async fn fail_with_kind_code(
+    client: &impl GenericClient,
+    lease: Lease,
+    stored: &str,
+) -> Result<Transition, tokio_postgres::Error> {
+    fail_stored(client, lease, (Code::HandlerFailed, stored), None).await
+}
+
+/// Ends the job `failed`, storing `stored` and counting the transition as `code`.
+async fn fail_stored(
+    client: &impl GenericClient,
+    lease: Lease,
+    (code, code_str): (Code, &str),
+    record_index: Option<i32>,
+) -> Result<Transition, tokio_postgres::Error> {
     let n = client
         .execute_typed(
             FAIL_SQL,

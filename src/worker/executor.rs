@@ -22,11 +22,13 @@
 //! - A retry is due after the delay the failure asks for ([`JobError::RetryAfter`]), else the
 //!   kind's ([`Handler::retry_delay`]), else the replica's policy; never more than
 //!   [`RETRY_AFTER_MAX`], so every delay is finite.
+//! - A kind's own failure code ([`JobError::KindFailure`]) is stored only if the kind declares
+//!   it and it is a well-formed kind code ([`is_kind_code`]); any other is `handler_failed`.
 //! - Only codes leave this module: no error text, SQL or payload is logged or stored.
 
 use crate::codes::Code;
 use crate::error::is_transient;
-use crate::handler::{Effects, Handler, JobError, RETRY_AFTER_MAX};
+use crate::handler::{is_kind_code, Effects, Handler, JobError, RETRY_AFTER_MAX};
 use crate::worker::completer::{self, Failure, Transition};
 use crate::worker::group_commit::{OwnedEffects, Ready};
 use crate::worker::guard::{guarded, Guarded};
@@ -150,6 +152,7 @@ async fn settle_failure(
     handler: Option<&dyn Handler>,
 ) -> Transition {
     let mut after = None;
+    let mut kind_code = None;
     let (code, record_index, transient) = match failure {
         Failure::LeaseLost => return Transition::LeaseLost,
         Failure::EffectsOverrun => (Code::ExecutionTimeout, None, true),
@@ -159,6 +162,12 @@ async fn settle_failure(
         Failure::Job(JobError::RetryAfter { after: asked, .. }) => {
             after = Some(asked);
             (Code::HandlerFailed, None, true)
+        }
+        Failure::Job(JobError::KindFailure { code, .. }) => {
+            // Only a code the kind declared, and that is a kind's code, is stored as it is.
+            let declared = handler.is_some_and(|h| h.codes().contains(&code));
+            kind_code = (declared && is_kind_code(code)).then_some(code);
+            (Code::HandlerFailed, None, false)
         }
         Failure::Job(JobError::Permanent {
             code, record_index, ..
@@ -187,6 +196,8 @@ async fn settle_failure(
                 |asked| asked.min(RETRY_AFTER_MAX),
             );
         completer::retry(&*conn, job.lease(), delay).await
+    } else if let Some(stored) = kind_code {
+        completer::fail_with_kind_code(&*conn, job.lease(), stored).await
     } else {
         completer::fail(&*conn, job.lease(), code, record_index).await
     };

@@ -48,6 +48,7 @@ pub(crate) mod shared;
 pub(crate) mod slots;
 pub mod stats;
 pub(crate) mod timing;
+pub(crate) mod transition;
 
 use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db::Pool;

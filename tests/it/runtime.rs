@@ -526,3 +526,74 @@ async fn a_kinds_own_timeout_and_retry_delay_override_the_replicas_and_a_retry_a
     assert_eq!(hasty.status, JobState::Failed);
     assert_eq!(hasty.failure.unwrap().code, "execution_timeout");
 }
+
+/// A kind with failure codes of its own.
+#[derive(Debug, Serialize, Deserialize)]
+struct Bounce {
+    /// The code the handler fails with.
+    code: String,
+}
+
+impl Job for Bounce {
+    const KIND: &'static str = "test.bounce";
+    // `handler_panicked` is the crate's, so it is no kind code even when declared.
+    const CODES: &'static [&'static str] = &["address_bounced", "handler_panicked"];
+}
+
+/// Fails every [`Bounce`] job permanently with its code.
+struct Bouncer;
+
+impl Perform for Bouncer {
+    type Job = Bounce;
+    type Effects = ();
+
+    async fn compute(&self, job: Bounce, _ctx: &JobContext) -> Result<(), JobError> {
+        let code = match job.code.as_str() {
+            "address_bounced" => "address_bounced",
+            "handler_panicked" => "handler_panicked",
+            _ => "never_declared",
+        };
+        Err(JobError::failed(code))
+    }
+}
+
+#[tokio::test]
+async fn a_permanent_failure_ends_with_the_code_its_kind_declares_and_no_other() {
+    let (db, client, jobs) = domain().await;
+    let mut ids = Vec::new();
+    for code in ["address_bounced", "never_declared", "handler_panicked"] {
+        let job = Bounce { code: code.into() };
+        let queued = jobs.enqueue(&client, &job, EnqueueOptions::default());
+        ids.push(queued.await.unwrap().id);
+    }
+    let config = WorkerConfig {
+        owner_id: "bounces".into(),
+        ..WorkerConfig::default()
+    };
+    let registry = Registry::new().perform(Bouncer);
+    let worker = Worker::start(pool(&db).await, &db.config, config, registry)
+        .await
+        .unwrap();
+    let stats = worker.stats_handle();
+    let replica = worker.spawn();
+    let probe = db.client().await;
+    eventually("every bounce to end", || async {
+        count(&probe, "etl_job_outcomes").await == 3
+    })
+    .await;
+    replica.stop().await.unwrap();
+    let mut codes = Vec::new();
+    for id in ids {
+        let status = jobs.status(&client, id).await.unwrap().unwrap();
+        assert_eq!((status.status, status.attempts), (JobState::Failed, 1));
+        codes.push(status.failure.unwrap().code);
+    }
+    assert_eq!(
+        codes,
+        ["address_bounced", "handler_failed", "handler_failed"]
+    );
+    // Metrics keep to the crate's list: the kind's code counts as `handler_failed`.
+    let by_code: std::collections::HashMap<_, _> = stats.failed_by_code().collect();
+    assert_eq!(by_code.get("handler_failed"), Some(&3));
+    assert_eq!(by_code.get("handler_panicked"), Some(&0));
+}

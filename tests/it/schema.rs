@@ -293,6 +293,8 @@ async fn check_constraints_reject_leaky_and_unknown_states() {
         ("succeeded", "NULL", CLAIM_ONLY, None),
         ("failed", "'record_invalid'", NO_LEDGER, None),
         ("cancelled", "'replaced'", NO_LEDGER, None),
+        // A kind's own code (0018).
+        ("failed", "'address_bounced'", NO_LEDGER, None),
         (
             "succeeded",
             "NULL",
@@ -337,7 +339,7 @@ async fn check_constraints_reject_leaky_and_unknown_states() {
         ),
         (
             "failed",
-            "'disk_on_fire'",
+            "'Disk on fire: /dev/sda1'",
             NO_LEDGER,
             check("etl_job_outcomes_failure_code_check"),
         ),
@@ -382,28 +384,41 @@ async fn check_constraints_reject_leaky_and_unknown_states() {
     );
 }
 
+/// Every stored code of the crate's one list passes the outcomes' code check, and so does a
+/// kind's own code; text that is no code (a message, a path, upper case, a space) never does.
 #[tokio::test]
-async fn stored_failure_codes_are_exactly_the_enumerated_list() {
+async fn the_failure_code_check_admits_codes_and_never_text() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let def: String = client
-        .query_one(
-            "SELECT pg_get_constraintdef(oid) FROM pg_constraint
-              WHERE conname = 'etl_job_outcomes_failure_code_check'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let mut in_db: Vec<&str> = def.split('\'').skip(1).step_by(2).collect();
-    in_db.sort_unstable();
-    let mut in_code: Vec<&str> = Code::ALL
-        .iter()
-        .filter(|c| c.is_stored_failure())
-        .map(|c| c.as_str())
-        .collect();
-    in_code.sort_unstable();
-    assert_eq!(in_db, in_code);
+    let stored = Code::ALL.iter().filter(|c| c.is_stored_failure());
+    for code in stored.map(|c| c.as_str()).chain(["address_bounced"]) {
+        let row = outcome_row(
+            "gen_random_uuid()",
+            "failed",
+            &format!("'{code}'"),
+            NO_LEDGER,
+        );
+        assert_eq!(refusal(&client, &row).await, None, "{code}");
+    }
+    for text in [
+        "duplicate key value violates unique constraint",
+        "Handler_Failed",
+        "/etc/passwd",
+        "code with space",
+        "",
+    ] {
+        let row = outcome_row(
+            "gen_random_uuid()",
+            "failed",
+            &format!("'{text}'"),
+            NO_LEDGER,
+        );
+        assert_eq!(
+            refusal(&client, &row).await,
+            check("etl_job_outcomes_failure_code_check"),
+            "{text}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -470,7 +485,7 @@ async fn migration_0017_admits_successes_without_a_ledger_and_round_trips() {
     );
 
     let down = schema::migrate_down_to(&mut client, 16).await.unwrap();
-    assert_eq!((down.changed, down.version), (vec![17], 16));
+    assert_eq!((down.changed, down.version), (vec![18, 17], 16));
     let ledger: Vec<String> = first_column(
         &client,
         &format!(
@@ -499,6 +514,36 @@ async fn migration_0017_admits_successes_without_a_ledger_and_round_trips() {
         .await,
         None
     );
+}
+
+/// 0018: a failed job may keep a code its kind declares, never text; going down turns such codes
+/// into `handler_failed`, the code releases before it stored.
+#[tokio::test]
+async fn migration_0018_admits_kind_codes_and_going_down_stores_them_as_handler_failed() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let job = format!("'{}'", uuid::Uuid::new_v4());
+    let kind_code = outcome_row(&job, "failed", "'address_bounced'", NO_LEDGER);
+    assert_eq!(refusal(&client, &kind_code).await, None);
+    schema::migrate_down_to(&mut client, 17).await.unwrap();
+    let codes: Vec<String> = first_column(
+        &client,
+        &format!("SELECT failure_code FROM etl_job_outcomes WHERE job_id = {job}"),
+    )
+    .await;
+    assert_eq!(codes, ["handler_failed"]);
+    let again = outcome_row(
+        "gen_random_uuid()",
+        "failed",
+        "'address_bounced'",
+        NO_LEDGER,
+    );
+    assert_eq!(
+        refusal(&client, &again).await,
+        check("etl_job_outcomes_failure_code_check")
+    );
+    schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(refusal(&client, &again).await, None);
 }
 
 /// 0009: an enqueue notifies only while a replica waits (or when its transaction is stricter

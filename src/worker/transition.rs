@@ -1,0 +1,41 @@
+//! What a job's attempt ended as: the transition its fenced write made ([`Transition`]), and why
+//! an attempt ended without committing ([`Failure`]), before that write.
+//!
+//! Invariants this module keeps:
+//! - A [`Transition`] names only stable codes: a kind's own failure code is counted as
+//!   `handler_failed` (`Failed(Code::HandlerFailed)`), so metrics keep to the crate's list.
+
+use crate::codes::Code;
+use crate::handler::JobError;
+
+/// What a fenced transition did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// The job is `succeeded`.
+    Succeeded,
+    /// The job is `pending` again, due after the retry delay.
+    Retried,
+    /// The job is `failed` with this code.
+    Failed(Code),
+    /// The job is `cancelled`: its owner asked, and its effects never committed.
+    Cancelled,
+    /// The fence matched no row: another claim (or a cancellation, or recovery) owns the job now.
+    LeaseLost,
+    /// The transition could not be written (the database did not answer); the lease will expire
+    /// and recovery will return the job.
+    Unwritten,
+}
+
+/// Why an attempt ended without committing, before the transition is written.
+pub(crate) enum Failure {
+    /// The handler or the database said so.
+    Job(JobError),
+    /// A stored code decided by the executor or the group commit itself.
+    Code(Code),
+    /// The lease was gone when the effects transaction checked it.
+    LeaseLost,
+    /// The effects overran their own budget; cut and rolled back, they are tried again.
+    EffectsOverrun,
+    /// The owner asked to cancel the job.
+    Cancelled,
+}
