@@ -44,6 +44,8 @@ pub struct JobContext {
     pub max_attempts: i32,
     /// The owner digest of the job (never the raw principal).
     pub owner_key: Vec<u8>,
+    /// When this attempt was due: the job's `run_at`, or its retry's.
+    pub run_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The response ledger a kind may keep for a job whose effects committed (the ETL kind's: rows
@@ -372,6 +374,7 @@ mod tests {
             lease_claim_id: Uuid::nil(),
             fencing_token: 1,
             owner_key: vec![0; 32],
+            run_at: chrono::Utc::now(),
         }
     }
 

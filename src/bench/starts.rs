@@ -164,6 +164,7 @@ mod tests {
             attempt: 1,
             max_attempts: 1,
             owner_key: Vec::new(),
+            run_at: chrono::Utc::now(),
         }
     }
 

@@ -183,6 +183,7 @@ mod tests {
             attempt: 1,
             max_attempts: 3,
             owner_key: vec![1; 32],
+            run_at: chrono::Utc::now(),
         }
     }
 

@@ -89,7 +89,7 @@ UPDATE etl_job_records AS j
  WHERE j.id = due.id
 RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
           j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
-          j.fencing_token";
+          j.fencing_token, j.run_at";
 
 /// Who claims, and on what terms.
 #[derive(Debug, Clone, Copy)]
@@ -189,6 +189,7 @@ fn claimed(rows: Vec<Row>) -> Vec<ClaimedJob> {
                 lease_claim_id: row.get(5),
                 fencing_token: row.get(8),
                 owner_key: row.get(6),
+                run_at: row.get(9),
             },
             payload: row.get(2),
             due_for: row.get(7),

@@ -35,8 +35,14 @@ struct Sent(Welcome);
 impl Apply for Sent {
     async fn apply(self, tx: &Transaction<'_>, job: &JobContext) -> Result<(), JobError> {
         tx.execute(
-            "INSERT INTO sent (user_id, email, job_id, attempt) VALUES ($1, $2, $3, $4)",
-            &[&self.0.user_id, &self.0.email, &job.id, &job.attempt],
+            "INSERT INTO sent (user_id, email, job_id, attempt, due) VALUES ($1, $2, $3, $4, $5)",
+            &[
+                &self.0.user_id,
+                &self.0.email,
+                &job.id,
+                &job.attempt,
+                &job.run_at,
+            ],
         )
         .await?;
         Ok(())
@@ -75,7 +81,8 @@ async fn domain() -> (TestDb, tokio_postgres::Client, Jobs) {
     client
         .batch_execute(
             "CREATE TABLE users (id int8 PRIMARY KEY, email text NOT NULL);
-             CREATE TABLE sent (user_id int8, email text, job_id uuid, attempt int4)",
+             CREATE TABLE sent (user_id int8, email text, job_id uuid, attempt int4,
+                                due timestamptz)",
         )
         .await
         .unwrap();
@@ -167,7 +174,7 @@ async fn a_typed_job_enqueued_with_a_domain_write_runs_once_and_commits_its_effe
     })
     .await;
     let row = client
-        .query_one("SELECT user_id, email, job_id, attempt FROM sent", &[])
+        .query_one("SELECT user_id, email, job_id, attempt, due FROM sent", &[])
         .await
         .unwrap();
     assert_eq!(row.get::<_, i64>(0), 42);
@@ -176,6 +183,9 @@ async fn a_typed_job_enqueued_with_a_domain_write_runs_once_and_commits_its_effe
     assert_eq!(computed.load(Ordering::SeqCst), 1);
     let status = jobs.status(&client, queued.id).await.unwrap().unwrap();
     assert_eq!(status.status, JobState::Succeeded);
+    // The handler saw when the job was due: its `run_at`.
+    let due: chrono::DateTime<chrono::Utc> = row.get(4);
+    assert_eq!(Ok(due), status.run_at.parse());
     assert_eq!((status.attempts, status.max_attempts), (1, 3));
     // A kind that keeps no ledger reports none (no rows, no checksum).
     assert_eq!(status.result, None);
