@@ -1,12 +1,11 @@
 //! # durable-etl
 //!
-//! Durable ETL jobs run out of PostgreSQL. An accepted job is a row of `etl_job_intake` (written
-//! once) and, while it is pending or running, a row of `etl_job_records` with its payload and
-//! lease; replicas claim due rows with `FOR NO KEY UPDATE SKIP LOCKED`, fence every later write
-//! with the claim's `lease_claim_id`, and commit a job's effects with the statement that deletes
-//! its live row and appends its `succeeded` outcome (with the response ledger) in one
-//! transaction. `etl_jobs` shows every job. PostgreSQL, not a scheduler, is the correctness
-//! boundary.
+//! Durable jobs run out of PostgreSQL, of any kind: yours, enqueued in your own transaction, and
+//! the shipped ETL load. Replicas claim due jobs with `FOR NO KEY UPDATE SKIP LOCKED`, fence every
+//! later write with the claim's `lease_claim_id` and the replica's `lease_owner_id`, and commit a
+//! job's effects in the same transaction as its `succeeded` outcome. A crash never leaves effects
+//! without success metadata, and a stale replica never commits. PostgreSQL, not a scheduler, is
+//! the correctness boundary.
 //!
 //! The `durable-etl` binary (`migrate`, `serve`, `work`, `demo`, `bench`, …) is built with the
 //! default `cli` feature; a library user who sets `default-features = false` links only what is
@@ -29,30 +28,21 @@
 //! [`etl::enqueue`] and run by [`etl::load::EtlLoad`].
 //!
 //! ## Layout
-//! - [`api`]: the HTTP API ([`app`] builds the router), problem responses, OpenAPI.
-//! - [`api_keys`]: API keys, stored only as keyed digests, mapped to owners.
-//! - [`codes`]: the one list of stable codes used at every boundary ([`Code`]).
-//! - [`config`]: typed configuration with documented defaults and `validate()`.
-//! - [`db`]: the pool, sessions and their settings; database creation for tools.
-//! - [`digest`]: keyed digests of principals, idempotency keys, API keys and requests.
-//! - [`enqueue`]: the one transactional, idempotent insert path of every kind.
-//! - [`error`]: the crate's [`Error`], mapped to codes and exit codes.
-//! - [`etl`]: the shipped job kind: intake validation, transactional idempotent enqueue, the load.
-//! - [`handler`]: the handler contract: compute without a connection, effects in the fence.
-//! - [`intake`]: intake limits and rejections.
-//! - [`job`]: typed jobs ([`Job`], [`Perform`]) and [`Jobs`], the front door: enqueue in the
-//!   caller's transaction, status, cancel and listing.
-//! - [`jobs`]: owner-scoped status, listing and cancellation.
-//! - [`metrics`]: the worker's and the API's Prometheus text.
-//! - [`notifier`]: one coalescing NOTIFY connection per process, for enqueues that skip the
-//!   trigger's own NOTIFY.
-//! - [`replica`]: a [`Worker`] on a task of its own, drained and stopped through its handle.
-//! - [`schema`]: embedded migrations and the release-compatibility check.
-//! - [`shutdown`]: the one shutdown signal the worker and the HTTP server watch.
-//! - [`state`]: [`JobState`], the five job states.
-//! - [`telemetry`]: log output that never carries payloads, principals or SQL.
-//! - `time` (crate-private): canonical UTC timestamps.
-//! - [`worker`]: the replica: its roles claim, execute, commit, heartbeat, recover and release.
+//! **The runtime, start here:** [`Job`], [`Perform`] and [`Apply`] ([`job`]); [`Jobs`], to
+//! enqueue, read and cancel; [`Worker`] ([`worker`]) and [`Replica`] ([`replica`]), with
+//! [`WorkerConfig`] and [`DatabaseConfig`] ([`config`]); [`migrate`] ([`schema`]);
+//! [`connect_pool`] ([`db`]); [`Secret`] ([`digest`]); [`JobContext`], [`JobError`] and the
+//! untyped contract under the typed one ([`handler`]); [`JobState`] ([`state`]) and the status,
+//! listing and cancel types ([`jobs`]); [`Error`] and [`Code`] ([`error`], [`codes`]).
+//!
+//! **Underneath:** [`enqueue`], the one insert path of every kind; [`notifier`], one coalescing
+//! NOTIFY per process for enqueues that skip the trigger's; [`shutdown`], the staged shutdown
+//! signal; [`telemetry`], logs that never carry payloads, principals or SQL; [`metrics`],
+//! Prometheus text; `time` (crate-private), canonical UTC.
+//!
+//! **The shipped service:** [`etl`], the ETL kind (intake validation, enqueue, the load with its
+//! response ledger) with its [`intake`] limits; [`api`] ([`app`] builds the router: the HTTP API,
+//! the console, OpenAPI); [`api_keys`], keys stored only as keyed digests, mapped to owners.
 //!
 //! The binary side (`src/main.rs`, not part of the library): `cli` (flags and commands), `demo`
 //! (the one-command tour) and `bench` (end-to-end figures of real replicas).
