@@ -22,9 +22,10 @@
 #![doc = include_str!("../examples/quick_start.rs")]
 //! ```
 //!
-//! `examples/custom_kind.rs` shows the rest of the runtime contract: effects that recheck the
-//! domain state under the fence, a deferred job, idempotent enqueue, replacement, and the
-//! fencing token handed to an outside system. The shipped ETL kind ([`etl`]) is enqueued with
+//! `examples/custom_kind.rs` shows more of the runtime contract: a deferred job whose effects
+//! recheck the domain state under the fence, and idempotent enqueue;
+//! `examples/notify_webhook.rs` a delivery to an outside system with the fencing token, and what
+//! the retries guarantee there. The shipped ETL kind ([`etl`]) is enqueued with
 //! [`etl::enqueue`] and run by [`etl::load::EtlLoad`].
 //!
 //! ## Layout
