@@ -139,6 +139,9 @@ pub enum ConfigError {
     /// The digest secret is missing or shorter than 16 bytes.
     #[error("DURABLE_ETL_SECRET must be set to at least 16 bytes")]
     Secret,
+    /// A job kind's name is not one the schema stores (`Job::KIND`, `Handler::kind`).
+    #[error("a job kind's name must be 1 to 63 characters of a-z 0-9 _ . starting with a letter")]
+    KindName,
     /// `bench` was given a database name that is not its own (it drops what it creates).
     #[error("the bench database name must start with durable_etl_bench")]
     BenchDatabase,

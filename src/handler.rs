@@ -156,6 +156,15 @@ impl JobError {
 /// week): every delay stays finite, and inside what a timestamp can hold.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Whether `name` may be a job kind's name: what the schema stores (`[a-z][a-z0-9_.]*`, at most
+/// 63 characters).
+pub fn is_kind_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
+        && name.len() <= 63
+}
+
 /// Whether `code` may be a kind's own failure code: a lower-case identifier (`[a-z][a-z0-9_]*`,
 /// at most 63 characters) that is not one of the crate's codes, so it can never be mistaken for
 /// one.
@@ -312,6 +321,18 @@ impl Registry {
         kinds
     }
 
+    /// Checks that every registered kind's name is one the schema stores ([`is_kind_name`]).
+    ///
+    /// # Errors
+    /// [`crate::ConfigError::KindName`] for the first that is not.
+    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+        if self.handlers.keys().all(|kind| is_kind_name(kind)) {
+            Ok(())
+        } else {
+            Err(crate::ConfigError::KindName)
+        }
+    }
+
     /// The handler of `kind`, if one is registered.
     pub fn get(&self, kind: &str) -> Option<Arc<dyn Handler>> {
         self.handlers.get(kind).cloned()
@@ -341,6 +362,29 @@ mod tests {
             JobError::transient("busy"),
             JobError::Transient(_)
         ));
+    }
+
+    #[test]
+    fn a_kind_name_is_what_the_schema_stores() {
+        for name in [
+            "etl.load",
+            "noop",
+            "welcome_email",
+            "a.b_2",
+            &"k".repeat(63),
+        ] {
+            assert!(is_kind_name(name), "{name}");
+        }
+        for name in [
+            "",
+            "WelcomeEmail",
+            "2fa",
+            ".hidden",
+            "with space",
+            &"k".repeat(64),
+        ] {
+            assert!(!is_kind_name(name), "{name}");
+        }
     }
 
     #[test]

@@ -80,8 +80,10 @@ impl Jobs {
     /// The replicas wake when the transaction commits.
     ///
     /// # Errors
-    /// [`Error::Rejected`] with `idempotency_key_invalid`, `idempotency_key_reused`,
-    /// `invalid_payload` (the job does not serialize as a JSON document), or `not_found` /
+    /// [`Error::Config`] when the kind's name is not one the schema stores
+    /// ([`crate::handler::is_kind_name`]); [`Error::Rejected`] with `idempotency_key_invalid`,
+    /// `idempotency_key_reused`, `invalid_payload` (the job does not serialize as a JSON
+    /// document), or `not_found` /
     /// `conflict` for a `replaces` that names no job of the owner / one that ended; database
     /// errors.
     pub async fn enqueue<J: Job>(
@@ -119,6 +121,9 @@ impl Jobs {
         client: &impl GenericClient,
         jobs: impl IntoIterator<Item = (&'j J, EnqueueOptions<'_>)>,
     ) -> Result<Vec<Enqueued>, Error> {
+        if !crate::handler::is_kind_name(J::KIND) {
+            return Err(Error::Config(crate::ConfigError::KindName));
+        }
         // Runs of consecutive jobs of one owner go in one call; most batches are one run.
         let mut runs: Vec<([u8; 32], Vec<Submission<'_>>)> = Vec::new();
         for (job, options) in jobs {

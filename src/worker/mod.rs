@@ -99,6 +99,7 @@ impl Worker {
         registry: Registry,
     ) -> Result<Worker, Error> {
         config.validate()?;
+        registry.validate()?;
         let stats = Arc::new(WorkerStats::default());
         let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
         let previous = rescuer::release_previous_incarnation(&pool, &config.owner_id, &session);

@@ -607,3 +607,47 @@ async fn a_permanent_failure_ends_with_the_code_its_kind_declares_and_no_other()
     assert_eq!(by_code.get("handler_failed"), Some(&3));
     assert_eq!(by_code.get("handler_panicked"), Some(&0));
 }
+
+/// A kind named as a Rust type is, not as the schema stores kinds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Camel {}
+
+impl Job for Camel {
+    const KIND: &'static str = "WelcomeEmail";
+}
+
+/// Would run [`Camel`] jobs.
+struct CamelRunner;
+
+impl Perform for CamelRunner {
+    type Job = Camel;
+    type Effects = ();
+
+    async fn compute(&self, _job: Camel, _ctx: &JobContext) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_kind_whose_name_the_schema_cannot_store_is_refused_before_any_write() {
+    let (db, client, jobs) = domain().await;
+    match jobs
+        .enqueue(&client, &Camel {}, EnqueueOptions::default())
+        .await
+    {
+        Err(Error::Config(durable_etl::ConfigError::KindName)) => {}
+        other => panic!("the kind's name was not refused: {other:?}"),
+    }
+    assert_eq!(count(&client, "etl_job_intake").await, 0);
+    let registry = Registry::new().perform(CamelRunner);
+    let started = Worker::start(
+        pool(&db).await,
+        &db.config,
+        WorkerConfig::default(),
+        registry,
+    );
+    assert!(matches!(
+        started.await,
+        Err(Error::Config(durable_etl::ConfigError::KindName))
+    ));
+}
