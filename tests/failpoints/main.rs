@@ -130,42 +130,101 @@ async fn recovered_exactly_once(db: &TestDb, client: &Client, job: Uuid, attempt
     assert_eq!(count(client, "etl_job_records").await, 0);
 }
 
+/// Where a job stands right after its replica crashed.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterCrash {
+    /// Never claimed: `pending`, no attempt counted, none in its history.
+    Unclaimed,
+    /// Claimed (one attempt counted) and not finished, its effects absent: still `running`
+    /// under the dead replica's claim, or already given back by recovery (`pending`, its lease
+    /// cleared, the attempt in its history as `recovered`). The second happens when the dead
+    /// replica's own recovery pass was in flight: the server runs a statement the process sent
+    /// before it died, and that statement rightly finds the owner dead.
+    ClaimedUnfinished,
+    /// `succeeded`.
+    Succeeded,
+}
+
+/// Reads where `job` stands after the crash (see [`AfterCrash`]), asserting that no effect of
+/// an unfinished attempt is visible; panics on any other state.
+async fn after_crash(client: &Client, job: Uuid) -> AfterCrash {
+    // One statement, so one snapshot: the dead replica's in-flight recovery may commit between
+    // two reads.
+    let row = client
+        .query_one(
+            "SELECT v.status, v.attempts,
+                    v.lease_owner_id IS NULL AND v.lease_claim_id IS NULL,
+                    (SELECT count(*) FROM etl_job_attempts a WHERE a.job_id = v.id),
+                    (SELECT count(*) FROM etl_job_attempts a
+                      WHERE a.job_id = v.id AND a.ending = 'recovered'),
+                    (SELECT count(*) FROM etl_target_rows)
+               FROM etl_jobs v WHERE v.id = $1",
+            &[&job],
+        )
+        .await
+        .unwrap();
+    let (status, attempts, lease_cleared): (String, i32, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    let (history, recovered, effects): (i64, i64, i64) = (row.get(3), row.get(4), row.get(5));
+    match (status.as_str(), attempts) {
+        ("succeeded", 1) if effects == RECORDS => AfterCrash::Succeeded,
+        ("pending", 0) if history == 0 && effects == 0 => AfterCrash::Unclaimed,
+        ("running", 1) if history == 0 && effects == 0 => AfterCrash::ClaimedUnfinished,
+        ("pending", 1) if recovered == 1 && history == 1 && lease_cleared && effects == 0 => {
+            AfterCrash::ClaimedUnfinished
+        }
+        (status, attempts) => panic!(
+            "after the crash: {status} after {attempts} attempts, \
+             {history} in its history ({recovered} recovered), {effects} target rows"
+        ),
+    }
+}
+
 /// The job is enqueued, replica `a` aborts at `site` on its own, and `b` finishes the job.
-/// Returns the job's status right after the crash.
-async fn crash_at(site: &str, attempts: i32) -> String {
+/// Returns where the job stood right after the crash.
+async fn crash_at(site: &str, attempts: i32) -> AfterCrash {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let job = enqueue_load(&client).await;
     let mut a = Processes(vec![replica(&db, "a", Some(site), &[])]);
     aborted(&mut a.0[0]).await;
-    let after_crash = support::job_row(&client, job).await.status;
+    let after = after_crash(&client, job).await;
     recovered_exactly_once(&db, &client, job, attempts).await;
-    after_crash
+    after
 }
 
 #[tokio::test]
 async fn a_crash_before_the_claim_leaves_the_job_pending() {
-    assert_eq!(crash_at("claim.before", 1).await, "pending");
+    assert_eq!(crash_at("claim.before", 1).await, AfterCrash::Unclaimed);
 }
 
 #[tokio::test]
 async fn a_crash_right_after_the_claim_commits_is_recovered_from_the_dead_owner() {
-    assert_eq!(crash_at("claim.after_commit", 2).await, "running");
+    assert_eq!(
+        crash_at("claim.after_commit", 2).await,
+        AfterCrash::ClaimedUnfinished
+    );
 }
 
 #[tokio::test]
 async fn a_crash_with_effects_written_but_uncommitted_leaves_no_effect() {
-    assert_eq!(crash_at("effects.applied", 2).await, "running");
+    assert_eq!(
+        crash_at("effects.applied", 2).await,
+        AfterCrash::ClaimedUnfinished
+    );
 }
 
 #[tokio::test]
 async fn a_crash_between_effects_and_commit_leaves_no_effect() {
-    assert_eq!(crash_at("commit.before", 2).await, "running");
+    assert_eq!(
+        crash_at("commit.before", 2).await,
+        AfterCrash::ClaimedUnfinished
+    );
 }
 
 #[tokio::test]
 async fn a_crash_right_after_commit_never_runs_the_job_again() {
-    assert_eq!(crash_at("commit.after", 1).await, "succeeded");
+    assert_eq!(crash_at("commit.after", 1).await, AfterCrash::Succeeded);
 }
 
 #[tokio::test]
@@ -206,8 +265,12 @@ async fn a_crash_while_releasing_on_shutdown_is_recovered_and_the_load_commits_o
     until_running(&client, job).await;
     signal(&a.0[0], "TERM");
     aborted(&mut a.0[0]).await;
-    // The release never ran: the job is still running under the dead replica's claim.
-    assert_eq!(support::job_row(&client, job).await.status, "running");
+    // The release never ran: the job is still held under the dead replica's claim (or its own
+    // in-flight recovery pass already gave it back), its attempt counted and charged.
+    assert_eq!(
+        after_crash(&client, job).await,
+        AfterCrash::ClaimedUnfinished
+    );
     drop(holder);
     recovered_exactly_once(&db, &client, job, 2).await;
 }
