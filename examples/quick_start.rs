@@ -44,17 +44,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let registry = Registry::new().perform(SendWelcome);
     let worker = durable_etl::Worker::start(pool.clone(), &db, Default::default(), registry);
     let replica = worker.await?.spawn();
-    let ended = loop {
-        let status = jobs.status(&*conn, job.id).await?.ok_or("no such job")?;
-        if !status.is_active() {
-            break status.status;
-        }
+    let mut status = jobs.status(&*conn, job.id).await?.ok_or("no such job")?;
+    while status.is_active() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
-    replica.stop().await?;
-    println!("job {}: {ended}", job.id);
-    if ended != durable_etl::JobState::Succeeded {
-        return Err("the job did not succeed".into());
+        status = jobs.status(&*conn, job.id).await?.ok_or("no such job")?;
     }
+    replica.stop().await?;
+    assert_eq!(status.status, durable_etl::JobState::Succeeded);
     Ok(())
 }
