@@ -6,7 +6,8 @@
 -- worker stores only when the kind declared them. The database keeps them codes, never text: a
 -- lower-case identifier of 1 to 63 characters (`[a-z][a-z0-9_]*`), which every code of the
 -- crate's list is too; a cancelled job still ends only `cancelled` or `replaced`
--- (`etl_job_outcomes_failure_code_matches_status`).
+-- (`etl_job_outcomes_failure_code_matches_status`). The check reads `[a-z][a-z0-9_]{0,62}`
+-- without a regular expression, which costs a few microseconds a row (see 0019).
 --
 -- Readers: additive. Releases before it read the code as text and show it as it is; they never
 -- run the kinds that declare codes. Locks: ACCESS EXCLUSIVE on etl_job_outcomes for the
@@ -15,4 +16,5 @@
 ALTER TABLE etl_job_outcomes
     DROP CONSTRAINT etl_job_outcomes_failure_code_check,
     ADD CONSTRAINT etl_job_outcomes_failure_code_check
-        CHECK (failure_code ~ '^[a-z][a-z0-9_]{0,62}$') NOT VALID;
+        CHECK (octet_length(failure_code) <= 63 AND ascii(failure_code) BETWEEN 97 AND 122
+               AND ltrim(failure_code, 'abcdefghijklmnopqrstuvwxyz0123456789_') = '') NOT VALID;

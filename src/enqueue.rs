@@ -9,6 +9,9 @@
 //!   `idempotency_key_reused`. A job enqueued without a key gets one of its own (a keyed digest
 //!   of its id), so it can never be matched. Keys and principals are stored only as keyed
 //!   digests; the payload is stored as the job's payload, cleared when the job ends.
+//! - A chunk in which no job has a key or replaces another cannot hold a replay: it is inserted
+//!   without speculative insertion and returns nothing ([`INSERT_UNKEYED_SQL`]); any other chunk
+//!   skips, then reads back, the jobs whose key exists ([`INSERT_SQL`]).
 //! - A batch is one INSERT statement per [`CHUNK`] jobs, so the enqueue trigger notifies at most
 //!   once per statement, when the caller's transaction commits; not at all if that transaction
 //!   ran [`crate::notifier::skip_trigger_notify`].
@@ -28,7 +31,7 @@ use crate::intake::Rejection;
 use crate::jobs::{self, Cancel};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
@@ -63,6 +66,25 @@ pub struct Enqueued {
     pub replayed: bool,
 }
 
+/// The head both insert statements share: CTE `batch` unnests the parallel arrays `$1..$6`, `$9`
+/// (a `run_at` in the past, or none, becomes `now()`), and CTE `accepted` inserts their intake
+/// rows (owner `$7`, kind `$8`); each statement ends `accepted` its own way.
+macro_rules! insert_intake {
+    () => {
+        "
+WITH batch AS (
+    SELECT b.*, greatest(b.run_at_asked, now()) AS run_at
+      FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[],
+                  $6::timestamptz[], $9::uuid[])
+           AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces)
+), accepted AS (
+    INSERT INTO etl_job_intake
+           (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at,
+            replaces_job_id)
+    SELECT id, $7, key_digest, fingerprint, $8, max_attempts, run_at, replaces FROM batch"
+    };
+}
+
 /// Inserts the jobs of one chunk in one statement, skipping any whose owner + idempotency key
 /// exists already: each new job's intake row and its live (`pending`) row with the payload.
 /// `$1..$6` and `$9` are parallel arrays; `$7` is the owner digest, `$8` the kind. A `run_at` in
@@ -73,24 +95,33 @@ pub struct Enqueued {
 /// owner + key waits for the other transaction, then is skipped if it committed; only the intake
 /// rows actually inserted get a live row. The live table's statement-level trigger notifies
 /// once, and only if a due job was inserted.
-pub const INSERT_SQL: &str = "
-WITH batch AS (
-    SELECT b.*, greatest(b.run_at_asked, now()) AS run_at
-      FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[],
-                  $6::timestamptz[], $9::uuid[])
-           AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces)
-), accepted AS (
-    INSERT INTO etl_job_intake
-           (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at,
-            replaces_job_id)
-    SELECT id, $7, key_digest, fingerprint, $8, max_attempts, run_at, replaces FROM batch
+pub const INSERT_SQL: &str = concat!(
+    insert_intake!(),
+    "
         ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
     RETURNING id
 )
 INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
 SELECT b.id, $7, $8, b.payload, b.max_attempts, b.run_at
   FROM batch b JOIN accepted a ON a.id = b.id
-RETURNING id";
+RETURNING id"
+);
+
+/// [`INSERT_SQL`] for a chunk in which no job has an idempotency key or replaces another: no
+/// job can be a replay (each has a key of its own, the keyed digest of its fresh id), so both
+/// inserts are plain (no speculative insertion, no join of the accepted ids) and nothing is
+/// returned. Same parameters and `run_at` rule as [`INSERT_SQL`].
+///
+/// Locks: inserts new rows and their index entries; a key of its own can never collide, and if
+/// one ever did, the unique index would fail the statement rather than skip the job. The trigger
+/// notifies as for [`INSERT_SQL`].
+pub const INSERT_UNKEYED_SQL: &str = concat!(
+    insert_intake!(),
+    "
+)
+INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
+SELECT id, $7, $8, payload, max_attempts, run_at FROM batch"
+);
 
 /// The existing jobs of an owner (`$1`) for idempotency key digests (`$2`).
 ///
@@ -222,22 +253,31 @@ impl Destination<'_> {
         let count = jobs.len();
         let c = Columns::of(secret, jobs)?;
         let owner: &[u8] = owner_key;
+        let params: [(&(dyn ToSql + Sync), Type); 9] = [
+            (&c.ids, Type::UUID_ARRAY),
+            (&c.key_digests, Type::BYTEA_ARRAY),
+            (&c.fingerprints, Type::BYTEA_ARRAY),
+            (&c.payloads, Type::JSONB_ARRAY),
+            (&c.max_attempts, Type::INT4_ARRAY),
+            (&c.run_ats, Type::TIMESTAMPTZ_ARRAY),
+            (&owner, Type::BYTEA),
+            (&kind, Type::TEXT),
+            (&c.replaces, Type::UUID_ARRAY),
+        ];
+        if !c.keyed.contains(&true) && c.replaces.iter().all(Option::is_none) {
+            client.execute_typed(INSERT_UNKEYED_SQL, &params).await?;
+            return Ok(c
+                .ids
+                .iter()
+                .map(|&id| Enqueued {
+                    id,
+                    replayed: false,
+                })
+                .collect());
+        }
         replace_olds(client, owner_key, &c.key_digests, &c.replaces).await?;
         let inserted: std::collections::HashSet<Uuid> = client
-            .query_typed(
-                INSERT_SQL,
-                &[
-                    (&c.ids, Type::UUID_ARRAY),
-                    (&c.key_digests, Type::BYTEA_ARRAY),
-                    (&c.fingerprints, Type::BYTEA_ARRAY),
-                    (&c.payloads, Type::JSONB_ARRAY),
-                    (&c.max_attempts, Type::INT4_ARRAY),
-                    (&c.run_ats, Type::TIMESTAMPTZ_ARRAY),
-                    (&owner, Type::BYTEA),
-                    (&kind, Type::TEXT),
-                    (&c.replaces, Type::UUID_ARRAY),
-                ],
-            )
+            .query_typed(INSERT_SQL, &params)
             .await?
             .iter()
             .map(|r| r.get(0))

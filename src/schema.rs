@@ -199,6 +199,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // kinds that declare codes of their own.
         min_reader_version: 8,
     },
+    Migration {
+        version: 19,
+        name: "name_checks_without_regex",
+        up: include_str!("../migrations/0019_name_checks_without_regex.up.sql"),
+        down: include_str!("../migrations/0019_name_checks_without_regex.down.sql"),
+        // The same rows are admitted: nothing a reader or writer does changes.
+        min_reader_version: 8,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

@@ -421,6 +421,137 @@ async fn the_failure_code_check_admits_codes_and_never_text() {
     }
 }
 
+/// Names to try against a name check: the edges of each pattern (length 63 and 64, first
+/// character, the set, upper case, non-ASCII, a trailing newline) and seeded random strings.
+fn name_candidates() -> Vec<String> {
+    let mut names: Vec<String> = [
+        "a",
+        "z",
+        "welcome_email",
+        "etl.load",
+        "a9",
+        "a_",
+        "a.",
+        "",
+        "A",
+        "Ab",
+        "9a",
+        "_a",
+        ".a",
+        "a-b",
+        "a b",
+        "ab\n",
+        "\nab",
+        "é",
+        "aé",
+        "a$",
+        "a%",
+        "a'b",
+        "a\\b",
+        "{a}",
+        "a\tb",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "a".repeat(63),
+        "a".repeat(64),
+        format!("{}é", "a".repeat(61)),
+    ])
+    .collect();
+    // Mostly the sets' own characters, so that many random names pass and many fail.
+    let alphabet: Vec<char> = "abcdz0189_.abcdz0189_.abcdz0189_.AZ- é\n$"
+        .chars()
+        .collect();
+    let mut rng = fastrand::Rng::with_seed(19);
+    for i in 0..300 {
+        // Mostly short names; every tenth near the length bound, from the sets alone.
+        let (len, pool) = if i % 10 == 0 {
+            (rng.usize(60..67), &alphabet[..11])
+        } else {
+            (rng.usize(0..12), &alphabet[..])
+        };
+        names.push((0..len).map(|_| pool[rng.usize(..pool.len())]).collect());
+    }
+    names
+}
+
+/// 0019 (and 0018's code check): the checks that keep kinds, datasets and failure codes
+/// identifiers admit exactly what their regular expressions did, judged by PostgreSQL's own
+/// regex on every candidate, through inserts that only the check under test can refuse.
+#[tokio::test]
+async fn the_name_checks_admit_exactly_what_their_patterns_did() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let kind = "^[a-z][a-z0-9_.]{0,62}$";
+    let code = "^[a-z][a-z0-9_]{0,62}$";
+    let owner = "decode(repeat('ab', 32), 'hex')";
+    let cases = [
+        (
+            "etl_job_intake_kind_check",
+            kind,
+            format!(
+                "INSERT INTO etl_job_intake (id, owner_key, idempotency_key_digest,
+                     request_fingerprint, kind, max_attempts, run_at)
+                 VALUES (gen_random_uuid(), {owner}, sha256(gen_random_uuid()::text::bytea),
+                         sha256(''), $1, 1, now())"
+            ),
+        ),
+        (
+            "etl_job_records_kind_check",
+            kind,
+            format!(
+                "INSERT INTO etl_job_records (id, owner_key, kind, request_payload)
+                 VALUES (gen_random_uuid(), {owner}, $1, '{{}}')"
+            ),
+        ),
+        (
+            "etl_target_rows_dataset_check",
+            code,
+            format!(
+                "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record,
+                     written_by_job)
+                 VALUES ({owner}, $1, gen_random_uuid()::text, '{{}}', NULL)"
+            ),
+        ),
+        (
+            "etl_job_outcomes_failure_code_check",
+            code,
+            format!(
+                "INSERT INTO etl_job_outcomes (job_id, owner_key, status, attempts, run_at,
+                     failure_code)
+                 VALUES (gen_random_uuid(), {owner}, 'failed', 1, now(), $1)"
+            ),
+        ),
+    ];
+    let names = name_candidates();
+    for (constraint, pattern, insert) in &cases {
+        let mut admitted = 0;
+        for name in &names {
+            let by_pattern: bool = client
+                .query_one("SELECT $1::text ~ $2::text", &[name, pattern])
+                .await
+                .unwrap()
+                .get(0);
+            let refused = match client.execute(insert.as_str(), &[name]).await {
+                Ok(_) => None,
+                Err(e) => e
+                    .as_db_error()
+                    .map(|d| (d.code().clone(), d.constraint().map(str::to_owned))),
+            };
+            let expected =
+                (!by_pattern).then(|| (SqlState::CHECK_VIOLATION, Some(constraint.to_string())));
+            assert_eq!(refused, expected, "{constraint} on {name:?}");
+            admitted += usize::from(by_pattern);
+        }
+        let refused = names.len() - admitted;
+        assert!(
+            admitted >= 30 && refused >= 30,
+            "{constraint}: {admitted} admitted, {refused} refused"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_trigger_notifies_once_per_transaction_and_never_for_deferred_jobs() {
     let db = TestDb::migrated().await;
@@ -485,7 +616,8 @@ async fn migration_0017_admits_successes_without_a_ledger_and_round_trips() {
     );
 
     let down = schema::migrate_down_to(&mut client, 16).await.unwrap();
-    assert_eq!((down.changed, down.version), (vec![18, 17], 16));
+    let above: Vec<i32> = versions_from(17).into_iter().rev().collect();
+    assert_eq!((down.changed, down.version), (above, 16));
     let ledger: Vec<String> = first_column(
         &client,
         &format!(
