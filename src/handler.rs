@@ -156,24 +156,32 @@ impl JobError {
 /// week): every delay stays finite, and inside what a timestamp can hold.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The longest kind name or kind code the schema stores: PostgreSQL's identifier length.
+const IDENTIFIER_MAX: usize = 63;
+
+/// Whether `s` is a lower-case identifier as the schema stores them: a letter `a-z`, then
+/// letters `a-z`, digits, `_` or one of `also`, at most 63 characters (bytes: every admitted
+/// character is ASCII). The one check behind [`is_kind_name`], [`is_kind_code`] and the ETL
+/// kind's dataset names.
+pub(crate) fn is_identifier(s: &str, also: &[char]) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || also.contains(&c))
+        && s.len() <= IDENTIFIER_MAX
+}
+
 /// Whether `name` may be a job kind's name: what the schema stores (`[a-z][a-z0-9_.]*`, at most
 /// 63 characters).
 pub fn is_kind_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
-        && name.len() <= 63
+    is_identifier(name, &['.'])
 }
 
 /// Whether `code` may be a kind's own failure code: a lower-case identifier (`[a-z][a-z0-9_]*`,
-/// at most 63 characters) that is not one of the crate's codes, so it can never be mistaken for
-/// one.
+/// at most 63 characters; unlike a kind's name, no `.`) that is not one of the crate's codes, so
+/// it can never be mistaken for one.
 pub fn is_kind_code(code: &str) -> bool {
-    let mut chars = code.chars();
-    let well_formed = chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && code.len() <= 63;
-    well_formed && Code::parse(code).is_none()
+    is_identifier(code, &[]) && Code::parse(code).is_none()
 }
 
 /// The writes a prepared job makes, applied inside the fenced execution transaction.
@@ -399,6 +407,8 @@ mod tests {
             "_private",
             "address bounced",
             "address-bounced",
+            // A kind's name may have a `.`; a kind's code may not.
+            "address.bounced",
             "ünïcode",
             &"x".repeat(64),
             "handler_failed",
