@@ -6,6 +6,9 @@
 //!   computation can never starve the pool or hold a row lock.
 //! - [`Effects::apply`] runs inside the one transaction that also re-checks the lease, writes the
 //!   response-ledger row and sets `succeeded`: its writes commit with them or not at all.
+//! - Effects are skipped only when their type is [`NoEffects`], which writes nothing: whether
+//!   effects write is read off their type, never asked of them, so no implementation of
+//!   [`Effects`] can have its `apply` dropped by claiming to write nothing.
 //! - A handler decides retryability by the [`JobError`] it returns; database errors are classified
 //!   by SQLSTATE (see [`crate::error::is_transient`]). Errors keep their source for the caller but
 //!   only their [`Code`] ever leaves the process.
@@ -184,23 +187,74 @@ pub fn is_kind_code(code: &str) -> bool {
     is_identifier(code, &[]) && Code::parse(code).is_none()
 }
 
-/// The writes a prepared job makes, applied inside the fenced execution transaction.
-pub trait Effects: Send {
+/// The writes a prepared job makes, applied inside the fenced execution transaction. Every
+/// implementation's [`Effects::apply`] runs there; only [`NoEffects`] skips it (see
+/// [`writes`](#method.writes)). Implementations are `'static`, as the boxed effects a handler
+/// returns are.
+///
+/// No implementation can claim to write nothing (a `fn writes` of old is refused):
+///
+/// ```compile_fail,E0407
+/// use durable_etl::{Effects, JobError, LedgerEntry};
+/// use futures::future::BoxFuture;
+/// use tokio_postgres::Transaction;
+///
+/// struct Mark(i64);
+/// impl Effects for Mark {
+///     fn apply<'a>(
+///         self: Box<Self>,
+///         tx: &'a Transaction<'a>,
+///     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+///         Box::pin(async move {
+///             tx.execute("UPDATE users SET marked = true WHERE id = $1", &[&self.0]).await?;
+///             Ok(None)
+///         })
+///     }
+///     fn writes(&self) -> bool {
+///         false
+///     }
+/// }
+/// ```
+pub trait Effects: Send + sealed::Typed {
     /// Writes the job's effects on `tx` and returns the ledger summary, if the kind keeps one.
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>>;
+}
 
-    /// Whether [`Effects::apply`] writes anything. Effects that do not let the worker commit
-    /// their job together with others in one statement, without an explicit transaction.
-    /// Defaults to `true`.
-    fn writes(&self) -> bool {
-        true
+impl dyn Effects {
+    /// Whether these effects need the execution transaction: `false` only for [`NoEffects`],
+    /// which writes nothing, so the worker commits its job together with others in one
+    /// statement without applying it. Read off the effects' type, not asked of them: no other
+    /// implementation can opt out, and its [`Effects::apply`] always runs.
+    pub fn writes(&self) -> bool {
+        !sealed::Typed::is_no_effects(self)
     }
 }
 
-/// Effects that write nothing (a job whose work happens outside PostgreSQL, or a no-op).
+/// What this crate reads off the type of a value, which no other crate can implement.
+mod sealed {
+    use std::any::TypeId;
+
+    /// Whether a value is [`super::NoEffects`]: implemented once, for every `'static` type, so
+    /// no implementation of [`super::Effects`] can answer for itself. Public only so it can
+    /// bound the public trait; its module is private, so no other crate can name it.
+    #[allow(unreachable_pub)]
+    pub trait Typed {
+        /// Whether `self` is [`super::NoEffects`].
+        fn is_no_effects(&self) -> bool;
+    }
+
+    impl<T: 'static> Typed for T {
+        fn is_no_effects(&self) -> bool {
+            TypeId::of::<T>() == TypeId::of::<super::NoEffects>()
+        }
+    }
+}
+
+/// Effects that write nothing (a job whose work happens outside PostgreSQL, or a no-op): the
+/// only effects the worker commits without the execution transaction.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoEffects;
 
@@ -210,10 +264,6 @@ impl Effects for NoEffects {
         _tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async { Ok(None) })
-    }
-
-    fn writes(&self) -> bool {
-        false
     }
 }
 
@@ -348,106 +398,4 @@ impl Registry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn permanent_errors_carry_only_stored_codes() {
-        match JobError::permanent(Code::LeaseLost) {
-            JobError::Permanent { code, .. } => assert_eq!(code, Code::HandlerFailed),
-            other => panic!("unexpected {other:?}"),
-        }
-        match JobError::record_invalid(7) {
-            JobError::Permanent {
-                code, record_index, ..
-            } => {
-                assert_eq!(code, Code::RecordInvalid);
-                assert_eq!(record_index, Some(7));
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-        assert!(matches!(
-            JobError::transient("busy"),
-            JobError::Transient(_)
-        ));
-    }
-
-    #[test]
-    fn a_kind_name_is_what_the_schema_stores() {
-        for name in [
-            "etl.load",
-            "noop",
-            "welcome_email",
-            "a.b_2",
-            &"k".repeat(63),
-        ] {
-            assert!(is_kind_name(name), "{name}");
-        }
-        for name in [
-            "",
-            "WelcomeEmail",
-            "2fa",
-            ".hidden",
-            "with space",
-            &"k".repeat(64),
-        ] {
-            assert!(!is_kind_name(name), "{name}");
-        }
-    }
-
-    #[test]
-    fn a_kind_code_is_a_lower_case_identifier_that_is_no_code_of_the_crate() {
-        for code in ["address_bounced", "a", "quota_2", &"x".repeat(63)] {
-            assert!(is_kind_code(code), "{code}");
-        }
-        for code in [
-            "",
-            "Bounced",
-            "2fast",
-            "_private",
-            "address bounced",
-            "address-bounced",
-            // A kind's name may have a `.`; a kind's code may not.
-            "address.bounced",
-            "ünïcode",
-            &"x".repeat(64),
-            "handler_failed",
-            "cancelled",
-        ] {
-            assert!(!is_kind_code(code), "{code}");
-        }
-    }
-
-    /// A job context for the tests.
-    fn ctx() -> JobContext {
-        JobContext {
-            id: Uuid::nil(),
-            kind: NOOP_KIND.to_owned(),
-            attempt: 1,
-            max_attempts: 1,
-            lease_claim_id: Uuid::nil(),
-            fencing_token: 1,
-            owner_key: vec![0; 32],
-            run_at: chrono::Utc::now(),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_noop_job_pauses_as_its_payload_asks_within_the_bound() {
-        let ctx = ctx();
-        for (payload, pause) in [
-            (serde_json::json!({}), Duration::ZERO),
-            (
-                serde_json::json!({"pause_ms": 250}),
-                Duration::from_millis(250),
-            ),
-            (serde_json::json!({"pause_ms": "soon"}), Duration::ZERO),
-            (serde_json::json!({"pause_ms": u64::MAX}), NOOP_PAUSE_MAX),
-        ] {
-            let started = tokio::time::Instant::now();
-            let effects = Noop.prepare(&ctx, payload).await.unwrap();
-            assert_eq!(started.elapsed(), pause);
-            assert!(!effects.writes());
-        }
-    }
-}
+mod tests;
