@@ -24,7 +24,8 @@ use uuid::Uuid;
 /// A boxed error source kept for programmatic inspection (never logged or stored).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What a handler learns about the job it runs.
+/// What a handler learns about the job it runs: one per claim, shared (an [`Arc`]) by the job's
+/// task, its handler and its effects, never copied per job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobContext {
     /// The job's id.
@@ -289,7 +290,7 @@ impl Handler for Noop {
 
     fn prepare<'a>(
         &'a self,
-        _job: &'a JobContext,
+        _job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         let pause = payload
@@ -312,10 +313,12 @@ pub trait Handler: Send + Sync + 'static {
     /// The job kind this handler runs (matches `etl_job_records.kind`).
     fn kind(&self) -> &'static str;
 
-    /// Computes the job's effects from its payload, holding no database connection.
+    /// Computes the job's effects from its payload, holding no database connection. `job` is
+    /// shared: effects that need it when they apply keep a clone of the [`Arc`] (a reference
+    /// count), never a copy of the context.
     fn prepare<'a>(
         &'a self,
-        job: &'a JobContext,
+        job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>>;
 

@@ -136,9 +136,24 @@ async fn only_effects_that_cannot_write_skip_the_transaction() {
     }
 }
 
-/// A job context for the tests.
-fn ctx() -> JobContext {
-    JobContext {
+#[tokio::test]
+async fn typed_effects_share_the_jobs_context_instead_of_copying_it() {
+    let ctx = ctx();
+    let registry = Registry::new().perform(Marker::<Marked>(Default::default()));
+    let handler = registry.get("test.mark").unwrap();
+    let effects = handler.prepare(&ctx, serde_json::json!({})).await.unwrap();
+    assert_eq!(
+        Arc::strong_count(&ctx),
+        2,
+        "the effects hold the job's context"
+    );
+    drop(effects);
+    assert_eq!(Arc::strong_count(&ctx), 1);
+}
+
+/// A job context for the tests, shared as the worker shares it.
+fn ctx() -> Arc<JobContext> {
+    Arc::new(JobContext {
         id: Uuid::nil(),
         kind: NOOP_KIND.to_owned(),
         attempt: 1,
@@ -147,7 +162,7 @@ fn ctx() -> JobContext {
         fencing_token: 1,
         owner_key: vec![0; 32],
         run_at: chrono::Utc::now(),
-    }
+    })
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,6 +7,8 @@
 //!   not at all ([`crate::handler`]'s contract, unchanged).
 //! - A payload that does not decode as the kind's type fails the job at once with
 //!   `invalid_payload`: retrying cannot change it.
+//! - The [`JobContext`] that [`Apply::apply`] gets is the one [`Perform::compute`] got, shared
+//!   with the job's task (an `Arc`), never copied per job.
 //! - Effects that write nothing (`()`) let the worker commit the job without an explicit
 //!   transaction, together with others in one statement. `()` is the only [`Apply`] type that
 //!   does, read off the type (`type Effects = ()`): no `Apply` value can claim to write nothing,
@@ -19,6 +21,7 @@ use futures::future::BoxFuture;
 use std::any::TypeId;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use tokio_postgres::Transaction;
 
 /// What a job kind does: compute from the typed job with no connection held, then hand back the
@@ -140,7 +143,7 @@ impl<P: Perform> Handler for Typed<P> {
 
     fn prepare<'a>(
         &'a self,
-        job: &'a JobContext,
+        job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         Box::pin(async move {
@@ -152,7 +155,7 @@ impl<P: Perform> Handler for Typed<P> {
             }
             Ok(Box::new(TypedEffects {
                 effects,
-                job: job.clone(),
+                job: Arc::clone(job),
             }) as Box<dyn Effects>)
         })
     }
@@ -168,8 +171,8 @@ fn writes_nothing<A: Apply>() -> bool {
 struct TypedEffects<A> {
     /// The effects.
     effects: A,
-    /// The job they belong to.
-    job: JobContext,
+    /// The job they belong to, shared with the job's task (not copied per job).
+    job: Arc<JobContext>,
 }
 
 impl<A: Apply> Effects for TypedEffects<A> {

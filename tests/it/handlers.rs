@@ -22,7 +22,7 @@ impl Handler for Noop {
     }
     fn prepare<'a>(
         &'a self,
-        _job: &'a JobContext,
+        _job: &'a Arc<JobContext>,
         _payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         Box::pin(async { Ok(Box::new(NoEffects) as Box<dyn Effects>) })
@@ -32,7 +32,7 @@ impl Handler for Noop {
 /// Writes one target row keyed by the job id, then does what `then` says inside the transaction.
 struct WriteRow {
     /// The job.
-    job: JobContext,
+    job: Arc<JobContext>,
     /// `ok`, `transient`, `permanent` or `panic`: what to do after writing the row.
     then: String,
 }
@@ -130,7 +130,7 @@ impl Handler for Scripted {
     }
     fn prepare<'a>(
         &'a self,
-        job: &'a JobContext,
+        job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         if payload["do"] == "panic_at_call" {
@@ -146,7 +146,7 @@ impl Handler for Scripted {
             match action.as_str() {
                 "ok" => Ok(Box::new(NoEffects) as Box<dyn Effects>),
                 "write" => Ok(Box::new(WriteRow {
-                    job: job.clone(),
+                    job: Arc::clone(job),
                     then: "ok".into(),
                 }) as Box<dyn Effects>),
                 "transient" => Err(JobError::transient("remote busy")),
@@ -155,14 +155,14 @@ impl Handler for Scripted {
                 "panic" => panic!("handler panicked"),
                 "hang" => std::future::pending().await,
                 "apply_panics_at_call" => Ok(Box::new(WriteRow {
-                    job: job.clone(),
+                    job: Arc::clone(job),
                     then: "panic_at_call".into(),
                 }) as Box<dyn Effects>),
                 "drop_panics" => Ok(Box::new(Panicky) as Box<dyn Effects>),
                 other => {
                     let then = other.strip_prefix("write_then_").unwrap_or("ok").to_owned();
                     Ok(Box::new(WriteRow {
-                        job: job.clone(),
+                        job: Arc::clone(job),
                         then,
                     }) as Box<dyn Effects>)
                 }
