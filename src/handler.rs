@@ -6,6 +6,9 @@
 //!   computation can never starve the pool or hold a row lock.
 //! - [`Effects::apply`] runs inside the one transaction that also re-checks the lease, writes the
 //!   response-ledger row and sets `succeeded`: its writes commit with them or not at all.
+//! - Effects are skipped only when their type is [`NoEffects`], which writes nothing: whether
+//!   effects write is read off their type, never asked of them, so no implementation of
+//!   [`Effects`] can have its `apply` dropped by claiming to write nothing.
 //! - A handler decides retryability by the [`JobError`] it returns; database errors are classified
 //!   by SQLSTATE (see [`crate::error::is_transient`]). Errors keep their source for the caller but
 //!   only their [`Code`] ever leaves the process.
@@ -21,7 +24,8 @@ use uuid::Uuid;
 /// A boxed error source kept for programmatic inspection (never logged or stored).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What a handler learns about the job it runs.
+/// What a handler learns about the job it runs: one per claim, shared (an [`Arc`]) by the job's
+/// task, its handler and its effects, never copied per job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobContext {
     /// The job's id.
@@ -156,43 +160,102 @@ impl JobError {
 /// week): every delay stays finite, and inside what a timestamp can hold.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The longest kind name or kind code the schema stores: PostgreSQL's identifier length.
+const IDENTIFIER_MAX: usize = 63;
+
+/// Whether `s` is a lower-case identifier as the schema stores them: a letter `a-z`, then
+/// letters `a-z`, digits, `_` or one of `also`, at most 63 characters (bytes: every admitted
+/// character is ASCII). The one check behind [`is_kind_name`], [`is_kind_code`] and the ETL
+/// kind's dataset names.
+pub(crate) fn is_identifier(s: &str, also: &[char]) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || also.contains(&c))
+        && s.len() <= IDENTIFIER_MAX
+}
+
 /// Whether `name` may be a job kind's name: what the schema stores (`[a-z][a-z0-9_.]*`, at most
 /// 63 characters).
 pub fn is_kind_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
-        && name.len() <= 63
+    is_identifier(name, &['.'])
 }
 
 /// Whether `code` may be a kind's own failure code: a lower-case identifier (`[a-z][a-z0-9_]*`,
-/// at most 63 characters) that is not one of the crate's codes, so it can never be mistaken for
-/// one.
+/// at most 63 characters; unlike a kind's name, no `.`) that is not one of the crate's codes, so
+/// it can never be mistaken for one.
 pub fn is_kind_code(code: &str) -> bool {
-    let mut chars = code.chars();
-    let well_formed = chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && code.len() <= 63;
-    well_formed && Code::parse(code).is_none()
+    is_identifier(code, &[]) && Code::parse(code).is_none()
 }
 
-/// The writes a prepared job makes, applied inside the fenced execution transaction.
-pub trait Effects: Send {
+/// The writes a prepared job makes, applied inside the fenced execution transaction. Every
+/// implementation's [`Effects::apply`] runs there; only [`NoEffects`] skips it (see
+/// [`writes`](#method.writes)). Implementations are `'static`, as the boxed effects a handler
+/// returns are.
+///
+/// No implementation can claim to write nothing (a `fn writes` of old is refused):
+///
+/// ```compile_fail,E0407
+/// use durable_etl::{Effects, JobError, LedgerEntry};
+/// use futures::future::BoxFuture;
+/// use tokio_postgres::Transaction;
+///
+/// struct Mark(i64);
+/// impl Effects for Mark {
+///     fn apply<'a>(
+///         self: Box<Self>,
+///         tx: &'a Transaction<'a>,
+///     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+///         Box::pin(async move {
+///             tx.execute("UPDATE users SET marked = true WHERE id = $1", &[&self.0]).await?;
+///             Ok(None)
+///         })
+///     }
+///     fn writes(&self) -> bool {
+///         false
+///     }
+/// }
+/// ```
+pub trait Effects: Send + sealed::Typed {
     /// Writes the job's effects on `tx` and returns the ledger summary, if the kind keeps one.
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>>;
+}
 
-    /// Whether [`Effects::apply`] writes anything. Effects that do not let the worker commit
-    /// their job together with others in one statement, without an explicit transaction.
-    /// Defaults to `true`.
-    fn writes(&self) -> bool {
-        true
+impl dyn Effects {
+    /// Whether these effects need the execution transaction: `false` only for [`NoEffects`],
+    /// which writes nothing, so the worker commits its job together with others in one
+    /// statement without applying it. Read off the effects' type, not asked of them: no other
+    /// implementation can opt out, and its [`Effects::apply`] always runs.
+    pub fn writes(&self) -> bool {
+        !sealed::Typed::is_no_effects(self)
     }
 }
 
-/// Effects that write nothing (a job whose work happens outside PostgreSQL, or a no-op).
+/// What this crate reads off the type of a value, which no other crate can implement.
+mod sealed {
+    use std::any::TypeId;
+
+    /// Whether a value is [`super::NoEffects`]: implemented once, for every `'static` type, so
+    /// no implementation of [`super::Effects`] can answer for itself. Public only so it can
+    /// bound the public trait; its module is private, so no other crate can name it.
+    #[allow(unreachable_pub)]
+    pub trait Typed {
+        /// Whether `self` is [`super::NoEffects`].
+        fn is_no_effects(&self) -> bool;
+    }
+
+    impl<T: 'static> Typed for T {
+        fn is_no_effects(&self) -> bool {
+            TypeId::of::<T>() == TypeId::of::<super::NoEffects>()
+        }
+    }
+}
+
+/// Effects that write nothing (a job whose work happens outside PostgreSQL, or a no-op): the
+/// only effects the worker commits without the execution transaction.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoEffects;
 
@@ -202,10 +265,6 @@ impl Effects for NoEffects {
         _tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async { Ok(None) })
-    }
-
-    fn writes(&self) -> bool {
-        false
     }
 }
 
@@ -231,7 +290,7 @@ impl Handler for Noop {
 
     fn prepare<'a>(
         &'a self,
-        _job: &'a JobContext,
+        _job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         let pause = payload
@@ -254,10 +313,12 @@ pub trait Handler: Send + Sync + 'static {
     /// The job kind this handler runs (matches `etl_job_records.kind`).
     fn kind(&self) -> &'static str;
 
-    /// Computes the job's effects from its payload, holding no database connection.
+    /// Computes the job's effects from its payload, holding no database connection. `job` is
+    /// shared: effects that need it when they apply keep a clone of the [`Arc`] (a reference
+    /// count), never a copy of the context.
     fn prepare<'a>(
         &'a self,
-        job: &'a JobContext,
+        job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>>;
 
@@ -340,104 +401,4 @@ impl Registry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn permanent_errors_carry_only_stored_codes() {
-        match JobError::permanent(Code::LeaseLost) {
-            JobError::Permanent { code, .. } => assert_eq!(code, Code::HandlerFailed),
-            other => panic!("unexpected {other:?}"),
-        }
-        match JobError::record_invalid(7) {
-            JobError::Permanent {
-                code, record_index, ..
-            } => {
-                assert_eq!(code, Code::RecordInvalid);
-                assert_eq!(record_index, Some(7));
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-        assert!(matches!(
-            JobError::transient("busy"),
-            JobError::Transient(_)
-        ));
-    }
-
-    #[test]
-    fn a_kind_name_is_what_the_schema_stores() {
-        for name in [
-            "etl.load",
-            "noop",
-            "welcome_email",
-            "a.b_2",
-            &"k".repeat(63),
-        ] {
-            assert!(is_kind_name(name), "{name}");
-        }
-        for name in [
-            "",
-            "WelcomeEmail",
-            "2fa",
-            ".hidden",
-            "with space",
-            &"k".repeat(64),
-        ] {
-            assert!(!is_kind_name(name), "{name}");
-        }
-    }
-
-    #[test]
-    fn a_kind_code_is_a_lower_case_identifier_that_is_no_code_of_the_crate() {
-        for code in ["address_bounced", "a", "quota_2", &"x".repeat(63)] {
-            assert!(is_kind_code(code), "{code}");
-        }
-        for code in [
-            "",
-            "Bounced",
-            "2fast",
-            "_private",
-            "address bounced",
-            "address-bounced",
-            "ünïcode",
-            &"x".repeat(64),
-            "handler_failed",
-            "cancelled",
-        ] {
-            assert!(!is_kind_code(code), "{code}");
-        }
-    }
-
-    /// A job context for the tests.
-    fn ctx() -> JobContext {
-        JobContext {
-            id: Uuid::nil(),
-            kind: NOOP_KIND.to_owned(),
-            attempt: 1,
-            max_attempts: 1,
-            lease_claim_id: Uuid::nil(),
-            fencing_token: 1,
-            owner_key: vec![0; 32],
-            run_at: chrono::Utc::now(),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_noop_job_pauses_as_its_payload_asks_within_the_bound() {
-        let ctx = ctx();
-        for (payload, pause) in [
-            (serde_json::json!({}), Duration::ZERO),
-            (
-                serde_json::json!({"pause_ms": 250}),
-                Duration::from_millis(250),
-            ),
-            (serde_json::json!({"pause_ms": "soon"}), Duration::ZERO),
-            (serde_json::json!({"pause_ms": u64::MAX}), NOOP_PAUSE_MAX),
-        ] {
-            let started = tokio::time::Instant::now();
-            let effects = Noop.prepare(&ctx, payload).await.unwrap();
-            assert_eq!(started.elapsed(), pause);
-            assert!(!effects.writes());
-        }
-    }
-}
+mod tests;

@@ -90,7 +90,7 @@ impl Handler for Recorded {
 
     fn prepare<'a>(
         &'a self,
-        job: &'a JobContext,
+        job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         self.log.record(job.id);
@@ -154,9 +154,9 @@ mod tests {
     use super::*;
     use durable_etl::handler::{Noop, NOOP_KIND};
 
-    /// A context for job `id`.
-    fn context(id: Uuid) -> JobContext {
-        JobContext {
+    /// A context for job `id`, shared as the worker shares it.
+    fn context(id: Uuid) -> Arc<JobContext> {
+        Arc::new(JobContext {
             id,
             kind: NOOP_KIND.to_owned(),
             lease_claim_id: Uuid::new_v4(),
@@ -165,7 +165,7 @@ mod tests {
             max_attempts: 1,
             owner_key: Vec::new(),
             run_at: chrono::Utc::now(),
-        }
+        })
     }
 
     #[tokio::test]

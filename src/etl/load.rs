@@ -23,6 +23,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
@@ -40,10 +41,10 @@ impl Handler for EtlLoad {
 
     fn prepare<'a>(
         &'a self,
-        job: &'a JobContext,
+        job: &'a Arc<JobContext>,
         payload: Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
-        let job = job.clone();
+        let job = Arc::clone(job);
         Box::pin(async move {
             match tokio::task::spawn_blocking(move || plan(&job, &payload)).await {
                 Ok(load) => Ok(Box::new(load?) as Box<dyn Effects>),
@@ -245,7 +246,7 @@ mod tests {
     async fn the_plan_runs_off_the_async_thread() {
         let records: Vec<Value> = (0..10_000).map(|i| json!({"id": i, "v": "x"})).collect();
         let payload = json!({"dataset": "d", "key": "id", "records": records});
-        let (job, handler) = (job(), EtlLoad::default());
+        let (job, handler) = (Arc::new(job()), EtlLoad::default());
         // A plan computed inside the poll would be done after the first one; on the blocking
         // pool it is still running (10,000 records take far longer than one poll).
         let first_poll = handler.prepare(&job, payload.clone()).now_or_never();

@@ -203,10 +203,7 @@ fn has_nul(value: &Value) -> bool {
 
 /// Whether `name` is a dataset name: `[a-z][a-z0-9_]{0,62}`.
 pub fn valid_dataset(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some('a'..='z'))
-        && name.len() <= 63
-        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+    crate::handler::is_identifier(name, &[])
 }
 
 /// Whether `name` is a usable field name: 1 to 128 characters.

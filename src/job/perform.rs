@@ -7,15 +7,21 @@
 //!   not at all ([`crate::handler`]'s contract, unchanged).
 //! - A payload that does not decode as the kind's type fails the job at once with
 //!   `invalid_payload`: retrying cannot change it.
+//! - The [`JobContext`] that [`Apply::apply`] gets is the one [`Perform::compute`] got, shared
+//!   with the job's task (an `Arc`), never copied per job.
 //! - Effects that write nothing (`()`) let the worker commit the job without an explicit
-//!   transaction, together with others in one statement.
+//!   transaction, together with others in one statement. `()` is the only [`Apply`] type that
+//!   does, read off the type (`type Effects = ()`): no `Apply` value can claim to write nothing,
+//!   and every other one's [`Apply::apply`] runs inside the fenced transaction.
 
 use super::kind::Job;
 use crate::codes::Code;
-use crate::handler::{Effects, Handler, JobContext, JobError, LedgerEntry, Registry};
+use crate::handler::{Effects, Handler, JobContext, JobError, LedgerEntry, NoEffects, Registry};
 use futures::future::BoxFuture;
+use std::any::TypeId;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use tokio_postgres::Transaction;
 
 /// What a job kind does: compute from the typed job with no connection held, then hand back the
@@ -51,7 +57,8 @@ use tokio_postgres::Transaction;
 pub trait Perform: Send + Sync + 'static {
     /// The kind this performs.
     type Job: Job;
-    /// What the compute phase hands to the fenced transaction (`()`: nothing to write).
+    /// What the compute phase hands to the fenced transaction (`()`: nothing to write, and the
+    /// job commits without the transaction; any other type's [`Apply::apply`] always runs).
     type Effects: Apply;
 
     /// Computes the job's effects from its typed payload, holding no database connection. A
@@ -66,11 +73,24 @@ pub trait Perform: Send + Sync + 'static {
 
 /// The writes of one attempt, applied inside the fenced transaction that also records the job's
 /// success: they commit together or not at all, and never after another claim took the job.
+///
+/// There is no flag to skip them: only `()` writes nothing, and a type that can write always
+/// has its [`Apply::apply`] run in the transaction (a `const WRITES` of old is refused):
+///
+/// ```compile_fail,E0438
+/// use durable_etl::{Apply, JobContext, JobError};
+/// use tokio_postgres::Transaction;
+///
+/// struct Mark(i64);
+/// impl Apply for Mark {
+///     const WRITES: bool = false;
+///     async fn apply(self, tx: &Transaction<'_>, _job: &JobContext) -> Result<(), JobError> {
+///         tx.execute("UPDATE users SET marked = true WHERE id = $1", &[&self.0]).await?;
+///         Ok(())
+///     }
+/// }
+/// ```
 pub trait Apply: Send + 'static {
-    /// Whether [`Apply::apply`] writes anything (`false` lets the worker commit the job without
-    /// an explicit transaction). Defaults to `true`.
-    const WRITES: bool = true;
-
     /// Writes the effects on `tx`.
     fn apply(
         self,
@@ -80,8 +100,6 @@ pub trait Apply: Send + 'static {
 }
 
 impl Apply for () {
-    const WRITES: bool = false;
-
     async fn apply(self, _tx: &Transaction<'_>, _job: &JobContext) -> Result<(), JobError> {
         Ok(())
     }
@@ -125,27 +143,36 @@ impl<P: Perform> Handler for Typed<P> {
 
     fn prepare<'a>(
         &'a self,
-        job: &'a JobContext,
+        job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         Box::pin(async move {
             let typed: P::Job = serde_json::from_value(payload)
                 .map_err(|_| JobError::permanent(Code::InvalidPayload))?;
             let effects = self.performer.compute(typed, job).await?;
+            if writes_nothing::<P::Effects>() {
+                return Ok(Box::new(NoEffects) as Box<dyn Effects>);
+            }
             Ok(Box::new(TypedEffects {
                 effects,
-                job: job.clone(),
+                job: Arc::clone(job),
             }) as Box<dyn Effects>)
         })
     }
+}
+
+/// Whether effects of type `A` write nothing: only `()` (the worker then commits the job as
+/// [`NoEffects`], without the transaction).
+fn writes_nothing<A: Apply>() -> bool {
+    TypeId::of::<A>() == TypeId::of::<()>()
 }
 
 /// An [`Apply`] value as the untyped [`Effects`] the worker commits.
 struct TypedEffects<A> {
     /// The effects.
     effects: A,
-    /// The job they belong to.
-    job: JobContext,
+    /// The job they belong to, shared with the job's task (not copied per job).
+    job: Arc<JobContext>,
 }
 
 impl<A: Apply> Effects for TypedEffects<A> {
@@ -158,9 +185,5 @@ impl<A: Apply> Effects for TypedEffects<A> {
             effects.apply(tx, &job).await?;
             Ok(None)
         })
-    }
-
-    fn writes(&self) -> bool {
-        A::WRITES
     }
 }

@@ -181,7 +181,7 @@ impl<'a> ClaimValues<'a> {
 fn claimed(rows: Vec<Row>) -> Vec<ClaimedJob> {
     rows.iter()
         .map(|row| ClaimedJob {
-            ctx: JobContext {
+            ctx: Arc::new(JobContext {
                 id: row.get(0),
                 kind: row.get(1),
                 attempt: row.get(3),
@@ -190,7 +190,7 @@ fn claimed(rows: Vec<Row>) -> Vec<ClaimedJob> {
                 fencing_token: row.get(8),
                 owner_key: row.get(6),
                 run_at: row.get(9),
-            },
+            }),
             payload: row.get(2),
             due_for: row.get(7),
         })

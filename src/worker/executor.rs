@@ -9,8 +9,8 @@
 //! - Effects, ledger row and `succeeded` commit together or not at all, under the lease fence
 //!   (kept by [`super::group_commit`]); a job whose fence fails is abandoned (`LeaseLost`).
 //! - A panic in the handler is a failed attempt (`handler_panicked`), never a dead replica: the
-//!   calls of [`Handler::prepare`] and [`Effects::writes`] are guarded as well as the polling of
-//!   their futures, and so is the whole task, whose panic anywhere else is written the same
+//!   call of [`Handler::prepare`] is guarded as well as the polling of its future, and so is the
+//!   whole task, whose panic anywhere else is written the same
 //!   fenced way (its claim never outlives it). An overrun of the execution timeout by the compute
 //!   phase is `execution_timeout`. Both are terminal.
 //! - Each phase's budget is the kind's execution timeout ([`Handler::execution_timeout`]), else
@@ -134,7 +134,7 @@ async fn commit(
 ) -> Result<Transition, Failure> {
     let ready = Ready {
         lease: job.lease(),
-        // Asked here, where a panic is this job's own (see `execute`), not in a commit lane.
+        // Read off the effects' type (only `NoEffects` skips the transaction): no handler code.
         writes: effects.writes(),
         effects: OwnedEffects::new(effects),
         budget,

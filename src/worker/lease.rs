@@ -40,6 +40,7 @@
 use crate::handler::JobContext;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -92,8 +93,9 @@ pub fn by_ids(leases: &[Lease]) -> HashMap<(Uuid, Uuid), Lease> {
 /// A job this replica claimed, with the lease that fences it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimedJob {
-    /// What the handler sees, including the claim id and the fencing token.
-    pub ctx: JobContext,
+    /// What the handler sees, including the claim id and the fencing token; shared with the
+    /// job's effects, which keep it until they apply.
+    pub ctx: Arc<JobContext>,
     /// The request payload (every live row has one).
     pub payload: serde_json::Value,
     /// Seconds the job had been due when it was claimed (database clock).

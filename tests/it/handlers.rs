@@ -22,7 +22,7 @@ impl Handler for Noop {
     }
     fn prepare<'a>(
         &'a self,
-        _job: &'a JobContext,
+        _job: &'a Arc<JobContext>,
         _payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         Box::pin(async { Ok(Box::new(NoEffects) as Box<dyn Effects>) })
@@ -32,7 +32,7 @@ impl Handler for Noop {
 /// Writes one target row keyed by the job id, then does what `then` says inside the transaction.
 struct WriteRow {
     /// The job.
-    job: JobContext,
+    job: Arc<JobContext>,
     /// `ok`, `transient`, `permanent` or `panic`: what to do after writing the row.
     then: String,
 }
@@ -80,12 +80,9 @@ impl Effects for WriteRow {
     }
 }
 
-/// Effects that write nothing and panic outside [`Effects::apply`]: in [`Effects::writes`]
-/// when `in_writes`, else when they are dropped (handler code that runs in the commit lane).
-struct Panicky {
-    /// Panic in `writes` rather than in `drop`.
-    in_writes: bool,
-}
+/// Effects that write nothing and panic when dropped: handler code that runs in the commit lane,
+/// when [`Effects::apply`] consumes them.
+struct Panicky;
 
 impl Effects for Panicky {
     fn apply<'a>(
@@ -94,26 +91,18 @@ impl Effects for Panicky {
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async { Ok(None) })
     }
-
-    fn writes(&self) -> bool {
-        assert!(!self.in_writes, "effects panicked in writes");
-        false
-    }
 }
 
 impl Drop for Panicky {
     fn drop(&mut self) {
-        if !self.in_writes {
-            panic!("effects panicked when dropped");
-        }
+        panic!("effects panicked when dropped");
     }
 }
 
 /// Acts on its payload's `"do"`: `ok`, `write`, `transient`, `permanent`, `record_invalid`,
 /// `panic`, `hang`, `write_then_<transient|permanent|panic|constraint|lock_timeout>`,
 /// `panic_at_call` (prepare panics before returning its future), `apply_panics_at_call` (so do
-/// the effects' apply), `writes_panics` (so does their `writes`) or `drop_panics` (effects that
-/// panic when dropped). Counts its prepares,
+/// the effects' apply) or `drop_panics` (effects that panic when dropped). Counts its prepares,
 /// and waits for a permit from `gate` first when it has one.
 #[derive(Clone, Default)]
 pub struct Scripted {
@@ -141,7 +130,7 @@ impl Handler for Scripted {
     }
     fn prepare<'a>(
         &'a self,
-        job: &'a JobContext,
+        job: &'a Arc<JobContext>,
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         if payload["do"] == "panic_at_call" {
@@ -157,7 +146,7 @@ impl Handler for Scripted {
             match action.as_str() {
                 "ok" => Ok(Box::new(NoEffects) as Box<dyn Effects>),
                 "write" => Ok(Box::new(WriteRow {
-                    job: job.clone(),
+                    job: Arc::clone(job),
                     then: "ok".into(),
                 }) as Box<dyn Effects>),
                 "transient" => Err(JobError::transient("remote busy")),
@@ -166,16 +155,14 @@ impl Handler for Scripted {
                 "panic" => panic!("handler panicked"),
                 "hang" => std::future::pending().await,
                 "apply_panics_at_call" => Ok(Box::new(WriteRow {
-                    job: job.clone(),
+                    job: Arc::clone(job),
                     then: "panic_at_call".into(),
                 }) as Box<dyn Effects>),
-                "drop_panics" | "writes_panics" => Ok(Box::new(Panicky {
-                    in_writes: action == "writes_panics",
-                }) as Box<dyn Effects>),
+                "drop_panics" => Ok(Box::new(Panicky) as Box<dyn Effects>),
                 other => {
                     let then = other.strip_prefix("write_then_").unwrap_or("ok").to_owned();
                     Ok(Box::new(WriteRow {
-                        job: job.clone(),
+                        job: Arc::clone(job),
                         then,
                     }) as Box<dyn Effects>)
                 }

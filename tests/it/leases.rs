@@ -354,7 +354,7 @@ impl Handler for Hangs {
 
     fn prepare<'a>(
         &'a self,
-        _job: &'a JobContext,
+        _job: &'a Arc<JobContext>,
         _payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
         Box::pin(async move {

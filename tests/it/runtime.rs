@@ -1,9 +1,12 @@
 //! The job runtime for any kind, through the public API only: a typed kind enqueued with a
 //! domain write in the caller's transaction, run by a worker, its effects committed with its
-//! success; idempotency, bulk enqueue, replacement and cancellation, retries and failures.
+//! success; idempotency, bulk enqueue, replacement and cancellation, retries and failures, and a
+//! stale claim's effects fenced out.
 
 use crate::support::{count, eventually, pool, TestDb};
 use durable_etl::jobs::Window;
+use durable_etl::worker::completer::Transition;
+use durable_etl::worker::rescuer::Recovered;
 use durable_etl::{
     shutdown, Apply, Code, EnqueueOptions, Error, Job, JobContext, JobError, JobState, Jobs,
     Perform, Registry, Secret, Worker, WorkerConfig,
@@ -12,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
@@ -650,4 +654,167 @@ async fn a_kind_whose_name_the_schema_cannot_store_is_refused_before_any_write()
         started.await,
         Err(Error::Config(durable_etl::ConfigError::KindName))
     ));
+}
+
+/// A typed kind whose effects stamp a domain row per committed attempt.
+#[derive(Debug, Serialize, Deserialize)]
+struct Stamp {}
+
+impl Job for Stamp {
+    const KIND: &'static str = "test.stamp";
+}
+
+/// Inserts the attempt's stamp (job, attempt, claim) into the domain table `stamps`, inside the
+/// fence.
+struct Stamped;
+
+impl Apply for Stamped {
+    async fn apply(self, tx: &Transaction<'_>, job: &JobContext) -> Result<(), JobError> {
+        tx.execute(
+            "INSERT INTO stamps (job_id, attempt, claim_id) VALUES ($1, $2, $3)",
+            &[&job.id, &job.attempt, &job.lease_claim_id],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Stamps [`Stamp`] jobs; each compute phase shows its claim id in `claim`, then waits for a
+/// permit of `gate` (a replica stalled inside its handler, for as long as the test wants).
+struct GatedStamper {
+    /// The claim id of the last compute phase entered.
+    claim: Arc<std::sync::Mutex<Option<Uuid>>>,
+    /// Holds every compute phase until the test adds a permit.
+    gate: Arc<Semaphore>,
+}
+
+impl Perform for GatedStamper {
+    type Job = Stamp;
+    type Effects = Stamped;
+
+    async fn compute(&self, _job: Stamp, ctx: &JobContext) -> Result<Stamped, JobError> {
+        *self.claim.lock().unwrap() = Some(ctx.lease_claim_id);
+        let permit = self.gate.acquire().await.map_err(JobError::transient)?;
+        permit.forget();
+        Ok(Stamped)
+    }
+}
+
+/// A replica that runs [`GatedStamper`], stepping once on a task of its own, with its job inside
+/// its compute phase.
+struct GatedReplica {
+    /// What its recovery pass, just before its step, took back.
+    recovered: Recovered,
+    /// The claim its job's compute phase runs under.
+    claim: Uuid,
+    /// Holds its job's compute phase until the test adds a permit.
+    gate: Arc<Semaphore>,
+    /// The step: what became of each job it claimed.
+    step: tokio::task::JoinHandle<Vec<(Uuid, Transition)>>,
+}
+
+/// Starts a [`GatedReplica`] as `owner` on `db`: one recovery pass, then one step, which claims
+/// what is due; returns once the one job it claimed is inside its compute phase.
+async fn gated_replica(db: &TestDb, owner: &str) -> GatedReplica {
+    let (claim, gate) = (Arc::default(), Arc::new(Semaphore::new(0)));
+    let stamper = GatedStamper {
+        claim: Arc::clone(&claim),
+        gate: Arc::clone(&gate),
+    };
+    let config = WorkerConfig {
+        owner_id: owner.into(),
+        ..WorkerConfig::default()
+    };
+    let registry = Registry::new().perform(stamper);
+    let worker = Worker::start(pool(db).await, &db.config, config, registry)
+        .await
+        .unwrap();
+    let recovered = worker.recover().await.unwrap();
+    let step = tokio::spawn(async move { worker.step().await.unwrap() });
+    eventually("the replica's job to be inside its compute phase", || {
+        let entered = claim.lock().unwrap().is_some();
+        async move { entered }
+    })
+    .await;
+    let claim = claim.lock().unwrap().unwrap();
+    GatedReplica {
+        recovered,
+        claim,
+        gate,
+        step,
+    }
+}
+
+// A stale claim of a typed kind reaches its commit while the claim that replaced it is live:
+// the fence (`lease_claim_id` + `status`, checked when the rows are locked, before any effect
+// is written) is all that stops it. Seen failing without it: with the claim check taken out of
+// `LOCK_FENCED_SQL` (the rows locked by id and status alone), A's effects committed (a stamp of
+// attempt 1, "no effect of A's" failed) even though its success statement, fenced on its own,
+// wrote nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_claim_of_a_typed_kind_never_commits_its_effects_or_its_outcome() {
+    let (db, client, jobs) = domain().await;
+    client
+        .batch_execute("CREATE TABLE stamps (job_id uuid, attempt int4, claim_id uuid)")
+        .await
+        .unwrap();
+    let id = jobs
+        .enqueue(&client, &Stamp {}, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
+    // Replica A claims the job and stalls inside its compute phase; its lease is aged past
+    // expiry in SQL (no sleeping), so that B's recovery and claim take the job over.
+    let a = gated_replica(&db, "replica-a").await;
+    let aged = "UPDATE etl_job_records SET lease_expires_at = now() - interval '2 hours'
+                 WHERE id = $1 AND lease_claim_id = $2 AND status = 'running'";
+    assert_eq!(client.execute(aged, &[&id, &a.claim]).await.unwrap(), 1);
+    let b = gated_replica(&db, "replica-b").await;
+    assert_eq!((b.recovered.expired, b.recovered.exhausted), (1, 0));
+    assert_ne!(b.claim, a.claim, "B's claim is a new one");
+
+    // A's compute ends, and its typed effects try to commit under the stale claim: lost.
+    a.gate.add_permits(1);
+    assert_eq!(a.step.await.unwrap(), vec![(id, Transition::LeaseLost)]);
+    assert_eq!(count(&client, "stamps").await, 0, "no effect of A's");
+    assert_eq!(
+        count(&client, "etl_job_outcomes").await,
+        0,
+        "no outcome of A's"
+    );
+    let running = count(
+        &client,
+        "etl_job_records WHERE status = 'running' AND attempts = 2",
+    );
+    assert_eq!(running.await, 1, "the job is still B's to finish");
+
+    // B's commit goes through: its effects, once, under its own claim.
+    b.gate.add_permits(1);
+    assert_eq!(b.step.await.unwrap(), vec![(id, Transition::Succeeded)]);
+    let stamps = client
+        .query("SELECT job_id, attempt, claim_id FROM stamps", &[])
+        .await
+        .unwrap();
+    let stamps: Vec<(Uuid, i32, Uuid)> = stamps
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(stamps, vec![(id, 2, b.claim)], "B's effects, exactly once");
+    let outcome = client
+        .query_one(
+            "SELECT status, attempts, lease_claim_id FROM etl_job_outcomes WHERE job_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            outcome.get::<_, String>(0).as_str(),
+            outcome.get::<_, i32>(1)
+        ),
+        ("succeeded", 2)
+    );
+    assert_eq!(outcome.get::<_, Uuid>(2), b.claim, "the outcome is B's");
+    let status = jobs.status(&client, id).await.unwrap().unwrap();
+    assert_eq!((status.status, status.attempts), (JobState::Succeeded, 2));
 }

@@ -46,6 +46,12 @@ fn every_intake_code_names_its_pointer_not_its_value() {
             Code::DatasetInvalid,
             "/dataset",
         ),
+        // A kind's name may have a `.`; a dataset's name may not.
+        (
+            request(json!({"dataset": "orders.v2"})),
+            Code::DatasetInvalid,
+            "/dataset",
+        ),
         (
             request(json!({"dataset": "a".repeat(64)})),
             Code::DatasetInvalid,

@@ -21,8 +21,8 @@ pub(crate) struct Ready {
     pub(crate) lease: Lease,
     /// Its effects.
     pub(crate) effects: OwnedEffects,
-    /// Whether it needs the execution transaction: its effects write ([`Effects::writes`], asked
-    /// by the job's own task so that a panic there is the job's).
+    /// Whether it needs the execution transaction: its effects are not `NoEffects`
+    /// (`<dyn Effects>::writes`, read off their type), so their `apply` must run.
     pub(crate) writes: bool,
     /// How long its effects may take, from when they start applying.
     pub(crate) budget: Duration,

@@ -1,5 +1,6 @@
 //! The transactions a group commit writes: how a batch's own failure settles its jobs, how many
-//! jobs' savepoints one transaction holds, and when outcomes are stamped.
+//! jobs' savepoints one transaction holds, when outcomes are stamped, and effects dropped
+//! unapplied.
 
 use super::tests::{ready, Scratch, SUCCEEDED};
 use super::*;
@@ -141,4 +142,42 @@ async fn an_outcome_is_stamped_when_its_statement_ran_not_when_its_transaction_b
         .unwrap()
         .get(0);
     assert_eq!(late, 2, "each outcome finished after its effects wrote");
+}
+
+/// Effects that panic when dropped, for jobs whose fence fails: never applied.
+struct DropPanics;
+
+impl Effects for DropPanics {
+    fn apply<'a>(
+        self: Box<Self>,
+        _tx: &'a Transaction<'a>,
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+        Box::pin(async { Err(JobError::transient("applied although its fence failed")) })
+    }
+}
+
+impl Drop for DropPanics {
+    fn drop(&mut self) {
+        panic!("effects panicked when dropped");
+    }
+}
+
+#[tokio::test]
+async fn effects_dropped_unapplied_in_a_lane_never_unwind_into_it() {
+    // Three stale claims in one batch: their fences fail, so the lane drops their effects
+    // unapplied, one after another; a panic unwinding from one drop through the next would
+    // abort the process.
+    let (db, jobs) = Scratch::with_claimed(3).await;
+    let batch = jobs
+        .iter()
+        .map(|&(id, _)| {
+            let stale = (id, Uuid::new_v4());
+            ready(stale, Box::new(DropPanics), Duration::from_secs(9))
+        })
+        .collect();
+    assert_eq!(db.commit(batch).await, ["lease lost"; 3]);
+    assert_eq!(
+        db.count("etl_job_records WHERE status = 'running'").await,
+        3
+    );
 }
