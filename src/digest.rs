@@ -40,9 +40,6 @@ pub enum DigestKind {
     ConsoleSession,
     /// A console form's anti-forgery token.
     ConsoleCsrf,
-    /// The id of a job enqueued without an idempotency key: the key of its own that nothing
-    /// else can match.
-    UnkeyedJob,
 }
 
 impl DigestKind {
@@ -55,7 +52,6 @@ impl DigestKind {
             DigestKind::Request => b"durable-etl/request/v1\0",
             DigestKind::ConsoleSession => b"durable-etl/console-session/v1\0",
             DigestKind::ConsoleCsrf => b"durable-etl/console-csrf/v1\0",
-            DigestKind::UnkeyedJob => b"durable-etl/unkeyed-job/v1\0",
         }
     }
 }
