@@ -33,6 +33,7 @@ async fn replica(pool: durable_etl::db::Pool, owner: String) {
         lease: Duration::from_secs(60),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: &["noop"],
     };
     loop {
         let conn = pool.get().await.expect("conn");
@@ -109,6 +110,7 @@ fn batch_size(c: &mut Criterion) {
                         lease: Duration::from_secs(60),
                         heartbeat_interval: std::time::Duration::from_secs(4),
                         alive_locked: false,
+                        kinds: &["noop"],
                     };
                     let mut total = Duration::ZERO;
                     for i in 0..iters {

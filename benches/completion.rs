@@ -33,6 +33,7 @@ async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Lease, Opt
         lease: Duration::from_secs(60),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: &["noop"],
     };
     claimer::claim(conn, claimant, JOBS)
         .await

@@ -234,6 +234,7 @@ async fn add_activity(db: &BenchDb, pool: &Pool) {
         lease: Duration::from_secs(3600),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: &["noop"],
     };
     let running = claimer::claim(&*conn, claimant, LIVE / 10)
         .await
@@ -241,7 +242,7 @@ async fn add_activity(db: &BenchDb, pool: &Pool) {
     assert_eq!(running.len(), LIVE / 10);
     db.client
         .batch_execute(&format!(
-            "UPDATE etl_job_records SET run_at = now() + interval '1 hour'
+            "UPDATE etl_job_records SET run_at = now() + interval '1 hour', sort_at = now() + interval '1 hour'
               WHERE id IN (SELECT id FROM etl_job_records WHERE status = 'pending' LIMIT {deferred});
 
              WITH ids AS (

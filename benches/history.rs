@@ -40,6 +40,7 @@ fn history(c: &mut Criterion) {
         lease: Duration::from_secs(60),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: &["noop"],
     };
     for ended in [0, HISTORY] {
         rt.block_on(async {

@@ -71,14 +71,19 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
             let starts = args.record_handler_starts;
             work(&db_config, &start_up, worker_config, starts, shutdown).await
         }
+        Command::Queues(command) => {
+            let pool = open_admin(&db_config, &start_up).await?;
+            let conn = db::checkout(&pool).await?;
+            let (queue, paused) = match &command {
+                QueuesCommand::Pause { queue } => (queue, true),
+                QueuesCommand::Resume { queue } => (queue, false),
+            };
+            durable_etl::queue::set_paused(&*conn, queue, paused).await?;
+            println!("{} {queue}", if paused { "paused" } else { "resumed" });
+            Ok(())
+        }
         Command::ApiKeys(command) => {
-            let pool = start_up
-                .run(|| async {
-                    let pool = db::connect_pool(&db_config, "admin").await?;
-                    schema::check_compatible(&*db::checkout(&pool).await?).await?;
-                    Ok(pool)
-                })
-                .await?;
+            let pool = open_admin(&db_config, &start_up).await?;
             let conn = db::checkout(&pool).await?;
             match command {
                 ApiKeysCommand::Create(args) => {
@@ -104,6 +109,17 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
             }
         }
     }
+}
+
+/// Opens the pool of a one-shot administrative command and checks the schema. One start-up step.
+async fn open_admin(db_config: &DatabaseConfig, start_up: &db::StartUp) -> Result<db::Pool, Error> {
+    start_up
+        .run(|| async {
+            let pool = db::connect_pool(db_config, "admin").await?;
+            schema::check_compatible(&*db::checkout(&pool).await?).await?;
+            Ok(pool)
+        })
+        .await
 }
 
 /// Opens the pool of a long-running role, checks the schema and that the server applies the

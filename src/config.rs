@@ -6,6 +6,7 @@
 //!   a lease alive, a poll too slow to be a backstop) and names the broken relation in its error.
 //! - Nothing here reads a file: values come from CLI flags and environment variables (see `cli`).
 
+use crate::queue::{QueuesError, ServedQueue, DEFAULT_QUEUE};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -142,6 +143,12 @@ pub enum ConfigError {
     /// A job kind's name is not one the schema stores (`Job::KIND`, `Handler::kind`).
     #[error("a job kind's name must be 1 to 63 characters of a-z 0-9 _ . starting with a letter")]
     KindName,
+    /// A job's priority is outside `queue::PRIORITY_RANGE`.
+    #[error("a job's priority must be from 0 to 9")]
+    Priority,
+    /// The served queues are not a list a replica can claim from.
+    #[error(transparent)]
+    Queues(#[from] QueuesError),
     /// `bench` was given a database name that is not its own (it drops what it creates).
     #[error("the bench database name must start with durable_etl_bench")]
     BenchDatabase,
@@ -281,6 +288,9 @@ pub struct WorkerConfig {
     /// A direct (not pooled) connection string for the replica's long-lived session (LISTEN and
     /// owner lock). Defaults to none: the session uses the main database URL, unless `poll_only`.
     pub session_database_url: Option<String>,
+    /// The queues this replica claims from, each with its weight: it claims only jobs of these
+    /// queues (and of the kinds it has registered). Defaults to [`DEFAULT_QUEUE`] alone.
+    pub queues: Vec<ServedQueue>,
 }
 
 impl Default for WorkerConfig {
@@ -299,6 +309,7 @@ impl Default for WorkerConfig {
             metrics_listen: None,
             poll_only: false,
             session_database_url: None,
+            queues: vec![ServedQueue::new(DEFAULT_QUEUE)],
         }
     }
 }
@@ -315,6 +326,7 @@ impl WorkerConfig {
         if !(1..=SLOTS_MAX).contains(&self.slots) {
             return Err(ConfigError::Slots);
         }
+        crate::queue::validate(&self.queues).map_err(ConfigError::Queues)?;
         if self.prefetch > PREFETCH_MAX {
             return Err(ConfigError::Prefetch);
         }

@@ -25,10 +25,12 @@
 //!   (`conflict`).
 
 use crate::codes::Code;
+use crate::config::ConfigError;
 use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
 use crate::intake::Rejection;
 use crate::jobs::{self, Cancel};
+use crate::queue::{is_queue_name, QueuesError, DEFAULT_QUEUE, PRIORITY_RANGE};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use tokio_postgres::types::{ToSql, Type};
@@ -55,6 +57,11 @@ pub struct Submission<'a> {
     pub run_at: Option<DateTime<Utc>>,
     /// A job of the same owner this one replaces (cancelled as `replaced` first).
     pub replaces: Option<Uuid>,
+    /// The queue it waits in ([`crate::queue::is_queue_name`]); `None` is
+    /// [`DEFAULT_QUEUE`].
+    pub queue: Option<&'a str>,
+    /// Its priority within the queue, in [`PRIORITY_RANGE`] (0, the most urgent, first).
+    pub priority: i16,
 }
 
 /// What an enqueue did for one job.
@@ -66,22 +73,25 @@ pub struct Enqueued {
     pub replayed: bool,
 }
 
-/// The head both insert statements share: CTE `batch` unnests the parallel arrays `$1..$6`, `$9`
-/// (a `run_at` in the past, or none, becomes `now()`), and CTE `accepted` inserts their intake
-/// rows (owner `$7`, kind `$8`); each statement ends `accepted` its own way.
+/// The head both insert statements share: CTE `batch` unnests the parallel arrays `$1..$6`,
+/// `$9..$11` (a `run_at` in the past, or none, becomes `now()`), and CTE `accepted` inserts their
+/// intake rows (owner `$7`, kind `$8`, queue `$10`, priority `$11`); each statement ends
+/// `accepted` its own way.
 macro_rules! insert_intake {
     () => {
         "
 WITH batch AS (
     SELECT b.*, greatest(b.run_at_asked, now()) AS run_at
       FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[],
-                  $6::timestamptz[], $9::uuid[])
-           AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces)
+                  $6::timestamptz[], $9::uuid[], $10::text[], $11::int2[])
+           AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces, queue,
+                priority)
 ), accepted AS (
     INSERT INTO etl_job_intake
            (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at,
-            replaces_job_id)
-    SELECT id, $7, key_digest, fingerprint, $8, max_attempts, run_at, replaces FROM batch"
+            replaces_job_id, queue, priority)
+    SELECT id, $7, key_digest, fingerprint, $8, max_attempts, run_at, replaces, queue, priority
+      FROM batch"
     };
 }
 
@@ -89,7 +99,8 @@ WITH batch AS (
 /// exists already: each new job's intake row and its live (`pending`) row with the payload.
 /// `$1..$6` and `$9` are parallel arrays; `$7` is the owner digest, `$8` the kind. A `run_at` in
 /// the past (or none) becomes `now()`: a job cannot be dated before the jobs already due, jump
-/// ahead of them, or skew the enqueue-to-start latency.
+/// ahead of them, or skew the enqueue-to-start latency. The live row's virtual deadline is
+/// `durable_etl_sort_at(run_at, priority)` ([`crate::queue`]).
 ///
 /// Locks: inserts new rows (and their unique-index entries). A concurrent insert of the same
 /// owner + key waits for the other transaction, then is skipped if it committed; only the intake
@@ -101,8 +112,10 @@ pub const INSERT_SQL: &str = concat!(
         ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
     RETURNING id
 )
-INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
-SELECT b.id, $7, $8, b.payload, b.max_attempts, b.run_at
+INSERT INTO etl_job_records
+       (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority, sort_at)
+SELECT b.id, $7, $8, b.payload, b.max_attempts, b.run_at, b.queue, b.priority,
+       durable_etl_sort_at(b.run_at, b.priority)
   FROM batch b JOIN accepted a ON a.id = b.id
 RETURNING id"
 );
@@ -119,8 +132,11 @@ pub const INSERT_UNKEYED_SQL: &str = concat!(
     insert_intake!(),
     "
 )
-INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
-SELECT id, $7, $8, payload, max_attempts, run_at FROM batch"
+INSERT INTO etl_job_records
+       (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority, sort_at)
+SELECT id, $7, $8, payload, max_attempts, run_at, queue, priority,
+       durable_etl_sort_at(run_at, priority)
+  FROM batch"
 );
 
 /// The existing jobs of an owner (`$1`) for idempotency key digests (`$2`).
@@ -133,7 +149,7 @@ SELECT idempotency_key_digest, id, request_fingerprint
 
 /// The columns of one chunk, parallel arrays in [`INSERT_SQL`]'s order.
 #[derive(Debug, Default)]
-struct Columns {
+struct Columns<'a> {
     /// New job ids (UUIDv7, time-ordered).
     ids: Vec<Uuid>,
     /// Idempotency key digests (or the job's own key).
@@ -148,19 +164,33 @@ struct Columns {
     run_ats: Vec<Option<DateTime<Utc>>>,
     /// Replaced jobs.
     replaces: Vec<Option<Uuid>>,
+    /// Queues.
+    queues: Vec<&'a str>,
+    /// Priorities.
+    priorities: Vec<i16>,
     /// Whether the job came with the caller's key (only those can be replays).
     keyed: Vec<bool>,
 }
 
-impl Columns {
+impl<'a> Columns<'a> {
     /// The columns of `jobs`, digested under `secret`.
     ///
     /// # Errors
     /// [`Error::Rejected`] with `idempotency_key_invalid` for a key that is empty or longer than
-    /// 255 characters.
-    fn of(secret: &Secret, jobs: Vec<Submission<'_>>) -> Result<Columns, Error> {
+    /// 255 characters; [`Error::Config`] for a queue name the schema does not store or a
+    /// priority outside [`PRIORITY_RANGE`].
+    fn of(secret: &Secret, jobs: Vec<Submission<'a>>) -> Result<Columns<'a>, Error> {
         let mut c = Columns::default();
         for job in jobs {
+            let queue = job.queue.unwrap_or(DEFAULT_QUEUE);
+            if !is_queue_name(queue) {
+                return Err(Error::Config(ConfigError::Queues(QueuesError::Name)));
+            }
+            if !PRIORITY_RANGE.contains(&job.priority) {
+                return Err(Error::Config(ConfigError::Priority));
+            }
+            c.queues.push(queue);
+            c.priorities.push(job.priority);
             let id = Uuid::now_v7();
             let (key_digest, fingerprint) = match job.idempotency_key {
                 Some(key) => {
@@ -253,7 +283,7 @@ impl Destination<'_> {
         let count = jobs.len();
         let c = Columns::of(secret, jobs)?;
         let owner: &[u8] = owner_key;
-        let params: [(&(dyn ToSql + Sync), Type); 9] = [
+        let params: [(&(dyn ToSql + Sync), Type); 11] = [
             (&c.ids, Type::UUID_ARRAY),
             (&c.key_digests, Type::BYTEA_ARRAY),
             (&c.fingerprints, Type::BYTEA_ARRAY),
@@ -263,6 +293,8 @@ impl Destination<'_> {
             (&owner, Type::BYTEA),
             (&kind, Type::TEXT),
             (&c.replaces, Type::UUID_ARRAY),
+            (&c.queues, Type::TEXT_ARRAY),
+            (&c.priorities, Type::INT2_ARRAY),
         ];
         if !c.keyed.contains(&true) && c.replaces.iter().all(Option::is_none) {
             client.execute_typed(INSERT_UNKEYED_SQL, &params).await?;

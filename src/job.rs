@@ -44,6 +44,11 @@ pub struct EnqueueOptions<'a> {
     pub replaces: Option<Uuid>,
     /// The owner (a principal, digested here); `None` is the [`Jobs`] handle's owner.
     pub owner: Option<&'a str>,
+    /// The queue the job waits in; `None` is the kind's [`Job::QUEUE`].
+    pub queue: Option<&'a str>,
+    /// The job's priority within its queue (0, the most urgent, to 9; see [`crate::queue`]);
+    /// `None` is the kind's [`Job::PRIORITY`].
+    pub priority: Option<i16>,
 }
 
 /// Enqueues, reads and controls jobs of any kind for one owner: the library's front door.
@@ -80,8 +85,9 @@ impl Jobs {
     /// The replicas wake when the transaction commits.
     ///
     /// # Errors
-    /// [`Error::Config`] when the kind's name is not one the schema stores
-    /// ([`crate::handler::is_kind_name`]); [`Error::Rejected`] with `idempotency_key_invalid`,
+    /// [`Error::Config`] when the kind's name, or the queue's, is not one the schema stores
+    /// ([`crate::handler::is_kind_name`]), or the priority is outside
+    /// [`crate::queue::PRIORITY_RANGE`]; [`Error::Rejected`] with `idempotency_key_invalid`,
     /// `idempotency_key_reused`, `invalid_payload` (the job does not serialize as a JSON
     /// document), or `not_found` /
     /// `conflict` for a `replaces` that names no job of the owner / one that ended; database
@@ -137,6 +143,8 @@ impl Jobs {
                 max_attempts: options.max_attempts.unwrap_or(J::MAX_ATTEMPTS),
                 run_at: options.run_at,
                 replaces: options.replaces,
+                queue: Some(options.queue.unwrap_or(J::QUEUE)),
+                priority: options.priority.unwrap_or(J::PRIORITY),
             };
             match runs.last_mut() {
                 Some((last, run)) if *last == owner => run.push(submission),

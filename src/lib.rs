@@ -31,7 +31,8 @@
 //! ## Layout
 //! **The runtime, start here:** [`Job`], [`Perform`] and [`Apply`] ([`job`]); [`Jobs`], to
 //! enqueue, read and cancel; [`Worker`] ([`worker`]) and [`Replica`] ([`replica`]), with
-//! [`WorkerConfig`] and [`DatabaseConfig`] ([`config`]); [`migrate`] ([`schema`]);
+//! [`WorkerConfig`] and [`DatabaseConfig`] ([`config`]); queues, weights and priorities
+//! ([`queue`]); [`migrate`] ([`schema`]);
 //! [`connect_pool`] ([`db`]); [`Secret`] ([`digest`]); [`JobContext`], [`JobError`] and the
 //! untyped contract under the typed one ([`handler`]); [`JobState`] ([`state`]) and the status,
 //! listing and cancel types ([`jobs`]); [`Error`] and [`Code`] ([`error`], [`codes`]).
@@ -76,6 +77,7 @@ pub mod job;
 pub mod jobs;
 pub mod metrics;
 pub mod notifier;
+pub mod queue;
 pub mod replica;
 pub mod schema;
 pub mod shutdown;

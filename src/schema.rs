@@ -207,6 +207,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // The same rows are admitted: nothing a reader or writer does changes.
         min_reader_version: 8,
     },
+    Migration {
+        version: 20,
+        name: "queues_and_priorities",
+        up: include_str!("../migrations/0020_queues_and_priorities.up.sql"),
+        down: include_str!("../migrations/0020_queues_and_priorities.down.sql"),
+        // Breaking for readers: a release before it inserts live rows without their virtual
+        // deadline and claims every queue through an index that is gone.
+        min_reader_version: 20,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

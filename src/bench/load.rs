@@ -153,7 +153,8 @@ pub(super) async fn recoveries(
             .await?;
         holder
             .execute(
-                "UPDATE etl_job_records SET run_at = now() + interval '1 hour' WHERE id = $1",
+                "UPDATE etl_job_records SET run_at = now() + interval '1 hour', sort_at = now() + interval '1 hour'
+                  WHERE id = $1",
                 &[&job.first()],
             )
             .await?;
@@ -166,7 +167,7 @@ pub(super) async fn recoveries(
             .await?;
         client
             .execute(
-                "UPDATE etl_job_records SET run_at = now() WHERE id = $1",
+                "UPDATE etl_job_records SET run_at = now(), sort_at = now() WHERE id = $1",
                 &[&job.first()],
             )
             .await?;

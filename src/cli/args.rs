@@ -140,6 +140,9 @@ pub(crate) enum Command {
     /// Create or revoke API keys.
     #[command(subcommand)]
     ApiKeys(ApiKeysCommand),
+    /// Pause or resume a queue: a paused queue's jobs are not claimed (running ones finish).
+    #[command(subcommand)]
+    Queues(QueuesCommand),
     /// Run the whole product once on a local database: API, two replicas, sample jobs.
     Demo(DemoArgs),
     /// Measure throughput and latency of real replicas on a throw-away database.
@@ -384,6 +387,10 @@ pub(crate) struct WorkArgs {
     /// Direct (not pooled) connection string for the LISTEN and owner-lock session.
     #[arg(long, env = "DURABLE_ETL_SESSION_DATABASE_URL", hide_env_values = true)]
     pub(crate) session_database_url: Option<String>,
+    /// The queues to claim from, comma-separated, each `name` or `name:weight` (1 to 1000,
+    /// default 1): when several have work, each claim shares the free slots among them by weight.
+    #[arg(long, env = "DURABLE_ETL_QUEUES", default_value = durable_etl::queue::DEFAULT_QUEUE)]
+    pub(crate) queues: String,
     /// Bench only (hidden): record each handler start (job id, wall-clock time) in memory and
     /// write them to this file when the replica stops. Unset in production.
     #[arg(long, env = crate::bench::starts::STARTS_FILE_ENV, hide = true)]
@@ -415,6 +422,7 @@ impl WorkArgs {
             metrics_listen: self.metrics_listen,
             poll_only: self.poll_only,
             session_database_url: self.session_database_url.clone(),
+            queues: durable_etl::queue::parse(&self.queues).map_err(config::ConfigError::Queues)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -428,6 +436,21 @@ pub(crate) enum ApiKeysCommand {
     Create(CreateKeyArgs),
     /// Revoke an API key by id.
     Revoke(RevokeKeyArgs),
+}
+
+/// The `queues` subcommands, each naming one queue.
+#[derive(Debug, Subcommand)]
+pub(crate) enum QueuesCommand {
+    /// Stop claiming the queue's jobs; running jobs finish, enqueues are still accepted.
+    Pause {
+        /// The queue.
+        queue: String,
+    },
+    /// Claim the queue's jobs again.
+    Resume {
+        /// The queue.
+        queue: String,
+    },
 }
 
 /// Options of `api-keys create`.

@@ -39,6 +39,8 @@ impl NewJob<'_> {
             max_attempts: self.max_attempts,
             run_at: self.request.run_at,
             replaces: self.request.replaces,
+            queue: None,
+            priority: 0,
         }
     }
 }

@@ -34,6 +34,15 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     /// each a lower-case identifier that is not one of the crate's codes
     /// ([`is_kind_code`](crate::handler::is_kind_code)). Defaults to none.
     const CODES: &'static [&'static str] = &[];
+    /// The queue a job of this kind waits in when
+    /// [`EnqueueOptions::queue`](crate::EnqueueOptions::queue) is not set: replicas serving it
+    /// ([`WorkerConfig::queues`](crate::WorkerConfig::queues)) claim it. Defaults to
+    /// [`DEFAULT_QUEUE`](crate::queue::DEFAULT_QUEUE).
+    const QUEUE: &'static str = crate::queue::DEFAULT_QUEUE;
+    /// The priority of a job of this kind when
+    /// [`EnqueueOptions::priority`](crate::EnqueueOptions::priority) is not set: 0 (the most
+    /// urgent) to 9, aged by its due time ([`crate::queue`]). Defaults to 0.
+    const PRIORITY: i16 = 0;
 
     /// The delay before retrying after failed attempt `attempt` (from 1), at most
     /// [`RETRY_AFTER_MAX`](crate::handler::RETRY_AFTER_MAX); `None` (the default) is the

@@ -247,7 +247,9 @@ async fn leases_returned(
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else
 /// ended `failed` with `attempts_exhausted` (`$1` id, `$2` claim id). A job whose owner asked to
 /// cancel it ends `cancelled` instead of retrying. A retried attempt is appended to the job's
-/// attempt history (`retried`, with the time it is due again). Returns the job's new status.
+/// attempt history (`retried`, with the time it is due again). The retried row's virtual deadline
+/// moves with its due time (`durable_etl_sort_at`, [`crate::queue`]), keeping its priority.
+/// Returns the job's new status.
 ///
 /// Locks: `decided` row-locks the fenced row (`FOR NO KEY UPDATE`), so it reads the row's current
 /// version: a cancel request that committed while it waited is seen, and one that comes later
@@ -268,7 +270,9 @@ WITH decided AS (
        FOR NO KEY UPDATE OF j
 ), retried AS (
     UPDATE etl_job_records AS j
-       SET status = 'pending', run_at = now() + $3 * interval '1 millisecond', updated_at = now(),
+       SET status = 'pending', run_at = now() + $3 * interval '1 millisecond',
+           sort_at = durable_etl_sort_at(now() + $3 * interval '1 millisecond', j.priority),
+           updated_at = now(),
            ",
     lease_cleared!(),
     "

@@ -5,8 +5,7 @@
 //!
 //! Invariants this module keeps:
 //! - Every statement here is bounded on the client ([`db::bounded`]) and counted as a round trip.
-//! - A replica with no handlers claims nothing (it would only fail every job it took with
-//!   `unknown_kind`).
+//! - A replica with no handlers claims nothing (it has no kind to claim).
 //! - A task that died of a panic no guard caught is settled `failed` with `handler_panicked`
 //!   under its fence, so no claim stays held forever.
 
@@ -18,6 +17,7 @@ use crate::worker::completer::{self, Transition};
 use crate::worker::executor;
 use crate::worker::lease::{ClaimedJob, Lease};
 use crate::worker::presence::{self, Answer, Change};
+use crate::worker::queues::QueueShares;
 use crate::worker::shared::Shared;
 use crate::worker::slots::{SlotPermit, Slots};
 use crate::worker::stats::ClaimReason;
@@ -28,10 +28,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// One step: claims what is due now (up to the slots), runs every claimed job to its transition
-/// on a task of its own, and returns `(job id, transition)` for each, by job id.
+/// One step: claims what is due now (up to the slots, shared among the served queues by
+/// weight), runs every claimed job to its transition on a task of its own, and returns `(job id,
+/// transition)` for each, by job id.
 pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>, Error> {
-    let jobs = claim(shared, shared.config.slots, ClaimReason::Step).await?;
+    let asks = owned(QueueShares::new(&shared.config.queues).asks(shared.config.slots));
+    let jobs = claim_with(shared, &asks, ClaimReason::Step, None).await.0?;
     let slots = Arc::new(Slots::default());
     let mut tasks = JoinSet::new();
     for job in jobs {
@@ -49,24 +51,20 @@ pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>
     Ok(done)
 }
 
-/// Claims up to `free` due jobs for `reason`. A replica with no handlers claims nothing (it would
-/// only fail every job it took with `unknown_kind`).
-pub(crate) async fn claim(
-    shared: &Shared,
-    free: usize,
-    reason: ClaimReason,
-) -> Result<Vec<ClaimedJob>, Error> {
-    claim_with(shared, free, reason, None).await.0
+/// `asks`, owned: what a claim sent later asks of each queue.
+pub(crate) fn owned(asks: Vec<(&str, usize)>) -> Vec<(String, usize)> {
+    asks.into_iter().map(|(q, n)| (q.to_owned(), n)).collect()
 }
 
-/// [`claim`], with the presence `change` (if any) pipelined before it on the same connection, in
-/// the same round trip. Returns the claimed jobs and what the change answered (`None` when it was
-/// not sent); the jobs are returned whatever the change answered, so a failed presence statement
-/// never loses a claim.
-#[tracing::instrument(name = "claim", skip_all, fields(free, ?reason, ?change))]
+/// Claims, of each queue of `asks`, up to as many due jobs as it asks, for `reason`, with the
+/// presence `change` (if any) pipelined before it on the same connection, in the same round
+/// trip. Returns the claimed jobs and what the change answered (`None` when it was not sent); the
+/// jobs are returned whatever the change answered, so a failed presence statement never loses a
+/// claim. A replica with no handlers claims nothing.
+#[tracing::instrument(name = "claim", skip_all, fields(?reason, ?change))]
 pub(crate) async fn claim_with(
     shared: &Shared,
-    free: usize,
+    asks: &[(String, usize)],
     reason: ClaimReason,
     change: Option<Change>,
 ) -> (Result<Vec<ClaimedJob>, Error>, Answer) {
@@ -83,7 +81,10 @@ pub(crate) async fn claim_with(
         lease: shared.config.lease,
         heartbeat_interval: shared.config.heartbeat_interval,
         alive_locked: shared.holds_alive_locks(),
+        kinds: &shared.kinds,
     };
+    let asks: Vec<(&str, usize)> = asks.iter().map(|(q, n)| (q.as_str(), *n)).collect();
+    let queues = shared.queue_names();
     crash_point!("claim.before");
     let bound = shared.statement_bound;
     // Polled first, so its statements are queued (and run) before the claim's.
@@ -92,14 +93,14 @@ pub(crate) async fn claim_with(
             Some(change) => Some(
                 db::bounded(
                     bound,
-                    presence::send(conn.client(), change, claimant.owner_id),
+                    presence::send(conn.client(), change, claimant.owner_id, &queues),
                 )
                 .await,
             ),
             None => None,
         }
     };
-    let (answer, jobs) = futures::join!(presence, db::bounded(bound, conn.claim(claimant, free)));
+    let (answer, jobs) = futures::join!(presence, db::bounded(bound, conn.claim(claimant, &asks)));
     if jobs.as_ref().is_ok_and(|jobs| !jobs.is_empty()) {
         // Only after a claim that took jobs: an empty (or failed) one crashing here would leave
         // nothing claimed for the crash test to find.
@@ -119,7 +120,7 @@ pub(crate) async fn claim_with(
 pub(crate) async fn leave(shared: &Shared) {
     let left = async {
         let conn = db::checkout(&shared.claim_pool).await?;
-        let leave = presence::send(conn.client(), Change::Leave, shared.owner_id());
+        let leave = presence::send(conn.client(), Change::Leave, shared.owner_id(), &[]);
         db::bounded(shared.statement_bound, leave).await
     };
     if let Err(e) = left.await {
@@ -132,7 +133,9 @@ pub(crate) async fn leave(shared: &Shared) {
 pub(crate) async fn next_due(shared: &Shared) -> Result<Option<Duration>, Error> {
     let conn = db::checkout(&shared.claim_pool).await?;
     shared.stats.record_round_trips(1);
-    db::bounded(shared.statement_bound, conn.next_due()).await
+    let queues = shared.queue_names();
+    let next = conn.next_due(&queues, &shared.kinds);
+    db::bounded(shared.statement_bound, next).await
 }
 
 /// Executes `job` in `slot` inside a span with its safe fields, recording its duration.

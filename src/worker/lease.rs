@@ -100,6 +100,8 @@ pub struct ClaimedJob {
     pub payload: serde_json::Value,
     /// Seconds the job had been due when it was claimed (database clock).
     pub due_for: f64,
+    /// Which of the claim's asks (by position) it was claimed for: the queue it came from.
+    pub asked_of: usize,
 }
 
 impl ClaimedJob {

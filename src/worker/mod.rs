@@ -1,8 +1,8 @@
 //! The worker replica: a thin facade that starts a replica's roles and stops them in order.
 //!
 //! The roles, each owning its loop and its SQL:
-//! - `producer`: the one claim loop, with its prefetch buffer (`prefetch`); runs each claimed
-//!   job on a task (`executor`) whose effects commit in groups (`group_commit`, [`completer`]);
+//! - `producer`: the claim loop, with its buffer (`prefetch`) and shares per queue (`queues`);
+//!   runs each job on a task (`executor`), committing in groups (`group_commit`, [`completer`]);
 //! - [`heartbeat`]: renews the leases of the held jobs (`held`) on its own task;
 //! - [`rescuer`]: recovers dead owners' and expired leases' jobs on its own task;
 //! - `session`: LISTEN and the owner lock (the notifier), outside the pool;
@@ -39,6 +39,7 @@ pub mod lease;
 pub(crate) mod prefetch;
 pub(crate) mod presence;
 pub(crate) mod producer;
+pub(crate) mod queues;
 pub(crate) mod reporter;
 #[doc(hidden)]
 pub mod rescuer;
@@ -190,7 +191,6 @@ impl Worker {
         };
         tracing::Instrument::instrument(stopping, shutdown_span).await;
         drop(self); // the last pool handle and the session (so the owner lock) go with it
-
         tracing::info!("stopped");
         match stopped {
             Stopped::OwnerIdTaken => Err(Error::OwnerIdInUse),

@@ -128,6 +128,13 @@ impl<T> Prefetch<T> {
     }
 }
 
+/// Whether a replica draining a backlog should claim now, holding `held` (running and buffered)
+/// of its `capacity`: once at least half of it is room, so each claim (and the group commits
+/// that follow) carries a batch worth its statement, instead of one claim per freed job.
+pub(crate) fn refill_now(capacity: usize, held: usize) -> bool {
+    capacity.saturating_sub(held) >= capacity.div_ceil(2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Prefetch, HOLD, RATE_WINDOW};
@@ -211,5 +218,17 @@ mod tests {
             buffer.pop(start);
         }
         assert_eq!(buffer.ahead(start + RATE_WINDOW), 0);
+    }
+
+    #[test]
+    fn a_draining_replica_refills_once_half_its_room_is_free() {
+        assert!(!super::refill_now(8, 5));
+        assert!(super::refill_now(8, 4));
+        assert!(super::refill_now(1, 0));
+        assert!(!super::refill_now(1, 1));
+        assert!(super::refill_now(3, 1));
+        assert!(!super::refill_now(3, 2));
+        // The buffer's allowance may shrink below what is already held.
+        assert!(!super::refill_now(4, 9));
     }
 }

@@ -53,14 +53,15 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-/// Records owner `$1` as waiting, or refreshes its row; answers whether it inserted the row
-/// (`xmax` is 0 only for a row version this statement inserted).
+/// Records owner `$1` as waiting for work of the queues `$2`, or refreshes its row; answers
+/// whether it inserted the row (`xmax` is 0 only for a row version this statement inserted). The
+/// enqueue trigger notifies only when a waiting replica serves one of the enqueued jobs' queues.
 ///
 /// Locks: the row's lock, to the end of its own implicit transaction (no other session writes a
 /// replica's row but recovery's stale-row delete). The table is UNLOGGED: no WAL.
 pub(crate) const REGISTER_SQL: &str = "
-INSERT INTO etl_waiting_replicas (owner_id) VALUES ($1)
-    ON CONFLICT (owner_id) DO UPDATE SET refreshed_at = now()
+INSERT INTO etl_waiting_replicas (owner_id, queues) VALUES ($1, $2)
+    ON CONFLICT (owner_id) DO UPDATE SET refreshed_at = now(), queues = excluded.queues
 RETURNING xmax = 0";
 
 /// Tries the enqueue barrier ('detl', 1) in exclusive mode, and releases it at once (its implicit
@@ -294,12 +295,15 @@ pub(crate) async fn send(
     client: &Client,
     change: Change,
     owner_id: &str,
+    queues: &[&str],
 ) -> Result<Registered, tokio_postgres::Error> {
     let owner: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&owner_id, Type::TEXT)];
+    let register: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+        [(&owner_id, Type::TEXT), (&queues, Type::TEXT_ARRAY)];
     match change {
         Change::Register => {
             let (registered, settled) = futures::join!(
-                client.query_typed(REGISTER_SQL, &owner),
+                client.query_typed(REGISTER_SQL, &register),
                 client.query_typed(SETTLE_SQL, &[])
             );
             Ok(Registered {

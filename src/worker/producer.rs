@@ -30,11 +30,12 @@
 use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
 use crate::worker::completer::{self, Transition};
-use crate::worker::dispatch::{claim_with, leave, next_due, settle_dead_task, timed_execute};
+use crate::worker::dispatch::{self, claim_with, leave, next_due, settle_dead_task, timed_execute};
 use crate::worker::held::{HeldJob, HeldJobs};
 use crate::worker::lease::{self, ClaimedJob, Lease, LeaseClock};
-use crate::worker::prefetch::Prefetch;
+use crate::worker::prefetch::{refill_now, Prefetch};
 use crate::worker::presence::{Answer, Presence, Ticket};
+use crate::worker::queues::QueueShares;
 use crate::worker::session::Signals;
 use crate::worker::shared::Shared;
 use crate::worker::slots::Slots;
@@ -87,8 +88,8 @@ struct Waiting {
 struct Claimed {
     /// Why it was sent.
     why: ClaimReason,
-    /// How many jobs it asked for.
-    asked: usize,
+    /// How many jobs it asked of each queue.
+    asks: Vec<(String, usize)>,
     /// When it was sent (the claimed jobs' lease clocks run from then).
     sent: Instant,
     /// The claimed jobs, or why the claim failed.
@@ -121,6 +122,8 @@ pub(crate) struct Producer {
     wake: WakeState,
     /// Whether the replica waits for work, as enqueues see it.
     presence: Presence,
+    /// How each claim's room is shared among the served queues.
+    shares: QueueShares,
 }
 
 /// Why the claim loop stopped.
@@ -141,6 +144,7 @@ impl Producer {
         let poll_interval = shared.config.poll_interval;
         Producer {
             buffer: Prefetch::new(shared.config.prefetch),
+            shares: QueueShares::new(&shared.config.queues),
             shared,
             held,
             tasks: JoinSet::new(),
@@ -298,15 +302,20 @@ impl Producer {
             self.wake.backlog = true;
             return;
         }
+        // Only slots freed under a backlog bring no news of the other queues.
+        if why != ClaimReason::Drain {
+            self.shares.refresh();
+        }
+        let asks = dispatch::owned(self.shares.asks(room));
         let shared = Arc::clone(&self.shared);
         let sent = Instant::now();
         let ticket = self.presence.ticket(self.wake.backlog, sent);
         self.presence.retrying();
         self.claiming = Some(Box::pin(async move {
-            let (jobs, answer) = claim_with(&shared, room, why, ticket.change).await;
+            let (jobs, answer) = claim_with(&shared, &asks, why, ticket.change).await;
             Claimed {
                 why,
-                asked: room,
+                asks,
                 sent,
                 jobs,
                 ticket,
@@ -320,10 +329,8 @@ impl Producer {
     /// Returns a reason to claim again at once: a short claim found the replica busy, and it
     /// registers as waiting on the next one.
     async fn take_claimed(&mut self, claimed: Claimed) -> Option<ClaimReason> {
-        let full = claimed
-            .jobs
-            .as_ref()
-            .map_or(true, |j| j.len() == claimed.asked);
+        let asked: usize = claimed.asks.iter().map(|a| a.1).sum();
+        let full = claimed.jobs.as_ref().map_or(true, |j| j.len() == asked);
         let join = self.presence.after(
             claimed.ticket,
             claimed.answer.as_ref(),
@@ -347,6 +354,13 @@ impl Producer {
         }
         self.wake.notified_since_claim = false;
         self.wake.backlog = full;
+        let mut took = vec![0; claimed.asks.len()];
+        for job in &jobs {
+            if let Some(n) = took.get_mut(job.asked_of) {
+                *n += 1;
+            }
+        }
+        self.shares.took(&claimed.asks, &took);
         for job in jobs {
             self.hold(job, claimed.sent);
         }
@@ -466,27 +480,5 @@ async fn in_flight(slot: &mut Option<InFlight>) -> Claimed {
     match slot {
         Some(claim) => claim.await,
         None => std::future::pending().await,
-    }
-}
-
-/// Whether a replica draining a backlog should claim now, holding `held` (running and buffered)
-/// of its `capacity`: once at least half of it is room, so each claim (and the group commits
-/// that follow) carries a batch worth its statement, instead of one claim per freed job.
-fn refill_now(capacity: usize, held: usize) -> bool {
-    capacity.saturating_sub(held) >= capacity.div_ceil(2)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_draining_replica_refills_once_half_its_room_is_free() {
-        assert!(!super::refill_now(8, 5));
-        assert!(super::refill_now(8, 4));
-        assert!(super::refill_now(1, 0));
-        assert!(!super::refill_now(1, 1));
-        assert!(super::refill_now(3, 1));
-        assert!(!super::refill_now(3, 2));
-        // The buffer's allowance may shrink below what is already held.
-        assert!(!super::refill_now(4, 9));
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) claim_pool: ClaimPool,
     /// The handlers, by kind.
     pub(crate) registry: Registry,
+    /// The kinds of the handlers: what the replica claims.
+    pub(crate) kinds: Vec<&'static str>,
     /// The replica's configuration.
     pub(crate) config: WorkerConfig,
     /// The replica's counters.
@@ -77,6 +79,7 @@ impl Shared {
         Ok(Shared {
             pool,
             claim_pool,
+            kinds: registry.kinds(),
             registry,
             config,
             stats,
@@ -123,5 +126,10 @@ impl Shared {
     /// This replica's owner id.
     pub(crate) fn owner_id(&self) -> &str {
         &self.config.owner_id
+    }
+
+    /// The names of the queues this replica serves, in configured order.
+    pub(crate) fn queue_names(&self) -> Vec<&str> {
+        self.config.queues.iter().map(|q| q.name.as_str()).collect()
     }
 }

@@ -835,6 +835,7 @@ async fn the_live_status_listing_pages_the_owners_live_jobs_newest_first() {
         lease: Duration::from_secs(60),
         heartbeat_interval: Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     };
     let claimed = claimer::claim(&client, claimant, 2).await.unwrap();
     assert_eq!(claimed.len(), 2);
@@ -951,6 +952,7 @@ async fn cancellation_of_pending_running_and_terminal_jobs() {
         lease: Duration::from_secs(60),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     };
     let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
         .await

@@ -708,6 +708,7 @@ async fn the_operator_view_has_empty_states_and_lists_recovery_events() {
         lease: Duration::from_millis(1),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     };
     let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
         .await

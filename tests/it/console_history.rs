@@ -23,6 +23,7 @@ pub(crate) async fn claim(client: &Client) -> Lease {
         lease: Duration::from_secs(60),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     };
     let claimed = claimer::claim(client, claimant, 1).await.unwrap();
     assert_eq!(claimed.len(), 1, "one job is due");

@@ -69,7 +69,7 @@ pub(crate) async fn etl_worker(db: &TestDb, owner_id: &str, lock_timeout: Durati
 async fn make_due(client: &tokio_postgres::Client) {
     client
         .execute(
-            "UPDATE etl_job_records SET run_at = now() WHERE status = 'pending'",
+            "UPDATE etl_job_records SET run_at = now(), sort_at = now() WHERE status = 'pending'",
             &[],
         )
         .await

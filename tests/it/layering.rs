@@ -37,6 +37,7 @@ const CORE: &[&str] = &[
     "job",
     "jobs",
     "notifier",
+    "queue",
     "replica",
     "schema",
     "shutdown",

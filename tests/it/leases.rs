@@ -289,6 +289,7 @@ async fn an_owner_without_alive_locks_is_judged_by_its_own_heartbeat_and_the_jud
         lease: Duration::from_secs(600),
         heartbeat_interval: Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     };
     assert_eq!(claimer::claim(&client, owner, 1).await.unwrap().len(), 1);
     let renewed = |seconds: i32| {

@@ -26,6 +26,7 @@ mod prefetch;
 mod presence;
 mod privacy;
 mod proxy;
+mod queues;
 mod runtime;
 mod schema;
 mod soak;

@@ -698,7 +698,7 @@ async fn migration_0009_makes_enqueues_notify_only_while_a_replica_waits_and_rou
 
     // Nobody waits: no notification, but the barrier is held until the commit.
     let tx = client.transaction().await.unwrap();
-    insert_job(&tx, "now()").await;
+    insert_due_job_of_8(&tx).await;
     assert!(!barrier_free().await, "an open enqueue holds the barrier");
     tx.commit().await.unwrap();
     assert!(barrier_free().await);
@@ -709,16 +709,16 @@ async fn migration_0009_makes_enqueues_notify_only_while_a_replica_waits_and_rou
         .start()
         .await
         .unwrap();
-    insert_job(&tx, "now()").await;
+    insert_due_job_of_8(&tx).await;
     tx.commit().await.unwrap();
     // Somebody waits: the next enqueue notifies; gone again: it does not.
     register_waiting(&client, "a").await;
-    insert_job(&client, "now()").await;
+    insert_due_job_of_8(&client).await;
     client
         .batch_execute("DELETE FROM etl_waiting_replicas")
         .await
         .unwrap();
-    insert_job(&client, "now()").await;
+    insert_due_job_of_8(&client).await;
 
     let down = schema::migrate_down_to(&mut client, 8).await.unwrap();
     let from_9 = versions_from(9);
@@ -728,7 +728,7 @@ async fn migration_0009_makes_enqueues_notify_only_while_a_replica_waits_and_rou
         first_column(&client, "SELECT to_regclass('etl_waiting_replicas')::text").await;
     assert_eq!(table, [None]);
     // At 8, every enqueue notifies.
-    insert_job(&client, "now()").await;
+    insert_due_job_of_8(&client).await;
     let up = schema::migrate_up(&mut client).await.unwrap();
     assert_eq!((up.changed, up.version), (from_9, schema::latest_version()));
     assert_eq!(catalog_snapshot(&client).await, latest);
@@ -740,6 +740,28 @@ async fn migration_0009_makes_enqueues_notify_only_while_a_replica_waits_and_rou
         "the REPEATABLE READ enqueue, the one while a replica waited, and the one at 8"
     );
     assert_eq!(declared_min_reader(&client, 9).await, 8);
+}
+
+/// Inserts one due pending job of kind `test.noop` in the layout of versions 8 to 19 (no
+/// virtual deadline, no queue): its intake row and its live row, in one statement.
+async fn insert_due_job_of_8(client: &impl tokio_postgres::GenericClient) {
+    client
+        .execute(
+            "WITH intake AS (
+                 INSERT INTO etl_job_intake
+                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                      max_attempts, run_at)
+                 VALUES (gen_random_uuid(), decode(repeat('07', 32), 'hex'),
+                         sha256(gen_random_uuid()::text::bytea), sha256(''), 'test.noop', 5,
+                         now())
+                 RETURNING id, owner_key, kind, max_attempts, run_at
+             )
+             INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
+             SELECT id, owner_key, kind, '{}'::jsonb, max_attempts, run_at FROM intake",
+            &[],
+        )
+        .await
+        .unwrap();
 }
 
 /// The `min_reader_version` the history records for `version`.
@@ -1209,7 +1231,9 @@ async fn the_jobs_view_shows_every_job_and_nothing_private() {
             "rows_inserted",
             "rows_updated",
             "rows_unchanged",
-            "data_checksum"
+            "data_checksum",
+            "queue",
+            "priority"
         ]
     );
     // A pending job, a running one with a cancel request, and one that ran and succeeded.
@@ -1255,8 +1279,12 @@ async fn text_rows(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
     first_column(client, sql).await
 }
 
-/// Every job as `etl_jobs` shows it, one text row each, by id.
-const VIEW_ROWS: &str = "SELECT v::text FROM etl_jobs v ORDER BY id";
+/// Every job as `etl_jobs` shows it, one text row each, by id (the columns of versions 7 to 19).
+const VIEW_ROWS: &str = "SELECT (id, owner_key, kind, status, attempts, max_attempts, run_at,
+        created_at, updated_at, started_at, finished_at, failure_code, failure_record_index,
+        lease_owner_id, lease_claim_id, lease_expires_at, replaces_job_id, cancel_requested,
+        rows_inserted, rows_updated, rows_unchanged, data_checksum)::text
+   FROM etl_jobs ORDER BY id";
 
 /// What the intake of a job holds, from `table` (the wide table of version 7 or the intake of
 /// 8), by id.

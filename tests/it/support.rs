@@ -16,6 +16,17 @@ pub use test_db::{admin_config, connect, TestDb, TEST_DB_PREFIX};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
+/// Every kind the suite's jobs have: what a test that claims by hand (as a replica would) claims.
+pub const TEST_KINDS: &[&str] = &[
+    "etl.load",
+    "noop",
+    "test",
+    "test.hangs",
+    "test.noop",
+    "test.scripted",
+    "test.welcome",
+];
+
 /// The schema of `public`, as sorted text lines: tables and their options, columns, constraints,
 /// indexes, triggers and functions. The migration history table is left out.
 pub async fn catalog_snapshot(client: &Client) -> Vec<String> {
@@ -144,8 +155,9 @@ pub async fn insert_job(
                      RETURNING id, owner_key, kind, max_attempts, run_at
                  )
                  INSERT INTO etl_job_records
-                     (id, owner_key, kind, request_payload, max_attempts, run_at)
-                 SELECT id, owner_key, kind, '{{}}'::jsonb, max_attempts, run_at FROM intake"
+                     (id, owner_key, kind, request_payload, max_attempts, run_at, sort_at)
+                 SELECT id, owner_key, kind, '{{}}'::jsonb, max_attempts, run_at, run_at
+                   FROM intake"
             ),
             &[&id, &digest, &id.as_bytes().repeat(2)],
         )

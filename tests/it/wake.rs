@@ -400,6 +400,7 @@ async fn poll_only_mode_without_a_session_recovers_by_expiry_only() {
         lease: Duration::from_secs(600),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     };
     insert_jobs(&client, NOOP, &[json!({})], 3).await;
     assert_eq!(

@@ -7,6 +7,7 @@ use durable_etl::codes::Code;
 use durable_etl::config::WorkerConfig;
 use durable_etl::error::Error;
 use durable_etl::handler::{LedgerEntry, Registry};
+use durable_etl::queue::{ServedQueue, DEFAULT_QUEUE};
 use durable_etl::shutdown::{self, Stage};
 use durable_etl::worker::completer::{self, Transition};
 use durable_etl::worker::{claimer, heartbeat, Worker};
@@ -32,6 +33,7 @@ fn config(owner: &str) -> WorkerConfig {
         metrics_listen: None,
         poll_only: false,
         session_database_url: None,
+        queues: vec![ServedQueue::new(DEFAULT_QUEUE)],
     }
 }
 
@@ -43,6 +45,7 @@ fn claimant(owner_id: &str, lease_secs: u64) -> claimer::Claimant<'_> {
         lease: Duration::from_secs(lease_secs),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     }
 }
 
@@ -407,7 +410,7 @@ async fn transient_failures_retry_with_growing_delay_then_exhaust() {
         assert!(worker.step().await.unwrap().is_empty());
         client
             .execute(
-                "UPDATE etl_job_records SET run_at = now() WHERE id = $1",
+                "UPDATE etl_job_records SET run_at = now(), sort_at = now() WHERE id = $1",
                 &[&id],
             )
             .await
@@ -433,7 +436,7 @@ async fn transient_failures_retry_with_growing_delay_then_exhaust() {
 }
 
 #[tokio::test]
-async fn deterministic_failures_panics_timeouts_and_unknown_kinds_end_with_their_code() {
+async fn deterministic_failures_panics_and_timeouts_end_with_their_code_and_unknown_kinds_wait() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let actions = [
@@ -452,13 +455,12 @@ async fn deterministic_failures_panics_timeouts_and_unknown_kinds_end_with_their
     let mut cfg = config("failer");
     cfg.execution_timeout = Duration::from_millis(300);
     let worker = start(&db, cfg, Scripted::default()).await;
-    assert_eq!(worker.step().await.unwrap().len(), 6);
+    assert_eq!(worker.step().await.unwrap().len(), 5);
     let expected = [
         (ids[0], "handler_failed", None),
         (ids[1], "record_invalid", Some(3)),
         (ids[2], "handler_panicked", None),
         (ids[3], "execution_timeout", None),
-        (unknown, "unknown_kind", None),
     ];
     for (id, code, index) in expected {
         let row = job_row(&client, id).await;
@@ -472,10 +474,15 @@ async fn deterministic_failures_panics_timeouts_and_unknown_kinds_end_with_their
     let overran = job_row(&client, ids[4]).await;
     assert_eq!((overran.status.as_str(), overran.attempts), ("pending", 1));
     assert!(overran.live && overran.lease_cleared);
+    // A kind this replica does not run is never claimed by it: it waits, untouched, for a
+    // replica that does.
+    let waiting = job_row(&client, unknown).await;
+    assert_eq!((waiting.status.as_str(), waiting.attempts), ("pending", 0));
+    assert!(waiting.live && waiting.lease_cleared);
     let stats = worker.stats();
     assert_eq!(
         (stats.failed, stats.panicked, stats.timed_out, stats.retried),
-        (5, 1, 1, 1)
+        (4, 1, 1, 1)
     );
     assert_eq!(
         count(&client, "etl_target_rows").await,
@@ -738,7 +745,7 @@ async fn a_commit_lost_with_its_connection_is_resolved_through_the_ledger() {
         .unwrap();
     client
         .execute(
-            "UPDATE etl_job_records SET run_at = now() WHERE id = $1",
+            "UPDATE etl_job_records SET run_at = now(), sort_at = now() WHERE id = $1",
             &[&id],
         )
         .await
@@ -764,6 +771,7 @@ async fn the_claim_commits_under_the_servers_synchronous_commit() {
         lease: Duration::from_secs(30),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     };
     assert_eq!(claimer::claim(&client, claimant, 1).await.unwrap().len(), 1);
     assert_eq!(synchronous_commit(&client).await, "on");

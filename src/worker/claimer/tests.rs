@@ -1,9 +1,19 @@
 //! Claim sessions against databases of the shared template harness: the prepared claim, its
 //! plan check, and the fallback when the check fails.
 
-use super::*;
+use super::session::*;
+use super::statement::*;
+use crate::db;
+use crate::queue::DEFAULT_QUEUE;
 use crate::test_db::TestDb;
+use crate::worker::lease::ClaimedJob;
+use crate::worker::stats::WorkerStats;
+use bb8::ManageConnection;
+use bb8_postgres::PostgresConnectionManager;
 use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_postgres::NoTls;
 
 /// The claimant of these tests.
 const CLAIMANT: Claimant<'static> = Claimant {
@@ -12,7 +22,18 @@ const CLAIMANT: Claimant<'static> = Claimant {
     lease: Duration::from_secs(30),
     heartbeat_interval: std::time::Duration::from_secs(4),
     alive_locked: false,
+    kinds: &["test"],
 };
+
+/// A claim of `n` jobs of the default queue.
+fn ask(n: usize) -> [Ask<'static>; 1] {
+    [(DEFAULT_QUEUE, n)]
+}
+
+/// The time until the next deferred job of the default queue and the kind `test` is due.
+async fn next_due_of(session: &ClaimSession) -> Option<Duration> {
+    session.next_due(&[DEFAULT_QUEUE], &["test"]).await.unwrap()
+}
 
 /// A fresh database with `due` due jobs and one deferred an hour, and the claim sessions'
 /// configuration on it.
@@ -31,8 +52,9 @@ async fn with_jobs(due: i32) -> (TestDb, tokio_postgres::Config) {
                    FROM generate_series(1, $1 + 1) g
                  RETURNING id, owner_key, kind, max_attempts, run_at
              )
-             INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
-             SELECT id, owner_key, kind, '{}', max_attempts, run_at FROM intake",
+             INSERT INTO etl_job_records
+                 (id, owner_key, kind, request_payload, max_attempts, run_at, sort_at)
+             SELECT id, owner_key, kind, '{}', max_attempts, run_at, run_at FROM intake",
             &[&due],
         )
         .await
@@ -68,16 +90,24 @@ async fn a_claim_session_runs_the_checked_generic_plan_of_its_prepared_claim() {
     let stats = WorkerStats::default();
     let session = session(&config, &stats).await;
     assert!(session.is_prepared());
-    assert_eq!(session.claim(CLAIMANT, 2).await.unwrap().len(), 2);
-    assert_eq!(session.claim(CLAIMANT, 5).await.unwrap().len(), 1);
-    assert!(session.claim(CLAIMANT, 5).await.unwrap().is_empty());
+    assert_eq!(session.claim(CLAIMANT, &ask(2)).await.unwrap().len(), 2);
+    assert_eq!(session.claim(CLAIMANT, &ask(5)).await.unwrap().len(), 1);
+    assert!(session.claim(CLAIMANT, &ask(5)).await.unwrap().is_empty());
     // Every claim ran the one generic plan that was checked; none was planned for its values.
     let (generic, custom) = plans_built(&session).await;
     assert!(generic >= 1, "generic plans {generic}");
     assert_eq!(custom, 0);
-    let due = session.next_due().await.unwrap().unwrap();
+    let due = next_due_of(&session).await.unwrap();
     assert!(due > Duration::from_secs(3000) && due <= Duration::from_secs(3600));
     assert_eq!(stats.snapshot().claim_plan_fallbacks, 0);
+    // Its switched-off sort costs ten billion: compiled, each claim took 450 ms.
+    let jit: String = session
+        .client
+        .query_one("SHOW jit", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jit, "off");
 }
 
 #[tokio::test]
@@ -103,7 +133,7 @@ async fn on_a_full_analyzed_queue_the_generic_claim_probes_the_primary_key_per_c
         !plan.contains("Seq Scan") && !plan.contains("Hash"),
         "{plan}"
     );
-    assert_eq!(session.claim(CLAIMANT, 100).await.unwrap().len(), 100);
+    assert_eq!(session.claim(CLAIMANT, &ask(100)).await.unwrap().len(), 100);
 }
 
 #[tokio::test]
@@ -118,7 +148,7 @@ async fn on_an_empty_vacuumed_queue_a_failed_plan_check_is_no_alarm_and_is_check
     // An empty table's generic plan scans it: right, and not what the check wants.
     assert!(!session.is_prepared());
     assert_eq!(stats.snapshot().claim_plan_fallbacks, 0);
-    assert!(session.claim(CLAIMANT, 5).await.unwrap().is_empty());
+    assert!(session.claim(CLAIMANT, &ask(5)).await.unwrap().is_empty());
     let now = Instant::now();
     assert!(!session.due_for_recheck(now));
     assert!(session.due_for_recheck(now + RECHECK_AFTER));
@@ -128,10 +158,10 @@ async fn on_an_empty_vacuumed_queue_a_failed_plan_check_is_no_alarm_and_is_check
 async fn a_session_whose_claim_plan_fails_its_check_plans_every_claim_and_says_so() {
     // Enough jobs for the table to be judged (JUDGED_FROM_PAGES on disk).
     let (db, config) = with_jobs(2_000).await;
-    // Without the pending index no plan can walk it: the check must fail.
+    // Without the claim index no plan can walk it: the check must fail.
     db.client()
         .await
-        .batch_execute("DROP INDEX etl_job_records_pending_due_idx")
+        .batch_execute("DROP INDEX etl_job_records_claim_idx")
         .await
         .unwrap();
     let stats = WorkerStats::default();
@@ -147,8 +177,8 @@ async fn a_session_whose_claim_plan_fails_its_check_plans_every_claim_and_says_s
     assert_eq!(mode, "force_custom_plan");
     // It still claims, exactly what is due, and reads the next due time; it is never replaced
     // for a recheck (its failure was judged).
-    assert_eq!(session.claim(CLAIMANT, 5).await.unwrap().len(), 5);
-    assert!(session.next_due().await.unwrap().is_some());
+    assert_eq!(session.claim(CLAIMANT, &ask(5)).await.unwrap().len(), 5);
+    assert!(next_due_of(&session).await.is_some());
     assert!(!session.due_for_recheck(Instant::now() + RECHECK_AFTER));
 }
 
@@ -188,24 +218,207 @@ async fn the_pool_opens_checked_sessions_and_knows_a_closed_one() {
     // The replica's pool is made of such sessions.
     let pool = connect_claim_pool(&db.config, stats, None).await.unwrap();
     let pooled = db::checkout(&pool).await.unwrap();
-    assert_eq!(pooled.claim(CLAIMANT, 1).await.unwrap().len(), 1);
+    assert_eq!(pooled.claim(CLAIMANT, &ask(1)).await.unwrap().len(), 1);
 }
 
 #[test]
-fn the_plan_check_wants_the_pending_index_and_no_sort() {
-    let index = json!({"Node Type": "Index Scan", "Index Name": "etl_job_records_pending_due_idx"});
+fn the_plan_check_wants_the_claim_index_and_no_sort_below_a_row_lock() {
+    let index = json!({"Node Type": "Index Scan", "Index Name": "etl_job_records_claim_idx"});
     let walk =
         |plan: serde_json::Value| walks_the_pending_index_in_order(&json!([{ "Plan": plan }]));
+    let locked = |below: serde_json::Value| json!({"Node Type": "Limit", "Plans": [{"Node Type": "LockRows", "Plans": [below]}]});
+    // The probes' locked rows merged by a sort above their locks: the claim's own plan.
+    assert!(walk(json!({"Node Type": "Update", "Plans": [
+        {"Node Type": "Sort", "Plans": [{"Node Type": "Nested Loop", "Plans": [
+            {"Node Type": "Function Scan"}, locked(index.clone())]}]}]})));
+    // A probe that sorts what it locks walks no index in order.
+    assert!(!walk(locked(
+        json!({"Node Type": "Sort", "Plans": [index.clone()]})
+    )));
+    assert!(!walk(locked(
+        json!({"Node Type": "Incremental Sort", "Plans": [index.clone()]})
+    )));
+    let whole = json!({"Node Type": "Seq Scan", "Relation Name": "etl_job_records"});
+    assert!(!walk(locked(whole)));
+    // A scan of the small settings table is no growth.
+    let queues = json!({"Node Type": "Seq Scan", "Relation Name": "etl_queues"});
     assert!(walk(
-        json!({"Node Type": "Update", "Plans": [{"Node Type": "Limit", "Plans": [index]}]})
+        json!({"Node Type": "Nested Loop", "Plans": [queues, locked(index.clone())]})
     ));
     assert!(!walk(
-        json!({"Node Type": "Limit", "Plans": [{"Node Type": "Sort", "Plans": [index]}]})
+        json!({"Node Type": "Hash Join", "Plans": [locked(index)]})
     ));
-    assert!(!walk(
-        json!({"Node Type": "Limit", "Plans": [{"Node Type": "Seq Scan"}]})
-    ));
-    assert!(!walk(
-        json!({"Node Type": "Incremental Sort", "Plans": [index]})
-    ));
+    let other = json!({"Node Type": "Index Scan", "Index Name": "etl_job_records_pkey"});
+    assert!(!walk(locked(other)), "not the claim index");
+}
+
+#[test]
+fn the_next_due_window_is_the_one_the_statement_reads() {
+    assert!(NEXT_DUE_SQL.contains(&format!("LIMIT {NEXT_DUE_WINDOW}\n")));
+}
+
+/// Enqueues one job of `kind` per `(queue, priority, run_at)`, through the one enqueue path
+/// every kind uses; returns their ids in order.
+async fn enqueue_into(
+    client: &tokio_postgres::Client,
+    kind: &str,
+    jobs: &[(&str, i16, Option<chrono::DateTime<chrono::Utc>>)],
+) -> Vec<uuid::Uuid> {
+    let secret = crate::digest::Secret::new("claim-tests-secret-0123").unwrap();
+    let submissions = jobs
+        .iter()
+        .map(|&(queue, priority, run_at)| crate::enqueue::Submission {
+            payload: json!({}),
+            idempotency_key: None,
+            max_attempts: 3,
+            run_at,
+            replaces: None,
+            queue: Some(queue),
+            priority,
+        })
+        .collect();
+    crate::enqueue::submit(client, &secret, &[7; 32], kind, submissions)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_claim_takes_only_the_queues_it_asks_and_the_kinds_it_runs() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let mail = enqueue_into(&client, "test", &[("mail", 0, None); 3]).await;
+    let reports = enqueue_into(&client, "test", &[("reports", 0, None); 3]).await;
+    let other_kind = enqueue_into(&client, "test.other", &[("mail", 0, None); 2]).await;
+    // No job of a queue it was not asked for, nor of a kind it does not run.
+    assert!(claim(&client, CLAIMANT, 10).await.unwrap().is_empty());
+    let claimed = claim_from(&client, CLAIMANT, &[("mail", 2), ("reports", 5)])
+        .await
+        .unwrap();
+    let mut by_ask: Vec<(usize, uuid::Uuid)> =
+        claimed.iter().map(|j| (j.asked_of, j.id())).collect();
+    by_ask.sort();
+    assert_eq!(
+        by_ask,
+        vec![
+            (0, mail[0]),
+            (0, mail[1]),
+            (1, reports[0]),
+            (1, reports[1]),
+            (1, reports[2])
+        ],
+        "each queue gave at most its count, oldest first, and said which ask it filled"
+    );
+    let runs_both = Claimant {
+        kinds: &["test", "test.other"],
+        ..CLAIMANT
+    };
+    let rest = claim_from(&client, runs_both, &[("mail", 10)])
+        .await
+        .unwrap();
+    let mut ids: Vec<uuid::Uuid> = rest.iter().map(ClaimedJob::id).collect();
+    ids.sort();
+    let mut expected = vec![mail[2], other_kind[0], other_kind[1]];
+    expected.sort();
+    assert_eq!(ids, expected);
+}
+
+#[tokio::test]
+async fn a_paused_queue_gives_nothing_until_it_is_resumed() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    enqueue_into(&client, "test", &[("mail", 0, None), ("reports", 0, None)]).await;
+    client
+        .batch_execute("INSERT INTO etl_queues (queue, paused) VALUES ('mail', true)")
+        .await
+        .unwrap();
+    let both = [("mail", 5), ("reports", 5)];
+    let claimed = claim_from(&client, CLAIMANT, &both).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].asked_of, 1, "only the queue that is not paused");
+    assert!(claim_from(&client, CLAIMANT, &both)
+        .await
+        .unwrap()
+        .is_empty());
+    client
+        .batch_execute("UPDATE etl_queues SET paused = false")
+        .await
+        .unwrap();
+    assert_eq!(claim_from(&client, CLAIMANT, &both).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn priorities_order_a_queue_and_a_job_passed_long_enough_goes_first() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let low = enqueue_into(&client, "test", &[("default", 9, None); 2]).await;
+    let high = enqueue_into(&client, "test", &[("default", 0, None); 2]).await;
+    let offsets: Vec<f64> = client
+        .query(
+            "SELECT extract(epoch FROM sort_at - run_at)::float8 FROM etl_job_records
+              WHERE id = ANY($1) ORDER BY id",
+            &[&[low[0], high[0]].as_slice()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        offsets,
+        vec![90.0, 0.0],
+        "sort_at = run_at + priority × 10 s"
+    );
+    // The first low-priority job was due 91 s before the urgent ones (as if it had waited
+    // that long behind them): it now goes first; the second still waits for them.
+    client
+        .execute(
+            "UPDATE etl_job_records SET run_at = run_at - interval '91 seconds',
+                    sort_at = sort_at - interval '91 seconds'
+              WHERE id = $1",
+            &[&low[0]],
+        )
+        .await
+        .unwrap();
+    let mut one_by_one = Vec::new();
+    for _ in 0..4 {
+        one_by_one.push(claim(&client, CLAIMANT, 1).await.unwrap()[0].id());
+    }
+    assert_eq!(one_by_one, vec![low[0], high[0], high[1], low[1]]);
+}
+
+#[tokio::test]
+async fn the_next_due_time_is_the_earliest_whatever_the_priorities() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let now = chrono::Utc::now();
+    let at = |secs: i64| Some(now + chrono::Duration::seconds(secs));
+    // The low-priority job is due first but sorts after the urgent one.
+    enqueue_into(
+        &client,
+        "test",
+        &[("default", 9, at(600)), ("default", 0, at(630))],
+    )
+    .await;
+    let stats = WorkerStats::default();
+    let config = db::claim_pg_config(&db.config).unwrap();
+    let session = session(&config, &stats).await;
+    let due = next_due_of(&session).await.unwrap();
+    assert!(
+        due > Duration::from_secs(590) && due <= Duration::from_secs(600),
+        "{due:?}"
+    );
+    // Jobs of another queue or kind are not this replica's to wait for.
+    assert!(session
+        .next_due(&["mail"], &["test"])
+        .await
+        .unwrap()
+        .is_none());
+    assert!(session
+        .next_due(&[DEFAULT_QUEUE], &["test.other"])
+        .await
+        .unwrap()
+        .is_none());
 }

@@ -109,6 +109,7 @@ impl Scratch {
             lease: Duration::from_secs(60),
             heartbeat_interval: std::time::Duration::from_secs(4),
             alive_locked: false,
+            kinds: &["test"],
         };
         let mut claimed: Vec<(Uuid, Uuid)> = claimer::claim(&client, claimant, n)
             .await

@@ -85,6 +85,7 @@ async fn a_server_crash_after_a_claim_never_hands_its_fencing_token_to_a_second_
         lease: std::time::Duration::from_secs(60),
         heartbeat_interval: std::time::Duration::from_secs(4),
         alive_locked: false,
+        kinds: crate::support::TEST_KINDS,
     };
     let first = claim(&client, claimant("before-crash"), 1).await.unwrap();
     let (claim_id, token) = (first[0].claim_id(), first[0].ctx.fencing_token);

@@ -1,0 +1,284 @@
+//! A replica's claim sessions: connections whose planner switches pin the claim's plan, with
+//! the claim prepared on each once its plan passed its check (see the parent module's
+//! invariants).
+
+use super::statement::{
+    claim_from, claimed, next_due, until_due, Ask, ClaimValues, Claimant, CLAIM_PARAMS, CLAIM_SQL,
+    NEXT_DUE_PARAMS, NEXT_DUE_SQL,
+};
+use crate::config::DatabaseConfig;
+use crate::db;
+use crate::error::Error;
+use crate::queue::DEFAULT_QUEUE;
+use crate::worker::lease::ClaimedJob;
+use crate::worker::stats::WorkerStats;
+use bb8::ManageConnection;
+use bb8_postgres::PostgresConnectionManager;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, NoTls, Statement};
+
+/// The statements a claim session prepared, the claim's plan having passed its check.
+struct Prepared {
+    /// [`CLAIM_SQL`].
+    claim: Statement,
+    /// [`NEXT_DUE_SQL`].
+    next_due: Statement,
+}
+
+/// A replica's claim session: a connection of its claim pool ([`db::claim_pg_config`]: planner
+/// switches pinned) with the claim and next-due statements prepared on it, unless the claim's
+/// plan failed its check.
+pub struct ClaimSession {
+    /// The connection.
+    pub(super) client: Client,
+    /// Its prepared statements; `None` after a failed plan check.
+    prepared: Option<Prepared>,
+    /// When a session whose check could not be judged yet (the live table was too small for
+    /// any plan to matter) is due to be replaced, so that a fresh session checks again.
+    recheck_at: Option<Instant>,
+}
+
+/// The fewest pages the live table must have on disk before a failed plan check means
+/// something: below it a sequential scan costs no more than the index, and PostgreSQL rightly
+/// plans one for an empty or nearly empty queue (every replica started against an empty,
+/// vacuumed queue failed the check). Read from the table's size on disk, which is what the
+/// planner sees of a table never analyzed.
+pub const JUDGED_FROM_PAGES: i64 = 8;
+
+/// How long a session whose plan check could not be judged plans every claim before the pool
+/// replaces it with one that checks again.
+pub const RECHECK_AFTER: Duration = Duration::from_secs(60);
+
+/// Whether the live table is large enough for a failed plan check to mean something
+/// ([`JUDGED_FROM_PAGES`]).
+///
+/// Locks: none (reads the table's size on disk).
+pub(crate) const CAN_JUDGE_SQL: &str = "
+SELECT pg_relation_size('etl_job_records') / current_setting('block_size')::int8 >= $1";
+
+/// Finds the name of the protocol-level statement prepared from the text `$1` on a session (the
+/// driver does not tell it), to `EXPLAIN` its plan.
+pub(crate) const PREPARED_NAME_SQL: &str =
+    "SELECT name FROM pg_prepared_statements WHERE statement = $1 AND NOT from_sql LIMIT 1";
+
+impl ClaimSession {
+    /// Prepares the statements on `client` and checks the claim's plan: it must walk
+    /// `etl_job_records_claim_idx` in order, with no sort below its row locks and no scan or join
+    /// of the whole table.
+    /// If it does not, the session plans each claim for its values instead (`plan_cache_mode =
+    /// force_custom_plan`); and if the live table is large enough for the check to be judged
+    /// ([`JUDGED_FROM_PAGES`]), the failure is logged and `stats` counts a fallback, else the
+    /// session is only due for a recheck after [`RECHECK_AFTER`] (an empty queue is no alarm).
+    ///
+    /// # Errors
+    /// The database error of a statement.
+    pub async fn open(
+        client: Client,
+        stats: &WorkerStats,
+    ) -> Result<ClaimSession, tokio_postgres::Error> {
+        let claim = client.prepare_typed(CLAIM_SQL, &CLAIM_PARAMS).await?;
+        let explained = explain_prepared_claim(&client).await?;
+        if walks_the_pending_index_in_order(&explained) {
+            let next_due = client.prepare_typed(NEXT_DUE_SQL, &NEXT_DUE_PARAMS).await?;
+            let prepared = Some(Prepared { claim, next_due });
+            return Ok(ClaimSession {
+                client,
+                prepared,
+                recheck_at: None,
+            });
+        }
+        let judged: bool = client
+            .query_typed_one(CAN_JUDGE_SQL, &[(&JUDGED_FROM_PAGES, Type::INT8)])
+            .await?
+            .get(0);
+        let recheck_at = if judged {
+            tracing::warn!("the prepared claim's plan failed its check; planning every claim");
+            stats.record_claim_plan_fallback();
+            None
+        } else {
+            Some(Instant::now() + RECHECK_AFTER)
+        };
+        client
+            .batch_execute("SET plan_cache_mode = force_custom_plan")
+            .await?;
+        Ok(ClaimSession {
+            client,
+            prepared: None,
+            recheck_at,
+        })
+    }
+
+    /// The session's connection, to pipeline other statements before a claim.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Whether the claim runs prepared (its plan passed the check).
+    pub fn is_prepared(&self) -> bool {
+        self.prepared.is_some()
+    }
+
+    /// Whether the session's plan check could not be judged (the queue was nearly empty) and
+    /// it is due, at `now`, to be replaced by a session that checks again.
+    pub(crate) fn due_for_recheck(&self, now: Instant) -> bool {
+        self.recheck_at.is_some_and(|at| now >= at)
+    }
+
+    /// [`claim_from`] on this session, prepared when it can be.
+    ///
+    /// # Errors
+    /// The database error of the claim statement.
+    pub async fn claim(
+        &self,
+        claimant: Claimant<'_>,
+        asks: &[Ask<'_>],
+    ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
+        let Some(prepared) = &self.prepared else {
+            return claim_from(&self.client, claimant, asks).await;
+        };
+        let values = ClaimValues::of(claimant, asks);
+        let rows = self.client.query(&prepared.claim, &values.params()).await?;
+        Ok(claimed(rows))
+    }
+
+    /// [`next_due`] on this session, prepared when it can be.
+    ///
+    /// # Errors
+    /// The database error of the query.
+    pub async fn next_due(
+        &self,
+        queues: &[&str],
+        kinds: &[&str],
+    ) -> Result<Option<Duration>, tokio_postgres::Error> {
+        match &self.prepared {
+            Some(prepared) => Ok(until_due(
+                &self
+                    .client
+                    .query_one(&prepared.next_due, &[&queues, &kinds])
+                    .await?,
+            )),
+            None => next_due(&self.client, queues, kinds).await,
+        }
+    }
+}
+
+/// The JSON plan of the claim prepared on `client` (its generic plan, on a claim session).
+pub(super) async fn explain_prepared_claim(
+    client: &Client,
+) -> Result<serde_json::Value, tokio_postgres::Error> {
+    let name: String = client
+        .query_one(PREPARED_NAME_SQL, &[&CLAIM_SQL])
+        .await?
+        .get(0);
+    // The values do not matter to a generic plan; the statement is only explained.
+    Ok(client
+        .query_one(
+            &format!(
+                "EXPLAIN (FORMAT JSON) EXECUTE {name}('{{1}}', '', 1, false, 1, false, \
+                 '{{{DEFAULT_QUEUE}}}', '{{a,b}}')"
+            ),
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+impl db::Session for ClaimSession {
+    fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+}
+
+/// Whether the JSON plan `explained` walks `etl_job_records_claim_idx` in order and does nothing
+/// whose cost grows with the table: no sequential or bitmap scan of it, no hash or merge join (the
+/// claimed rows are joined back through the primary key, one probe each), and no sort below a
+/// row lock (each probe locks rows in the index's order; the only sort allowed is the one that
+/// merges the probes' locked rows, at most count × kinds of them).
+pub(super) fn walks_the_pending_index_in_order(explained: &serde_json::Value) -> bool {
+    /// Every plan node under `node`, itself included, each with whether a `LockRows` node is
+    /// above it.
+    fn nodes<'a>(
+        node: &'a serde_json::Value,
+        locked: bool,
+        out: &mut Vec<(&'a serde_json::Value, bool)>,
+    ) {
+        out.push((node, locked));
+        let locks = locked || node["Node Type"] == "LockRows";
+        for child in node["Plans"].as_array().into_iter().flatten() {
+            nodes(child, locks, out);
+        }
+    }
+    /// Node types that read every row they are given, however few are claimed.
+    const WHOLE_INPUT: [&str; 2] = ["Hash", "Merge"];
+    /// Scans that read a whole table (only the job table's size matters: `etl_queues` holds a
+    /// row per configured queue, and a scan of it is the right plan while it is small).
+    const WHOLE_TABLE: [&str; 2] = ["Seq Scan", "Bitmap"];
+    let mut all = Vec::new();
+    nodes(&explained[0]["Plan"], false, &mut all);
+    let walks = all
+        .iter()
+        .any(|(n, _)| n["Index Name"] == "etl_job_records_claim_idx");
+    let grows = all.iter().any(|(n, locked)| {
+        let jobs = n["Relation Name"] == "etl_job_records";
+        n["Node Type"].as_str().is_some_and(|t| {
+            WHOLE_INPUT.iter().any(|w| t.contains(w))
+                || (jobs && WHOLE_TABLE.iter().any(|w| t.contains(w)))
+                || (*locked && t.contains("Sort"))
+        })
+    });
+    walks && !grows
+}
+
+/// Opens a replica's claim sessions ([`ClaimSession`]) for `bb8`, each holding its owner's alive
+/// lock when the replica holds them.
+pub struct ClaimSessions {
+    /// Opens the connections.
+    pub(super) connections: PostgresConnectionManager<NoTls>,
+    /// Where plan-check fallbacks are counted.
+    pub(super) stats: Arc<WorkerStats>,
+    /// The owner whose alive lock each session holds (`None`: a replica without alive locks).
+    pub(super) alive: Option<String>,
+}
+
+impl ManageConnection for ClaimSessions {
+    type Connection = ClaimSession;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<ClaimSession, tokio_postgres::Error> {
+        let client = self.connections.connect().await?;
+        crate::worker::alive::hold(&client, self.alive.as_deref()).await?;
+        ClaimSession::open(client, &self.stats).await
+    }
+
+    async fn is_valid(&self, session: &mut ClaimSession) -> Result<(), tokio_postgres::Error> {
+        self.connections.is_valid(&mut session.client).await
+    }
+
+    fn has_broken(&self, session: &mut ClaimSession) -> bool {
+        session.client.is_closed() || session.due_for_recheck(Instant::now())
+    }
+}
+
+/// The claim sessions of a replica.
+pub type ClaimPool = bb8::Pool<ClaimSessions>;
+
+/// Opens a replica's claim pool ([`db::claim_pg_config`], [`db::CLAIM_POOL_SIZE`] sessions,
+/// each holding `alive`'s alive lock when given), proving the database answers; plan-check
+/// fallbacks are counted in `stats`.
+///
+/// # Errors
+/// As [`db::connect_pool`].
+pub async fn connect_claim_pool(
+    cfg: &DatabaseConfig,
+    stats: Arc<WorkerStats>,
+    alive: Option<&str>,
+) -> Result<ClaimPool, Error> {
+    let sessions = ClaimSessions {
+        connections: PostgresConnectionManager::new(db::claim_pg_config(cfg)?, NoTls),
+        stats,
+        alive: alive.map(str::to_owned),
+    };
+    db::build_pool_of(sessions, cfg, db::CLAIM_POOL_SIZE).await
+}

@@ -1,0 +1,280 @@
+//! The claim and next-due statements, their parameters and their rows (see the parent module's
+//! invariants).
+
+use crate::handler::JobContext;
+use crate::queue::DEFAULT_QUEUE;
+use crate::worker::lease::{millis, ClaimedJob};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, Row};
+
+/// Claims due jobs for owner `$2` with a lease of `$3` milliseconds: up to `$1[i]` of queue
+/// `$7[i]` for each served queue, of the kinds `$8` the replica has registered and no other; `$4`
+/// says whether the owner holds its owner lock (so recovery may treat the lock's absence as
+/// death), `$5` is the owner's heartbeat interval in milliseconds and `$6` whether every
+/// connection of the owner holds its alive lock (the terms recovery judges the owner by).
+///
+/// Order: within a queue, due jobs in `(sort_at, id)` order, their virtual deadlines
+/// ([`crate::queue`]). A queue that is paused (`etl_queues.paused`) gives nothing.
+///
+/// Locks: for each (queue, kind), one probe walks `etl_job_records_claim_idx` on its equal
+/// leading columns in `(sort_at, id)` order, from the start of the queue to `now()` plus the
+/// largest priority offset (no due job sorts later), and takes a row lock (`FOR NO KEY UPDATE`:
+/// the claim changes no key, so the `FOR KEY SHARE` locks that foreign-key checks of rows
+/// referencing a job take never make a claim skip it) on up to the queue's count of due pending
+/// rows, skipping (`SKIP LOCKED`) rows another claimer, canceller or recovery holds, so
+/// concurrent claimers never wait for each other and never take the same row. After locking,
+/// PostgreSQL re-checks the row's current version against the probe's conditions, so a row that
+/// another transaction changed meanwhile is left out. Each queue then keeps its count of the
+/// locked rows, earliest first (a sort of at most count × kinds rows); the rows another kind's
+/// probe locked beyond it stay pending and are unlocked when the statement commits. The UPDATE
+/// rewrites only the rows kept. Only `status = 'pending'` appears in the predicate (no OR across
+/// states), so the partial index is always usable; expired leases are returned to `pending` by
+/// recovery, not here. A job of a kind the replica has not registered is never probed: it waits
+/// for a replica that runs it. The pause check is one primary-key read of `etl_queues` per
+/// probe.
+pub const CLAIM_SQL: &str = "
+WITH due AS (
+    SELECT c.id, q.i
+      FROM unnest($7::text[], $1::int8[]) WITH ORDINALITY AS q(queue, n, i)
+     CROSS JOIN LATERAL (
+         SELECT p.id, p.sort_at
+           FROM unnest($8::text[]) AS k(kind)
+          CROSS JOIN LATERAL (
+              SELECT d.id, d.sort_at
+                FROM etl_job_records d
+               WHERE d.status = 'pending' AND d.queue = q.queue AND d.kind = k.kind
+                 AND d.sort_at <= durable_etl_sort_at(now(), 9::int2) AND d.run_at <= now()
+                 AND NOT EXISTS (SELECT FROM etl_queues s WHERE s.queue = q.queue AND s.paused)
+               ORDER BY d.sort_at, d.id
+               LIMIT q.n
+                 FOR NO KEY UPDATE SKIP LOCKED
+          ) p
+          ORDER BY p.sort_at, p.id
+          LIMIT q.n
+     ) c
+)
+UPDATE etl_job_records AS j
+   SET status = 'running',
+       attempts = j.attempts + 1,
+       fencing_token = j.fencing_token + 1,
+       lease_claim_id = gen_random_uuid(),
+       lease_owner_id = $2,
+       lease_owner_locked = $4,
+       lease_expires_at = now() + $3 * interval '1 millisecond',
+       lease_renewed_at = now(),
+       lease_heartbeat_ms = $5,
+       lease_owner_alive_locked = $6,
+       started_at = now(),
+       updated_at = now()
+  FROM due
+ WHERE j.id = due.id
+RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
+          j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
+          j.fencing_token, j.run_at, due.i";
+
+/// Who claims, and on what terms.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimant<'a> {
+    /// The replica's `lease_owner_id`.
+    pub owner_id: &'a str,
+    /// Whether the replica holds its owner lock on a live session.
+    pub owner_locked: bool,
+    /// The lease each claim grants.
+    pub lease: Duration,
+    /// The owner's heartbeat interval: recovery gives the owner two of them to renew.
+    pub heartbeat_interval: Duration,
+    /// Whether every connection of the owner holds its alive lock
+    /// (`durable_etl_owner_alive_key`, see `worker::alive`), so that recovery reads "no lock at
+    /// all" as death.
+    pub alive_locked: bool,
+    /// The kinds the replica has registered: it claims jobs of these kinds only.
+    pub kinds: &'a [&'a str],
+}
+
+/// The types of [`CLAIM_SQL`]'s parameters.
+pub(super) const CLAIM_PARAMS: [Type; 8] = [
+    Type::INT8_ARRAY,
+    Type::TEXT,
+    Type::INT8,
+    Type::BOOL,
+    Type::INT4,
+    Type::BOOL,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+];
+
+/// How many jobs a claim asks of one queue.
+pub type Ask<'a> = (&'a str, usize);
+
+/// Claims up to `free_slots` due jobs of [`DEFAULT_QUEUE`] for `claimant` ([`claim_from`]).
+///
+/// # Errors
+/// The database error of the claim statement.
+pub async fn claim(
+    client: &impl GenericClient,
+    claimant: Claimant<'_>,
+    free_slots: usize,
+) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
+    claim_from(client, claimant, &[(DEFAULT_QUEUE, free_slots)]).await
+}
+
+/// Claims, of each queue of `asks`, up to as many due jobs as it asks for `claimant`, with an
+/// unnamed statement planned for its values.
+///
+/// # Errors
+/// The database error of the claim statement.
+pub async fn claim_from(
+    client: &impl GenericClient,
+    claimant: Claimant<'_>,
+    asks: &[Ask<'_>],
+) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
+    let values = ClaimValues::of(claimant, asks);
+    let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
+    Ok(claimed(client.query_typed(CLAIM_SQL, &typed).await?))
+}
+
+/// The parameter values of [`CLAIM_SQL`] for a claim of `asks` for a claimant.
+pub(super) struct ClaimValues<'a> {
+    /// How many jobs of each queue.
+    counts: Vec<i64>,
+    /// The queues.
+    queues: Vec<&'a str>,
+    /// The kinds.
+    kinds: &'a [&'a str],
+    /// The owner id.
+    owner_id: &'a str,
+    /// The lease in milliseconds.
+    lease: i64,
+    /// Whether the owner holds its owner lock.
+    owner_locked: bool,
+    /// The owner's heartbeat interval in milliseconds, at least 1.
+    heartbeat: i32,
+    /// Whether the owner's connections hold its alive lock.
+    alive_locked: bool,
+}
+
+impl<'a> ClaimValues<'a> {
+    /// The values of a claim of `asks` for `claimant`.
+    pub(super) fn of(claimant: Claimant<'a>, asks: &[Ask<'a>]) -> ClaimValues<'a> {
+        ClaimValues {
+            counts: asks
+                .iter()
+                .map(|&(_, n)| i64::try_from(n).unwrap_or(i64::MAX))
+                .collect(),
+            queues: asks.iter().map(|&(queue, _)| queue).collect(),
+            kinds: claimant.kinds,
+            owner_id: claimant.owner_id,
+            lease: millis(claimant.lease),
+            owner_locked: claimant.owner_locked,
+            heartbeat: i32::try_from(millis(claimant.heartbeat_interval))
+                .unwrap_or(i32::MAX)
+                .max(1),
+            alive_locked: claimant.alive_locked,
+        }
+    }
+
+    /// The values in [`CLAIM_SQL`]'s parameter order.
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+        [
+            &self.counts,
+            &self.owner_id,
+            &self.lease,
+            &self.owner_locked,
+            &self.heartbeat,
+            &self.alive_locked,
+            &self.queues,
+            &self.kinds,
+        ]
+    }
+}
+
+/// The claimed jobs of [`CLAIM_SQL`]'s rows.
+pub(super) fn claimed(rows: Vec<Row>) -> Vec<ClaimedJob> {
+    rows.iter()
+        .map(|row| ClaimedJob {
+            ctx: Arc::new(JobContext {
+                id: row.get(0),
+                kind: row.get(1),
+                attempt: row.get(3),
+                max_attempts: row.get(4),
+                lease_claim_id: row.get(5),
+                fencing_token: row.get(8),
+                owner_key: row.get(6),
+                run_at: row.get(9),
+            }),
+            payload: row.get(2),
+            due_for: row.get(7),
+            asked_of: usize::try_from(row.get::<_, i64>(10) - 1).unwrap_or(0),
+        })
+        .collect()
+}
+
+/// How long until the next deferred pending job of the queues `$1` and kinds `$2` is due, in whole
+/// milliseconds rounded up (NULL if none is deferred).
+///
+/// A deferred job's virtual deadline is never before its due time (`sort_at >= run_at > now()`)
+/// and at most the largest priority offset after it. So for each (queue, kind), `first` is the
+/// first deferred job in `(sort_at, id)` order, and the earliest due time is among the deferred
+/// jobs whose `sort_at` is at most that offset after `first`'s: `window` reads the first
+/// [`NEXT_DUE_WINDOW`] of those in order. The answer is exact unless more deferred jobs than that
+/// sort within the offset of the first (many jobs deferred to about one instant): then it is the
+/// earliest of those read, and a later-sorting job of a lower priority due before it is found by
+/// the poll, as every job is.
+///
+/// Locks: none (snapshot reads of `etl_job_records_claim_idx`, two bounded probes per (queue,
+/// kind): the first passes over due jobs of a positive priority whose deadline is still ahead,
+/// at most the jobs due within the largest offset; the second reads at most
+/// [`NEXT_DUE_WINDOW`] rows).
+pub const NEXT_DUE_SQL: &str = "
+SELECT ceil(extract(epoch FROM min(w.run_at) - now()) * 1000)::int8
+  FROM unnest($1::text[]) AS q(queue)
+ CROSS JOIN unnest($2::text[]) AS k(kind)
+ CROSS JOIN LATERAL (
+     SELECT f.sort_at
+       FROM etl_job_records f
+      WHERE f.status = 'pending' AND f.queue = q.queue AND f.kind = k.kind
+        AND f.sort_at > now() AND f.run_at > now()
+      ORDER BY f.sort_at, f.id
+      LIMIT 1
+ ) first
+ CROSS JOIN LATERAL (
+     SELECT x.run_at
+       FROM etl_job_records x
+      WHERE x.status = 'pending' AND x.queue = q.queue AND x.kind = k.kind
+        AND x.sort_at >= first.sort_at AND x.sort_at <= durable_etl_sort_at(first.sort_at, 9::int2)
+        AND x.run_at > now()
+      ORDER BY x.sort_at, x.id
+      LIMIT 64
+ ) w";
+
+/// How many deferred jobs [`NEXT_DUE_SQL`] reads per (queue, kind) after the first, at most.
+pub const NEXT_DUE_WINDOW: usize = 64;
+
+/// The types of [`NEXT_DUE_SQL`]'s parameters.
+pub(super) const NEXT_DUE_PARAMS: [Type; 2] = [Type::TEXT_ARRAY, Type::TEXT_ARRAY];
+
+/// The time until the next deferred job of `queues` and `kinds` is due, if one is pending.
+///
+/// # Errors
+/// The database error of the query.
+pub async fn next_due(
+    client: &impl GenericClient,
+    queues: &[&str],
+    kinds: &[&str],
+) -> Result<Option<Duration>, tokio_postgres::Error> {
+    let row = client
+        .query_typed_one(
+            NEXT_DUE_SQL,
+            &[(&queues, Type::TEXT_ARRAY), (&kinds, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    Ok(until_due(&row))
+}
+
+/// The time until due of [`NEXT_DUE_SQL`]'s row.
+pub(super) fn until_due(row: &Row) -> Option<Duration> {
+    let millis: Option<i64> = row.get(0);
+    millis.map(|m| Duration::from_millis(u64::try_from(m).unwrap_or(0)))
+}

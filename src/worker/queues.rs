@@ -1,0 +1,177 @@
+//! How a replica shares each claim's room among the queues it serves: by weight, with deficit
+//! carry, among the queues that may have work.
+//!
+//! Invariants this module keeps:
+//! - The counts of one claim add up to its room exactly, and no queue is asked for a job more
+//!   than its share: each queue's share of the room is `room × weight / total weight` of the
+//!   queues asked, the fractions carried from claim to claim (a deficit round robin), so over
+//!   consecutive full claims every queue is asked for its weighted share to within one job.
+//! - A queue whose last claim came back short (it had no more due jobs of the replica's kinds)
+//!   is left out of the next claims, and its share goes to the others, until a wake that may
+//!   have brought it work: a notification, the poll, a due deferred job or a catch-up
+//!   ([`QueueShares::refresh`]). So a replica with one busy queue and many empty ones sends one
+//!   probe of the empty ones per such wake, not one per claim. When every queue came back short,
+//!   all are asked again.
+
+use crate::queue::ServedQueue;
+
+/// One served queue and what the sharing remembers of it.
+#[derive(Debug, Clone)]
+struct Served {
+    /// The queue's name.
+    name: String,
+    /// Its weight.
+    weight: u64,
+    /// What it was owed beyond whole jobs, in units of `1 / total weight` of a job.
+    credit: u64,
+    /// Its last claim came back short.
+    short: bool,
+}
+
+/// The room-sharing state of one replica's claim loop.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueShares {
+    /// The served queues, in configured order.
+    queues: Vec<Served>,
+}
+
+impl QueueShares {
+    /// Sharing for `queues`, none of them short yet.
+    pub(crate) fn new(queues: &[ServedQueue]) -> QueueShares {
+        QueueShares {
+            queues: queues
+                .iter()
+                .map(|q| Served {
+                    name: q.name.clone(),
+                    weight: u64::from(q.weight),
+                    credit: 0,
+                    short: false,
+                })
+                .collect(),
+        }
+    }
+
+    /// Shares `room` among the queues that may have work (every queue, when all came back
+    /// short): `(queue, count)` for each queue asked for at least one job, in configured order.
+    pub(crate) fn asks(&mut self, room: usize) -> Vec<(&str, usize)> {
+        if self.queues.iter().all(|q| q.short) {
+            self.refresh();
+        }
+        let total: u64 = self
+            .queues
+            .iter()
+            .filter(|q| !q.short)
+            .map(|q| q.weight)
+            .sum();
+        let room_units = u64::try_from(room).unwrap_or(u64::MAX);
+        let mut counts = vec![0u64; self.queues.len()];
+        let mut given = 0u64;
+        for (q, count) in self.queues.iter_mut().zip(counts.iter_mut()) {
+            if q.short {
+                continue;
+            }
+            q.credit = q.credit.saturating_add(room_units.saturating_mul(q.weight));
+            *count = q.credit / total.max(1);
+            q.credit -= *count * total.max(1);
+            given += *count;
+        }
+        // What whole shares left over goes, a job each, to the queues owed the most.
+        while given < room_units {
+            let Some((i, q)) = self
+                .queues
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, q)| !q.short)
+                .max_by_key(|(i, q)| (q.credit, std::cmp::Reverse(*i)))
+            else {
+                break;
+            };
+            q.credit = q.credit.saturating_sub(total);
+            counts[i] += 1;
+            given += 1;
+        }
+        self.queues
+            .iter()
+            .zip(counts)
+            .filter(|(_, n)| *n > 0)
+            .map(|(q, n)| (q.name.as_str(), usize::try_from(n).unwrap_or(usize::MAX)))
+            .collect()
+    }
+
+    /// Records what a claim of `asks` took of each: `took[i]` jobs of `asks[i]`. A queue that
+    /// got fewer than it was asked for is short until [`QueueShares::refresh`].
+    pub(crate) fn took(&mut self, asks: &[(String, usize)], took: &[usize]) {
+        for ((name, asked), got) in asks.iter().zip(took) {
+            if let Some(q) = self.queues.iter_mut().find(|q| &q.name == name) {
+                q.short = got < asked;
+            }
+        }
+    }
+
+    /// Forgets which queues came back short: a wake may have brought any of them work.
+    pub(crate) fn refresh(&mut self) {
+        for q in &mut self.queues {
+            q.short = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueShares;
+    use crate::queue::ServedQueue;
+
+    /// Sharing for queues `a` and `b` with weights `wa` and `wb`.
+    fn two(wa: u32, wb: u32) -> QueueShares {
+        QueueShares::new(&[
+            ServedQueue::new("a").weighted(wa),
+            ServedQueue::new("b").weighted(wb),
+        ])
+    }
+
+    /// The count asked of `name` in `asks`, 0 if it was not asked.
+    fn count(asks: &[(&str, usize)], name: &str) -> usize {
+        asks.iter().find(|(q, _)| *q == name).map_or(0, |a| a.1)
+    }
+
+    #[test]
+    fn a_claims_room_is_shared_by_weight_and_adds_up_exactly() {
+        let mut shares = two(3, 1);
+        let (mut a, mut b) = (0, 0);
+        for room in [7, 1, 1, 5, 13, 2, 3, 64, 4] {
+            let asks = shares.asks(room);
+            assert_eq!(asks.iter().map(|x| x.1).sum::<usize>(), room);
+            a += count(&asks, "a");
+            b += count(&asks, "b");
+        }
+        // 100 jobs asked at 3:1, every fraction carried: exactly 75 and 25.
+        assert_eq!((a, b), (75, 25));
+    }
+
+    #[test]
+    fn single_jobs_alternate_by_weight() {
+        let mut shares = two(2, 1);
+        let order: Vec<String> = (0..6).map(|_| shares.asks(1)[0].0.to_owned()).collect();
+        assert_eq!(order, ["a", "a", "b", "a", "a", "b"]);
+    }
+
+    #[test]
+    fn a_short_queue_gives_its_share_to_the_others_until_a_refresh() {
+        let mut shares = two(1, 1);
+        assert_eq!(shares.asks(10), vec![("a", 5), ("b", 5)]);
+        shares.took(&[("a".into(), 5), ("b".into(), 5)], &[2, 5]);
+        assert_eq!(shares.asks(10), vec![("b", 10)], "a came back short");
+        shares.took(&[("b".into(), 10)], &[10]);
+        assert_eq!(shares.asks(4), vec![("b", 4)]);
+        shares.refresh();
+        assert_eq!(count(&shares.asks(10), "a"), 5, "asked again after a wake");
+    }
+
+    #[test]
+    fn when_every_queue_came_back_short_all_are_asked_again() {
+        let mut shares = two(1, 3);
+        shares.took(&[("a".into(), 1), ("b".into(), 3)], &[0, 0]);
+        let asks = shares.asks(8);
+        assert_eq!(asks, vec![("a", 2), ("b", 6)]);
+    }
+}
