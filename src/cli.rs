@@ -18,6 +18,7 @@
 //!   listen address failed (see `error`).
 
 mod args;
+mod queues;
 
 pub(crate) use args::*;
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
@@ -74,13 +75,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Queues(command) => {
             let pool = open_admin(&db_config, &start_up).await?;
             let conn = db::checkout(&pool).await?;
-            let (queue, paused) = match &command {
-                QueuesCommand::Pause { queue } => (queue, true),
-                QueuesCommand::Resume { queue } => (queue, false),
-            };
-            durable_etl::queue::set_paused(&*conn, queue, paused).await?;
-            println!("{} {queue}", if paused { "paused" } else { "resumed" });
-            Ok(())
+            queues::run(&*conn, command).await
         }
         Command::ApiKeys(command) => {
             let pool = open_admin(&db_config, &start_up).await?;

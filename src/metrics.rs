@@ -7,12 +7,17 @@
 //!
 //! Invariants this module keeps:
 //! - Every label value comes from a fixed allow-list (stable codes, claim triggers, recovery
-//!   reasons, status classes): the number of series is bounded whatever the traffic. No id,
+//!   reasons, status classes) or is a queue's name, of at most [`QUEUES_SHOWN`] queues per
+//!   scrape (`metrics::queues`): the number of series is bounded whatever the traffic. No id,
 //!   principal, key or request value is ever a label.
 //! - Latency histograms use fixed buckets; the enqueue→start latency is computed from database
 //!   timestamps, never from a replica's clock.
 //! - Queue depth and oldest due job age are sampled by one query per scrape, not per job, and that
 //!   query reads only active rows through the partial indexes (never the terminal history).
+
+mod queues;
+
+pub use queues::{sample_queues, QueueDepth, QUEUES_SHOWN};
 
 use crate::db::Pool;
 use crate::worker::stats::{Histogram, StatsSnapshot, WorkerStats};
@@ -140,7 +145,7 @@ pub struct QueueSample {
 /// Counts the active jobs by state and the oldest due job's age (database clock).
 ///
 /// Each scalar subquery repeats a partial index's predicate exactly (`status = 'pending'` for
-/// `etl_job_records_pending_due_idx`, `status = 'running'` for `etl_job_records_running_owner_idx`),
+/// `etl_job_records_claim_idx`, `status = 'running'` for `etl_job_records_running_owner_idx`),
 /// so a scrape reads only active rows: it costs the same at 1,000 and 1,000,000 terminal rows. A
 /// single `status IN ('pending', 'running')` scan matches neither index and walks the whole table.
 ///
@@ -222,19 +227,26 @@ impl Collector for Shared {
     }
 }
 
-/// Appends the queue sample and the pool's usage; a failed sample is reported as `up 0`.
+/// Appends the queue sample (the totals, then per queue) and the pool's usage; a failed sample is
+/// reported as `up 0` (and no queue).
 pub async fn render_shared(out: &mut String, pool: &Pool) {
     let state = pool.state();
-    let sample = match crate::db::checkout(pool).await {
-        Ok(conn) => sample_queue(&*conn).await.ok(),
-        Err(_) => None,
+    let (sample, by_queue) = match crate::db::checkout(pool).await {
+        Ok(conn) => (
+            sample_queue(&*conn).await.ok(),
+            sample_queues(&*conn).await.unwrap_or_default(),
+        ),
+        Err(_) => (None, Vec::new()),
     };
     let shared = Shared {
         connections: state.connections,
         idle_connections: state.idle_connections,
         sample,
     };
-    encode(out, vec![Box::new(shared)]);
+    encode(
+        out,
+        vec![Box::new(shared), Box::new(queues::PerQueue(by_queue))],
+    );
 }
 
 /// One unlabelled counter of a replica: name (without the `_total` the encoder adds), help,

@@ -1,6 +1,6 @@
 //! Queues and priorities as a replica and an enqueue name them: the queue a job waits in, the
-//! queues a replica serves (each with a weight), a job's priority within its queue, and pausing
-//! a queue.
+//! queues a replica serves (each with a weight), a job's priority within its queue, and what an
+//! operator sets per queue: a pause, and a cap on its running jobs.
 //!
 //! Invariants this module keeps:
 //! - A queue's name follows the rule of a kind's name ([`crate::handler::is_kind_name`]: what the
@@ -12,6 +12,9 @@
 //!   jobs in `(sort_at, id)` order. So a job is passed only by more urgent jobs due less than
 //!   `(its priority - theirs) × PRIORITY_STEP` after it, never by a job due later than that,
 //!   and no statement ever rewrites a row to age it.
+//! - A capped queue never has more running jobs than its cap (of those claimed since it was set):
+//!   each holds one of the queue's permits, taken by its claim and freed by the statement that
+//!   moves it out of `running` (migration 0021, `worker::claimer`, the `permits_freed!` SQL).
 
 use crate::error::Error;
 use std::time::Duration;
@@ -72,6 +75,9 @@ pub enum QueuesError {
     /// A queue is named twice.
     #[error("each queue may be served once")]
     Duplicate,
+    /// A cap is outside [`CAP_RANGE`].
+    #[error("a queue's cap must be from 1 to 10000 running jobs")]
+    Cap,
 }
 
 /// Whether `name` may be a queue's name (the rule of a kind's name).
@@ -148,6 +154,54 @@ pub async fn set_paused(
             SET_PAUSED_SQL,
             &[(&name, Type::TEXT), (&paused, Type::BOOL)],
         )
+        .await?;
+    Ok(())
+}
+
+/// The caps a queue may have: at most this many of its jobs run at once, across all replicas.
+pub const CAP_RANGE: std::ops::RangeInclusive<i32> = 1..=10_000;
+
+/// Sets queue `$1`'s cap to `$2` (NULL: uncapped): its settings row, and one permit row per slot
+/// from 1 to the cap (the ones it lacks); the free permits above the cap are deleted, and held
+/// ones above it are never taken again once freed. A cap applies to claims made after it commits:
+/// jobs already running without a permit (claimed while the queue was uncapped) finish as they
+/// are.
+///
+/// Locks: the queue's settings row; the permit rows it inserts or deletes (a permit a claim is
+/// taking is locked by that claim: the delete waits for it, at most `lock_timeout`).
+pub const SET_CAP_SQL: &str = "
+WITH settings AS (
+    INSERT INTO etl_queues (queue, cap) VALUES ($1, $2)
+        ON CONFLICT (queue) DO UPDATE SET cap = excluded.cap, updated_at = now()
+    RETURNING queue, cap
+), added AS (
+    INSERT INTO etl_queue_permits (queue, slot)
+    SELECT s.queue, g FROM settings s, generate_series(1, coalesce(s.cap, 0)) AS g
+        ON CONFLICT (queue, slot) DO NOTHING
+)
+DELETE FROM etl_queue_permits AS p
+ USING settings s
+ WHERE p.queue = s.queue AND p.slot > coalesce(s.cap, 0) AND p.claim_id IS NULL";
+
+/// Caps queue `name` at `cap` running jobs across all replicas (`None`: uncapped); see
+/// [`SET_CAP_SQL`].
+///
+/// # Errors
+/// [`Error::Config`] for a name that is not a queue's or a cap outside [`CAP_RANGE`]; database
+/// errors.
+pub async fn set_cap(
+    client: &impl GenericClient,
+    name: &str,
+    cap: Option<i32>,
+) -> Result<(), Error> {
+    if !is_queue_name(name) {
+        return Err(Error::Config(crate::ConfigError::Queues(QueuesError::Name)));
+    }
+    if cap.is_some_and(|c| !CAP_RANGE.contains(&c)) {
+        return Err(Error::Config(crate::ConfigError::Queues(QueuesError::Cap)));
+    }
+    client
+        .execute_typed(SET_CAP_SQL, &[(&name, Type::TEXT), (&cap, Type::INT4)])
         .await?;
     Ok(())
 }

@@ -216,6 +216,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // deadline and claims every queue through an index that is gone.
         min_reader_version: 20,
     },
+    Migration {
+        version: 21,
+        name: "queue_caps",
+        up: include_str!("../migrations/0021_queue_caps.up.sql"),
+        down: include_str!("../migrations/0021_queue_caps.down.sql"),
+        // Additive for readers: release 20 takes and frees no permits (a mixed fleet can exceed
+        // a cap, never lose a job).
+        min_reader_version: 20,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

@@ -19,6 +19,9 @@
 //!   the attempt it ended to `etl_job_attempts` in the same statement, through
 //!   `attempt_ended!()`, built only from the rows its fenced UPDATE returned: a stale claim
 //!   changes no row, so it records no attempt.
+//! - Every statement that moves a claim out of `running` frees the permit that claim held (a job
+//!   of a capped queue, migration 0021) in the same statement, through `permits_freed!()`, built
+//!   only from the rows it moved; `lease_cleared!()` clears the live row's `permit_slot`.
 
 /// The SET items that end a lease, shared by every statement that gives a live row back to
 /// `pending` (retry, release, recovery), so none forgets a lease column.
@@ -26,7 +29,7 @@ macro_rules! lease_cleared {
     () => {
         "lease_owner_id = NULL, lease_claim_id = NULL, lease_expires_at = NULL, \
          lease_owner_locked = false, lease_renewed_at = NULL, lease_heartbeat_ms = NULL, \
-         lease_owner_alive_locked = false"
+         lease_owner_alive_locked = false, permit_slot = NULL"
     };
 }
 
@@ -42,11 +45,13 @@ macro_rules! cancel_requested {
     };
 }
 
-/// The RETURNING list of a fenced DELETE of live rows aliased `j`: what [`outcome_of`] needs, and
-/// the code a cancelled job ends with (`cancel_code`, null without a request).
+/// The RETURNING list of a fenced DELETE of live rows aliased `j`: what [`outcome_of`] needs, the
+/// code a cancelled job ends with (`cancel_code`, null without a request), and the permit its
+/// claim held (`queue`, `permit_slot`; see [`permits_freed`]).
 macro_rules! ended_columns {
     () => {
-        "j.id, j.owner_key, j.attempts, j.run_at, j.started_at, j.lease_claim_id, j.cancel_code"
+        "j.id, j.owner_key, j.attempts, j.run_at, j.started_at, j.lease_claim_id, j.cancel_code, \
+         j.queue, j.permit_slot"
     };
 }
 
@@ -106,6 +111,30 @@ macro_rules! attempt_ended {
       FROM ",
             $source,
             " s JOIN etl_job_intake i ON i.id = s.id"
+        )
+    };
+}
+
+/// CTE `freed`: frees the permits of the claims a statement moved out of `running`, given as the
+/// FROM-item `$moved` with columns `queue`, `permit_slot` (null for a job of an uncapped queue)
+/// and `claim_id`, built only from the rows the statement's own fenced writes returned (or the
+/// rows it locked, restricted to those), never from its input: a stale finisher moved no row, so
+/// it frees nothing, and a permit is freed only while it still names the claim.
+///
+/// Locks: the row lock of each freed permit (by primary key), to the end of the statement's
+/// transaction; a claim that finds it locked skips it.
+macro_rules! permits_freed {
+    ($moved:expr) => {
+        concat!(
+            "freed AS (
+    UPDATE etl_queue_permits AS x
+       SET claim_id = NULL
+      FROM (",
+            $moved,
+            ") AS m
+     WHERE m.permit_slot IS NOT NULL AND x.queue = m.queue AND x.slot = m.permit_slot
+       AND x.claim_id = m.claim_id
+)"
         )
     };
 }

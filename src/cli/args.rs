@@ -140,9 +140,9 @@ pub(crate) enum Command {
     /// Create or revoke API keys.
     #[command(subcommand)]
     ApiKeys(ApiKeysCommand),
-    /// Pause or resume a queue: a paused queue's jobs are not claimed (running ones finish).
+    /// Pause, resume or cap a queue: a paused queue's jobs are not claimed (running ones finish).
     #[command(subcommand)]
-    Queues(QueuesCommand),
+    Queues(super::queues::QueuesCommand),
     /// Run the whole product once on a local database: API, two replicas, sample jobs.
     Demo(DemoArgs),
     /// Measure throughput and latency of real replicas on a throw-away database.
@@ -436,21 +436,6 @@ pub(crate) enum ApiKeysCommand {
     Create(CreateKeyArgs),
     /// Revoke an API key by id.
     Revoke(RevokeKeyArgs),
-}
-
-/// The `queues` subcommands, each naming one queue.
-#[derive(Debug, Subcommand)]
-pub(crate) enum QueuesCommand {
-    /// Stop claiming the queue's jobs; running jobs finish, enqueues are still accepted.
-    Pause {
-        /// The queue.
-        queue: String,
-    },
-    /// Claim the queue's jobs again.
-    Resume {
-        /// The queue.
-        queue: String,
-    },
 }
 
 /// Options of `api-keys create`.

@@ -54,7 +54,15 @@ fn every_documented_metric_is_exposed_with_its_documented_type() {
         idle_connections: 1,
         sample: Some(QueueSample::default()),
     };
-    encode(&mut text, vec![Box::new(shared)]);
+    let capped = QueueDepth {
+        queue: "mail".to_owned(),
+        cap: Some(4),
+        ..QueueDepth::default()
+    };
+    encode(
+        &mut text,
+        vec![Box::new(shared), Box::new(queues::PerQueue(vec![capped]))],
+    );
     let help = (
         "durable_etl_http_responses",
         "HTTP responses served, by status class.",
@@ -107,4 +115,53 @@ fn worker_metrics_have_only_fixed_labels() {
         let labels = line.split('{').nth(1).unwrap_or("");
         assert!(labels.len() < 40, "{line}");
     }
+}
+
+#[test]
+fn per_queue_gauges_label_each_queue_and_only_capped_queues_have_a_cap() {
+    let mail = QueueDepth {
+        queue: "mail".to_owned(),
+        due: 3,
+        deferred: 1,
+        running: 2,
+        oldest_due_seconds: 1.5,
+        cap: Some(4),
+        permits_held: 2,
+        paused: true,
+    };
+    let bulk = QueueDepth {
+        queue: "bulk".to_owned(),
+        due: 7,
+        ..QueueDepth::default()
+    };
+    let mut text = String::new();
+    encode(
+        &mut text,
+        vec![Box::new(queues::PerQueue(vec![mail, bulk]))],
+    );
+    let value = |series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+    for (series, expected) in [
+        ("durable_etl_queue_due{queue=\"mail\"}", 3.0),
+        ("durable_etl_queue_due{queue=\"bulk\"}", 7.0),
+        ("durable_etl_queue_deferred{queue=\"mail\"}", 1.0),
+        ("durable_etl_queue_running{queue=\"mail\"}", 2.0),
+        (
+            "durable_etl_queue_oldest_due_by_queue_seconds{queue=\"mail\"}",
+            1.5,
+        ),
+        ("durable_etl_queue_cap{queue=\"mail\"}", 4.0),
+        ("durable_etl_queue_permits_held{queue=\"mail\"}", 2.0),
+        ("durable_etl_queue_paused{queue=\"mail\"}", 1.0),
+        ("durable_etl_queue_paused{queue=\"bulk\"}", 0.0),
+    ] {
+        assert_eq!(value(series), Some(expected), "{series} in {text}");
+    }
+    assert!(
+        !text.contains("durable_etl_queue_cap{queue=\"bulk\"}"),
+        "{text}"
+    );
+    assert!(!text.contains("durable_etl_queue_permits_held{queue=\"bulk\"}"));
 }

@@ -66,8 +66,11 @@ WITH held AS (
        AND j.status = 'running'",
             $fence,
             "
- RETURNING j.id, j.lease_claim_id, j.owner_key, j.attempts, j.run_at, j.started_at
-)
+ RETURNING j.id, j.lease_claim_id, j.owner_key, j.attempts, j.run_at, j.started_at, j.queue,
+           j.permit_slot
+), ",
+            permits_freed!("SELECT queue, permit_slot, lease_claim_id AS claim_id FROM done"),
+            "
 INSERT INTO etl_job_outcomes
        (job_id, owner_key, status, attempts, run_at, lease_claim_id, rows_inserted, rows_updated,
         rows_unchanged, data_checksum, started_at, finished_at)
@@ -261,7 +264,7 @@ async fn leases_returned(
 pub const RETRY_SQL: &str = concat!(
     "
 WITH decided AS (
-    SELECT j.id, ",
+    SELECT j.id, j.queue, j.permit_slot, ",
     cancel_requested!(),
     " AS cancel,
            j.attempts < j.max_attempts AS again
@@ -301,7 +304,12 @@ WITH decided AS (
         "NULL::int4"
     ),
     "
-)
+), ",
+    permits_freed!(
+        "SELECT d.queue, d.permit_slot, $2::uuid AS claim_id FROM decided d
+          WHERE d.id IN (SELECT id FROM retried UNION ALL SELECT id FROM ended)"
+    ),
+    "
 SELECT status FROM retried UNION ALL SELECT status FROM outcome"
 );
 
@@ -346,7 +354,9 @@ WITH ended AS (
  RETURNING ",
     ended_columns!(),
     "
-)
+), ",
+    permits_freed!("SELECT queue, permit_slot, lease_claim_id AS claim_id FROM ended"),
+    "
 ",
     outcome_of!(
         "ended",

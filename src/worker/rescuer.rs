@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 /// its rows locked): each stale row goes back to `pending` with its lease cleared while attempts
 /// remain and no cancel was asked; otherwise its live row is deleted and its outcome appended
 /// (`cancelled`, or `failed` with `lease_expired_exhausted`). A row given back is appended to its
-/// job's attempt history (`recovered`). Returns, per recovered row, whether its lease had expired
+/// job's attempt history (`recovered`). The permits of the claims recovered are freed (`freed`). Returns, per recovered row, whether its lease had expired
 /// and its new status.
 ///
 /// Locks: none beyond `stale`'s row locks (and `history`'s `FOR KEY SHARE` on the intake rows of
@@ -91,7 +91,12 @@ macro_rules! recover_stale {
                 "NULL::int4"
             ),
             "
-)
+), ",
+            permits_freed!(
+                "SELECT s.queue, s.permit_slot, s.claim_id FROM stale s
+                  WHERE s.id IN (SELECT id FROM recovered UNION ALL SELECT id FROM ended)"
+            ),
+            "
 SELECT expired, status FROM recovered
 UNION ALL
 SELECT e.expired, o.status FROM ended e JOIN outcome o ON o.job_id = e.id"
@@ -99,13 +104,14 @@ SELECT e.expired, o.status FROM ended e JOIN outcome o ON o.job_id = e.id"
     };
 }
 
-/// What a stale row is to recovery, beside its id: whether its owner asked to cancel it, and
-/// whether attempts remain.
+/// What a stale row is to recovery, beside its id: whether its owner asked to cancel it, whether
+/// attempts remain, and the permit its claim holds.
 macro_rules! stale_columns {
     () => {
         concat!(
             cancel_requested!(),
-            " AS cancel, j.attempts < j.max_attempts AS again"
+            " AS cancel, j.attempts < j.max_attempts AS again, j.queue, j.permit_slot,
+           j.lease_claim_id AS claim_id"
         )
     };
 }

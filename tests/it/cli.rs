@@ -687,3 +687,61 @@ async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
     assert_eq!(status.code(), Some(0));
     drop_database(&name).await;
 }
+
+#[tokio::test]
+async fn queues_caps_pauses_and_resumes_a_queue_and_refuses_a_bad_cap() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let url = &db.config.url;
+    let settings = || async {
+        let row = client
+            .query_one(
+                "SELECT q.cap, q.paused, (SELECT count(*) FROM etl_queue_permits p
+                                           WHERE p.queue = q.queue)
+                   FROM etl_queues q WHERE q.queue = 'mail'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (
+            row.get::<_, Option<i32>>(0),
+            row.get::<_, bool>(1),
+            row.get::<_, i64>(2),
+        )
+    };
+    for (args, said, expected) in [
+        (
+            &["queues", "cap", "mail", "3"][..],
+            "capped mail at 3",
+            (Some(3), false, 3),
+        ),
+        (
+            &["queues", "pause", "mail"],
+            "paused mail",
+            (Some(3), true, 3),
+        ),
+        (
+            &["queues", "resume", "mail"],
+            "resumed mail",
+            (Some(3), false, 3),
+        ),
+        (
+            &["queues", "cap", "mail", "none"],
+            "uncapped mail",
+            (None, false, 0),
+        ),
+    ] {
+        let out = run(url, args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), said);
+        assert_eq!(settings().await, expected, "{args:?}");
+    }
+    assert_failed(&run(url, &["queues", "cap", "mail", "0"]), 2, "cap must be");
+    assert_failed(
+        &run(url, &["queues", "cap", "mail", "many"]),
+        2,
+        "cap must be",
+    );
+    assert_failed(&run(url, &["queues", "pause", "Mail"]), 2, "queue's name");
+    assert_eq!(settings().await, (None, false, 0), "nothing changed");
+}

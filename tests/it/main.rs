@@ -6,6 +6,7 @@ mod api;
 mod bench;
 mod browser;
 mod cancel;
+mod caps;
 mod claim_plan;
 mod cli;
 mod console;

@@ -291,14 +291,19 @@ async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
     eventually("the claim to wait for the lock", || {
         let client = &client;
         async move {
-            // The claim is the only statement that bumps the fencing token.
-            count(
-                client,
-                "pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()
-                   AND query LIKE '%fencing_token = j.fencing_token + 1%'",
-            )
-            .await
-                == 1
+            // The claim, as `pg_stat_activity` shows it: its first `track_activity_query_size`
+            // bytes (the claim is longer than the default 1,024).
+            let waiting: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE wait_event_type = 'Lock' AND datname = current_database()
+                        AND left($1::text, length(query)) = query",
+                    &[&durable_etl::worker::claimer::CLAIM_SQL],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            waiting == 1
         }
     })
     .await;

@@ -337,8 +337,14 @@ async fn migration_0020_puts_every_job_in_the_default_queue_and_round_trips() {
     let db = TestDb::migrated().await;
     let mut client = db.client().await;
     let latest = crate::support::catalog_snapshot(&client).await;
+    let from_20: Vec<i32> = schema::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| *v >= 20)
+        .collect();
     let down = schema::migrate_down_to(&mut client, 19).await.unwrap();
-    assert_eq!((down.changed, down.version), (vec![20], 19));
+    let reversed: Vec<i32> = from_20.iter().rev().copied().collect();
+    assert_eq!((down.changed, down.version), (reversed, 19));
     // Jobs of release 19: one due, one deferred, in its layout (no queue, no deadline).
     client
         .batch_execute(
@@ -359,7 +365,7 @@ async fn migration_0020_puts_every_job_in_the_default_queue_and_round_trips() {
         .unwrap();
     assert!(exists(&client, "etl_job_records_pending_due_idx").await);
     let up = schema::migrate_up(&mut client).await.unwrap();
-    assert_eq!(up.changed, vec![20]);
+    assert_eq!(up.changed, from_20);
     assert_eq!(crate::support::catalog_snapshot(&client).await, latest);
     let placed: Vec<(String, i16, bool)> = client
         .query(
@@ -406,4 +412,65 @@ async fn migration_0020_puts_every_job_in_the_default_queue_and_round_trips() {
     assert!(!exists(&client, "etl_job_records_claim_idx").await);
     assert_eq!(count(&client, "etl_job_records").await, 2);
     assert!(!exists(&client, "etl_queues").await);
+}
+
+#[tokio::test]
+async fn the_per_queue_sample_counts_each_queue_and_its_cap_and_pause() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let jobs = jobs();
+    let in_queue = |queue| EnqueueOptions {
+        queue: Some(queue),
+        ..EnqueueOptions::default()
+    };
+    for _ in 0..3 {
+        jobs.enqueue(&client, &Letter { n: 0 }, in_queue("mail"))
+            .await
+            .unwrap();
+    }
+    let later = EnqueueOptions {
+        run_at: Some(chrono::Utc::now() + chrono::Duration::hours(1)),
+        ..in_queue("bulk")
+    };
+    jobs.enqueue(&client, &Letter { n: 1 }, later)
+        .await
+        .unwrap();
+    queue::set_cap(&client, "mail", Some(2)).await.unwrap();
+    queue::set_paused(&client, "idle", true).await.unwrap();
+    // One claim: it holds two permits while its jobs are running (taken, not yet run).
+    let claimed = durable_etl::worker::claimer::claim_from(
+        &client,
+        durable_etl::worker::claimer::Claimant {
+            owner_id: "sampler",
+            owner_locked: false,
+            lease: Duration::from_secs(60),
+            heartbeat_interval: Duration::from_secs(4),
+            alive_locked: false,
+            kinds: &["test.letter"],
+        },
+        &[("mail", 8)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let sample = durable_etl::metrics::sample_queues(&client).await.unwrap();
+    let of = |name: &str| sample.iter().find(|q| q.queue == name).cloned().unwrap();
+    let mail = of("mail");
+    assert_eq!(
+        (
+            mail.due,
+            mail.deferred,
+            mail.running,
+            mail.cap,
+            mail.permits_held,
+            mail.paused
+        ),
+        (1, 0, 2, Some(2), 2, false)
+    );
+    assert!(mail.oldest_due_seconds >= 0.0);
+    let bulk = of("bulk");
+    assert_eq!((bulk.due, bulk.deferred, bulk.cap), (0, 1, None));
+    let idle = of("idle");
+    assert_eq!((idle.due, idle.running, idle.paused), (0, 0, true));
+    assert_eq!(sample[0].queue, "mail", "the deepest first");
 }

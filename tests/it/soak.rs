@@ -1,6 +1,7 @@
 //! A bounded chaos soak with real processes: three replicas of the binary work through 5,000 ETL
-//! jobs while they are repeatedly SIGKILLed (and restarted with their owner id), frozen with
-//! SIGSTOP/SIGCONT, and have their backends terminated. Once the faults stop, every invariant is
+//! jobs of a queue capped below their slots ([`CAP`]) while they are repeatedly SIGKILLed (and
+//! restarted with their owner id), frozen with SIGSTOP/SIGCONT, and have their backends
+//! terminated; a sampler counts the queue's running jobs every few milliseconds throughout. Once the faults stop, every invariant is
 //! checked from the database, and the replicas' logs are searched for privacy canaries. The
 //! figures are printed and written to `soak-figures.txt` in Cargo's target temporary directory.
 
@@ -19,6 +20,10 @@ use std::time::{Duration, Instant};
 const JOBS: usize = 5_000;
 /// Jobs per enqueue batch.
 const BATCH: usize = 100;
+/// The cap of the jobs' queue: below the replicas' 24 slots, so it binds.
+const CAP: i32 = 8;
+/// How often the sampler counts the capped queue's running jobs.
+const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// Target rows each job upserts (distinct keys).
 const RECORDS: usize = 3;
 /// Attempts allowed per job: high enough that faults alone never exhaust one.
@@ -133,6 +138,10 @@ async fn chaos_soak_keeps_every_invariant() {
             thaw_at: None,
         })
         .collect();
+    durable_etl::queue::set_cap(&client, "default", Some(CAP))
+        .await
+        .unwrap();
+    let sampler = Sampler::start(&db).await;
     let mut replicas = Processes(slots.iter().map(|s| s.start(&db)).collect());
     let mut figures = Figures::default();
     let mut watched: Vec<(Instant, Vec<uuid::Uuid>)> = Vec::new();
@@ -227,6 +236,8 @@ async fn chaos_soak_keeps_every_invariant() {
     }
     let settled_in = faults_stopped.elapsed();
     watch(&client, &mut watched, &mut figures).await;
+    let (samples, most_running, unpermitted) = sampler.stop().await;
+    let permits_held = count(&client, "etl_queue_permits WHERE claim_id IS NOT NULL").await;
     for child in &mut replicas.0 {
         signal(child, "TERM");
         child.wait().unwrap();
@@ -257,6 +268,7 @@ async fn chaos_soak_keeps_every_invariant() {
          kills {}, freezes {}, jobs they caught running {}, backend kills {}, restarts {}, self-exits {}\n\
          lost {lost}, duplicated {duplicated}, highest attempts {max_attempts_seen} (max {MAX_ATTEMPTS})\n\
          max stuck after a kill or freeze {:?}, all terminal {:?} after the faults stopped\n\
+         cap {CAP}: most running at once {most_running} in {samples} samples, running without a permit {unpermitted}, permits held once drained {permits_held}\n\
          log lines {lines}, of which with a canary, SQL or database message: {}\n\
          wall time {:?}\n",
         faults_stopped - (chaos_ends - CHAOS),
@@ -275,6 +287,12 @@ async fn chaos_soak_keeps_every_invariant() {
     std::fs::write(dir.join("soak-figures.txt"), &report).unwrap();
 
     assert_eq!((lost, duplicated), (0, 0), "{report}");
+    assert!(most_running <= i64::from(CAP), "{report}");
+    assert!(
+        most_running > 1 && samples > 100,
+        "the sampler saw the cap work: {report}"
+    );
+    assert_eq!((unpermitted, permits_held), (0, 0), "{report}");
     assert!(lines > 0, "the replicas logged something to search");
     assert!(leaks.is_empty(), "{:?}", &leaks[..leaks.len().min(5)]);
     assert!(
@@ -299,6 +317,57 @@ async fn chaos_soak_keeps_every_invariant() {
         loaded == expected,
         "the target rows are exactly the expected set"
     );
+}
+
+/// Counts the capped queue's running jobs every [`SAMPLE_EVERY`] on a connection of its own,
+/// until stopped: the database's own count, whoever holds the jobs (a frozen replica's count
+/// too).
+struct Sampler {
+    /// Asks it to stop.
+    stop: tokio::sync::watch::Sender<bool>,
+    /// `(samples, most running at once, samples with a running job that held no permit)`.
+    task: tokio::task::JoinHandle<(u64, i64, i64)>,
+}
+
+impl Sampler {
+    /// Starts sampling `db`.
+    async fn start(db: &TestDb) -> Sampler {
+        let client = db.client().await;
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let (mut samples, mut most, mut unpermitted) = (0, 0, 0);
+            while !*stopped.borrow() {
+                // The faults terminate only durable-etl's own sessions, never this one; an error
+                // ends the sampling, and the sample-count assertion catches that.
+                let Ok(row) = client
+                    .query_one(
+                        "SELECT count(*), count(*) FILTER (WHERE permit_slot IS NULL)
+                           FROM etl_job_records WHERE queue = 'default' AND status = 'running'",
+                        &[],
+                    )
+                    .await
+                else {
+                    break;
+                };
+                samples += 1;
+                most = most.max(row.get::<_, i64>(0));
+                unpermitted += i64::from(row.get::<_, i64>(1) > 0);
+                tokio::select! {
+                    () = tokio::time::sleep(SAMPLE_EVERY) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            (samples, most, unpermitted)
+        });
+        Sampler { stop, task }
+    }
+
+    /// Stops it: `(samples, most running at once, samples with a job running without a
+    /// permit)`.
+    async fn stop(self) -> (u64, i64, i64) {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap()
+    }
 }
 
 /// Records, for every watched fault whose claims have all moved on, how long that took.

@@ -13,53 +13,92 @@ use tokio_postgres::{GenericClient, Row};
 /// `$7[i]` for each served queue, of the kinds `$8` the replica has registered and no other; `$4`
 /// says whether the owner holds its owner lock (so recovery may treat the lock's absence as
 /// death), `$5` is the owner's heartbeat interval in milliseconds and `$6` whether every
-/// connection of the owner holds its alive lock (the terms recovery judges the owner by).
+/// connection of the owner holds its alive lock (the terms recovery judges the owner by). Each
+/// claimed row returns the position (from 1) of the ask it filled.
 ///
 /// Order: within a queue, due jobs in `(sort_at, id)` order, their virtual deadlines
-/// ([`crate::queue`]). A queue that is paused (`etl_queues.paused`) gives nothing.
+/// ([`crate::queue`]). A queue that is paused (`etl_queues.paused`) gives nothing. A capped queue
+/// (`etl_queues.cap`, migration 0021) gives at most as many jobs as it has free permits: `permits`
+/// locks up to the ask's count of them, `due` takes at most that many jobs, `paired` gives each
+/// job a permit and a fresh claim id, and `taken` writes the claim id into the permit while the
+/// UPDATE writes the permit's slot into the live row, in this one statement.
 ///
-/// Locks: for each (queue, kind), one probe walks `etl_job_records_claim_idx` on its equal
-/// leading columns in `(sort_at, id)` order, from the start of the queue to `now()` plus the
-/// largest priority offset (no due job sorts later), and takes a row lock (`FOR NO KEY UPDATE`:
-/// the claim changes no key, so the `FOR KEY SHARE` locks that foreign-key checks of rows
-/// referencing a job take never make a claim skip it) on up to the queue's count of due pending
-/// rows, skipping (`SKIP LOCKED`) rows another claimer, canceller or recovery holds, so
-/// concurrent claimers never wait for each other and never take the same row. After locking,
-/// PostgreSQL re-checks the row's current version against the probe's conditions, so a row that
-/// another transaction changed meanwhile is left out. Each queue then keeps its count of the
-/// locked rows, earliest first (a sort of at most count × kinds rows); the rows another kind's
-/// probe locked beyond it stay pending and are unlocked when the statement commits. The UPDATE
-/// rewrites only the rows kept. Only `status = 'pending'` appears in the predicate (no OR across
+/// Locks: `asked` reads each asked queue's settings row by primary key. `permits` row-locks free
+/// permit rows of each capped queue (`FOR UPDATE SKIP LOCKED`, in slot order, at most the ask's
+/// count; slots above the cap are never taken), so concurrent claimers never wait on each other
+/// or take the same permit; the ones no job pairs with are unlocked at commit, untouched. For
+/// each (queue, kind), one probe walks `etl_job_records_claim_idx` on its equal leading columns in
+/// `(sort_at, id)` order, from the start of the queue to `now()` plus the largest priority offset
+/// (no due job sorts later), and takes a row lock (`FOR NO KEY UPDATE`: the claim changes no key,
+/// so the `FOR KEY SHARE` locks that foreign-key checks of rows referencing a job take never make
+/// a claim skip it) on up to the queue's room of due pending rows, skipping (`SKIP LOCKED`) rows
+/// another claimer, canceller or recovery holds. After locking, PostgreSQL re-checks the row's
+/// current version against the probe's conditions, so a row that another transaction changed
+/// meanwhile is left out. Each queue then keeps its room of the locked rows, earliest first (a
+/// sort of at most room × kinds rows); the rows another kind's probe locked beyond it stay
+/// pending and are unlocked when the statement commits. The UPDATEs rewrite only the rows and
+/// permits kept. Only `status = 'pending'` appears in the probe's predicate (no OR across
 /// states), so the partial index is always usable; expired leases are returned to `pending` by
 /// recovery, not here. A job of a kind the replica has not registered is never probed: it waits
-/// for a replica that runs it. The pause check is one primary-key read of `etl_queues` per
-/// probe.
+/// for a replica that runs it.
 pub const CLAIM_SQL: &str = "
-WITH due AS (
-    SELECT c.id, q.i
+WITH asked AS MATERIALIZED (
+    SELECT q.queue, q.n, q.i, s.cap
       FROM unnest($7::text[], $1::int8[]) WITH ORDINALITY AS q(queue, n, i)
+      LEFT JOIN etl_queues s ON s.queue = q.queue
+     WHERE s.paused IS NOT TRUE
+), permits AS MATERIALIZED (
+    SELECT a.queue, p.slot, row_number() OVER (PARTITION BY a.queue ORDER BY p.slot) AS rn
+      FROM asked a
+     CROSS JOIN LATERAL (
+         SELECT x.slot
+           FROM etl_queue_permits x
+          WHERE x.queue = a.queue AND x.claim_id IS NULL AND x.slot <= a.cap
+          ORDER BY x.slot
+          LIMIT a.n
+            FOR UPDATE SKIP LOCKED
+     ) p
+     WHERE a.cap IS NOT NULL
+), room AS MATERIALIZED (
+    SELECT a.queue, a.i,
+           CASE WHEN a.cap IS NULL THEN a.n
+                ELSE (SELECT count(*) FROM permits m WHERE m.queue = a.queue) END AS n
+      FROM asked a
+), due AS MATERIALIZED (
+    SELECT c.id, r.i, r.queue,
+           row_number() OVER (PARTITION BY r.queue ORDER BY c.sort_at, c.id) AS rn
+      FROM room r
      CROSS JOIN LATERAL (
          SELECT p.id, p.sort_at
            FROM unnest($8::text[]) AS k(kind)
           CROSS JOIN LATERAL (
               SELECT d.id, d.sort_at
                 FROM etl_job_records d
-               WHERE d.status = 'pending' AND d.queue = q.queue AND d.kind = k.kind
+               WHERE d.status = 'pending' AND d.queue = r.queue AND d.kind = k.kind
                  AND d.sort_at <= durable_etl_sort_at(now(), 9::int2) AND d.run_at <= now()
-                 AND NOT EXISTS (SELECT FROM etl_queues s WHERE s.queue = q.queue AND s.paused)
                ORDER BY d.sort_at, d.id
-               LIMIT q.n
+               LIMIT r.n
                  FOR NO KEY UPDATE SKIP LOCKED
           ) p
           ORDER BY p.sort_at, p.id
-          LIMIT q.n
+          LIMIT r.n
      ) c
+), paired AS MATERIALIZED (
+    SELECT d.id, d.i, d.queue, m.slot, gen_random_uuid() AS claim_id
+      FROM due d
+      LEFT JOIN permits m ON m.queue = d.queue AND m.rn = d.rn
+), taken AS (
+    UPDATE etl_queue_permits AS x
+       SET claim_id = p.claim_id
+      FROM paired p
+     WHERE p.slot IS NOT NULL AND x.queue = p.queue AND x.slot = p.slot
 )
 UPDATE etl_job_records AS j
    SET status = 'running',
        attempts = j.attempts + 1,
        fencing_token = j.fencing_token + 1,
-       lease_claim_id = gen_random_uuid(),
+       lease_claim_id = p.claim_id,
+       permit_slot = p.slot,
        lease_owner_id = $2,
        lease_owner_locked = $4,
        lease_expires_at = now() + $3 * interval '1 millisecond',
@@ -68,11 +107,11 @@ UPDATE etl_job_records AS j
        lease_owner_alive_locked = $6,
        started_at = now(),
        updated_at = now()
-  FROM due
- WHERE j.id = due.id
+  FROM paired p
+ WHERE j.id = p.id
 RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
           j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
-          j.fencing_token, j.run_at, due.i";
+          j.fencing_token, j.run_at, p.i";
 
 /// Who claims, and on what terms.
 #[derive(Debug, Clone, Copy)]

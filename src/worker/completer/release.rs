@@ -33,7 +33,7 @@ use uuid::Uuid;
 pub const RELEASE_SQL: &str = concat!(
     "
 WITH decided AS (
-    SELECT j.id, j.lease_claim_id AS claim_id, ",
+    SELECT j.id, j.lease_claim_id AS claim_id, j.queue, j.permit_slot, ",
     cancel_requested!(),
     " AS cancel
       FROM etl_job_records j
@@ -67,7 +67,12 @@ WITH decided AS (
     ",
     outcome_of!("ended", "'cancelled'", "cancel_code", "NULL::int4"),
     "
-)
+), ",
+    permits_freed!(
+        "SELECT d.queue, d.permit_slot, d.claim_id FROM decided d
+          WHERE d.id IN (SELECT id FROM released UNION ALL SELECT id FROM ended)"
+    ),
+    "
 SELECT (SELECT count(*) FROM released) + (SELECT count(*) FROM outcome)"
 );
 

@@ -1,0 +1,164 @@
+//! Per-queue gauges, sampled at scrape time: each queue's jobs by state, its oldest due job's
+//! age, its cap and the permits held, and whether it is paused.
+//!
+//! Invariants this module keeps:
+//! - At most [`QUEUES_SHOWN`] queues are labelled per scrape (the deepest first, then by name),
+//!   so the number of series is bounded whatever the number of queues; the unlabelled totals of
+//!   the parent module still count every job.
+//! - A queue's name is the only label: a name the deployment chose (a kind's default or an
+//!   enqueue's, `[a-z][a-z0-9_.]*`), never an id, a principal or a request value
+//!   (docs/privacy.md says not to put one in a queue's name).
+//! - One statement per scrape, over the live table (active jobs only, never the history) and the
+//!   settings and permits of the configured queues.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use tokio_postgres::GenericClient;
+
+/// The most queues one scrape labels.
+pub const QUEUES_SHOWN: i64 = 100;
+
+/// Each queue with live jobs or settings: its jobs by state, its oldest due job's age (seconds,
+/// database clock; 0 when none is due), its cap (NULL: none), the permits held and whether it is
+/// paused; the [`QUEUES_SHOWN`] with the most live jobs, then by name.
+///
+/// Locks: none (a read of the live table, one pass, and of `etl_queues` and
+/// `etl_queue_permits`, by queue).
+pub(super) const QUEUES_SAMPLE_SQL: &str = "
+WITH live AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS due,
+           count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS deferred,
+           count(*) FILTER (WHERE status = 'running') AS running,
+           min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()) AS oldest
+      FROM etl_job_records
+     GROUP BY queue
+), every AS (
+    SELECT coalesce(l.queue, s.queue) AS queue, coalesce(l.due, 0) AS due,
+           coalesce(l.deferred, 0) AS deferred, coalesce(l.running, 0) AS running,
+           coalesce(extract(epoch FROM now() - l.oldest)::float8, 0) AS oldest_due_seconds,
+           s.cap, coalesce(s.paused, false) AS paused,
+           (SELECT count(*) FROM etl_queue_permits p
+             WHERE p.queue = s.queue AND p.claim_id IS NOT NULL) AS held
+      FROM live l
+      FULL JOIN etl_queues s ON s.queue = l.queue
+)
+SELECT queue, due, deferred, running, oldest_due_seconds, cap, coalesce(held, 0), paused
+  FROM every
+ ORDER BY due + deferred + running DESC, queue
+ LIMIT $1";
+
+/// One queue's sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueDepth {
+    /// The queue.
+    pub queue: String,
+    /// Pending jobs due now.
+    pub due: i64,
+    /// Pending jobs not due yet.
+    pub deferred: i64,
+    /// Running jobs.
+    pub running: i64,
+    /// Age of its oldest due job, in seconds (0 when none is due).
+    pub oldest_due_seconds: f64,
+    /// Its cap, if it has one.
+    pub cap: Option<i32>,
+    /// Permits held by running claims.
+    pub permits_held: i64,
+    /// Whether it is paused.
+    pub paused: bool,
+}
+
+/// Samples the [`QUEUES_SHOWN`] deepest queues.
+///
+/// # Errors
+/// The database error of the query.
+pub async fn sample_queues(
+    client: &impl GenericClient,
+) -> Result<Vec<QueueDepth>, tokio_postgres::Error> {
+    let rows = client
+        .query_typed(
+            QUEUES_SAMPLE_SQL,
+            &[(&QUEUES_SHOWN, tokio_postgres::types::Type::INT8)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| QueueDepth {
+            queue: r.get(0),
+            due: r.get(1),
+            deferred: r.get(2),
+            running: r.get(3),
+            oldest_due_seconds: r.get(4),
+            cap: r.get(5),
+            permits_held: r.get(6),
+            paused: r.get(7),
+        })
+        .collect())
+}
+
+/// The per-queue families of one scrape.
+#[derive(Debug)]
+pub(super) struct PerQueue(pub(super) Vec<QueueDepth>);
+
+/// A gauge family labelled by queue: its name, its help, and each queue's value (`None`: no
+/// sample for that queue).
+type Family<'a> = (&'static str, &'static str, Vec<(&'a str, Option<f64>)>);
+
+impl Collector for PerQueue {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let of = |f: fn(&QueueDepth) -> Option<f64>| -> Vec<(&str, Option<f64>)> {
+            self.0.iter().map(|q| (q.queue.as_str(), f(q))).collect()
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let families: [Family<'_>; 7] = [
+            (
+                "durable_etl_queue_due",
+                "Due pending jobs of the queue.",
+                of(|q| Some(q.due as f64)),
+            ),
+            (
+                "durable_etl_queue_deferred",
+                "Pending jobs of the queue not due yet.",
+                of(|q| Some(q.deferred as f64)),
+            ),
+            (
+                "durable_etl_queue_running",
+                "Running jobs of the queue.",
+                of(|q| Some(q.running as f64)),
+            ),
+            (
+                "durable_etl_queue_oldest_due_by_queue_seconds",
+                "Age of the queue's oldest due job (database clock).",
+                of(|q| Some(q.oldest_due_seconds)),
+            ),
+            (
+                "durable_etl_queue_cap",
+                "The queue's cap on running jobs (capped queues only).",
+                of(|q| q.cap.map(f64::from)),
+            ),
+            (
+                "durable_etl_queue_permits_held",
+                "Permits of the queue's cap held by running claims (capped queues only).",
+                of(|q| q.cap.map(|_| q.permits_held as f64)),
+            ),
+            (
+                "durable_etl_queue_paused",
+                "1 if the queue is paused.",
+                of(|q| Some(f64::from(u8::from(q.paused)))),
+            ),
+        ];
+        for (name, help, samples) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (queue, value) in samples {
+                if let Some(value) = value {
+                    let labels = [("queue", queue)];
+                    ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
