@@ -436,6 +436,12 @@ async fn an_owner_sees_only_their_jobs_and_another_owners_job_is_not_found() {
     assert_eq!(own.status, StatusCode::OK);
     assert_secured(&own);
     assert!(own.body.contains("pending") && own.body.contains("Accepted "));
+    // Each job shows its kind, queue and priority, on the list and on its page.
+    for page in [&list, &own] {
+        assert!(page.body.contains("<code>etl.load</code>"), "{}", page.body);
+        assert!(page.body.contains("<code>default</code>"), "{}", page.body);
+    }
+    assert!(own.body.contains(" at priority 0"), "{}", own.body);
     for path in [
         format!("/console/jobs/{theirs}"),
         "/console/jobs/not-a-uuid".to_owned(),
@@ -734,4 +740,37 @@ async fn the_operator_view_has_empty_states_and_lists_recovery_events() {
     );
     assert!(!view.body.contains("No job was recovered"));
     assert!(!view.body.contains(&job.to_string()), "aggregates only");
+}
+
+#[tokio::test]
+async fn the_operator_view_lists_each_queue_with_its_cap_and_pause() {
+    let console = Console::start().await;
+    let client = console.db.client().await;
+    console.submit(&console.bob, "queued-1", false).await;
+    console.submit(&console.bob, "queued-2", true).await;
+    durable_etl::queue::set_cap(&client, "default", Some(4))
+        .await
+        .unwrap();
+    durable_etl::queue::set_paused(&client, "mail", true)
+        .await
+        .unwrap();
+    let alice = console.sign_in(&console.alice).await;
+    let view = console.get("/console/operator", &alice).await;
+    assert_eq!(view.status, StatusCode::OK);
+    let body = &view.body;
+    assert!(
+        body.contains("<td><code>default</code></td><td>1</td><td>1</td><td>0</td>"),
+        "{body}"
+    );
+    assert!(body.contains("0 of 4 held"), "{body}");
+    assert!(
+        body.contains("<td><code>mail</code></td><td>0</td>"),
+        "{body}"
+    );
+    assert!(body.contains("<td>paused</td>"), "{body}");
+    // The queues page is job metadata only.
+    assert!(
+        !body.contains(CANARY) && !body.contains("queued-1"),
+        "{body}"
+    );
 }

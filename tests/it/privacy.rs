@@ -413,7 +413,7 @@ struct Canary {
 }
 
 impl durable_etl::Job for Canary {
-    const KIND: &'static str = "test.canary";
+    const KIND: &'static str = "test.privacy";
 }
 
 /// Runs [`Canary`] jobs; every failure carries a canary in its source or message.

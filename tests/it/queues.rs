@@ -119,6 +119,18 @@ async fn an_enqueue_places_a_job_in_its_kinds_queue_or_the_one_it_names() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     assert_eq!(view, vec![("mail".to_owned(), 3)]);
+    // The owner's status view says where each job is.
+    let status = jobs.status(&client, chosen.id).await.unwrap().unwrap();
+    assert_eq!(
+        (status.kind.as_str(), status.queue.as_str(), status.priority),
+        ("test.letter", "urgent", 0)
+    );
+    let listed = jobs
+        .list(&client, durable_etl::jobs::Window::default(), None, 10)
+        .await
+        .unwrap();
+    let queues: Vec<&str> = listed.jobs.iter().map(|j| j.queue.as_str()).collect();
+    assert_eq!(queues, ["urgent", "mail"], "newest first");
     // A queue the schema cannot store, or a priority out of range, is refused before any write.
     for options in [
         EnqueueOptions {

@@ -17,7 +17,7 @@
 //!   id in one minute (a restart after `kill -9`) add up. A difference across a gap in its
 //!   reports is counted in the minute that ends the gap.
 
-use crate::metrics::{sample_queue, QueueSample};
+use crate::metrics::{sample_queue, sample_queues, QueueDepth, QueueSample};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use tokio_postgres::GenericClient;
@@ -136,6 +136,9 @@ pub(crate) struct Overview {
     pub(crate) replicas: Vec<Replica>,
     /// The active jobs by state, and the oldest due job's age.
     pub(crate) backlog: QueueSample,
+    /// The same per queue (the deepest [`crate::metrics::QUEUES_SHOWN`]), with each queue's cap,
+    /// permits held and pause.
+    pub(crate) queues: Vec<QueueDepth>,
     /// The last hour, minute by minute.
     pub(crate) hour: LastHour,
 }
@@ -147,11 +150,12 @@ pub(crate) struct Overview {
 pub(crate) async fn overview(
     client: &impl GenericClient,
 ) -> Result<Overview, tokio_postgres::Error> {
-    // The three reads are pipelined on the one connection, each in one round trip.
-    let (replica_rows, rows, backlog) = tokio::try_join!(
+    // The four reads are pipelined on the one connection, each in one round trip.
+    let (replica_rows, rows, backlog, queues) = tokio::try_join!(
         client.query_typed(REPLICAS_SQL, &[]),
         client.query_typed(MINUTES_SQL, &[]),
-        sample_queue(client)
+        sample_queue(client),
+        sample_queues(client)
     )?;
     let replicas = replica_rows
         .iter()
@@ -196,6 +200,7 @@ pub(crate) async fn overview(
     Ok(Overview {
         replicas,
         backlog,
+        queues,
         hour,
     })
 }

@@ -194,11 +194,14 @@ pub(crate) fn jobs(viewer: (Role, &str), view: &ListView<'_>) -> Markup {
                 p.empty { "No jobs match." }
             } @else {
                 table {
-                    thead { tr { th { "Job" } th { "Status" } th { "Attempts" } th { "Accepted" } th { "Finished" } } }
+                    thead { tr { th { "Job" } th { "Kind" } th { "Queue" } th { "Priority" } th { "Status" } th { "Attempts" } th { "Accepted" } th { "Finished" } } }
                     tbody {
                         @for job in view.jobs {
                             tr {
                                 td { a.id href={ "/console/jobs/" (job.id) } { (job.id) } }
+                                td { code { (job.kind) } }
+                                td { code { (job.queue) } }
+                                td { (job.priority) }
                                 td { (status(job.status)) }
                                 td { (job.attempts) " of " (job.max_attempts) }
                                 td { (job.created_at) }
@@ -315,6 +318,8 @@ pub(crate) fn job(viewer: (Role, &str), job: &JobStatus, history: &JobHistory<'_
             dl.facts {
                 dt { "Status" } dd { (status(job.status)) @if job.cancel_requested { " (cancel requested)" } }
                 dt { "Attempts" } dd { (job.attempts) " of " (job.max_attempts) }
+                dt { "Kind" } dd { code { (job.kind) } }
+                dt { "Queue" } dd { code { (job.queue) } " at priority " (job.priority) }
                 @if let Some(replaced) = job.replaces {
                     dt { "Replaces" } dd { a.id href={ "/console/jobs/" (replaced) } { (replaced) } }
                 }
@@ -411,6 +416,27 @@ pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
                 dt { "Deferred or waiting to retry" } dd { (backlog.deferred) }
                 dt { "Running" } dd { (backlog.running) }
                 dt { "Oldest due" } dd { (format!("{:.1}", backlog.oldest_due_seconds)) " s" }
+            }
+            h2 { "Queues" }
+            @if overview.queues.is_empty() {
+                p.empty { "No queue has a job or a setting." }
+            } @else {
+                table {
+                    thead { tr { th { "Queue" } th { "Due" } th { "Deferred" } th { "Running" } th { "Oldest due" } th { "Cap" } th { "State" } } }
+                    tbody {
+                        @for queue in &overview.queues {
+                            tr {
+                                td { code { (queue.queue) } }
+                                td { (queue.due) }
+                                td { (queue.deferred) }
+                                td { (queue.running) }
+                                td { (format!("{:.1}", queue.oldest_due_seconds)) " s" }
+                                td { @if let Some(cap) = queue.cap { (queue.permits_held) " of " (cap) " held" } @else { "none" } }
+                                td { @if queue.paused { "paused" } @else { "served" } }
+                            }
+                        }
+                    }
+                }
             }
             h2 { "The last hour" }
             (charts::bars("Jobs finished per minute", &series(|m| (m.succeeded + m.failed) as f64), "jobs"))
