@@ -146,6 +146,9 @@ pub enum ConfigError {
     /// A job's priority is outside `queue::PRIORITY_RANGE`.
     #[error("a job's priority must be from 0 to 9")]
     Priority,
+    /// A job's concurrency key is empty or longer than 255 bytes.
+    #[error("a job's concurrency key must be 1 to 255 bytes")]
+    ConcurrencyKey,
     /// The served queues are not a list a replica can claim from.
     #[error(transparent)]
     Queues(#[from] QueuesError),

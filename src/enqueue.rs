@@ -62,7 +62,14 @@ pub struct Submission<'a> {
     pub queue: Option<&'a str>,
     /// Its priority within the queue, in [`PRIORITY_RANGE`] (0, the most urgent, first).
     pub priority: i16,
+    /// Its concurrency key (1 to [`CONCURRENCY_KEY_MAX`] bytes): a queue with a key cap runs at
+    /// most that many jobs of one key at once ([`crate::queue::set_key_cap`]). Stored on the live
+    /// row only; never logged, labelled or shown.
+    pub concurrency_key: Option<&'a str>,
 }
+
+/// The longest concurrency key, in bytes.
+pub const CONCURRENCY_KEY_MAX: usize = 255;
 
 /// What an enqueue did for one job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,18 +81,18 @@ pub struct Enqueued {
 }
 
 /// The head both insert statements share: CTE `batch` unnests the parallel arrays `$1..$6`,
-/// `$9..$11` (a `run_at` in the past, or none, becomes `now()`), and CTE `accepted` inserts their
-/// intake rows (owner `$7`, kind `$8`, queue `$10`, priority `$11`); each statement ends
-/// `accepted` its own way.
+/// `$9..$12` (a `run_at` in the past, or none, becomes `now()`), and CTE `accepted` inserts their
+/// intake rows (owner `$7`, kind `$8`, queue `$10`, priority `$11`; the concurrency key `$12` goes
+/// to the live row only); each statement ends `accepted` its own way.
 macro_rules! insert_intake {
     () => {
         "
 WITH batch AS (
     SELECT b.*, greatest(b.run_at_asked, now()) AS run_at
       FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[],
-                  $6::timestamptz[], $9::uuid[], $10::text[], $11::int2[])
+                  $6::timestamptz[], $9::uuid[], $10::text[], $11::int2[], $12::text[])
            AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces, queue,
-                priority)
+                priority, concurrency_key)
 ), accepted AS (
     INSERT INTO etl_job_intake
            (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at,
@@ -113,9 +120,10 @@ pub const INSERT_SQL: &str = concat!(
     RETURNING id
 )
 INSERT INTO etl_job_records
-       (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority, sort_at)
+       (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority, sort_at,
+        concurrency_key)
 SELECT b.id, $7, $8, b.payload, b.max_attempts, b.run_at, b.queue, b.priority,
-       durable_etl_sort_at(b.run_at, b.priority)
+       durable_etl_sort_at(b.run_at, b.priority), b.concurrency_key
   FROM batch b JOIN accepted a ON a.id = b.id
 RETURNING id"
 );
@@ -133,9 +141,10 @@ pub const INSERT_UNKEYED_SQL: &str = concat!(
     "
 )
 INSERT INTO etl_job_records
-       (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority, sort_at)
+       (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority, sort_at,
+        concurrency_key)
 SELECT id, $7, $8, payload, max_attempts, run_at, queue, priority,
-       durable_etl_sort_at(run_at, priority)
+       durable_etl_sort_at(run_at, priority), concurrency_key
   FROM batch"
 );
 
@@ -168,6 +177,8 @@ struct Columns<'a> {
     queues: Vec<&'a str>,
     /// Priorities.
     priorities: Vec<i16>,
+    /// Concurrency keys.
+    concurrency_keys: Vec<Option<&'a str>>,
     /// Whether the job came with the caller's key (only those can be replays).
     keyed: Vec<bool>,
 }
@@ -177,8 +188,9 @@ impl<'a> Columns<'a> {
     ///
     /// # Errors
     /// [`Error::Rejected`] with `idempotency_key_invalid` for a key that is empty or longer than
-    /// 255 characters; [`Error::Config`] for a queue name the schema does not store or a
-    /// priority outside [`PRIORITY_RANGE`].
+    /// 255 characters; [`Error::Config`] for a queue name the schema does not store, a
+    /// priority outside [`PRIORITY_RANGE`] or a concurrency key that is empty or longer than
+    /// [`CONCURRENCY_KEY_MAX`] bytes.
     fn of(secret: &Secret, jobs: Vec<Submission<'a>>) -> Result<Columns<'a>, Error> {
         let mut c = Columns::default();
         for job in jobs {
@@ -189,8 +201,15 @@ impl<'a> Columns<'a> {
             if !PRIORITY_RANGE.contains(&job.priority) {
                 return Err(Error::Config(ConfigError::Priority));
             }
+            if job
+                .concurrency_key
+                .is_some_and(|key| !(1..=CONCURRENCY_KEY_MAX).contains(&key.len()))
+            {
+                return Err(Error::Config(ConfigError::ConcurrencyKey));
+            }
             c.queues.push(queue);
             c.priorities.push(job.priority);
+            c.concurrency_keys.push(job.concurrency_key);
             let id = Uuid::now_v7();
             let (key_digest, fingerprint) = match job.idempotency_key {
                 Some(key) => {
@@ -283,7 +302,7 @@ impl Destination<'_> {
         let count = jobs.len();
         let c = Columns::of(secret, jobs)?;
         let owner: &[u8] = owner_key;
-        let params: [(&(dyn ToSql + Sync), Type); 11] = [
+        let params: [(&(dyn ToSql + Sync), Type); 12] = [
             (&c.ids, Type::UUID_ARRAY),
             (&c.key_digests, Type::BYTEA_ARRAY),
             (&c.fingerprints, Type::BYTEA_ARRAY),
@@ -295,6 +314,7 @@ impl Destination<'_> {
             (&c.replaces, Type::UUID_ARRAY),
             (&c.queues, Type::TEXT_ARRAY),
             (&c.priorities, Type::INT2_ARRAY),
+            (&c.concurrency_keys, Type::TEXT_ARRAY),
         ];
         if !c.keyed.contains(&true) && c.replaces.iter().all(Option::is_none) {
             client.execute_typed(INSERT_UNKEYED_SQL, &params).await?;

@@ -49,6 +49,11 @@ pub struct EnqueueOptions<'a> {
     /// The job's priority within its queue (0, the most urgent, to 9; see [`crate::queue`]);
     /// `None` is the kind's [`Job::PRIORITY`].
     pub priority: Option<i16>,
+    /// The job's concurrency key (1 to 255 bytes, e.g. a customer's id): in a queue with a key
+    /// cap ([`crate::queue::set_key_cap`]), at most that many jobs of one key run at once, across
+    /// all replicas. `None`: the job counts against no key. Stored on the job's live row only;
+    /// never logged, labelled or shown.
+    pub concurrency_key: Option<&'a str>,
 }
 
 /// Enqueues, reads and controls jobs of any kind for one owner: the library's front door.
@@ -145,6 +150,7 @@ impl Jobs {
                 replaces: options.replaces,
                 queue: Some(options.queue.unwrap_or(J::QUEUE)),
                 priority: options.priority.unwrap_or(J::PRIORITY),
+                concurrency_key: options.concurrency_key,
             };
             match runs.last_mut() {
                 Some((last, run)) if *last == owner => run.push(submission),

@@ -1,6 +1,7 @@
 //! Queues and priorities as a replica and an enqueue name them: the queue a job waits in, the
 //! queues a replica serves (each with a weight), a job's priority within its queue, and what an
-//! operator sets per queue: a pause, and a cap on its running jobs.
+//! operator sets per queue: a pause, a cap on its running jobs, and a cap on its running jobs of
+//! any one concurrency key.
 //!
 //! Invariants this module keeps:
 //! - A queue's name follows the rule of a kind's name ([`crate::handler::is_kind_name`]: what the
@@ -15,6 +16,10 @@
 //! - A capped queue never has more running jobs than its cap (of those claimed since it was set):
 //!   each holds one of the queue's permits, taken by its claim and freed by the statement that
 //!   moves it out of `running` (migration 0021, `worker::claimer`, the `permits_freed!` SQL).
+//! - A key-capped queue never has more running jobs of one concurrency key than its key cap (of
+//!   those claimed since it was set): each holds a key permit row, inserted by its claim (unique
+//!   per queue, key and slot) and deleted by the statement that moves it out of `running`
+//!   (migration 0022).
 
 use crate::error::Error;
 use std::time::Duration;
@@ -146,16 +151,8 @@ pub async fn set_paused(
     name: &str,
     paused: bool,
 ) -> Result<(), Error> {
-    if !is_queue_name(name) {
-        return Err(Error::Config(crate::ConfigError::Queues(QueuesError::Name)));
-    }
-    client
-        .execute_typed(
-            SET_PAUSED_SQL,
-            &[(&name, Type::TEXT), (&paused, Type::BOOL)],
-        )
-        .await?;
-    Ok(())
+    checked(name, None)?;
+    write_setting(client, SET_PAUSED_SQL, name, (&paused, Type::BOOL)).await
 }
 
 /// The caps a queue may have: at most this many of its jobs run at once, across all replicas.
@@ -194,15 +191,62 @@ pub async fn set_cap(
     name: &str,
     cap: Option<i32>,
 ) -> Result<(), Error> {
+    checked(name, cap)?;
+    write_setting(client, SET_CAP_SQL, name, (&cap, Type::INT4)).await
+}
+
+/// Sets queue `$1`'s key cap to `$2` (NULL: none): at most that many of its jobs of one
+/// concurrency key run at once. Key permits exist only while held, so nothing else is written; a
+/// lowered cap starts no job of a key until the key's held permits fall below it.
+///
+/// Locks: the queue's settings row.
+pub const SET_KEY_CAP_SQL: &str = "
+INSERT INTO etl_queues (queue, key_cap) VALUES ($1, $2)
+    ON CONFLICT (queue) DO UPDATE SET key_cap = excluded.key_cap, updated_at = now()";
+
+/// Caps queue `name`'s running jobs of any one concurrency key at `cap` across all replicas
+/// (`None`: no key cap); see [`SET_KEY_CAP_SQL`].
+///
+/// # Errors
+/// [`Error::Config`] for a name that is not a queue's or a cap outside [`CAP_RANGE`]; database
+/// errors.
+pub async fn set_key_cap(
+    client: &impl GenericClient,
+    name: &str,
+    cap: Option<i32>,
+) -> Result<(), Error> {
+    checked(name, cap)?;
+    write_setting(client, SET_KEY_CAP_SQL, name, (&cap, Type::INT4)).await
+}
+
+/// Runs `sql`, one of this module's settings statements, for queue `name` (`$1`) with `value`
+/// (`$2`, of its type).
+///
+/// # Errors
+/// The database error of the statement.
+async fn write_setting(
+    client: &impl GenericClient,
+    sql: &str,
+    name: &str,
+    value: (&(dyn tokio_postgres::types::ToSql + Sync), Type),
+) -> Result<(), Error> {
+    client
+        .execute_typed(sql, &[(&name, Type::TEXT), value])
+        .await?;
+    Ok(())
+}
+
+/// Checks a queue's name and a cap for it.
+///
+/// # Errors
+/// [`Error::Config`] for a name that is not a queue's or a cap outside [`CAP_RANGE`].
+fn checked(name: &str, cap: Option<i32>) -> Result<(), Error> {
     if !is_queue_name(name) {
         return Err(Error::Config(crate::ConfigError::Queues(QueuesError::Name)));
     }
     if cap.is_some_and(|c| !CAP_RANGE.contains(&c)) {
         return Err(Error::Config(crate::ConfigError::Queues(QueuesError::Cap)));
     }
-    client
-        .execute_typed(SET_CAP_SQL, &[(&name, Type::TEXT), (&cap, Type::INT4)])
-        .await?;
     Ok(())
 }
 

@@ -225,6 +225,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // a cap, never lose a job).
         min_reader_version: 20,
     },
+    Migration {
+        version: 22,
+        name: "key_caps",
+        up: include_str!("../migrations/0022_key_caps.up.sql"),
+        down: include_str!("../migrations/0022_key_caps.down.sql"),
+        // Breaking for readers: a release before it frees no key permit, so a claim of this
+        // release that it recovered or finished would leave its key's permit held for good.
+        min_reader_version: 22,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

@@ -19,9 +19,10 @@
 //!   the attempt it ended to `etl_job_attempts` in the same statement, through
 //!   `attempt_ended!()`, built only from the rows its fenced UPDATE returned: a stale claim
 //!   changes no row, so it records no attempt.
-//! - Every statement that moves a claim out of `running` frees the permit that claim held (a job
-//!   of a capped queue, migration 0021) in the same statement, through `permits_freed!()`, built
-//!   only from the rows it moved; `lease_cleared!()` clears the live row's `permit_slot`.
+//! - Every statement that moves a claim out of `running` frees the permits that claim held (a job
+//!   of a capped queue, migration 0021; a job of a key-capped queue, migration 0022) in the same
+//!   statement, through `permits_freed!()`, built only from the rows it moved; `lease_cleared!()`
+//!   clears the live row's `permit_slot`.
 
 /// The SET items that end a lease, shared by every statement that gives a live row back to
 /// `pending` (retry, release, recovery), so none forgets a lease column.
@@ -115,14 +116,16 @@ macro_rules! attempt_ended {
     };
 }
 
-/// CTE `freed`: frees the permits of the claims a statement moved out of `running`, given as the
-/// FROM-item `$moved` with columns `queue`, `permit_slot` (null for a job of an uncapped queue)
-/// and `claim_id`, built only from the rows the statement's own fenced writes returned (or the
-/// rows it locked, restricted to those), never from its input: a stale finisher moved no row, so
-/// it frees nothing, and a permit is freed only while it still names the claim.
+/// CTEs `freed` and `keys_freed`: free the permits of the claims a statement moved out of
+/// `running`, given as the FROM-item `$moved` with columns `queue`, `permit_slot` (null for a job
+/// of an uncapped queue) and `claim_id`, built only from the rows the statement's own fenced
+/// writes returned (or the rows it locked, restricted to those), never from its input: a stale
+/// finisher moved no row, so it frees nothing. A queue permit is freed only while it still names
+/// the claim; a key permit (migration 0022) is the row named by the claim, deleted.
 ///
-/// Locks: the row lock of each freed permit (by primary key), to the end of the statement's
-/// transaction; a claim that finds it locked skips it.
+/// Locks: the row lock of each freed queue permit (by primary key), to the end of the
+/// statement's transaction, which a claim that finds it locked skips; each deleted key permit (by
+/// primary key), which a claim inserting the same key's slot waits for.
 macro_rules! permits_freed {
     ($moved:expr) => {
         concat!(
@@ -134,6 +137,12 @@ macro_rules! permits_freed {
             ") AS m
      WHERE m.permit_slot IS NOT NULL AND x.queue = m.queue AND x.slot = m.permit_slot
        AND x.claim_id = m.claim_id
+), keys_freed AS (
+    DELETE FROM etl_key_permits AS x
+     USING (",
+            $moved,
+            ") AS m
+     WHERE x.claim_id = m.claim_id
 )"
         )
     };

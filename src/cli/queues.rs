@@ -1,4 +1,5 @@
-//! `durable-etl queues`: what an operator sets per queue (a pause, a cap), from the command line.
+//! `durable-etl queues`: what an operator sets per queue (a pause, a cap, a key cap), from the
+//! command line.
 
 use clap::Subcommand;
 use durable_etl::config::ConfigError;
@@ -26,6 +27,14 @@ pub(crate) enum QueuesCommand {
         /// The cap (1 to 10000), or `none`.
         cap: String,
     },
+    /// Cap the queue's running jobs of any one concurrency key across all replicas (1 to 10000),
+    /// or `none` to lift the key cap.
+    KeyCap {
+        /// The queue.
+        queue: String,
+        /// The key cap (1 to 10000), or `none`.
+        cap: String,
+    },
 }
 
 /// The cap `s` says: a number, or `none` for no cap.
@@ -44,7 +53,7 @@ fn parse_cap(s: &str) -> Result<Option<i32>, Error> {
 /// Runs one `queues` subcommand on `client`, printing what it did.
 ///
 /// # Errors
-/// As [`queue::set_paused`] and [`queue::set_cap`].
+/// As [`queue::set_paused`], [`queue::set_cap`] and [`queue::set_key_cap`].
 pub(crate) async fn run(client: &impl GenericClient, command: QueuesCommand) -> Result<(), Error> {
     match command {
         QueuesCommand::Pause { queue } => {
@@ -61,6 +70,14 @@ pub(crate) async fn run(client: &impl GenericClient, command: QueuesCommand) -> 
             match cap {
                 Some(cap) => println!("capped {queue} at {cap}"),
                 None => println!("uncapped {queue}"),
+            }
+        }
+        QueuesCommand::KeyCap { queue, cap } => {
+            let cap = parse_cap(&cap)?;
+            queue::set_key_cap(client, &queue, cap).await?;
+            match cap {
+                Some(cap) => println!("capped each key of {queue} at {cap}"),
+                None => println!("lifted the key cap of {queue}"),
             }
         }
     }

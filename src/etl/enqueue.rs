@@ -41,6 +41,7 @@ impl NewJob<'_> {
             replaces: self.request.replaces,
             queue: None,
             priority: 0,
+            concurrency_key: None,
         }
     }
 }

@@ -8,7 +8,6 @@ use durable_etl::queue;
 use durable_etl::worker::claimer::{self, Claimant};
 use durable_etl::worker::completer::{self, Transition};
 use durable_etl::worker::lease::{ClaimedJob, Lease};
-use durable_etl::worker::rescuer;
 use durable_etl::{EnqueueOptions, Job, Jobs, Secret};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -106,19 +105,7 @@ async fn a_capped_queue_claims_only_its_free_permits_and_every_exit_frees_its_ow
     assert_eq!(succeeded.unwrap().len(), 1);
     assert_eq!(held(&client).await, (1, 1, 0));
     // The first claim's other job: its lease expires and recovery gives it back.
-    client
-        .batch_execute(
-            "UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second'
-              WHERE status = 'running'",
-        )
-        .await
-        .unwrap();
-    let judgement = rescuer::Judgement {
-        heartbeat_interval: Duration::from_secs(4),
-        reachable_for: Duration::MAX,
-    };
-    let recovered = rescuer::recover(&client, judgement).await.unwrap();
-    assert_eq!(recovered.expired, 1);
+    assert_eq!(crate::support::expire_and_recover(&client).await, 1);
     assert_eq!(
         held(&client).await,
         (0, 0, 0),
@@ -141,15 +128,7 @@ async fn a_stale_finisher_frees_nothing_and_the_cap_holds() {
     let stale: Lease = stale.lease();
     // Its lease runs out while it is paused: recovery gives the job back and frees the permit;
     // another replica claims the job again, and its claim holds the permit.
-    client
-        .batch_execute("UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second'")
-        .await
-        .unwrap();
-    let judgement = rescuer::Judgement {
-        heartbeat_interval: Duration::from_secs(4),
-        reachable_for: Duration::MAX,
-    };
-    rescuer::recover(&client, judgement).await.unwrap();
+    assert_eq!(crate::support::expire_and_recover(&client).await, 1);
     let fresh = claim(&client, claimant("fresh", Duration::from_secs(60)), 1).await;
     assert_eq!(fresh.len(), 1);
     assert_eq!(fresh[0].id(), stale.job_id, "the same job, claimed again");
@@ -324,22 +303,10 @@ async fn replicas_never_run_more_than_the_cap_and_a_freed_permit_wakes_them() {
     let client = db.client().await;
     queue::set_cap(&client, "gauged", Some(3)).await.unwrap();
     let gauge = Gauge::default();
-    let mut replicas = Vec::new();
-    for i in 0..2 {
-        let config = durable_etl::WorkerConfig {
-            owner_id: format!("gauged-{i}"),
-            slots: 8,
-            poll_interval: Duration::from_secs(60),
-            queues: queue::parse("gauged").unwrap(),
-            ..durable_etl::WorkerConfig::default()
-        };
-        let registry = durable_etl::handler::Registry::new().perform(gauge.clone());
-        let pool = crate::support::pool(&db).await;
-        let worker = durable_etl::Worker::start(pool, &db.config, config, registry)
-            .await
-            .unwrap();
-        replicas.push(worker.spawn());
-    }
+    let replicas = crate::support::start_queue_replicas(&db, "gauged", 2, || {
+        durable_etl::handler::Registry::new().perform(gauge.clone())
+    })
+    .await;
     let handle = Jobs::new(
         Secret::new(b"caps-secret-0123456789".to_vec()).unwrap(),
         "t",

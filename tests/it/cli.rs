@@ -744,4 +744,34 @@ async fn queues_caps_pauses_and_resumes_a_queue_and_refuses_a_bad_cap() {
     );
     assert_failed(&run(url, &["queues", "pause", "Mail"]), 2, "queue's name");
     assert_eq!(settings().await, (None, false, 0), "nothing changed");
+    let key_cap = || async {
+        let row = client
+            .query_one("SELECT key_cap FROM etl_queues WHERE queue = 'mail'", &[])
+            .await
+            .unwrap();
+        row.get::<_, Option<i32>>(0)
+    };
+    for (args, said, expected) in [
+        (
+            &["queues", "key-cap", "mail", "2"][..],
+            "capped each key of mail at 2",
+            Some(2),
+        ),
+        (
+            &["queues", "key-cap", "mail", "none"],
+            "lifted the key cap of mail",
+            None,
+        ),
+    ] {
+        let out = run(url, args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), said);
+        assert_eq!(key_cap().await, expected, "{args:?}");
+    }
+    assert_failed(
+        &run(url, &["queues", "key-cap", "mail", "10001"]),
+        2,
+        "cap must be",
+    );
+    assert_eq!(key_cap().await, None, "nothing changed");
 }

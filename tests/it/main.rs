@@ -21,6 +21,7 @@ mod execution;
 mod faults;
 mod handlers;
 mod hygiene;
+mod key_caps;
 mod layering;
 mod leases;
 mod prefetch;

@@ -286,6 +286,52 @@ pub async fn pool(db: &TestDb) -> durable_etl::db::Pool {
         .unwrap()
 }
 
+/// Ages every running lease past its expiry and runs one recovery pass (judging owners by a
+/// 4 s heartbeat, every one reachable); returns how many expired leases it recovered.
+pub async fn expire_and_recover(client: &Client) -> u64 {
+    client
+        .batch_execute(
+            "UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second'
+              WHERE status = 'running'",
+        )
+        .await
+        .unwrap();
+    let judgement = durable_etl::worker::rescuer::Judgement {
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        reachable_for: std::time::Duration::MAX,
+    };
+    durable_etl::worker::rescuer::recover(client, judgement)
+        .await
+        .unwrap()
+        .expired
+}
+
+/// Starts `count` replicas of 8 slots serving queue `queue` and polling once a minute (so jobs
+/// flow only as wakeups bring them), owners `{queue}-0`, `{queue}-1`, …, each running the
+/// registry `registry` gives.
+pub async fn start_queue_replicas(
+    db: &TestDb,
+    queue: &str,
+    count: usize,
+    registry: impl Fn() -> durable_etl::handler::Registry,
+) -> Vec<durable_etl::Replica> {
+    let mut replicas = Vec::new();
+    for i in 0..count {
+        let config = durable_etl::WorkerConfig {
+            owner_id: format!("{queue}-{i}"),
+            slots: 8,
+            poll_interval: std::time::Duration::from_secs(60),
+            queues: durable_etl::queue::parse(queue).unwrap(),
+            ..durable_etl::WorkerConfig::default()
+        };
+        let worker = durable_etl::Worker::start(pool(db).await, &db.config, config, registry())
+            .await
+            .unwrap();
+        replicas.push(worker.spawn());
+    }
+    replicas
+}
+
 /// One job's lifecycle columns, as `etl_jobs` shows them, and whether it has a live row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRow {

@@ -19,9 +19,16 @@ use tokio_postgres::{GenericClient, Row};
 /// Order: within a queue, due jobs in `(sort_at, id)` order, their virtual deadlines
 /// ([`crate::queue`]). A queue that is paused (`etl_queues.paused`) gives nothing. A capped queue
 /// (`etl_queues.cap`, migration 0021) gives at most as many jobs as it has free permits: `permits`
-/// locks up to the ask's count of them, `due` takes at most that many jobs, `paired` gives each
-/// job a permit and a fresh claim id, and `taken` writes the claim id into the permit while the
-/// UPDATE writes the permit's slot into the live row, in this one statement.
+/// locks up to the ask's count of them, `due` takes at most that many jobs, each with a fresh
+/// claim id, `paired` gives each job a permit, and `taken` writes the claim id into the permit
+/// while the UPDATE writes the permit's slot into the live row, in this one statement. In a queue
+/// with a key cap (`etl_queues.key_cap`, migration 0022), `due` skips a job whose concurrency key
+/// already holds that many key permits and takes up to twice the room (so that several due jobs
+/// of one key still leave room for other keys); `fitting` gives the `krn`-th due job of a key the
+/// `krn`-th slot of that key not held in the statement's snapshot and drops the jobs beyond the
+/// key's free slots; `chosen` keeps the room's earliest; `key_taken` inserts their key permits and
+/// `paired` keeps only the keyed jobs whose permit it inserted: two claimers that pick the same
+/// slot of one key cannot both insert it, so a key never runs more than its cap.
 ///
 /// Locks: `asked` reads each asked queue's settings row by primary key. `permits` row-locks free
 /// permit rows of each capped queue (`FOR UPDATE SKIP LOCKED`, in slot order, at most the ask's
@@ -40,10 +47,16 @@ use tokio_postgres::{GenericClient, Row};
 /// permits kept. Only `status = 'pending'` appears in the probe's predicate (no OR across
 /// states), so the partial index is always usable; expired leases are returned to `pending` by
 /// recovery, not here. A job of a kind the replica has not registered is never probed: it waits
-/// for a replica that runs it.
+/// for a replica that runs it. `key_taken` inserts its permits in (queue, key, slot) order, each
+/// `ON CONFLICT DO NOTHING`: a slot another transaction holds (committed) is skipped at once; one
+/// another claim is inserting, or a finisher deleting, makes it wait for that transaction (one
+/// short statement), and the fixed order means two claims never wait on each other in a cycle.
+/// The probe of a key-capped queue walks, beside the jobs it takes, the due jobs of keys at their
+/// cap that sort before them (one count of a key's permits, by index, each): a key at its cap
+/// with a long backlog slows its queue's claims, never blocks them.
 pub const CLAIM_SQL: &str = "
 WITH asked AS MATERIALIZED (
-    SELECT q.queue, q.n, q.i, s.cap
+    SELECT q.queue, q.n, q.i, s.cap, s.key_cap
       FROM unnest($7::text[], $1::int8[]) WITH ORDINALITY AS q(queue, n, i)
       LEFT JOIN etl_queues s ON s.queue = q.queue
      WHERE s.paused IS NOT TRUE
@@ -60,33 +73,73 @@ WITH asked AS MATERIALIZED (
      ) p
      WHERE a.cap IS NOT NULL
 ), room AS MATERIALIZED (
-    SELECT a.queue, a.i,
-           CASE WHEN a.cap IS NULL THEN a.n
-                ELSE (SELECT count(*) FROM permits m WHERE m.queue = a.queue) END AS n
+    SELECT a.queue, a.i, a.key_cap, c.n,
+           CASE WHEN a.key_cap IS NULL THEN c.n ELSE 2 * c.n END AS fetch
       FROM asked a
+     CROSS JOIN LATERAL (
+         SELECT CASE WHEN a.cap IS NULL THEN a.n
+                     ELSE (SELECT count(*) FROM permits m WHERE m.queue = a.queue) END AS n
+     ) c
 ), due AS MATERIALIZED (
-    SELECT c.id, r.i, r.queue,
-           row_number() OVER (PARTITION BY r.queue ORDER BY c.sort_at, c.id) AS rn
+    SELECT c.id, r.i, r.queue, c.sort_at, gen_random_uuid() AS claim_id,
+           CASE WHEN r.key_cap IS NOT NULL THEN c.concurrency_key END AS concurrency_key,
+           r.key_cap
       FROM room r
      CROSS JOIN LATERAL (
-         SELECT p.id, p.sort_at
+         SELECT p.id, p.sort_at, p.concurrency_key
            FROM unnest($8::text[]) AS k(kind)
           CROSS JOIN LATERAL (
-              SELECT d.id, d.sort_at
+              SELECT d.id, d.sort_at, d.concurrency_key
                 FROM etl_job_records d
                WHERE d.status = 'pending' AND d.queue = r.queue AND d.kind = k.kind
                  AND d.sort_at <= durable_etl_sort_at(now(), 9::int2) AND d.run_at <= now()
+                 AND (r.key_cap IS NULL OR d.concurrency_key IS NULL
+                      OR (SELECT count(*) FROM etl_key_permits x
+                           WHERE x.queue = r.queue AND x.concurrency_key = d.concurrency_key)
+                         < r.key_cap)
                ORDER BY d.sort_at, d.id
-               LIMIT r.n
+               LIMIT r.fetch
                  FOR NO KEY UPDATE SKIP LOCKED
           ) p
           ORDER BY p.sort_at, p.id
-          LIMIT r.n
+          LIMIT r.fetch
      ) c
+), fitting AS MATERIALIZED (
+    SELECT d.id, d.i, d.queue, d.claim_id, d.concurrency_key, f.slot AS key_slot,
+           row_number() OVER (PARTITION BY d.queue ORDER BY d.sort_at, d.id) AS rn
+      FROM (SELECT d.*, row_number() OVER (PARTITION BY d.queue, d.concurrency_key
+                                            ORDER BY d.sort_at, d.id) AS krn
+              FROM due d) d
+      LEFT JOIN LATERAL (
+          SELECT g AS slot
+            FROM generate_series(1, d.key_cap) AS g
+           WHERE d.concurrency_key IS NOT NULL
+             AND NOT EXISTS (SELECT 1 FROM etl_key_permits x
+                              WHERE x.queue = d.queue AND x.concurrency_key = d.concurrency_key
+                                AND x.slot = g)
+           ORDER BY g
+          OFFSET d.krn - 1
+           LIMIT 1
+      ) f ON true
+     WHERE d.concurrency_key IS NULL OR f.slot IS NOT NULL
+), chosen AS MATERIALIZED (
+    SELECT f.*
+      FROM fitting f
+      JOIN room r ON r.queue = f.queue
+     WHERE f.rn <= r.n
+), key_taken AS (
+    INSERT INTO etl_key_permits (claim_id, queue, concurrency_key, slot)
+    SELECT c.claim_id, c.queue, c.concurrency_key, c.key_slot
+      FROM chosen c
+     WHERE c.concurrency_key IS NOT NULL
+     ORDER BY c.queue, c.concurrency_key, c.key_slot
+        ON CONFLICT (queue, concurrency_key, slot) DO NOTHING
+    RETURNING claim_id
 ), paired AS MATERIALIZED (
-    SELECT d.id, d.i, d.queue, m.slot, gen_random_uuid() AS claim_id
-      FROM due d
-      LEFT JOIN permits m ON m.queue = d.queue AND m.rn = d.rn
+    SELECT c.id, c.i, c.queue, m.slot, c.claim_id
+      FROM chosen c
+      LEFT JOIN permits m ON m.queue = c.queue AND m.rn = c.rn
+     WHERE c.concurrency_key IS NULL OR c.claim_id IN (SELECT t.claim_id FROM key_taken t)
 ), taken AS (
     UPDATE etl_queue_permits AS x
        SET claim_id = p.claim_id

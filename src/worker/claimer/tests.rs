@@ -275,6 +275,7 @@ async fn enqueue_into(
             replaces: None,
             queue: Some(queue),
             priority,
+            concurrency_key: None,
         })
         .collect();
     crate::enqueue::submit(client, &secret, &[7; 32], kind, submissions)
