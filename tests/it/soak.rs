@@ -1,7 +1,8 @@
 //! A bounded chaos soak with real processes: three replicas of the binary work through 5,000 ETL
-//! jobs of a queue capped below their slots ([`CAP`]) while they are repeatedly SIGKILLed (and
-//! restarted with their owner id), frozen with SIGSTOP/SIGCONT, and have their backends
-//! terminated; a sampler counts the queue's running jobs every few milliseconds throughout. Once the faults stop, every invariant is
+//! jobs of a queue capped below their slots ([`CAP`]), spread over [`KEYS`] concurrency keys
+//! capped at [`KEY_CAP`] each, while they are repeatedly SIGKILLed (and restarted with their
+//! owner id), frozen with SIGSTOP/SIGCONT, and have their backends terminated; a sampler counts
+//! the queue's running jobs, and each key's, every few milliseconds throughout. Once the faults stop, every invariant is
 //! checked from the database, and the replicas' logs are searched for privacy canaries. The
 //! figures are printed and written to `soak-figures.txt` in Cargo's target temporary directory.
 
@@ -22,6 +23,11 @@ const JOBS: usize = 5_000;
 const BATCH: usize = 100;
 /// The cap of the jobs' queue: below the replicas' 24 slots, so it binds.
 const CAP: i32 = 8;
+/// The concurrency keys the jobs are spread over (each job's key set in its enqueue's
+/// transaction).
+const KEYS: i32 = 6;
+/// The cap of each key's running jobs: [`KEYS`] × [`KEY_CAP`] is above [`CAP`], so both bind.
+const KEY_CAP: i32 = 2;
 /// How often the sampler counts the capped queue's running jobs.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// Target rows each job upserts (distinct keys).
@@ -127,7 +133,7 @@ async fn still_running(client: &tokio_postgres::Client, claims: &[uuid::Uuid]) -
 async fn chaos_soak_keeps_every_invariant() {
     let started = Instant::now();
     let db = TestDb::migrated().await;
-    let client = db.client().await;
+    let mut client = db.client().await;
     let seed = fastrand::u64(..);
     let mut rng = fastrand::Rng::with_seed(seed);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -141,6 +147,9 @@ async fn chaos_soak_keeps_every_invariant() {
     durable_etl::queue::set_cap(&client, "default", Some(CAP))
         .await
         .unwrap();
+    durable_etl::queue::set_key_cap(&client, "default", Some(KEY_CAP))
+        .await
+        .unwrap();
     let sampler = Sampler::start(&db).await;
     let mut replicas = Processes(slots.iter().map(|s| s.start(&db)).collect());
     let mut figures = Figures::default();
@@ -151,14 +160,20 @@ async fn chaos_soak_keeps_every_invariant() {
         // Batches are spread over the chaos, so jobs flow while the faults happen.
         let due = (chaos_ends - CHAOS).elapsed().as_secs_f64() / CHAOS.as_secs_f64();
         if enqueued < JOBS && (enqueued as f64) / (JOBS as f64) <= due {
-            enqueue_loads(
-                &client,
-                &format!("b{enqueued}"),
-                BATCH,
-                RECORDS,
-                MAX_ATTEMPTS,
+            // The ETL kind's enqueue names no key: the batch gets its keys in the enqueue's own
+            // transaction, so no replica ever sees one of its jobs without a key.
+            let tx = client.transaction().await.unwrap();
+            let prefix = format!("b{enqueued}");
+            let ids = enqueue_loads(&tx, &prefix, BATCH, RECORDS, MAX_ATTEMPTS).await;
+            tx.execute(
+                "UPDATE etl_job_records
+                    SET concurrency_key = 'tenant-' || abs(hashtext(id::text)) % $2
+                  WHERE id = ANY($1)",
+                &[&ids, &KEYS],
             )
-            .await;
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
             enqueued += BATCH;
         }
         for (slot, child) in slots.iter_mut().zip(replicas.0.iter_mut()) {
@@ -236,8 +251,14 @@ async fn chaos_soak_keeps_every_invariant() {
     }
     let settled_in = faults_stopped.elapsed();
     watch(&client, &mut watched, &mut figures).await;
-    let (samples, most_running, unpermitted) = sampler.stop().await;
-    let permits_held = count(&client, "etl_queue_permits WHERE claim_id IS NOT NULL").await;
+    let Sampled {
+        samples,
+        most_running,
+        most_of_a_key,
+        unpermitted,
+    } = sampler.stop().await;
+    let permits_held = count(&client, "etl_queue_permits WHERE claim_id IS NOT NULL").await
+        + count(&client, "etl_key_permits").await;
     for child in &mut replicas.0 {
         signal(child, "TERM");
         child.wait().unwrap();
@@ -268,7 +289,7 @@ async fn chaos_soak_keeps_every_invariant() {
          kills {}, freezes {}, jobs they caught running {}, backend kills {}, restarts {}, self-exits {}\n\
          lost {lost}, duplicated {duplicated}, highest attempts {max_attempts_seen} (max {MAX_ATTEMPTS})\n\
          max stuck after a kill or freeze {:?}, all terminal {:?} after the faults stopped\n\
-         cap {CAP}: most running at once {most_running} in {samples} samples, running without a permit {unpermitted}, permits held once drained {permits_held}\n\
+         cap {CAP}, key cap {KEY_CAP} over {KEYS} keys: most running at once {most_running} and of one key {most_of_a_key} in {samples} samples, running without a permit {unpermitted}, permits held once drained {permits_held}\n\
          log lines {lines}, of which with a canary, SQL or database message: {}\n\
          wall time {:?}\n",
         faults_stopped - (chaos_ends - CHAOS),
@@ -288,9 +309,10 @@ async fn chaos_soak_keeps_every_invariant() {
 
     assert_eq!((lost, duplicated), (0, 0), "{report}");
     assert!(most_running <= i64::from(CAP), "{report}");
+    assert!(most_of_a_key <= i64::from(KEY_CAP), "{report}");
     assert!(
-        most_running > 1 && samples > 100,
-        "the sampler saw the cap work: {report}"
+        most_running > 1 && most_of_a_key >= 1 && samples > 100,
+        "the sampler saw the caps work: {report}"
     );
     assert_eq!((unpermitted, permits_held), (0, 0), "{report}");
     assert!(lines > 0, "the replicas logged something to search");
@@ -319,14 +341,27 @@ async fn chaos_soak_keeps_every_invariant() {
     );
 }
 
-/// Counts the capped queue's running jobs every [`SAMPLE_EVERY`] on a connection of its own,
-/// until stopped: the database's own count, whoever holds the jobs (a frozen replica's count
-/// too).
+/// What the [`Sampler`] saw.
+#[derive(Debug, Default)]
+struct Sampled {
+    /// Samples taken.
+    samples: u64,
+    /// The most running jobs of the queue at once.
+    most_running: i64,
+    /// The most running jobs of one key at once.
+    most_of_a_key: i64,
+    /// Samples with a running job that held no queue permit or no key permit.
+    unpermitted: i64,
+}
+
+/// Counts the capped queue's running jobs, in all and per key, every [`SAMPLE_EVERY`] on a
+/// connection of its own, until stopped: the database's own count, whoever holds the jobs (a
+/// frozen replica's count too), each sample one snapshot.
 struct Sampler {
     /// Asks it to stop.
     stop: tokio::sync::watch::Sender<bool>,
-    /// `(samples, most running at once, samples with a running job that held no permit)`.
-    task: tokio::task::JoinHandle<(u64, i64, i64)>,
+    /// What it saw.
+    task: tokio::task::JoinHandle<Sampled>,
 }
 
 impl Sampler {
@@ -335,36 +370,45 @@ impl Sampler {
         let client = db.client().await;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
-            let (mut samples, mut most, mut unpermitted) = (0, 0, 0);
+            let mut seen = Sampled::default();
             while !*stopped.borrow() {
                 // The faults terminate only durable-etl's own sessions, never this one; an error
                 // ends the sampling, and the sample-count assertion catches that.
                 let Ok(row) = client
                     .query_one(
-                        "SELECT count(*), count(*) FILTER (WHERE permit_slot IS NULL)
-                           FROM etl_job_records WHERE queue = 'default' AND status = 'running'",
+                        "WITH r AS MATERIALIZED (
+                             SELECT permit_slot, concurrency_key, lease_claim_id
+                               FROM etl_job_records WHERE queue = 'default' AND status = 'running'
+                         )
+                         SELECT (SELECT count(*) FROM r),
+                                (SELECT coalesce(max(n), 0)
+                                   FROM (SELECT count(*) AS n FROM r GROUP BY concurrency_key) k),
+                                (SELECT count(*) FROM r
+                                  WHERE r.permit_slot IS NULL
+                                     OR NOT EXISTS (SELECT FROM etl_key_permits p
+                                                     WHERE p.claim_id = r.lease_claim_id))",
                         &[],
                     )
                     .await
                 else {
                     break;
                 };
-                samples += 1;
-                most = most.max(row.get::<_, i64>(0));
-                unpermitted += i64::from(row.get::<_, i64>(1) > 0);
+                seen.samples += 1;
+                seen.most_running = seen.most_running.max(row.get::<_, i64>(0));
+                seen.most_of_a_key = seen.most_of_a_key.max(row.get::<_, i64>(1));
+                seen.unpermitted += i64::from(row.get::<_, i64>(2) > 0);
                 tokio::select! {
                     () = tokio::time::sleep(SAMPLE_EVERY) => {}
                     _ = stopped.changed() => {}
                 }
             }
-            (samples, most, unpermitted)
+            seen
         });
         Sampler { stop, task }
     }
 
-    /// Stops it: `(samples, most running at once, samples with a job running without a
-    /// permit)`.
-    async fn stop(self) -> (u64, i64, i64) {
+    /// Stops it, and says what it saw.
+    async fn stop(self) -> Sampled {
         let _ = self.stop.send(true);
         self.task.await.unwrap()
     }

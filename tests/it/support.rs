@@ -514,7 +514,7 @@ pub fn load_owner() -> [u8; 32] {
 /// upserts `records` target rows of dataset `d` keyed `{prefix}-{i}-{r}`, each with a privacy
 /// canary as a field name and as a value. Returns the ids in order.
 pub async fn enqueue_loads(
-    client: &Client,
+    client: &impl tokio_postgres::GenericClient,
     prefix: &str,
     n: usize,
     records: usize,
