@@ -1,7 +1,14 @@
 //! The claim: one statement that takes, of each queue the replica serves, up to that queue's
-//! share of its room in due jobs of the kinds it has registered.
+//! share of its room in due jobs of the kinds it has registered. It comes in two forms: with
+//! permits ([`CLAIM_SQL`], for capped and key-capped queues) and without ([`CLAIM_UNCAPPED_SQL`],
+//! which costs what the claim cost before caps and refuses a capped queue itself).
 //!
 //! Invariants this module keeps:
+//! - No claim ever takes a job of a capped queue without its permits: the claim without permits
+//!   reads each asked queue's settings in its own snapshot and claims nothing of a capped one,
+//!   returning a marker for that ask instead; the replica claims those asks again with permits at
+//!   once, and from then on until its next poll ([`CappedQueues`]). What the replica remembers
+//!   only chooses the statement.
 //! - The counts asked never add up to more than the replica's room (the caller shares it out,
 //!   `worker::queues`).
 //! - A job is claimed only by a replica that serves its queue and has registered its kind; any
@@ -36,17 +43,23 @@
 //!   replaced after [`RECHECK_AFTER`], and its successor checks again. Elsewhere (tests, tools) [`claim`] sends it unnamed
 //!   with typed parameters (`query_typed`): one round trip either way.
 
+mod capped;
+mod next_due;
 mod session;
 mod statement;
 
+pub use capped::CappedQueues;
+pub use next_due::{next_due, NEXT_DUE_SQL, NEXT_DUE_WINDOW};
 #[cfg(test)]
 pub(crate) use session::PREPARED_NAME_SQL;
 pub use session::{
     connect_claim_pool, ClaimPool, ClaimSession, ClaimSessions, JUDGED_FROM_PAGES, RECHECK_AFTER,
 };
 pub use statement::{
-    claim, claim_from, next_due, Ask, Claimant, CLAIM_SQL, NEXT_DUE_SQL, NEXT_DUE_WINDOW,
+    claim, claim_from, claim_uncapped, Ask, Claim, Claimant, CLAIM_SQL, CLAIM_UNCAPPED_SQL,
 };
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod uncapped_tests;

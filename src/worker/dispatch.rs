@@ -100,7 +100,12 @@ pub(crate) async fn claim_with(
             None => None,
         }
     };
-    let (answer, jobs) = futures::join!(presence, db::bounded(bound, conn.claim(claimant, &asks)));
+    if reason == ClaimReason::Poll {
+        // A queue uncapped since takes the cheaper claim again (`claimer::CappedQueues`).
+        shared.capped.forget();
+    }
+    let claim = conn.claim(claimant, &asks, &shared.capped);
+    let (answer, jobs) = futures::join!(presence, db::bounded(bound, claim));
     if jobs.as_ref().is_ok_and(|jobs| !jobs.is_empty()) {
         // Only after a claim that took jobs: an empty (or failed) one crashing here would leave
         // nothing claimed for the crash test to find.

@@ -47,6 +47,9 @@ pub(crate) struct Shared {
     pub(crate) statement_bound: Duration,
     /// The session's signals; `None` in poll-only mode without a direct session.
     pub(crate) signals: Option<Arc<Signals>>,
+    /// The served queues the claims found capped, whose claims take permits
+    /// ([`claimer::CappedQueues`]).
+    pub(crate) capped: claimer::CappedQueues,
     /// When a recovery pass of this replica last failed (see [`Shared::reachable_for`]).
     lost_at: StdMutex<Option<Instant>>,
 }
@@ -88,6 +91,7 @@ impl Shared {
                 .statement_timeout
                 .saturating_add(STATEMENT_BOUND_SLACK),
             signals,
+            capped: claimer::CappedQueues::default(),
             lost_at: StdMutex::new(None),
         })
     }

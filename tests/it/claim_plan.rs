@@ -189,6 +189,10 @@ async fn claim_walks_the_pending_index(
     let claimed = claimer::claim(session, PLANNER, 10).await.unwrap();
     assert_eq!(claimed.len(), 10);
     assert_walks_the_pending_index(&plans_since(plans));
+    let asks = [(durable_etl::queue::DEFAULT_QUEUE, 10)];
+    let uncapped = claimer::claim_uncapped(session, PLANNER, &asks).await;
+    assert_eq!(uncapped.unwrap().jobs.len(), 10);
+    assert_walks_the_pending_index(&plans_since(plans));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -584,6 +588,20 @@ async fn no_hot_statement_walks_the_history_of_terminal_rows() {
         }
         let claimer = (&claim_session, &mut claim_plans);
         hot_statements_stay_off_the_history(&mut session, &mut plans, claimer, pass).await;
+        if pass != "analyzed, key-capped" {
+            // The claim without permits, which a replica sends for uncapped queues.
+            plans_since(&mut claim_plans);
+            let asks = [(durable_etl::queue::DEFAULT_QUEUE, 2)];
+            let taken = claimer::claim_uncapped(&claim_session, PLANNER, &asks).await;
+            let leases: Vec<Lease> = taken.unwrap().jobs.iter().map(|j| j.lease()).collect();
+            assert_eq!(leases.len(), 2, "{pass}");
+            let seen = plans_since(&mut claim_plans);
+            assert_no_history_walk(&format!("{pass}: claim without permits"), &seen);
+            assert_walks_the_pending_index(&seen);
+            // Given back, so the next pass finds no leftover of this one.
+            let released = completer::release(&claim_session, &leases, &[]).await;
+            assert_eq!(released.unwrap(), 2, "{pass}");
+        }
     }
 }
 

@@ -291,14 +291,15 @@ async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
     eventually("the claim to wait for the lock", || {
         let client = &client;
         async move {
-            // The claim, as `pg_stat_activity` shows it: its first `track_activity_query_size`
-            // bytes (the claim is longer than the default 1,024).
+            // The claim (of an uncapped queue: the one without permits), as `pg_stat_activity`
+            // shows it: its first `track_activity_query_size` bytes (the claim is longer than
+            // the default 1,024).
             let waiting: i64 = client
                 .query_one(
                     "SELECT count(*) FROM pg_stat_activity
                       WHERE wait_event_type = 'Lock' AND datname = current_database()
                         AND left($1::text, length(query)) = query",
-                    &[&durable_etl::worker::claimer::CLAIM_SQL],
+                    &[&durable_etl::worker::claimer::CLAIM_UNCAPPED_SQL],
                 )
                 .await
                 .unwrap()

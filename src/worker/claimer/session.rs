@@ -2,9 +2,11 @@
 //! the claim prepared on each once its plan passed its check (see the parent module's
 //! invariants).
 
+use super::capped::CappedQueues;
+use super::next_due::{next_due, until_due, NEXT_DUE_PARAMS, NEXT_DUE_SQL};
 use super::statement::{
-    claim_from, claimed, next_due, until_due, Ask, ClaimValues, Claimant, CLAIM_PARAMS, CLAIM_SQL,
-    NEXT_DUE_PARAMS, NEXT_DUE_SQL,
+    claim_from, claim_uncapped, claimed, split, Ask, Claim, ClaimValues, Claimant, CLAIM_PARAMS,
+    CLAIM_SQL, CLAIM_UNCAPPED_SQL,
 };
 use crate::config::DatabaseConfig;
 use crate::db;
@@ -23,6 +25,8 @@ use tokio_postgres::{Client, NoTls, Statement};
 struct Prepared {
     /// [`CLAIM_SQL`].
     claim: Statement,
+    /// [`CLAIM_UNCAPPED_SQL`].
+    uncapped: Statement,
     /// [`NEXT_DUE_SQL`].
     next_due: Statement,
 }
@@ -64,9 +68,9 @@ pub(crate) const PREPARED_NAME_SQL: &str =
     "SELECT name FROM pg_prepared_statements WHERE statement = $1 AND NOT from_sql LIMIT 1";
 
 impl ClaimSession {
-    /// Prepares the statements on `client` and checks the claim's plan: it must walk
-    /// `etl_job_records_claim_idx` in order, with no sort below its row locks and no scan or join
-    /// of the whole table.
+    /// Prepares the statements on `client` and checks the plans of both claims (with and without
+    /// permits): each must walk `etl_job_records_claim_idx` in order, with no sort below its row
+    /// locks and no scan or join of the whole table.
     /// If it does not, the session plans each claim for its values instead (`plan_cache_mode =
     /// force_custom_plan`); and if the live table is large enough for the check to be judged
     /// ([`JUDGED_FROM_PAGES`]), the failure is logged and `stats` counts a fallback, else the
@@ -79,10 +83,20 @@ impl ClaimSession {
         stats: &WorkerStats,
     ) -> Result<ClaimSession, tokio_postgres::Error> {
         let claim = client.prepare_typed(CLAIM_SQL, &CLAIM_PARAMS).await?;
-        let explained = explain_prepared_claim(&client).await?;
-        if walks_the_pending_index_in_order(&explained) {
+        let uncapped = client
+            .prepare_typed(CLAIM_UNCAPPED_SQL, &CLAIM_PARAMS)
+            .await?;
+        let with_permits = explain_prepared(&client, CLAIM_SQL).await?;
+        let without = explain_prepared(&client, CLAIM_UNCAPPED_SQL).await?;
+        if walks_the_pending_index_in_order(&with_permits)
+            && walks_the_pending_index_in_order(&without)
+        {
             let next_due = client.prepare_typed(NEXT_DUE_SQL, &NEXT_DUE_PARAMS).await?;
-            let prepared = Some(Prepared { claim, next_due });
+            let prepared = Some(Prepared {
+                claim,
+                uncapped,
+                next_due,
+            });
             return Ok(ClaimSession {
                 client,
                 prepared,
@@ -126,11 +140,44 @@ impl ClaimSession {
         self.recheck_at.is_some_and(|at| now >= at)
     }
 
-    /// [`claim_from`] on this session, prepared when it can be.
+    /// Claims `asks` for `claimant` on this session, prepared when it can be: with
+    /// [`CLAIM_SQL`] if a queue of `asks` is known to be `capped`, else with
+    /// [`CLAIM_UNCAPPED_SQL`] and then, for the asks it refused (their queues, now known to be
+    /// capped), with [`CLAIM_SQL`]. Each job's [`ClaimedJob::asked_of`] is its position in
+    /// `asks`.
     ///
     /// # Errors
-    /// The database error of the claim statement.
+    /// The database error of a claim statement.
     pub async fn claim(
+        &self,
+        claimant: Claimant<'_>,
+        asks: &[Ask<'_>],
+        capped: &CappedQueues,
+    ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
+        if capped.any_of(asks) {
+            return self.claim_with_permits(claimant, asks).await;
+        }
+        let Claim {
+            mut jobs,
+            capped: refused,
+        } = self.claim_without_permits(claimant, asks).await?;
+        if refused.is_empty() {
+            return Ok(jobs);
+        }
+        let again: Vec<Ask<'_>> = refused
+            .iter()
+            .filter_map(|&i| asks.get(i).copied())
+            .collect();
+        capped.learn(again.iter().map(|&(queue, _)| queue));
+        for mut job in self.claim_with_permits(claimant, &again).await? {
+            job.asked_of = refused.get(job.asked_of).copied().unwrap_or(job.asked_of);
+            jobs.push(job);
+        }
+        Ok(jobs)
+    }
+
+    /// [`claim_from`] on this session, prepared when it can be.
+    async fn claim_with_permits(
         &self,
         claimant: Claimant<'_>,
         asks: &[Ask<'_>],
@@ -141,6 +188,23 @@ impl ClaimSession {
         let values = ClaimValues::of(claimant, asks);
         let rows = self.client.query(&prepared.claim, &values.params()).await?;
         Ok(claimed(rows))
+    }
+
+    /// [`claim_uncapped`] on this session, prepared when it can be.
+    async fn claim_without_permits(
+        &self,
+        claimant: Claimant<'_>,
+        asks: &[Ask<'_>],
+    ) -> Result<Claim, tokio_postgres::Error> {
+        let Some(prepared) = &self.prepared else {
+            return claim_uncapped(&self.client, claimant, asks).await;
+        };
+        let values = ClaimValues::of(claimant, asks);
+        let rows = self
+            .client
+            .query(&prepared.uncapped, &values.params())
+            .await?;
+        Ok(split(rows))
     }
 
     /// [`next_due`] on this session, prepared when it can be.
@@ -164,14 +228,13 @@ impl ClaimSession {
     }
 }
 
-/// The JSON plan of the claim prepared on `client` (its generic plan, on a claim session).
-pub(super) async fn explain_prepared_claim(
+/// The JSON plan of the claim `sql` ([`CLAIM_SQL`] or [`CLAIM_UNCAPPED_SQL`]) prepared on
+/// `client` (its generic plan, on a claim session).
+pub(super) async fn explain_prepared(
     client: &Client,
+    sql: &str,
 ) -> Result<serde_json::Value, tokio_postgres::Error> {
-    let name: String = client
-        .query_one(PREPARED_NAME_SQL, &[&CLAIM_SQL])
-        .await?
-        .get(0);
+    let name: String = client.query_one(PREPARED_NAME_SQL, &[&sql]).await?.get(0);
     // The values do not matter to a generic plan; the statement is only explained.
     Ok(client
         .query_one(

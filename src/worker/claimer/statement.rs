@@ -9,6 +9,70 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 
+/// The LATERAL probe of one asked queue `r` (its `queue`, and `$limit`, an expression over `r`):
+/// for each kind of `$8`, the queue's due pending jobs of that kind in `(sort_at, id)` order that
+/// also meet `$filter` (a condition on row `d`, or nothing), row-locked, at most `$limit`; then
+/// the earliest `$limit` of them all, as `c (id, sort_at, concurrency_key)`.
+macro_rules! due_probe {
+    ($limit:expr, $filter:expr) => {
+        concat!(
+            "
+     CROSS JOIN LATERAL (
+         SELECT p.id, p.sort_at, p.concurrency_key
+           FROM unnest($8::text[]) AS k(kind)
+          CROSS JOIN LATERAL (
+              SELECT d.id, d.sort_at, d.concurrency_key
+                FROM etl_job_records d
+               WHERE d.status = 'pending' AND d.queue = r.queue AND d.kind = k.kind
+                 AND d.sort_at <= durable_etl_sort_at(now(), 9::int2) AND d.run_at <= now()",
+            $filter,
+            "
+               ORDER BY d.sort_at, d.id
+               LIMIT ",
+            $limit,
+            "
+                 FOR NO KEY UPDATE SKIP LOCKED
+          ) p
+          ORDER BY p.sort_at, p.id
+          LIMIT ",
+            $limit,
+            "
+     ) c"
+        )
+    };
+}
+
+/// The UPDATE that claims the rows of CTE `paired` (`id`, the ask's position `i`, a fresh
+/// `claim_id` and, as `$slot`, the queue permit's slot or NULL), with the claimant's values
+/// `$2..$6`, returning what [`claimed`] reads.
+macro_rules! claim_update {
+    ($slot:expr) => {
+        concat!(
+            "UPDATE etl_job_records AS j
+   SET status = 'running',
+       attempts = j.attempts + 1,
+       fencing_token = j.fencing_token + 1,
+       lease_claim_id = p.claim_id,
+       permit_slot = ",
+            $slot,
+            ",
+       lease_owner_id = $2,
+       lease_owner_locked = $4,
+       lease_expires_at = now() + $3 * interval '1 millisecond',
+       lease_renewed_at = now(),
+       lease_heartbeat_ms = $5,
+       lease_owner_alive_locked = $6,
+       started_at = now(),
+       updated_at = now()
+  FROM paired p
+ WHERE j.id = p.id
+RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
+          j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
+          j.fencing_token, j.run_at, p.i"
+        )
+    };
+}
+
 /// Claims due jobs for owner `$2` with a lease of `$3` milliseconds: up to `$1[i]` of queue
 /// `$7[i]` for each served queue, of the kinds `$8` the replica has registered and no other; `$4`
 /// says whether the owner holds its owner lock (so recovery may treat the lock's absence as
@@ -54,7 +118,8 @@ use tokio_postgres::{GenericClient, Row};
 /// The probe of a key-capped queue walks, beside the jobs it takes, the due jobs of keys at their
 /// cap that sort before them (one count of a key's permits, by index, each): a key at its cap
 /// with a long backlog slows its queue's claims, never blocks them.
-pub const CLAIM_SQL: &str = "
+pub const CLAIM_SQL: &str = concat!(
+    "
 WITH asked AS MATERIALIZED (
     SELECT q.queue, q.n, q.i, s.cap, s.key_cap
       FROM unnest($7::text[], $1::int8[]) WITH ORDINALITY AS q(queue, n, i)
@@ -85,25 +150,16 @@ WITH asked AS MATERIALIZED (
            CASE WHEN r.key_cap IS NOT NULL THEN c.concurrency_key END AS concurrency_key,
            r.key_cap
       FROM room r
-     CROSS JOIN LATERAL (
-         SELECT p.id, p.sort_at, p.concurrency_key
-           FROM unnest($8::text[]) AS k(kind)
-          CROSS JOIN LATERAL (
-              SELECT d.id, d.sort_at, d.concurrency_key
-                FROM etl_job_records d
-               WHERE d.status = 'pending' AND d.queue = r.queue AND d.kind = k.kind
-                 AND d.sort_at <= durable_etl_sort_at(now(), 9::int2) AND d.run_at <= now()
+",
+    due_probe!(
+        "r.fetch",
+        "
                  AND (r.key_cap IS NULL OR d.concurrency_key IS NULL
                       OR (SELECT count(*) FROM etl_key_permits x
                            WHERE x.queue = r.queue AND x.concurrency_key = d.concurrency_key)
-                         < r.key_cap)
-               ORDER BY d.sort_at, d.id
-               LIMIT r.fetch
-                 FOR NO KEY UPDATE SKIP LOCKED
-          ) p
-          ORDER BY p.sort_at, p.id
-          LIMIT r.fetch
-     ) c
+                         < r.key_cap)"
+    ),
+    "
 ), fitting AS MATERIALIZED (
     SELECT d.id, d.i, d.queue, d.claim_id, d.concurrency_key, f.slot AS key_slot,
            row_number() OVER (PARTITION BY d.queue ORDER BY d.sort_at, d.id) AS rn
@@ -146,25 +202,70 @@ WITH asked AS MATERIALIZED (
       FROM paired p
      WHERE p.slot IS NOT NULL AND x.queue = p.queue AND x.slot = p.slot
 )
-UPDATE etl_job_records AS j
-   SET status = 'running',
-       attempts = j.attempts + 1,
-       fencing_token = j.fencing_token + 1,
-       lease_claim_id = p.claim_id,
-       permit_slot = p.slot,
-       lease_owner_id = $2,
-       lease_owner_locked = $4,
-       lease_expires_at = now() + $3 * interval '1 millisecond',
-       lease_renewed_at = now(),
-       lease_heartbeat_ms = $5,
-       lease_owner_alive_locked = $6,
-       started_at = now(),
-       updated_at = now()
-  FROM paired p
- WHERE j.id = p.id
-RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
-          j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
-          j.fencing_token, j.run_at, p.i";
+",
+    claim_update!("p.slot")
+);
+
+/// [`CLAIM_SQL`] for queues without a cap or a key cap: no permit is locked, inserted or paired,
+/// so an uncapped queue's claim costs what it did before caps (the same parameters and order;
+/// the probe and the UPDATE are [`CLAIM_SQL`]'s). It refuses a capped queue itself rather than
+/// trusting the caller: an ask whose queue has a cap or a key cap in the statement's snapshot
+/// claims nothing and returns one marker row (every column NULL but the ask's position), and the
+/// caller claims that ask again with [`CLAIM_SQL`]. So a queue capped after a replica last
+/// looked is never claimed past its cap, just as with [`CLAIM_SQL`] (a cap applies to claims
+/// whose snapshot saw it).
+///
+/// Locks: as [`CLAIM_SQL`]'s `asked` and probe (no permit row is touched).
+pub const CLAIM_UNCAPPED_SQL: &str = concat!(
+    "
+WITH asked AS MATERIALIZED (
+    SELECT q.queue, q.n, q.i, (s.cap IS NOT NULL OR s.key_cap IS NOT NULL) AS capped
+      FROM unnest($7::text[], $1::int8[]) WITH ORDINALITY AS q(queue, n, i)
+      LEFT JOIN etl_queues s ON s.queue = q.queue
+     WHERE s.paused IS NOT TRUE
+), paired AS MATERIALIZED (
+    SELECT c.id, r.i, gen_random_uuid() AS claim_id
+      FROM (SELECT a.queue, a.n, a.i FROM asked a WHERE NOT a.capped) r",
+    due_probe!("r.n", ""),
+    "
+), claimed AS (
+",
+    claim_update!("NULL"),
+    "
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::int4, NULL::int4, NULL::uuid, NULL::bytea,
+       NULL::float8, NULL::int8, NULL::timestamptz, a.i
+  FROM asked a
+ WHERE a.capped"
+);
+
+/// What a claim took: the jobs, and the asks (positions in the claim's asks) that
+/// [`CLAIM_UNCAPPED_SQL`] refused because their queue is capped.
+#[derive(Debug, Default)]
+pub struct Claim {
+    /// The claimed jobs.
+    pub jobs: Vec<ClaimedJob>,
+    /// The refused asks, by position.
+    pub capped: Vec<usize>,
+}
+
+/// Claims, of each queue of `asks`, up to as many due jobs as it asks for `claimant`, with
+/// [`CLAIM_UNCAPPED_SQL`] (unnamed, planned for its values): the asks of capped queues claim
+/// nothing and are listed in [`Claim::capped`].
+///
+/// # Errors
+/// The database error of the claim statement.
+pub async fn claim_uncapped(
+    client: &impl GenericClient,
+    claimant: Claimant<'_>,
+    asks: &[Ask<'_>],
+) -> Result<Claim, tokio_postgres::Error> {
+    let values = ClaimValues::of(claimant, asks);
+    let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
+    Ok(split(client.query_typed(CLAIM_UNCAPPED_SQL, &typed).await?))
+}
 
 /// Who claims, and on what terms.
 #[derive(Debug, Clone, Copy)]
@@ -282,91 +383,42 @@ impl<'a> ClaimValues<'a> {
     }
 }
 
-/// The claimed jobs of [`CLAIM_SQL`]'s rows.
+/// The claimed jobs of [`CLAIM_SQL`]'s rows (it returns no marker).
 pub(super) fn claimed(rows: Vec<Row>) -> Vec<ClaimedJob> {
-    rows.iter()
-        .map(|row| ClaimedJob {
-            ctx: Arc::new(JobContext {
-                id: row.get(0),
-                kind: row.get(1),
-                attempt: row.get(3),
-                max_attempts: row.get(4),
-                lease_claim_id: row.get(5),
-                fencing_token: row.get(8),
-                owner_key: row.get(6),
-                run_at: row.get(9),
-            }),
-            payload: row.get(2),
-            due_for: row.get(7),
-            asked_of: usize::try_from(row.get::<_, i64>(10) - 1).unwrap_or(0),
-        })
-        .collect()
+    split(rows).jobs
 }
 
-/// How long until the next deferred pending job of the queues `$1` and kinds `$2` is due, in whole
-/// milliseconds rounded up (NULL if none is deferred).
-///
-/// A deferred job's virtual deadline is never before its due time (`sort_at >= run_at > now()`)
-/// and at most the largest priority offset after it. So for each (queue, kind), `first` is the
-/// first deferred job in `(sort_at, id)` order, and the earliest due time is among the deferred
-/// jobs whose `sort_at` is at most that offset after `first`'s: `window` reads the first
-/// [`NEXT_DUE_WINDOW`] of those in order. The answer is exact unless more deferred jobs than that
-/// sort within the offset of the first (many jobs deferred to about one instant): then it is the
-/// earliest of those read, and a later-sorting job of a lower priority due before it is found by
-/// the poll, as every job is.
-///
-/// Locks: none (snapshot reads of `etl_job_records_claim_idx`, two bounded probes per (queue,
-/// kind): the first passes over due jobs of a positive priority whose deadline is still ahead,
-/// at most the jobs due within the largest offset; the second reads at most
-/// [`NEXT_DUE_WINDOW`] rows).
-pub const NEXT_DUE_SQL: &str = "
-SELECT ceil(extract(epoch FROM min(w.run_at) - now()) * 1000)::int8
-  FROM unnest($1::text[]) AS q(queue)
- CROSS JOIN unnest($2::text[]) AS k(kind)
- CROSS JOIN LATERAL (
-     SELECT f.sort_at
-       FROM etl_job_records f
-      WHERE f.status = 'pending' AND f.queue = q.queue AND f.kind = k.kind
-        AND f.sort_at > now() AND f.run_at > now()
-      ORDER BY f.sort_at, f.id
-      LIMIT 1
- ) first
- CROSS JOIN LATERAL (
-     SELECT x.run_at
-       FROM etl_job_records x
-      WHERE x.status = 'pending' AND x.queue = q.queue AND x.kind = k.kind
-        AND x.sort_at >= first.sort_at AND x.sort_at <= durable_etl_sort_at(first.sort_at, 9::int2)
-        AND x.run_at > now()
-      ORDER BY x.sort_at, x.id
-      LIMIT 64
- ) w";
-
-/// How many deferred jobs [`NEXT_DUE_SQL`] reads per (queue, kind) after the first, at most.
-pub const NEXT_DUE_WINDOW: usize = 64;
-
-/// The types of [`NEXT_DUE_SQL`]'s parameters.
-pub(super) const NEXT_DUE_PARAMS: [Type; 2] = [Type::TEXT_ARRAY, Type::TEXT_ARRAY];
-
-/// The time until the next deferred job of `queues` and `kinds` is due, if one is pending.
-///
-/// # Errors
-/// The database error of the query.
-pub async fn next_due(
-    client: &impl GenericClient,
-    queues: &[&str],
-    kinds: &[&str],
-) -> Result<Option<Duration>, tokio_postgres::Error> {
-    let row = client
-        .query_typed_one(
-            NEXT_DUE_SQL,
-            &[(&queues, Type::TEXT_ARRAY), (&kinds, Type::TEXT_ARRAY)],
-        )
-        .await?;
-    Ok(until_due(&row))
+/// The claimed jobs and the refused asks (marker rows, whose id is NULL) of a claim's rows.
+pub(super) fn split(rows: Vec<Row>) -> Claim {
+    let (jobs, markers): (Vec<Row>, Vec<Row>) = rows
+        .into_iter()
+        .partition(|row| row.get::<_, Option<uuid::Uuid>>(0).is_some());
+    Claim {
+        jobs: jobs.iter().map(claimed_job).collect(),
+        capped: markers.iter().map(asked_of).collect(),
+    }
 }
 
-/// The time until due of [`NEXT_DUE_SQL`]'s row.
-pub(super) fn until_due(row: &Row) -> Option<Duration> {
-    let millis: Option<i64> = row.get(0);
-    millis.map(|m| Duration::from_millis(u64::try_from(m).unwrap_or(0)))
+/// The position (from 0) of the ask a claim's row filled.
+fn asked_of(row: &Row) -> usize {
+    usize::try_from(row.get::<_, i64>(10) - 1).unwrap_or(0)
+}
+
+/// The claimed job of one of a claim's rows.
+fn claimed_job(row: &Row) -> ClaimedJob {
+    ClaimedJob {
+        ctx: Arc::new(JobContext {
+            id: row.get(0),
+            kind: row.get(1),
+            attempt: row.get(3),
+            max_attempts: row.get(4),
+            lease_claim_id: row.get(5),
+            fencing_token: row.get(8),
+            owner_key: row.get(6),
+            run_at: row.get(9),
+        }),
+        payload: row.get(2),
+        due_for: row.get(7),
+        asked_of: asked_of(row),
+    }
 }

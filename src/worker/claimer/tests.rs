@@ -1,6 +1,8 @@
 //! Claim sessions against databases of the shared template harness: the prepared claim, its
 //! plan check, and the fallback when the check fails.
 
+use super::capped::CappedQueues;
+use super::next_due::{NEXT_DUE_SQL, NEXT_DUE_WINDOW};
 use super::session::*;
 use super::statement::*;
 use crate::db;
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
 
 /// The claimant of these tests.
-const CLAIMANT: Claimant<'static> = Claimant {
+pub(super) const CLAIMANT: Claimant<'static> = Claimant {
     owner_id: "claim-session",
     owner_locked: false,
     lease: Duration::from_secs(30),
@@ -37,7 +39,7 @@ async fn next_due_of(session: &ClaimSession) -> Option<Duration> {
 
 /// A fresh database with `due` due jobs and one deferred an hour, and the claim sessions'
 /// configuration on it.
-async fn with_jobs(due: i32) -> (TestDb, tokio_postgres::Config) {
+pub(super) async fn with_jobs(due: i32) -> (TestDb, tokio_postgres::Config) {
     let db = TestDb::migrated().await;
     db.client()
         .await
@@ -64,20 +66,20 @@ async fn with_jobs(due: i32) -> (TestDb, tokio_postgres::Config) {
 }
 
 /// A claim session on a new connection of `config`.
-async fn session(config: &tokio_postgres::Config, stats: &WorkerStats) -> ClaimSession {
+pub(super) async fn session(config: &tokio_postgres::Config, stats: &WorkerStats) -> ClaimSession {
     let (client, connection) = config.connect(NoTls).await.unwrap();
     tokio::spawn(connection);
     ClaimSession::open(client, stats).await.unwrap()
 }
 
-/// `(generic plans, custom plans)` the session has built for the claim so far.
-async fn plans_built(session: &ClaimSession) -> (i64, i64) {
+/// `(generic plans, custom plans)` the session has built for the claim `sql` so far.
+pub(super) async fn plans_built(session: &ClaimSession, sql: &str) -> (i64, i64) {
     let row = session
         .client
         .query_one(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements
               WHERE statement = $1",
-            &[&CLAIM_SQL],
+            &[&sql],
         )
         .await
         .unwrap();
@@ -90,13 +92,37 @@ async fn a_claim_session_runs_the_checked_generic_plan_of_its_prepared_claim() {
     let stats = WorkerStats::default();
     let session = session(&config, &stats).await;
     assert!(session.is_prepared());
-    assert_eq!(session.claim(CLAIMANT, &ask(2)).await.unwrap().len(), 2);
-    assert_eq!(session.claim(CLAIMANT, &ask(5)).await.unwrap().len(), 1);
-    assert!(session.claim(CLAIMANT, &ask(5)).await.unwrap().is_empty());
-    // Every claim ran the one generic plan that was checked; none was planned for its values.
-    let (generic, custom) = plans_built(&session).await;
+    assert_eq!(
+        session
+            .claim(CLAIMANT, &ask(2), &CappedQueues::default())
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        session
+            .claim(CLAIMANT, &ask(5), &CappedQueues::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(session
+        .claim(CLAIMANT, &ask(5), &CappedQueues::default())
+        .await
+        .unwrap()
+        .is_empty());
+    // Every claim of the uncapped queue ran the one generic plan of the claim without permits
+    // that was checked; none was planned for its values, and the claim with permits never ran.
+    let (generic, custom) = plans_built(&session, CLAIM_UNCAPPED_SQL).await;
     assert!(generic >= 1, "generic plans {generic}");
     assert_eq!(custom, 0);
+    assert_eq!(
+        plans_built(&session, CLAIM_SQL).await,
+        (1, 0),
+        "only its plan check"
+    );
     let due = next_due_of(&session).await.unwrap();
     assert!(due > Duration::from_secs(3000) && due <= Duration::from_secs(3600));
     assert_eq!(stats.snapshot().claim_plan_fallbacks, 0);
@@ -123,17 +149,26 @@ async fn on_a_full_analyzed_queue_the_generic_claim_probes_the_primary_key_per_c
     let stats = WorkerStats::default();
     let session = session(&config, &stats).await;
     assert!(session.is_prepared());
-    let plan = explain_prepared_claim(&session.client)
-        .await
-        .unwrap()
-        .to_string();
-    assert!(plan.contains("\"Nested Loop\""), "{plan}");
-    assert!(plan.contains("\"etl_job_records_pkey\""), "{plan}");
-    assert!(
-        !plan.contains("Seq Scan") && !plan.contains("Hash"),
-        "{plan}"
+    for sql in [CLAIM_SQL, CLAIM_UNCAPPED_SQL] {
+        let plan = explain_prepared(&session.client, sql)
+            .await
+            .unwrap()
+            .to_string();
+        assert!(plan.contains("\"Nested Loop\""), "{plan}");
+        assert!(plan.contains("\"etl_job_records_pkey\""), "{plan}");
+        assert!(
+            !plan.contains("Seq Scan on etl_job_records") && !plan.contains("Hash"),
+            "{plan}"
+        );
+    }
+    assert_eq!(
+        session
+            .claim(CLAIMANT, &ask(100), &CappedQueues::default())
+            .await
+            .unwrap()
+            .len(),
+        100
     );
-    assert_eq!(session.claim(CLAIMANT, &ask(100)).await.unwrap().len(), 100);
 }
 
 #[tokio::test]
@@ -148,7 +183,11 @@ async fn on_an_empty_vacuumed_queue_a_failed_plan_check_is_no_alarm_and_is_check
     // An empty table's generic plan scans it: right, and not what the check wants.
     assert!(!session.is_prepared());
     assert_eq!(stats.snapshot().claim_plan_fallbacks, 0);
-    assert!(session.claim(CLAIMANT, &ask(5)).await.unwrap().is_empty());
+    assert!(session
+        .claim(CLAIMANT, &ask(5), &CappedQueues::default())
+        .await
+        .unwrap()
+        .is_empty());
     let now = Instant::now();
     assert!(!session.due_for_recheck(now));
     assert!(session.due_for_recheck(now + RECHECK_AFTER));
@@ -177,7 +216,14 @@ async fn a_session_whose_claim_plan_fails_its_check_plans_every_claim_and_says_s
     assert_eq!(mode, "force_custom_plan");
     // It still claims, exactly what is due, and reads the next due time; it is never replaced
     // for a recheck (its failure was judged).
-    assert_eq!(session.claim(CLAIMANT, &ask(5)).await.unwrap().len(), 5);
+    assert_eq!(
+        session
+            .claim(CLAIMANT, &ask(5), &CappedQueues::default())
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
     assert!(next_due_of(&session).await.is_some());
     assert!(!session.due_for_recheck(Instant::now() + RECHECK_AFTER));
 }
@@ -218,7 +264,14 @@ async fn the_pool_opens_checked_sessions_and_knows_a_closed_one() {
     // The replica's pool is made of such sessions.
     let pool = connect_claim_pool(&db.config, stats, None).await.unwrap();
     let pooled = db::checkout(&pool).await.unwrap();
-    assert_eq!(pooled.claim(CLAIMANT, &ask(1)).await.unwrap().len(), 1);
+    assert_eq!(
+        pooled
+            .claim(CLAIMANT, &ask(1), &CappedQueues::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 #[test]
@@ -259,7 +312,7 @@ fn the_next_due_window_is_the_one_the_statement_reads() {
 
 /// Enqueues one job of `kind` per `(queue, priority, run_at)`, through the one enqueue path
 /// every kind uses; returns their ids in order.
-async fn enqueue_into(
+pub(super) async fn enqueue_into(
     client: &tokio_postgres::Client,
     kind: &str,
     jobs: &[(&str, i16, Option<chrono::DateTime<chrono::Utc>>)],
