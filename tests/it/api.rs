@@ -1153,6 +1153,8 @@ async fn the_served_openapi_document_describes_every_route() {
         ("/healthz", vec!["get"]),
         ("/readyz", vec!["get"]),
         ("/metrics", vec!["get"]),
+        ("/v1/queues", vec!["get"]),
+        ("/v1/queues/{name}", vec!["get"]),
     ] {
         for method in methods {
             assert!(

@@ -23,6 +23,7 @@ mod handlers;
 mod hygiene;
 mod layering;
 mod leases;
+mod operator_queues;
 mod prefetch;
 mod presence;
 mod privacy;
