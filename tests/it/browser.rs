@@ -165,6 +165,25 @@ async fn until_live_page_shows(browser: &Client, text: &str) -> String {
     panic!("the open page never showed {text}");
 }
 
+/// Signs in on the open sign-in page with the keyboard only: the key field has focus, typing
+/// `key` and Enter submits it; waits for the next page's heading.
+async fn sign_in_by_keyboard(browser: &Client, key: &str) {
+    let focused = browser.active_element().await.unwrap();
+    assert_eq!(
+        focused.attr("id").await.unwrap().as_deref(),
+        Some("api_key")
+    );
+    focused
+        .send_keys(&format!("{key}{}", char::from(Key::Enter)))
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .for_element(Locator::Css("h1"))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_deferred_one() {
     let console = Console::start().await;
@@ -190,20 +209,7 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
         .path()
         .ends_with("/console/sign-in"));
     screenshot(&browser, "sign-in").await;
-    let focused = browser.active_element().await.unwrap();
-    assert_eq!(
-        focused.attr("id").await.unwrap().as_deref(),
-        Some("api_key")
-    );
-    focused
-        .send_keys(&format!("{}{}", console.alice, char::from(Key::Enter)))
-        .await
-        .unwrap();
-    browser
-        .wait()
-        .for_element(Locator::Css("h1"))
-        .await
-        .unwrap();
+    sign_in_by_keyboard(&browser, &console.alice).await;
     assert!(browser
         .current_url()
         .await
@@ -334,6 +340,24 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     replica.stop().await;
 }
 
+/// Clicks the link `link` finds on the open page; returns the heading of the page it opens.
+async fn follow(browser: &Client, link: Locator<'_>) -> String {
+    let from = browser.current_url().await.unwrap();
+    browser.find(link).await.unwrap().click().await.unwrap();
+    for _ in 0..150 {
+        if browser.current_url().await.unwrap() != from {
+            let heading = browser
+                .wait()
+                .for_element(Locator::Css("h1"))
+                .await
+                .unwrap();
+            return heading.text().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the link from {from} never opened a page");
+}
+
 /// Whether `text` is a relative time as the console writes one: `now`, `in 2 min`, `3 s ago`.
 fn is_relative(text: &str) -> bool {
     let span = |s: &str| {
@@ -379,53 +403,25 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
         .goto(&format!("{}/console/sign-in", console.base))
         .await
         .unwrap();
-    let field = browser.active_element().await.unwrap();
-    field
-        .send_keys(&format!("{}{}", console.alice, char::from(Key::Enter)))
-        .await
-        .unwrap();
-    browser
-        .wait()
-        .for_element(Locator::Css("h1"))
-        .await
-        .unwrap();
+    sign_in_by_keyboard(&browser, &console.alice).await;
 
     // From the operator view to the queues, by their link.
     browser
         .goto(&format!("{}/console/operator", console.base))
         .await
         .unwrap();
-    browser
-        .find(Locator::LinkText("All queues, with their jobs"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let heading = browser
-        .wait()
-        .for_element(Locator::Css("h1"))
-        .await
-        .unwrap();
-    assert_eq!(heading.text().await.unwrap(), "Queues");
+    let heading = follow(&browser, Locator::LinkText("All queues, with their jobs")).await;
+    assert_eq!(heading, "Queues");
     let source = browser.source().await.unwrap();
     assert!(source.contains("0 of 4 held (0%)"), "{source}");
     screenshot(&browser, "queues").await;
 
     // From a queue to its jobs: metadata only, every time relative with its instant kept.
-    browser
-        .find(Locator::Css("a[href='/console/queues/default']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let jobs = browser
-        .wait()
-        .for_element(Locator::Css("span.id"))
-        .await
-        .unwrap();
-    assert_eq!(jobs.text().await.unwrap(), deferred.to_string());
+    let link = Locator::Css("a[href='/console/queues/default']");
+    assert_eq!(follow(&browser, link).await, "Queue default");
+    let jobs = browser.find_all(Locator::Css("span.id")).await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].text().await.unwrap(), deferred.to_string());
     let source = browser.source().await.unwrap();
     assert!(
         !source.contains(&failed.to_string()),
