@@ -51,6 +51,8 @@ struct Populated {
     handler_failed: Vec<Uuid>,
     /// A job that ended `record_invalid`.
     record_invalid: Uuid,
+    /// A job that ended with its kind's own code, `quota_exceeded`.
+    kind_code: Uuid,
     /// A job that ended `handler_failed`, accepted two days ago.
     old_failure: Uuid,
 }
@@ -87,7 +89,8 @@ async fn enqueue(
 
 /// Queue `mail` (capped at 4): three due jobs, one of which is then claimed (running, holding a
 /// permit), and two deferred; `reports.nightly`: one due job; `idle`: paused, no job; `batch`:
-/// three jobs that ended (two `handler_failed`, one `record_invalid`), and one more
+/// four jobs that ended (two `handler_failed`, one `record_invalid`, one with its kind's own code
+/// `quota_exceeded`), and one more
 /// `handler_failed` accepted two days ago.
 async fn populate(console: &Console) -> Populated {
     let client = console.db.client().await;
@@ -110,10 +113,11 @@ async fn populate(console: &Console) -> Populated {
         .unwrap();
     let mail_running = claimed[0].ctx.id;
     mail_due.retain(|id| *id != mail_running);
-    let batch = enqueue(&client, 3, "batch", None, "batch").await;
+    let batch = enqueue(&client, 4, "batch", None, "batch").await;
     end_job(&client, batch[0], "failed", Some("handler_failed"), None).await;
     end_job(&client, batch[1], "failed", Some("handler_failed"), None).await;
     end_job(&client, batch[2], "failed", Some("record_invalid"), None).await;
+    end_job(&client, batch[3], "failed", Some("quota_exceeded"), None).await;
     let two_days_ago = Utc::now() - Span::days(2);
     let old_id = Uuid::new_v7(uuid::Timestamp::from_unix(
         uuid::NoContext,
@@ -135,6 +139,7 @@ async fn populate(console: &Console) -> Populated {
         report,
         handler_failed: batch[..2].to_vec(),
         record_invalid: batch[2],
+        kind_code: batch[3],
         old_failure: old[0],
     }
 }
@@ -372,6 +377,12 @@ async fn the_queues_page_and_its_drill_downs_show_exactly_the_jobs_behind_them_a
         .get("/console/failures/record_invalid", &alice)
         .await;
     assert_eq!(shown_ids(&invalid), [jobs.record_invalid]);
+    // A kind's own code is no code of the crate's: its page exists while a job ended with it.
+    let own = console
+        .get("/console/failures/quota_exceeded", &alice)
+        .await;
+    assert_eq!(own.status, StatusCode::OK);
+    assert_eq!(shown_ids(&own), [jobs.kind_code]);
     let none = console
         .get("/console/failures/execution_timeout", &alice)
         .await;
