@@ -237,6 +237,10 @@ async fn the_queues_api_counts_each_queues_live_jobs_by_state_for_operators_only
         let (status, problem) = api_get(&console, Some(&console.alice), path).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
         assert_eq!(problem["code"], "no_such_route", "{path}");
+        assert!(
+            !problem.to_string().contains("no.such"),
+            "never echoed: {problem}"
+        );
     }
 
     // To an owner's key the routes do not exist: the answer of a path that names nothing.

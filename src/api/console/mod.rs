@@ -12,6 +12,9 @@
 //!   from another origin, no framing), `nosniff`, `no-referrer` and `no-store`.
 //! - No page carries an API key, a payload, a principal, an idempotency key, SQL or an error
 //!   message ([`pages`]); the API key travels once, in the sign-in form's body.
+//! - The operators' pages ([`fleet`]: the operator view, the queues, the drill-downs from a queue
+//!   or a failure code) exist for operator keys only, and show aggregates and job metadata
+//!   ([`drill`]), never a job's contents or its owner.
 //! - The one script (`console.js`, from this origin) only refreshes pages that ask for it; every
 //!   page reads and works the same without it.
 
