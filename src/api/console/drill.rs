@@ -8,9 +8,9 @@
 //! - Every read is bounded whatever the history holds. A queue's jobs are its running jobs (the
 //!   fleet's slots bound them) and its first pending jobs in the claim index's order, at most
 //!   [`JOBS_SHOWN`] of each, from the live table only. A code's jobs are the newest
-//!   [`JOBS_SHOWN`] of those accepted in the last [`CODE_WINDOW`], read backwards along the
-//!   outcomes' primary key (job ids are time-ordered UUIDv7) down to the window's first possible
-//!   id, never below it.
+//!   [`JOBS_SHOWN`] of those accepted in the last [`CODE_WINDOW`], read along the outcomes'
+//!   primary key over that window only (job ids are time-ordered UUIDv7, so the window is the ids
+//!   at or above its first possible id), never below it.
 
 use crate::state::JobState;
 use chrono::{DateTime, Utc};
@@ -52,8 +52,10 @@ SELECT r.id, r.kind, r.queue, r.priority, r.status, r.attempts, r.max_attempts, 
 /// The newest `$3` ended jobs with failure code `$1` among those with ids at or above `$2` (the
 /// first possible id of the window), newest first.
 ///
-/// Locks: none. Walks `etl_job_outcomes`' primary key backwards from its newest id down to `$2`
-/// at most, and probes the intake by primary key for each job shown.
+/// Locks: none. Reads `etl_job_outcomes`' primary key over the window only (ids at or above
+/// `$2`): backwards from the newest, stopping at `$3` matches, or as a bitmap of the window then a
+/// sort, as the planner prefers; either way never an outcome below the window. Probes the intake
+/// by primary key for each job shown.
 pub(crate) const CODE_JOBS_SQL: &str = "
 SELECT o.job_id, i.kind, i.queue, i.priority, o.status, o.attempts, i.max_attempts, o.run_at,
        i.created_at, o.started_at, o.finished_at, o.failure_code, false
