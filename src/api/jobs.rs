@@ -40,19 +40,24 @@ impl FromRequestParts<AppState> for Owner {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Owner, Problem> {
-        let key = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token)
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| Problem::new(Code::Unauthorized))?;
+        let key = bearer_key(&parts.headers)?;
         let mut conn = Conn::checkout(&state.pool).await?;
         conn.run(|c| api_keys::authenticate(&*c, &state.secret, key))
             .await?
             .map(Owner)
             .ok_or_else(|| Problem::new(Code::Unauthorized))
     }
+}
+
+/// The API key of a request's `Authorization: Bearer` header, or `unauthorized` when there is
+/// none (or an empty one).
+pub(super) fn bearer_key(headers: &HeaderMap) -> Result<&str, Problem> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| Problem::new(Code::Unauthorized))
 }
 
 /// The token of an `Authorization` value whose scheme is `Bearer`, in any case (RFC 9110 §11.1:

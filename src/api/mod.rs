@@ -4,6 +4,8 @@
 //! Invariants this module keeps:
 //! - Every job route authenticates a bearer API key and acts only on the key owner's jobs; a job
 //!   of another owner answers exactly like a job that does not exist (`404`).
+//! - The queue routes (`queues`) serve operator keys only, aggregates only; to any other live
+//!   key they do not exist (`404 no_such_route`).
 //! - Accepting a job answers `202` with `Location` (the status monitor) and `Retry-After`; the
 //!   monitor answers `200` with the job's status, and `Retry-After` while it is not over.
 //! - Errors are RFC 9457 problems with stable codes (see `problem`); no request value, SQL or
@@ -18,6 +20,7 @@ mod console;
 mod jobs;
 mod ops;
 pub mod problem;
+mod queues;
 
 use crate::codes::Code;
 use crate::config::ApiConfig;
@@ -90,9 +93,11 @@ impl AppState {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "durable-etl", description = "Owner-scoped ETL jobs with 202 Accepted status monitors."),
-    paths(jobs::submit, jobs::list, jobs::get_job, jobs::cancel_job, ops::healthz, ops::readyz, ops::metrics),
+    paths(jobs::submit, jobs::list, jobs::get_job, jobs::cancel_job, ops::healthz, ops::readyz, ops::metrics,
+          queues::list, queues::get_queue),
     components(schemas(crate::jobs::JobStatus, crate::jobs::JobResult, crate::jobs::JobFailure,
-                       problem::Problem, jobs::JobList, ops::Health, crate::etl::request::EtlRequest)),
+                       problem::Problem, jobs::JobList, ops::Health, crate::etl::request::EtlRequest,
+                       queues::Queue, queues::QueueList)),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -124,6 +129,8 @@ fn routes(body_limit: usize) -> Router<AppState> {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .route("/v1/queues", get(queues::list))
+        .route("/v1/queues/{name}", get(queues::get_queue))
         .merge(console::routes())
 }
 

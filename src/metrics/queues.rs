@@ -8,7 +8,8 @@
 //! - A queue's name is the only label: a name the deployment chose (a kind's default or an
 //!   enqueue's, `[a-z][a-z0-9_.]*`), never an id, a principal or a request value
 //!   (docs/privacy.md says not to put one in a queue's name).
-//! - One statement per scrape, over the live table (active jobs only, never the history) and the
+//! - One statement per scrape (and per read of the operators' queue routes, which take the same
+//!   sample, of one queue or of at most [`QUEUES_SHOWN`] plus one), over the live table (active jobs only, never the history) and the
 //!   settings and permits of the configured queues.
 
 use prometheus_client::collector::Collector;
@@ -20,9 +21,12 @@ use tokio_postgres::GenericClient;
 /// The most queues one scrape labels.
 pub const QUEUES_SHOWN: i64 = 100;
 
-/// Each queue with live jobs or settings: its jobs by state, its oldest due job's age (seconds,
-/// database clock; 0 when none is due), its cap (NULL: none), the permits held and whether it is
-/// paused; the [`QUEUES_SHOWN`] with the most live jobs, then by name.
+/// Each queue with live jobs or settings (only queue `$2` when it is not NULL): its jobs by
+/// state, its oldest due job's age (seconds, database clock; 0 when none is due), its cap (NULL:
+/// none), the permits held and whether it is paused; the `$1` with the most live jobs, then by
+/// name. Sent unnamed (`query_typed`), so it is planned with its parameters: a NULL `$2` folds
+/// away, and a name becomes an equality on the claim index's leading column and on
+/// `etl_queues`' primary key.
 ///
 /// Locks: none (a read of the live table, one pass, and of `etl_queues` and
 /// `etl_queue_permits`, by queue).
@@ -34,7 +38,10 @@ WITH live AS (
            count(*) FILTER (WHERE status = 'running') AS running,
            min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()) AS oldest
       FROM etl_job_records
+     WHERE $2::text IS NULL OR queue = $2
      GROUP BY queue
+), settings AS (
+    SELECT queue, cap, paused FROM etl_queues WHERE $2::text IS NULL OR queue = $2
 ), every AS (
     SELECT coalesce(l.queue, s.queue) AS queue, coalesce(l.due, 0) AS due,
            coalesce(l.deferred, 0) AS deferred, coalesce(l.running, 0) AS running,
@@ -43,7 +50,7 @@ WITH live AS (
            (SELECT count(*) FROM etl_queue_permits p
              WHERE p.queue = s.queue AND p.claim_id IS NOT NULL) AS held
       FROM live l
-      FULL JOIN etl_queues s ON s.queue = l.queue
+      FULL JOIN settings s ON s.queue = l.queue
 )
 SELECT queue, due, deferred, running, oldest_due_seconds, cap, coalesce(held, 0), paused
   FROM every
@@ -78,10 +85,24 @@ pub struct QueueDepth {
 pub async fn sample_queues(
     client: &impl GenericClient,
 ) -> Result<Vec<QueueDepth>, tokio_postgres::Error> {
+    sample_some_queues(client, QUEUES_SHOWN, None).await
+}
+
+/// Samples the `limit` deepest queues, or only queue `name` when given (none when it has neither
+/// live jobs nor settings).
+///
+/// # Errors
+/// The database error of the query.
+pub async fn sample_some_queues(
+    client: &impl GenericClient,
+    limit: i64,
+    name: Option<&str>,
+) -> Result<Vec<QueueDepth>, tokio_postgres::Error> {
+    use tokio_postgres::types::Type;
     let rows = client
         .query_typed(
             QUEUES_SAMPLE_SQL,
-            &[(&QUEUES_SHOWN, tokio_postgres::types::Type::INT8)],
+            &[(&limit, Type::INT8), (&name, Type::TEXT)],
         )
         .await?;
     Ok(rows
@@ -97,6 +118,21 @@ pub async fn sample_queues(
             paused: r.get(7),
         })
         .collect())
+}
+
+/// The queues an operator's listing shows, the [`QUEUES_SHOWN`] deepest, and whether more have
+/// live jobs or settings (one more is sampled to tell).
+///
+/// # Errors
+/// The database error of the query.
+pub async fn listed_queues(
+    client: &impl GenericClient,
+) -> Result<(Vec<QueueDepth>, bool), tokio_postgres::Error> {
+    let mut queues = sample_some_queues(client, QUEUES_SHOWN + 1, None).await?;
+    let shown = usize::try_from(QUEUES_SHOWN).unwrap_or(usize::MAX);
+    let more = queues.len() > shown;
+    queues.truncate(shown);
+    Ok((queues, more))
 }
 
 /// The per-queue families of one scrape.

@@ -482,7 +482,15 @@ async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    for path in ["/v1/etl-jobs", "/readyz"] {
+    // The operators' routes and pages too, before they know whose key it is.
+    let paths = [
+        "/v1/etl-jobs",
+        "/readyz",
+        "/v1/queues",
+        "/v1/queues/default",
+        "/console/queues",
+    ];
+    for path in paths {
         let url = format!("{base}{path}");
         let (s, h, p) = api.send_to(reqwest::Method::GET, &url, &api.alice).await;
         assert_eq!(
@@ -1153,6 +1161,8 @@ async fn the_served_openapi_document_describes_every_route() {
         ("/healthz", vec!["get"]),
         ("/readyz", vec!["get"]),
         ("/metrics", vec!["get"]),
+        ("/v1/queues", vec!["get"]),
+        ("/v1/queues/{name}", vec!["get"]),
     ] {
         for method in methods {
             assert!(

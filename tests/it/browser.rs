@@ -165,6 +165,25 @@ async fn until_live_page_shows(browser: &Client, text: &str) -> String {
     panic!("the open page never showed {text}");
 }
 
+/// Signs in on the open sign-in page with the keyboard only: the key field has focus, typing
+/// `key` and Enter submits it; waits for the next page's heading.
+async fn sign_in_by_keyboard(browser: &Client, key: &str) {
+    let focused = browser.active_element().await.unwrap();
+    assert_eq!(
+        focused.attr("id").await.unwrap().as_deref(),
+        Some("api_key")
+    );
+    focused
+        .send_keys(&format!("{key}{}", char::from(Key::Enter)))
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .for_element(Locator::Css("h1"))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_deferred_one() {
     let console = Console::start().await;
@@ -190,20 +209,7 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
         .path()
         .ends_with("/console/sign-in"));
     screenshot(&browser, "sign-in").await;
-    let focused = browser.active_element().await.unwrap();
-    assert_eq!(
-        focused.attr("id").await.unwrap().as_deref(),
-        Some("api_key")
-    );
-    focused
-        .send_keys(&format!("{}{}", console.alice, char::from(Key::Enter)))
-        .await
-        .unwrap();
-    browser
-        .wait()
-        .for_element(Locator::Css("h1"))
-        .await
-        .unwrap();
+    sign_in_by_keyboard(&browser, &console.alice).await;
     assert!(browser
         .current_url()
         .await
@@ -332,4 +338,125 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     screenshot(&browser, "operator").await;
     browser.close().await.unwrap();
     replica.stop().await;
+}
+
+/// Clicks the link `link` finds on the open page; returns the heading of the page it opens.
+async fn follow(browser: &Client, link: Locator<'_>) -> String {
+    let from = browser.current_url().await.unwrap();
+    browser.find(link).await.unwrap().click().await.unwrap();
+    for _ in 0..150 {
+        if browser.current_url().await.unwrap() != from {
+            let heading = browser
+                .wait()
+                .for_element(Locator::Css("h1"))
+                .await
+                .unwrap();
+            return heading.text().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the link from {from} never opened a page");
+}
+
+/// Whether `text` is a relative time as the console writes one: `now`, `in 2 min`, `3 s ago`.
+fn is_relative(text: &str) -> bool {
+    let span = |s: &str| {
+        s.split_once(' ').is_some_and(|(n, unit)| {
+            n.parse::<u64>().is_ok() && ["s", "min", "h", "d"].contains(&unit)
+        })
+    };
+    text == "now"
+        || text.strip_prefix("in ").is_some_and(span)
+        || text.strip_suffix(" ago").is_some_and(span)
+}
+
+/// Asserts that the open page shows at least one time, and every time it shows is relative
+/// with its absolute UTC instant as its `datetime` and `title`.
+async fn assert_relative_times(browser: &Client) {
+    let script = "return [...document.querySelectorAll('main time')]
+                    .map((t) => [t.getAttribute('datetime'), t.title, t.textContent]);";
+    let times = browser.execute(script, vec![]).await.unwrap();
+    let times = times.as_array().unwrap();
+    assert!(!times.is_empty(), "no time shown");
+    for time in times {
+        let (datetime, title, text) = (&time[0], &time[1], time[2].as_str().unwrap());
+        assert!(
+            datetime.as_str().unwrap().ends_with('Z') && datetime == title,
+            "{time}"
+        );
+        assert!(is_relative(text), "{time}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind_them() {
+    let console = Console::start().await;
+    let client = console.db.client().await;
+    durable_etl::queue::set_cap(&client, "default", Some(4))
+        .await
+        .unwrap();
+    let deferred = console.submit(&console.bob, "browser-queue-0", true).await;
+    let failed = console.submit(&console.bob, "browser-queue-1", true).await;
+    crate::support::end_job(&client, failed, "failed", Some("handler_failed"), None).await;
+    let (_driver, browser) = browser().await;
+    browser
+        .goto(&format!("{}/console/sign-in", console.base))
+        .await
+        .unwrap();
+    sign_in_by_keyboard(&browser, &console.alice).await;
+
+    // From the operator view to the queues, by their link.
+    browser
+        .goto(&format!("{}/console/operator", console.base))
+        .await
+        .unwrap();
+    let heading = follow(&browser, Locator::LinkText("All queues, with their jobs")).await;
+    assert_eq!(heading, "Queues");
+    let source = browser.source().await.unwrap();
+    assert!(source.contains("0 of 4 held (0%)"), "{source}");
+    screenshot(&browser, "queues").await;
+
+    // From a queue to its jobs: metadata only, every time relative with its instant kept.
+    let link = Locator::Css("a[href='/console/queues/default']");
+    assert_eq!(follow(&browser, link).await, "Queue default");
+    let jobs = browser.find_all(Locator::Css("span.id")).await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].text().await.unwrap(), deferred.to_string());
+    let source = browser.source().await.unwrap();
+    assert!(
+        !source.contains(&failed.to_string()),
+        "an ended job is no live job"
+    );
+    assert!(!source.contains("canary"), "no payload");
+    assert_relative_times(&browser).await;
+    screenshot(&browser, "queue").await;
+
+    // From a failure code to the jobs that ended with it.
+    browser
+        .goto(&format!("{}/console/failures/handler_failed", console.base))
+        .await
+        .unwrap();
+    let shown = browser.find_all(Locator::Css("span.id")).await.unwrap();
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0].text().await.unwrap(), failed.to_string());
+    assert_relative_times(&browser).await;
+    screenshot(&browser, "failures").await;
+    browser.close().await.unwrap();
+}
+
+#[test]
+fn the_relative_time_reader_knows_the_consoles_forms() {
+    for text in ["now", "in 2 min", "3 s ago", "1 d ago"] {
+        assert!(is_relative(text), "{text}");
+    }
+    for text in [
+        "",
+        "in",
+        "2 min",
+        "3 weeks ago",
+        "in x s",
+        "2026-12-01T00:00:00Z",
+    ] {
+        assert!(!is_relative(text), "{text}");
+    }
 }

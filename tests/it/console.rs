@@ -670,6 +670,11 @@ async fn the_operator_view_shows_reporting_replicas_and_the_last_hour_to_operato
     assert_eq!(view.body.matches("<svg").count(), 3);
     assert!(view.body.contains("this minute: 4.0 jobs"), "{}", view.body);
     assert!(view.body.contains("<code>record_invalid</code>"));
+    assert!(
+        view.body
+            .contains("<a href=\"/console/failures/record_invalid\">"),
+        "a failure code leads to its jobs"
+    );
     assert!(view.body.contains("<dt>Due</dt><dd>0</dd>"));
     for id in &ids {
         assert!(!view.body.contains(&id.to_string()), "aggregates only");
@@ -759,12 +764,15 @@ async fn the_operator_view_lists_each_queue_with_its_cap_and_pause() {
     assert_eq!(view.status, StatusCode::OK);
     let body = &view.body;
     assert!(
-        body.contains("<td><code>default</code></td><td>1</td><td>1</td><td>0</td>"),
+        body.contains(
+            "<td><a href=\"/console/queues/default\"><code>default</code></a></td>\
+             <td>1</td><td>1</td><td>0</td>"
+        ),
         "{body}"
     );
     assert!(body.contains("0 of 4 held"), "{body}");
     assert!(
-        body.contains("<td><code>mail</code></td><td>0</td>"),
+        body.contains("<code>mail</code></a></td><td>0</td>"),
         "{body}"
     );
     assert!(body.contains("<td>paused</td>"), "{body}");

@@ -127,6 +127,14 @@ async fn no_console_page_or_form_answer_leaks_a_canary_the_key_sql_or_a_database
             StatusCode::NOT_FOUND,
         ),
         ("/console/operator".to_owned(), StatusCode::OK),
+        ("/console/queues".to_owned(), StatusCode::OK),
+        ("/console/queues/default".to_owned(), StatusCode::OK),
+        ("/console/queues/canary".to_owned(), StatusCode::NOT_FOUND),
+        (
+            "/console/failures/record_invalid".to_owned(),
+            StatusCode::OK,
+        ),
+        ("/console/failures/canary".to_owned(), StatusCode::NOT_FOUND),
         ("/console/console.css".to_owned(), StatusCode::OK),
         ("/console/console.js".to_owned(), StatusCode::OK),
     ]

@@ -92,7 +92,7 @@ async fn two_incarnations_of_one_owner_id_add_up_in_the_operator_view() {
     assert_eq!(view.status, StatusCode::OK);
     assert!(
         view.body
-            .contains("<td><code>record_invalid</code></td><td>2</td>"),
+            .contains("<code>record_invalid</code></a></td><td>2</td>"),
         "both incarnations' failures: {}",
         view.body
     );

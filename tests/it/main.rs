@@ -24,6 +24,7 @@ mod hygiene;
 mod key_caps;
 mod layering;
 mod leases;
+mod operator_queues;
 mod prefetch;
 mod presence;
 mod privacy;

@@ -12,13 +12,21 @@
 //!   from another origin, no framing), `nosniff`, `no-referrer` and `no-store`.
 //! - No page carries an API key, a payload, a principal, an idempotency key, SQL or an error
 //!   message ([`pages`]); the API key travels once, in the sign-in form's body.
+//! - The operators' pages ([`fleet`]: the operator view, the queues, the drill-downs from a queue
+//!   or a failure code) exist for operator keys only, and show aggregates and job metadata
+//!   ([`drill`]), never a job's contents or its owner.
 //! - The one script (`console.js`, from this origin) only refreshes pages that ask for it; every
 //!   page reads and works the same without it.
 
+mod access;
 mod charts;
+mod drill;
+mod fleet;
+mod fleet_pages;
 mod operator;
 mod pages;
 pub(crate) mod session;
+mod when;
 
 use super::conn::Conn;
 use super::problem::Problem;
@@ -28,17 +36,16 @@ use crate::codes::Code;
 use crate::error::Error;
 use crate::jobs::{self, Cancel};
 use crate::state::JobState;
+use access::{not_found, page, shown, to_sign_in, viewer};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use chrono::{DateTime, NaiveDateTime, Utc};
-use maud::Markup;
 use serde::Deserialize;
 use session::Viewer;
-use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
 /// The largest form body a console route reads, in bytes (an API key and a token fit many
@@ -69,7 +76,10 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/jobs", get(job_list))
         .route("/console/jobs/{id}", get(job_page))
         .route("/console/jobs/{id}/cancel", post(cancel))
-        .route("/console/operator", get(operator_page))
+        .route("/console/operator", get(fleet::operator_page))
+        .route("/console/queues", get(fleet::queues_page))
+        .route("/console/queues/{name}", get(fleet::queue_page))
+        .route("/console/failures/{code}", get(fleet::failure_page))
         .route("/console/console.css", get(stylesheet))
         .route("/console/console.js", get(script))
         // The app lifts axum's default body limit for the API's own; a console form is small.
@@ -118,47 +128,6 @@ async fn stylesheet() -> Response {
 /// The live-refresh script.
 async fn script() -> Response {
     asset("text/javascript; charset=utf-8", SCRIPT)
-}
-
-/// A page with `status`.
-fn page(status: StatusCode, markup: Markup) -> Response {
-    (status, Html(markup.into_string())).into_response()
-}
-
-/// The not-found page of `viewer` (another owner's job looks the same).
-fn not_found(viewer: &Viewer) -> Response {
-    page(StatusCode::NOT_FOUND, pages::not_found(Some(shown(viewer))))
-}
-
-/// Where a request without a session goes: the sign-in form, which says that the session ended
-/// when the request carried a session cookie that no longer opens one (expired, signed out, its
-/// key revoked); that cookie is cleared.
-fn to_sign_in(headers: &HeaderMap) -> Response {
-    if session::cookie(headers, session::SESSION_COOKIE).is_none() {
-        return Redirect::to("/console/sign-in").into_response();
-    }
-    let mut response = Redirect::to("/console/sign-in?ended=1").into_response();
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        session::clear_cookie(session::SESSION_COOKIE),
-    );
-    response
-}
-
-/// The viewer of a request, if its session is valid and its key live, with the connection that
-/// checked it: the page's own statements run on it (through `Conn::run`, so a page cut by the
-/// request timeout never hands its connection on busy), and a page costs one checkout.
-async fn viewer(state: &AppState, headers: &HeaderMap) -> Result<Option<(Viewer, Conn)>, Problem> {
-    let mut conn = Conn::checkout(&state.pool).await?;
-    let viewer = conn
-        .run(|c| session::viewer(&*c, &state.secret, headers))
-        .await?;
-    Ok(viewer.map(|viewer| (viewer, conn)))
-}
-
-/// What the header shows of a viewer: its role and its forms' token.
-fn shown(viewer: &Viewer) -> (api_keys::Role, &str) {
-    (viewer.holder.role, &viewer.csrf)
 }
 
 /// The sign-in page's query: `ended=1` after a session that ended.
@@ -378,12 +347,7 @@ async fn job_page(
     // attempt the status does not count): they are pipelined between its BEGIN and COMMIT.
     let (job, attempts, replaced_by) = conn
         .run(|c| async move {
-            let snapshot = c
-                .build_transaction()
-                .isolation_level(IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await?;
+            let snapshot = access::snapshot(c).await?;
             let read = tokio::try_join!(
                 jobs::status(&snapshot, owner, id),
                 jobs::past_attempts(&snapshot, owner, id),
@@ -432,22 +396,4 @@ async fn cancel(
             }
         },
     )
-}
-
-/// The operator view, for operator keys only: to any other key it does not exist (`404`).
-async fn operator_page(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, Problem> {
-    let Some((viewer, mut conn)) = viewer(&state, &headers).await? else {
-        return Ok(to_sign_in(&headers));
-    };
-    if viewer.holder.role != api_keys::Role::Operator {
-        return Ok(not_found(&viewer));
-    }
-    let overview = conn.run(|c| operator::overview(&*c)).await?;
-    Ok(page(
-        StatusCode::OK,
-        pages::operator(shown(&viewer), &overview),
-    ))
 }

@@ -2,14 +2,15 @@
 //!
 //! Invariants this module keeps:
 //! - Every value is escaped by the template engine; nothing is inserted unescaped.
+//! - Every instant is shown relative to now, with the absolute UTC instant kept in its `<time>`
+//!   element ([`when`]).
 //! - A page shows a job's id, status, times, attempt counts, stored failure code (with its meaning)
 //!   and ledger summary only: never a payload, a principal, an idempotency key, SQL or an error
 //!   message, and never an API key (the sign-in form posts it in the body, and no page echoes it).
 //! - Forms are labelled, headings go in order (one `h1` per page), and every page works without
 //!   JavaScript (the live-refresh script only swaps in a fresh `main`).
 
-use super::charts;
-use super::operator::{Minute, Overview};
+use super::when;
 use crate::api_keys::Role;
 use crate::codes::Code;
 use crate::jobs::{AttemptEnding, JobStatus, PastAttempt};
@@ -23,9 +24,6 @@ const LIST_REFRESH: u32 = 5;
 /// How often the page of a job still to run or running refreshes itself, in seconds.
 const JOB_REFRESH: u32 = 2;
 
-/// How often the operator view refreshes itself, in seconds.
-const OPERATOR_REFRESH: u32 = 10;
-
 /// The page skeleton: title, stylesheet, live-refresh script, header (with navigation and
 /// sign-out for a viewer) and `content`, with no live refresh.
 pub(crate) fn layout(title: &str, viewer: Option<(Role, &str)>, content: Markup) -> Markup {
@@ -34,7 +32,7 @@ pub(crate) fn layout(title: &str, viewer: Option<(Role, &str)>, content: Markup)
 
 /// [`layout`], refreshing its `main` every `refresh` seconds when given (the script reads
 /// `data-refresh`; without the script the page is as it was served).
-fn live_layout(
+pub(super) fn live_layout(
     title: &str,
     viewer: Option<(Role, &str)>,
     refresh: Option<u32>,
@@ -58,6 +56,7 @@ fn live_layout(
                             a href="/console/jobs" { "Jobs" }
                             @if role == Role::Operator {
                                 a href="/console/operator" { "Operator" }
+                                a href="/console/queues" { "Queues" }
                             }
                         }
                         form.inline method="post" action="/console/sign-out" {
@@ -204,8 +203,8 @@ pub(crate) fn jobs(viewer: (Role, &str), view: &ListView<'_>) -> Markup {
                                 td { (job.priority) }
                                 td { (status(job.status)) }
                                 td { (job.attempts) " of " (job.max_attempts) }
-                                td { (job.created_at) }
-                                td { (job.finished_at.as_deref().unwrap_or("")) }
+                                td { (when::at_text(&job.created_at)) }
+                                td { @if let Some(finished) = &job.finished_at { (when::at_text(finished)) } }
                             }
                         }
                     }
@@ -221,7 +220,7 @@ pub(crate) fn jobs(viewer: (Role, &str), view: &ListView<'_>) -> Markup {
 }
 
 /// A status, styled by its kind.
-fn status(state: JobState) -> Markup {
+pub(super) fn status(state: JobState) -> Markup {
     html! { span class={ "status status-" (state.as_str()) } { (state.as_str()) } }
 }
 
@@ -265,8 +264,11 @@ fn ended(attempt: &PastAttempt) -> Markup {
         ),
     };
     html! {
-        li { "Attempt " (attempt.attempt) " started " (attempt.started_at) }
-        li { "Attempt " (attempt.attempt) " " (what) " " (attempt.ended_at) "; " (next) " " (attempt.due_at) }
+        li { "Attempt " (attempt.attempt) " started " (when::at_text(&attempt.started_at)) }
+        li {
+            "Attempt " (attempt.attempt) " " (what) " " (when::at_text(&attempt.ended_at)) "; "
+            (next) " " (when::at_text(&attempt.due_at))
+        }
     }
 }
 
@@ -281,16 +283,16 @@ fn timeline(job: &JobStatus, attempts: &[PastAttempt]) -> Markup {
         .filter(|started| Some(*started) != last_past);
     html! {
         ol.timeline {
-            li { "Accepted " (job.created_at) }
+            li { "Accepted " (when::at_text(&job.created_at)) }
             @for attempt in attempts { (ended(attempt)) }
             @if job.status == JobState::Pending {
-                li { "Due " (job.run_at) }
+                li { "Due " (when::at_text(&job.run_at)) }
             }
             @if let Some(started) = current {
-                li { "Attempt " (job.attempts) " started " (started) }
+                li { "Attempt " (job.attempts) " started " (when::at_text(started)) }
             }
             @if let Some(finished) = &job.finished_at {
-                li { "Finished " (status(job.status)) " " (finished) }
+                li { "Finished " (status(job.status)) " " (when::at_text(finished)) }
             }
         }
     }
@@ -376,102 +378,6 @@ pub(crate) fn forbidden() -> Markup {
         html! {
             h1 { "Refused" }
             p { "This form was expired or did not come from the console. Go back, reload the page and try again." }
-        },
-    )
-}
-
-/// The operator view: live replicas, the backlog, and the last hour's charts and failures.
-pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
-    let hour = &overview.hour;
-    let series = |f: fn(&Minute) -> f64| -> Vec<f64> { hour.minutes.iter().map(f).collect() };
-    let backlog = &overview.backlog;
-    live_layout(
-        "Operator",
-        Some(viewer),
-        Some(OPERATOR_REFRESH),
-        html! {
-            h1 { "Operator" }
-            h2 { "Replicas" }
-            @if overview.replicas.is_empty() {
-                p.empty { "No replica has reported in the last hour." }
-            } @else {
-                table {
-                    thead { tr { th { "Owner id" } th { "Started" } th { "Last report" } th { "Jobs held" } th { "Claim rate" } } }
-                    tbody {
-                        @for replica in &overview.replicas {
-                            tr {
-                                td { code { (replica.owner_id) } }
-                                td { (replica.started_at.format("%Y-%m-%dT%H:%M:%SZ")) }
-                                td { (format!("{:.0}", replica.silent_for)) " s ago" }
-                                td { (replica.held) }
-                                td { (format!("{:.1}", replica.claim_rate)) " jobs/s" }
-                            }
-                        }
-                    }
-                }
-            }
-            h2 { "Backlog" }
-            dl.facts {
-                dt { "Due" } dd { (backlog.due) }
-                dt { "Deferred or waiting to retry" } dd { (backlog.deferred) }
-                dt { "Running" } dd { (backlog.running) }
-                dt { "Oldest due" } dd { (format!("{:.1}", backlog.oldest_due_seconds)) " s" }
-            }
-            h2 { "Queues" }
-            @if overview.queues.is_empty() {
-                p.empty { "No queue has a job or a setting." }
-            } @else {
-                table {
-                    thead { tr { th { "Queue" } th { "Due" } th { "Deferred" } th { "Running" } th { "Oldest due" } th { "Cap" } th { "State" } } }
-                    tbody {
-                        @for queue in &overview.queues {
-                            tr {
-                                td { code { (queue.queue) } }
-                                td { (queue.due) }
-                                td { (queue.deferred) }
-                                td { (queue.running) }
-                                td { (format!("{:.1}", queue.oldest_due_seconds)) " s" }
-                                td { @if let Some(cap) = queue.cap { (queue.permits_held) " of " (cap) " held" } @else { "none" } }
-                                td { @if queue.paused { "paused" } @else { "served" } }
-                            }
-                        }
-                    }
-                }
-            }
-            h2 { "The last hour" }
-            (charts::bars("Jobs finished per minute", &series(|m| (m.succeeded + m.failed) as f64), "jobs"))
-            (charts::bars("Mean pickup latency per minute", &series(|m| m.mean_pickup_ms().unwrap_or(0.0)), "ms"))
-            (charts::bars("Jobs recovered per minute", &series(|m| m.recovered as f64), "jobs"))
-            h2 { "Failures by code" }
-            @if hour.failures.is_empty() {
-                p.empty { "No job failed in the last hour." }
-            } @else {
-                table {
-                    thead { tr { th { "Code" } th { "Jobs" } th { "Meaning" } } }
-                    tbody {
-                        @for (code, n) in &hour.failures {
-                            tr { td { code { (code) } } td { (n) } td { (meaning(code)) } }
-                        }
-                    }
-                }
-            }
-            h2 { "Recoveries" }
-            @if hour.recoveries.is_empty() {
-                p.empty { "No job was recovered in the last hour." }
-            } @else {
-                table {
-                    thead { tr { th { "Minute" } th { "Recovered by" } th { "Jobs" } } }
-                    tbody {
-                        @for event in &hour.recoveries {
-                            tr {
-                                td { (event.minute.format("%Y-%m-%dT%H:%MZ")) }
-                                td { code { (event.owner_id) } }
-                                td { (event.jobs) }
-                            }
-                        }
-                    }
-                }
-            }
         },
     )
 }
