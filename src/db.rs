@@ -118,6 +118,13 @@ const CLAIM_PLANNER_OPTIONS: &str = "-c enable_sort=off -c enable_bitmapscan=off
      -c enable_hashjoin=off -c enable_mergejoin=off -c plan_cache_mode=force_generic_plan \
      -c jit=off";
 
+/// Finds the name of the protocol-level statement prepared from the text `$1` on a session (the
+/// driver does not tell it), to `EXPLAIN` its plan.
+///
+/// Locks: none (reads the session's own `pg_prepared_statements`).
+pub(crate) const PREPARED_NAME_SQL: &str =
+    "SELECT name FROM pg_prepared_statements WHERE statement = $1 AND NOT from_sql LIMIT 1";
+
 /// How many claim sessions a replica keeps: its one claim loop needs one; a second covers a
 /// session that is being replaced.
 pub const CLAIM_POOL_SIZE: u32 = 2;

@@ -105,7 +105,7 @@ fn every_documented_metric_is_exposed_with_its_documented_type() {
 #[test]
 fn worker_metrics_have_only_fixed_labels() {
     let stats = WorkerStats::default();
-    stats.record(crate::worker::completer::Transition::Failed(
+    stats.record(crate::worker::complete::completer::Transition::Failed(
         Code::RecordInvalid,
     ));
     let text = render_worker(&stats);

@@ -1,12 +1,14 @@
 //! The worker replica: a thin facade that starts a replica's roles and stops them in order.
 //!
-//! The roles, each owning its loop and its SQL:
-//! - `producer`: the claim loop, with its buffer (`prefetch`) and shares per queue (`queues`);
-//!   runs each job on a task (`executor`), committing in groups (`group_commit`, [`completer`]);
-//! - [`heartbeat`]: renews the leases of the held jobs (`held`) on its own task;
-//! - [`rescuer`]: recovers dead owners' and expired leases' jobs on its own task;
-//! - `session`: LISTEN and the owner lock (the notifier), outside the pool;
-//! - `presence`: is it waiting for work (enqueues notify only then); `reporter`: console figures.
+//! The roles, each owning its loop and its SQL, grouped by stage:
+//! - [`claim`]: `producer`, the claim loop, with its buffer (`prefetch`) and shares per queue
+//!   (`queues`), claiming with [`claimer`]'s statements;
+//! - `run`: each job on a task (`executor`), under the handler guard, in a slot;
+//! - [`complete`]: the fenced writes ([`completer`]), committing in groups (`group_commit`);
+//! - [`liveness`]: [`heartbeat`] renews the leases of the held jobs (`held`), [`rescuer`]
+//!   recovers dead owners' and expired leases' jobs, `session` holds LISTEN and the owner lock
+//!   outside the pool, `presence` says whether it waits for work (enqueues notify only then),
+//!   and `reporter` sends the console's figures.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
@@ -20,47 +22,42 @@
 //!   the heartbeat stops; the pool and the session close. Heartbeats run until the release, so
 //!   no held lease lapses while jobs finish within the grace.
 
+// The stages, each a folder: claim, run, complete and liveness (see each stage's invariants).
 // The roles the integration suite and the benches drive directly (fencing, plans, recovery
 // races) are public for them, and hidden: not the library's surface (`Worker`, its `stats`).
-pub(crate) mod alive;
 #[doc(hidden)]
-pub mod claimer;
+pub mod claim;
 #[doc(hidden)]
-pub mod completer;
-pub(crate) mod dispatch;
-pub(crate) mod executor;
-pub(crate) mod group_commit;
+pub mod complete;
 pub(crate) mod guard;
 #[doc(hidden)]
-pub mod heartbeat;
-pub(crate) mod held;
-#[doc(hidden)]
 pub mod lease;
-pub(crate) mod prefetch;
-pub(crate) mod presence;
-pub(crate) mod producer;
-pub(crate) mod queues;
-pub(crate) mod reporter;
 #[doc(hidden)]
-pub mod rescuer;
-pub(crate) mod retry;
-pub(crate) mod session;
+pub mod liveness;
+pub(crate) mod run;
 pub(crate) mod shared;
-pub(crate) mod slots;
 pub mod stats;
 pub(crate) mod timing;
-pub(crate) mod transition;
+
+#[doc(hidden)]
+pub use claim::claimer;
+#[doc(hidden)]
+pub use complete::completer;
+#[doc(hidden)]
+pub use liveness::{heartbeat, rescuer};
 
 use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db::Pool;
 use crate::error::Error;
 use crate::handler::Registry;
 use crate::shutdown::Shutdown;
-use completer::Transition;
-use held::HeldJobs;
-use producer::{Producer, Stopped};
-use rescuer::Recovered;
-use session::Session;
+use claim::dispatch;
+use claim::producer::{Producer, Stopped};
+use complete::completer::Transition;
+use liveness::held::HeldJobs;
+use liveness::reporter;
+use liveness::rescuer::Recovered;
+use liveness::session::{self, Session};
 use shared::Shared;
 use stats::{StatsSnapshot, WorkerStats};
 use std::sync::Arc;

@@ -14,9 +14,9 @@ use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db::Pool;
 use crate::error::Error;
 use crate::handler::Registry;
-use crate::worker::claimer::{self, ClaimPool};
-use crate::worker::group_commit::{sessions, GroupCommit};
-use crate::worker::session::Signals;
+use crate::worker::claim::claimer::{self, ClaimPool};
+use crate::worker::complete::group_commit::{sessions, GroupCommit};
+use crate::worker::liveness::session::Signals;
 use crate::worker::stats::WorkerStats;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
@@ -29,7 +29,7 @@ pub(crate) const STATEMENT_BOUND_SLACK: Duration = Duration::from_secs(2);
 pub(crate) struct Shared {
     /// The connection pool.
     pub(crate) pool: Pool,
-    /// The claim sessions ([`crate::worker::claimer::connect_claim_pool`]): the only sessions whose planner
+    /// The claim sessions ([`crate::worker::claim::claimer::connect_claim_pool`]): the only sessions whose planner
     /// switches pin the claim's plan.
     pub(crate) claim_pool: ClaimPool,
     /// The handlers, by kind.

@@ -8,8 +8,8 @@
 //! - Histograms use the fixed buckets below, so their series are bounded too.
 
 use crate::codes::Code;
-use crate::worker::completer::Transition;
-use crate::worker::rescuer::Recovered;
+use crate::worker::complete::completer::Transition;
+use crate::worker::liveness::rescuer::Recovered;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use std::sync::atomic::{AtomicU64, Ordering};

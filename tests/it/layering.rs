@@ -11,6 +11,8 @@
 //!   `etl/`: the ETL kind is built on it like any user's kind;
 //! - the worker (`worker/`) never imports `metrics`, `etl/` or `api/`;
 //! - no two files import each other;
+//! - the worker's stages ([`STAGES`]: liveness, complete, run, claim) each import only the
+//!   stages below them and the worker's shared files (`worker/*.rs`), their test files aside;
 //! - `worker/mod.rs` stays a facade (at most 200 lines) and no file is over 500 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +49,19 @@ const CORE: &[&str] = &[
     "time",
     "worker",
 ];
+
+/// The worker's stages, lowest first: each stage's files import only the stages before it here.
+/// Liveness (leases renewed, owners judged) needs no other stage; completing a claim needs
+/// liveness (the held jobs, the alive locks); running a job hands it to completion; and the claim
+/// loop starts runs, releases and joins presence.
+const STAGES: &[&str] = &["liveness", "complete", "run", "claim"];
+
+/// The position in [`STAGES`] of the stage `file` belongs to, if it is in one.
+fn stage_of(file: &str) -> Option<usize> {
+    STAGES
+        .iter()
+        .position(|stage| is_in(file, &format!("worker/{stage}")))
+}
 
 /// The crate's `src/` directory.
 fn src() -> PathBuf {
@@ -382,6 +397,33 @@ fn the_core_never_imports_etl_and_the_worker_never_imports_metrics_etl_or_api() 
         }
     }
     assert!(broken.is_empty(), "layering broken:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn each_stage_of_the_worker_imports_only_the_stages_below_it() {
+    let imports = imports();
+    let mut upward = Vec::new();
+    let mut staged = 0;
+    for (file, targets) in &imports {
+        let Some(from) = stage_of(file) else {
+            continue;
+        };
+        staged += 1;
+        if file.ends_with("tests.rs") {
+            continue;
+        }
+        for target in targets {
+            if stage_of(target).is_some_and(|to| to > from) {
+                upward.push(format!("{file} -> {target}"));
+            }
+        }
+    }
+    assert!(staged > 20, "only {staged} files in stages");
+    assert!(
+        upward.is_empty(),
+        "imports of a later stage:\n{}",
+        upward.join("\n")
+    );
 }
 
 #[test]

@@ -302,7 +302,7 @@ async fn locked(
     stats: &WorkerStats,
 ) -> Result<Live, Error> {
     let alive = config.alive.then_some(config.owner_id.as_str());
-    crate::worker::alive::hold(&live.client, alive).await?;
+    crate::worker::liveness::alive::hold(&live.client, alive).await?;
     signals.locked.store(true, Ordering::Relaxed);
     stats.session_up.store(1, Ordering::Relaxed);
     Ok(live)

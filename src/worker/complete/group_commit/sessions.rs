@@ -16,7 +16,7 @@
 use crate::config::DatabaseConfig;
 use crate::db;
 use crate::error::Error;
-use crate::worker::completer;
+use crate::worker::complete::completer;
 use bb8::ManageConnection;
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::{Client, NoTls, Statement};
@@ -56,7 +56,7 @@ impl ManageConnection for CommitSessions {
 
     async fn connect(&self) -> Result<CommitSession, tokio_postgres::Error> {
         let client = self.connections.connect().await?;
-        crate::worker::alive::hold(&client, self.alive.as_deref()).await?;
+        crate::worker::liveness::alive::hold(&client, self.alive.as_deref()).await?;
         let succeed = client
             .prepare_typed(completer::SUCCEED_SQL, &completer::SUCCESS_PARAMS)
             .await?;
@@ -189,7 +189,7 @@ mod tests {
             for sql in [completer::SUCCEED_SQL, completer::SUCCEED_LOCKED_SQL] {
                 let name: String = session
                     .client
-                    .query_one(crate::worker::claimer::PREPARED_NAME_SQL, &[&sql])
+                    .query_one(crate::db::PREPARED_NAME_SQL, &[&sql])
                     .await
                     .unwrap()
                     .get(0);

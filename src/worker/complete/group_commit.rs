@@ -51,7 +51,7 @@
 use crate::codes::Code;
 use crate::error::{is_connection_loss, is_transient};
 use crate::handler::LedgerEntry;
-use crate::worker::completer::{self, Failure, Fenced};
+use crate::worker::complete::completer::{self, Failure, Fenced};
 use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
 use effects::apply;

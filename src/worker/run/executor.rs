@@ -29,13 +29,13 @@
 use crate::codes::Code;
 use crate::error::is_transient;
 use crate::handler::{is_kind_code, Effects, Handler, JobError, RETRY_AFTER_MAX};
-use crate::worker::completer::{self, Failure, Transition};
-use crate::worker::group_commit::{OwnedEffects, Ready};
+use crate::worker::complete::completer::{self, Failure, Transition};
+use crate::worker::complete::group_commit::{OwnedEffects, Ready};
 use crate::worker::guard::{guarded, Guarded};
 use crate::worker::lease::ClaimedJob;
-use crate::worker::retry;
+use crate::worker::run::retry;
+use crate::worker::run::slots::SlotPermit;
 use crate::worker::shared::Shared;
-use crate::worker::slots::SlotPermit;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

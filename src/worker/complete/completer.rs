@@ -29,8 +29,8 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Statement};
 
-pub(crate) use crate::worker::transition::Failure;
-pub use crate::worker::transition::Transition;
+pub(crate) use crate::worker::complete::transition::Failure;
+pub use crate::worker::complete::transition::Transition;
 
 /// The statement that ends every job of a group `succeeded`: it deletes each fenced live row and
 /// appends its outcome with its response ledger (`$1` job ids, `$2` claim ids, `$3..$6` the ledger

@@ -15,7 +15,7 @@
 //!   nothing buffered (so claims and group commits stay batches, and no slot idles behind long
 //!   jobs); after a short one it waits for the next signal.
 //! - A buffered job is held from its claim (renewed by heartbeats, released at shutdown) and
-//!   waits at most [`HOLD`](crate::worker::prefetch::HOLD): then it is released, attempt not
+//!   waits at most [`HOLD`](crate::worker::claim::prefetch::HOLD): then it is released, attempt not
 //!   charged.
 //! - A claim that fails (a lost connection, a timeout) is tried again after
 //!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll.
@@ -24,21 +24,23 @@
 //! - Every claimed job is held ([`HeldJobs`]) until its task ends. Each job task watches its own
 //!   local lease clock and ends `LeaseLost` when it runs out. A task that dies of a panic no guard
 //!   caught is replaced by a fenced `handler_panicked` write, so no claim stays held forever.
-//! - The claim loop's statements (in [`dispatch`](crate::worker::dispatch)) are bounded on the
+//! - The claim loop's statements (in [`dispatch`](crate::worker::claim::dispatch)) are bounded on the
 //!   client.
 
 use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
-use crate::worker::completer::{self, Transition};
-use crate::worker::dispatch::{self, claim_with, leave, next_due, settle_dead_task, timed_execute};
-use crate::worker::held::{HeldJob, HeldJobs};
+use crate::worker::claim::dispatch::{
+    self, claim_with, leave, next_due, settle_dead_task, timed_execute,
+};
+use crate::worker::claim::prefetch::{refill_now, Prefetch};
+use crate::worker::claim::queues::QueueShares;
+use crate::worker::complete::completer::{self, Transition};
 use crate::worker::lease::{self, ClaimedJob, Lease, LeaseClock};
-use crate::worker::prefetch::{refill_now, Prefetch};
-use crate::worker::presence::{Answer, Presence, Ticket};
-use crate::worker::queues::QueueShares;
-use crate::worker::session::Signals;
+use crate::worker::liveness::held::{HeldJob, HeldJobs};
+use crate::worker::liveness::presence::{Answer, Presence, Ticket};
+use crate::worker::liveness::session::Signals;
+use crate::worker::run::slots::Slots;
 use crate::worker::shared::Shared;
-use crate::worker::slots::Slots;
 use crate::worker::stats::ClaimReason;
 use crate::worker::timing::{jittered, sleep_until_opt, wait};
 use std::future::Future;
@@ -404,7 +406,7 @@ impl Producer {
         }
     }
 
-    /// Releases the buffered jobs that waited [`HOLD`](crate::worker::prefetch::HOLD) for a slot
+    /// Releases the buffered jobs that waited [`HOLD`](crate::worker::claim::prefetch::HOLD) for a slot
     /// (attempt not charged), so that another replica may run them.
     async fn release_overdue(&mut self) {
         let overdue: Vec<Lease> = self

@@ -37,8 +37,8 @@
 use crate::db;
 use crate::error::Error;
 use crate::worker::lease::millis;
-use crate::worker::presence;
-use crate::worker::session::Session;
+use crate::worker::liveness::presence;
+use crate::worker::liveness::session::Session;
 use crate::worker::shared::Shared;
 use crate::worker::timing::ticker;
 use std::sync::Arc;
@@ -379,7 +379,7 @@ mod tests {
     use crate::config::WorkerConfig;
     use crate::handler::Registry;
     use crate::test_db::TestDb;
-    use crate::worker::session::Signals;
+    use crate::worker::liveness::session::Signals;
     use crate::worker::shared::Shared;
     use std::sync::Arc;
     use std::time::{Duration, Instant};

@@ -4,8 +4,8 @@
 use super::*;
 use crate::handler::{Effects, JobError};
 use crate::test_db::TestDb;
-use crate::worker::claimer::{self, Claimant};
-use crate::worker::completer::Transition;
+use crate::worker::claim::claimer::{self, Claimant};
+use crate::worker::complete::completer::Transition;
 use futures::future::BoxFuture;
 use std::time::Duration;
 use tokio_postgres::Transaction;

@@ -62,11 +62,6 @@ pub const RECHECK_AFTER: Duration = Duration::from_secs(60);
 pub(crate) const CAN_JUDGE_SQL: &str = "
 SELECT pg_relation_size('etl_job_records') / current_setting('block_size')::int8 >= $1";
 
-/// Finds the name of the protocol-level statement prepared from the text `$1` on a session (the
-/// driver does not tell it), to `EXPLAIN` its plan.
-pub(crate) const PREPARED_NAME_SQL: &str =
-    "SELECT name FROM pg_prepared_statements WHERE statement = $1 AND NOT from_sql LIMIT 1";
-
 impl ClaimSession {
     /// Prepares the statements on `client` and checks the plans of both claims (with and without
     /// permits): each must walk `etl_job_records_claim_idx` in order, with no sort below its row
@@ -234,7 +229,10 @@ pub(super) async fn explain_prepared(
     client: &Client,
     sql: &str,
 ) -> Result<serde_json::Value, tokio_postgres::Error> {
-    let name: String = client.query_one(PREPARED_NAME_SQL, &[&sql]).await?.get(0);
+    let name: String = client
+        .query_one(db::PREPARED_NAME_SQL, &[&sql])
+        .await?
+        .get(0);
     // The values do not matter to a generic plan; the statement is only explained.
     Ok(client
         .query_one(
@@ -311,7 +309,7 @@ impl ManageConnection for ClaimSessions {
 
     async fn connect(&self) -> Result<ClaimSession, tokio_postgres::Error> {
         let client = self.connections.connect().await?;
-        crate::worker::alive::hold(&client, self.alive.as_deref()).await?;
+        crate::worker::liveness::alive::hold(&client, self.alive.as_deref()).await?;
         ClaimSession::open(client, &self.stats).await
     }
 

@@ -13,7 +13,7 @@
 use super::step::OwnedEffects;
 use crate::codes::Code;
 use crate::handler::LedgerEntry;
-use crate::worker::completer::Failure;
+use crate::worker::complete::completer::Failure;
 use crate::worker::guard::{guarded, Guarded};
 use std::time::Duration;
 use tokio_postgres::{CancelToken, NoTls, Transaction};

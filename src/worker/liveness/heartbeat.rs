@@ -12,8 +12,8 @@
 
 use crate::db;
 use crate::error::Error;
-use crate::worker::held::HeldJobs;
 use crate::worker::lease::{self, millis};
+use crate::worker::liveness::held::HeldJobs;
 use crate::worker::shared::Shared;
 use crate::worker::timing::ticker;
 use std::collections::HashMap;

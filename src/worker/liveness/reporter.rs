@@ -22,7 +22,7 @@
 
 use crate::db;
 use crate::error::Error;
-use crate::worker::held::HeldJobs;
+use crate::worker::liveness::held::HeldJobs;
 use crate::worker::shared::Shared;
 use crate::worker::timing::ticker;
 use chrono::{DateTime, Utc};

@@ -5,7 +5,7 @@
 use super::tests::{ready, Scratch, SUCCEEDED};
 use super::*;
 use crate::handler::{Effects, JobError};
-use crate::worker::completer::Transition;
+use crate::worker::complete::completer::Transition;
 use futures::future::BoxFuture;
 use std::time::Duration;
 use tokio_postgres::Transaction;

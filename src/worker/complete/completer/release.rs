@@ -10,8 +10,8 @@
 
 use crate::db;
 use crate::error::Error;
-use crate::worker::held::HeldJobs;
 use crate::worker::lease::{self, Lease};
+use crate::worker::liveness::held::HeldJobs;
 use crate::worker::shared::Shared;
 use std::time::Duration;
 use tokio_postgres::types::Type;

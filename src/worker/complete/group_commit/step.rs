@@ -10,7 +10,7 @@
 
 use crate::codes::Code;
 use crate::handler::{Effects, LedgerEntry};
-use crate::worker::completer::{Failure, Transition};
+use crate::worker::complete::completer::{Failure, Transition};
 use crate::worker::lease::Lease;
 use std::collections::HashSet;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 
 use super::super::tests::{ready, Scratch, Scripted, SUCCEEDED};
 use super::super::GroupCommit;
-use crate::worker::completer::Transition;
+use crate::worker::complete::completer::Transition;
 use crate::worker::stats::WorkerStats;
 use std::sync::Arc;
 use std::time::Duration;

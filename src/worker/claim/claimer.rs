@@ -50,8 +50,6 @@ mod statement;
 
 pub use capped::CappedQueues;
 pub use next_due::{next_due, NEXT_DUE_SQL, NEXT_DUE_WINDOW};
-#[cfg(test)]
-pub(crate) use session::PREPARED_NAME_SQL;
 pub use session::{
     connect_claim_pool, ClaimPool, ClaimSession, ClaimSessions, JUDGED_FROM_PAGES, RECHECK_AFTER,
 };
