@@ -22,15 +22,21 @@
 -- The key is stored on the live row only (never on the intake row, the outcome or the jobs view),
 -- so it leaves with the live row when the job ends; nothing logs, labels or shows it.
 --
+-- Replicas also report the kinds they run and the queues they serve (`etl_replicas.kinds`,
+-- `queues`), so that operators see the due jobs no live replica serves (a job of a kind or a
+-- queue nobody runs waits, it is never failed for it).
+--
 -- Readers: breaking. A release before it inserts no key and frees no key permit: a replica of
 -- release 21 that recovered or finished a claim of release 22 would leave its permit held, and a
 -- key with cap 1 would never run again. Stop every replica and API process of the older release
 -- before migrating.
 --
--- Locks: ACCESS EXCLUSIVE on etl_queues and etl_job_records while the columns are added (catalog
--- only: nullable, no default).
+-- Locks: ACCESS EXCLUSIVE on etl_queues, etl_replicas and etl_job_records while the columns are
+-- added (catalog only: nullable, no default).
 ALTER TABLE etl_queues
     ADD COLUMN key_cap integer CONSTRAINT etl_queues_key_cap_check CHECK (key_cap BETWEEN 1 AND 10000);
+
+ALTER TABLE etl_replicas ADD COLUMN kinds text[], ADD COLUMN queues text[];
 
 ALTER TABLE etl_job_records
     ADD COLUMN concurrency_key text

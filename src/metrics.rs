@@ -17,7 +17,9 @@
 
 mod queues;
 
-pub use queues::{listed_queues, sample_queues, sample_some_queues, QueueDepth, QUEUES_SHOWN};
+pub use queues::{
+    listed_queues, sample_queues, sample_some_queues, QueueDepth, QUEUES_SHOWN, SERVED_WITHIN,
+};
 
 use crate::db::Pool;
 use crate::worker::stats::{Histogram, StatsSnapshot, WorkerStats};

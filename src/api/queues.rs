@@ -71,6 +71,13 @@ pub(super) struct Queue {
     cap_usage: Option<f64>,
     /// Whether it is paused (replicas claim none of its jobs).
     paused: bool,
+    /// Of its due jobs, those whose kind no live replica serving the queue runs: they wait for
+    /// one that does (a replica counts as live for a minute after its last report).
+    pending_unserved: i64,
+    /// Its cap on running jobs of one concurrency key, if it has one.
+    key_cap: Option<i32>,
+    /// Key permits held by running claims (0 without a key cap).
+    key_permits_held: i64,
 }
 
 impl From<QueueDepth> for Queue {
@@ -87,6 +94,9 @@ impl From<QueueDepth> for Queue {
             cap: q.cap,
             permits_held: q.permits_held,
             paused: q.paused,
+            pending_unserved: q.unserved,
+            key_cap: q.key_cap,
+            key_permits_held: q.key_permits_held,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Per-queue gauges, sampled at scrape time: each queue's jobs by state, its oldest due job's
-//! age, its cap and the permits held, and whether it is paused.
+//! Per-queue gauges, sampled at scrape time: each queue's jobs by state (and of its due jobs,
+//! those no live replica serves), its oldest due job's age, its cap and the permits held, its
+//! key cap and the key permits held, and whether it is paused.
 //!
 //! Invariants this module keeps:
 //! - At most [`QUEUES_SHOWN`] queues are labelled per scrape (the deepest first, then by name),
@@ -21,19 +22,35 @@ use tokio_postgres::GenericClient;
 /// The most queues one scrape labels.
 pub const QUEUES_SHOWN: i64 = 100;
 
+/// How recently a replica must have reported (its reporter runs once per heartbeat interval)
+/// for the queues and kinds it named to count as served: the per-queue sample's interval.
+pub const SERVED_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Each queue with live jobs or settings (only queue `$2` when it is not NULL): its jobs by
-/// state, its oldest due job's age (seconds, database clock; 0 when none is due), its cap (NULL:
-/// none), the permits held and whether it is paused; the `$1` with the most live jobs, then by
-/// name. Sent unnamed (`query_typed`), so it is planned with its parameters: a NULL `$2` folds
+/// state, and of its due jobs those whose queue and kind no replica that reported within
+/// [`SERVED_WITHIN`] serves (`unserved`: they wait for a replica that runs them), its oldest due
+/// job's age (seconds, database clock; 0 when none is due), its cap (NULL: none) and the permits
+/// held, its key cap (NULL: none) and the key permits held, and whether it is paused; the `$1`
+/// with the most live jobs, then by name. Sent unnamed (`query_typed`), so it is planned with its parameters: a NULL `$2` folds
 /// away, and a name becomes an equality on the claim index's leading column and on
 /// `etl_queues`' primary key.
 ///
-/// Locks: none (a read of the live table, one pass, and of `etl_queues` and
-/// `etl_queue_permits`, by queue).
+/// Locks: none (a read of the live table, one pass, with a hashed lookup of the served (queue,
+/// kind) pairs; of `etl_replicas`, a row per replica; and of `etl_queues`, `etl_queue_permits`
+/// and `etl_key_permits`, by queue).
 pub(super) const QUEUES_SAMPLE_SQL: &str = "
-WITH live AS (
+WITH served AS (
+    SELECT DISTINCT q.queue, k.kind
+      FROM etl_replicas r
+     CROSS JOIN unnest(r.queues) AS q(queue)
+     CROSS JOIN unnest(r.kinds) AS k(kind)
+     WHERE r.reported_at > now() - interval '60 seconds'
+), live AS (
     SELECT queue,
            count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS due,
+           count(*) FILTER (WHERE status = 'pending' AND run_at <= now()
+                              AND (queue, kind) NOT IN (SELECT queue, kind FROM served))
+               AS unserved,
            count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS deferred,
            count(*) FILTER (WHERE status = 'running') AS running,
            min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()) AS oldest
@@ -41,9 +58,11 @@ WITH live AS (
      WHERE $2::text IS NULL OR queue = $2
      GROUP BY queue
 ), settings AS (
-    SELECT queue, cap, paused FROM etl_queues WHERE $2::text IS NULL OR queue = $2
+    SELECT queue, cap, key_cap, paused FROM etl_queues WHERE $2::text IS NULL OR queue = $2
 ), every AS (
     SELECT coalesce(l.queue, s.queue) AS queue, coalesce(l.due, 0) AS due,
+           coalesce(l.unserved, 0) AS unserved, s.key_cap,
+           (SELECT count(*) FROM etl_key_permits k WHERE k.queue = s.queue) AS key_held,
            coalesce(l.deferred, 0) AS deferred, coalesce(l.running, 0) AS running,
            coalesce(extract(epoch FROM now() - l.oldest)::float8, 0) AS oldest_due_seconds,
            s.cap, coalesce(s.paused, false) AS paused,
@@ -52,7 +71,8 @@ WITH live AS (
       FROM live l
       FULL JOIN settings s ON s.queue = l.queue
 )
-SELECT queue, due, deferred, running, oldest_due_seconds, cap, coalesce(held, 0), paused
+SELECT queue, due, deferred, running, oldest_due_seconds, cap, coalesce(held, 0), paused,
+       unserved, key_cap, coalesce(key_held, 0)
   FROM every
  ORDER BY due + deferred + running DESC, queue
  LIMIT $1";
@@ -76,6 +96,12 @@ pub struct QueueDepth {
     pub permits_held: i64,
     /// Whether it is paused.
     pub paused: bool,
+    /// Of its due jobs, those whose queue and kind no live replica serves.
+    pub unserved: i64,
+    /// Its key cap, if it has one.
+    pub key_cap: Option<i32>,
+    /// Key permits held by running claims.
+    pub key_permits_held: i64,
 }
 
 /// Samples the [`QUEUES_SHOWN`] deepest queues.
@@ -116,6 +142,9 @@ pub async fn sample_some_queues(
             cap: r.get(5),
             permits_held: r.get(6),
             paused: r.get(7),
+            unserved: r.get(8),
+            key_cap: r.get(9),
+            key_permits_held: r.get(10),
         })
         .collect())
 }
@@ -149,7 +178,7 @@ impl Collector for PerQueue {
             self.0.iter().map(|q| (q.queue.as_str(), f(q))).collect()
         };
         #[allow(clippy::cast_precision_loss)]
-        let families: [Family<'_>; 7] = [
+        let families: [Family<'_>; 10] = [
             (
                 "durable_etl_queue_due",
                 "Due pending jobs of the queue.",
@@ -181,6 +210,21 @@ impl Collector for PerQueue {
                 of(|q| q.cap.map(|_| q.permits_held as f64)),
             ),
             (
+                "durable_etl_queue_unserved",
+                "Due jobs of the queue that no live replica serves (none runs their kind for this queue).",
+                of(|q| Some(q.unserved as f64)),
+            ),
+            (
+                "durable_etl_queue_key_cap",
+                "The queue's cap on running jobs of one concurrency key (key-capped queues only).",
+                of(|q| q.key_cap.map(f64::from)),
+            ),
+            (
+                "durable_etl_queue_key_permits_held",
+                "Key permits of the queue held by running claims (key-capped queues only).",
+                of(|q| q.key_cap.map(|_| q.key_permits_held as f64)),
+            ),
+            (
                 "durable_etl_queue_paused",
                 "1 if the queue is paused.",
                 of(|q| Some(f64::from(u8::from(q.paused)))),
@@ -196,5 +240,16 @@ impl Collector for PerQueue {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{QUEUES_SAMPLE_SQL, SERVED_WITHIN};
+
+    #[test]
+    fn the_served_window_is_the_one_the_sample_reads() {
+        let interval = format!("interval '{} seconds'", SERVED_WITHIN.as_secs());
+        assert!(QUEUES_SAMPLE_SQL.contains(&interval));
     }
 }

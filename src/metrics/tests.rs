@@ -128,6 +128,9 @@ fn per_queue_gauges_label_each_queue_and_only_capped_queues_have_a_cap() {
         cap: Some(4),
         permits_held: 2,
         paused: true,
+        unserved: 1,
+        key_cap: Some(2),
+        key_permits_held: 3,
     };
     let bulk = QueueDepth {
         queue: "bulk".to_owned(),
@@ -156,6 +159,10 @@ fn per_queue_gauges_label_each_queue_and_only_capped_queues_have_a_cap() {
         ("durable_etl_queue_permits_held{queue=\"mail\"}", 2.0),
         ("durable_etl_queue_paused{queue=\"mail\"}", 1.0),
         ("durable_etl_queue_paused{queue=\"bulk\"}", 0.0),
+        ("durable_etl_queue_unserved{queue=\"mail\"}", 1.0),
+        ("durable_etl_queue_unserved{queue=\"bulk\"}", 0.0),
+        ("durable_etl_queue_key_cap{queue=\"mail\"}", 2.0),
+        ("durable_etl_queue_key_permits_held{queue=\"mail\"}", 3.0),
     ] {
         assert_eq!(value(series), Some(expected), "{series} in {text}");
     }
@@ -164,4 +171,6 @@ fn per_queue_gauges_label_each_queue_and_only_capped_queues_have_a_cap() {
         "{text}"
     );
     assert!(!text.contains("durable_etl_queue_permits_held{queue=\"bulk\"}"));
+    assert!(!text.contains("durable_etl_queue_key_cap{queue=\"bulk\"}"));
+    assert!(!text.contains("durable_etl_queue_key_permits_held{queue=\"bulk\"}"));
 }

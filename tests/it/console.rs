@@ -766,13 +766,13 @@ async fn the_operator_view_lists_each_queue_with_its_cap_and_pause() {
     assert!(
         body.contains(
             "<td><a href=\"/console/queues/default\"><code>default</code></a></td>\
-             <td>1</td><td>1</td><td>0</td>"
+             <td>1</td><td class=\"unserved\">1</td><td>1</td><td>0</td>"
         ),
         "{body}"
     );
     assert!(body.contains("0 of 4 held"), "{body}");
     assert!(
-        body.contains("<code>mail</code></a></td><td>0</td>"),
+        body.contains("<code>mail</code></a></td><td>0</td><td>0</td>"),
         "{body}"
     );
     assert!(body.contains("<td>paused</td>"), "{body}");

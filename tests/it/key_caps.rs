@@ -208,6 +208,9 @@ async fn a_key_cap_of_two_fills_both_slots_in_one_claim_and_reuses_the_freed_one
     assert_eq!(done.unwrap().len(), 1);
     assert_eq!(claim(&client, who, 5).await.len(), 1, "the freed slot only");
     assert_eq!(held(&client).await, (2, 2, 0, 0));
+    let sample = durable_etl::metrics::sample_queues(&client).await.unwrap();
+    let keyed = sample.iter().find(|q| q.queue == "keyed").unwrap();
+    assert_eq!((keyed.key_cap, keyed.key_permits_held), (Some(2), 2));
 }
 
 #[tokio::test]

@@ -308,16 +308,16 @@ async fn the_queues_page_and_its_drill_downs_show_exactly_the_jobs_behind_them_a
     assert!(
         body.contains(
             "<td><a href=\"/console/queues/mail\"><code>mail</code></a></td>\
-             <td>2</td><td>2</td><td>1</td>"
+             <td>2</td><td class=\"unserved\">2</td><td>2</td><td>1</td>"
         ),
         "{body}"
     );
     assert!(
-        body.contains("<td>1 of 4 held (25%)</td><td>served</td>"),
+        body.contains("<td>1 of 4 held (25%)</td><td>none</td><td>served</td>"),
         "{body}"
     );
     assert!(
-        body.contains("<code>idle</code></a></td><td>0</td><td>0</td><td>0</td><td>none due</td><td>none</td><td>paused</td>"),
+        body.contains("<code>idle</code></a></td><td>0</td><td>0</td><td>0</td><td>0</td><td>none due</td><td>none</td><td>none</td><td>paused</td>"),
         "{body}"
     );
     assert!(!body.contains("Only the"), "not truncated");

@@ -486,3 +486,67 @@ async fn the_per_queue_sample_counts_each_queue_and_its_cap_and_pause() {
     assert_eq!((idle.due, idle.running, idle.paused), (0, 0, true));
     assert_eq!(sample[0].queue, "mail", "the deepest first");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_jobs_no_live_replica_serves_are_counted_unserved_per_queue() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let jobs = jobs();
+    let bulk = EnqueueOptions {
+        queue: Some("bulk"),
+        ..EnqueueOptions::default()
+    };
+    for (n, options) in [
+        (0, EnqueueOptions::default()),
+        (1, EnqueueOptions::default()),
+        (2, bulk),
+    ] {
+        jobs.enqueue(&client, &Letter { n }, options).await.unwrap();
+    }
+    let unserved = || async {
+        let sample = durable_etl::metrics::sample_queues(&client).await.unwrap();
+        let of = |name: &str| sample.iter().find(|q| q.queue == name).map(|q| q.unserved);
+        (of("mail"), of("bulk"))
+    };
+    assert_eq!(unserved().await, (Some(2), Some(1)), "no replica at all");
+    // A replica of the no-ops serving mail reports its kinds and queues; it runs no letter.
+    let replica = start(
+        &db,
+        serving("noops", "mail,other", 4),
+        Registry::new().register(Noop),
+    )
+    .await
+    .spawn();
+    crate::support::eventually("the no-op replica's report", || {
+        let client = &client;
+        async move {
+            let of_it = "etl_replicas WHERE kinds = '{test.noop}' AND queues = '{mail,other}'";
+            count(client, of_it).await == 1
+        }
+    })
+    .await;
+    assert_eq!(unserved().await, (Some(2), Some(1)), "it runs no letter");
+    // A live replica that runs letters for bulk (its report, as it writes it).
+    client
+        .batch_execute(
+            "INSERT INTO etl_replicas (owner_id, incarnation, started_at, reported_at, held,
+                                       claimed, claim_rate, kinds, queues)
+             VALUES ('letters', gen_random_uuid(), now(), now(), 0, 0, 0, '{test.letter}',
+                     '{bulk}')",
+        )
+        .await
+        .unwrap();
+    assert_eq!(unserved().await, (Some(2), Some(0)));
+    // It stops reporting: once its last report is older than SERVED_WITHIN, bulk is unserved.
+    let stale = durable_etl::metrics::SERVED_WITHIN.as_secs() + 1;
+    client
+        .execute(
+            "UPDATE etl_replicas SET reported_at = now() - $1 * interval '1 second'
+              WHERE owner_id = 'letters'",
+            &[&f64::from(u32::try_from(stale).unwrap())],
+        )
+        .await
+        .unwrap();
+    assert_eq!(unserved().await, (Some(2), Some(1)));
+    replica.stop().await.unwrap();
+}

@@ -34,24 +34,35 @@ fn cap_usage(queue: &QueueDepth) -> String {
     }
 }
 
-/// The table of `queues`: each queue (linked to its jobs) with its jobs by state, its oldest due
-/// job's age, its cap usage and whether it is paused.
+/// A queue's key cap and the key permits held: `4 per key, 3 held`, or `none`.
+fn key_cap(queue: &QueueDepth) -> String {
+    match queue.key_cap {
+        Some(cap) => format!("{cap} per key, {} held", queue.key_permits_held),
+        None => "none".to_owned(),
+    }
+}
+
+/// The table of `queues`: each queue (linked to its jobs) with its jobs by state (and how many
+/// due jobs no live replica serves), its oldest due job's age, its cap usage, its key cap and
+/// whether it is paused.
 fn queue_table(queues: &[QueueDepth]) -> Markup {
     html! {
         @if queues.is_empty() {
             p.empty { "No queue has a job or a setting." }
         } @else {
             table {
-                thead { tr { th { "Queue" } th { "Due" } th { "Deferred" } th { "Running" } th { "Oldest due" } th { "Cap" } th { "State" } } }
+                thead { tr { th { "Queue" } th { "Due" } th { "Unserved" } th { "Deferred" } th { "Running" } th { "Oldest due" } th { "Cap" } th { "Key cap" } th { "State" } } }
                 tbody {
                     @for queue in queues {
                         tr {
                             td { a href={ "/console/queues/" (queue.queue) } { code { (queue.queue) } } }
                             td { (queue.due) }
+                            @if queue.unserved > 0 { td.unserved { (queue.unserved) } } @else { td { "0" } }
                             td { (queue.deferred) }
                             td { (queue.running) }
                             td { @if queue.due > 0 { (when::span(queue.oldest_due_seconds)) } @else { "none due" } }
                             td { (cap_usage(queue)) }
+                            td { (key_cap(queue)) }
                             td { @if queue.paused { "paused" } @else { "served" } }
                         }
                     }
@@ -245,5 +256,9 @@ mod tests {
         assert_eq!(cap_usage(&queue), "3 of 4 held (75%)");
         queue.cap = None;
         assert_eq!(cap_usage(&queue), "none");
+        assert_eq!(key_cap(&queue), "none");
+        queue.key_cap = Some(2);
+        queue.key_permits_held = 5;
+        assert_eq!(key_cap(&queue), "2 per key, 5 held");
     }
 }

@@ -34,8 +34,9 @@ use uuid::Uuid;
 
 /// Upserts owner `$1`'s report, of incarnation `$12`: started at `$2`, holding `$3` jobs, `$4`
 /// claimed in all at `$5` jobs/s; this minute's totals: `$6` succeeded, `$7` failed (`$8` by
-/// code), `$9` recovered, `$10` pickups taking `$11` seconds in all. Deletes what is too old to
-/// show.
+/// code), `$9` recovered, `$10` pickups taking `$11` seconds in all; running the kinds `$13` and
+/// serving the queues `$14` (so operators see what no live replica serves). Deletes what is too
+/// old to show.
 ///
 /// Locks: the replica's own rows (its incarnation's minute rows: nobody else writes them; its
 /// owner id's replica row, which only a process holding that owner id writes); the deletes take
@@ -43,12 +44,12 @@ use uuid::Uuid;
 pub(crate) const REPORT_SQL: &str = "
 WITH replica AS (
     INSERT INTO etl_replicas (owner_id, incarnation, started_at, reported_at, held, claimed,
-                              claim_rate)
-    VALUES ($1, $12, $2, now(), $3, $4, $5)
+                              claim_rate, kinds, queues)
+    VALUES ($1, $12, $2, now(), $3, $4, $5, $13, $14)
         ON CONFLICT (owner_id) DO UPDATE
        SET incarnation = EXCLUDED.incarnation, started_at = EXCLUDED.started_at,
            reported_at = now(), held = EXCLUDED.held, claimed = EXCLUDED.claimed,
-           claim_rate = EXCLUDED.claim_rate
+           claim_rate = EXCLUDED.claim_rate, kinds = EXCLUDED.kinds, queues = EXCLUDED.queues
 ), minute AS (
     INSERT INTO etl_replica_minutes (minute, owner_id, incarnation, started_at, succeeded,
                                      failed, failed_by_code, recovered, pickups, pickup_seconds)
@@ -143,7 +144,8 @@ async fn report(
         count(recovered),
         count(stats.pickups),
     ];
-    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 12] = [
+    let queues = shared.queue_names();
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 14] = [
         (&owner, Type::TEXT),
         (&incarnation.started_at, Type::TIMESTAMPTZ),
         (&held_now, Type::INT4),
@@ -156,6 +158,8 @@ async fn report(
         (&totals[4], Type::INT8),
         (&pickup_seconds, Type::FLOAT8),
         (&incarnation.id, Type::UUID),
+        (&shared.kinds, Type::TEXT_ARRAY),
+        (&queues, Type::TEXT_ARRAY),
     ];
     let conn = db::checkout(&shared.pool).await?;
     shared.stats.record_round_trips(1);
