@@ -550,3 +550,36 @@ async fn due_jobs_no_live_replica_serves_are_counted_unserved_per_queue() {
     assert_eq!(unserved().await, (Some(2), Some(1)));
     replica.stop().await.unwrap();
 }
+
+/// One replica serving twenty queues, polling once a minute, with every job in one of them: the
+/// empty queues come back short, and the hot one's backlog still drains at once (a claim that
+/// filled one queue's ask claims again for the room left, the short queues left out), never one
+/// poll at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_serving_many_queues_drains_the_one_with_work_without_waiting_for_polls() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let jobs = jobs();
+    let hot = EnqueueOptions {
+        queue: Some("q0"),
+        ..EnqueueOptions::default()
+    };
+    let letters: Vec<Letter> = (0..120).map(|n| Letter { n }).collect();
+    jobs.enqueue_many_with(&client, letters.iter().map(|l| (l, hot)))
+        .await
+        .unwrap();
+    let served: Vec<String> = (0..20).map(|i| format!("q{i}")).collect();
+    let config = WorkerConfig {
+        poll_interval: Duration::from_secs(60),
+        ..serving("many", &served.join(","), 8)
+    };
+    let replica = start(&db, config, Registry::new().perform(Postman))
+        .await
+        .spawn();
+    crate::support::eventually("the hot queue's 120 jobs to succeed", || {
+        let client = &client;
+        async move { count(client, "etl_job_outcomes WHERE status = 'succeeded'").await == 120 }
+    })
+    .await;
+    replica.stop().await.unwrap();
+}

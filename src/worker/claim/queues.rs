@@ -14,6 +14,7 @@
 //!   all are asked again.
 
 use crate::queue::ServedQueue;
+use crate::worker::lease::ClaimedJob;
 
 /// One served queue and what the sharing remembers of it.
 #[derive(Debug, Clone)]
@@ -116,6 +117,25 @@ impl QueueShares {
     }
 }
 
+/// How many of `jobs` each of a claim's `asks` asks took, by position.
+pub(crate) fn took_per_ask(asks: usize, jobs: &[ClaimedJob]) -> Vec<usize> {
+    let mut took = vec![0; asks];
+    for job in jobs {
+        if let Some(n) = took.get_mut(job.asked_of) {
+            *n += 1;
+        }
+    }
+    took
+}
+
+/// Whether some ask of `asks` took all it asked for (`took`, by position): its queue may have
+/// more.
+pub(crate) fn filled_an_ask(asks: &[(String, usize)], took: &[usize]) -> bool {
+    asks.iter()
+        .zip(took)
+        .any(|((_, asked), got)| *asked > 0 && got >= asked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::QueueShares;
@@ -153,6 +173,15 @@ mod tests {
         let mut shares = two(2, 1);
         let order: Vec<String> = (0..6).map(|_| shares.asks(1)[0].0.to_owned()).collect();
         assert_eq!(order, ["a", "a", "b", "a", "a", "b"]);
+    }
+
+    #[test]
+    fn a_claim_that_filled_one_ask_found_more_and_one_short_of_all_did_not() {
+        let asks = vec![("hot".to_owned(), 1), ("empty".to_owned(), 1)];
+        assert!(super::filled_an_ask(&asks, &[1, 0]));
+        assert!(!super::filled_an_ask(&asks, &[0, 0]));
+        let none_asked = vec![("hot".to_owned(), 0)];
+        assert!(!super::filled_an_ask(&none_asked, &[0]));
     }
 
     #[test]
