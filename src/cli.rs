@@ -18,6 +18,7 @@
 //!   listen address failed (see `error`).
 
 mod args;
+mod bench_args;
 mod queues;
 
 pub(crate) use args::*;
@@ -42,7 +43,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
             crate::demo::run(&db_config, &args.demo_database, serve).await
         }
         Command::Bench(command) => {
-            let (config, output) = command.config();
+            let (config, output) = command.config().unwrap_or_else(|e| e.exit());
             let report = crate::bench::run(&db_config, config).await?;
             if let Some(dir) = &output.report {
                 crate::bench::html::write(dir, &report).map_err(Error::io)?;

@@ -1,6 +1,7 @@
 //! What the bench does to the queue: fills it, offers load at a rate, holds and times
 //! recoveries, and waits until every job has ended.
 
+use super::shape::Shape;
 use super::{BenchHandler, Replicas, INSERT_CHUNK, RECORDS_PER_ETL_JOB, WAIT_LIMIT};
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
@@ -12,9 +13,6 @@ use durable_etl::intake::IntakeLimits;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
-/// How often the bench looks whether the jobs have ended.
-const DONE_POLL: Duration = Duration::from_millis(20);
-
 /// A throw-away secret and owner for the bench's ETL jobs.
 fn bench_owner() -> Result<(Secret, [u8; 32]), Error> {
     let secret = Secret::new(uuid::Uuid::new_v4().simple().to_string().into_bytes())
@@ -23,54 +21,92 @@ fn bench_owner() -> Result<(Secret, [u8; 32]), Error> {
     Ok((secret, owner))
 }
 
-/// Inserts `jobs` due jobs in chunks (one statement each), before any replica runs.
+/// The transaction ids (32-bit, as `xmin::text` shows them) of the bench's inserting statements:
+/// a live row whose `xmin` is none of these was last written by another statement.
+pub(super) type Writers = std::collections::HashSet<String>;
+
+/// Inserts `jobs` due jobs in chunks (one statement each), before any replica runs, numbered
+/// from `first` and spread over `shape`'s queues and priorities (`noop` jobs; ETL loads keep the
+/// default queue); returns the inserting transactions' ids.
 pub(super) async fn fill(
     client: &tokio_postgres::Client,
     handler: BenchHandler,
-    jobs: usize,
-) -> Result<(), Error> {
+    (first, jobs): (usize, usize),
+    shape: &Shape,
+) -> Result<Writers, Error> {
     let (secret, owner) = bench_owner()?;
+    let mut writers = Writers::new();
     let mut done = 0;
     while done < jobs {
         let n = INSERT_CHUNK.min(jobs - done);
         match handler {
-            BenchHandler::Noop => insert_noops(client, (done, n), &serde_json::json!({})).await?,
-            BenchHandler::Etl => insert_loads(client, &secret, &owner, done, n).await?,
+            BenchHandler::Noop => {
+                let columns = shape.columns(first + done, n);
+                let inserted =
+                    insert_noops(client, first + done, &shape.payload(), &columns).await?;
+                writers.extend(inserted.xmin);
+            }
+            BenchHandler::Etl => {
+                insert_loads(client, &secret, &owner, first + done, n).await?;
+            }
         };
         done += n;
     }
-    Ok(())
+    Ok(writers)
 }
 
-/// Inserts `n` due `noop` jobs numbered from `first`, with `payload` (`{}`, or a pause), in one
-/// statement; returns their ids.
-async fn insert_noops(
+/// What one insert of `noop` jobs wrote.
+pub(super) struct Inserted {
+    /// The jobs' ids.
+    pub(super) ids: Vec<uuid::Uuid>,
+    /// The inserting transaction's id (`xmin` of its rows), if it inserted any.
+    pub(super) xmin: Option<String>,
+}
+
+/// Inserts due `noop` jobs numbered from `first`, one per entry of `(queues, priorities)`, with
+/// `payload` (`{}`, or a pause), in one statement; each live row's virtual deadline is
+/// `durable_etl_sort_at(run_at, priority)`, as the library's enqueue sets it.
+pub(super) async fn insert_noops(
     client: &tokio_postgres::Client,
-    (first, n): (usize, usize),
+    first: usize,
     payload: &serde_json::Value,
-) -> Result<Vec<uuid::Uuid>, Error> {
-    let (first, n) = (
-        i64::try_from(first).unwrap_or(i64::MAX),
-        i64::try_from(n).unwrap_or(0),
-    );
+    (queues, priorities): &(Vec<String>, Vec<i16>),
+) -> Result<Inserted, Error> {
+    let first = i64::try_from(first).unwrap_or(i64::MAX);
     let rows = client
         .query(
-            "WITH intake AS (
+            "WITH input AS (
+                 SELECT $1::int8 + u.o - 1 AS g, u.queue, u.priority
+                   FROM unnest($4::text[], $5::int2[]) WITH ORDINALITY AS u(queue, priority, o)
+             ), intake AS (
                  INSERT INTO etl_job_intake
                         (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                         max_attempts, run_at)
+                         max_attempts, run_at, queue, priority)
                  SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
-                        sha256(g::text::bytea), $3, 5, now()
-                   FROM generate_series($1::int8, $1::int8 + $2::int8 - 1) AS g
-                 RETURNING id, owner_key, kind, max_attempts, run_at
+                        sha256(g::text::bytea), $2, 5, now(), queue, priority
+                   FROM input
+                 RETURNING id, owner_key, kind, max_attempts, run_at, queue, priority
              )
-             INSERT INTO etl_job_records (id, owner_key, kind, request_payload, max_attempts, run_at)
-             SELECT id, owner_key, kind, $4::jsonb, max_attempts, run_at FROM intake
-             RETURNING id",
-            &[&first, &n, &durable_etl::handler::NOOP_KIND, payload],
+             INSERT INTO etl_job_records
+                    (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority,
+                     sort_at)
+             SELECT id, owner_key, kind, $3::jsonb, max_attempts, run_at, queue, priority,
+                    durable_etl_sort_at(run_at, priority)
+               FROM intake
+             RETURNING id, xmin::text",
+            &[
+                &first,
+                &durable_etl::handler::NOOP_KIND,
+                payload,
+                queues,
+                priorities,
+            ],
         )
         .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    Ok(Inserted {
+        ids: rows.iter().map(|r| r.get(0)).collect(),
+        xmin: rows.first().map(|r| r.get(1)),
+    })
 }
 
 /// Enqueues `n` ETL loads numbered from `first` through the library's enqueue, in one statement.
@@ -176,7 +212,10 @@ pub(super) async fn recoveries(
             .push(kill_and_time(client, replicas, job.first()).await?);
         drop(holder);
         let pause = serde_json::json!({ "pause_ms": COMPUTE_TRIAL_PAUSE_MS });
-        let job = insert_noops(client, (COMPUTE_TRIAL_FIRST + trial, 1), &pause).await?;
+        let columns = Shape::default().columns(0, 1);
+        let job = insert_noops(client, COMPUTE_TRIAL_FIRST + trial, &pause, &columns)
+            .await?
+            .ids;
         times
             .compute
             .push(kill_and_time(client, replicas, job.first()).await?);
@@ -237,13 +276,13 @@ async fn until_running(
     }
 }
 
-/// Offers `jobs` jobs at `rate` per second, one autocommit INSERT each; returns each job's
-/// commit-acknowledgement time (Unix seconds) by id.
+/// Offers `jobs` jobs at `rate` per second, one autocommit INSERT each, spread over `shape`'s
+/// queues and priorities; returns each job's commit-acknowledgement time (Unix seconds) by id.
 pub(super) async fn offer(
     client: &tokio_postgres::Client,
     handler: BenchHandler,
-    jobs: usize,
-    rate: f64,
+    (jobs, rate): (usize, f64),
+    shape: &Shape,
 ) -> Result<std::collections::HashMap<String, f64>, Error> {
     let (secret, owner) = bench_owner()?;
     let mut acks = std::collections::HashMap::with_capacity(jobs);
@@ -251,7 +290,11 @@ pub(super) async fn offer(
     for i in 0..jobs {
         tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
         let ids = match handler {
-            BenchHandler::Noop => insert_noops(client, (i, 1), &serde_json::json!({})).await?,
+            BenchHandler::Noop => {
+                insert_noops(client, i, &shape.payload(), &shape.columns(i, 1))
+                    .await?
+                    .ids
+            }
             BenchHandler::Etl => insert_loads(client, &secret, &owner, i, 1).await?,
         };
         let ack = SystemTime::now()
@@ -262,27 +305,4 @@ pub(super) async fn offer(
         }
     }
     Ok(acks)
-}
-
-/// Waits until no job is pending or running, looking every [`DONE_POLL`] through the partial
-/// indexes (cheap), for at most [`WAIT_LIMIT`].
-pub(super) async fn wait_until_done(client: &tokio_postgres::Client) -> Result<(), Error> {
-    let deadline = Instant::now() + WAIT_LIMIT;
-    loop {
-        let busy: bool = client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM etl_job_records WHERE status = 'pending')
-                     OR EXISTS (SELECT 1 FROM etl_job_records WHERE status = 'running')",
-                &[],
-            )
-            .await?
-            .get(0);
-        if !busy {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Io(None));
-        }
-        tokio::time::sleep(DONE_POLL).await;
-    }
 }

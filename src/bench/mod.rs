@@ -1,5 +1,5 @@
 //! `durable-etl bench`: end-to-end figures of real replicas (child processes of this binary)
-//! against a throw-away database, in two modes.
+//! against a throw-away database, in four modes.
 //!
 //! - **Burn-down**: `jobs` due jobs are inserted before any replica starts; the replicas then
 //!   drain them. Throughput = jobs / (last `finished_at` − first `started_at`), database clock, so
@@ -7,6 +7,13 @@
 //! - **Offered load**: idle replicas first; then one producer inserts one job per autocommit
 //!   statement at `rate` jobs/s for `duration`, and the figures describe pickup latency, among
 //!   them acknowledgement → handler start as the replicas record it (`starts`).
+//! - **Saturated**: every queue that takes jobs keeps a backlog of due jobs for `duration`
+//!   (`saturate`); the queue figures count completions within that window.
+//! - **Recovery**: SIGKILLs of the replica running a job, timed until a live one runs it again.
+//!
+//! Every mode spreads its `noop` jobs over the queues and priorities of its [`shape::Shape`]
+//! (`--queues`, `--hot-queue`, `--weights`, `--priority-mix`, `--cap`, `--job-ms`), and
+//! burn-down and saturated runs report the queue figures of #25's targets (`figures`).
 //!
 //! Invariants this module keeps:
 //! - It only ever touches the database it creates (`--bench-database`), which it drops at the
@@ -16,17 +23,25 @@
 //!   about what the replicas did.
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
+mod figures;
 pub(crate) mod html;
 mod load;
+mod percentiles;
 mod replicas;
+mod saturate;
+pub(crate) mod shape;
 pub(crate) mod starts;
 
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
 use durable_etl::error::Error;
-use load::{fill, offer, recoveries, wait_until_done};
+use figures::QueueFigures;
+use load::{fill, offer, recoveries};
+pub(crate) use percentiles::Percentiles;
 use replicas::{server_cpu_seconds, Replicas};
+use saturate::{saturate, until_done, AgingWatch};
 use serde::Serialize;
+use shape::Shape;
 use starts::{per_job, JobLatency};
 use std::time::Duration;
 
@@ -74,6 +89,13 @@ pub(crate) enum Mode {
         /// Kills to time, per phase.
         trials: usize,
     },
+    /// Keep `backlog` due jobs in every queue that takes jobs for `duration_s` seconds.
+    Saturated {
+        /// Due jobs kept per queue.
+        backlog: usize,
+        /// Seconds of saturation: the window the queue figures count.
+        duration_s: f64,
+    },
 }
 
 /// One bench run's settings.
@@ -98,45 +120,8 @@ pub(crate) struct BenchConfig {
     /// any run that writes a report, for its per-replica throughput): one push onto an
     /// in-memory list per job.
     pub(crate) record_starts: bool,
-}
-
-/// Percentiles of a latency sample, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub(crate) struct Percentiles {
-    /// Median.
-    pub(crate) p50: f64,
-    /// 95th percentile.
-    pub(crate) p95: f64,
-    /// 99th percentile.
-    pub(crate) p99: f64,
-    /// 99.9th percentile.
-    pub(crate) p999: f64,
-    /// Largest.
-    pub(crate) max: f64,
-    /// Values in the sample.
-    pub(crate) samples: usize,
-}
-
-impl Percentiles {
-    /// Nearest-rank percentiles of `sample` (empty: all zero).
-    pub(crate) fn of(mut sample: Vec<f64>) -> Percentiles {
-        if sample.is_empty() {
-            return Percentiles::default();
-        }
-        sample.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let rank = (q * sample.len() as f64).ceil() as usize;
-            sample[rank.clamp(1, sample.len()) - 1]
-        };
-        Percentiles {
-            p50: at(0.50),
-            p95: at(0.95),
-            p99: at(0.99),
-            p999: at(0.999),
-            max: at(1.0),
-            samples: sample.len(),
-        }
-    }
+    /// The jobs' queues and priorities, and how the replicas serve and cap the queues.
+    pub(crate) shape: Shape,
 }
 
 /// The figures of one run.
@@ -183,6 +168,9 @@ pub(crate) struct Report {
     pub(crate) replica_peak_rss_mib: f64,
     /// CPU the replica processes used, in microseconds per succeeded job.
     pub(crate) replica_cpu_us_per_job: f64,
+    /// Burn-down and saturated only: completions per queue, discovery claims, waits by
+    /// priority, aging writes and the caps' figures.
+    pub(crate) queues: Option<QueueFigures>,
     /// The run's time series, for `--report` (not in the JSON figures).
     #[serde(skip)]
     pub(crate) timeline: html::Timeline,
@@ -202,11 +190,17 @@ impl BenchConfig {
             Mode::Recovery { trials } => {
                 format!("recovery from {trials} SIGKILLs per phase (effects, computing)")
             }
+            Mode::Saturated {
+                backlog,
+                duration_s,
+            } => format!("saturated for {duration_s} s (backlog {backlog} per queue)"),
         };
-        format!(
+        let mut text = format!(
             "{load}, {} replica(s) x {} slots (prefetch {}), handler {:?}",
             self.replicas, self.slots, self.prefetch, self.handler
-        )
+        );
+        text.push_str(&self.shape.describe());
+        text
     }
 }
 
@@ -268,6 +262,9 @@ impl Report {
             self.server_cpu_us_per_job,
             self.replica_peak_rss_mib,
         ));
+        if let Some(queues) = &self.queues {
+            out.push_str(&queues.to_text(p));
+        }
         out
     }
 }
@@ -299,20 +296,53 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         Mode::BurnDown { jobs } => jobs,
         Mode::OfferedLoad { rate, duration_s } => (rate * duration_s).round() as usize,
         Mode::Recovery { trials } => 2 * trials,
+        Mode::Saturated { backlog, .. } => {
+            backlog
+                * if config.shape.hot_queue {
+                    1
+                } else {
+                    config.shape.queues
+                }
+        }
     };
-    if let Mode::BurnDown { jobs } = config.mode {
-        fill(&client, config.handler, jobs).await?;
+    let writers = if matches!(config.mode, Mode::BurnDown { .. } | Mode::Saturated { .. }) {
+        let writers = fill(&client, config.handler, (0, jobs), &config.shape).await?;
         client.batch_execute("ANALYZE etl_job_records").await?;
+        writers
+    } else {
+        load::Writers::new()
+    };
+    if let Some(cap) = config.shape.cap {
+        for name in config.shape.names() {
+            durable_etl::queue::set_cap(&client, &name, Some(cap)).await?;
+        }
     }
+    let mut aging = (!config.shape.priority_mix.is_empty()).then(|| AgingWatch::new(writers));
+    let updates_start = figures::live_row_updates(&client).await?;
     let wal_start: String = client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?
         .get(0);
     let mut replicas = Replicas::start(db_config, config).await?;
+    let started = tokio::time::Instant::now();
+    let mut window = None;
     let (acks, recovery) = match config.mode {
         Mode::BurnDown { .. } => (None, None),
+        Mode::Saturated {
+            backlog,
+            duration_s,
+        } => {
+            let load = (backlog, Duration::from_secs_f64(duration_s));
+            let shape = &config.shape;
+            window = Some(
+                saturate(&client, shape, load, jobs, aging.as_mut())
+                    .await?
+                    .0,
+            );
+            (None, None)
+        }
         Mode::OfferedLoad { rate, .. } => (
-            Some(offer(&client, config.handler, jobs, rate).await?),
+            Some(offer(&client, config.handler, (jobs, rate), &config.shape).await?),
             None,
         ),
         Mode::Recovery { trials } => {
@@ -326,9 +356,10 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
             )
         }
     };
-    let waited = wait_until_done(&client).await;
+    let waited = until_done(&client, aging.as_mut(), WAIT_LIMIT).await;
     let server_cpu = server_cpu_seconds(&client).await?;
     let scraped = replicas.scrape().await;
+    let lifetime_s = started.elapsed().as_secs_f64();
     replicas.stop().await;
     let handler_starts = replicas.handler_starts();
     waited?;
@@ -367,6 +398,28 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         .iter()
         .flat_map(|starts| starts.iter().map(|(id, at)| (id.clone(), *at)))
         .collect();
+    let queues = match config.mode {
+        Mode::BurnDown { .. } | Mode::Saturated { .. } => {
+            let ended = figures::ended(&client, &config.shape).await?;
+            let first = ended
+                .iter()
+                .map(|j| j.started_at)
+                .fold(f64::INFINITY, f64::min);
+            let last = ended.iter().map(|j| j.finished_at).fold(0.0, f64::max);
+            let inputs = figures::Inputs {
+                shape: &config.shape,
+                window: window.unwrap_or((first, last)),
+                replicas: config.replicas,
+                lifetime_s,
+                claims: (scraped.claims, scraped.drain_claims),
+                aging_writes: aging.as_ref().map(AgingWatch::count),
+                live_row_updates: figures::live_row_updates(&client).await? - updates_start,
+                starts: &all_starts,
+            };
+            Some(figures::figures(&ended, &inputs))
+        }
+        _ => None,
+    };
     let jobs = acks.map(|acks| per_job(&done, &acks, &all_starts));
     let ack_to_done = jobs
         .as_ref()
@@ -429,22 +482,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         replica_peak_rss_mib: scraped.peak_rss_kib as f64 / 1024.0,
         replica_cpu_us_per_job: per_job(scraped.cpu_seconds * 1e6),
         server_cpu_us_per_job: per_job(server_cpu * 1e6),
+        queues,
         timeline,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_use_the_nearest_rank() {
-        let sample: Vec<f64> = (1..=1000).map(f64::from).collect();
-        let p = Percentiles::of(sample);
-        assert_eq!(
-            (p.p50, p.p95, p.p99, p.p999, p.max),
-            (500.0, 950.0, 990.0, 999.0, 1000.0)
-        );
-        assert_eq!(Percentiles::of(Vec::new()), Percentiles::default());
-    }
 }

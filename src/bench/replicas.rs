@@ -21,6 +21,8 @@ pub(super) struct Scraped {
     pub(super) round_trips: u64,
     /// Sum of `durable_etl_claims_total`.
     pub(super) claims: u64,
+    /// Claims made to keep draining a backlog (`durable_etl_claims_total{trigger="drain"}`).
+    pub(super) drain_claims: u64,
     /// Sum of `durable_etl_claims_empty_total`.
     pub(super) empty_claims: u64,
     /// Sum of `durable_etl_commit_batch_size_count`.
@@ -41,6 +43,8 @@ pub(super) struct Replicas {
     slots: usize,
     /// Jobs each replica may claim ahead of its free slots.
     prefetch: usize,
+    /// The replicas' `--queues` (`None`: left out, so they serve the default queue).
+    queues: Option<String>,
     /// When the run records handler starts: where replica `i` writes them (`{prefix}-{i}`).
     starts_prefix: Option<PathBuf>,
 }
@@ -57,6 +61,7 @@ impl Replicas {
             url: db_config.url.clone(),
             slots: config.slots,
             prefetch: config.prefetch,
+            queues: config.shape.served(),
             starts_prefix: config.record_starts.then(|| {
                 std::env::temp_dir().join(format!(
                     "{}-{}-handler-starts",
@@ -105,6 +110,7 @@ impl Replicas {
             .args(["--slots", &self.slots.to_string()])
             .args(["--prefetch", &self.prefetch.to_string()])
             .args(["--metrics-listen", &addr])
+            .args(self.queues.iter().flat_map(|q| ["--queues", q.as_str()]))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true)
@@ -161,6 +167,7 @@ impl Replicas {
             scraped.round_trips += value(&metrics, "durable_etl_db_round_trips_total");
             scraped.claims += value(&metrics, "durable_etl_claims_total");
             scraped.empty_claims += value(&metrics, "durable_etl_claims_empty_total");
+            scraped.drain_claims += value(&metrics, "durable_etl_claims_total{trigger=\"drain\"}");
             scraped.commit_batches += value(&metrics, "durable_etl_commit_batch_size_count");
             let hwm = child.id().map_or(0, peak_rss_kib);
             scraped.peak_rss_kib = scraped.peak_rss_kib.max(hwm);

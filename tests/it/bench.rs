@@ -7,7 +7,7 @@ use std::process::Command;
 
 /// Runs `durable-etl bench` with `args` on a database named after `tag`; returns the JSON report
 /// and the database name.
-fn bench(tag: &str, args: &[&str]) -> (serde_json::Value, String) {
+pub(crate) fn bench(tag: &str, args: &[&str]) -> (serde_json::Value, String) {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
     // Database names are at most 63 bytes: a 12-digit unique suffix keeps them under.
@@ -30,7 +30,7 @@ fn bench(tag: &str, args: &[&str]) -> (serde_json::Value, String) {
 }
 
 /// Whether database `name` exists.
-async fn exists(name: &str) -> bool {
+pub(crate) async fn exists(name: &str) -> bool {
     connect(&admin_config())
         .await
         .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])

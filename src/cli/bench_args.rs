@@ -1,0 +1,216 @@
+//! The flags of `durable-etl bench`: its modes, the replicas' shape, and the queues, priorities
+//! and caps of #25's targets, and how they turn into one [`BenchConfig`].
+//!
+//! Invariants this module keeps:
+//! - A flag's value is checked when it is parsed, against the library's own ranges (weights,
+//!   priorities, caps; see `bench::shape`), so a bad value exits 2 before any database is made.
+//! - The queue flags shape `noop` jobs only: with `--handler etl` they are refused (exit 2), not
+//!   silently ignored.
+
+use super::args::parse_duration;
+use crate::bench::shape::{self, Shape};
+use crate::bench::{BenchConfig, BenchHandler, Mode};
+use clap::{Args, Subcommand};
+use durable_etl::config;
+use std::time::Duration;
+
+/// The load `bench` offers.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Insert --jobs due jobs, then start the replicas and time how fast they drain them.
+    BurnDown {
+        /// Jobs inserted before the replicas start.
+        #[arg(long, default_value_t = 20_000)]
+        jobs: usize,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Start idle replicas, then insert one job at a time at --rate for --duration.
+    OfferedLoad {
+        /// Jobs per second.
+        #[arg(long, default_value_t = 20.0)]
+        rate: f64,
+        /// How long the load lasts.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        duration: Duration,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Time how soon a live replica runs the job of a SIGKILLed one (default settings; at least
+    /// two replicas), for a job killed in each phase: an ETL job held inside its effects, and a
+    /// `noop` job computing (pausing in its compute phase).
+    Recovery {
+        /// Kills to time, per phase.
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Keep at least --backlog due jobs in every queue that takes jobs for --duration (topped up
+    /// every 50 ms), then drain; the queue figures count the completions within that window.
+    Saturated {
+        /// Due jobs (deadline reached) kept in each queue.
+        #[arg(long, default_value_t = 2_000)]
+        backlog: usize,
+        /// How long the queues stay saturated: the window of the queue figures.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        duration: Duration,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+}
+
+/// Options every `bench` mode shares.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Replica processes (this binary's `work`).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) replicas: usize,
+    /// Slots per replica.
+    #[arg(long, default_value_t = config::SLOTS_DEFAULT)]
+    pub(crate) slots: usize,
+    /// Jobs each replica may claim ahead of its free slots while a backlog lasts.
+    #[arg(long, default_value_t = config::PREFETCH_DEFAULT)]
+    pub(crate) prefetch: usize,
+    /// What the jobs do.
+    #[arg(long, value_enum, default_value = "noop")]
+    pub(crate) handler: BenchHandler,
+    /// The database the bench creates (and drops, unless --keep) on DATABASE_URL's server.
+    #[arg(long, default_value = crate::bench::DATABASE_PREFIX)]
+    pub(crate) bench_database: String,
+    /// Keep the bench database afterwards.
+    #[arg(long)]
+    pub(crate) keep: bool,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also write a self-contained HTML page (DIR/index.html) with the figures and SVG plots:
+    /// latency distribution, jobs/s over time per replica, backlog over time.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) report: Option<std::path::PathBuf>,
+    /// The jobs' queues and priorities, and the queues' caps.
+    #[command(flatten)]
+    pub(crate) shape: ShapeArgs,
+}
+
+/// The queue flags of `bench` (`noop` jobs only).
+#[derive(Debug, Args)]
+pub(crate) struct ShapeArgs {
+    /// Spread the jobs equally over N queues (q0, q1, …); every replica serves them all.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub(crate) queues: Option<u16>,
+    /// Put every job into q0 of the --queues; the replicas still serve all of them.
+    #[arg(long, requires = "queues")]
+    pub(crate) hot_queue: bool,
+    /// One queue per weight (`3,1`: q0 and q1), the jobs spread equally, served with those
+    /// weights (`work --queues q0:3,q1:1`).
+    #[arg(long, value_name = "W,W…", conflicts_with = "queues", value_parser = shape::parse_weights)]
+    pub(crate) weights: Option<shape::Weights>,
+    /// The jobs' priorities, as `percent:priority` pairs adding up to 100 (`90:0,10:9`).
+    #[arg(long, value_name = "PCT:P,…", value_parser = shape::parse_priority_mix)]
+    pub(crate) priority_mix: Option<shape::PriorityMix>,
+    /// Cap every queue at N running jobs across the replicas (`queues cap`) before they start.
+    #[arg(long, value_name = "N", value_parser = shape::parse_cap)]
+    pub(crate) cap: Option<i32>,
+    /// Each `noop` job pauses this many milliseconds in its compute phase (no connection held).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub(crate) job_ms: u64,
+}
+
+impl ShapeArgs {
+    /// The shape these flags describe.
+    fn shape(&self) -> Shape {
+        let weights = self.weights.clone().map(|w| w.0).unwrap_or_default();
+        Shape {
+            queues: match (&self.weights, self.queues) {
+                (Some(w), _) => w.0.len(),
+                (None, Some(n)) => usize::from(n),
+                (None, None) => 1,
+            },
+            hot_queue: self.hot_queue,
+            weights,
+            priority_mix: self.priority_mix.clone().map(|m| m.0).unwrap_or_default(),
+            cap: self.cap,
+            job_ms: self.job_ms,
+        }
+    }
+}
+
+/// Where a bench's figures go.
+#[derive(Debug, Clone)]
+pub(crate) struct BenchOutput {
+    /// Print them as one JSON object (else as text).
+    pub(crate) json: bool,
+    /// Also write the HTML report into this directory.
+    pub(crate) report: Option<std::path::PathBuf>,
+}
+
+impl BenchCommand {
+    /// The bench's settings, and where its figures go.
+    ///
+    /// # Errors
+    /// A usage error (exit 2) for queue flags given with `--handler etl`.
+    pub(crate) fn config(&self) -> Result<(BenchConfig, BenchOutput), clap::Error> {
+        let (mode, common) = match self {
+            BenchCommand::BurnDown { jobs, common } => (Mode::BurnDown { jobs: *jobs }, common),
+            BenchCommand::OfferedLoad {
+                rate,
+                duration,
+                common,
+            } => (
+                Mode::OfferedLoad {
+                    rate: *rate,
+                    duration_s: duration.as_secs_f64(),
+                },
+                common,
+            ),
+            BenchCommand::Recovery { trials, common } => {
+                (Mode::Recovery { trials: *trials }, common)
+            }
+            BenchCommand::Saturated {
+                backlog,
+                duration,
+                common,
+            } => (
+                Mode::Saturated {
+                    backlog: *backlog,
+                    duration_s: duration.as_secs_f64(),
+                },
+                common,
+            ),
+        };
+        let shape = common.shape.shape();
+        if common.handler != BenchHandler::Noop && !shape.is_default() {
+            return Err(clap::Error::raw(
+                clap::error::ErrorKind::ArgumentConflict,
+                "the queue flags shape noop jobs only: leave out --handler etl\n",
+            ));
+        }
+        let replicas = match mode {
+            Mode::Recovery { .. } => common.replicas.max(2),
+            _ => common.replicas,
+        };
+        let config = BenchConfig {
+            mode,
+            replicas,
+            slots: common.slots,
+            prefetch: common.prefetch,
+            handler: common.handler,
+            database: common.bench_database.clone(),
+            keep: common.keep,
+            record_starts: matches!(mode, Mode::OfferedLoad { .. })
+                || common.report.is_some()
+                || shape.cap.is_some(),
+            shape,
+        };
+        let output = BenchOutput {
+            json: common.json,
+            report: common.report.clone(),
+        };
+        Ok((config, output))
+    }
+}
