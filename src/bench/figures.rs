@@ -31,6 +31,8 @@ pub(crate) struct QueueCount {
     pub(crate) in_window: u64,
     /// Its jobs that succeeded in the whole run.
     pub(crate) succeeded: u64,
+    /// Saturated only: the fewest due jobs it had at a top-up (0: it ran dry in the window).
+    pub(crate) fewest_due: Option<u64>,
 }
 
 /// The waits of one priority's jobs.
@@ -54,7 +56,13 @@ impl QueueFigures {
             .iter()
             .filter(|q| q.succeeded > 0)
             .take(8)
-            .map(|q| format!("{}:{} {}", q.queue, q.weight, q.in_window))
+            .map(|q| match q.fewest_due {
+                Some(low) => format!(
+                    "{}:{} {} (fewest due {low})",
+                    q.queue, q.weight, q.in_window
+                ),
+                None => format!("{}:{} {}", q.queue, q.weight, q.in_window),
+            })
             .collect();
         let idle = self.per_queue.iter().filter(|q| q.succeeded == 0).count();
         out.push_str(&format!(
@@ -83,14 +91,14 @@ impl QueueFigures {
         }
         if let (Some(bound), Some(overtaken)) = (self.priority_bound_ms, self.overtaken_max_ms) {
             out.push_str(&format!(
-                "least urgent         bound {bound:.0} ms, overtaken by a later deadline at most {overtaken:.3} ms, aging writes {}\n",
+                "priorities           least urgent bound {bound:.0} ms; passed by a later deadline at most {overtaken:.3} ms; aging writes {}\n",
                 self.aging_writes.unwrap_or(0)
             ));
         }
         if let Some(cap) = &self.cap {
             out.push_str(&format!(
-                "cap {}               at most {} running; permit->start {}{}\n",
-                cap.cap,
+                "{:<21}at most {} running; permit->start {}{}\n",
+                format!("cap {}", cap.cap),
                 cap.max_running,
                 p(&cap.permit_to_start_ms),
                 cap.cap_bound_jobs_per_s
@@ -106,7 +114,12 @@ impl QueueFigures {
 pub(crate) struct CapFigures {
     /// The cap of every queue.
     pub(crate) cap: i32,
-    /// The most jobs of one queue between claim and completion at once (database clock).
+    /// The most jobs of one queue between their handler's start (recorded by its replica, after
+    /// the claim that took the permit committed) and the start of the statement that completed
+    /// them (before the commit that freed it), at once: each such span lies inside its permit's
+    /// holding, so this never exceeds the cap while the cap holds. (The claim's own timestamp is
+    /// its statement's start, before its snapshot: spans from it overlap by up to a claim's
+    /// planning and lock time, so they would not prove anything.)
     pub(crate) max_running: usize,
     /// The `k`-th handler start of a queue after the `(k - cap)`-th completion of that queue
     /// (the completion's `finished_at`, before its commit, so an upper bound), in milliseconds:
@@ -119,8 +132,9 @@ pub(crate) struct CapFigures {
 /// The queue figures of one run.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct QueueFigures {
-    /// Seconds the window spans (database clock): first claim → last completion in burn-down,
-    /// the saturated span in `saturated`.
+    /// Seconds the window spans (database clock): in burn-down, first claim → the last
+    /// completion of the queue that ran out first (every queue had work throughout); in
+    /// `saturated`, the saturated span.
     pub(crate) window_s: f64,
     /// Jobs that succeeded within the window, per second.
     pub(crate) window_jobs_per_s: f64,
@@ -135,9 +149,9 @@ pub(crate) struct QueueFigures {
     pub(crate) priorities: Vec<PriorityWait>,
     /// The documented bound of the least urgent priority: `priority × PRIORITY_STEP`, in ms.
     pub(crate) priority_bound_ms: Option<f64>,
-    /// The longest any job of the least urgent priority was claimed after a job with a later
-    /// virtual deadline (`sort_at`) had been claimed, in ms: 0 when the claim order holds, up to
-    /// a claim's duration across concurrent claims.
+    /// The longest any job was claimed after a job with a later virtual deadline (`sort_at`)
+    /// had been claimed, in ms: 0 when the claim order holds, up to a claim's duration across
+    /// concurrent claims (present with `--priority-mix`).
     pub(crate) overtaken_max_ms: Option<f64>,
     /// Pending, never-claimed rows seen rewritten by a statement other than their enqueue
     /// (sampled once a second; see `aging`): aging writes. Present with `--priority-mix`.
@@ -231,6 +245,8 @@ pub(crate) struct Inputs<'a> {
     pub(crate) shape: &'a Shape,
     /// The window, `(from, to)` in seconds since the epoch (database clock).
     pub(crate) window: (f64, f64),
+    /// Saturated only: the fewest due jobs each fed queue had at a top-up, in the shape's order.
+    pub(crate) fewest_due: Option<&'a [u64]>,
     /// Replica processes.
     pub(crate) replicas: usize,
     /// Seconds from the replicas' start to their scrape.
@@ -263,6 +279,7 @@ pub(crate) fn figures(jobs: &[Ended], inputs: &Inputs<'_>) -> QueueFigures {
                 .filter(in_window)
                 .count() as u64,
             succeeded: jobs.iter().filter(|j| j.queue == q).count() as u64,
+            fewest_due: inputs.fewest_due.and_then(|f| f.get(q).copied()),
         })
         .collect();
     let window_s = (to - from).max(0.0);
@@ -300,14 +317,7 @@ pub(crate) fn figures(jobs: &[Ended], inputs: &Inputs<'_>) -> QueueFigures {
             .collect(),
         priority_bound_ms: least_urgent
             .map(|p| f64::from(p) * durable_etl::queue::PRIORITY_STEP.as_secs_f64() * 1000.0),
-        overtaken_max_ms: least_urgent.map(|p| {
-            overtaken_ms(jobs)
-                .into_iter()
-                .zip(jobs)
-                .filter(|(_, j)| j.priority == p)
-                .map(|(o, _)| o)
-                .fold(0.0, f64::max)
-        }),
+        overtaken_max_ms: least_urgent.map(|_| overtaken_ms(jobs).into_iter().fold(0.0, f64::max)),
         aging_writes: inputs.aging_writes,
         live_row_updates_per_job: inputs.live_row_updates as f64 / succeeded,
         cap: shape.cap.map(|cap| cap_figures(jobs, inputs, cap)),
@@ -329,7 +339,7 @@ fn cap_figures(jobs: &[Ended], inputs: &Inputs<'_>, cap: i32) -> CapFigures {
         busy_queues += 1;
         let spans: Vec<(f64, f64)> = of_queue
             .iter()
-            .map(|j| (j.started_at, j.finished_at))
+            .filter_map(|j| Some((*inputs.starts.get(&j.id)?, j.finished_at)))
             .collect();
         most = most.max(max_running(&spans));
         let starts: Vec<f64> = of_queue
@@ -348,14 +358,38 @@ fn cap_figures(jobs: &[Ended], inputs: &Inputs<'_>, cap: i32) -> CapFigures {
     }
 }
 
-/// For each job, how long after the first claim of a job with a later virtual deadline it was
-/// claimed itself (0 when none with a later deadline was claimed before it), in milliseconds.
+/// The end of burn-down's window: the last completion, or with several queues taking jobs the
+/// first moment one of them had no more (its last completion), so that the per-queue counts
+/// cover only a time when every queue had work.
+pub(crate) fn while_all_busy(jobs: &[Ended], shape: &Shape) -> f64 {
+    let fed = if shape.hot_queue {
+        1
+    } else {
+        shape.names().len()
+    };
+    let mut last = vec![0.0f64; fed];
+    for j in jobs {
+        if let Some(l) = last.get_mut(j.queue) {
+            *l = l.max(j.finished_at);
+        }
+    }
+    last.into_iter().fold(f64::INFINITY, f64::min)
+}
+
+/// For each job, how long it was claimed after the first claim, made while it was due, of a job
+/// with a later virtual deadline (0 when none was), in milliseconds: the documented order lets a
+/// job be passed only by jobs with earlier deadlines, so this is 0 but for concurrent claims'
+/// jitter. (A job claimed before this one was due passed nothing.)
 pub(crate) fn overtaken_ms(jobs: &[Ended]) -> Vec<f64> {
+    /// An order-keeping key of a non-negative time.
+    fn key(t: f64) -> u64 {
+        t.max(0.0).to_bits()
+    }
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by(|a, b| jobs[*b].sort_at.total_cmp(&jobs[*a].sort_at));
     let mut out = vec![0.0; jobs.len()];
-    // The earliest claim among the jobs of strictly later deadlines seen so far.
-    let mut earliest_later = f64::INFINITY;
+    // The claims of the jobs with strictly later deadlines seen so far.
+    let mut later = std::collections::BTreeMap::<u64, f64>::new();
     let mut i = 0;
     while i < order.len() {
         // Jobs of equal deadlines do not overtake each other.
@@ -363,11 +397,13 @@ pub(crate) fn overtaken_ms(jobs: &[Ended]) -> Vec<f64> {
         let mut end = i;
         while end < order.len() && jobs[order[end]].sort_at == deadline {
             let j = &jobs[order[end]];
-            out[order[end]] = ((j.started_at - earliest_later) * 1000.0).max(0.0);
+            if let Some((_, first)) = later.range(key(j.run_at)..).next() {
+                out[order[end]] = ((j.started_at - first) * 1000.0).max(0.0);
+            }
             end += 1;
         }
         for k in &order[i..end] {
-            earliest_later = earliest_later.min(jobs[*k].started_at);
+            later.insert(key(jobs[*k].started_at), jobs[*k].started_at);
         }
         i = end;
     }
@@ -437,6 +473,10 @@ mod tests {
             job(9, 1.0, 98.0),
         ];
         assert_eq!(overtaken_ms(&jobs), vec![0.0, 0.0, 0.0, 2000.0]);
+        // A priority-0 job due only after a priority-9 job of a later deadline was claimed was
+        // passed by nothing; the priority-9 job passed nothing either.
+        let jobs = vec![job(9, 10.0, 20.0), job(0, 30.0, 30.5)];
+        assert_eq!(overtaken_ms(&jobs), vec![0.0, 0.0]);
     }
 
     #[test]

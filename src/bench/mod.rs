@@ -334,11 +334,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         } => {
             let load = (backlog, Duration::from_secs_f64(duration_s));
             let shape = &config.shape;
-            window = Some(
-                saturate(&client, shape, load, jobs, aging.as_mut())
-                    .await?
-                    .0,
-            );
+            window = Some(saturate(&client, shape, load, jobs, aging.as_mut()).await?);
             (None, None)
         }
         Mode::OfferedLoad { rate, .. } => (
@@ -405,10 +401,11 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
                 .iter()
                 .map(|j| j.started_at)
                 .fold(f64::INFINITY, f64::min);
-            let last = ended.iter().map(|j| j.finished_at).fold(0.0, f64::max);
+            let last = figures::while_all_busy(&ended, &config.shape);
             let inputs = figures::Inputs {
                 shape: &config.shape,
-                window: window.unwrap_or((first, last)),
+                window: window.as_ref().map_or((first, last), |w| w.0),
+                fewest_due: window.as_ref().map(|w| w.1.as_slice()),
                 replicas: config.replicas,
                 lifetime_s,
                 claims: (scraped.claims, scraped.drain_claims),

@@ -1,7 +1,8 @@
 //! The `saturated` mode's load, the watch for aging writes, and the wait for every job's end.
 //!
-//! - **Saturation**: for the whole window, every queue that takes jobs keeps at least `backlog`
-//!   jobs that are due with a deadline already reached (`sort_at <= now()`), topped up every
+//! - **Saturation**: for the whole window, every queue that takes jobs keeps at least `backlog ×
+//!   its weight` jobs that are due with a deadline already reached (`sort_at <= now()`), topped
+//!   up every
 //!   [`TOP_UP_TICK`] with the shape's priority mix; so the replicas never run out of work, and a
 //!   less urgent job keeps meeting more urgent ones enqueued after it.
 //! - **Aging writes**: a priority scheme that ages jobs rewrites pending rows. Without a trigger,
@@ -86,9 +87,11 @@ impl AgingWatch {
 }
 
 /// Keeps every queue of `shape` that takes jobs (the first only, with a hot queue) at
-/// `backlog` or more due jobs for `duration`, numbering new jobs from `first`, and samples
+/// `backlog × its weight` or more due jobs for `duration` (so weighted queues served at their
+/// weights' ratio run out at the same time, and the heavier one never runs dry first), numbering new jobs from `first`, and samples
 /// `aging` meanwhile when it is given. Returns the window, `(from, to)` in Unix seconds
-/// (database clock), and the number of the next job.
+/// (database clock), and the fewest due jobs each fed queue had at a top-up after the first
+/// (0: it ran dry, so the window was not saturated throughout).
 ///
 /// # Errors
 /// Database errors.
@@ -98,20 +101,28 @@ pub(super) async fn saturate(
     (backlog, duration): (usize, Duration),
     first: usize,
     mut aging: Option<&mut AgingWatch>,
-) -> Result<((f64, f64), usize), Error> {
+) -> Result<((f64, f64), Vec<u64>), Error> {
     let names = shape.names();
     let fed: Vec<String> = if shape.hot_queue {
         names.iter().take(1).cloned().collect()
     } else {
         names.clone()
     };
-    let backlog_i64 = i64::try_from(backlog).unwrap_or(i64::MAX);
+    let targets: Vec<usize> = (0..fed.len())
+        .map(|q| backlog.saturating_mul(shape.weight(q) as usize))
+        .collect();
+    let limits: Vec<i64> = targets
+        .iter()
+        .map(|t| i64::try_from(*t).unwrap_or(i64::MAX))
+        .collect();
     let from: f64 = client
         .query_one("SELECT extract(epoch FROM now())::float8", &[])
         .await?
         .get(0);
     let end = Instant::now() + duration;
     let mut next = first;
+    let mut fewest: Vec<Option<u64>> = vec![None; fed.len()];
+    let mut ticks = 0u64;
     while Instant::now() < end {
         let rows = client
             .query(
@@ -119,17 +130,20 @@ pub(super) async fn saturate(
                             SELECT 1 FROM etl_job_records j
                              WHERE j.status = 'pending' AND j.queue = q AND j.kind = $2
                                AND j.sort_at <= now()
-                             LIMIT $3) s)
-                   FROM unnest($1::text[]) WITH ORDINALITY AS u(q, o) ORDER BY o",
-                &[&fed, &durable_etl::handler::NOOP_KIND, &backlog_i64],
+                             LIMIT u.n) s)
+                   FROM unnest($1::text[], $3::int8[]) WITH ORDINALITY AS u(q, n, o) ORDER BY o",
+                &[&fed, &durable_etl::handler::NOOP_KIND, &limits],
             )
             .await?;
         let mut queues = Vec::new();
-        for (name, row) in fed.iter().zip(&rows) {
+        for (((name, row), target), low) in fed.iter().zip(&rows).zip(&targets).zip(&mut fewest) {
             let due = usize::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+            if ticks > 0 {
+                *low = Some(low.map_or(due as u64, |l| l.min(due as u64)));
+            }
             queues.extend(std::iter::repeat_n(
                 name.clone(),
-                backlog.saturating_sub(due),
+                target.saturating_sub(due),
             ));
         }
         for chunk in queues.chunks(TOP_UP_CHUNK) {
@@ -151,9 +165,11 @@ pub(super) async fn saturate(
         if let Some(aging) = aging.as_deref_mut() {
             aging.sample(client).await?;
         }
+        ticks += 1;
         tokio::time::sleep(TOP_UP_TICK).await;
     }
-    Ok(((from, from + duration.as_secs_f64()), next))
+    let fewest = fewest.into_iter().map(|f| f.unwrap_or(0)).collect();
+    Ok(((from, from + duration.as_secs_f64()), fewest))
 }
 
 /// How often the bench looks whether the jobs have ended.

@@ -7,8 +7,10 @@
 //!   was before these flags: every job in [`DEFAULT_QUEUE`], and the replicas are started without
 //!   `--queues`, so a baseline run measures exactly what earlier runs measured.
 //! - Job `i`'s queue and priority are functions of `i` alone: with `N` queues job `i` goes to
-//!   queue `i mod N` (so the queues' counts differ by at most one), with a hot queue every job
-//!   goes to the first, and the priority mix repeats every `sum of its percentages` jobs.
+//!   queue `i mod N` (so the queues' counts differ by at most one), with weights each queue gets
+//!   its weight's share of every `sum of the weights` jobs (so queues drained at their weights'
+//!   ratio run out together), with a hot queue every job goes to the first, and the priority mix
+//!   repeats every `sum of its percentages` jobs.
 //! - Every weight, priority and cap is checked against the library's own ranges when the flags
 //!   are parsed, before any database is created.
 
@@ -85,10 +87,20 @@ impl Shape {
     /// The index of job `i`'s queue among [`Shape::names`].
     pub(crate) fn queue_of(&self, i: usize) -> usize {
         if self.hot_queue {
-            0
-        } else {
-            i % self.queues.max(1)
+            return 0;
         }
+        let total: usize = self.weights.iter().map(|w| *w as usize).sum();
+        if total == 0 {
+            return i % self.queues.max(1);
+        }
+        let mut at = i % total;
+        for (q, w) in self.weights.iter().enumerate() {
+            if at < *w as usize {
+                return q;
+            }
+            at -= *w as usize;
+        }
+        0
     }
 
     /// Job `i`'s priority.
@@ -266,6 +278,9 @@ mod tests {
             ..Shape::default()
         };
         assert_eq!(shape.served().as_deref(), Some("q0:3,q1:1"));
+        // The jobs are spread by weight: 3 of every 4 into q0.
+        let (queues, _) = shape.columns(0, 400);
+        assert_eq!(queues.iter().filter(|q| *q == "q0").count(), 300);
         for bad in ["3", "3,0", "3,x", "1001,1", ""] {
             assert!(parse_weights(bad).is_err(), "{bad}");
         }

@@ -49,10 +49,11 @@ pub(crate) enum BenchCommand {
         #[command(flatten)]
         common: BenchArgs,
     },
-    /// Keep at least --backlog due jobs in every queue that takes jobs for --duration (topped up
-    /// every 50 ms), then drain; the queue figures count the completions within that window.
+    /// Keep at least --backlog due jobs (times the queue's weight) in every queue that takes jobs
+    /// for --duration (topped up every 50 ms), then drain; the queue figures count the
+    /// completions within that window.
     Saturated {
-        /// Due jobs (deadline reached) kept in each queue.
+        /// Due jobs (deadline reached) kept in each queue, times its weight.
         #[arg(long, default_value_t = 2_000)]
         backlog: usize,
         /// How long the queues stay saturated: the window of the queue figures.

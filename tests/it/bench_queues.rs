@@ -71,16 +71,17 @@ async fn bench_queues_spreads_jobs_equally_and_the_per_queue_counts_add_up() {
     );
     assert_eq!(report["succeeded"], 300, "{report}");
     let queues = per_queue(&report);
+    let names: Vec<(&str, u64, u64)> = queues.iter().map(|q| (q.0.as_str(), q.1, q.3)).collect();
     assert_eq!(
-        queues,
-        vec![
-            ("q0".to_owned(), 1, 100, 100),
-            ("q1".to_owned(), 1, 100, 100),
-            ("q2".to_owned(), 1, 100, 100),
-        ],
+        names,
+        vec![("q0", 1, 100), ("q1", 1, 100), ("q2", 1, 100)],
         "{report}"
     );
-    // Burn-down's window is the whole run, so every job is in it.
+    // Burn-down's window ends when the first queue ran out: that queue's jobs are all in it,
+    // the others' at most. No top-up watched a backlog.
+    assert!(queues.iter().all(|q| q.2 <= q.3), "{report}");
+    assert!(queues.iter().any(|q| q.2 == q.3), "{report}");
+    assert!(report["queues"]["per_queue"][0]["fewest_due"].is_null());
     assert!(report["queues"]["window_s"].as_f64().unwrap() > 0.0);
     // Each replica's start-up claim at least asked every queue.
     assert!(report["queues"]["discovery_claims"].as_u64().unwrap() >= 2);
@@ -123,6 +124,10 @@ async fn bench_saturated_keeps_weighted_queues_busy_and_counts_the_window() {
     assert!((rate - in_window as f64).abs() < 0.5, "{report}");
     // Both queues stayed saturated, so every claim asked 3:1: the heavier queue got more.
     assert!(queues[0].2 > queues[1].2, "{report}");
+    // The top-ups saw each queue's backlog (how low it got is the machine's business).
+    for q in report["queues"]["per_queue"].as_array().unwrap() {
+        assert!(q["fewest_due"].is_u64(), "{report}");
+    }
     // Each queue started with its backlog and was topped up: more than it held at any time.
     assert!(queues.iter().all(|q| q.3 > 100), "{report}");
     assert_eq!(jobs_by_queue_then_drop(&name).await.len(), 2);
