@@ -551,17 +551,18 @@ async fn due_jobs_no_live_replica_serves_are_counted_unserved_per_queue() {
     replica.stop().await.unwrap();
 }
 
-/// One replica serving twenty queues, polling once a minute, with every job in one of them: the
-/// empty queues come back short, and the hot one's backlog still drains at once (a claim that
-/// filled one queue's ask claims again for the room left, the short queues left out), never one
-/// poll at a time.
+/// One replica of 8 slots serving twenty queues, polling once a minute, with every job in the
+/// last of them: its first claims ask only empty queues, which come back short, and the hot
+/// one's backlog still drains at once (a short claim while some queue was not asked yet, or
+/// filled its ask, claims again for the room left, the short queues left out), never one poll
+/// at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_serving_many_queues_drains_the_one_with_work_without_waiting_for_polls() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let jobs = jobs();
     let hot = EnqueueOptions {
-        queue: Some("q0"),
+        queue: Some("q19"),
         ..EnqueueOptions::default()
     };
     let letters: Vec<Letter> = (0..120).map(|n| Letter { n }).collect();

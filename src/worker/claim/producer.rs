@@ -13,10 +13,10 @@
 //! - After a claim that came back full (or a wake that found no room), the replica claims again
 //!   as soon as half of `slots + ahead` is room, or [`REFILL_DELAY`] after a slot freed with
 //!   nothing buffered (so claims and group commits stay batches, and no slot idles behind long
-//!   jobs); after a short one it waits for the next signal. A claim that filled some queue's
-//!   ask while other queues came back short is no short claim: that queue may have more, so the
-//!   replica claims again at once for the room left, the short queues left out (without it, a
-//!   replica serving many queues drained a busy one by one share per poll).
+//!   jobs); after a short one it waits for the next signal, but only once every served queue came
+//!   back short since the last wake: while one filled its ask or was not asked yet, the replica
+//!   claims again at once for the room left, the short queues left out (without it, a replica
+//!   serving many queues drained a busy one by one share per poll).
 //! - A buffered job is held from its claim (renewed by heartbeats, released at shutdown) and
 //!   waits at most [`HOLD`](crate::worker::claim::prefetch::HOLD): then it is released, attempt not
 //!   charged.
@@ -36,7 +36,7 @@ use crate::worker::claim::dispatch::{
     self, claim_with, leave, next_due, settle_dead_task, timed_execute,
 };
 use crate::worker::claim::prefetch::{refill_now, Prefetch};
-use crate::worker::claim::queues::{filled_an_ask, took_per_ask, QueueShares};
+use crate::worker::claim::queues::{took_per_ask, QueueShares};
 use crate::worker::complete::completer::{self, Transition};
 use crate::worker::lease::{self, ClaimedJob, Lease, LeaseClock};
 use crate::worker::liveness::held::{HeldJob, HeldJobs};
@@ -331,18 +331,20 @@ impl Producer {
 
     /// Holds what a claim took and starts as much of it as slots allow; then, after a short
     /// claim, learns when the next deferred job is due (the jobs are already running by then).
-    /// Returns a reason to claim again at once: a claim that filled some queue's ask while others
-    /// came back short found work there, so it claims again for the room left (a drain: the short
-    /// queues are left out, and the replica is not idle); a claim short of every ask found the
-    /// replica busy, and it registers as waiting on the next one.
+    /// Returns a reason to claim again at once: a short claim while some queue has not come back
+    /// short since the last wake (it filled its ask, or was not asked) is no sign of idleness, so
+    /// it claims again for the room left (a drain: the short queues are left out); a short claim
+    /// once every queue came back short found the replica busy, and it registers as waiting on
+    /// the next one.
     async fn take_claimed(&mut self, claimed: Claimed) -> Option<ClaimReason> {
         let asked: usize = claimed.asks.iter().map(|a| a.1).sum();
         let took = claimed.jobs.as_ref().map_or_else(
             |_| Vec::new(),
             |jobs| took_per_ask(claimed.asks.len(), jobs),
         );
+        self.shares.took(&claimed.asks, &took);
         let full = claimed.jobs.as_ref().map_or(true, |j| j.len() == asked);
-        let more = !full && filled_an_ask(&claimed.asks, &took);
+        let more = !full && self.shares.may_have_work();
         let join = self.presence.after(
             claimed.ticket,
             claimed.answer.as_ref(),
@@ -366,7 +368,6 @@ impl Producer {
         }
         self.wake.notified_since_claim = false;
         self.wake.backlog = full || more;
-        self.shares.took(&claimed.asks, &took);
         for job in jobs {
             self.hold(job, claimed.sent);
         }

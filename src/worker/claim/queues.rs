@@ -109,6 +109,12 @@ impl QueueShares {
         }
     }
 
+    /// Whether some queue has not come back short since the last wake: it filled its last ask,
+    /// or was not asked since. Until none has, a short claim is no sign that the replica is idle.
+    pub(crate) fn may_have_work(&self) -> bool {
+        self.queues.iter().any(|q| !q.short)
+    }
+
     /// Forgets which queues came back short: a wake may have brought any of them work.
     pub(crate) fn refresh(&mut self) {
         for q in &mut self.queues {
@@ -126,14 +132,6 @@ pub(crate) fn took_per_ask(asks: usize, jobs: &[ClaimedJob]) -> Vec<usize> {
         }
     }
     took
-}
-
-/// Whether some ask of `asks` took all it asked for (`took`, by position): its queue may have
-/// more.
-pub(crate) fn filled_an_ask(asks: &[(String, usize)], took: &[usize]) -> bool {
-    asks.iter()
-        .zip(took)
-        .any(|((_, asked), got)| *asked > 0 && got >= asked)
 }
 
 #[cfg(test)]
@@ -176,12 +174,17 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_that_filled_one_ask_found_more_and_one_short_of_all_did_not() {
-        let asks = vec![("hot".to_owned(), 1), ("empty".to_owned(), 1)];
-        assert!(super::filled_an_ask(&asks, &[1, 0]));
-        assert!(!super::filled_an_ask(&asks, &[0, 0]));
-        let none_asked = vec![("hot".to_owned(), 0)];
-        assert!(!super::filled_an_ask(&none_asked, &[0]));
+    fn work_may_remain_until_every_queue_came_back_short_since_the_last_wake() {
+        let mut shares = QueueShares::new(&[ServedQueue::new("hot"), ServedQueue::new("empty")]);
+        let asks = vec![("hot".to_owned(), 1)];
+        shares.took(&asks, &[1]);
+        assert!(shares.may_have_work(), "hot filled its ask");
+        shares.took(&asks, &[0]);
+        assert!(shares.may_have_work(), "empty was never asked");
+        shares.took(&[("empty".to_owned(), 3)], &[0]);
+        assert!(!shares.may_have_work(), "both came back short");
+        shares.refresh();
+        assert!(shares.may_have_work());
     }
 
     #[test]
