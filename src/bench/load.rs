@@ -1,7 +1,7 @@
 //! What the bench does to the queue: fills it, offers load at a rate, holds and times
 //! recoveries, and waits until every job has ended.
 
-use super::shape::Shape;
+use super::shape::{Columns, Shape};
 use super::{BenchHandler, Replicas, INSERT_CHUNK, RECORDS_PER_ETL_JOB, WAIT_LIMIT};
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
@@ -63,36 +63,40 @@ pub(super) struct Inserted {
     pub(super) xmin: Option<String>,
 }
 
-/// Inserts due `noop` jobs numbered from `first`, one per entry of `(queues, priorities)`, with
-/// `payload` (`{}`, or a pause), in one statement; each live row's virtual deadline is
-/// `durable_etl_sort_at(run_at, priority)`, as the library's enqueue sets it.
+/// Inserts due `noop` jobs numbered from `first`, one per entry of `(queues, priorities, keys)`,
+/// with `payload` (`{}`, or a pause), in one statement; each live row's virtual deadline is
+/// `durable_etl_sort_at(run_at, priority)`, as the library's enqueue sets it, and its
+/// concurrency key is the entry's (or none).
 pub(super) async fn insert_noops(
     client: &tokio_postgres::Client,
     first: usize,
     payload: &serde_json::Value,
-    (queues, priorities): &(Vec<String>, Vec<i16>),
+    (queues, priorities, keys): &Columns,
 ) -> Result<Inserted, Error> {
     let first = i64::try_from(first).unwrap_or(i64::MAX);
     let rows = client
         .query(
             "WITH input AS (
-                 SELECT $1::int8 + u.o - 1 AS g, u.queue, u.priority
-                   FROM unnest($4::text[], $5::int2[]) WITH ORDINALITY AS u(queue, priority, o)
+                 SELECT $1::int8 + u.o - 1 AS g, u.queue, u.priority, u.concurrency_key,
+                        gen_random_uuid() AS id
+                   FROM unnest($4::text[], $5::int2[], $6::text[])
+                        WITH ORDINALITY AS u(queue, priority, concurrency_key, o)
              ), intake AS (
                  INSERT INTO etl_job_intake
                         (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
                          max_attempts, run_at, queue, priority)
-                 SELECT gen_random_uuid(), sha256('bench'::bytea), sha256(g::text::bytea),
+                 SELECT id, sha256('bench'::bytea), sha256(g::text::bytea),
                         sha256(g::text::bytea), $2, 5, now(), queue, priority
                    FROM input
                  RETURNING id, owner_key, kind, max_attempts, run_at, queue, priority
              )
              INSERT INTO etl_job_records
                     (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority,
-                     sort_at)
-             SELECT id, owner_key, kind, $3::jsonb, max_attempts, run_at, queue, priority,
-                    durable_etl_sort_at(run_at, priority)
-               FROM intake
+                     sort_at, concurrency_key)
+             SELECT i.id, i.owner_key, i.kind, $3::jsonb, i.max_attempts, i.run_at, i.queue,
+                    i.priority, durable_etl_sort_at(i.run_at, i.priority), n.concurrency_key
+               FROM intake i
+               JOIN input n ON n.id = i.id
              RETURNING id, xmin::text",
             &[
                 &first,
@@ -100,6 +104,7 @@ pub(super) async fn insert_noops(
                 payload,
                 queues,
                 priorities,
+                keys,
             ],
         )
         .await?;

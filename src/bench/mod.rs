@@ -25,6 +25,7 @@
 
 mod figures;
 pub(crate) mod html;
+mod keys;
 mod load;
 mod percentiles;
 mod replicas;
@@ -171,6 +172,8 @@ pub(crate) struct Report {
     /// Burn-down and saturated only: completions per queue, discovery claims, waits by
     /// priority, aging writes and the caps' figures.
     pub(crate) queues: Option<QueueFigures>,
+    /// With `--keys` only: enqueue → claim of the hot key's jobs and of the other keys'.
+    pub(crate) keys: Option<keys::KeyFigures>,
     /// The run's time series, for `--report` (not in the JSON figures).
     #[serde(skip)]
     pub(crate) timeline: html::Timeline,
@@ -315,6 +318,11 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
     if let Some(cap) = config.shape.cap {
         for name in config.shape.names() {
             durable_etl::queue::set_cap(&client, &name, Some(cap)).await?;
+        }
+    }
+    if let Some(cap) = config.shape.key_cap {
+        for name in config.shape.names() {
+            durable_etl::queue::set_key_cap(&client, &name, Some(cap)).await?;
         }
     }
     let mut aging = (!config.shape.priority_mix.is_empty()).then(|| AgingWatch::new(writers));
@@ -480,6 +488,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         replica_cpu_us_per_job: per_job(scraped.cpu_seconds * 1e6),
         server_cpu_us_per_job: per_job(server_cpu * 1e6),
         queues,
+        keys: keys::figures(&client, &config.shape).await?,
         timeline,
     })
 }

@@ -150,11 +150,12 @@ pub(super) async fn saturate(
             let priorities: Vec<i16> = (next..next + chunk.len())
                 .map(|i| shape.priority_of(i))
                 .collect();
+            let keys = shape.keys_of(next, chunk.len());
             let inserted = insert_noops(
                 client,
                 next,
                 &shape.payload(),
-                &(chunk.to_vec(), priorities),
+                &(chunk.to_vec(), priorities, keys),
             )
             .await?;
             if let Some(aging) = aging.as_deref_mut() {

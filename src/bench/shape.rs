@@ -1,6 +1,6 @@
 //! How a bench run spreads its `noop` jobs over queues and priorities, and how its replicas serve
 //! and cap those queues: the flags `--queues`, `--hot-queue`, `--weights`, `--priority-mix`,
-//! `--cap` and `--job-ms`.
+//! `--cap`, `--keys`, `--key-cap` and `--job-ms`.
 //!
 //! Invariants this module keeps:
 //! - The default shape (one queue, priority 0, weight 1, uncapped, no pause) is the bench as it
@@ -10,7 +10,9 @@
 //!   queue `i mod N` (so the queues' counts differ by at most one), with weights each queue gets
 //!   its weight's share of every `sum of the weights` jobs (so queues drained at their weights'
 //!   ratio run out together), with a hot queue every job goes to the first, and the priority mix
-//!   repeats every `sum of its percentages` jobs.
+//!   repeats every `sum of its percentages` jobs. With `--keys N`, job `i`'s concurrency key is
+//!   `k{z}`, `z` drawn from a Zipf distribution of exponent 1 over the `N` keys by a hash of `i`
+//!   ([`zipf_index`]): `k0`, the hot key, carries `1 / H(N)` of the jobs (13.4 % for 1,000).
 //! - Every weight, priority and cap is checked against the library's own ranges when the flags
 //!   are parsed, before any database is created.
 
@@ -35,6 +37,10 @@ pub(crate) struct Shape {
     pub(crate) cap: Option<i32>,
     /// How long each `noop` job pauses in its compute phase, in milliseconds (0: none).
     pub(crate) job_ms: u64,
+    /// Concurrency keys the jobs are spread over, Zipf-distributed (0: none).
+    pub(crate) keys: usize,
+    /// The key cap set on every queue before the replicas start (`None`: none).
+    pub(crate) key_cap: Option<i32>,
 }
 
 impl Default for Shape {
@@ -46,6 +52,8 @@ impl Default for Shape {
             priority_mix: Vec::new(),
             cap: None,
             job_ms: 0,
+            keys: 0,
+            key_cap: None,
         }
     }
 }
@@ -140,6 +148,12 @@ impl Shape {
         if let Some(cap) = self.cap {
             text.push_str(&format!(", cap {cap}"));
         }
+        if self.keys > 0 {
+            text.push_str(&format!(", {} Zipf keys", self.keys));
+        }
+        if let Some(cap) = self.key_cap {
+            text.push_str(&format!(", key cap {cap}"));
+        }
         if self.job_ms > 0 {
             text.push_str(&format!(", jobs of {} ms", self.job_ms));
         }
@@ -155,13 +169,57 @@ impl Shape {
         }
     }
 
-    /// The queues and priorities of jobs `first..first + n`, as the insert takes them.
-    pub(crate) fn columns(&self, first: usize, n: usize) -> (Vec<String>, Vec<i16>) {
+    /// The queues, priorities and concurrency keys of jobs `first..first + n`, as the insert
+    /// takes them.
+    pub(crate) fn columns(&self, first: usize, n: usize) -> Columns {
         let names = self.names();
-        (first..first + n)
+        let (queues, priorities) = (first..first + n)
             .map(|i| (names[self.queue_of(i)].clone(), self.priority_of(i)))
-            .unzip()
+            .unzip();
+        (queues, priorities, self.keys_of(first, n))
     }
+
+    /// The concurrency keys of jobs `first..first + n` (all `None` without `--keys`).
+    pub(crate) fn keys_of(&self, first: usize, n: usize) -> Vec<Option<String>> {
+        (first..first + n)
+            .map(|i| (self.keys > 0).then(|| format!("k{}", zipf_index(self.keys, i))))
+            .collect()
+    }
+}
+
+/// The columns of an insert of jobs: their queues, priorities and concurrency keys.
+pub(crate) type Columns = (Vec<String>, Vec<i16>, Vec<Option<String>>);
+
+/// The most concurrency keys `--keys` may name.
+pub(crate) const KEYS_MAX: usize = 100_000;
+
+/// Job `i`'s key among `n`, by a Zipf distribution of exponent 1 (key `z` with probability
+/// `1 / ((z + 1) H(n))`): a hash of `i` (SplitMix64) picks a point of the cumulative sums.
+pub(crate) fn zipf_index(n: usize, i: usize) -> usize {
+    let mut x = (i as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    let harmonic: f64 = (1..=n).map(|k| 1.0 / k as f64).sum();
+    let mut left = (x >> 11) as f64 / (1u64 << 53) as f64 * harmonic;
+    for z in 0..n {
+        left -= 1.0 / (z + 1) as f64;
+        if left < 0.0 {
+            return z;
+        }
+    }
+    n.saturating_sub(1)
+}
+
+/// Parses `--keys`: 2 to [`KEYS_MAX`] keys.
+///
+/// # Errors
+/// A fixed message naming the rule broken.
+pub(crate) fn parse_keys(text: &str) -> Result<usize, String> {
+    text.parse()
+        .ok()
+        .filter(|n| (2..=KEYS_MAX).contains(n))
+        .ok_or_else(|| format!("the keys must be a number from 2 to {KEYS_MAX}"))
 }
 
 /// The weights `--weights` names, one per queue (a type of its own, so clap reads the flag as
@@ -235,6 +293,31 @@ pub(crate) fn parse_cap(text: &str) -> Result<i32, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn zipf_keys_give_the_hot_key_its_share_and_every_job_the_same_key_each_time() {
+        let shape = super::Shape {
+            keys: 1000,
+            ..super::Shape::default()
+        };
+        let hot = (0..20_000)
+            .filter(|&i| super::zipf_index(1000, i) == 0)
+            .count();
+        // 1 / H(1000) = 13.4 % of 20,000 jobs: 2,679.
+        assert!((2_400..2_950).contains(&hot), "{hot}");
+        assert_eq!(shape.keys_of(7, 2), shape.keys_of(7, 2));
+        assert!(shape.keys_of(0, 500).iter().all(Option::is_some));
+        let rare = (0..20_000)
+            .filter(|&i| super::zipf_index(1000, i) >= 500)
+            .count();
+        assert!(rare < 2_000, "the tail half carries about 9 %: {rare}");
+        assert!(super::Shape::default()
+            .keys_of(0, 3)
+            .iter()
+            .all(Option::is_none));
+        assert_eq!(super::parse_keys("1000"), Ok(1000));
+        assert!(super::parse_keys("1").is_err() && super::parse_keys("x").is_err());
+    }
+
     use super::*;
 
     #[test]
@@ -243,7 +326,10 @@ mod tests {
         assert!(shape.is_default());
         assert_eq!(shape.names(), vec![DEFAULT_QUEUE.to_owned()]);
         assert_eq!(shape.served(), None);
-        assert_eq!(shape.columns(0, 3), (vec!["default".into(); 3], vec![0; 3]));
+        assert_eq!(
+            shape.columns(0, 3),
+            (vec!["default".into(); 3], vec![0; 3], vec![None; 3])
+        );
         assert_eq!(shape.payload(), serde_json::json!({}));
     }
 
@@ -253,7 +339,7 @@ mod tests {
             queues: 100,
             ..Shape::default()
         };
-        let (queues, _) = spread.columns(0, 1000);
+        let (queues, _, _) = spread.columns(0, 1000);
         for q in spread.names() {
             assert_eq!(queues.iter().filter(|x| **x == q).count(), 10, "{q}");
         }
@@ -263,7 +349,7 @@ mod tests {
             hot_queue: true,
             ..spread
         };
-        let (queues, _) = hot.columns(7, 500);
+        let (queues, _, _) = hot.columns(7, 500);
         assert!(queues.iter().all(|q| q == "q0"));
         // Every queue is still served, the 99 empty ones included.
         assert_eq!(hot.served().unwrap().split(',').count(), 100);
@@ -279,7 +365,7 @@ mod tests {
         };
         assert_eq!(shape.served().as_deref(), Some("q0:3,q1:1"));
         // The jobs are spread by weight: 3 of every 4 into q0.
-        let (queues, _) = shape.columns(0, 400);
+        let (queues, _, _) = shape.columns(0, 400);
         assert_eq!(queues.iter().filter(|q| *q == "q0").count(), 300);
         for bad in ["3", "3,0", "3,x", "1001,1", ""] {
             assert!(parse_weights(bad).is_err(), "{bad}");
@@ -292,7 +378,7 @@ mod tests {
             priority_mix: parse_priority_mix("90:0,10:9").unwrap().0,
             ..Shape::default()
         };
-        let (_, priorities) = shape.columns(0, 1000);
+        let (_, priorities, _) = shape.columns(0, 1000);
         assert_eq!(priorities.iter().filter(|p| **p == 9).count(), 100);
         assert_eq!(priorities.iter().filter(|p| **p == 0).count(), 900);
         for bad in ["90:0", "90:0,10:10", "90:0,0:9,10:9", "a:b", "100"] {

@@ -120,6 +120,14 @@ pub(crate) struct ShapeArgs {
     /// Each `noop` job pauses this many milliseconds in its compute phase (no connection held).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub(crate) job_ms: u64,
+    /// Give each job one of N concurrency keys (k0, k1, …), Zipf-distributed (exponent 1): k0
+    /// is the hot key.
+    #[arg(long, value_name = "N", value_parser = shape::parse_keys)]
+    pub(crate) keys: Option<usize>,
+    /// Cap every queue's running jobs of one key at N (`queues key-cap`) before the replicas
+    /// start.
+    #[arg(long, value_name = "N", requires = "keys", value_parser = shape::parse_cap)]
+    pub(crate) key_cap: Option<i32>,
 }
 
 impl ShapeArgs {
@@ -137,6 +145,8 @@ impl ShapeArgs {
             priority_mix: self.priority_mix.clone().map(|m| m.0).unwrap_or_default(),
             cap: self.cap,
             job_ms: self.job_ms,
+            keys: self.keys.unwrap_or(0),
+            key_cap: self.key_cap,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `durable-etl bench`'s queue flags (#25): the jobs land in the queues and priorities the flags
 //! name, the per-queue counts add up, a capped queue never runs more than its cap, and the
-//! priority figures describe the claim order. No figure's size is asserted (tests never judge
+//! priority figures describe the claim order; with `--keys`, every job carries its Zipf key, the
+//! key cap is set and holds, and the per-key figures count every job once. No figure's size is asserted (tests never judge
 //! speed), only the invariants the figures must keep.
 
 use crate::bench::{bench, exists};
@@ -212,10 +213,48 @@ async fn bench_cap_is_set_before_the_replicas_start_and_never_exceeded() {
     assert!(!exists(&name).await);
 }
 
+#[tokio::test]
+async fn bench_keys_spread_zipf_keys_under_a_key_cap_and_split_the_pickup_by_key() {
+    let (report, name) = bench_kept(
+        "keys",
+        "offered-load --rate 200 --duration 1s --keys 50 --key-cap 1 --job-ms 5 --replicas 2 --slots 4",
+    );
+    assert_eq!(report["succeeded"], 200, "{report}");
+    let keys = &report["keys"];
+    let samples = |group: &str| keys[group]["samples"].as_u64().unwrap();
+    let hot = samples("hot_enqueue_to_start_ms");
+    let warm = samples("warm_enqueue_to_start_ms");
+    let cold = samples("cold_enqueue_to_start_ms");
+    assert_eq!(hot + warm + cold, 200, "every job counted once: {report}");
+    // 1 / H(50) of the jobs are the hot key's (about 45 of 200), k1 to k9 about 100 more.
+    assert!((25..70).contains(&hot) && cold > 20, "{report}");
+    let client = kept(&name).await;
+    let key_cap: Option<i32> = client
+        .query_one(
+            "SELECT key_cap FROM etl_queues WHERE queue = 'default'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(key_cap, Some(1));
+    let held: i64 = client
+        .query_one("SELECT count(*) FROM etl_key_permits", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 0, "no key permit is held once every job ended");
+    drop(client);
+    drop_kept(&name).await;
+    assert!(!exists(&name).await);
+}
+
 #[test]
 fn bench_refuses_bad_queue_flags_before_making_a_database() {
     for args in [
         &["burn-down", "--handler", "etl", "--queues", "2"][..],
+        &["burn-down", "--keys", "1"],
+        &["burn-down", "--key-cap", "2"],
         &["burn-down", "--weights", "3"],
         &["burn-down", "--weights", "3,1", "--queues", "2"],
         &["burn-down", "--hot-queue"],
