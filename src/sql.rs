@@ -116,8 +116,8 @@ macro_rules! attempt_ended {
     };
 }
 
-/// CTEs `freed` and `keys_freed`: free the permits of the claims a statement moved out of
-/// `running`, given as the FROM-item `$moved` with columns `queue`, `permit_slot` (null for a job
+/// CTEs `moved`, `freed` and `keys_freed`: free the permits of the claims a statement moved out
+/// of `running`, given as the query `$moved` (read once, into `moved`) with columns `queue`, `permit_slot` (null for a job
 /// of an uncapped queue) and `claim_id`, built only from the rows the statement's own fenced
 /// writes returned (or the rows it locked, restricted to those), never from its input: a stale
 /// finisher moved no row, so it frees nothing. A queue permit is freed only while it still names
@@ -129,19 +129,19 @@ macro_rules! attempt_ended {
 macro_rules! permits_freed {
     ($moved:expr) => {
         concat!(
-            "freed AS (
+            "moved AS (
+    ",
+            $moved,
+            "
+), freed AS (
     UPDATE etl_queue_permits AS x
        SET claim_id = NULL
-      FROM (",
-            $moved,
-            ") AS m
+      FROM moved AS m
      WHERE m.permit_slot IS NOT NULL AND x.queue = m.queue AND x.slot = m.permit_slot
        AND x.claim_id = m.claim_id
 ), keys_freed AS (
     DELETE FROM etl_key_permits AS x
-     USING (",
-            $moved,
-            ") AS m
+     USING moved AS m
      WHERE x.claim_id = m.claim_id
 )"
         )

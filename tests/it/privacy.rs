@@ -444,8 +444,8 @@ impl durable_etl::Perform for CanaryRunner {
     }
 }
 
-/// A kind of the job runtime (`Jobs`, `Perform`) whose payloads, owner and idempotency keys are
-/// canaries, run through success, a transient failure, a permanent failure and a panic (each
+/// A kind of the job runtime (`Jobs`, `Perform`) whose payloads, owner, idempotency keys and
+/// concurrency keys (in a key-capped queue, so their permits are taken and freed) are canaries, run through success, a transient failure, a permanent failure and a panic (each
 /// failure with a canary in its error), plus a refused replay: none of it reaches the logs (all
 /// levels), the replica's metrics, the status and listing answers, a refusal's message or a
 /// stored code.
@@ -456,6 +456,9 @@ async fn a_custom_kinds_payloads_owner_and_keys_never_leak() {
     let client = db.client().await;
     let secret = durable_etl::Secret::new("privacy-secret-0123456789").unwrap();
     let jobs = durable_etl::Jobs::new(secret, "canary-owner");
+    durable_etl::queue::set_key_cap(&client, "default", Some(1))
+        .await
+        .unwrap();
     let mut ids = Vec::new();
     for what in ["ok", "flaky", "doomed", "panic"] {
         let job = Canary {
@@ -463,8 +466,10 @@ async fn a_custom_kinds_payloads_owner_and_keys_never_leak() {
             secret: format!("canary-secret-{what}"),
         };
         let key = format!("canary-key-{what}");
+        let tenant = format!("canary-tenant-{what}");
         let options = durable_etl::EnqueueOptions {
             idempotency_key: Some(&key),
+            concurrency_key: Some(&tenant),
             ..durable_etl::EnqueueOptions::default()
         };
         ids.push(jobs.enqueue(&client, &job, options).await.unwrap().id);
@@ -495,6 +500,9 @@ async fn a_custom_kinds_payloads_owner_and_keys_never_leak() {
     until_all_terminal(&client).await;
     let metrics = durable_etl::metrics::render_worker(&stats);
     replica.stop().await.unwrap();
+    let sample = durable_etl::metrics::sample_queues(&client).await.unwrap();
+    assert_eq!(sample[0].key_cap, Some(1), "the jobs ran key-capped");
+    let sampled = format!("{sample:?}");
 
     let page = jobs
         .list(&client, durable_etl::jobs::Window::default(), None, 10)
@@ -519,6 +527,7 @@ async fn a_custom_kinds_payloads_owner_and_keys_never_leak() {
         ("logs", &text),
         ("metrics", &metrics),
         ("answers", &answers),
+        ("queue sample", &sampled),
     ] {
         assert_eq!(leak(found), None, "leaked in the {what}:\n{found}");
     }
