@@ -284,6 +284,9 @@ const COUNTERS: &[Counter] = &[
         |s| s.waits),
     ("durable_etl_waits_left", "Times a busy replica stopped waiting (enqueues stop notifying it).",
         |s| s.waits_left),
+    ("durable_etl_freed_permit_wakes",
+        "Wakes sent for permits this replica's completions freed and it did not claim again.",
+        |s| s.freed_wakes),
     ("durable_etl_enqueue_barrier_held",
         "Tries of the enqueue barrier that found an enqueue in flight (tried again).",
         |s| s.barrier_held),
@@ -327,13 +330,15 @@ impl Collector for Replica {
             .saturating_sub(s.claims_by_poll)
             .saturating_sub(s.claims_by_due)
             .saturating_sub(s.claims_by_drain)
-            .saturating_sub(s.claims_by_reconnect);
+            .saturating_sub(s.claims_by_reconnect)
+            .saturating_sub(s.claims_by_freed);
         let triggers = [
             ("notify", s.claims_by_notify),
             ("poll", s.claims_by_poll),
             ("due", s.claims_by_due),
             ("drain", s.claims_by_drain),
             ("catch_up", s.claims_by_reconnect),
+            ("freed", s.claims_by_freed),
             ("other", other),
         ];
         let help = "Claim statements, by what triggered them.";

@@ -234,6 +234,15 @@ pub static MIGRATIONS: &[Migration] = &[
         // release that it recovered or finished would leave its key's permit held for good.
         min_reader_version: 22,
     },
+    Migration {
+        version: 23,
+        name: "freer_claims",
+        up: include_str!("../migrations/0023_freer_claims.up.sql"),
+        down: include_str!("../migrations/0023_freer_claims.down.sql"),
+        // Additive for readers: release 22 never marks its completions, so its freed permits
+        // wake the waiting replicas as before.
+        min_reader_version: 22,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

@@ -117,31 +117,57 @@ macro_rules! attempt_ended {
 }
 
 /// CTEs `moved`, `freed` and `keys_freed`: free the permits of the claims a statement moved out
-/// of `running`, given as the query `$moved` (read once, into `moved`) with columns `queue`, `permit_slot` (null for a job
-/// of an uncapped queue) and `claim_id`, built only from the rows the statement's own fenced
-/// writes returned (or the rows it locked, restricted to those), never from its input: a stale
-/// finisher moved no row, so it frees nothing. A queue permit is freed only while it still names
-/// the claim; a key permit (migration 0022) is the row named by the claim, deleted.
+/// of `running`, given as the query `$moved` (read once, into `moved`) with columns `queue`,
+/// `permit_slot` (null for a job of an uncapped queue) and `claim_id`, built only from the rows
+/// the statement's own fenced writes returned (or the rows it locked, restricted to those), never
+/// from its input: a stale finisher moved no row, so it frees nothing. A queue permit is freed
+/// only while it still names the claim; a key permit (migration 0022) is the row named by the
+/// claim, deleted.
+///
+/// `permits_freed!(claimed_by_freer: $moved)` is the form of a completion by the claim's holder:
+/// a CTE `freer`, joined by both frees so it runs before any permit is freed, sets
+/// `durable_etl.freer_claims = on` for the transaction, and the permits' triggers then wake
+/// nobody (migration 0023): the completing replica claims the permits' next jobs itself, or wakes
+/// the waiting replicas after its commit when it cannot (`worker::claim::producer`). Every other
+/// statement (a release, recovery) uses the plain form, whose freed permits wake the waiting
+/// replicas.
 ///
 /// Locks: the row lock of each freed queue permit (by primary key), to the end of the
 /// statement's transaction, which a claim that finds it locked skips; each deleted key permit (by
 /// primary key), which a claim inserting the same key's slot waits for.
 macro_rules! permits_freed {
     ($moved:expr) => {
+        permits_freed!(@ $moved, "", "")
+    };
+    (claimed_by_freer: $moved:expr) => {
+        permits_freed!(
+            @ $moved,
+            "
+), freer AS MATERIALIZED (
+    SELECT set_config('durable_etl.freer_claims', 'on', true) AS claims",
+            ", freer"
+        )
+    };
+    (@ $moved:expr, $freer:expr, $joined:expr) => {
         concat!(
             "moved AS (
     ",
             $moved,
+            $freer,
             "
 ), freed AS (
     UPDATE etl_queue_permits AS x
        SET claim_id = NULL
-      FROM moved AS m
+      FROM moved AS m",
+            $joined,
+            "
      WHERE m.permit_slot IS NOT NULL AND x.queue = m.queue AND x.slot = m.permit_slot
        AND x.claim_id = m.claim_id
 ), keys_freed AS (
     DELETE FROM etl_key_permits AS x
-     USING moved AS m
+     USING moved AS m",
+            $joined,
+            "
      WHERE x.claim_id = m.claim_id
 )"
         )

@@ -219,26 +219,6 @@ pub(crate) async fn ended(
         .collect())
 }
 
-/// Updates of live rows so far (`pg_stat_user_tables.n_tup_upd` of `etl_job_records`; the
-/// replicas' backends report theirs by the time they have stopped).
-///
-/// # Errors
-/// Database errors.
-pub(crate) async fn live_row_updates(client: &tokio_postgres::Client) -> Result<u64, Error> {
-    client
-        .batch_execute("SELECT pg_stat_clear_snapshot()")
-        .await?;
-    let updates: i64 = client
-        .query_one(
-            "SELECT coalesce(sum(n_tup_upd), 0)::int8 FROM pg_stat_user_tables
-              WHERE relname = 'etl_job_records'",
-            &[],
-        )
-        .await?
-        .get(0);
-    Ok(u64::try_from(updates).unwrap_or(0))
-}
-
 /// What the figures need besides the ended jobs.
 pub(crate) struct Inputs<'a> {
     /// The run's shape.

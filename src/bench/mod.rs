@@ -32,6 +32,7 @@ mod replicas;
 mod saturate;
 pub(crate) mod shape;
 pub(crate) mod starts;
+mod tuples;
 
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
@@ -326,7 +327,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         }
     }
     let mut aging = (!config.shape.priority_mix.is_empty()).then(|| AgingWatch::new(writers));
-    let updates_start = figures::live_row_updates(&client).await?;
+    let updates_start = tuples::live_row_updates(&client).await?;
     let wal_start: String = client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?
@@ -418,7 +419,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
                 lifetime_s,
                 claims: (scraped.claims, scraped.drain_claims),
                 aging_writes: aging.as_ref().map(AgingWatch::count),
-                live_row_updates: figures::live_row_updates(&client).await? - updates_start,
+                live_row_updates: tuples::live_row_updates(&client).await? - updates_start,
                 starts: &all_starts,
             };
             Some(figures::figures(&ended, &inputs))

@@ -173,6 +173,13 @@ counters! {
     /// Catch-up claims: after the session reconnected, or after recovery returned jobs to
     /// `pending` (exposed as trigger `catch_up`).
     claims_by_reconnect,
+    /// Claims of the queues whose permits this replica's own completions had just freed (a
+    /// completion of a capped queue's job wakes nobody: its replica claims next, migration 0023;
+    /// exposed as trigger `freed`).
+    claims_by_freed,
+    /// Wakes of the waiting replicas this replica sent for permits its completions freed and its
+    /// next claim did not take again (`worker::completer::wake_waiting`).
+    freed_wakes,
     /// Jobs claimed by claims a notification triggered.
     claimed_by_notify,
     /// Jobs claimed by the backstop poll.
@@ -208,6 +215,8 @@ pub enum ClaimReason {
     Drain,
     /// The session reconnected, or recovery returned jobs.
     CatchUp,
+    /// The replica's own completions freed permits of capped queues (see `claims_by_freed`).
+    Freed,
     /// A single step (tests and tools).
     Step,
     /// The replica registers as waiting, or tries the enqueue barrier again (see `presence`).
@@ -275,8 +284,14 @@ impl WorkerStats {
             ClaimReason::Due => bump(&self.claims_by_due),
             ClaimReason::Drain => bump(&self.claims_by_drain),
             ClaimReason::CatchUp => bump(&self.claims_by_reconnect),
+            ClaimReason::Freed => bump(&self.claims_by_freed),
             ClaimReason::Startup | ClaimReason::Step | ClaimReason::Presence => {}
         }
+    }
+
+    /// Counts one wake of the waiting replicas for permits this replica freed.
+    pub(crate) fn record_freed_wake(&self) {
+        bump(&self.freed_wakes);
     }
 
     /// Counts `n` round trips to the database.

@@ -36,15 +36,43 @@ fn claimant(owner_id: &str, lease: Duration) -> Claimant<'_> {
     }
 }
 
+/// A listener on the enqueue channel (and `test_sentinel`), with a replica `other` registered as
+/// waiting for queue `capped`.
+async fn waited_for(db: &TestDb, client: &tokio_postgres::Client) -> crate::support::Listener {
+    let listener =
+        crate::support::Listener::start(db, &["durable_etl_jobs", "test_sentinel"]).await;
+    client
+        .batch_execute(
+            "INSERT INTO etl_waiting_replicas (owner_id, queues) VALUES ('other', '{capped}')",
+        )
+        .await
+        .unwrap();
+    listener
+}
+
+/// The notifications `listener` received until now (a sentinel sent on `client` ends them).
+async fn wakes(
+    client: &tokio_postgres::Client,
+    listener: &mut crate::support::Listener,
+) -> Vec<(String, String)> {
+    client.batch_execute("NOTIFY test_sentinel").await.unwrap();
+    listener.drain_until("test_sentinel").await
+}
+
+/// The handle the tests enqueue with.
+fn handle() -> Jobs {
+    Jobs::new(
+        Secret::new(b"caps-secret-0123456789".to_vec()).unwrap(),
+        "t",
+    )
+}
+
 /// A test database with `jobs` jobs in queue `capped`, capped at `cap`.
 async fn capped_queue(jobs: i64, cap: i32) -> (TestDb, tokio_postgres::Client) {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     queue::set_cap(&client, "capped", Some(cap)).await.unwrap();
-    let handle = Jobs::new(
-        Secret::new(b"caps-secret-0123456789".to_vec()).unwrap(),
-        "t",
-    );
+    let handle = handle();
     let all: Vec<Capped> = (0..jobs).map(|n| Capped { n }).collect();
     handle.enqueue_many(&client, &all).await.unwrap();
     (db, client)
@@ -214,10 +242,7 @@ async fn a_lowered_cap_is_never_exceeded_once_the_permits_above_it_are_freed() {
 #[tokio::test]
 async fn an_enqueue_into_a_capped_queue_names_it_like_any_other() {
     let (_db, client) = capped_queue(1, 1).await;
-    let handle = Jobs::new(
-        Secret::new(b"caps-secret-0123456789".to_vec()).unwrap(),
-        "t",
-    );
+    let handle = handle();
     let elsewhere = EnqueueOptions {
         queue: Some("default"),
         ..EnqueueOptions::default()
@@ -307,10 +332,7 @@ async fn replicas_never_run_more_than_the_cap_and_a_freed_permit_wakes_them() {
         durable_etl::handler::Registry::new().perform(gauge.clone())
     })
     .await;
-    let handle = Jobs::new(
-        Secret::new(b"caps-secret-0123456789".to_vec()).unwrap(),
-        "t",
-    );
+    let handle = handle();
     let jobs: Vec<Gauged> = (0..30).map(|_| Gauged { ms: 20 }).collect();
     handle.enqueue_many(&client, &jobs).await.unwrap();
     crate::support::eventually("the 30 capped jobs to succeed", || {
@@ -332,4 +354,244 @@ async fn replicas_never_run_more_than_the_cap_and_a_freed_permit_wakes_them() {
         30,
         "each ran once"
     );
+}
+
+/// A permit freed by its holder's completion (success, retry, failure) wakes nobody, even while
+/// a replica waits for its queue (migration 0023: the holder claims next, or wakes the others
+/// itself); a permit freed by a release or by recovery wakes the waiting replica in its own
+/// statement.
+#[tokio::test]
+async fn a_completion_frees_its_permit_without_a_wake_and_a_release_or_recovery_wakes_the_waiting()
+{
+    let (db, client) = capped_queue(6, 6).await;
+    let mut listener = waited_for(&db, &client).await;
+    let jobs = claim(&client, claimant("holder", Duration::from_secs(60)), 6).await;
+    assert_eq!(jobs.len(), 6);
+    assert!(
+        jobs.iter().all(|j| j.held_permit),
+        "each claim holds a permit"
+    );
+    let succeeded = completer::succeed_many(&client, &[(jobs[0].lease(), None)]).await;
+    assert_eq!(succeeded.unwrap().len(), 1);
+    let retried = completer::retry(&client, jobs[1].lease(), Duration::ZERO).await;
+    assert_eq!(retried.unwrap(), Transition::Retried);
+    let failed = completer::fail(&client, jobs[2].lease(), Code::HandlerFailed, None).await;
+    assert_eq!(failed.unwrap(), Transition::Failed(Code::HandlerFailed));
+    assert_eq!(held(&client).await, (3, 3, 0), "three permits freed");
+    assert_eq!(
+        wakes(&client, &mut listener).await,
+        vec![],
+        "no completion woke anyone"
+    );
+    let released = completer::release(&client, &[jobs[3].lease()], &[]).await;
+    assert_eq!(released.unwrap(), 1);
+    let wake = ("durable_etl_jobs".to_owned(), String::new());
+    assert_eq!(
+        wakes(&client, &mut listener).await,
+        vec![wake.clone()],
+        "the release woke the waiting replica"
+    );
+    assert_eq!(crate::support::expire_and_recover(&client).await, 2);
+    assert_eq!(
+        wakes(&client, &mut listener).await,
+        vec![wake.clone()],
+        "recovery woke it"
+    );
+    assert_eq!(held(&client).await, (0, 0, 0));
+    // What a completer that will not claim again sends after its commit.
+    completer::wake_waiting(&client).await.unwrap();
+    assert_eq!(wakes(&client, &mut listener).await, vec![wake]);
+}
+
+/// One replica of 8 slots on a queue capped at 2, polling once a minute, with a backlog of 20
+/// short jobs: it claims each freed permit's next job itself, so the jobs flow with no poll and
+/// (no other replica being there to race it) its completions wake nobody until the queue runs
+/// dry: at most one wake per permit then, where every completion woke the waiting replicas
+/// before migration 0023.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_that_frees_a_permit_claims_its_next_job_without_waking_anyone() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    queue::set_cap(&client, "gauged", Some(2)).await.unwrap();
+    let handle = handle();
+    let jobs: Vec<Gauged> = (0..20).map(|_| Gauged { ms: 15 }).collect();
+    handle.enqueue_many(&client, &jobs).await.unwrap();
+    let mut listener =
+        crate::support::Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
+    let gauge = Gauge::default();
+    let replicas = crate::support::start_queue_replicas(&db, "gauged", 1, || {
+        durable_etl::handler::Registry::new().perform(gauge.clone())
+    })
+    .await;
+    crate::support::eventually("the 20 capped jobs to succeed", || {
+        let client = &client;
+        async move { count(client, "etl_job_outcomes WHERE status = 'succeeded'").await == 20 }
+    })
+    .await;
+    for replica in replicas {
+        replica.stop().await.unwrap();
+    }
+    let woken = wakes(&client, &mut listener).await.len();
+    assert!(
+        woken <= 2,
+        "{woken} wakes: one per permit at most, once dry"
+    );
+    assert_eq!(gauge.most.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        count(&client, "etl_job_outcomes WHERE attempts = 1").await,
+        20
+    );
+}
+
+/// A job of the queue `gauged` of a second kind, which only the other replica runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Other {
+    /// How long it computes, in milliseconds.
+    ms: u64,
+}
+
+impl Job for Other {
+    const KIND: &'static str = "test.gauged_other";
+    const QUEUE: &'static str = "gauged";
+}
+
+/// The handler of [`Other`] jobs, counting them with the same [`Gauge`].
+#[derive(Clone)]
+struct OtherGauge(Gauge);
+
+impl durable_etl::Perform for OtherGauge {
+    type Job = Other;
+    type Effects = ();
+
+    async fn compute(
+        &self,
+        job: Other,
+        ctx: &durable_etl::handler::JobContext,
+    ) -> Result<(), durable_etl::handler::JobError> {
+        durable_etl::Perform::compute(&self.0, Gauged { ms: job.ms }, ctx).await
+    }
+}
+
+/// Two replicas polling once a minute on a queue capped at 1, each running a kind the other does
+/// not, with the two kinds' jobs alternating: a replica whose freed permit's next job is of the
+/// other kind claims nothing of it, and wakes the other replica, so the jobs flow with no poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_permit_whose_next_job_its_replica_does_not_run_wakes_the_others() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    queue::set_cap(&client, "gauged", Some(1)).await.unwrap();
+    let handle = handle();
+    // Before the replicas start, so only the wakes of freed permits can move them.
+    for _ in 0..6 {
+        let options = EnqueueOptions::default;
+        handle
+            .enqueue(&client, &Gauged { ms: 10 }, options())
+            .await
+            .unwrap();
+        handle
+            .enqueue(&client, &Other { ms: 10 }, options())
+            .await
+            .unwrap();
+    }
+    let gauge = Gauge::default();
+    let mut replicas = crate::support::start_queue_replicas(&db, "gauged", 1, || {
+        durable_etl::handler::Registry::new().perform(gauge.clone())
+    })
+    .await;
+    let registry = durable_etl::handler::Registry::new().perform(OtherGauge(gauge.clone()));
+    replicas
+        .push(crate::support::start_queue_replica(&db, "gauged", "gauged-other", registry).await);
+    crate::support::eventually("the 12 jobs of both kinds to succeed", || {
+        let client = &client;
+        async move { count(client, "etl_job_outcomes WHERE status = 'succeeded'").await == 12 }
+    })
+    .await;
+    for replica in replicas {
+        replica.stop().await.unwrap();
+    }
+    assert_eq!(gauge.most.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A replica that drains at shutdown claims nothing more: the permit its last job frees wakes the
+/// replica waiting for the queue (polling once a minute), which runs the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_replica_wakes_the_waiting_for_the_permits_its_last_jobs_free() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    queue::set_cap(&client, "gauged", Some(1)).await.unwrap();
+    let gauge = Gauge::default();
+    let registry = || durable_etl::handler::Registry::new().perform(gauge.clone());
+    let mut first = crate::support::start_queue_replicas(&db, "gauged", 1, registry).await;
+    let handle = handle();
+    let mut jobs = vec![Gauged { ms: 400 }];
+    jobs.extend((0..3).map(|_| Gauged { ms: 5 }));
+    handle.enqueue_many(&client, &jobs).await.unwrap();
+    crate::support::eventually("the long job to run", || {
+        let client = &client;
+        async move { count(client, "etl_job_records WHERE status = 'running'").await == 1 }
+    })
+    .await;
+    let second =
+        crate::support::start_queue_replica(&db, "gauged", "gauged-second", registry()).await;
+    crate::support::eventually("the second replica to wait", || {
+        let client = &client;
+        async move {
+            count(
+                client,
+                "etl_waiting_replicas WHERE owner_id = 'gauged-second'",
+            )
+            .await
+                == 1
+        }
+    })
+    .await;
+    first.pop().unwrap().stop().await.unwrap();
+    crate::support::eventually("the 4 capped jobs to succeed", || {
+        let client = &client;
+        async move { count(client, "etl_job_outcomes WHERE status = 'succeeded'").await == 4 }
+    })
+    .await;
+    second.stop().await.unwrap();
+    assert_eq!(gauge.most.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// Migration 0023 is additive for readers (release 22 never marks its completions) and round
+/// trips: below it, a completion's freed permit wakes the waiting replicas again; above it, it
+/// wakes nobody.
+#[tokio::test]
+async fn migration_0023_is_additive_and_round_trips_with_capped_jobs_running() {
+    let (db, mut client) = capped_queue(4, 4).await;
+    let latest = crate::support::catalog_snapshot(&client).await;
+    let mut listener = waited_for(&db, &client).await;
+    let jobs = claim(&client, claimant("rolling", Duration::from_secs(60)), 4).await;
+    let min_reader: i32 = client
+        .query_one(
+            "SELECT min_reader_version FROM durable_etl_schema_history WHERE version = 23",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(min_reader, 22, "release 22 reads it");
+    let down = durable_etl::schema::migrate_down_to(&mut client, 22)
+        .await
+        .unwrap();
+    assert_eq!((down.changed, down.version), (vec![23], 22));
+    completer::succeed_many(&client, &[(jobs[0].lease(), None)])
+        .await
+        .unwrap();
+    assert_eq!(
+        wakes(&client, &mut listener).await,
+        vec![("durable_etl_jobs".to_owned(), String::new())],
+        "below 0023 a completion wakes the waiting replica"
+    );
+    let up = durable_etl::schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(up.changed, vec![23]);
+    assert_eq!(crate::support::catalog_snapshot(&client).await, latest);
+    completer::succeed_many(&client, &[(jobs[1].lease(), None)])
+        .await
+        .unwrap();
+    assert_eq!(wakes(&client, &mut listener).await, vec![]);
+    assert_eq!(held(&client).await, (2, 2, 0), "no job or permit lost");
+    drop(db);
 }

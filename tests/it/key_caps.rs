@@ -373,42 +373,48 @@ async fn a_key_is_kept_on_the_live_row_only_and_must_be_one_to_255_bytes() {
     );
 }
 
+/// A key permit freed by its holder's completion wakes nobody (migration 0023: the holder claims
+/// next); one freed by a release notifies, and only while a replica waits for its queue.
 #[tokio::test]
-async fn a_freed_key_permit_notifies_only_while_a_replica_waits_for_its_queue() {
+async fn a_freed_key_permit_notifies_only_when_released_while_a_replica_waits_for_its_queue() {
     let (db, client) = keyed_queue(1).await;
     let mut listener =
         crate::support::Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
-    enqueue(&client, &[Some("k"), Some("k"), Some("k")]).await;
+    enqueue(&client, &[Some("k"), Some("k"), Some("k"), Some("k")]).await;
     let who = claimant("notified");
-    let first = claim(&client, who, 3).await;
+    let first = claim(&client, who, 4).await;
+    assert!(first[0].held_permit, "the keyed claim holds a key permit");
     // Nobody waits: a freed permit notifies nobody.
-    completer::succeed_many(&client, &[(first[0].lease(), None)])
-        .await
-        .unwrap();
-    let second = claim(&client, who, 3).await;
+    let released = completer::release(&client, &[first[0].lease()], &[]).await;
+    assert_eq!(released.unwrap(), 1);
+    let second = claim(&client, who, 4).await;
     client
         .batch_execute(
             "INSERT INTO etl_waiting_replicas (owner_id, queues) VALUES ('other', '{elsewhere}')",
         )
         .await
         .unwrap();
-    completer::succeed_many(&client, &[(second[0].lease(), None)])
-        .await
-        .unwrap();
-    let third = claim(&client, who, 3).await;
+    let released = completer::release(&client, &[second[0].lease()], &[]).await;
+    assert_eq!(released.unwrap(), 1);
+    let third = claim(&client, who, 4).await;
     client
         .batch_execute("UPDATE etl_waiting_replicas SET queues = '{keyed}'")
         .await
         .unwrap();
+    // The holder's own completion: no wake, though a replica waits for the queue.
     completer::succeed_many(&client, &[(third[0].lease(), None)])
         .await
         .unwrap();
+    let fourth = claim(&client, who, 4).await;
+    let released = completer::release(&client, &[fourth[0].lease()], &[]).await;
+    assert_eq!(released.unwrap(), 1);
     client.batch_execute("NOTIFY test_sentinel").await.unwrap();
     assert_eq!(
         listener.drain_until("test_sentinel").await,
         vec![("durable_etl_jobs".to_owned(), String::new())],
-        "the one freed while a replica waited for the queue"
+        "the one released while a replica waited for the queue"
     );
+    assert_eq!(count(&client, "etl_key_permits").await, 0);
 }
 
 /// Counts the running jobs of each key, handler-side, and the most of one key at once.
@@ -519,7 +525,7 @@ async fn migration_0022_is_breaking_for_readers_and_round_trips_with_keyed_jobs_
     let down = durable_etl::schema::migrate_down_to(&mut client, 21)
         .await
         .unwrap();
-    assert_eq!((down.changed, down.version), (vec![22], 21));
+    assert_eq!((down.changed, down.version), (vec![23, 22], 21));
     assert!(!has_column(&client, "etl_job_records", "concurrency_key").await);
     assert!(!has_column(&client, "etl_queues", "key_cap").await);
     assert_eq!(count(&client, "etl_job_records").await, 3, "no job lost");
@@ -530,7 +536,7 @@ async fn migration_0022_is_breaking_for_readers_and_round_trips_with_keyed_jobs_
         .get(0);
     assert_eq!(permits, None);
     let up = durable_etl::schema::migrate_up(&mut client).await.unwrap();
-    assert_eq!(up.changed, vec![22]);
+    assert_eq!(up.changed, vec![22, 23]);
     assert_eq!(crate::support::catalog_snapshot(&client).await, latest);
     drop(db);
 }

@@ -317,19 +317,30 @@ pub async fn start_queue_replicas(
 ) -> Vec<durable_etl::Replica> {
     let mut replicas = Vec::new();
     for i in 0..count {
-        let config = durable_etl::WorkerConfig {
-            owner_id: format!("{queue}-{i}"),
-            slots: 8,
-            poll_interval: std::time::Duration::from_secs(60),
-            queues: durable_etl::queue::parse(queue).unwrap(),
-            ..durable_etl::WorkerConfig::default()
-        };
-        let worker = durable_etl::Worker::start(pool(db).await, &db.config, config, registry())
-            .await
-            .unwrap();
-        replicas.push(worker.spawn());
+        replicas.push(start_queue_replica(db, queue, &format!("{queue}-{i}"), registry()).await);
     }
     replicas
+}
+
+/// Starts one replica of 8 slots serving queue `queue` and polling once a minute, owner
+/// `owner_id`, running `registry`.
+pub async fn start_queue_replica(
+    db: &TestDb,
+    queue: &str,
+    owner_id: &str,
+    registry: durable_etl::handler::Registry,
+) -> durable_etl::Replica {
+    let config = durable_etl::WorkerConfig {
+        owner_id: owner_id.to_owned(),
+        slots: 8,
+        poll_interval: std::time::Duration::from_secs(60),
+        queues: durable_etl::queue::parse(queue).unwrap(),
+        ..durable_etl::WorkerConfig::default()
+    };
+    durable_etl::Worker::start(pool(db).await, &db.config, config, registry)
+        .await
+        .unwrap()
+        .spawn()
 }
 
 /// One job's lifecycle columns, as `etl_jobs` shows them, and whether it has a live row.

@@ -12,7 +12,7 @@
 use crate::codes::Code;
 use crate::db;
 use crate::error::Error;
-use crate::worker::claim::claimer::Claimant;
+use crate::worker::claim::claimer::{Claim, Claimant};
 use crate::worker::claim::queues::QueueShares;
 use crate::worker::complete::completer::{self, Transition};
 use crate::worker::lease::{ClaimedJob, Lease};
@@ -33,20 +33,28 @@ use uuid::Uuid;
 /// transition)` for each, by job id.
 pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>, Error> {
     let asks = owned(QueueShares::new(&shared.config.queues).asks(shared.config.slots));
-    let jobs = claim_with(shared, &asks, ClaimReason::Step, None).await.0?;
+    let jobs = claim_with(shared, &asks, ClaimReason::Step, None)
+        .await
+        .0?
+        .jobs;
     let slots = Arc::new(Slots::default());
     let mut tasks = JoinSet::new();
     for job in jobs {
         let shared = Arc::clone(shared);
         let slot = slots.take();
         tasks.spawn(async move {
-            let id = job.id();
+            let (id, held_permit) = (job.id(), job.held_permit);
             let transition = timed_execute(&shared, job, CancellationToken::new(), slot).await;
             shared.stats.record(transition);
-            (id, transition)
+            (id, transition, held_permit && transition.frees_permits())
         });
     }
-    let mut done: Vec<(Uuid, Transition)> = tasks.join_all().await;
+    let ended: Vec<(Uuid, Transition, bool)> = tasks.join_all().await;
+    // A step claims nothing after it: the permits it freed are the waiting replicas'.
+    if ended.iter().any(|e| e.2) {
+        wake_waiting(shared).await;
+    }
+    let mut done: Vec<(Uuid, Transition)> = ended.into_iter().map(|(id, t, _)| (id, t)).collect();
     done.sort_by_key(|d| d.0);
     Ok(done)
 }
@@ -58,7 +66,8 @@ pub(crate) fn owned(asks: Vec<(&str, usize)>) -> Vec<(String, usize)> {
 
 /// Claims, of each queue of `asks`, up to as many due jobs as it asks, for `reason`, with the
 /// presence `change` (if any) pipelined before it on the same connection, in the same round
-/// trip. Returns the claimed jobs and what the change answered (`None` when it was not sent); the
+/// trip. Returns the claim (its jobs, and what it says of the capped asks) and what the change
+/// answered (`None` when it was not sent); the
 /// jobs are returned whatever the change answered, so a failed presence statement never loses a
 /// claim. A replica with no handlers claims nothing.
 #[tracing::instrument(name = "claim", skip_all, fields(?reason, ?change))]
@@ -67,9 +76,9 @@ pub(crate) async fn claim_with(
     asks: &[(String, usize)],
     reason: ClaimReason,
     change: Option<Change>,
-) -> (Result<Vec<ClaimedJob>, Error>, Answer) {
+) -> (Result<Claim, Error>, Answer) {
     if shared.registry.is_empty() {
-        return (Ok(Vec::new()), None);
+        return (Ok(Claim::default()), None);
     }
     let conn = match db::checkout(&shared.claim_pool).await {
         Ok(conn) => conn,
@@ -105,19 +114,33 @@ pub(crate) async fn claim_with(
         shared.capped.forget();
     }
     let claim = conn.claim(claimant, &asks, &shared.capped);
-    let (answer, jobs) = futures::join!(presence, db::bounded(bound, claim));
-    if jobs.as_ref().is_ok_and(|jobs| !jobs.is_empty()) {
+    let (answer, claim) = futures::join!(presence, db::bounded(bound, claim));
+    if claim.as_ref().is_ok_and(|claim| !claim.jobs.is_empty()) {
         // Only after a claim that took jobs: an empty (or failed) one crashing here would leave
         // nothing claimed for the crash test to find.
         crash_point!("claim.after_commit");
     }
-    if let Ok(jobs) = &jobs {
-        shared.stats.record_claim(reason, jobs.len());
-        for job in jobs {
+    if let Ok(claim) = &claim {
+        shared.stats.record_claim(reason, claim.jobs.len());
+        for job in &claim.jobs {
             shared.stats.record_pickup(job.due_for);
         }
     }
-    (jobs, answer)
+    (claim, answer)
+}
+
+/// Wakes the waiting replicas for permits this replica's completions freed and it will not claim
+/// again itself (`freed`), best effort: a lost wake leaves the permits to the others' poll.
+pub(crate) async fn wake_waiting(shared: &Shared) {
+    let woken = async {
+        let conn = db::checkout(&shared.pool).await?;
+        shared.stats.record_round_trips(1);
+        db::bounded(shared.statement_bound, completer::wake_waiting(&*conn)).await
+    };
+    match woken.await {
+        Ok(()) => shared.stats.record_freed_wake(),
+        Err(e) => tracing::warn!(code = %e.code(), "waking the waiting replicas failed"),
+    }
 }
 
 /// Deletes the replica's waiting row (it stops), best effort: a row left behind only makes

@@ -29,16 +29,21 @@
 //!   caught is replaced by a fenced `handler_panicked` write, so no claim stays held forever.
 //! - The claim loop's statements (in [`dispatch`](crate::worker::claim::dispatch)) are bounded on the
 //!   client.
+//! - A completion of a job whose claim held a permit wakes nobody (migration 0023): the replica
+//!   claims that queue again as soon as the job's task ends (trigger `freed`), or wakes the
+//!   waiting replicas when it cannot answer for the permit ([`freed`](crate::worker::claim::freed),
+//!   `drain`).
+
+mod drain;
 
 use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
-use crate::worker::claim::dispatch::{
-    self, claim_with, leave, next_due, settle_dead_task, timed_execute,
-};
+use crate::worker::claim::dispatch::{self, claim_with, next_due, settle_dead_task, timed_execute};
+use crate::worker::claim::freed::{self, FreedPermits};
 use crate::worker::claim::prefetch::{refill_now, Prefetch};
 use crate::worker::claim::queues::{took_per_ask, QueueShares};
-use crate::worker::complete::completer::{self, Transition};
-use crate::worker::lease::{self, ClaimedJob, Lease, LeaseClock};
+use crate::worker::complete::completer::Transition;
+use crate::worker::lease::{self, ClaimedJob, LeaseClock};
 use crate::worker::liveness::held::{HeldJob, HeldJobs};
 use crate::worker::liveness::presence::{Answer, Presence, Ticket};
 use crate::worker::liveness::session::Signals;
@@ -103,6 +108,10 @@ struct Claimed {
     ticket: Ticket,
     /// What that change answered.
     answer: Answer,
+    /// The permits this replica's completions freed that it answers for ([`freed`]).
+    freed: Vec<(String, usize)>,
+    /// What the claim said of its capped asks ([`crate::worker::claim::claimer::Claim::left_free`]).
+    left_free: Vec<(usize, Option<bool>)>,
 }
 
 /// The claim in flight.
@@ -129,6 +138,8 @@ pub(crate) struct Producer {
     presence: Presence,
     /// How each claim's room is shared among the served queues.
     shares: QueueShares,
+    /// The permits this replica's completions freed since its last claim ([`freed`]).
+    freed: FreedPermits,
 }
 
 /// Why the claim loop stopped.
@@ -157,6 +168,7 @@ impl Producer {
             claiming: None,
             wake: WakeState::default(),
             presence: Presence::new(listening, poll_interval),
+            freed: FreedPermits::default(),
         }
     }
 
@@ -228,6 +240,9 @@ impl Producer {
     /// buffered), or later.
     fn slots_freed(&mut self) -> Option<ClaimReason> {
         self.start_waiting();
+        if !self.freed.is_empty() {
+            return Some(ClaimReason::Freed);
+        }
         if !self.wake.backlog {
             return None;
         }
@@ -246,52 +261,6 @@ impl Producer {
         self.shared.config.slots + self.buffer.ahead(Instant::now())
     }
 
-    /// Lets running jobs finish within the grace period (none when another process took the
-    /// owner id, or once a second signal asks to stop immediately), then aborts the rest; their
-    /// claims stay held, to be released.
-    pub(crate) async fn drain(&mut self, shutdown: &mut Shutdown, owner_id_taken: bool) {
-        tracing::info!(
-            running = self.tasks.len(),
-            buffered = self.buffer.len(),
-            "draining"
-        );
-        // What a claim in flight takes is held like the buffered jobs: never started now, it is
-        // released with them.
-        if let Some(claim) = self.claiming.take() {
-            let claimed = claim.await;
-            let answer = claimed.answer.as_ref();
-            let (now, stats) = (Instant::now(), &self.shared.stats);
-            self.presence
-                .after(claimed.ticket, answer, true, now, stats);
-            for job in claimed.jobs.into_iter().flatten() {
-                self.hold(job, claimed.sent);
-            }
-        }
-        // A replica whose owner id another process took leaves the row alone: it is that
-        // process's now.
-        if self.presence.registered() && !owner_id_taken {
-            leave(&self.shared).await;
-        }
-        self.buffer.drain().for_each(drop);
-        let grace = tokio::time::sleep(if owner_id_taken {
-            Duration::ZERO
-        } else {
-            self.shared.config.shutdown_grace
-        });
-        tokio::pin!(grace);
-        while !self.tasks.is_empty() {
-            tokio::select! {
-                () = &mut grace => break,
-                () = shutdown.reached(Stage::Immediate) => break,
-                Some(done) = self.tasks.join_next() => self.finish_task(done),
-            }
-        }
-        self.tasks.abort_all();
-        while let Some(done) = self.tasks.join_next().await {
-            self.finish_task(done);
-        }
-    }
-
     /// Sends a claim for the room (see the module's invariants), unless one is in flight (this
     /// wake then claims once it is back) or there is no room.
     fn send_claim(&mut self, why: ClaimReason) {
@@ -305,11 +274,17 @@ impl Producer {
             .saturating_sub(self.tasks.len() + self.buffer.len());
         if room == 0 {
             self.wake.backlog = true;
+            self.wake_for_freed();
             return;
         }
-        // Only slots freed under a backlog bring no news of the other queues.
-        if why != ClaimReason::Drain {
+        // Only slots freed under a backlog, or permits this replica freed, bring no news of the
+        // other queues.
+        if why != ClaimReason::Drain && why != ClaimReason::Freed {
             self.shares.refresh();
+        }
+        let freed = self.freed.take();
+        for (queue, _) in &freed {
+            self.shares.reopen(queue);
         }
         let asks = dispatch::owned(self.shares.asks(room));
         let shared = Arc::clone(&self.shared);
@@ -317,7 +292,11 @@ impl Producer {
         let ticket = self.presence.ticket(self.wake.backlog, sent);
         self.presence.retrying();
         self.claiming = Some(Box::pin(async move {
-            let (jobs, answer) = claim_with(&shared, &asks, why, ticket.change).await;
+            let (claim, answer) = claim_with(&shared, &asks, why, ticket.change).await;
+            let (jobs, left_free) = match claim {
+                Ok(claim) => (Ok(claim.jobs), claim.left_free),
+                Err(e) => (Err(e), Vec::new()),
+            };
             Claimed {
                 why,
                 asks,
@@ -325,6 +304,8 @@ impl Producer {
                 jobs,
                 ticket,
                 answer,
+                freed,
+                left_free,
             }
         }));
     }
@@ -343,6 +324,10 @@ impl Producer {
             |jobs| took_per_ask(claimed.asks.len(), jobs),
         );
         self.shares.took(&claimed.asks, &took);
+        let answered = claimed.jobs.is_ok().then_some(&claimed.left_free[..]);
+        if freed::unclaimed(&claimed.freed, &claimed.asks, &took, answered) {
+            self.spawn_wake();
+        }
         let full = claimed.jobs.as_ref().map_or(true, |j| j.len() == asked);
         let more = !full && self.shares.may_have_work();
         let join = self.presence.after(
@@ -369,7 +354,10 @@ impl Producer {
         self.wake.notified_since_claim = false;
         self.wake.backlog = full || more;
         for job in jobs {
-            self.hold(job, claimed.sent);
+            let queue = job
+                .held_permit
+                .then(|| claimed.asks[job.asked_of].0.clone());
+            self.hold(job, claimed.sent, queue);
         }
         self.start_waiting();
         if !self.wake.backlog {
@@ -384,8 +372,9 @@ impl Producer {
         join.then_some(ClaimReason::Presence)
     }
 
-    /// Holds `job`, claimed by a statement sent at `sent`, and buffers it until a slot frees.
-    fn hold(&mut self, job: ClaimedJob, sent: Instant) {
+    /// Holds `job`, claimed by a statement sent at `sent` (of `permit_queue` when the claim
+    /// holds a permit), and buffers it until a slot frees.
+    fn hold(&mut self, job: ClaimedJob, sent: Instant, permit_queue: Option<String>) {
         let lease = job.lease();
         let lost = CancellationToken::new();
         let clock = Arc::new(LeaseClock::new(
@@ -398,6 +387,7 @@ impl Producer {
                 lost: lost.clone(),
                 clock: Arc::clone(&clock),
                 task: None,
+                permit_queue,
             },
         );
         self.buffer
@@ -411,27 +401,6 @@ impl Producer {
                 return;
             };
             self.spawn_job(waiting);
-        }
-    }
-
-    /// Releases the buffered jobs that waited [`HOLD`](crate::worker::claim::prefetch::HOLD) for a slot
-    /// (attempt not charged), so that another replica may run them.
-    async fn release_overdue(&mut self) {
-        let overdue: Vec<Lease> = self
-            .buffer
-            .take_overdue(Instant::now())
-            .into_iter()
-            .map(|waiting| waiting.job.lease())
-            .collect();
-        for lease in &overdue {
-            self.held.remove(lease.claim_id);
-        }
-        // They waited in the buffer: none started an attempt, so none is recorded.
-        match completer::release_leases(&self.shared, &overdue, &[]).await {
-            Ok(n) => tracing::debug!(released = n, "released jobs that waited for a slot"),
-            // Unreleased, they are no longer renewed: their leases expire and recovery returns
-            // them.
-            Err(e) => tracing::warn!(code = %e.code(), "release of waiting jobs failed"),
         }
     }
 
@@ -464,6 +433,9 @@ impl Producer {
                 if let Some(job) = self.held.remove(claim) {
                     if transition == Transition::LeaseLost {
                         tracing::warn!(job_id = %job.lease.job_id, code = "lease_lost", "abandoned job: lease lost");
+                    }
+                    if let Some(queue) = job.permit_queue.filter(|_| transition.frees_permits()) {
+                        self.freed.record(&queue);
                     }
                 }
                 self.shared.stats.record(transition);

@@ -115,6 +115,13 @@ impl QueueShares {
         self.queues.iter().any(|q| !q.short)
     }
 
+    /// Forgets that `queue` came back short: this replica just freed permits of it.
+    pub(crate) fn reopen(&mut self, queue: &str) {
+        if let Some(q) = self.queues.iter_mut().find(|q| q.name == queue) {
+            q.short = false;
+        }
+    }
+
     /// Forgets which queues came back short: a wake may have brought any of them work.
     pub(crate) fn refresh(&mut self) {
         for q in &mut self.queues {

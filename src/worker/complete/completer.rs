@@ -19,6 +19,8 @@
 //! - A release (shutdown, or a prefetched job that waited too long for a slot) gives the attempt
 //!   back: `attempts - 1`, since the job never ran to an end.
 //! - Only stored codes from [`Code`] are written; never error text.
+//! - A completion of a capped queue's job frees its permits and wakes nobody (migration 0023):
+//!   its caller claims again or calls [`wake_waiting`] after the commit.
 
 use crate::codes::Code;
 use crate::handler::LedgerEntry;
@@ -69,7 +71,7 @@ WITH held AS (
  RETURNING j.id, j.lease_claim_id, j.owner_key, j.attempts, j.run_at, j.started_at, j.queue,
            j.permit_slot
 ), ",
-            permits_freed!("SELECT queue, permit_slot, lease_claim_id AS claim_id FROM done"),
+            permits_freed!(claimed_by_freer: "SELECT queue, permit_slot, lease_claim_id AS claim_id FROM done"),
             "
 INSERT INTO etl_job_outcomes
        (job_id, owner_key, status, attempts, run_at, lease_claim_id, rows_inserted, rows_updated,
@@ -306,7 +308,7 @@ WITH decided AS (
     "
 ), ",
     permits_freed!(
-        "SELECT d.queue, d.permit_slot, $2::uuid AS claim_id FROM decided d
+        claimed_by_freer: "SELECT d.queue, d.permit_slot, $2::uuid AS claim_id FROM decided d
           WHERE d.id IN (SELECT id FROM retried UNION ALL SELECT id FROM ended)"
     ),
     "
@@ -355,7 +357,7 @@ WITH ended AS (
     ended_columns!(),
     "
 ), ",
-    permits_freed!("SELECT queue, permit_slot, lease_claim_id AS claim_id FROM ended"),
+    permits_freed!(claimed_by_freer: "SELECT queue, permit_slot, lease_claim_id AS claim_id FROM ended"),
     "
 ",
     outcome_of!(
@@ -488,5 +490,7 @@ pub(crate) async fn ledger_by_claim(
 }
 
 mod release;
+mod wake;
 pub use release::{release, RELEASE_SQL, RELEASE_TIMEOUT};
 pub(crate) use release::{release_held, release_leases};
+pub use wake::{wake_waiting, WAKE_WAITING_SQL};

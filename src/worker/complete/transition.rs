@@ -26,6 +26,16 @@ pub enum Transition {
     Unwritten,
 }
 
+impl Transition {
+    /// Whether the statement that wrote it may have freed its claim's permits (and so woke
+    /// nobody, migration 0023): every transition this replica wrote, and an unwritten one whose
+    /// statement may have committed unanswered; not a lost lease, whose permits are freed (and
+    /// their waiting replicas woken) by whoever took the job.
+    pub fn frees_permits(self) -> bool {
+        self != Transition::LeaseLost
+    }
+}
+
 /// Why an attempt ended without committing, before the transition is written.
 pub(crate) enum Failure {
     /// The handler or the database said so.

@@ -5,14 +5,13 @@
 use super::capped::CappedQueues;
 use super::next_due::{next_due, until_due, NEXT_DUE_PARAMS, NEXT_DUE_SQL};
 use super::statement::{
-    claim_from, claim_uncapped, claimed, split, Ask, Claim, ClaimValues, Claimant, CLAIM_PARAMS,
-    CLAIM_SQL, CLAIM_UNCAPPED_SQL,
+    claim_uncapped, claimed, refused, Ask, Claim, ClaimValues, Claimant, CLAIM_PARAMS, CLAIM_SQL,
+    CLAIM_UNCAPPED_SQL,
 };
 use crate::config::DatabaseConfig;
 use crate::db;
 use crate::error::Error;
 use crate::queue::DEFAULT_QUEUE;
-use crate::worker::lease::ClaimedJob;
 use crate::worker::stats::WorkerStats;
 use bb8::ManageConnection;
 use bb8_postgres::PostgresConnectionManager;
@@ -138,8 +137,8 @@ impl ClaimSession {
     /// Claims `asks` for `claimant` on this session, prepared when it can be: with
     /// [`CLAIM_SQL`] if a queue of `asks` is known to be `capped`, else with
     /// [`CLAIM_UNCAPPED_SQL`] and then, for the asks it refused (their queues, now known to be
-    /// capped), with [`CLAIM_SQL`]. Each job's [`ClaimedJob::asked_of`] is its position in
-    /// `asks`.
+    /// capped), with [`CLAIM_SQL`]. Each job's [`ClaimedJob::asked_of`], and each ask of
+    /// [`Claim::left_free`], is its position in `asks`; [`Claim::capped`] is empty.
     ///
     /// # Errors
     /// The database error of a claim statement.
@@ -148,40 +147,55 @@ impl ClaimSession {
         claimant: Claimant<'_>,
         asks: &[Ask<'_>],
         capped: &CappedQueues,
-    ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
+    ) -> Result<Claim, tokio_postgres::Error> {
         if capped.any_of(asks) {
             return self.claim_with_permits(claimant, asks).await;
         }
         let Claim {
             mut jobs,
             capped: refused,
+            ..
         } = self.claim_without_permits(claimant, asks).await?;
-        if refused.is_empty() {
-            return Ok(jobs);
+        let mut left_free = Vec::new();
+        if !refused.is_empty() {
+            let again: Vec<Ask<'_>> = refused
+                .iter()
+                .filter_map(|&i| asks.get(i).copied())
+                .collect();
+            capped.learn(again.iter().map(|&(queue, _)| queue));
+            let of = |i: usize| refused.get(i).copied().unwrap_or(i);
+            let permitted = self.claim_with_permits(claimant, &again).await?;
+            for mut job in permitted.jobs {
+                job.asked_of = of(job.asked_of);
+                jobs.push(job);
+            }
+            left_free = permitted
+                .left_free
+                .into_iter()
+                .map(|(i, left)| (of(i), left))
+                .collect();
         }
-        let again: Vec<Ask<'_>> = refused
-            .iter()
-            .filter_map(|&i| asks.get(i).copied())
-            .collect();
-        capped.learn(again.iter().map(|&(queue, _)| queue));
-        for mut job in self.claim_with_permits(claimant, &again).await? {
-            job.asked_of = refused.get(job.asked_of).copied().unwrap_or(job.asked_of);
-            jobs.push(job);
-        }
-        Ok(jobs)
+        Ok(Claim {
+            jobs,
+            capped: Vec::new(),
+            left_free,
+        })
     }
 
-    /// [`claim_from`] on this session, prepared when it can be.
+    /// [`CLAIM_SQL`] on this session, prepared when it can be.
     async fn claim_with_permits(
         &self,
         claimant: Claimant<'_>,
         asks: &[Ask<'_>],
-    ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
-        let Some(prepared) = &self.prepared else {
-            return claim_from(&self.client, claimant, asks).await;
-        };
+    ) -> Result<Claim, tokio_postgres::Error> {
         let values = ClaimValues::of(claimant, asks);
-        let rows = self.client.query(&prepared.claim, &values.params()).await?;
+        let rows = match &self.prepared {
+            Some(prepared) => self.client.query(&prepared.claim, &values.params()).await?,
+            None => {
+                let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
+                self.client.query_typed(CLAIM_SQL, &typed).await?
+            }
+        };
         Ok(claimed(rows))
     }
 
@@ -199,7 +213,7 @@ impl ClaimSession {
             .client
             .query(&prepared.uncapped, &values.params())
             .await?;
-        Ok(split(rows))
+        Ok(refused(rows))
     }
 
     /// [`next_due`] on this session, prepared when it can be.

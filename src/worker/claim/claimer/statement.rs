@@ -43,10 +43,11 @@ macro_rules! due_probe {
 }
 
 /// The UPDATE that claims the rows of CTE `paired` (`id`, the ask's position `i`, a fresh
-/// `claim_id` and, as `$slot`, the queue permit's slot or NULL), with the claimant's values
-/// `$2..$6`, returning what [`claimed`] reads.
+/// `claim_id`, as `$slot` the queue permit's slot or NULL, and as `$permitted` whether the claim
+/// holds a permit of either kind), with the claimant's values `$2..$6`, returning what
+/// [`claimed`] reads.
 macro_rules! claim_update {
-    ($slot:expr) => {
+    ($slot:expr, $permitted:expr) => {
         concat!(
             "UPDATE etl_job_records AS j
    SET status = 'running',
@@ -68,7 +69,8 @@ macro_rules! claim_update {
  WHERE j.id = p.id
 RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_claim_id,
           j.owner_key, greatest(extract(epoch FROM now() - j.run_at), 0)::float8,
-          j.fencing_token, j.run_at, p.i"
+          j.fencing_token, j.run_at, p.i, ",
+            $permitted
         )
     };
 }
@@ -78,26 +80,36 @@ RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_c
 /// says whether the owner holds its owner lock (so recovery may treat the lock's absence as
 /// death), `$5` is the owner's heartbeat interval in milliseconds and `$6` whether every
 /// connection of the owner holds its alive lock (the terms recovery judges the owner by). Each
-/// claimed row returns the position (from 1) of the ask it filled.
+/// claimed row returns the position (from 1) of the ask it filled and whether its claim holds a
+/// permit; then one marker row (every column NULL but the ask's position and the last) per
+/// capped or key-capped ask says whether the claim left free permits of the queue's cap to
+/// other claimers: it picked fewer due jobs than the free permits it saw (NULL for a queue with a
+/// key cap only).
 ///
 /// Order: within a queue, due jobs in `(sort_at, id)` order, their virtual deadlines
 /// ([`crate::queue`]). A queue that is paused (`etl_queues.paused`) gives nothing. A capped queue
-/// (`etl_queues.cap`, migration 0021) gives at most as many jobs as it has free permits: `permits`
-/// locks up to the ask's count of them, `due` takes at most that many jobs, each with a fresh
-/// claim id, `paired` gives each job a permit, and `taken` writes the claim id into the permit
-/// while the UPDATE writes the permit's slot into the live row, in this one statement. In a queue
+/// (`etl_queues.cap`, migration 0021) gives at most as many jobs as it has free permits: `room`
+/// counts the free permits the statement's snapshot sees (at most the ask's count), `due` takes
+/// at most that many jobs, each with a fresh claim id, `picked` keeps them, `permits` locks free
+/// permits for the picked jobs only, `chosen` keeps as many jobs as it locked, `paired` gives
+/// each a permit, and `taken` writes the claim id into the permit while the UPDATE writes the
+/// permit's slot into the live row, in this one statement. A claim with no job to pair (none of
+/// its kinds is due) locks no permit, so it never hides one from a claimer that has. In a queue
 /// with a key cap (`etl_queues.key_cap`, migration 0022), `due` skips a job whose concurrency key
 /// already holds that many key permits and takes up to twice the room (so that several due jobs
 /// of one key still leave room for other keys); `fitting` gives the `krn`-th due job of a key the
 /// `krn`-th slot of that key not held in the statement's snapshot and drops the jobs beyond the
-/// key's free slots; `chosen` keeps the room's earliest; `key_taken` inserts their key permits and
+/// key's free slots; `picked` keeps the room's earliest; `key_taken` inserts their key permits and
 /// `paired` keeps only the keyed jobs whose permit it inserted: two claimers that pick the same
 /// slot of one key cannot both insert it, so a key never runs more than its cap.
 ///
-/// Locks: `asked` reads each asked queue's settings row by primary key. `permits` row-locks free
-/// permit rows of each capped queue (`FOR UPDATE SKIP LOCKED`, in slot order, at most the ask's
-/// count; slots above the cap are never taken), so concurrent claimers never wait on each other
-/// or take the same permit; the ones no job pairs with are unlocked at commit, untouched. For
+/// Locks: `asked` reads each asked queue's settings row by primary key, and `room` reads (without
+/// locking) up to the ask's count of its free permits by primary key. `permits` row-locks free
+/// permit rows of each capped queue (`FOR UPDATE SKIP LOCKED`, in slot order, at most the picked
+/// jobs' count; slots above the cap are never taken), after the jobs' row locks, so concurrent
+/// claimers never wait on each other or take the same permit; a permit another claimer locked or
+/// took since the snapshot is skipped, and the picked jobs beyond the permits locked stay
+/// pending, unlocked at commit. For
 /// each (queue, kind), one probe walks `etl_job_records_claim_idx` on its equal leading columns in
 /// `(sort_at, id)` order, from the start of the queue to `now()` plus the largest priority offset
 /// (no due job sorts later), and takes a row lock (`FOR NO KEY UPDATE`: the claim changes no key,
@@ -125,25 +137,17 @@ WITH asked AS MATERIALIZED (
       FROM unnest($7::text[], $1::int8[]) WITH ORDINALITY AS q(queue, n, i)
       LEFT JOIN etl_queues s ON s.queue = q.queue
      WHERE s.paused IS NOT TRUE
-), permits AS MATERIALIZED (
-    SELECT a.queue, p.slot, row_number() OVER (PARTITION BY a.queue ORDER BY p.slot) AS rn
-      FROM asked a
-     CROSS JOIN LATERAL (
-         SELECT x.slot
-           FROM etl_queue_permits x
-          WHERE x.queue = a.queue AND x.claim_id IS NULL AND x.slot <= a.cap
-          ORDER BY x.slot
-          LIMIT a.n
-            FOR UPDATE SKIP LOCKED
-     ) p
-     WHERE a.cap IS NOT NULL
 ), room AS MATERIALIZED (
-    SELECT a.queue, a.i, a.key_cap, c.n,
+    SELECT a.queue, a.i, a.cap, a.key_cap, c.n,
            CASE WHEN a.key_cap IS NULL THEN c.n ELSE 2 * c.n END AS fetch
       FROM asked a
      CROSS JOIN LATERAL (
          SELECT CASE WHEN a.cap IS NULL THEN a.n
-                     ELSE (SELECT count(*) FROM permits m WHERE m.queue = a.queue) END AS n
+                     ELSE (SELECT count(*)
+                             FROM (SELECT FROM etl_queue_permits x
+                                    WHERE x.queue = a.queue AND x.claim_id IS NULL
+                                      AND x.slot <= a.cap
+                                    LIMIT a.n) f) END AS n
      ) c
 ), due AS MATERIALIZED (
     SELECT c.id, r.i, r.queue, c.sort_at, gen_random_uuid() AS claim_id,
@@ -178,11 +182,28 @@ WITH asked AS MATERIALIZED (
            LIMIT 1
       ) f ON true
      WHERE d.concurrency_key IS NULL OR f.slot IS NOT NULL
-), chosen AS MATERIALIZED (
+), picked AS MATERIALIZED (
     SELECT f.*
       FROM fitting f
       JOIN room r ON r.queue = f.queue
      WHERE f.rn <= r.n
+), permits AS MATERIALIZED (
+    SELECT r.queue, p.slot, row_number() OVER (PARTITION BY r.queue ORDER BY p.slot) AS rn
+      FROM room r
+     CROSS JOIN LATERAL (
+         SELECT x.slot
+           FROM etl_queue_permits x
+          WHERE x.queue = r.queue AND x.claim_id IS NULL AND x.slot <= r.cap
+          ORDER BY x.slot
+          LIMIT (SELECT count(*) FROM picked k WHERE k.queue = r.queue)
+            FOR UPDATE SKIP LOCKED
+     ) p
+     WHERE r.cap IS NOT NULL
+), chosen AS MATERIALIZED (
+    SELECT k.*
+      FROM picked k
+      JOIN room r ON r.queue = k.queue
+     WHERE r.cap IS NULL OR k.rn <= (SELECT count(*) FROM permits m WHERE m.queue = k.queue)
 ), key_taken AS (
     INSERT INTO etl_key_permits (claim_id, queue, concurrency_key, slot)
     SELECT c.claim_id, c.queue, c.concurrency_key, c.key_slot
@@ -192,7 +213,8 @@ WITH asked AS MATERIALIZED (
         ON CONFLICT (queue, concurrency_key, slot) DO NOTHING
     RETURNING claim_id
 ), paired AS MATERIALIZED (
-    SELECT c.id, c.i, c.queue, m.slot, c.claim_id
+    SELECT c.id, c.i, c.queue, m.slot, c.claim_id,
+           (m.slot IS NOT NULL OR c.concurrency_key IS NOT NULL) AS permitted
       FROM chosen c
       LEFT JOIN permits m ON m.queue = c.queue AND m.rn = c.rn
      WHERE c.concurrency_key IS NULL OR c.claim_id IN (SELECT t.claim_id FROM key_taken t)
@@ -201,9 +223,19 @@ WITH asked AS MATERIALIZED (
        SET claim_id = p.claim_id
       FROM paired p
      WHERE p.slot IS NOT NULL AND x.queue = p.queue AND x.slot = p.slot
-)
+), claimed AS (
 ",
-    claim_update!("p.slot")
+    claim_update!("p.slot", "p.permitted"),
+    "
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::int4, NULL::int4, NULL::uuid, NULL::bytea,
+       NULL::float8, NULL::int8, NULL::timestamptz, r.i,
+       CASE WHEN r.cap IS NOT NULL
+            THEN (SELECT count(*) FROM picked k WHERE k.queue = r.queue) < r.n END
+  FROM room r
+ WHERE r.cap IS NOT NULL OR r.key_cap IS NOT NULL"
 );
 
 /// [`CLAIM_SQL`] for queues without a cap or a key cap: no permit is locked, inserted or paired,
@@ -230,25 +262,31 @@ WITH asked AS MATERIALIZED (
     "
 ), claimed AS (
 ",
-    claim_update!("NULL"),
+    claim_update!("NULL", "false"),
     "
 )
 SELECT * FROM claimed
 UNION ALL
 SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::int4, NULL::int4, NULL::uuid, NULL::bytea,
-       NULL::float8, NULL::int8, NULL::timestamptz, a.i
+       NULL::float8, NULL::int8, NULL::timestamptz, a.i, NULL::bool
   FROM asked a
  WHERE a.capped"
 );
 
-/// What a claim took: the jobs, and the asks (positions in the claim's asks) that
-/// [`CLAIM_UNCAPPED_SQL`] refused because their queue is capped.
+/// What a claim took: the jobs, and what its marker rows (every column NULL but the ask's
+/// position and the last) said of the asks.
 #[derive(Debug, Default)]
 pub struct Claim {
     /// The claimed jobs.
     pub jobs: Vec<ClaimedJob>,
-    /// The refused asks, by position.
+    /// The asks, by position, that [`CLAIM_UNCAPPED_SQL`] refused because their queue is capped.
     pub capped: Vec<usize>,
+    /// Each capped or key-capped ask of [`CLAIM_SQL`], by position, with whether it left free
+    /// permits of its queue's cap to other claimers: `Some(true)` when it picked fewer due jobs
+    /// (of the replica's kinds, of keys below their cap) than the free permits it saw,
+    /// `Some(false)` when it did not (it took them all, or lost some to claimers that took them
+    /// at the same time), `None` for a queue with a key cap only.
+    pub left_free: Vec<(usize, Option<bool>)>,
 }
 
 /// Claims, of each queue of `asks`, up to as many due jobs as it asks for `claimant`, with
@@ -264,7 +302,9 @@ pub async fn claim_uncapped(
 ) -> Result<Claim, tokio_postgres::Error> {
     let values = ClaimValues::of(claimant, asks);
     let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
-    Ok(split(client.query_typed(CLAIM_UNCAPPED_SQL, &typed).await?))
+    Ok(refused(
+        client.query_typed(CLAIM_UNCAPPED_SQL, &typed).await?,
+    ))
 }
 
 /// Who claims, and on what terms.
@@ -325,7 +365,7 @@ pub async fn claim_from(
 ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
     let values = ClaimValues::of(claimant, asks);
     let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
-    Ok(claimed(client.query_typed(CLAIM_SQL, &typed).await?))
+    Ok(claimed(client.query_typed(CLAIM_SQL, &typed).await?).jobs)
 }
 
 /// The parameter values of [`CLAIM_SQL`] for a claim of `asks` for a claimant.
@@ -383,20 +423,35 @@ impl<'a> ClaimValues<'a> {
     }
 }
 
-/// The claimed jobs of [`CLAIM_SQL`]'s rows (it returns no marker).
-pub(super) fn claimed(rows: Vec<Row>) -> Vec<ClaimedJob> {
-    split(rows).jobs
+/// The claimed jobs of [`CLAIM_SQL`]'s rows and what its markers say of the capped asks.
+pub(super) fn claimed(rows: Vec<Row>) -> Claim {
+    let (jobs, markers) = split(rows);
+    Claim {
+        jobs,
+        capped: Vec::new(),
+        left_free: markers
+            .iter()
+            .map(|row| (asked_of(row), row.get(11)))
+            .collect(),
+    }
 }
 
-/// The claimed jobs and the refused asks (marker rows, whose id is NULL) of a claim's rows.
-pub(super) fn split(rows: Vec<Row>) -> Claim {
+/// The claimed jobs of [`CLAIM_UNCAPPED_SQL`]'s rows and the asks its markers refused.
+pub(super) fn refused(rows: Vec<Row>) -> Claim {
+    let (jobs, markers) = split(rows);
+    Claim {
+        jobs,
+        capped: markers.iter().map(asked_of).collect(),
+        left_free: Vec::new(),
+    }
+}
+
+/// The claimed jobs and the marker rows (whose id is NULL) of a claim's rows.
+fn split(rows: Vec<Row>) -> (Vec<ClaimedJob>, Vec<Row>) {
     let (jobs, markers): (Vec<Row>, Vec<Row>) = rows
         .into_iter()
         .partition(|row| row.get::<_, Option<uuid::Uuid>>(0).is_some());
-    Claim {
-        jobs: jobs.iter().map(claimed_job).collect(),
-        capped: markers.iter().map(asked_of).collect(),
-    }
+    (jobs.iter().map(claimed_job).collect(), markers)
 }
 
 /// The position (from 0) of the ask a claim's row filled.
@@ -420,5 +475,6 @@ fn claimed_job(row: &Row) -> ClaimedJob {
         payload: row.get(2),
         due_for: row.get(7),
         asked_of: asked_of(row),
+        held_permit: row.get(11),
     }
 }

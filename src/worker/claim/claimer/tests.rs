@@ -97,6 +97,7 @@ async fn a_claim_session_runs_the_checked_generic_plan_of_its_prepared_claim() {
             .claim(CLAIMANT, &ask(2), &CappedQueues::default())
             .await
             .unwrap()
+            .jobs
             .len(),
         2
     );
@@ -105,6 +106,7 @@ async fn a_claim_session_runs_the_checked_generic_plan_of_its_prepared_claim() {
             .claim(CLAIMANT, &ask(5), &CappedQueues::default())
             .await
             .unwrap()
+            .jobs
             .len(),
         1
     );
@@ -112,6 +114,7 @@ async fn a_claim_session_runs_the_checked_generic_plan_of_its_prepared_claim() {
         .claim(CLAIMANT, &ask(5), &CappedQueues::default())
         .await
         .unwrap()
+        .jobs
         .is_empty());
     // Every claim of the uncapped queue ran the one generic plan of the claim without permits
     // that was checked; none was planned for its values, and the claim with permits never ran.
@@ -166,6 +169,7 @@ async fn on_a_full_analyzed_queue_the_generic_claim_probes_the_primary_key_per_c
             .claim(CLAIMANT, &ask(100), &CappedQueues::default())
             .await
             .unwrap()
+            .jobs
             .len(),
         100
     );
@@ -187,6 +191,7 @@ async fn on_an_empty_vacuumed_queue_a_failed_plan_check_is_no_alarm_and_is_check
         .claim(CLAIMANT, &ask(5), &CappedQueues::default())
         .await
         .unwrap()
+        .jobs
         .is_empty());
     let now = Instant::now();
     assert!(!session.due_for_recheck(now));
@@ -221,6 +226,7 @@ async fn a_session_whose_claim_plan_fails_its_check_plans_every_claim_and_says_s
             .claim(CLAIMANT, &ask(5), &CappedQueues::default())
             .await
             .unwrap()
+            .jobs
             .len(),
         5
     );
@@ -269,6 +275,7 @@ async fn the_pool_opens_checked_sessions_and_knows_a_closed_one() {
             .claim(CLAIMANT, &ask(1), &CappedQueues::default())
             .await
             .unwrap()
+            .jobs
             .len(),
         1
     );

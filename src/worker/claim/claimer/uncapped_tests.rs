@@ -33,7 +33,11 @@ async fn the_claim_without_permits_refuses_each_capped_ask_and_claims_the_rest()
     queue::set_key_cap(&client, "bulk", Some(1)).await.unwrap();
     queue::set_paused(&client, "held", true).await.unwrap();
     let asks = [("mail", 3), ("reports", 2), ("bulk", 3), ("held", 3)];
-    let Claim { jobs, capped } = claim_uncapped(&client, CLAIMANT, &asks).await.unwrap();
+    let Claim {
+        jobs,
+        capped,
+        left_free,
+    } = claim_uncapped(&client, CLAIMANT, &asks).await.unwrap();
     assert_eq!(
         capped,
         [0, 2],
@@ -41,6 +45,7 @@ async fn the_claim_without_permits_refuses_each_capped_ask_and_claims_the_rest()
     );
     let asked: Vec<usize> = jobs.iter().map(|j| j.asked_of).collect();
     assert_eq!(asked, [1, 1], "the uncapped queue's two");
+    assert!(left_free.is_empty(), "it says nothing of permits");
     assert_eq!(permits_held(&client).await, (0, 0), "it took no permit");
 }
 
@@ -60,7 +65,12 @@ async fn a_session_claims_a_refused_queue_with_permits_at_once_and_then_directly
         .claim(CLAIMANT, &[("reports", 2), ("mail", 5)], &capped)
         .await
         .unwrap();
-    let mut asked: Vec<usize> = first.iter().map(|j| j.asked_of).collect();
+    assert_eq!(
+        first.left_free,
+        [(1, Some(false))],
+        "mail's ask, by its position in the caller's asks: it took both free permits"
+    );
+    let mut asked: Vec<usize> = first.jobs.iter().map(|j| j.asked_of).collect();
     asked.sort_unstable();
     assert_eq!(
         asked,
@@ -83,8 +93,13 @@ async fn a_session_claims_a_refused_queue_with_permits_at_once_and_then_directly
         .claim(CLAIMANT, &[("reports", 5), ("mail", 5)], &capped)
         .await
         .unwrap();
-    let asked: Vec<usize> = second.iter().map(|j| j.asked_of).collect();
+    let asked: Vec<usize> = second.jobs.iter().map(|j| j.asked_of).collect();
     assert_eq!(asked, [0], "the last report; mail is at its cap");
+    assert_eq!(
+        second.left_free,
+        [(1, Some(false))],
+        "no free permit to leave"
+    );
     assert_eq!(
         (runs(CLAIM_UNCAPPED_SQL).await.0, runs(CLAIM_SQL).await.0),
         (2, 3)
@@ -94,10 +109,56 @@ async fn a_session_claims_a_refused_queue_with_permits_at_once_and_then_directly
         .claim(CLAIMANT, &[("reports", 5)], &capped)
         .await
         .unwrap()
+        .jobs
         .is_empty());
     assert_eq!(
         runs(CLAIM_UNCAPPED_SQL).await.0,
         3,
         "forgotten: the cheaper claim again"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_with_permits_says_whether_it_left_free_permits_of_each_capped_ask() {
+    let (db, config) = with_jobs(0).await;
+    let client = db.client().await;
+    // Two due jobs the claimant runs and one it does not, under a cap of 4.
+    enqueue_into(&client, "test", &[("mail", 0, None); 2]).await;
+    enqueue_into(&client, "other.kind", &[("mail", 0, None)]).await;
+    enqueue_into(&client, "test", &[("bulk", 0, None); 2]).await;
+    queue::set_cap(&client, "mail", Some(4)).await.unwrap();
+    queue::set_key_cap(&client, "bulk", Some(1)).await.unwrap();
+    let stats = WorkerStats::default();
+    let session = session(&config, &stats).await;
+    let capped = CappedQueues::default();
+    capped.learn(["mail", "bulk"]);
+    let claim = session
+        .claim(
+            CLAIMANT,
+            &[("reports", 1), ("mail", 3), ("bulk", 2)],
+            &capped,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        claim.jobs.len(),
+        4,
+        "both of mail's and both of bulk's (no keys)"
+    );
+    assert_eq!(
+        claim.left_free,
+        [(1, Some(true)), (2, None)],
+        "mail: 3 free permits seen, 2 jobs it runs; bulk has a key cap only"
+    );
+    assert_eq!(permits_held(&client).await, (2, 0));
+    // Asked for fewer than the free permits, it leaves none it could have used.
+    enqueue_into(&client, "test", &[("mail", 0, None); 3]).await;
+    let claim = session
+        .claim(CLAIMANT, &[("mail", 1)], &capped)
+        .await
+        .unwrap();
+    assert_eq!(
+        (claim.jobs.len(), claim.left_free),
+        (1, vec![(0, Some(false))])
     );
 }
