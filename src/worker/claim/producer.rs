@@ -41,7 +41,7 @@ use crate::shutdown::{Shutdown, Stage};
 use crate::worker::claim::dispatch::{self, claim_with, next_due, settle_dead_task, timed_execute};
 use crate::worker::claim::freed::{self, FreedPermits};
 use crate::worker::claim::prefetch::{refill_now, Prefetch};
-use crate::worker::claim::queues::{took_per_ask, QueueShares};
+use crate::worker::claim::queues::{took_per_ask, QueueShares, DRAIN_FAN_OUT};
 use crate::worker::complete::completer::Transition;
 use crate::worker::lease::{self, ClaimedJob, LeaseClock};
 use crate::worker::liveness::held::{HeldJob, HeldJobs};
@@ -286,7 +286,11 @@ impl Producer {
         for (queue, _) in &freed {
             self.shares.reopen(queue);
         }
-        let asks = dispatch::owned(self.shares.asks(room));
+        let asks = dispatch::owned(if why == ClaimReason::Drain {
+            self.shares.asks_of_at_most(room, DRAIN_FAN_OUT)
+        } else {
+            self.shares.asks(room)
+        });
         let shared = Arc::clone(&self.shared);
         let sent = Instant::now();
         let ticket = self.presence.ticket(self.wake.backlog, sent);
