@@ -1,15 +1,21 @@
-//! A bounded chaos soak with real processes: three replicas of the binary work through 5,000 ETL
-//! jobs of a queue capped below their slots ([`CAP`]), spread over [`KEYS`] concurrency keys
-//! capped at [`KEY_CAP`] each, while they are repeatedly SIGKILLed (and restarted with their
-//! owner id), frozen with SIGSTOP/SIGCONT, and have their backends terminated; a sampler counts
-//! the queue's running jobs, and each key's, every few milliseconds throughout. Once the faults stop, every invariant is
-//! checked from the database, and the replicas' logs are searched for privacy canaries. The
-//! figures are printed and written to `soak-figures.txt` in Cargo's target temporary directory.
+//! A bounded chaos soak with real processes: [`REPLICAS`] replicas of the binary, [`SLOTS`] slots
+//! each, work through 5,000 ETL jobs spread over three queues capped at 1, 8 and 64 ([`QUEUES`]),
+//! every cap below the replicas' slots, the cap-8 queue's jobs spread over [`KEYS`] concurrency
+//! keys capped at [`KEY_CAP`] each, while the replicas are repeatedly SIGKILLed (and restarted
+//! with their owner id), frozen with SIGSTOP/SIGCONT, and have their backends terminated. Each
+//! queue's running jobs are counted twice. The database's count: a sampler counts each queue's
+//! running jobs, each key's, and those running without their permits, every few milliseconds
+//! throughout. The handler's side: a trigger on the target table records, as the handler loads a
+//! job's rows, the window of its effects transaction ([`EFFECTS_RECORD`]), and once the queues
+//! drain the most windows of one queue that overlapped are counted ([`EFFECTS_OVERLAP`]). Once the
+//! faults stop, every invariant is checked from the database, and the replicas' logs are searched
+//! for privacy canaries. The figures are printed and written to `soak-figures.txt` in Cargo's
+//! target temporary directory.
 
 use crate::privacy::leak;
 use crate::support::{
-    assert_settled_once, count, enqueue_loads, signal, spawn_replica_logged, Processes, TestDb,
-    LEDGERS,
+    assert_settled_once, count, enqueue_placed_loads, signal, spawn_replica_logged, Processes,
+    TestDb, LEDGERS,
 };
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
@@ -19,16 +25,76 @@ use std::time::{Duration, Instant};
 
 /// Jobs enqueued, in batches of [`BATCH`].
 const JOBS: usize = 5_000;
-/// Jobs per enqueue batch.
+/// Jobs per enqueue batch, split over [`QUEUES`].
 const BATCH: usize = 100;
-/// The cap of the jobs' queue: below the replicas' 24 slots, so it binds.
-const CAP: i32 = 8;
-/// The concurrency keys the jobs are spread over (each job's key set in its enqueue's
-/// transaction).
-const KEYS: i32 = 6;
-/// The cap of each key's running jobs: [`KEYS`] × [`KEY_CAP`] is above [`CAP`], so both bind.
+/// Replica processes, each with [`SLOTS`] slots.
+const REPLICAS: usize = 4;
+/// Slots of each replica: [`REPLICAS`] × [`SLOTS`] (128) is above every queue's cap, so no cap
+/// is hidden behind the replicas' slots.
+const SLOTS: usize = 32;
+
+/// One of the soak's capped queues, and its share of each batch.
+struct Capped {
+    /// The queue's name.
+    name: &'static str,
+    /// Its cap.
+    cap: i32,
+    /// Jobs of each batch of [`BATCH`] that are enqueued into it.
+    per_batch: usize,
+    /// The cap of its running jobs of one key, its jobs spread over [`KEYS`] keys; `None`: its
+    /// jobs carry no key.
+    key_cap: Option<i32>,
+}
+
+/// The queues, capped at 1, 8 and 64. Each batch brings every queue more jobs than its cap, all
+/// at once, so every cap binds. The cap-1 queue runs one job at a time, so it gets only a small
+/// share (200 jobs), enough to keep pace with the batches under the faults; the cap-64 queue
+/// gets the most. The keys cap the cap-8 queue: [`KEYS`] × [`KEY_CAP`] is above 8, so both caps
+/// bind there.
+const QUEUES: [Capped; 3] = [
+    Capped {
+        name: "cap1",
+        cap: 1,
+        per_batch: 4,
+        key_cap: None,
+    },
+    Capped {
+        name: "cap8",
+        cap: 8,
+        per_batch: 24,
+        key_cap: Some(KEY_CAP),
+    },
+    Capped {
+        name: "cap64",
+        cap: 64,
+        per_batch: 72,
+        key_cap: None,
+    },
+];
+
+// The shape the soak relies on, checked as it compiles: the queues' shares make up a whole batch;
+// every queue gets more jobs per batch, and the replicas more slots, than its cap; and a key cap
+// lets more of the queue's jobs run than its cap.
+const _: () = {
+    let (mut i, mut jobs) = (0, 0);
+    while i < QUEUES.len() {
+        let cap = QUEUES[i].cap as usize;
+        assert!(QUEUES[i].per_batch > cap && REPLICAS * SLOTS > cap);
+        if let Some(key_cap) = QUEUES[i].key_cap {
+            assert!(KEYS * key_cap as usize > cap);
+        }
+        jobs += QUEUES[i].per_batch;
+        i += 1;
+    }
+    assert!(jobs == BATCH);
+};
+
+/// The concurrency keys a key-capped queue's jobs are spread over, evenly by their place in the
+/// batch (each job's key set at its insert).
+const KEYS: usize = 6;
+/// The cap of each key's running jobs in the cap-8 queue.
 const KEY_CAP: i32 = 2;
-/// How often the sampler counts the capped queue's running jobs.
+/// How often the sampler counts the queues' running jobs.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// Target rows each job upserts (distinct keys).
 const RECORDS: usize = 3;
@@ -40,7 +106,8 @@ const CHAOS: Duration = Duration::from_secs(45);
 const FAULT_EVERY: Duration = Duration::from_millis(300);
 /// How long every job gets to end once the faults stop.
 const SETTLE_BOUND: Duration = Duration::from_secs(120);
-/// The replicas' flags: short leases and transaction timeouts, so faults heal quickly.
+/// The replicas' flags besides their slots and queues: short leases and transaction timeouts, so
+/// faults heal quickly.
 const ARGS: &[&str] = &[
     "--lease",
     "2s",
@@ -55,6 +122,46 @@ const ARGS: &[&str] = &[
     "--shutdown-grace",
     "5s",
 ];
+
+/// The handler-side record, set up before the replicas start. The ETL handler's one write, its
+/// load, runs in the fenced transaction that also ends its job; a trigger on the target table
+/// keeps, per job, that transaction's start (after the job's claim committed: the job was
+/// claimed, then computed, then batched) and the moment of the load (before the commit that
+/// frees its permits). A rolled-back attempt (a stale claim, a terminated backend) keeps
+/// nothing, and a job whose load inserted no row (a second load of the same rows) adds none. So
+/// every window lies within the time its job held its permits, and no more windows of a queue
+/// overlap than its jobs held permits at once.
+const EFFECTS_RECORD: &str = "
+    CREATE TABLE soak_effects (
+        job_id uuid        PRIMARY KEY,
+        began  timestamptz NOT NULL,
+        loaded timestamptz NOT NULL
+    );
+    CREATE FUNCTION soak_record_effects() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO soak_effects
+        SELECT DISTINCT written_by_job, now(), clock_timestamp() FROM loaded_rows
+            ON CONFLICT (job_id) DO NOTHING;
+        RETURN NULL;
+    END;
+    $$;
+    CREATE TRIGGER soak_record_effects AFTER INSERT ON etl_target_rows
+        REFERENCING NEW TABLE AS loaded_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION soak_record_effects();";
+
+/// For each queue of `$1`, in order: the most of its recorded effects windows that overlapped at
+/// once (a window that ends at the instant another begins does not overlap it), and the windows.
+const EFFECTS_OVERLAP: &str = "
+    WITH w AS (SELECT i.queue, e.began, e.loaded
+                 FROM soak_effects e JOIN etl_job_intake i ON i.id = e.job_id),
+         edges AS (SELECT queue, began AS at, 1 AS step FROM w
+                   UNION ALL SELECT queue, loaded, -1 FROM w),
+         open AS (SELECT queue, sum(step) OVER (PARTITION BY queue ORDER BY at, step
+                                                ROWS UNBOUNDED PRECEDING) AS n
+                    FROM edges)
+    SELECT coalesce((SELECT max(n) FROM open WHERE open.queue = q.name), 0)::bigint,
+           (SELECT count(*) FROM w WHERE w.queue = q.name)
+      FROM unnest($1::text[]) WITH ORDINALITY AS q(name, ord) ORDER BY q.ord";
 
 /// One replica slot: its owner id, log file and current process.
 struct Slot {
@@ -75,7 +182,7 @@ struct Figures {
     freezes: u32,
     /// Backends terminated.
     backend_kills: i64,
-    /// Replica processes started after the first three (after kills, or after an exit).
+    /// Replica processes started after the first [`REPLICAS`] (after kills, or after an exit).
     restarts: u32,
     /// Incarnations that exited without being killed by the soak.
     self_exits: u32,
@@ -94,8 +201,18 @@ impl Slot {
             .append(true)
             .open(&self.log)
             .unwrap();
+        let slots = SLOTS.to_string();
+        let queues = QUEUES.map(|q| q.name).join(",");
+        let shape = ["--slots", &slots, "--queues", &queues];
+        let args: Vec<&str> = ARGS.iter().copied().chain(shape).collect();
         // Debug level: the more the replicas say, the more the leak search covers.
-        spawn_replica_logged(&db.config.url, &self.owner, ARGS, Stdio::from(log), "debug")
+        spawn_replica_logged(
+            &db.config.url,
+            &self.owner,
+            &args,
+            Stdio::from(log),
+            "debug",
+        )
     }
 }
 
@@ -133,23 +250,26 @@ async fn still_running(client: &tokio_postgres::Client, claims: &[uuid::Uuid]) -
 async fn chaos_soak_keeps_every_invariant() {
     let started = Instant::now();
     let db = TestDb::migrated().await;
-    let mut client = db.client().await;
+    let client = db.client().await;
     let seed = fastrand::u64(..);
     let mut rng = fastrand::Rng::with_seed(seed);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let mut slots: Vec<Slot> = (0..3)
+    let mut slots: Vec<Slot> = (0..REPLICAS)
         .map(|i| Slot {
             owner: format!("soak-{i}"),
             log: dir.join(format!("soak-{}-{i}.log", db.name)),
             thaw_at: None,
         })
         .collect();
-    durable_etl::queue::set_cap(&client, "default", Some(CAP))
-        .await
-        .unwrap();
-    durable_etl::queue::set_key_cap(&client, "default", Some(KEY_CAP))
-        .await
-        .unwrap();
+    for q in &QUEUES {
+        durable_etl::queue::set_cap(&client, q.name, Some(q.cap))
+            .await
+            .unwrap();
+        durable_etl::queue::set_key_cap(&client, q.name, q.key_cap)
+            .await
+            .unwrap();
+    }
+    client.batch_execute(EFFECTS_RECORD).await.unwrap();
     let sampler = Sampler::start(&db).await;
     let mut replicas = Processes(slots.iter().map(|s| s.start(&db)).collect());
     let mut figures = Figures::default();
@@ -160,20 +280,11 @@ async fn chaos_soak_keeps_every_invariant() {
         // Batches are spread over the chaos, so jobs flow while the faults happen.
         let due = (chaos_ends - CHAOS).elapsed().as_secs_f64() / CHAOS.as_secs_f64();
         if enqueued < JOBS && (enqueued as f64) / (JOBS as f64) <= due {
-            // The ETL kind's enqueue names no key: the batch gets its keys in the enqueue's own
-            // transaction, so no replica ever sees one of its jobs without a key.
-            let tx = client.transaction().await.unwrap();
+            // One statement: every job of the batch is inserted in its queue, with its key.
             let prefix = format!("b{enqueued}");
-            let ids = enqueue_loads(&tx, &prefix, BATCH, RECORDS, MAX_ATTEMPTS).await;
-            tx.execute(
-                "UPDATE etl_job_records
-                    SET concurrency_key = 'tenant-' || abs(hashtext(id::text)) % $2
-                  WHERE id = ANY($1)",
-                &[&ids, &KEYS],
-            )
-            .await
-            .unwrap();
-            tx.commit().await.unwrap();
+            let shape = (BATCH, RECORDS, MAX_ATTEMPTS);
+            let ids = enqueue_placed_loads(&client, &prefix, shape, place).await;
+            assert_eq!(ids.len(), BATCH);
             enqueued += BATCH;
         }
         for (slot, child) in slots.iter_mut().zip(replicas.0.iter_mut()) {
@@ -253,12 +364,9 @@ async fn chaos_soak_keeps_every_invariant() {
     watch(&client, &mut watched, &mut figures).await;
     let Sampled {
         samples,
-        most_running,
-        most_of_a_key,
-        unpermitted,
+        mut queues,
     } = sampler.stop().await;
-    let permits_held = count(&client, "etl_queue_permits WHERE claim_id IS NOT NULL").await
-        + count(&client, "etl_key_permits").await;
+    count_drained(&client, &mut queues).await;
     for child in &mut replicas.0 {
         signal(child, "TERM");
         child.wait().unwrap();
@@ -285,11 +393,11 @@ async fn chaos_soak_keeps_every_invariant() {
         let _ = std::fs::remove_file(&slot.log);
     }
     let report = format!(
-        "chaos soak (seed {seed}): {JOBS} jobs, 3 replicas, {:?} of faults\n\
+        "chaos soak (seed {seed}): {JOBS} jobs, {REPLICAS} replicas × {SLOTS} slots, {:?} of faults\n\
          kills {}, freezes {}, jobs they caught running {}, backend kills {}, restarts {}, self-exits {}\n\
          lost {lost}, duplicated {duplicated}, highest attempts {max_attempts_seen} (max {MAX_ATTEMPTS})\n\
          max stuck after a kill or freeze {:?}, all terminal {:?} after the faults stopped\n\
-         cap {CAP}, key cap {KEY_CAP} over {KEYS} keys: most running at once {most_running} and of one key {most_of_a_key} in {samples} samples, running without a permit {unpermitted}, permits held once drained {permits_held}\n\
+         {samples} samples of the running jobs; per queue:\n{}\
          log lines {lines}, of which with a canary, SQL or database message: {}\n\
          wall time {:?}\n",
         faults_stopped - (chaos_ends - CHAOS),
@@ -301,6 +409,7 @@ async fn chaos_soak_keeps_every_invariant() {
         figures.self_exits,
         figures.max_stuck,
         settled_in,
+        QUEUES.iter().zip(&queues).map(QueueSeen::line).collect::<String>(),
         leaks.len(),
         started.elapsed(),
     );
@@ -308,13 +417,10 @@ async fn chaos_soak_keeps_every_invariant() {
     std::fs::write(dir.join("soak-figures.txt"), &report).unwrap();
 
     assert_eq!((lost, duplicated), (0, 0), "{report}");
-    assert!(most_running <= i64::from(CAP), "{report}");
-    assert!(most_of_a_key <= i64::from(KEY_CAP), "{report}");
-    assert!(
-        most_running > 1 && most_of_a_key >= 1 && samples > 100,
-        "the sampler saw the caps work: {report}"
-    );
-    assert_eq!((unpermitted, permits_held), (0, 0), "{report}");
+    assert!(samples > 100, "the sampler sampled throughout: {report}");
+    for (q, seen) in QUEUES.iter().zip(&queues) {
+        seen.assert_held(q, &report);
+    }
     assert!(lines > 0, "the replicas logged something to search");
     assert!(leaks.is_empty(), "{:?}", &leaks[..leaks.len().min(5)]);
     assert!(
@@ -341,22 +447,151 @@ async fn chaos_soak_keeps_every_invariant() {
     );
 }
 
+/// One queue's figures: what the [`Sampler`] saw of it, and what [`count_drained`] counted once
+/// every job ended.
+#[derive(Debug, Default, Clone, Copy)]
+struct QueueSeen {
+    /// The most running jobs at once, by the database's count.
+    most_running: i64,
+    /// Samples in which it ran at its cap.
+    at_cap: u64,
+    /// The most running jobs of one key at once.
+    most_of_a_key: i64,
+    /// Samples with a running job that did not hold its queue permit or, keyed, its key permit.
+    unpermitted: i64,
+    /// The most effects windows that overlapped at once ([`EFFECTS_OVERLAP`]): the handler-side
+    /// count.
+    most_loading: i64,
+    /// Effects windows recorded: the jobs whose load inserted their rows.
+    loads: i64,
+    /// Permits (the queue's and its keys') still held once every job ended.
+    permits_held: i64,
+}
+
+impl QueueSeen {
+    /// The report's line of queue `q`.
+    fn line((q, seen): (&Capped, &QueueSeen)) -> String {
+        let (keys, of_a_key) = match q.key_cap {
+            Some(key_cap) => (
+                format!(", key cap {key_cap} over {KEYS} keys"),
+                format!(" and of one key {}", seen.most_of_a_key),
+            ),
+            None => (String::new(), String::new()),
+        };
+        format!(
+            "  {} (cap {}{keys}, {} jobs): most running at once {} (at the cap in {} samples){of_a_key}, \
+             running without its permits {}, handler-side most loading at once {} of {} loads, \
+             permits held once drained {}\n",
+            q.name,
+            q.cap,
+            JOBS / BATCH * q.per_batch,
+            seen.most_running,
+            seen.at_cap,
+            seen.unpermitted,
+            seen.most_loading,
+            seen.loads,
+            seen.permits_held,
+        )
+    }
+
+    /// Asserts what queue `q` must have shown: never more running than its cap by either count,
+    /// and its cap reached by the database's; no more of one key than the key cap, and some;
+    /// no job running without its permits, and none held once drained; every job's load
+    /// recorded once.
+    fn assert_held(&self, q: &Capped, report: &str) {
+        let cap = i64::from(q.cap);
+        assert!(
+            self.most_running <= cap && self.most_loading <= cap,
+            "{} ran more than its cap: {report}",
+            q.name
+        );
+        assert_eq!(
+            self.most_running, cap,
+            "{} reached its cap: {report}",
+            q.name
+        );
+        assert!(
+            self.most_loading >= 1,
+            "{}'s loads were counted: {report}",
+            q.name
+        );
+        if let Some(key_cap) = q.key_cap {
+            assert!(
+                (1..=i64::from(key_cap)).contains(&self.most_of_a_key),
+                "{}'s keys ran within their cap: {report}",
+                q.name
+            );
+        }
+        assert_eq!(
+            (self.unpermitted, self.permits_held),
+            (0, 0),
+            "{} ran every job with its permits and freed them all: {report}",
+            q.name
+        );
+        assert_eq!(
+            self.loads,
+            (JOBS / BATCH * q.per_batch) as i64,
+            "{} recorded each job's load once: {report}",
+            q.name
+        );
+    }
+}
+
 /// What the [`Sampler`] saw.
 #[derive(Debug, Default)]
 struct Sampled {
     /// Samples taken.
     samples: u64,
-    /// The most running jobs of the queue at once.
-    most_running: i64,
-    /// The most running jobs of one key at once.
-    most_of_a_key: i64,
-    /// Samples with a running job that held no queue permit or no key permit.
-    unpermitted: i64,
+    /// Each queue's figures, in the order of [`QUEUES`].
+    queues: [QueueSeen; QUEUES.len()],
 }
 
-/// Counts the capped queue's running jobs, in all and per key, every [`SAMPLE_EVERY`] on a
-/// connection of its own, until stopped: the database's own count, whoever holds the jobs (a
-/// frozen replica's count too), each sample one snapshot.
+/// The names of [`QUEUES`], in order: the `$1` of the statements that answer per queue.
+fn queue_names() -> Vec<&'static str> {
+    QUEUES.iter().map(|q| q.name).collect()
+}
+
+/// The job of each place `i` of a batch: its queue, and its key if that queue is key-capped.
+/// The first [`Capped::per_batch`] places go to the first queue, the next to the second, and so
+/// on; a key-capped queue's jobs take the [`KEYS`] keys in turn.
+fn place(i: usize) -> (&'static str, Option<String>) {
+    let mut first = 0;
+    for q in &QUEUES {
+        if i < first + q.per_batch {
+            let key = q.key_cap.map(|_| format!("tenant-{}", (i - first) % KEYS));
+            return (q.name, key);
+        }
+        first += q.per_batch;
+    }
+    unreachable!("a batch has {BATCH} places, all of them in a queue")
+}
+
+/// Each queue of `$1`, in order, in one snapshot: its running jobs, the most of them of one key,
+/// and whether any of them runs without its permits (the queue's permit of its slot naming its
+/// claim; a keyed job's key permit, named by its claim, of its queue and key).
+const SAMPLE: &str = "
+    WITH r AS MATERIALIZED (
+        SELECT j.queue, j.concurrency_key,
+               NOT EXISTS (SELECT FROM etl_queue_permits p
+                            WHERE p.queue = j.queue AND p.slot = j.permit_slot
+                              AND p.claim_id = j.lease_claim_id)
+               OR (j.concurrency_key IS NOT NULL
+                   AND NOT EXISTS (SELECT FROM etl_key_permits k
+                                    WHERE k.claim_id = j.lease_claim_id AND k.queue = j.queue
+                                      AND k.concurrency_key = j.concurrency_key)) AS unpermitted
+          FROM etl_job_records j WHERE j.status = 'running'
+    )
+    SELECT (SELECT count(*) FROM r WHERE r.queue = q.name),
+           (SELECT coalesce(max(n), 0)
+              FROM (SELECT count(*) AS n FROM r
+                     WHERE r.queue = q.name AND r.concurrency_key IS NOT NULL
+                     GROUP BY r.concurrency_key) k),
+           EXISTS (SELECT FROM r WHERE r.queue = q.name AND r.unpermitted)
+      FROM unnest($1::text[]) WITH ORDINALITY AS q(name, ord) ORDER BY q.ord";
+
+/// Counts each capped queue's running jobs, in all, per key and without their permits, every
+/// [`SAMPLE_EVERY`] on a connection of its own, until stopped: the database's own count, whoever
+/// holds the jobs (a frozen replica's count too), each sample one snapshot.
 struct Sampler {
     /// Asks it to stop.
     stop: tokio::sync::watch::Sender<bool>,
@@ -370,33 +605,22 @@ impl Sampler {
         let client = db.client().await;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
+            let names = queue_names();
             let mut seen = Sampled::default();
             while !*stopped.borrow() {
                 // The faults terminate only durable-etl's own sessions, never this one; an error
                 // ends the sampling, and the sample-count assertion catches that.
-                let Ok(row) = client
-                    .query_one(
-                        "WITH r AS MATERIALIZED (
-                             SELECT permit_slot, concurrency_key, lease_claim_id
-                               FROM etl_job_records WHERE queue = 'default' AND status = 'running'
-                         )
-                         SELECT (SELECT count(*) FROM r),
-                                (SELECT coalesce(max(n), 0)
-                                   FROM (SELECT count(*) AS n FROM r GROUP BY concurrency_key) k),
-                                (SELECT count(*) FROM r
-                                  WHERE r.permit_slot IS NULL
-                                     OR NOT EXISTS (SELECT FROM etl_key_permits p
-                                                     WHERE p.claim_id = r.lease_claim_id))",
-                        &[],
-                    )
-                    .await
-                else {
+                let Ok(rows) = client.query(SAMPLE, &[&names]).await else {
                     break;
                 };
                 seen.samples += 1;
-                seen.most_running = seen.most_running.max(row.get::<_, i64>(0));
-                seen.most_of_a_key = seen.most_of_a_key.max(row.get::<_, i64>(1));
-                seen.unpermitted += i64::from(row.get::<_, i64>(2) > 0);
+                for ((q, queue), row) in QUEUES.iter().zip(&mut seen.queues).zip(&rows) {
+                    let running: i64 = row.get(0);
+                    queue.most_running = queue.most_running.max(running);
+                    queue.at_cap += u64::from(running == i64::from(q.cap));
+                    queue.most_of_a_key = queue.most_of_a_key.max(row.get::<_, i64>(1));
+                    queue.unpermitted += i64::from(row.get::<_, bool>(2));
+                }
                 tokio::select! {
                     () = tokio::time::sleep(SAMPLE_EVERY) => {}
                     _ = stopped.changed() => {}
@@ -411,6 +635,28 @@ impl Sampler {
     async fn stop(self) -> Sampled {
         let _ = self.stop.send(true);
         self.task.await.unwrap()
+    }
+}
+
+/// Fills in each queue's figures of `queues` that are counted once every job ended: the permits
+/// still held, and the handler-side count from the recorded effects windows.
+async fn count_drained(client: &tokio_postgres::Client, queues: &mut [QueueSeen]) {
+    let names = queue_names();
+    let held = client
+        .query(
+            "SELECT (SELECT count(*) FROM etl_queue_permits p
+                      WHERE p.queue = q.name AND p.claim_id IS NOT NULL)
+                    + (SELECT count(*) FROM etl_key_permits k WHERE k.queue = q.name)
+               FROM unnest($1::text[]) WITH ORDINALITY AS q(name, ord) ORDER BY q.ord",
+            &[&names],
+        )
+        .await
+        .unwrap();
+    let loads = client.query(EFFECTS_OVERLAP, &[&names]).await.unwrap();
+    for ((queue, held), loads) in queues.iter_mut().zip(&held).zip(&loads) {
+        queue.permits_held = held.get(0);
+        queue.most_loading = loads.get(0);
+        queue.loads = loads.get(1);
     }
 }
 

@@ -532,24 +532,13 @@ pub async fn enqueue_loads(
     max_attempts: i32,
 ) -> Vec<uuid::Uuid> {
     use durable_etl::etl::enqueue::{enqueue_many, NewJob};
-    use durable_etl::etl::request::parse;
-    use durable_etl::intake::IntakeLimits;
     let secret = durable_etl::digest::Secret::new(LOAD_SECRET).unwrap();
     let owner = load_owner();
     let mut ids = Vec::with_capacity(n);
     for batch in (0..n).collect::<Vec<_>>().chunks(500) {
         let requests: Vec<_> = batch
             .iter()
-            .map(|i| {
-                let rows: Vec<serde_json::Value> = (0..records)
-                    .map(|r| serde_json::json!({"id": format!("{prefix}-{i}-{r}"), "canary_field": "canary-load-value"}))
-                    .collect();
-                parse(
-                    &serde_json::json!({"dataset": "d", "key": "id", "records": rows}),
-                    IntakeLimits::default(),
-                )
-                .unwrap()
-            })
+            .map(|&i| load_request(prefix, i, records))
             .collect();
         let keys: Vec<String> = batch.iter().map(|i| format!("{prefix}-{i}")).collect();
         let jobs: Vec<NewJob<'_>> = requests
@@ -565,6 +554,55 @@ pub async fn enqueue_loads(
         ids.extend(done.iter().map(|e| e.id));
     }
     ids
+}
+
+/// The request of load job `i` of `prefix` (see [`enqueue_loads`]): `records` target rows of
+/// dataset `d` keyed `{prefix}-{i}-{r}`, each with a privacy canary as a field name and as a value.
+fn load_request(prefix: &str, i: usize, records: usize) -> durable_etl::etl::request::EtlRequest {
+    let rows: Vec<serde_json::Value> = (0..records)
+        .map(|r| serde_json::json!({"id": format!("{prefix}-{i}-{r}"), "canary_field": "canary-load-value"}))
+        .collect();
+    durable_etl::etl::request::parse(
+        &serde_json::json!({"dataset": "d", "key": "id", "records": rows}),
+        durable_etl::intake::IntakeLimits::default(),
+    )
+    .unwrap()
+}
+
+/// [`enqueue_loads`] with each job `i` put into the queue and given the concurrency key (if
+/// any) that `place(i)` names, at its insert: the ETL kind's enqueue names neither, so these
+/// go through the core enqueue every kind uses, with the same submission otherwise. Returns the
+/// ids in order.
+pub async fn enqueue_placed_loads(
+    client: &impl tokio_postgres::GenericClient,
+    prefix: &str,
+    (n, records, max_attempts): (usize, usize, i32),
+    place: impl Fn(usize) -> (&'static str, Option<String>),
+) -> Vec<uuid::Uuid> {
+    let requests: Vec<_> = (0..n).map(|i| load_request(prefix, i, records)).collect();
+    let keys: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
+    let places: Vec<_> = (0..n).map(place).collect();
+    let jobs = requests
+        .iter()
+        .zip(&keys)
+        .zip(&places)
+        .map(
+            |((request, key), (queue, concurrency_key))| durable_etl::enqueue::Submission {
+                payload: request.to_value(),
+                idempotency_key: Some(key),
+                max_attempts,
+                run_at: request.run_at,
+                replaces: request.replaces,
+                queue: Some(queue),
+                priority: 0,
+                concurrency_key: concurrency_key.as_deref(),
+            },
+        )
+        .collect();
+    let secret = durable_etl::digest::Secret::new(LOAD_SECRET).unwrap();
+    let kind = durable_etl::etl::KIND;
+    let done = durable_etl::enqueue::submit(client, &secret, &load_owner(), kind, jobs).await;
+    done.unwrap().iter().map(|e| e.id).collect()
 }
 
 /// Waits until every job of the database `client` is on has ended (no live row is left).
