@@ -116,6 +116,26 @@ async fn terminate_holders(client: &tokio_postgres::Client, owner: &str, alive: 
         .get(0)
 }
 
+/// Terminates every backend that holds `owner`'s owner or alive lock until none has held one for
+/// 100 ms: what a process's death does to all its connections at once. A stopped replica's
+/// pools may still be finishing a connection they had begun to open, which takes the alive lock
+/// a moment after the first termination (a dead process's could not).
+async fn terminate_every_holder(client: &tokio_postgres::Client, owner: &str) {
+    let mut quiet = 0;
+    for _ in 0..250 {
+        if terminate_holders(client, owner, true).await == 0 {
+            quiet += 1;
+            if quiet == 5 {
+                return;
+            }
+        } else {
+            quiet = 0;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("connections of {owner} kept taking its locks");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_in_flight_survive_a_session_terminated_again_and_again() {
     let db = TestDb::migrated().await;
@@ -177,7 +197,7 @@ async fn an_owner_whose_every_connection_vanished_is_recovered_at_once() {
     // session and its claim and commit sessions, each of which held its alive lock.
     a.task.abort();
     let _ = a.task.await;
-    terminate_holders(&client, "doomed", true).await;
+    terminate_every_holder(&client, "doomed").await;
     let b = Worker::start(
         pool(&db).await,
         &db.config,
