@@ -53,6 +53,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
                     "{}",
                     serde_json::to_string(&report).map_err(|_| Error::Internal)?
                 );
+                // The JSON says `rate_missed`; a person watching the terminal should see it too.
+                if let Some(warning) = report.offered.as_ref().and_then(|o| o.warning()) {
+                    eprintln!("{warning}");
+                }
             } else {
                 print!("{}", report.to_text());
             }

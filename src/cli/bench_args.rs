@@ -12,6 +12,7 @@ use crate::bench::shape::{self, Shape};
 use crate::bench::{BenchConfig, BenchHandler, Mode};
 use clap::{Args, Subcommand};
 use durable_etl::config;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 /// The load `bench` offers.
@@ -26,14 +27,23 @@ pub(crate) enum BenchCommand {
         #[command(flatten)]
         common: BenchArgs,
     },
-    /// Start idle replicas, then insert one job at a time at --rate for --duration.
+    /// Start idle replicas, then offer --rate jobs/s for --duration, open-loop by the clock, from
+    /// --producers connections, --batch jobs per statement; the figures say what rate was
+    /// achieved, and warn when it falls short of the asked one.
     OfferedLoad {
         /// Jobs per second.
         #[arg(long, default_value_t = 20.0)]
         rate: f64,
-        /// How long the load lasts.
+        /// How long the load lasts: the schedule holds rate x duration jobs, and the producers
+        /// stop when the duration is over, whatever is left of it.
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         duration: Duration,
+        /// Producer tasks, each on its own connection, taking the next due statement in turn.
+        #[arg(long, value_name = "N", default_value_t = NonZeroUsize::MIN)]
+        producers: NonZeroUsize,
+        /// Jobs per statement: each statement enqueues B jobs, sent at rate / B per second.
+        #[arg(long, value_name = "B", default_value_t = NonZeroUsize::MIN)]
+        batch: NonZeroUsize,
         /// The replicas and how they run.
         #[command(flatten)]
         common: BenchArgs,
@@ -171,11 +181,15 @@ impl BenchCommand {
             BenchCommand::OfferedLoad {
                 rate,
                 duration,
+                producers,
+                batch,
                 common,
             } => (
                 Mode::OfferedLoad {
                     rate: *rate,
                     duration_s: duration.as_secs_f64(),
+                    producers: producers.get(),
+                    batch: batch.get(),
                 },
                 common,
             ),
