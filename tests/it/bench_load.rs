@@ -137,3 +137,23 @@ async fn bench_an_impossible_rate_is_cut_off_at_the_duration_and_flagged_loudly(
     assert!(text.contains("enqueue lag "), "{text}");
     assert!(!exists(&name).await);
 }
+
+#[tokio::test]
+async fn bench_a_rate_sweep_runs_each_rate_in_turn_and_prints_one_report_per_rate() {
+    let (report, name) = bench(
+        "sweep",
+        &["offered-load", "--rate", "20,40", "--duration", "500ms"],
+    );
+    let reports = report.as_array().unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(reports.len(), 2, "{report}");
+    for (report, rate) in reports.iter().zip([20.0, 40.0]) {
+        assert_eq!(report["config"]["rate"].as_f64(), Some(rate), "{report}");
+        assert_eq!(number(report, "asked_rate"), rate, "{report}");
+        assert_eq!(number(report, "scheduled"), rate / 2.0, "{report}");
+        // Each rate ran on a fresh database: it counts its own jobs only.
+        let offered = report["offered"].as_u64().unwrap();
+        assert!(offered >= 1 && offered as f64 <= rate / 2.0, "{report}");
+        assert_eq!(report["succeeded"], offered, "{report}");
+    }
+    assert!(!exists(&name).await);
+}
