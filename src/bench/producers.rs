@@ -193,7 +193,8 @@ async fn produce(client: tokio_postgres::Client, shared: Shared) -> Result<Sent,
         ..
     } = shared.plan;
     let batch = batch.max(1);
-    let stop = shared.start + duration;
+    // A duration past what the clock can count never stops the producers early.
+    let stop = shared.start.checked_add(duration);
     let mut sent = Sent::default();
     loop {
         let k = shared.next.fetch_add(1, Ordering::Relaxed);
@@ -201,10 +202,16 @@ async fn produce(client: tokio_postgres::Client, shared: Shared) -> Result<Sent,
         if first >= jobs {
             break;
         }
-        let due = shared.start + Duration::from_secs_f64(first as f64 / rate);
+        // A due time the clock cannot count is past any duration: the schedule ends there.
+        let Some(due) = Duration::try_from_secs_f64(first as f64 / rate)
+            .ok()
+            .and_then(|after| shared.start.checked_add(after))
+        else {
+            break;
+        };
         tokio::time::sleep_until(due).await;
         let now = Instant::now();
-        if now >= stop {
+        if stop.is_some_and(|stop| now >= stop) {
             break;
         }
         sent.lags_ms
