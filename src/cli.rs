@@ -43,20 +43,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
             crate::demo::run(&db_config, &args.demo_database, serve).await
         }
         Command::Bench(command) => {
-            let (config, output) = command.config().unwrap_or_else(|e| e.exit());
-            let report = crate::bench::run(&db_config, config).await?;
-            if let Some(dir) = &output.report {
-                crate::bench::html::write(dir, &report).map_err(Error::io)?;
-            }
-            if output.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&report).map_err(|_| Error::Internal)?
-                );
-            } else {
-                print!("{}", report.to_text());
-            }
-            Ok(())
+            let (configs, output) = command.configs().unwrap_or_else(|e| e.exit());
+            bench(&db_config, configs, &output).await
         }
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;
@@ -221,3 +209,55 @@ async fn migrate(
 
 #[cfg(test)]
 mod tests;
+
+/// Runs the bench once per config, in order (one, or one per rate of a sweep), writing each
+/// report as it ends: as text, or as JSON (one object, or an array of them for a sweep), and as
+/// an HTML page (`DIR/index.html`, or `DIR/rate-R/index.html` per rate of a sweep). A run that
+/// missed its asked rate also says so on stderr when the figures are JSON.
+///
+/// # Errors
+/// The first run's error, as [`crate::bench::run`]; [`Error::Io`] when a page cannot be written.
+async fn bench(
+    db_config: &DatabaseConfig,
+    configs: Vec<crate::bench::BenchConfig>,
+    output: &bench_args::BenchOutput,
+) -> Result<(), Error> {
+    let sweep = configs.len() > 1;
+    let mut reports = Vec::with_capacity(configs.len());
+    for config in configs {
+        let report = crate::bench::run(db_config, config).await?;
+        if let Some(dir) = &output.report {
+            let dir = match report.config.mode {
+                crate::bench::Mode::OfferedLoad { rate, .. } if sweep => {
+                    dir.join(format!("rate-{rate}"))
+                }
+                _ => dir.clone(),
+            };
+            crate::bench::html::write(&dir, &report).map_err(Error::io)?;
+        }
+        // The JSON says `rate_missed`; a person watching the terminal should see it too.
+        if let Some(warning) = report.offered.as_ref().and_then(|o| o.warning()) {
+            if output.json {
+                eprintln!("{warning}");
+            }
+        }
+        if !output.json {
+            if sweep && !reports.is_empty() {
+                println!();
+            }
+            print!("{}", report.to_text());
+        }
+        reports.push(report);
+    }
+    if output.json {
+        let json = if sweep {
+            serde_json::to_string(&reports)
+        } else {
+            reports
+                .first()
+                .map_or(Ok(String::new()), serde_json::to_string)
+        };
+        println!("{}", json.map_err(|_| Error::Internal)?);
+    }
+    Ok(())
+}

@@ -6,6 +6,7 @@
 //! - The page is self-contained: inline CSS and inline SVG, no script, no external reference.
 //! - The page is well-formed XML (every element closed, every attribute quoted, text escaped),
 //!   so any XML parser reads it; a test checks it.
+//! - A run that missed its asked rate says so in a warning above its figures.
 //! - Plots are drawn from what the run measured, never interpolated: an empty series draws an
 //!   empty plot with its axes, not a made-up line.
 
@@ -63,6 +64,7 @@ pub(crate) fn render(report: &Report) -> String {
          td, th { border: 1px solid #999; padding: 0.2em 0.6em; text-align: right; }\n\
          th { text-align: left; }\n\
          svg { display: block; margin: 0.5em 0 1.5em; }\n\
+         .warning { background: #fde0dc; border: 2px solid #d62728; padding: 0.6em; }\n\
          </style>\n</head>\n<body>\n",
     );
     let _ = writeln!(
@@ -70,6 +72,13 @@ pub(crate) fn render(report: &Report) -> String {
         "<h1>durable-etl bench: {}</h1>",
         escape(&report.config.describe())
     );
+    if let Some(warning) = report.offered.as_ref().and_then(|o| o.warning()) {
+        let _ = writeln!(
+            page,
+            "<p class=\"warning\"><strong>{}</strong></p>",
+            escape(&warning)
+        );
+    }
     page.push_str(&figures(report));
     let _ = writeln!(
         page,
@@ -121,6 +130,14 @@ fn figures(report: &Report) -> String {
             "<tr><th>{}</th><td>{}</td></tr>",
             escape(name),
             escape(&value)
+        );
+    }
+    if let Some(o) = &report.offered {
+        let _ = writeln!(
+            out,
+            "<tr><th>offered of asked (jobs/s)</th><td>{:.0} of {:.0}</td></tr>\n\
+             <tr><th>enqueue lag p50 / p99 / max (ms)</th><td>{:.3} / {:.3} / {:.3}</td></tr>",
+            o.achieved_rate, o.asked_rate, o.lag_ms.p50, o.lag_ms.p99, o.lag_ms.max
         );
     }
     if let Some(ack) = &report.ack_to_start_ms {

@@ -1,5 +1,6 @@
-//! What the bench does to the queue: fills it, offers load at a rate, holds and times
-//! recoveries, and waits until every job has ended.
+//! What the bench does to the queue: fills it, holds and times recoveries, and inserts jobs the
+//! way every mode does (`insert_noops`, `insert_loads`; the offered load's producers use them
+//! too, see `producers`).
 
 use super::shape::{Columns, Shape};
 use super::{BenchHandler, Replicas, INSERT_CHUNK, RECORDS_PER_ETL_JOB, WAIT_LIMIT};
@@ -10,11 +11,11 @@ use durable_etl::error::Error;
 use durable_etl::etl::enqueue::{enqueue_many, NewJob};
 use durable_etl::etl::request;
 use durable_etl::intake::IntakeLimits;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// A throw-away secret and owner for the bench's ETL jobs.
-fn bench_owner() -> Result<(Secret, [u8; 32]), Error> {
+pub(super) fn bench_owner() -> Result<(Secret, [u8; 32]), Error> {
     let secret = Secret::new(uuid::Uuid::new_v4().simple().to_string().into_bytes())
         .ok_or(ConfigError::Secret)?;
     let owner = secret.digest(durable_etl::digest::DigestKind::Principal, b"bench");
@@ -115,7 +116,7 @@ pub(super) async fn insert_noops(
 }
 
 /// Enqueues `n` ETL loads numbered from `first` through the library's enqueue, in one statement.
-async fn insert_loads(
+pub(super) async fn insert_loads(
     client: &tokio_postgres::Client,
     secret: &Secret,
     owner: &[u8; 32],
@@ -279,35 +280,4 @@ async fn until_running(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// Offers `jobs` jobs at `rate` per second, one autocommit INSERT each, spread over `shape`'s
-/// queues and priorities; returns each job's commit-acknowledgement time (Unix seconds) by id.
-pub(super) async fn offer(
-    client: &tokio_postgres::Client,
-    handler: BenchHandler,
-    (jobs, rate): (usize, f64),
-    shape: &Shape,
-) -> Result<std::collections::HashMap<String, f64>, Error> {
-    let (secret, owner) = bench_owner()?;
-    let mut acks = std::collections::HashMap::with_capacity(jobs);
-    let start = Instant::now();
-    for i in 0..jobs {
-        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
-        let ids = match handler {
-            BenchHandler::Noop => {
-                insert_noops(client, i, &shape.payload(), &shape.columns(i, 1))
-                    .await?
-                    .ids
-            }
-            BenchHandler::Etl => insert_loads(client, &secret, &owner, i, 1).await?,
-        };
-        let ack = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        for id in ids {
-            acks.insert(id.to_string(), ack);
-        }
-    }
-    Ok(acks)
 }

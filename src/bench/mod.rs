@@ -4,9 +4,11 @@
 //! - **Burn-down**: `jobs` due jobs are inserted before any replica starts; the replicas then
 //!   drain them. Throughput = jobs / (last `finished_at` − first `started_at`), database clock, so
 //!   process start-up and the inserts are not timed (the peers' harness times the same span).
-//! - **Offered load**: idle replicas first; then one producer inserts one job per autocommit
-//!   statement at `rate` jobs/s for `duration`, and the figures describe pickup latency, among
-//!   them acknowledgement → handler start as the replicas record it (`starts`).
+//! - **Offered load**: idle replicas first; then `producers` tasks on their own connections
+//!   offer `rate` jobs/s open-loop by the clock for `duration`, `batch` jobs per autocommit
+//!   statement (`producers`), and the figures describe pickup latency, among them
+//!   acknowledgement → handler start as the replicas record it (`starts`), beside the rate the
+//!   producers achieved and how late they sent (a missed rate is flagged, never hidden).
 //! - **Saturated**: every queue that takes jobs keeps a backlog of due jobs for `duration`
 //!   (`saturate`); the queue figures count completions within that window.
 //! - **Recovery**: SIGKILLs of the replica running a job, timed until a live one runs it again.
@@ -20,7 +22,7 @@
 //!   end unless told to keep it; it refuses to run against a name that is not its own prefix.
 //! - Every figure comes from the database (timestamps, WAL position), from the replicas' own
 //!   metrics endpoints or from the handler starts they recorded, never from the bench's guess
-//!   about what the replicas did.
+//!   about what the replicas did; the offered rate and lag come from the producers' own clock.
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
 mod figures;
@@ -28,17 +30,19 @@ pub(crate) mod html;
 mod keys;
 mod load;
 mod percentiles;
+mod producers;
 mod replicas;
 mod saturate;
 pub(crate) mod shape;
 pub(crate) mod starts;
+mod text;
 mod tuples;
 
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
 use durable_etl::error::Error;
 use figures::QueueFigures;
-use load::{fill, offer, recoveries};
+use load::{fill, recoveries};
 pub(crate) use percentiles::Percentiles;
 use replicas::{server_cpu_seconds, Replicas};
 use saturate::{saturate, until_done, AgingWatch};
@@ -78,12 +82,17 @@ pub(crate) enum Mode {
         /// Jobs inserted before the replicas start.
         jobs: usize,
     },
-    /// Insert jobs one by one at `rate` per second for `duration_s` seconds.
+    /// Insert jobs at `rate` per second for `duration_s` seconds, `batch` per statement, from
+    /// `producers` connections (see `producers`).
     OfferedLoad {
         /// Jobs per second.
         rate: f64,
         /// Seconds of load.
         duration_s: f64,
+        /// Producer tasks, each on its own connection.
+        producers: usize,
+        /// Jobs per statement.
+        batch: usize,
     },
     /// `trials` times for each phase: SIGKILL the replica running a job (held inside its
     /// effects, or computing) and time until a live replica runs it again.
@@ -149,6 +158,9 @@ pub(crate) struct Report {
     /// replica running it recorded it (its wall clock at the call of the handler's compute phase;
     /// see `starts`). The peers' latency definition. Absent when the replicas recorded none.
     pub(crate) ack_to_start_ms: Option<Percentiles>,
+    /// Offered load only: the asked and achieved rates, the jobs offered and the enqueue lag.
+    #[serde(flatten)]
+    pub(crate) offered: Option<producers::OfferedFigures>,
     /// Offered load only: each offered job's `ack_to_start` and `ack_to_done`, in milliseconds.
     pub(crate) per_job_ms: Option<Vec<JobLatency>>,
     /// Recovery only: SIGKILL of the replica running a job inside its effects → a live
@@ -188,9 +200,15 @@ impl BenchConfig {
     pub(crate) fn describe(&self) -> String {
         let load = match self.mode {
             Mode::BurnDown { jobs } => format!("burn-down of {jobs} jobs"),
-            Mode::OfferedLoad { rate, duration_s } => {
-                format!("offered load of {rate} jobs/s for {duration_s} s")
-            }
+            Mode::OfferedLoad {
+                rate,
+                duration_s,
+                producers,
+                batch,
+            } => format!(
+                "offered load of {rate} jobs/s for {duration_s} s \
+                 ({producers} producer(s), {batch} job(s) per statement)"
+            ),
             Mode::Recovery { trials } => {
                 format!("recovery from {trials} SIGKILLs per phase (effects, computing)")
             }
@@ -205,71 +223,6 @@ impl BenchConfig {
         );
         text.push_str(&self.shape.describe());
         text
-    }
-}
-
-impl Report {
-    /// The report as a few aligned lines.
-    pub(crate) fn to_text(&self) -> String {
-        let p = |p: &Percentiles| {
-            format!(
-                "p50 {:.3}  p95 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3} ms",
-                p.p50, p.p95, p.p99, p.p999, p.max
-            )
-        };
-        let mut out = format!(
-            "{}\n\
-             succeeded            {} (not succeeded: {})\n\
-             throughput           {:.0} jobs/s over {:.3} s\n\
-             enqueue->start       {}\n",
-            self.config.describe(),
-            self.succeeded,
-            self.not_succeeded,
-            self.jobs_per_s,
-            self.elapsed_s,
-            p(&self.enqueue_to_start_ms),
-        );
-        if let Some(ack) = &self.ack_to_start_ms {
-            out.push_str(&format!(
-                "ack->start           {} ({} of {} jobs)\n",
-                p(ack),
-                ack.samples,
-                self.per_job_ms.as_ref().map_or(0, Vec::len)
-            ));
-        }
-        if let Some(ack) = &self.ack_to_done_ms {
-            out.push_str(&format!("ack->done            {}\n", p(ack)));
-        }
-        if let Some(recovery) = &self.recovery_effects_ms {
-            out.push_str(&format!(
-                "kill->reclaimed      {} (in its effects)\n",
-                p(recovery)
-            ));
-        }
-        if let Some(recovery) = &self.recovery_compute_ms {
-            out.push_str(&format!(
-                "kill->reclaimed      {} (computing)\n",
-                p(recovery)
-            ));
-        }
-        out.push_str(&format!(
-            "round trips per job  {:.3} ({} claims, {} empty, {} group commits)\n\
-             WAL per job          {:.0} bytes\n\
-             CPU per job          replicas {:.1} us, server backends {:.1} us\n\
-             replica peak RSS     {:.1} MiB\n",
-            self.round_trips_per_job,
-            self.claims,
-            self.empty_claims,
-            self.commit_batches,
-            self.wal_bytes_per_job,
-            self.replica_cpu_us_per_job,
-            self.server_cpu_us_per_job,
-            self.replica_peak_rss_mib,
-        ));
-        if let Some(queues) = &self.queues {
-            out.push_str(&queues.to_text(p));
-        }
-        out
     }
 }
 
@@ -298,7 +251,9 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
     durable_etl::schema::migrate_up(&mut client).await?;
     let jobs = match config.mode {
         Mode::BurnDown { jobs } => jobs,
-        Mode::OfferedLoad { rate, duration_s } => (rate * duration_s).round() as usize,
+        Mode::OfferedLoad {
+            rate, duration_s, ..
+        } => (rate * duration_s).round() as usize,
         Mode::Recovery { trials } => 2 * trials,
         Mode::Saturated { backlog, .. } => {
             backlog
@@ -334,7 +289,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         .get(0);
     let mut replicas = Replicas::start(db_config, config).await?;
     let started = tokio::time::Instant::now();
-    let mut window = None;
+    let (mut window, mut offered) = (None, None);
     let (acks, recovery) = match config.mode {
         Mode::BurnDown { .. } => (None, None),
         Mode::Saturated {
@@ -346,10 +301,24 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
             window = Some(saturate(&client, shape, load, jobs, aging.as_mut()).await?);
             (None, None)
         }
-        Mode::OfferedLoad { rate, .. } => (
-            Some(offer(&client, config.handler, (jobs, rate), &config.shape).await?),
-            None,
-        ),
+        Mode::OfferedLoad {
+            rate,
+            duration_s,
+            producers,
+            batch,
+        } => {
+            let duration = Duration::from_secs_f64(duration_s);
+            let plan = producers::Plan {
+                jobs,
+                rate,
+                duration,
+                producers,
+                batch,
+            };
+            let offer = producers::offer(db_config, config.handler, plan, &config.shape).await?;
+            offered = Some(offer.figures);
+            (Some(offer.acks), None)
+        }
         Mode::Recovery { trials } => {
             let times = recoveries(db_config, &client, &mut replicas, trials).await?;
             (
@@ -477,6 +446,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         enqueue_to_start_ms: Percentiles::of(enqueue_to_start),
         ack_to_done_ms: ack_to_done,
         ack_to_start_ms: ack_to_start,
+        offered,
         per_job_ms: jobs,
         recovery_effects_ms: recovery.map(|r| r.0),
         recovery_compute_ms: recovery.map(|r| r.1),

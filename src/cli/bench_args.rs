@@ -12,6 +12,7 @@ use crate::bench::shape::{self, Shape};
 use crate::bench::{BenchConfig, BenchHandler, Mode};
 use clap::{Args, Subcommand};
 use durable_etl::config;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 /// The load `bench` offers.
@@ -26,14 +27,31 @@ pub(crate) enum BenchCommand {
         #[command(flatten)]
         common: BenchArgs,
     },
-    /// Start idle replicas, then insert one job at a time at --rate for --duration.
+    /// Start idle replicas, then offer --rate jobs/s for --duration, open-loop by the clock, from
+    /// --producers connections, --batch jobs per statement; the figures say what rate was
+    /// achieved, and warn when it falls short of the asked one. Several rates make a sweep.
     OfferedLoad {
-        /// Jobs per second.
-        #[arg(long, default_value_t = 20.0)]
-        rate: f64,
-        /// How long the load lasts.
+        /// Jobs per second; several (`1000,5000`) run the offered load at each rate in turn, on a
+        /// fresh database each time, and print one report per rate (`--json`: an array of them;
+        /// `--report DIR`: `DIR/rate-R/index.html` per rate).
+        #[arg(
+            long,
+            value_name = "R[,R…]",
+            value_delimiter = ',',
+            num_args = 1,
+            default_value = "20"
+        )]
+        rate: Vec<f64>,
+        /// How long the load lasts: the schedule holds rate x duration jobs, and the producers
+        /// stop when the duration is over, whatever is left of it.
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         duration: Duration,
+        /// Producer tasks, each on its own connection, taking the next due statement in turn.
+        #[arg(long, value_name = "N", default_value_t = NonZeroUsize::MIN)]
+        producers: NonZeroUsize,
+        /// Jobs per statement: each statement enqueues B jobs, sent at rate / B per second.
+        #[arg(long, value_name = "B", default_value_t = NonZeroUsize::MIN)]
+        batch: NonZeroUsize,
         /// The replicas and how they run.
         #[command(flatten)]
         common: BenchArgs,
@@ -161,67 +179,86 @@ pub(crate) struct BenchOutput {
 }
 
 impl BenchCommand {
-    /// The bench's settings, and where its figures go.
+    /// The settings of the bench's runs (one, or one per rate of an offered-load sweep, in the
+    /// order given), and where their figures go.
     ///
     /// # Errors
     /// A usage error (exit 2) for queue flags given with `--handler etl`.
-    pub(crate) fn config(&self) -> Result<(BenchConfig, BenchOutput), clap::Error> {
-        let (mode, common) = match self {
-            BenchCommand::BurnDown { jobs, common } => (Mode::BurnDown { jobs: *jobs }, common),
+    pub(crate) fn configs(&self) -> Result<(Vec<BenchConfig>, BenchOutput), clap::Error> {
+        let (modes, common) = match self {
+            BenchCommand::BurnDown { jobs, common } => {
+                (vec![Mode::BurnDown { jobs: *jobs }], common)
+            }
             BenchCommand::OfferedLoad {
                 rate,
                 duration,
+                producers,
+                batch,
                 common,
-            } => (
-                Mode::OfferedLoad {
+            } => {
+                let mode = |rate: &f64| Mode::OfferedLoad {
                     rate: *rate,
                     duration_s: duration.as_secs_f64(),
-                },
-                common,
-            ),
+                    producers: producers.get(),
+                    batch: batch.get(),
+                };
+                (rate.iter().map(mode).collect(), common)
+            }
             BenchCommand::Recovery { trials, common } => {
-                (Mode::Recovery { trials: *trials }, common)
+                (vec![Mode::Recovery { trials: *trials }], common)
             }
             BenchCommand::Saturated {
                 backlog,
                 duration,
                 common,
             } => (
-                Mode::Saturated {
+                vec![Mode::Saturated {
                     backlog: *backlog,
                     duration_s: duration.as_secs_f64(),
-                },
+                }],
                 common,
             ),
         };
-        let shape = common.shape.shape();
-        if common.handler != BenchHandler::Noop && !shape.is_default() {
-            return Err(clap::Error::raw(
-                clap::error::ErrorKind::ArgumentConflict,
-                "the queue flags shape noop jobs only: leave out --handler etl\n",
-            ));
-        }
-        let replicas = match mode {
-            Mode::Recovery { .. } => common.replicas.max(2),
-            _ => common.replicas,
-        };
-        let config = BenchConfig {
-            mode,
-            replicas,
-            slots: common.slots,
-            prefetch: common.prefetch,
-            handler: common.handler,
-            database: common.bench_database.clone(),
-            keep: common.keep,
-            record_starts: matches!(mode, Mode::OfferedLoad { .. })
-                || common.report.is_some()
-                || shape.cap.is_some(),
-            shape,
-        };
+        let configs = modes
+            .into_iter()
+            .map(|mode| config(mode, common))
+            .collect::<Result<Vec<_>, _>>()?;
         let output = BenchOutput {
             json: common.json,
             report: common.report.clone(),
         };
-        Ok((config, output))
+        Ok((configs, output))
     }
+}
+
+/// The settings of one run of `mode` with the `common` flags.
+///
+/// # Errors
+/// A usage error (exit 2) for queue flags given with `--handler etl`.
+fn config(mode: Mode, common: &BenchArgs) -> Result<BenchConfig, clap::Error> {
+    let shape = common.shape.shape();
+    if common.handler != BenchHandler::Noop && !shape.is_default() {
+        return Err(clap::Error::raw(
+            clap::error::ErrorKind::ArgumentConflict,
+            "the queue flags shape noop jobs only: leave out --handler etl\n",
+        ));
+    }
+    let replicas = match mode {
+        Mode::Recovery { .. } => common.replicas.max(2),
+        _ => common.replicas,
+    };
+    let config = BenchConfig {
+        mode,
+        replicas,
+        slots: common.slots,
+        prefetch: common.prefetch,
+        handler: common.handler,
+        database: common.bench_database.clone(),
+        keep: common.keep,
+        record_starts: matches!(mode, Mode::OfferedLoad { .. })
+            || common.report.is_some()
+            || shape.cap.is_some(),
+        shape,
+    };
+    Ok(config)
 }

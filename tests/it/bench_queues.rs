@@ -17,14 +17,14 @@ fn bench_kept(tag: &str, args: &str) -> (serde_json::Value, String) {
 }
 
 /// A client on the kept bench database `name`.
-async fn kept(name: &str) -> tokio_postgres::Client {
+pub(crate) async fn kept(name: &str) -> tokio_postgres::Client {
     let mut config = admin_config();
     config.dbname(name);
     connect(&config).await
 }
 
 /// Drops the kept bench database `name`.
-async fn drop_kept(name: &str) {
+pub(crate) async fn drop_kept(name: &str) {
     connect(&admin_config())
         .await
         .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
@@ -217,17 +217,28 @@ async fn bench_cap_is_set_before_the_replicas_start_and_never_exceeded() {
 async fn bench_keys_spread_zipf_keys_under_a_key_cap_and_split_the_pickup_by_key() {
     let (report, name) = bench_kept(
         "keys",
-        "offered-load --rate 200 --duration 1s --keys 50 --key-cap 1 --job-ms 5 --replicas 2 --slots 4",
+        "offered-load --rate 200 --duration 1s --batch 10 --keys 50 --key-cap 1 --job-ms 5 --replicas 2 --slots 4",
     );
-    assert_eq!(report["succeeded"], 200, "{report}");
+    // The producer stops when the second is over: what it had not sent by then is left out
+    // (statements of 10 leave it 50 ms each, so a slow debug build still offers most of them).
+    let offered = report["offered"].as_u64().unwrap();
+    assert!((100..=200).contains(&offered), "{report}");
+    assert_eq!(report["succeeded"], offered, "{report}");
     let keys = &report["keys"];
     let samples = |group: &str| keys[group]["samples"].as_u64().unwrap();
     let hot = samples("hot_enqueue_to_start_ms");
     let warm = samples("warm_enqueue_to_start_ms");
     let cold = samples("cold_enqueue_to_start_ms");
-    assert_eq!(hot + warm + cold, 200, "every job counted once: {report}");
+    assert_eq!(
+        hot + warm + cold,
+        offered,
+        "every job counted once: {report}"
+    );
     // 1 / H(50) of the jobs are the hot key's (about 45 of 200), k1 to k9 about 100 more.
-    assert!((25..70).contains(&hot) && cold > 20, "{report}");
+    assert!(
+        (offered / 8..offered / 3).contains(&hot) && cold > offered / 10,
+        "{report}"
+    );
     let client = kept(&name).await;
     let key_cap: Option<i32> = client
         .query_one(

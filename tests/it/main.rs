@@ -4,6 +4,7 @@
 
 mod api;
 mod bench;
+mod bench_load;
 mod bench_queues;
 mod browser;
 mod cancel;

@@ -1,0 +1,334 @@
+//! `bench offered-load`'s producers: N tasks, each on its own connection, that offer the load
+//! open-loop by the clock, and the figures that say whether they offered what was asked.
+//!
+//! The schedule: the `jobs` jobs are cut into statements of `batch` jobs, and statement `k` is
+//! due at `start + k × batch / rate` (so statements go out at `rate / batch` per second). The
+//! producers share one counter: each takes the next statement's index, waits until it is due
+//! and sends it, on its own connection, in one autocommit statement (`insert_noops`, or the
+//! library's `enqueue_many` for ETL loads).
+//!
+//! Invariants this module keeps:
+//! - Open loop: a late producer never moves the schedule. A statement taken after its due time
+//!   is sent at once, and its lag (send time − due time) is recorded; the next statement keeps
+//!   its own due time.
+//! - `--duration` bounds the run: no statement is sent once the duration is over, however much
+//!   of the schedule is left; the figures say how many jobs were offered of how many scheduled.
+//! - The achieved rate is never flattered: it is offered jobs ÷ the span from the schedule's
+//!   start to the last acknowledgement, or to the end of the last offered job's slot
+//!   (`offered / rate`) when that is later (a producer that keeps the schedule is credited with
+//!   the asked rate, never more). Below [`MISSED_BELOW`] × the asked rate the run says so
+//!   (`rate_missed`, and [`OfferedFigures::warning`] in the text, on stderr and in the report).
+
+use super::load::{bench_owner, insert_loads, insert_noops};
+use super::shape::Shape;
+use super::{BenchHandler, Percentiles};
+use durable_etl::config::DatabaseConfig;
+use durable_etl::db;
+use durable_etl::digest::Secret;
+use durable_etl::error::Error;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+/// A run whose achieved rate is below this fraction of the asked rate missed it.
+pub(crate) const MISSED_BELOW: f64 = 0.98;
+
+/// What the producers are asked to offer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Plan {
+    /// Jobs in the schedule (rate × duration).
+    pub(super) jobs: usize,
+    /// Jobs per second asked.
+    pub(super) rate: f64,
+    /// When the producers stop, counted from the schedule's start.
+    pub(super) duration: Duration,
+    /// Producer tasks, each on its own connection (at least 1).
+    pub(super) producers: usize,
+    /// Jobs per statement (at least 1).
+    pub(super) batch: usize,
+}
+
+/// What the producers offered, beside what they were asked to.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OfferedFigures {
+    /// Jobs per second asked (`--rate`).
+    pub(crate) asked_rate: f64,
+    /// Jobs per second offered: `offered / span_s`.
+    pub(crate) achieved_rate: f64,
+    /// Whether `achieved_rate` is below [`MISSED_BELOW`] × `asked_rate`.
+    pub(crate) rate_missed: bool,
+    /// Producer tasks (`--producers`).
+    pub(crate) producers: usize,
+    /// Jobs per statement (`--batch`).
+    pub(crate) batch: usize,
+    /// Jobs in the schedule (rate × duration).
+    pub(crate) scheduled: usize,
+    /// Jobs actually offered (acknowledged) before the duration was over.
+    pub(crate) offered: usize,
+    /// Seconds the offered jobs took (see the module doc).
+    pub(crate) span_s: f64,
+    /// How late each statement was sent versus its due time, in milliseconds.
+    pub(crate) lag_ms: Percentiles,
+}
+
+impl OfferedFigures {
+    /// The loud line of a run that missed its rate, if it did.
+    pub(crate) fn warning(&self) -> Option<String> {
+        self.rate_missed.then(|| {
+            format!(
+                "WARNING: offered {:.0} of {:.0} jobs/s asked ({:.1} %): the figures describe \
+                 the offered rate, not the asked one",
+                self.achieved_rate,
+                self.asked_rate,
+                100.0 * self.achieved_rate / self.asked_rate
+            )
+        })
+    }
+
+    /// The figures as aligned lines of the text report, the warning first.
+    pub(crate) fn to_text(&self) -> String {
+        let mut out = self.warning().map(|w| format!("{w}\n")).unwrap_or_default();
+        out.push_str(&format!(
+            "offered              {} of {} jobs: {:.0} of {:.0} jobs/s asked over {:.3} s \
+             ({} producer(s), batch {})\n\
+             enqueue lag          p50 {:.3}  p99 {:.3}  max {:.3} ms ({} statements)\n",
+            self.offered,
+            self.scheduled,
+            self.achieved_rate,
+            self.asked_rate,
+            self.span_s,
+            self.producers,
+            self.batch,
+            self.lag_ms.p50,
+            self.lag_ms.p99,
+            self.lag_ms.max,
+            self.lag_ms.samples,
+        ));
+        out
+    }
+}
+
+/// The offered jobs and the figures of their offer.
+pub(super) struct Offered {
+    /// Each offered job's commit-acknowledgement time (Unix seconds), by id.
+    pub(super) acks: HashMap<String, f64>,
+    /// What was offered, beside what was asked.
+    pub(super) figures: OfferedFigures,
+}
+
+/// What one producer shares with the others.
+#[derive(Clone)]
+struct Shared {
+    /// The schedule.
+    plan: Plan,
+    /// What the jobs are.
+    handler: BenchHandler,
+    /// The jobs' queues and priorities.
+    shape: Arc<Shape>,
+    /// The ETL loads' secret and owner.
+    owner: Arc<(Secret, [u8; 32])>,
+    /// The index of the next statement to send.
+    next: Arc<AtomicUsize>,
+    /// The schedule's start.
+    start: Instant,
+}
+
+/// What one producer sent.
+#[derive(Default)]
+struct Sent {
+    /// Each job's id and commit-acknowledgement time (Unix seconds).
+    acks: Vec<(uuid::Uuid, f64)>,
+    /// Each statement's lag, in milliseconds.
+    lags_ms: Vec<f64>,
+    /// When its last statement was acknowledged.
+    last_ack: Option<Instant>,
+}
+
+/// Offers `plan`'s jobs, spread over `shape`'s queues and priorities, from `plan.producers`
+/// tasks on their own connections to `db_config`'s database (see the module doc).
+///
+/// # Errors
+/// A connection or statement error of any producer; [`Error::Internal`] if a producer task
+/// panicked.
+pub(super) async fn offer(
+    db_config: &DatabaseConfig,
+    handler: BenchHandler,
+    plan: Plan,
+    shape: &Shape,
+) -> Result<Offered, Error> {
+    let mut clients = Vec::with_capacity(plan.producers);
+    for _ in 0..plan.producers.max(1) {
+        clients.push(db::connect(db_config, "bench").await?);
+    }
+    let shared = Shared {
+        plan,
+        handler,
+        shape: Arc::new(shape.clone()),
+        owner: Arc::new(bench_owner()?),
+        next: Arc::new(AtomicUsize::new(0)),
+        start: Instant::now(),
+    };
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|client| tokio::spawn(produce(client, shared.clone())))
+        .collect();
+    let mut sent = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        sent.push(task.await.map_err(|_| Error::Internal)??);
+    }
+    Ok(tally(&plan, shared.start, sent))
+}
+
+/// Takes statements off the shared schedule until it is done or the duration is over, sending
+/// each on `client` once it is due (at once if it is late).
+async fn produce(client: tokio_postgres::Client, shared: Shared) -> Result<Sent, Error> {
+    let Plan {
+        jobs,
+        rate,
+        duration,
+        batch,
+        ..
+    } = shared.plan;
+    let batch = batch.max(1);
+    // A duration past what the clock can count never stops the producers early.
+    let stop = shared.start.checked_add(duration);
+    let mut sent = Sent::default();
+    loop {
+        let k = shared.next.fetch_add(1, Ordering::Relaxed);
+        let first = k.saturating_mul(batch);
+        if first >= jobs {
+            break;
+        }
+        // A due time the clock cannot count is past any duration: the schedule ends there.
+        let Some(due) = Duration::try_from_secs_f64(first as f64 / rate)
+            .ok()
+            .and_then(|after| shared.start.checked_add(after))
+        else {
+            break;
+        };
+        tokio::time::sleep_until(due).await;
+        let now = Instant::now();
+        if stop.is_some_and(|stop| now >= stop) {
+            break;
+        }
+        sent.lags_ms
+            .push(now.saturating_duration_since(due).as_secs_f64() * 1000.0);
+        let n = batch.min(jobs - first);
+        let ids = match shared.handler {
+            BenchHandler::Noop => {
+                let columns = shared.shape.columns(first, n);
+                insert_noops(&client, first, &shared.shape.payload(), &columns)
+                    .await?
+                    .ids
+            }
+            BenchHandler::Etl => {
+                let (secret, owner) = &*shared.owner;
+                insert_loads(&client, secret, owner, first, n).await?
+            }
+        };
+        sent.last_ack = Some(Instant::now());
+        let ack = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        sent.acks.extend(ids.into_iter().map(|id| (id, ack)));
+    }
+    Ok(sent)
+}
+
+/// The producers' `sent` jobs and their figures against `plan`, for a schedule that began at
+/// `start`.
+fn tally(plan: &Plan, start: Instant, sent: Vec<Sent>) -> Offered {
+    let last_ack = sent.iter().filter_map(|s| s.last_ack).max();
+    let lags: Vec<f64> = sent
+        .iter()
+        .flat_map(|s| s.lags_ms.iter().copied())
+        .collect();
+    let acks: HashMap<String, f64> = sent
+        .into_iter()
+        .flat_map(|s| s.acks)
+        .map(|(id, ack)| (id.to_string(), ack))
+        .collect();
+    let span = last_ack.map_or(0.0, |at| at.saturating_duration_since(start).as_secs_f64());
+    let figures = figures(plan, acks.len(), span, lags);
+    Offered { acks, figures }
+}
+
+/// The figures of `offered` jobs of `plan`, the last acknowledged `span_s` seconds after the
+/// schedule's start, sent with statement lags `lags_ms`.
+fn figures(plan: &Plan, offered: usize, span_s: f64, lags_ms: Vec<f64>) -> OfferedFigures {
+    let span_s = if offered == 0 {
+        0.0
+    } else {
+        span_s.max(offered as f64 / plan.rate)
+    };
+    let achieved_rate = if span_s > 0.0 {
+        offered as f64 / span_s
+    } else {
+        0.0
+    };
+    OfferedFigures {
+        asked_rate: plan.rate,
+        achieved_rate,
+        rate_missed: achieved_rate < MISSED_BELOW * plan.rate,
+        producers: plan.producers,
+        batch: plan.batch,
+        scheduled: plan.jobs,
+        offered,
+        span_s,
+        lag_ms: Percentiles::of(lags_ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 1,000 jobs/s for 2 s, by 2 producers in statements of 10.
+    const PLAN: Plan = Plan {
+        jobs: 2_000,
+        rate: 1_000.0,
+        duration: Duration::from_secs(2),
+        producers: 2,
+        batch: 10,
+    };
+
+    #[test]
+    fn a_kept_schedule_is_credited_with_the_asked_rate_and_no_more() {
+        // Every job acknowledged before the end of its slot: the span is the schedule's.
+        let f = figures(&PLAN, 2_000, 1.99, vec![0.5, 1.0]);
+        assert_eq!((f.span_s, f.achieved_rate), (2.0, 1_000.0));
+        assert!(!f.rate_missed && f.warning().is_none());
+        assert!(!f.to_text().contains("WARNING"), "{}", f.to_text());
+        assert_eq!(f.lag_ms.samples, 2);
+    }
+
+    #[test]
+    fn a_missed_rate_is_flagged_and_said_loudly() {
+        // A quarter of the schedule, cut off when the duration was over.
+        let f = figures(&PLAN, 500, 2.0, vec![900.0]);
+        assert_eq!(f.achieved_rate, 250.0);
+        assert!(f.rate_missed);
+        let text = f.to_text();
+        assert!(
+            text.starts_with("WARNING: offered 250 of 1000 jobs/s asked (25.0 %)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("offered              500 of 2000 jobs"),
+            "{text}"
+        );
+        // Below the threshold (97.5 %) is a miss; above it (98.5 %), not.
+        assert!(figures(&PLAN, 1_950, 2.0, Vec::new()).rate_missed);
+        assert!(!figures(&PLAN, 1_970, 2.0, Vec::new()).rate_missed);
+    }
+
+    #[test]
+    fn nothing_offered_is_a_missed_rate_of_zero() {
+        let f = figures(&PLAN, 0, 0.0, Vec::new());
+        assert_eq!((f.achieved_rate, f.span_s), (0.0, 0.0));
+        assert!(f.rate_missed);
+    }
+}

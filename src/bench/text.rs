@@ -1,0 +1,74 @@
+//! `bench`'s text output: the figures of one run as a few aligned lines, the offered load's
+//! rate warning (if any) right under the run's description.
+//!
+//! Invariant: every line prints a figure of the [`Report`], never one computed here.
+
+use super::{Percentiles, Report};
+
+impl Report {
+    /// The report as a few aligned lines.
+    pub(crate) fn to_text(&self) -> String {
+        let p = |p: &Percentiles| {
+            format!(
+                "p50 {:.3}  p95 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3} ms",
+                p.p50, p.p95, p.p99, p.p999, p.max
+            )
+        };
+        let mut out = format!(
+            "{}\n{}\
+             succeeded            {} (not succeeded: {})\n\
+             throughput           {:.0} jobs/s over {:.3} s\n\
+             enqueue->start       {}\n",
+            self.config.describe(),
+            self.offered
+                .as_ref()
+                .map_or_else(String::new, |o| o.to_text()),
+            self.succeeded,
+            self.not_succeeded,
+            self.jobs_per_s,
+            self.elapsed_s,
+            p(&self.enqueue_to_start_ms),
+        );
+        if let Some(ack) = &self.ack_to_start_ms {
+            out.push_str(&format!(
+                "ack->start           {} ({} of {} jobs)\n",
+                p(ack),
+                ack.samples,
+                self.per_job_ms.as_ref().map_or(0, Vec::len)
+            ));
+        }
+        if let Some(ack) = &self.ack_to_done_ms {
+            out.push_str(&format!("ack->done            {}\n", p(ack)));
+        }
+        if let Some(recovery) = &self.recovery_effects_ms {
+            out.push_str(&format!(
+                "kill->reclaimed      {} (in its effects)\n",
+                p(recovery)
+            ));
+        }
+        if let Some(recovery) = &self.recovery_compute_ms {
+            out.push_str(&format!(
+                "kill->reclaimed      {} (computing)\n",
+                p(recovery)
+            ));
+        }
+        out.push_str(&format!(
+            "round trips per job  {:.3} ({} claims, {} empty, {} group commits)\n\
+             WAL per job          {:.0} bytes\n\
+             CPU per job          replicas {:.1} us, server backends {:.1} us\n\
+             replica peak RSS     {:.1} MiB\n",
+            self.round_trips_per_job,
+            self.claims,
+            self.empty_claims,
+            self.commit_batches,
+            self.wal_bytes_per_job,
+            self.replica_cpu_us_per_job,
+            self.server_cpu_us_per_job,
+            self.replica_peak_rss_mib,
+        ));
+        if let Some(queues) = &self.queues {
+            out.push_str(&queues.to_text(p));
+        }
+        out
+    }
+}
