@@ -275,7 +275,7 @@ const COUNTERS: &[Counter] = &[
     ("durable_etl_db_round_trips",
         "Statements the replica sent on pooled connections (claims, commits, heartbeats, ...).",
         |s| s.round_trips),
-    ("durable_etl_notifications", "Notifications received.", |s| s.notifications),
+    ("durable_etl_notifications", "Notifications that woke this replica.", |s| s.notifications),
     ("durable_etl_session_reconnects", "Times the LISTEN/owner session reconnected.",
         |s| s.reconnects),
     ("durable_etl_poll_found_work", "Polls that found work no notification announced.",

@@ -243,6 +243,16 @@ pub static MIGRATIONS: &[Migration] = &[
         // wake the waiting replicas as before.
         min_reader_version: 22,
     },
+    Migration {
+        version: 24,
+        name: "targeted_wakes",
+        up: include_str!("../migrations/0024_targeted_wakes.up.sql"),
+        down: include_str!("../migrations/0024_targeted_wakes.down.sql"),
+        // Additive for readers: a release before it registers without a wake token, and the
+        // trigger wakes every replica with the empty NOTIFY while such a row serves a due
+        // job's queue, as before.
+        min_reader_version: 22,
+    },
 ];
 
 /// The release recorded in the history table by the migrations it applies.

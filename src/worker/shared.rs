@@ -127,6 +127,12 @@ impl Shared {
             .is_some_and(|s| s.locked.load(Ordering::Relaxed))
     }
 
+    /// The payload of a NOTIFY that wakes this replica alone (its session's
+    /// [`Signals::wake_token`]); 0 for a replica without a session, which never registers.
+    pub(crate) fn wake_token(&self) -> i64 {
+        self.signals.as_ref().map_or(0, |s| s.wake_token)
+    }
+
     /// This replica's owner id.
     pub(crate) fn owner_id(&self) -> &str {
         &self.config.owner_id

@@ -154,7 +154,8 @@ counters! {
     panicked,
     /// Jobs that ended `failed` with `execution_timeout`.
     timed_out,
-    /// Notifications received on the session.
+    /// Notifications for this replica received on the session: its own wake token, or the empty
+    /// payload that wakes every replica (those naming another replica are dropped).
     notifications,
     /// Times the session reconnected.
     reconnects,

@@ -89,7 +89,8 @@ async fn a_replica_waits_while_idle_and_leaves_while_busy() {
         replica.stats.snapshot().waits == 1 && waiting(&client).await == ["busy"]
     })
     .await;
-    // Four jobs, two slots: the notified claim comes back full, and the next one leaves.
+    // Four jobs, two slots: the enqueue takes the replica's row to wake it (migration 0024), the
+    // woken claim registers again and comes back full, and the next one leaves.
     insert_jobs(&client, SCRIPTED, &vec![json!({}); 4], 3).await;
     gate.add_permits(2);
     eventually("the busy replica left", || async {
@@ -101,7 +102,7 @@ async fn a_replica_waits_while_idle_and_leaves_while_busy() {
     gate.add_permits(3);
     until_succeeded(&client, 5).await;
     eventually("the replica waits again", || async {
-        replica.stats.snapshot().waits == 2 && waiting(&client).await == ["busy"]
+        replica.stats.snapshot().waits == 3 && waiting(&client).await == ["busy"]
     })
     .await;
     assert_eq!(replica.stats.snapshot().notifications, 1);
@@ -246,5 +247,103 @@ async fn a_replica_with_no_room_does_not_spin_on_a_barrier_retry() {
     open.commit().await.unwrap();
     gate.add_permits(2);
     until_succeeded(&observer, 2).await;
+    replica.stop().await.unwrap();
+}
+
+/// Migration 0024: an enqueue of one due job wakes ONE of two waiting replicas (the longest
+/// waiting), by its wake token: the other receives nothing and never claims; the woken one runs
+/// the job and waits again. An enqueue of two due jobs in one statement wakes both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_wakes_one_waiting_replica_per_due_job_by_name() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let first = waiting_replica(&db, "first", Duration::from_secs(60)).await;
+    let second = Replica::start_with(
+        &db,
+        config("second", Duration::from_secs(60), 4),
+        Registry::new().register(Noop),
+    )
+    .await;
+    eventually("both wait", || async {
+        waiting(&client).await == ["first", "second"]
+    })
+    .await;
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    until_succeeded(&client, 1).await;
+    eventually("the woken replica waits again", || async {
+        waiting(&client).await == ["first", "second"]
+    })
+    .await;
+    let (a, b) = (first.stats.snapshot(), second.stats.snapshot());
+    assert_eq!((a.notifications, a.claimed_by_notify), (1, 1), "{a:?}");
+    assert_eq!((b.notifications, b.claims_by_notify), (0, 0), "{b:?}");
+    assert_eq!(a.claimed_by_poll + b.claimed_by_poll, 0);
+
+    insert_jobs(&client, NOOP, &[json!({}), json!({})], 3).await;
+    until_succeeded(&client, 3).await;
+    let (a, b) = (first.stats.snapshot(), second.stats.snapshot());
+    assert_eq!((a.notifications, b.notifications), (2, 1), "{a:?} {b:?}");
+    assert_eq!(a.claimed + b.claimed, 3);
+    first.stop().await.unwrap();
+    second.stop().await.unwrap();
+}
+
+/// A waiting replica is woken only for the kinds it runs: a job of a kind only the other
+/// replica runs takes that one's row, and the first never hears of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_wakes_only_a_replica_that_runs_its_kind() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let noop = waiting_replica(&db, "noop", Duration::from_secs(60)).await;
+    let scripted = Replica::start_with(
+        &db,
+        config("scripted", Duration::from_secs(60), 4),
+        Registry::new().register(Scripted::default()),
+    )
+    .await;
+    eventually("both wait", || async {
+        waiting(&client).await == ["noop", "scripted"]
+    })
+    .await;
+    insert_jobs(&client, SCRIPTED, &[json!({"do": "ok"})], 3).await;
+    until_succeeded(&client, 1).await;
+    let (n, s) = (noop.stats.snapshot(), scripted.stats.snapshot());
+    assert_eq!((n.notifications, n.claims_by_notify), (0, 0), "{n:?}");
+    assert_eq!((s.notifications, s.claimed_by_notify), (1, 1), "{s:?}");
+    noop.stop().await.unwrap();
+    scripted.stop().await.unwrap();
+}
+
+/// The race of a taken row: enqueue F takes the replica's row (its NOTIFY is sent at F's
+/// commit), enqueue E then finds the row locked by F, skips it and notifies nobody. F commits:
+/// the replica wakes, claims F's job and registers again while E is still open, so its try of
+/// the barrier fails and it tries again until E has committed: E's job runs at once, with one
+/// NOTIFY in all and the poll a minute away. (A replica that took its registration after the
+/// wake as settled would wait for its poll: the test times out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_that_skips_a_row_being_taken_wakes_nobody_and_its_job_still_runs_at_once() {
+    let db = TestDb::migrated().await;
+    let (mut f_client, mut e_client) = (db.client().await, db.client().await);
+    let observer = db.client().await;
+    let replica = waiting_replica(&db, "raced", Duration::from_secs(60)).await;
+    let f = f_client.transaction().await.unwrap();
+    insert_jobs(&f, NOOP, &[json!({})], 3).await;
+    let e = e_client.transaction().await.unwrap();
+    insert_jobs(&e, NOOP, &[json!({})], 3).await;
+    f.commit().await.unwrap();
+    until_succeeded(&observer, 1).await;
+    eventually("a registration that found E in flight", || async {
+        replica.stats.snapshot().barrier_held >= 1
+    })
+    .await;
+    e.commit().await.unwrap();
+    until_succeeded(&observer, 2).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.notifications, 1, "E woke nobody: {stats:?}");
+    assert_eq!(stats.claimed_by_poll, 0, "the 60 s poll never fired");
+    eventually("it waits again", || async {
+        waiting(&observer).await == ["raced"]
+    })
+    .await;
     replica.stop().await.unwrap();
 }

@@ -1470,3 +1470,116 @@ async fn migration_0008_moves_live_and_ended_jobs_and_back() {
     );
     assert_eq!(text_rows(&client, LEDGER_ROWS_7).await, ledger);
 }
+
+/// Registers `owner` as a release-0024 replica waits: with wake token `token`, for the queues
+/// and kinds given (NULL: any).
+async fn register_with_token(
+    client: &tokio_postgres::Client,
+    owner: &str,
+    token: i64,
+    kinds: Option<&[&str]>,
+) {
+    client
+        .execute(
+            "INSERT INTO etl_waiting_replicas (owner_id, kinds, wake_token) VALUES ($1, $2, $3)",
+            &[&owner, &kinds, &token],
+        )
+        .await
+        .unwrap();
+}
+
+/// 0024: an enqueue takes (deletes) one waiting row per due job of a kind that row's replica
+/// runs, longest waiting first, and notifies that row's wake token; a row without a token (a
+/// release before 0024) is woken by the empty NOTIFY and kept; a deferred job takes nothing. The
+/// down script restores the trigger that notifies whoever waits and drops the two columns.
+#[tokio::test]
+async fn migration_0024_wakes_waiting_replicas_by_token_one_per_job_and_round_trips() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let mut listener = Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
+    let latest = catalog_snapshot(&client).await;
+
+    register_with_token(&client, "a", 11, None).await;
+    client.batch_execute("SELECT pg_sleep(0.01)").await.unwrap();
+    register_with_token(&client, "b", 22, None).await;
+    register_with_token(&client, "other-kind", 33, Some(&["test.other"])).await;
+    // A deferred job takes nobody.
+    insert_job(&client, "now() + interval '1 hour'").await;
+    assert_eq!(waiting_owners(&client).await, ["a", "b", "other-kind"]);
+    // One due job: the longest waiting replica that runs its kind.
+    insert_job(&client, "now()").await;
+    assert_eq!(waiting_owners(&client).await, ["b", "other-kind"]);
+    // Two due jobs in one statement: both replicas that run them.
+    register_with_token(&client, "a", 11, None).await;
+    client
+        .execute(
+            "WITH intake AS (
+                 INSERT INTO etl_job_intake
+                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                      max_attempts, run_at)
+                 SELECT gen_random_uuid(), decode(repeat('07', 32), 'hex'),
+                        sha256(gen_random_uuid()::text::bytea), sha256(''), 'test.noop', 5, now()
+                   FROM generate_series(1, 2)
+                 RETURNING id, owner_key, kind, max_attempts, run_at
+             )
+             INSERT INTO etl_job_records
+                 (id, owner_key, kind, request_payload, max_attempts, run_at, sort_at)
+             SELECT id, owner_key, kind, '{}'::jsonb, max_attempts, run_at, run_at FROM intake",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(waiting_owners(&client).await, ["other-kind"]);
+    // A row without a token (a release before 0024) is woken by the empty NOTIFY and kept.
+    register_waiting(&client, "old").await;
+    insert_job(&client, "now()").await;
+    assert_eq!(waiting_owners(&client).await, ["old", "other-kind"]);
+
+    let down = schema::migrate_down_to(&mut client, 23).await.unwrap();
+    assert_eq!((down.changed, down.version), (vec![24], 23));
+    let columns: Vec<String> = first_column(
+        &client,
+        "SELECT attname::text FROM pg_attribute
+          WHERE attrelid = 'etl_waiting_replicas'::regclass AND attname IN ('wake_token', 'kinds')",
+    )
+    .await;
+    assert!(columns.is_empty(), "{columns:?}");
+    // At 23, a waiting replica is notified and keeps its row.
+    insert_job(&client, "now()").await;
+    assert_eq!(waiting_owners(&client).await, ["old", "other-kind"]);
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(
+        (up.changed, up.version),
+        (vec![24], schema::latest_version())
+    );
+    assert_eq!(catalog_snapshot(&client).await, latest);
+
+    client.batch_execute("NOTIFY test_sentinel").await.unwrap();
+    let mut payloads: Vec<String> = listener
+        .drain_until("test_sentinel")
+        .await
+        .into_iter()
+        .map(|(_, payload)| payload)
+        .collect();
+    assert_eq!(
+        payloads.first().map(String::as_str),
+        Some("11"),
+        "the longest waiting"
+    );
+    payloads.sort();
+    assert_eq!(
+        payloads,
+        ["", "", "11", "11", "22"],
+        "a, then a and b, then the empty wake of the row without a token, and one at 23"
+    );
+    assert_eq!(declared_min_reader(&client, 24).await, 22);
+}
+
+/// The owner ids of the waiting rows, in order.
+async fn waiting_owners(client: &tokio_postgres::Client) -> Vec<String> {
+    first_column(
+        client,
+        "SELECT owner_id FROM etl_waiting_replicas ORDER BY owner_id",
+    )
+    .await
+}

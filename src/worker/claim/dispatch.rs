@@ -102,7 +102,13 @@ pub(crate) async fn claim_with(
             Some(change) => Some(
                 db::bounded(
                     bound,
-                    presence::send(conn.client(), change, claimant.owner_id, &queues),
+                    presence::send(
+                        conn.client(),
+                        change,
+                        claimant.owner_id,
+                        (&queues, &shared.kinds),
+                        shared.wake_token(),
+                    ),
                 )
                 .await,
             ),
@@ -148,7 +154,13 @@ pub(crate) async fn wake_waiting(shared: &Shared) {
 pub(crate) async fn leave(shared: &Shared) {
     let left = async {
         let conn = db::checkout(&shared.claim_pool).await?;
-        let leave = presence::send(conn.client(), Change::Leave, shared.owner_id(), &[]);
+        let leave = presence::send(
+            conn.client(),
+            Change::Leave,
+            shared.owner_id(),
+            (&[], &[]),
+            shared.wake_token(),
+        );
         db::bounded(shared.statement_bound, leave).await
     };
     if let Err(e) = left.await {

@@ -194,6 +194,7 @@ impl Producer {
                     reason = self.wake.again.take().or(join);
                 }
                 () = wait(signals.as_deref().map(|s| &s.notified)) => {
+                    self.observe_takes();
                     self.wake.notified_since_claim = true;
                     reason = Some(ClaimReason::Notify);
                 }
@@ -232,6 +233,15 @@ impl Producer {
                     reason = Some(ClaimReason::Presence);
                 }
             }
+        }
+    }
+
+    /// Tells the presence how many times an enqueue took this replica's waiting row so far (the
+    /// session counts them before it wakes the loop).
+    fn observe_takes(&mut self) {
+        if let Some(signals) = &self.shared.signals {
+            self.presence
+                .taken(signals.takes.load(std::sync::atomic::Ordering::Acquire));
         }
     }
 
@@ -322,6 +332,7 @@ impl Producer {
     /// once every queue came back short found the replica busy, and it registers as waiting on
     /// the next one.
     async fn take_claimed(&mut self, claimed: Claimed) -> Option<ClaimReason> {
+        self.observe_takes();
         let asked: usize = claimed.asks.iter().map(|a| a.1).sum();
         let took = claimed.jobs.as_ref().map_or_else(
             |_| Vec::new(),

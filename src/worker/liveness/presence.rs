@@ -14,14 +14,16 @@
 //!    ▲     (claims again    ▲  (upsert the row,   │                                   │
 //!    │      at once)        │   then try the      └── try failed ─▶ Unsettled ──────┤
 //!    │                      │   enqueue barrier)       Register again after         │ a claim a poll
-//!    │                      └── statement failed       1, 2, 4 … ms until it works  │ interval after the
-//!    │                          (or a reconnect)                                    │ last refresh:
-//!    │                                                                              │ Register (refresh)
+//!    │                      ├── statement failed       1, 2, 4 … ms until it works  │ interval after the
+//!    │                      │   (or a reconnect)                                    │ last refresh:
+//!    │                      └── its own token arrived: an enqueue took the row ◀────┤ Register (refresh)
 //!    └──── Leave (delete the row): the claim after a full one, from any other state ┘
 //! ```
 //! A reconnected session sends a registered replica back to `Joining` (crash recovery empties the
 //! unlogged table), and the answers of claims sent before the reconnect are then ignored; shutdown
-//! leaves, unless another process took the owner id (the row is that process's now).
+//! leaves, unless another process took the owner id (the row is that process's now). So does a
+//! take (migration 0024: an enqueue deleted the row to wake this replica alone), and a claim sent
+//! before the latest take settles nothing: the row it registered may be the one taken.
 //!
 //! Invariants this module keeps:
 //! - A replica counts itself `Waiting` only after its row committed and, after that, a try of the
@@ -30,8 +32,9 @@
 //!   its read to its commit, so it had ended by then and that claim saw its jobs; every enqueue
 //!   that reads after sees the row and notifies. Until the try succeeds (`Unsettled`) the row is
 //!   there all the same, and the replica registers again at doubling intervals capped at its poll
-//!   interval (its poll is the backstop for a long-running enqueue transaction). A waiting
-//!   replica's refresh that finds its row gone (it inserted it again) needs a successful try too.
+//!   interval (its poll is the backstop for a long-running enqueue transaction). A refresh needs
+//!   a successful try too: while it holds the row, an enqueue skips it (`SKIP LOCKED`, 0024) and
+//!   wakes nobody.
 //! - The try never waits: a waiting exclusive request would queue every new enqueue behind it.
 //! - A claim's jobs are taken whatever its presence statements answered: a failed registration
 //!   never loses claimed jobs.
@@ -53,16 +56,19 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-/// Records owner `$1` as waiting for work of the queues `$2`, or refreshes its row; answers
-/// whether it inserted the row (`xmax` is 0 only for a row version this statement inserted). The
-/// enqueue trigger notifies only when a waiting replica serves one of the enqueued jobs' queues.
+/// Records owner `$1` as waiting for work of the queues `$2` and kinds `$3`, to be woken by a
+/// NOTIFY of its wake token `$4`, or refreshes its row. The enqueue trigger takes (and deletes)
+/// the row of a waiting replica that serves an enqueued due job's queue and runs its kind, and
+/// notifies its token (migration 0024).
 ///
-/// Locks: the row's lock, to the end of its own implicit transaction (no other session writes a
-/// replica's row but recovery's stale-row delete). The table is UNLOGGED: no WAL.
+/// Locks: the row's lock, to the end of its own implicit transaction; an enqueue that would take
+/// the row meanwhile skips it, and the upsert waits for an enqueue that took the row to end. The
+/// table is UNLOGGED: no WAL.
 pub(crate) const REGISTER_SQL: &str = "
-INSERT INTO etl_waiting_replicas (owner_id, queues) VALUES ($1, $2)
-    ON CONFLICT (owner_id) DO UPDATE SET refreshed_at = now(), queues = excluded.queues
-RETURNING xmax = 0";
+INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (owner_id) DO UPDATE
+        SET refreshed_at = now(), queues = excluded.queues, kinds = excluded.kinds,
+            wake_token = excluded.wake_token";
 
 /// Tries the enqueue barrier ('detl', 1) in exclusive mode, and releases it at once (its implicit
 /// transaction ends with the statement): true when no enqueue transaction holds it.
@@ -91,8 +97,6 @@ DELETE FROM etl_waiting_replicas WHERE refreshed_at < now() - $1 * interval '1 m
 /// What a registration answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Registered {
-    /// The upsert inserted the row (it was not there).
-    pub(crate) inserted: bool,
     /// The try of the enqueue barrier succeeded (no enqueue transaction held it).
     pub(crate) free: bool,
 }
@@ -116,6 +120,8 @@ pub(crate) struct Ticket {
     pub(crate) change: Option<Change>,
     /// How many reconnects the replica had seen when it sent the claim.
     generation: u64,
+    /// How many takes of its row the replica had seen when it sent the claim.
+    takes: u64,
 }
 
 /// Where the replica stands (see the module's state machine).
@@ -148,6 +154,9 @@ pub(crate) struct Presence {
     refreshed_at: Option<Instant>,
     /// Reconnects seen: answers of claims sent before the latest one are ignored.
     generation: u64,
+    /// Takes of the row seen ([`Presence::taken`]): registrations sent before the latest one
+    /// settle nothing.
+    takes: u64,
 }
 
 /// The first pause before registering again.
@@ -169,6 +178,7 @@ impl Presence {
             retry_at: None,
             refreshed_at: None,
             generation: 0,
+            takes: 0,
         }
     }
 
@@ -187,6 +197,20 @@ impl Presence {
         Ticket {
             change,
             generation: self.generation,
+            takes: self.takes,
+        }
+    }
+
+    /// The session has seen `takes` takes of this replica's row in all (an enqueue deleted it to
+    /// wake this replica alone): after a new one, a registered replica registers again on its
+    /// next claim (the wake's), and what claims already in flight register settles nothing.
+    pub(crate) fn taken(&mut self, takes: u64) {
+        if takes <= self.takes {
+            return;
+        }
+        self.takes = takes;
+        if self.state != State::Busy {
+            self.state = State::Joining;
         }
     }
 
@@ -202,7 +226,7 @@ impl Presence {
         stats: &WorkerStats,
     ) -> bool {
         if ticket.generation == self.generation {
-            self.take(ticket.change, answer, now, stats);
+            self.take(ticket.change, ticket.takes, answer, now, stats);
         }
         if self.listening && !full && self.state == State::Busy {
             self.state = State::Joining;
@@ -215,6 +239,7 @@ impl Presence {
     fn take(
         &mut self,
         change: Option<Change>,
+        takes: u64,
         answer: Option<&Result<Registered, Error>>,
         now: Instant,
         stats: &WorkerStats,
@@ -224,11 +249,10 @@ impl Presence {
                 self.state = State::Busy;
                 stats.record_wait_left();
             }
+            // Registered before the row was last taken: the row may be the one taken.
+            (Some(Change::Register), Some(Ok(_))) if takes < self.takes => {}
             (Some(Change::Register), Some(Ok(registered))) => {
-                // A refresh that found the row has kept it there since the replica settled.
-                let settled =
-                    registered.free || (self.state == State::Waiting && !registered.inserted);
-                if settled {
+                if registered.free {
                     if self.state != State::Waiting {
                         stats.record_wait();
                     }
@@ -295,35 +319,31 @@ pub(crate) async fn send(
     client: &Client,
     change: Change,
     owner_id: &str,
-    queues: &[&str],
+    (queues, kinds): (&[&str], &[&str]),
+    wake_token: i64,
 ) -> Result<Registered, tokio_postgres::Error> {
     let owner: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&owner_id, Type::TEXT)];
-    let register: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-        [(&owner_id, Type::TEXT), (&queues, Type::TEXT_ARRAY)];
+    let register: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
+        (&owner_id, Type::TEXT),
+        (&queues, Type::TEXT_ARRAY),
+        (&kinds, Type::TEXT_ARRAY),
+        (&wake_token, Type::INT8),
+    ];
     match change {
         Change::Register => {
             let (registered, settled) = futures::join!(
-                client.query_typed(REGISTER_SQL, &register),
+                client.execute_typed(REGISTER_SQL, &register),
                 client.query_typed(SETTLE_SQL, &[])
             );
-            Ok(Registered {
-                inserted: first_bool(registered?)?,
-                free: first_bool(settled?)?,
-            })
+            registered?;
+            let free = settled?.first().map_or(Ok(false), |row| row.try_get(0))?;
+            Ok(Registered { free })
         }
         Change::Leave => {
             client.query_typed(LEAVE_SQL, &owner).await?;
-            Ok(Registered {
-                inserted: false,
-                free: true,
-            })
+            Ok(Registered { free: true })
         }
     }
-}
-
-/// The boolean first column of the first of `rows` (false when there is none).
-fn first_bool(rows: Vec<tokio_postgres::Row>) -> Result<bool, tokio_postgres::Error> {
-    rows.first().map_or(Ok(false), |row| row.try_get(0))
 }
 
 #[cfg(test)]
@@ -339,9 +359,9 @@ mod tests {
         Presence::new(true, Duration::from_secs(1))
     }
 
-    /// A registration that inserted the row or found it, with the barrier free or held.
-    fn registered(inserted: bool, free: bool) -> Result<Registered, Error> {
-        Ok(Registered { inserted, free })
+    /// A registration, with the barrier free or held.
+    fn registered(free: bool) -> Result<Registered, Error> {
+        Ok(Registered { free })
     }
 
     /// A failed presence statement.
@@ -366,7 +386,7 @@ mod tests {
     fn a_listening_replica_registers_on_its_first_claim_and_waits_once_settled() {
         let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
         assert!(p.registered());
-        let (ticket, again) = claim(&mut p, registered(true, true), now, &stats);
+        let (ticket, again) = claim(&mut p, registered(true), now, &stats);
         assert_eq!((ticket.change, again), (Some(Change::Register), false));
         assert_eq!((p.state, stats.snapshot().waits), (State::Waiting, 1));
         // Waiting: claims carry nothing until a poll interval after the last refresh.
@@ -385,7 +405,7 @@ mod tests {
             Presence::new(true, Duration::from_millis(5)),
             Instant::now(),
         );
-        claim(&mut p, registered(true, false), now, &stats);
+        claim(&mut p, registered(false), now, &stats);
         assert_eq!(p.state, State::Unsettled);
         assert_eq!(p.retry_at(), Some(now + Duration::from_millis(1)));
         assert_eq!(p.ticket(false, now).change, Some(Change::Register));
@@ -393,10 +413,10 @@ mod tests {
         assert_eq!(p.retry_at(), None);
         for pause in [2, 4, 5, 5] {
             // The row is there now, but that is not enough before a successful try.
-            claim(&mut p, registered(false, false), now, &stats);
+            claim(&mut p, registered(false), now, &stats);
             assert_eq!(p.retry_at(), Some(now + Duration::from_millis(pause)));
         }
-        claim(&mut p, registered(false, true), now, &stats);
+        claim(&mut p, registered(true), now, &stats);
         assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
         assert_eq!(p.backoff, super::FIRST_BACKOFF);
         let counted = stats.snapshot();
@@ -413,7 +433,7 @@ mod tests {
         let ticket = p.ticket(false, now);
         p.after(ticket, None, false, now, &stats);
         assert_eq!(p.ticket(false, now).change, Some(Change::Register));
-        claim(&mut p, registered(true, true), now, &stats);
+        claim(&mut p, registered(true), now, &stats);
         let due = now + Duration::from_secs(1);
         let ticket = p.ticket(false, due);
         p.after(ticket, Some(&failed()), false, due, &stats);
@@ -426,24 +446,45 @@ mod tests {
     }
 
     #[test]
-    fn a_refresh_that_finds_its_row_gone_must_settle_again() {
+    fn a_refresh_must_settle_again_since_an_enqueue_skips_the_row_it_holds() {
         let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
-        claim(&mut p, registered(true, true), now, &stats);
+        claim(&mut p, registered(true), now, &stats);
         let due = now + Duration::from_secs(1);
-        // The row was there: the barrier does not matter.
-        claim(&mut p, registered(false, false), due, &stats);
-        assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
-        // It was gone and is inserted again while an enqueue holds the barrier: not settled.
-        let later = due + Duration::from_secs(1);
-        claim(&mut p, registered(true, false), later, &stats);
+        // The refresh held the row while an enqueue that skipped it still holds the barrier.
+        claim(&mut p, registered(false), due, &stats);
         assert_eq!(p.state, State::Unsettled);
         assert!(p.retry_at().is_some());
+        claim(&mut p, registered(true), due, &stats);
+        assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
+    }
+
+    #[test]
+    fn a_taken_row_makes_the_replica_register_again_and_earlier_claims_settle_nothing() {
+        let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
+        claim(&mut p, registered(true), now, &stats);
+        assert_eq!(p.ticket(false, now).change, None);
+        // A registration in flight when an enqueue takes the row.
+        p.taken(1);
+        let in_flight = p.ticket(false, now);
+        assert_eq!(in_flight.change, Some(Change::Register));
+        p.taken(2);
+        p.after(in_flight, Some(&registered(true)), false, now, &stats);
+        assert_eq!(p.state, State::Joining, "its row may be the one taken");
+        // A count seen already changes nothing; the next registration settles.
+        p.taken(2);
+        claim(&mut p, registered(true), now, &stats);
+        assert_eq!(p.state, State::Waiting);
+        // A busy replica has no row to take.
+        let leave = p.ticket(true, now);
+        p.after(leave, Some(&registered(true)), true, now, &stats);
+        p.taken(3);
+        assert_eq!((p.state, p.ticket(true, now).change), (State::Busy, None));
     }
 
     #[test]
     fn a_full_claim_makes_a_registered_replica_leave_on_its_next_claim() {
         let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
-        claim(&mut p, registered(true, true), now, &stats);
+        claim(&mut p, registered(true), now, &stats);
         let ticket = p.ticket(true, now);
         assert_eq!(ticket.change, Some(Change::Leave));
         // Leaving ends in Busy, even when the delete failed (a row left behind is harmless).
@@ -472,18 +513,12 @@ mod tests {
     #[test]
     fn a_reconnect_makes_a_registered_replica_register_again_whatever_claims_in_flight_answer() {
         let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
-        claim(&mut p, registered(true, true), now, &stats);
+        claim(&mut p, registered(true), now, &stats);
         let in_flight = p.ticket(false, now + Duration::from_secs(1));
         p.reconnected();
         // The claim sent before the reconnect settles nothing: the table may have been emptied
         // after its statement ran.
-        p.after(
-            in_flight,
-            Some(&registered(false, true)),
-            false,
-            now,
-            &stats,
-        );
+        p.after(in_flight, Some(&registered(true)), false, now, &stats);
         assert_eq!(p.state, State::Joining);
         assert_eq!(p.ticket(false, now).change, Some(Change::Register));
     }

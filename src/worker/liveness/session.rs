@@ -14,7 +14,12 @@
 //!   that backend — and only that one, identified by its pid — is terminated and the lock taken
 //!   on the next attempt. If another process holds it (it took the owner id meanwhile), the
 //!   session signals a fatal stop instead of running as a twin.
-//! - Notification payloads are never read: the channel only says "look".
+//! - A notification wakes the claim loop when its payload is empty (a wake for every waiting
+//!   replica: the API's notifier, released claims, freed permits, a release before 0024's
+//!   registrations) or is this process's own wake token (an enqueue took this replica's waiting
+//!   row to wake it alone, migration 0024: [`Signals::takes`] then tells the claim loop that its
+//!   row is gone, counted before the wake). A notification naming another replica's token is not this replica's and is
+//!   dropped. Payloads carry nothing else: never an id, a payload or a principal.
 
 use crate::config::{DatabaseConfig, WorkerConfig};
 use crate::db;
@@ -22,7 +27,7 @@ use crate::error::Error;
 use crate::notifier::{reconnect_delays, CHANNEL, RECONNECT_MAX_DELAY};
 use crate::worker::stats::WorkerStats;
 use futures::StreamExt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
@@ -50,10 +55,17 @@ pub(crate) struct SessionConfig {
 }
 
 /// Signals from the session to the claim loop.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Signals {
-    /// A notification arrived.
+    /// This process's wake token: the payload of a NOTIFY that wakes this replica alone, which
+    /// its waiting row names (migration 0024). Random, nonzero, never reused by another process
+    /// in practice; it says nothing of the replica.
+    pub(crate) wake_token: i64,
+    /// A notification for this replica arrived.
     pub(crate) notified: Notify,
+    /// How many times an enqueue took this replica's waiting row to wake it (its token arrived):
+    /// the row is gone until the replica registers again.
+    pub(crate) takes: AtomicU64,
     /// The session reconnected: claim once to catch up.
     pub(crate) reconnected: Notify,
     /// The owner lock is held by another process now: stop.
@@ -67,7 +79,35 @@ pub(crate) struct Signals {
     lost_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
+impl Default for Signals {
+    fn default() -> Signals {
+        Signals {
+            wake_token: fastrand::i64(1..),
+            notified: Notify::new(),
+            takes: AtomicU64::new(0),
+            reconnected: Notify::new(),
+            fatal: Notify::new(),
+            locked: AtomicBool::new(false),
+            lost_at: std::sync::Mutex::new(None),
+        }
+    }
+}
+
 impl Signals {
+    /// Takes a notification whose payload is `payload`: wakes the claim loop when it is for this
+    /// replica (see the module's invariants) and says whether it was.
+    pub(crate) fn deliver(&self, payload: &str) -> bool {
+        let own = !payload.is_empty() && payload.parse() == Ok(self.wake_token);
+        if !payload.is_empty() && !own {
+            return false;
+        }
+        if own {
+            self.takes.fetch_add(1, Ordering::AcqRel);
+        }
+        self.notified.notify_one();
+        true
+    }
+
     /// When the session was last found lost, if ever.
     pub(crate) fn lost_at(&self) -> Option<std::time::Instant> {
         *self
@@ -258,11 +298,12 @@ async fn connect(
     tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(Ok(message)) = messages.next().await {
-            if let AsyncMessage::Notification(_) = message {
-                stats_for_driver
-                    .notifications
-                    .fetch_add(1, Ordering::Relaxed);
-                signals_for_driver.notified.notify_one();
+            if let AsyncMessage::Notification(notification) = message {
+                if signals_for_driver.deliver(notification.payload()) {
+                    stats_for_driver
+                        .notifications
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         // The receiver may be gone already (the session was replaced); nothing to tell then.
