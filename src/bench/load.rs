@@ -13,6 +13,7 @@ use durable_etl::etl::request;
 use durable_etl::intake::IntakeLimits;
 use std::time::Duration;
 use tokio::time::Instant;
+use tokio_postgres::types::Type;
 
 /// A throw-away secret and owner for the bench's ETL jobs.
 pub(super) fn bench_owner() -> Result<(Secret, [u8; 32]), Error> {
@@ -75,8 +76,10 @@ pub(super) async fn insert_noops(
     (queues, priorities, keys): &Columns,
 ) -> Result<Inserted, Error> {
     let first = i64::try_from(first).unwrap_or(i64::MAX);
+    // One round trip: the statement is parsed, bound and run at once (`query_typed`), as the
+    // library's enqueue sends its own.
     let rows = client
-        .query(
+        .query_typed(
             "WITH input AS (
                  SELECT $1::int8 + u.o - 1 AS g, u.queue, u.priority, u.concurrency_key,
                         gen_random_uuid() AS id
@@ -100,12 +103,12 @@ pub(super) async fn insert_noops(
                JOIN input n ON n.id = i.id
              RETURNING id, xmin::text",
             &[
-                &first,
-                &durable_etl::handler::NOOP_KIND,
-                payload,
-                queues,
-                priorities,
-                keys,
+                (&first, Type::INT8),
+                (&durable_etl::handler::NOOP_KIND, Type::TEXT),
+                (payload, Type::JSONB),
+                (queues, Type::TEXT_ARRAY),
+                (priorities, Type::INT2_ARRAY),
+                (keys, Type::TEXT_ARRAY),
             ],
         )
         .await?;
