@@ -22,6 +22,7 @@ mod etl_limits;
 mod execution;
 mod faults;
 mod handlers;
+mod harness_adapter;
 mod hygiene;
 mod key_caps;
 mod layering;
