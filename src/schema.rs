@@ -248,9 +248,7 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "targeted_wakes",
         up: include_str!("../migrations/0024_targeted_wakes.up.sql"),
         down: include_str!("../migrations/0024_targeted_wakes.down.sql"),
-        // Additive for readers: a release before it registers without a wake token, and the
-        // trigger wakes every replica with the empty NOTIFY while such a row serves a due
-        // job's queue, as before.
+        // Additive for readers: their rows have no token and get the empty NOTIFY, as before.
         min_reader_version: 22,
     },
 ];

@@ -35,6 +35,7 @@
 //!   `drain`).
 
 mod drain;
+mod wake;
 
 use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
@@ -60,6 +61,7 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+use wake::WakeState;
 
 /// How long slots freed under a backlog wait for more to free before they are claimed anyway:
 /// long enough to gather the next group commit's slots, short enough that a slot never idles
@@ -68,46 +70,6 @@ pub(crate) const REFILL_DELAY: Duration = Duration::from_millis(25);
 
 /// How soon a failed claim is tried again.
 pub(crate) const CLAIM_RETRY_DELAY: Duration = Duration::from_millis(100);
-
-/// How long the answer to "when is the next deferred job due" is trusted after a short claim
-/// that a notification, freed slots or permits caused: a deferred job enqueued meanwhile is
-/// found at most this much later by the next short claim, or by the poll.
-pub(crate) const NEXT_DUE_REFRESH: Duration = Duration::from_millis(50);
-
-/// What the claim loop remembers between wakes.
-#[derive(Debug, Default)]
-struct WakeState {
-    /// The last claim came back full (or a wake found no free slot): claim when a slot frees.
-    backlog: bool,
-    /// A notification arrived since the last claim.
-    notified_since_claim: bool,
-    /// When the next known deferred job is due.
-    next_due: Option<Instant>,
-    /// When slots freed under a backlog are claimed even if fewer than half are free.
-    refill_at: Option<Instant>,
-    /// The first wake that arrived while a claim was in flight: it claims once that one is back.
-    again: Option<ClaimReason>,
-    /// When the replica last asked when the next deferred job is due.
-    next_due_asked_at: Option<Instant>,
-}
-
-impl WakeState {
-    /// Whether a short claim for `why`, back at `now`, asks when the next deferred job is due:
-    /// always after a claim the clock or a reconnect caused (start-up, poll, a due job, a
-    /// catch-up), else at most once per [`NEXT_DUE_REFRESH`], so that a steady stream of
-    /// single-job wakes does not pay a round trip per job for a question whose answer only a
-    /// deferred enqueue (which announces nothing) can change.
-    fn next_due_stale(&self, why: ClaimReason, now: Instant) -> bool {
-        let clocked = matches!(
-            why,
-            ClaimReason::Startup | ClaimReason::Poll | ClaimReason::Due | ClaimReason::CatchUp
-        );
-        clocked
-            || self
-                .next_due_asked_at
-                .is_none_or(|at| now >= at + NEXT_DUE_REFRESH)
-    }
-}
 
 /// A job claimed ahead, waiting in the buffer for a slot, with what it is held under.
 struct Waiting {
@@ -503,37 +465,5 @@ async fn in_flight(slot: &mut Option<InFlight>) -> Claimed {
     match slot {
         Some(claim) => claim.await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{WakeState, NEXT_DUE_REFRESH};
-    use crate::worker::stats::ClaimReason;
-    use std::time::Duration;
-    use tokio::time::Instant;
-
-    #[test]
-    fn a_short_claim_asks_the_next_due_time_at_most_once_per_refresh_unless_the_clock_caused_it() {
-        let (mut wake, now) = (WakeState::default(), Instant::now());
-        assert!(wake.next_due_stale(ClaimReason::Notify, now), "never asked");
-        wake.next_due_asked_at = Some(now);
-        let soon = now + NEXT_DUE_REFRESH - Duration::from_millis(1);
-        for why in [
-            ClaimReason::Notify,
-            ClaimReason::Freed,
-            ClaimReason::Presence,
-        ] {
-            assert!(!wake.next_due_stale(why, soon), "{why:?}");
-        }
-        for why in [
-            ClaimReason::Startup,
-            ClaimReason::Poll,
-            ClaimReason::Due,
-            ClaimReason::CatchUp,
-        ] {
-            assert!(wake.next_due_stale(why, soon), "{why:?}");
-        }
-        assert!(wake.next_due_stale(ClaimReason::Notify, now + NEXT_DUE_REFRESH));
     }
 }
