@@ -1,8 +1,8 @@
 //! `bench offered-load --rate R,R… --report DIR`: besides each rate's own page
 //! (`DIR/rate-R/index.html`, see `html`), one page across the sweep (`DIR/index.html`): a table
-//! with a row per rate and four SVG plots against the asked rate (achieved rate; ack → handler
+//! with a row per rate and five SVG plots against the asked rate (achieved rate; ack → handler
 //! start p50/p99/p99.9; server and replica CPU per job; round trips, claims, empty claims and
-//! commits per job), drawn with `html`'s helpers.
+//! commits per job; WAL per job), drawn with `html`'s helpers.
 //!
 //! Invariants this module keeps:
 //! - The page is well-formed XML and self-contained but for its links to the rates' own pages,
@@ -118,6 +118,11 @@ fn render(reports: &[Report]) -> String {
                 Series::of("empty claims", reports, |r| Some(r.empty_claims_per_job)),
                 Series::of("commits", reports, |r| Some(r.commits_per_job)),
             ],
+        ),
+        (
+            "WAL per job against the asked rate",
+            "bytes per job",
+            vec![Series::of("WAL", reports, |r| Some(r.wal_bytes_per_job))],
         ),
     ];
     for (title, unit, series) in &plots {

@@ -218,16 +218,16 @@ async fn bench_a_sweep_report_plots_every_rate_and_flags_a_missed_one_loudly() {
     let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     let names = elements(&page);
-    assert_eq!(names.iter().filter(|n| *n == "svg").count(), 4, "{page}");
-    // One point per rate on every line: 2 + 3 + 2 + 4 lines, each with a polyline.
+    assert_eq!(names.iter().filter(|n| *n == "svg").count(), 5, "{page}");
+    // One point per rate on every line: 2 + 3 + 2 + 4 + 1 lines, each with a polyline.
     assert_eq!(
         names.iter().filter(|n| *n == "circle").count(),
-        2 * 11,
+        2 * 12,
         "{page}"
     );
     assert_eq!(
         names.iter().filter(|n| *n == "polyline").count(),
-        11,
+        12,
         "{page}"
     );
     for external in ["<script", "src=", "<link", "@import"] {
@@ -249,7 +249,7 @@ async fn bench_a_sweep_report_plots_every_rate_and_flags_a_missed_one_loudly() {
         missed,
         "{page}"
     );
-    assert_eq!(page.matches(">MISSED</text>").count(), 4 * missed, "{page}");
+    assert_eq!(page.matches(">MISSED</text>").count(), 5 * missed, "{page}");
     assert!(!exists(&name).await);
 }
 
