@@ -212,8 +212,9 @@ mod tests;
 
 /// Runs the bench once per config, in order (one, or one per rate of a sweep), writing each
 /// report as it ends: as text, or as JSON (one object, or an array of them for a sweep), and as
-/// an HTML page (`DIR/index.html`, or `DIR/rate-R/index.html` per rate of a sweep). A run that
-/// missed its asked rate also says so on stderr when the figures are JSON.
+/// an HTML page (`DIR/index.html`, or `DIR/rate-R/index.html` per rate of a sweep and the
+/// sweep's own `DIR/index.html` across the rates). A run that missed its asked rate (or depth)
+/// also says so on stderr when the figures are JSON.
 ///
 /// # Errors
 /// The first run's error, as [`crate::bench::run`]; [`Error::Io`] when a page cannot be written.
@@ -229,14 +230,15 @@ async fn bench(
         if let Some(dir) = &output.report {
             let dir = match report.config.mode {
                 crate::bench::Mode::OfferedLoad { rate, .. } if sweep => {
-                    dir.join(format!("rate-{rate}"))
+                    dir.join(crate::bench::sweep::rate_dir(rate))
                 }
                 _ => dir.clone(),
             };
             crate::bench::html::write(&dir, &report).map_err(Error::io)?;
         }
-        // The JSON says `rate_missed`; a person watching the terminal should see it too.
-        if let Some(warning) = report.offered.as_ref().and_then(|o| o.warning()) {
+        // The JSON says `rate_missed` (or `depth_missed`); a person watching the terminal should
+        // see it too.
+        if let Some(warning) = report.warning() {
             if output.json {
                 eprintln!("{warning}");
             }
@@ -248,6 +250,9 @@ async fn bench(
             print!("{}", report.to_text());
         }
         reports.push(report);
+    }
+    if let (Some(dir), true) = (&output.report, sweep) {
+        crate::bench::sweep::write(dir, &reports).map_err(Error::io)?;
     }
     if output.json {
         let json = if sweep {

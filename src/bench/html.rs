@@ -6,7 +6,8 @@
 //! - The page is self-contained: inline CSS and inline SVG, no script, no external reference.
 //! - The page is well-formed XML (every element closed, every attribute quoted, text escaped),
 //!   so any XML parser reads it; a test checks it.
-//! - A run that missed its asked rate says so in a warning above its figures.
+//! - A run that missed its asked rate, or did not hold its depth, says so in a warning above its
+//!   figures; the sweep's page (`sweep`) says so for each rate that missed.
 //! - Plots are drawn from what the run measured, never interpolated: an empty series draws an
 //!   empty plot with its axes, not a made-up line.
 
@@ -30,17 +31,17 @@ pub(crate) struct Timeline {
 }
 
 /// Width of a plot's drawing area, in SVG units.
-const WIDTH: f64 = 640.0;
+pub(super) const WIDTH: f64 = 640.0;
 /// Height of a plot's drawing area.
-const HEIGHT: f64 = 200.0;
+pub(super) const HEIGHT: f64 = 200.0;
 /// Margin around the drawing area, for the axis labels.
-const MARGIN: f64 = 48.0;
+pub(super) const MARGIN: f64 = 48.0;
 /// Bars of the latency histogram.
 const LATENCY_BINS: usize = 40;
 /// Points of the time plots.
 const TIME_BINS: usize = 60;
-/// Line colours for replicas, in turn.
-const COLOURS: [&str; 6] = [
+/// Line colours for replicas (and a sweep's series), in turn.
+pub(super) const COLOURS: [&str; 6] = [
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf",
 ];
 
@@ -53,10 +54,9 @@ pub(crate) fn write(dir: &Path, report: &Report) -> std::io::Result<()> {
     std::fs::write(dir.join("index.html"), render(report))
 }
 
-/// The page of `report`.
-pub(crate) fn render(report: &Report) -> String {
-    let t = &report.timeline;
-    let mut page = String::from(
+/// The start of a page, up to its open `body`: the document type, the title and the style.
+pub(super) fn head() -> String {
+    String::from(
         "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n\
          <meta charset=\"utf-8\"/>\n<title>durable-etl bench</title>\n<style>\n\
          body { font-family: sans-serif; margin: 2em; color: #111; }\n\
@@ -65,19 +65,30 @@ pub(crate) fn render(report: &Report) -> String {
          th { text-align: left; }\n\
          svg { display: block; margin: 0.5em 0 1.5em; }\n\
          .warning { background: #fde0dc; border: 2px solid #d62728; padding: 0.6em; }\n\
+         .missed { color: #d62728; font-weight: bold; }\n\
          </style>\n</head>\n<body>\n",
-    );
+    )
+}
+
+/// The loud paragraph of `warning`.
+pub(super) fn warning(warning: &str) -> String {
+    format!(
+        "<p class=\"warning\"><strong>{}</strong></p>\n",
+        escape(warning)
+    )
+}
+
+/// The page of `report`.
+pub(crate) fn render(report: &Report) -> String {
+    let t = &report.timeline;
+    let mut page = head();
     let _ = writeln!(
         page,
         "<h1>durable-etl bench: {}</h1>",
         escape(&report.config.describe())
     );
-    if let Some(warning) = report.offered.as_ref().and_then(|o| o.warning()) {
-        let _ = writeln!(
-            page,
-            "<p class=\"warning\"><strong>{}</strong></p>",
-            escape(&warning)
-        );
+    if let Some(text) = report.warning() {
+        page.push_str(&warning(&text));
     }
     page.push_str(&figures(report));
     let _ = writeln!(
@@ -96,15 +107,20 @@ pub(crate) fn render(report: &Report) -> String {
 
 /// The table of the run's headline figures.
 fn figures(report: &Report) -> String {
-    let p = &report.enqueue_to_start_ms;
+    let p = |p: &super::Percentiles| {
+        format!(
+            "{:.3} / {:.3} / {:.3} / {:.3} / {:.3}",
+            p.p50, p.p95, p.p99, p.p999, p.max
+        )
+    };
     let rows = [
         ("succeeded", format!("{}", report.succeeded)),
         ("not succeeded", format!("{}", report.not_succeeded)),
         ("jobs/s", format!("{:.0}", report.jobs_per_s)),
         ("elapsed (s)", format!("{:.3}", report.elapsed_s)),
         (
-            "enqueue->start p50 / p99 (ms)",
-            format!("{:.3} / {:.3}", p.p50, p.p99),
+            "enqueue->start p50 / p95 / p99 / p99.9 / max (ms)",
+            p(&report.enqueue_to_start_ms),
         ),
         (
             "replica CPU per job (us)",
@@ -119,8 +135,15 @@ fn figures(report: &Report) -> String {
             format!("{:.0}", report.wal_bytes_per_job),
         ),
         (
-            "round trips per job",
+            "round trips per job (producers' excluded)",
             format!("{:.3}", report.round_trips_per_job),
+        ),
+        (
+            "claims / empty claims / commits per job",
+            format!(
+                "{:.3} / {:.3} / {:.3}",
+                report.claims_per_job, report.empty_claims_per_job, report.commits_per_job
+            ),
         ),
     ];
     let mut out = String::from("<table>\n");
@@ -140,11 +163,21 @@ fn figures(report: &Report) -> String {
             o.achieved_rate, o.asked_rate, o.lag_ms.p50, o.lag_ms.p99, o.lag_ms.max
         );
     }
+    if let Some(d) = &report.depth {
+        let h = &d.depth_held;
+        let _ = writeln!(
+            out,
+            "<tr><th>depth held min / median / max of asked</th>\
+             <td>{} / {} / {} of {}</td></tr>\n\
+             <tr><th>window throughput (jobs/s)</th><td>{:.0}</td></tr>",
+            h.min, h.median, h.max, d.depth, d.window_jobs_per_s
+        );
+    }
     if let Some(ack) = &report.ack_to_start_ms {
         let _ = writeln!(
             out,
-            "<tr><th>ack-&gt;start p50 / p99 (ms)</th><td>{:.3} / {:.3}</td></tr>",
-            ack.p50, ack.p99
+            "<tr><th>ack-&gt;start p50 / p95 / p99 / p99.9 / max (ms)</th><td>{}</td></tr>",
+            p(ack)
         );
     }
     out.push_str("</table>\n");
@@ -277,25 +310,27 @@ fn binned(times: &[f64], from: f64, width_s: f64) -> Vec<usize> {
     counts
 }
 
-/// The SVG points of `values` spread over the width, scaled so that `top` is the full height.
-fn points(values: &[f64], top: f64) -> String {
+/// Where `values` go: spread evenly over the width, scaled so that `top` is the full height.
+pub(super) fn coords(values: &[f64], top: f64) -> Vec<(f64, f64)> {
     let step = WIDTH / (values.len().max(2) - 1) as f64;
     values
         .iter()
         .enumerate()
-        .map(|(i, v)| {
-            format!(
-                "{:.1},{:.1}",
-                MARGIN + i as f64 * step,
-                MARGIN + HEIGHT - HEIGHT * v / top
-            )
-        })
+        .map(|(i, v)| (MARGIN + i as f64 * step, MARGIN + HEIGHT - HEIGHT * v / top))
+        .collect()
+}
+
+/// The SVG points of `values` spread over the width, scaled so that `top` is the full height.
+fn points(values: &[f64], top: f64) -> String {
+    coords(values, top)
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
         .collect::<Vec<_>>()
         .join(" ")
 }
 
 /// An SVG plot around `body`, with axes, the x axis's two end labels and a caption.
-fn plot(body: &str, (x_from, x_to): (&str, &str), caption: &str) -> String {
+pub(super) fn plot(body: &str, (x_from, x_to): (&str, &str), caption: &str) -> String {
     let (w, h) = (WIDTH + 2.0 * MARGIN, HEIGHT + 2.0 * MARGIN);
     let (left, bottom, right) = (MARGIN, MARGIN + HEIGHT, MARGIN + WIDTH);
     format!(
@@ -319,7 +354,7 @@ fn plot(body: &str, (x_from, x_to): (&str, &str), caption: &str) -> String {
 }
 
 /// `text` with the five XML special characters escaped.
-fn escape(text: &str) -> String {
+pub(super) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -1,5 +1,5 @@
 //! `durable-etl bench`: end-to-end figures of real replicas (child processes of this binary)
-//! against a throw-away database, in four modes.
+//! against a throw-away database, in five modes.
 //!
 //! - **Burn-down**: `jobs` due jobs are inserted before any replica starts; the replicas then
 //!   drain them. Throughput = jobs / (last `finished_at` − first `started_at`), database clock, so
@@ -9,6 +9,10 @@
 //!   statement (`producers`), and the figures describe pickup latency, among them
 //!   acknowledgement → handler start as the replicas record it (`starts`), beside the rate the
 //!   producers achieved and how late they sent (a missed rate is flagged, never hidden).
+//! - **Depth target**: idle replicas first; then the same producers keep `depth` due jobs queued
+//!   for `duration`, topping the backlog up by bulk enqueues (`depth`), and the figures are the
+//!   offered load's beside the depth held and the throughput within the window (a depth not held
+//!   is flagged like a missed rate).
 //! - **Saturated**: every queue that takes jobs keeps a backlog of due jobs for `duration`
 //!   (`saturate`); the queue figures count completions within that window.
 //! - **Recovery**: SIGKILLs of the replica running a job, timed until a live one runs it again.
@@ -25,6 +29,7 @@
 //!   about what the replicas did; the offered rate and lag come from the producers' own clock.
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
+mod depth;
 mod figures;
 pub(crate) mod html;
 mod keys;
@@ -32,19 +37,21 @@ mod load;
 mod percentiles;
 mod producers;
 mod replicas;
+mod report;
 mod saturate;
 pub(crate) mod shape;
 pub(crate) mod starts;
+pub(crate) mod sweep;
 mod text;
 mod tuples;
 
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
 use durable_etl::error::Error;
-use figures::QueueFigures;
 use load::{fill, recoveries};
 pub(crate) use percentiles::Percentiles;
 use replicas::{server_cpu_seconds, Replicas};
+pub(crate) use report::Report;
 use saturate::{saturate, until_done, AgingWatch};
 use serde::Serialize;
 use shape::Shape;
@@ -94,6 +101,18 @@ pub(crate) enum Mode {
         /// Jobs per statement.
         batch: usize,
     },
+    /// Keep `depth` due jobs queued for `duration_s` seconds, topped up by `producers`
+    /// connections with at most `batch` jobs per statement (see `depth`).
+    DepthTarget {
+        /// Due jobs kept.
+        depth: usize,
+        /// Seconds the producers keep the backlog.
+        duration_s: f64,
+        /// Producer tasks, each on its own connection.
+        producers: usize,
+        /// The most jobs per statement.
+        batch: usize,
+    },
     /// `trials` times for each phase: SIGKILL the replica running a job (held inside its
     /// effects, or computing) and time until a live replica runs it again.
     Recovery {
@@ -135,66 +154,6 @@ pub(crate) struct BenchConfig {
     pub(crate) shape: Shape,
 }
 
-/// The figures of one run.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Report {
-    /// The settings.
-    pub(crate) config: BenchConfig,
-    /// Jobs that ended `succeeded`.
-    pub(crate) succeeded: u64,
-    /// Jobs that ended otherwise (should be 0).
-    pub(crate) not_succeeded: u64,
-    /// Seconds from the first claim to the last completion (database clock).
-    pub(crate) elapsed_s: f64,
-    /// `succeeded / elapsed_s`.
-    pub(crate) jobs_per_s: f64,
-    /// Enqueue → claim: the inserting transaction's start → the claiming transaction's start
-    /// (database clock). In burn-down this is queueing time.
-    pub(crate) enqueue_to_start_ms: Percentiles,
-    /// Offered load only: the producer's commit acknowledgement → the start of the statement
-    /// that completed the job (an upper bound on acknowledgement → handler start).
-    pub(crate) ack_to_done_ms: Option<Percentiles>,
-    /// Offered load only: the producer's commit acknowledgement → the handler's start, as the
-    /// replica running it recorded it (its wall clock at the call of the handler's compute phase;
-    /// see `starts`). The peers' latency definition. Absent when the replicas recorded none.
-    pub(crate) ack_to_start_ms: Option<Percentiles>,
-    /// Offered load only: the asked and achieved rates, the jobs offered and the enqueue lag.
-    #[serde(flatten)]
-    pub(crate) offered: Option<producers::OfferedFigures>,
-    /// Offered load only: each offered job's `ack_to_start` and `ack_to_done`, in milliseconds.
-    pub(crate) per_job_ms: Option<Vec<JobLatency>>,
-    /// Recovery only: SIGKILL of the replica running a job inside its effects → a live
-    /// replica's claim of that job (database clock).
-    pub(crate) recovery_effects_ms: Option<Percentiles>,
-    /// Recovery only: the same for a job killed while it computed (no connection held).
-    pub(crate) recovery_compute_ms: Option<Percentiles>,
-    /// Statements the replicas sent on pooled connections, per succeeded job.
-    pub(crate) round_trips_per_job: f64,
-    /// Claims the replicas made.
-    pub(crate) claims: u64,
-    /// Claims that found nothing.
-    pub(crate) empty_claims: u64,
-    /// Group commits the replicas made.
-    pub(crate) commit_batches: u64,
-    /// WAL the run wrote, per succeeded job (whole server: other databases' writes count too).
-    pub(crate) wal_bytes_per_job: f64,
-    /// The largest peak resident set size of a replica, in MiB.
-    pub(crate) replica_peak_rss_mib: f64,
-    /// CPU the replica processes used, in microseconds per succeeded job.
-    pub(crate) replica_cpu_us_per_job: f64,
-    /// Burn-down and saturated only: completions per queue, discovery claims, waits by
-    /// priority, aging writes and the caps' figures.
-    pub(crate) queues: Option<QueueFigures>,
-    /// With `--keys` only: enqueue → claim of the hot key's jobs and of the other keys'.
-    pub(crate) keys: Option<keys::KeyFigures>,
-    /// The run's time series, for `--report` (not in the JSON figures).
-    #[serde(skip)]
-    pub(crate) timeline: html::Timeline,
-    /// CPU the server backends of the bench database used, in microseconds per succeeded job
-    /// (read from `/proc`, so only when the server runs on this host; 0 otherwise).
-    pub(crate) server_cpu_us_per_job: f64,
-}
-
 impl BenchConfig {
     /// The run's load and shape, in words.
     pub(crate) fn describe(&self) -> String {
@@ -209,6 +168,15 @@ impl BenchConfig {
                 "offered load of {rate} jobs/s for {duration_s} s \
                  ({producers} producer(s), {batch} job(s) per statement)"
             ),
+            Mode::DepthTarget {
+                depth,
+                duration_s,
+                producers,
+                batch,
+            } => format!(
+                "depth target of {depth} due jobs for {duration_s} s \
+                 ({producers} producer(s), at most {batch} job(s) per statement)"
+            ),
             Mode::Recovery { trials } => {
                 format!("recovery from {trials} SIGKILLs per phase (effects, computing)")
             }
@@ -217,8 +185,13 @@ impl BenchConfig {
                 duration_s,
             } => format!("saturated for {duration_s} s (backlog {backlog} per queue)"),
         };
+        format!("{load}, {}", self.describe_replicas())
+    }
+
+    /// The run's replicas and shape, in words (its description without the load).
+    pub(crate) fn describe_replicas(&self) -> String {
         let mut text = format!(
-            "{load}, {} replica(s) x {} slots (prefetch {}), handler {:?}",
+            "{} replica(s) x {} slots (prefetch {}), handler {:?}",
             self.replicas, self.slots, self.prefetch, self.handler
         );
         text.push_str(&self.shape.describe());
@@ -255,6 +228,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
             rate, duration_s, ..
         } => (rate * duration_s).round() as usize,
         Mode::Recovery { trials } => 2 * trials,
+        Mode::DepthTarget { .. } => 0,
         Mode::Saturated { backlog, .. } => {
             backlog
                 * if config.shape.hot_queue {
@@ -289,7 +263,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         .get(0);
     let mut replicas = Replicas::start(db_config, config).await?;
     let started = tokio::time::Instant::now();
-    let (mut window, mut offered) = (None, None);
+    let (mut window, mut offered, mut held) = (None, None, None);
     let (acks, recovery) = match config.mode {
         Mode::BurnDown { .. } => (None, None),
         Mode::Saturated {
@@ -309,14 +283,33 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         } => {
             let duration = Duration::from_secs_f64(duration_s);
             let plan = producers::Plan {
-                jobs,
-                rate,
+                pace: producers::Pace::Clock { jobs, rate },
                 duration,
                 producers,
                 batch,
             };
             let offer = producers::offer(db_config, config.handler, plan, &config.shape).await?;
-            offered = Some(offer.figures);
+            offered = offer.rate;
+            (Some(offer.acks), None)
+        }
+        Mode::DepthTarget {
+            depth,
+            duration_s,
+            producers,
+            batch,
+        } => {
+            let plan = producers::Plan {
+                pace: producers::Pace::Depth { depth },
+                duration: Duration::from_secs_f64(duration_s),
+                producers,
+                batch,
+            };
+            let from: f64 = client
+                .query_one("SELECT extract(epoch FROM now())::float8", &[])
+                .await?
+                .get(0);
+            let offer = producers::offer(db_config, config.handler, plan, &config.shape).await?;
+            held = offer.depth.map(|d| (d, (from, from + duration_s)));
             (Some(offer.acks), None)
         }
         Mode::Recovery { trials } => {
@@ -395,6 +388,13 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         }
         _ => None,
     };
+    let depth = held.map(|(figures, (from, to))| {
+        let completed = done
+            .iter()
+            .filter(|(_, at)| (from..to).contains(at))
+            .count();
+        figures.with_completed(completed as u64)
+    });
     let jobs = acks.map(|acks| per_job(&done, &acks, &all_starts));
     let ack_to_done = jobs
         .as_ref()
@@ -447,6 +447,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         ack_to_done_ms: ack_to_done,
         ack_to_start_ms: ack_to_start,
         offered,
+        depth,
         per_job_ms: jobs,
         recovery_effects_ms: recovery.map(|r| r.0),
         recovery_compute_ms: recovery.map(|r| r.1),
@@ -454,6 +455,9 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         claims: scraped.claims,
         empty_claims: scraped.empty_claims,
         commit_batches: scraped.commit_batches,
+        claims_per_job: per_job(scraped.claims as f64),
+        empty_claims_per_job: per_job(scraped.empty_claims as f64),
+        commits_per_job: per_job(scraped.commit_batches as f64),
         wal_bytes_per_job: per_job(wal_bytes),
         replica_peak_rss_mib: scraped.peak_rss_kib as f64 / 1024.0,
         replica_cpu_us_per_job: per_job(scraped.cpu_seconds * 1e6),

@@ -1,9 +1,10 @@
-//! `bench offered-load`'s producers: N tasks, each on its own connection, that offer the load
-//! open-loop by the clock, and the figures that say whether they offered what was asked.
+//! `bench offered-load`'s and `bench depth-target`'s producers: N tasks, each on its own
+//! connection, that offer the load open-loop by the clock ([`Pace::Clock`]) or keep a backlog
+//! ([`Pace::Depth`], see `depth`), and the figures that say whether they offered what was asked.
 //!
-//! The schedule: the `jobs` jobs are cut into statements of `batch` jobs, and statement `k` is
-//! due at `start + k × batch / rate` (so statements go out at `rate / batch` per second). The
-//! producers share one counter: each takes the next statement's index, waits until it is due
+//! The clock's schedule: the `jobs` jobs are cut into statements of `batch` jobs, and statement
+//! `k` is due at `start + k × batch / rate` (so statements go out at `rate / batch` per second).
+//! The producers share one counter: each takes the next statement's index, waits until it is due
 //! and sends it, on its own connection, in one autocommit statement (`insert_noops`, or the
 //! library's `enqueue_many` for ETL loads).
 //!
@@ -19,6 +20,7 @@
 //!   the asked rate, never more). Below [`MISSED_BELOW`] × the asked rate the run says so
 //!   (`rate_missed`, and [`OfferedFigures::warning`] in the text, on stderr and in the report).
 
+use super::depth::{DepthFigures, TopUp};
 use super::load::{bench_owner, insert_loads, insert_noops};
 use super::shape::Shape;
 use super::{BenchHandler, Percentiles};
@@ -36,13 +38,28 @@ use tokio::time::Instant;
 /// A run whose achieved rate is below this fraction of the asked rate missed it.
 pub(crate) const MISSED_BELOW: f64 = 0.98;
 
+/// How the producers pace their statements.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Pace {
+    /// Open loop by the clock: `jobs` jobs (rate × duration) at `rate` per second.
+    Clock {
+        /// Jobs in the schedule.
+        jobs: usize,
+        /// Jobs per second asked.
+        rate: f64,
+    },
+    /// Closed loop on the backlog: keep `depth` due jobs (see `depth`).
+    Depth {
+        /// Due jobs to keep.
+        depth: usize,
+    },
+}
+
 /// What the producers are asked to offer.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Plan {
-    /// Jobs in the schedule (rate × duration).
-    pub(super) jobs: usize,
-    /// Jobs per second asked.
-    pub(super) rate: f64,
+    /// How they pace their statements.
+    pub(super) pace: Pace,
     /// When the producers stop, counted from the schedule's start.
     pub(super) duration: Duration,
     /// Producer tasks, each on its own connection (at least 1).
@@ -115,8 +132,27 @@ impl OfferedFigures {
 pub(super) struct Offered {
     /// Each offered job's commit-acknowledgement time (Unix seconds), by id.
     pub(super) acks: HashMap<String, f64>,
-    /// What was offered, beside what was asked.
-    pub(super) figures: OfferedFigures,
+    /// By the clock: what was offered, beside what was asked.
+    pub(super) rate: Option<OfferedFigures>,
+    /// To a depth: what was held, beside what was asked (the window's completions not yet
+    /// counted).
+    pub(super) depth: Option<DepthFigures>,
+}
+
+/// How the producers take their next statement, and what they share for it.
+#[derive(Clone)]
+enum Pacing {
+    /// Off the clock's schedule of `jobs` jobs at `rate`.
+    Clock {
+        /// Jobs in the schedule.
+        jobs: usize,
+        /// Jobs per second asked.
+        rate: f64,
+        /// The index of the next statement to send.
+        next: Arc<AtomicUsize>,
+    },
+    /// Topping the backlog up to its depth.
+    Depth(Arc<TopUp>),
 }
 
 /// What one producer shares with the others.
@@ -130,8 +166,8 @@ struct Shared {
     shape: Arc<Shape>,
     /// The ETL loads' secret and owner.
     owner: Arc<(Secret, [u8; 32])>,
-    /// The index of the next statement to send.
-    next: Arc<AtomicUsize>,
+    /// How they take their next statement.
+    pacing: Pacing,
     /// The schedule's start.
     start: Instant,
 }
@@ -141,8 +177,12 @@ struct Shared {
 struct Sent {
     /// Each job's id and commit-acknowledgement time (Unix seconds).
     acks: Vec<(uuid::Uuid, f64)>,
-    /// Each statement's lag, in milliseconds.
+    /// By the clock: each statement's lag, in milliseconds.
     lags_ms: Vec<f64>,
+    /// To a depth: each count of the due jobs after the first fill.
+    depths: Vec<usize>,
+    /// Statements sent.
+    statements: usize,
     /// When its last statement was acknowledged.
     last_ack: Option<Instant>,
 }
@@ -163,12 +203,30 @@ pub(super) async fn offer(
     for _ in 0..plan.producers.max(1) {
         clients.push(db::connect(db_config, "bench").await?);
     }
+    let pacing = match plan.pace {
+        Pace::Clock { jobs, rate } => Pacing::Clock {
+            jobs,
+            rate,
+            next: Arc::new(AtomicUsize::new(0)),
+        },
+        Pace::Depth { depth } => {
+            let (queues, kind) = match handler {
+                BenchHandler::Noop => (shape.names(), durable_etl::handler::NOOP_KIND),
+                BenchHandler::Etl => (
+                    vec![durable_etl::queue::DEFAULT_QUEUE.to_owned()],
+                    durable_etl::etl::KIND,
+                ),
+            };
+            let top_up = TopUp::new((depth, plan.batch, plan.producers), queues, kind);
+            Pacing::Depth(Arc::new(top_up))
+        }
+    };
     let shared = Shared {
         plan,
         handler,
         shape: Arc::new(shape.clone()),
         owner: Arc::new(bench_owner()?),
-        next: Arc::new(AtomicUsize::new(0)),
+        pacing,
         start: Instant::now(),
     };
     let tasks: Vec<_> = clients
@@ -182,41 +240,30 @@ pub(super) async fn offer(
     Ok(tally(&plan, shared.start, sent))
 }
 
-/// Takes statements off the shared schedule until it is done or the duration is over, sending
-/// each on `client` once it is due (at once if it is late).
+/// Takes statements off the shared schedule, or tops the backlog up, until it is done or the
+/// duration is over, sending each on `client` once it is due (at once if it is late).
 async fn produce(client: tokio_postgres::Client, shared: Shared) -> Result<Sent, Error> {
-    let Plan {
-        jobs,
-        rate,
-        duration,
-        batch,
-        ..
-    } = shared.plan;
-    let batch = batch.max(1);
     // A duration past what the clock can count never stops the producers early.
-    let stop = shared.start.checked_add(duration);
+    let stop = shared.start.checked_add(shared.plan.duration);
     let mut sent = Sent::default();
     loop {
-        let k = shared.next.fetch_add(1, Ordering::Relaxed);
-        let first = k.saturating_mul(batch);
-        if first >= jobs {
-            break;
-        }
-        // A due time the clock cannot count is past any duration: the schedule ends there.
-        let Some(due) = Duration::try_from_secs_f64(first as f64 / rate)
-            .ok()
-            .and_then(|after| shared.start.checked_add(after))
-        else {
-            break;
+        let (first, n) = match &shared.pacing {
+            Pacing::Clock { jobs, rate, next } => {
+                let batch = shared.plan.batch.max(1);
+                let schedule = (*jobs, *rate, batch);
+                match clock_next(next, shared.start, schedule, stop).await {
+                    Some((first, n, lag_ms)) => {
+                        sent.lags_ms.push(lag_ms);
+                        (first, n)
+                    }
+                    None => break,
+                }
+            }
+            Pacing::Depth(top_up) => match top_up.next(&client, stop, &mut sent.depths).await? {
+                Some(next) => next,
+                None => break,
+            },
         };
-        tokio::time::sleep_until(due).await;
-        let now = Instant::now();
-        if stop.is_some_and(|stop| now >= stop) {
-            break;
-        }
-        sent.lags_ms
-            .push(now.saturating_duration_since(due).as_secs_f64() * 1000.0);
-        let n = batch.min(jobs - first);
         let ids = match shared.handler {
             BenchHandler::Noop => {
                 let columns = shared.shape.columns(first, n);
@@ -229,6 +276,10 @@ async fn produce(client: tokio_postgres::Client, shared: Shared) -> Result<Sent,
                 insert_loads(&client, secret, owner, first, n).await?
             }
         };
+        if let Pacing::Depth(top_up) = &shared.pacing {
+            top_up.acknowledged(n);
+        }
+        sent.statements += 1;
         sent.last_ack = Some(Instant::now());
         let ack = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -238,31 +289,77 @@ async fn produce(client: tokio_postgres::Client, shared: Shared) -> Result<Sent,
     Ok(sent)
 }
 
-/// The producers' `sent` jobs and their figures against `plan`, for a schedule that began at
-/// `start`.
-fn tally(plan: &Plan, start: Instant, sent: Vec<Sent>) -> Offered {
-    let last_ack = sent.iter().filter_map(|s| s.last_ack).max();
-    let lags: Vec<f64> = sent
-        .iter()
-        .flat_map(|s| s.lags_ms.iter().copied())
-        .collect();
-    let acks: HashMap<String, f64> = sent
-        .into_iter()
-        .flat_map(|s| s.acks)
-        .map(|(id, ack)| (id.to_string(), ack))
-        .collect();
-    let span = last_ack.map_or(0.0, |at| at.saturating_duration_since(start).as_secs_f64());
-    let figures = figures(plan, acks.len(), span, lags);
-    Offered { acks, figures }
+/// The next statement (its index taken off `next`) of the clock's schedule of `jobs` jobs at
+/// `rate` from `start`, `batch` per statement, once it is due: its first job, its size and its
+/// lag in milliseconds; `None` once the schedule is done or `stop` has passed.
+async fn clock_next(
+    next: &AtomicUsize,
+    start: Instant,
+    (jobs, rate, batch): (usize, f64, usize),
+    stop: Option<Instant>,
+) -> Option<(usize, usize, f64)> {
+    let k = next.fetch_add(1, Ordering::Relaxed);
+    let first = k.saturating_mul(batch);
+    if first >= jobs {
+        return None;
+    }
+    // A due time the clock cannot count is past any duration: the schedule ends there.
+    let due = Duration::try_from_secs_f64(first as f64 / rate)
+        .ok()
+        .and_then(|after| start.checked_add(after))?;
+    tokio::time::sleep_until(due).await;
+    let now = Instant::now();
+    if stop.is_some_and(|stop| now >= stop) {
+        return None;
+    }
+    let lag_ms = now.saturating_duration_since(due).as_secs_f64() * 1000.0;
+    Some((first, batch.min(jobs - first), lag_ms))
 }
 
-/// The figures of `offered` jobs of `plan`, the last acknowledged `span_s` seconds after the
-/// schedule's start, sent with statement lags `lags_ms`.
-fn figures(plan: &Plan, offered: usize, span_s: f64, lags_ms: Vec<f64>) -> OfferedFigures {
+/// The producers' `sent` jobs and their figures against `plan`, for a schedule (or a window)
+/// that began at `start`.
+fn tally(plan: &Plan, start: Instant, sent: Vec<Sent>) -> Offered {
+    let last_ack = sent.iter().filter_map(|s| s.last_ack).max();
+    let statements = sent.iter().map(|s| s.statements).sum();
+    let (mut lags, mut depths) = (Vec::new(), Vec::new());
+    let mut acks = HashMap::new();
+    for s in sent {
+        lags.extend(s.lags_ms);
+        depths.extend(s.depths);
+        acks.extend(s.acks.into_iter().map(|(id, ack)| (id.to_string(), ack)));
+    }
+    let span = last_ack.map_or(0.0, |at| at.saturating_duration_since(start).as_secs_f64());
+    let (rate, depth) = match plan.pace {
+        Pace::Clock { jobs, rate } => (
+            Some(figures(plan, (jobs, rate), acks.len(), span, lags)),
+            None,
+        ),
+        Pace::Depth { depth } => (
+            None,
+            Some(DepthFigures::new(
+                (depth, plan.batch, plan.producers),
+                (acks.len(), statements),
+                plan.duration.as_secs_f64(),
+                depths,
+            )),
+        ),
+    };
+    Offered { acks, rate, depth }
+}
+
+/// The figures of `offered` jobs of `plan`'s schedule of `jobs` jobs at `rate`, the last
+/// acknowledged `span_s` seconds after the schedule's start, sent with statement lags `lags_ms`.
+fn figures(
+    plan: &Plan,
+    (jobs, rate): (usize, f64),
+    offered: usize,
+    span_s: f64,
+    lags_ms: Vec<f64>,
+) -> OfferedFigures {
     let span_s = if offered == 0 {
         0.0
     } else {
-        span_s.max(offered as f64 / plan.rate)
+        span_s.max(offered as f64 / rate)
     };
     let achieved_rate = if span_s > 0.0 {
         offered as f64 / span_s
@@ -270,12 +367,12 @@ fn figures(plan: &Plan, offered: usize, span_s: f64, lags_ms: Vec<f64>) -> Offer
         0.0
     };
     OfferedFigures {
-        asked_rate: plan.rate,
+        asked_rate: rate,
         achieved_rate,
-        rate_missed: achieved_rate < MISSED_BELOW * plan.rate,
+        rate_missed: achieved_rate < MISSED_BELOW * rate,
         producers: plan.producers,
         batch: plan.batch,
-        scheduled: plan.jobs,
+        scheduled: jobs,
         offered,
         span_s,
         lag_ms: Percentiles::of(lags_ms),
@@ -288,17 +385,22 @@ mod tests {
 
     /// 1,000 jobs/s for 2 s, by 2 producers in statements of 10.
     const PLAN: Plan = Plan {
-        jobs: 2_000,
-        rate: 1_000.0,
+        pace: Pace::Clock {
+            jobs: 2_000,
+            rate: 1_000.0,
+        },
         duration: Duration::from_secs(2),
         producers: 2,
         batch: 10,
     };
 
+    /// `PLAN`'s schedule.
+    const SCHEDULE: (usize, f64) = (2_000, 1_000.0);
+
     #[test]
     fn a_kept_schedule_is_credited_with_the_asked_rate_and_no_more() {
         // Every job acknowledged before the end of its slot: the span is the schedule's.
-        let f = figures(&PLAN, 2_000, 1.99, vec![0.5, 1.0]);
+        let f = figures(&PLAN, SCHEDULE, 2_000, 1.99, vec![0.5, 1.0]);
         assert_eq!((f.span_s, f.achieved_rate), (2.0, 1_000.0));
         assert!(!f.rate_missed && f.warning().is_none());
         assert!(!f.to_text().contains("WARNING"), "{}", f.to_text());
@@ -308,7 +410,7 @@ mod tests {
     #[test]
     fn a_missed_rate_is_flagged_and_said_loudly() {
         // A quarter of the schedule, cut off when the duration was over.
-        let f = figures(&PLAN, 500, 2.0, vec![900.0]);
+        let f = figures(&PLAN, SCHEDULE, 500, 2.0, vec![900.0]);
         assert_eq!(f.achieved_rate, 250.0);
         assert!(f.rate_missed);
         let text = f.to_text();
@@ -321,13 +423,13 @@ mod tests {
             "{text}"
         );
         // Below the threshold (97.5 %) is a miss; above it (98.5 %), not.
-        assert!(figures(&PLAN, 1_950, 2.0, Vec::new()).rate_missed);
-        assert!(!figures(&PLAN, 1_970, 2.0, Vec::new()).rate_missed);
+        assert!(figures(&PLAN, SCHEDULE, 1_950, 2.0, Vec::new()).rate_missed);
+        assert!(!figures(&PLAN, SCHEDULE, 1_970, 2.0, Vec::new()).rate_missed);
     }
 
     #[test]
     fn nothing_offered_is_a_missed_rate_of_zero() {
-        let f = figures(&PLAN, 0, 0.0, Vec::new());
+        let f = figures(&PLAN, SCHEDULE, 0, 0.0, Vec::new());
         assert_eq!((f.achieved_rate, f.span_s), (0.0, 0.0));
         assert!(f.rate_missed);
     }

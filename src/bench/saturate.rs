@@ -12,8 +12,8 @@
 //!   charged an attempt) do not count; anything else does.
 //!
 //! Invariants this module keeps:
-//! - Its reads are bounded: the backlog count stops at `backlog` rows per queue (an ordered probe
-//!   of the claim index), and the aging sample runs at most once per [`AGING_SAMPLE`].
+//! - Its reads are bounded: the backlog count ([`due_jobs`], which `depth` shares) stops at
+//!   `backlog` rows per queue (an ordered probe of the claim index), and the aging sample runs at most once per [`AGING_SAMPLE`].
 //! - It inserts only through `load::insert_noops`, so every job it adds is shaped and recorded
 //!   like the burn-down's.
 
@@ -124,20 +124,10 @@ pub(super) async fn saturate(
     let mut fewest: Vec<Option<u64>> = vec![None; fed.len()];
     let mut ticks = 0u64;
     while Instant::now() < end {
-        let rows = client
-            .query(
-                "SELECT (SELECT count(*) FROM (
-                            SELECT 1 FROM etl_job_records j
-                             WHERE j.status = 'pending' AND j.queue = q AND j.kind = $2
-                               AND j.sort_at <= now()
-                             LIMIT u.n) s)
-                   FROM unnest($1::text[], $3::int8[]) WITH ORDINALITY AS u(q, n, o) ORDER BY o",
-                &[&fed, &durable_etl::handler::NOOP_KIND, &limits],
-            )
-            .await?;
+        let counts = due_jobs(client, &fed, durable_etl::handler::NOOP_KIND, &limits).await?;
         let mut queues = Vec::new();
-        for (((name, row), target), low) in fed.iter().zip(&rows).zip(&targets).zip(&mut fewest) {
-            let due = usize::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+        for (((name, &due), target), low) in fed.iter().zip(&counts).zip(&targets).zip(&mut fewest)
+        {
             if ticks > 0 {
                 *low = Some(low.map_or(due as u64, |l| l.min(due as u64)));
             }
@@ -171,6 +161,35 @@ pub(super) async fn saturate(
     }
     let fewest = fewest.into_iter().map(|f| f.unwrap_or(0)).collect();
     Ok(((from, from + duration.as_secs_f64()), fewest))
+}
+
+/// The due jobs of `kind` (pending, deadline reached: `sort_at <= now()`) in each of `queues`,
+/// counting at most the matching entry of `limits` in each (an ordered probe of the claim index
+/// that stops there, so a deep backlog costs no more than the limit).
+///
+/// # Errors
+/// Database errors.
+pub(super) async fn due_jobs(
+    client: &tokio_postgres::Client,
+    queues: &[String],
+    kind: &str,
+    limits: &[i64],
+) -> Result<Vec<usize>, Error> {
+    let rows = client
+        .query(
+            "SELECT (SELECT count(*) FROM (
+                        SELECT 1 FROM etl_job_records j
+                         WHERE j.status = 'pending' AND j.queue = q AND j.kind = $2
+                           AND j.sort_at <= now()
+                         LIMIT u.n) s)
+               FROM unnest($1::text[], $3::int8[]) WITH ORDINALITY AS u(q, n, o) ORDER BY o",
+            &[&queues, &kind, &limits],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| usize::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        .collect())
 }
 
 /// How often the bench looks whether the jobs have ended.

@@ -1,5 +1,5 @@
 //! `bench`'s text output: the figures of one run as a few aligned lines, the offered load's
-//! rate warning (if any) right under the run's description.
+//! rate warning or the depth target's depth warning (if any) right under the run's description.
 //!
 //! Invariant: every line prints a figure of the [`Report`], never one computed here.
 
@@ -15,7 +15,7 @@ impl Report {
             )
         };
         let mut out = format!(
-            "{}\n{}\
+            "{}\n{}{}\
              succeeded            {} (not succeeded: {})\n\
              throughput           {:.0} jobs/s over {:.3} s\n\
              enqueue->start       {}\n",
@@ -23,6 +23,9 @@ impl Report {
             self.offered
                 .as_ref()
                 .map_or_else(String::new, |o| o.to_text()),
+            self.depth
+                .as_ref()
+                .map_or_else(String::new, |d| d.to_text()),
             self.succeeded,
             self.not_succeeded,
             self.jobs_per_s,
@@ -53,13 +56,18 @@ impl Report {
             ));
         }
         out.push_str(&format!(
-            "round trips per job  {:.3} ({} claims, {} empty, {} group commits)\n\
+            "round trips per job  {:.3} (the replicas'; producers' excluded)\n\
+             claims per job       {:.3} ({} claims), empty {:.3} ({})\n\
+             commits per job      {:.3} ({} group commits)\n\
              WAL per job          {:.0} bytes\n\
              CPU per job          replicas {:.1} us, server backends {:.1} us\n\
              replica peak RSS     {:.1} MiB\n",
             self.round_trips_per_job,
+            self.claims_per_job,
             self.claims,
+            self.empty_claims_per_job,
             self.empty_claims,
+            self.commits_per_job,
             self.commit_batches,
             self.wal_bytes_per_job,
             self.replica_cpu_us_per_job,

@@ -15,6 +15,12 @@ use durable_etl::config;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+/// `depth-target`'s default bulk: the public multi-system harness's rows per insert.
+const DEPTH_BATCH: NonZeroUsize = match NonZeroUsize::new(128) {
+    Some(batch) => batch,
+    None => NonZeroUsize::MIN,
+};
+
 /// The load `bench` offers.
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
@@ -33,7 +39,8 @@ pub(crate) enum BenchCommand {
     OfferedLoad {
         /// Jobs per second; several (`1000,5000`) run the offered load at each rate in turn, on a
         /// fresh database each time, and print one report per rate (`--json`: an array of them;
-        /// `--report DIR`: `DIR/rate-R/index.html` per rate).
+        /// `--report DIR`: `DIR/rate-R/index.html` per rate, and `DIR/index.html` plotting the
+        /// figures across the sweep).
         #[arg(
             long,
             value_name = "R[,R…]",
@@ -51,6 +58,27 @@ pub(crate) enum BenchCommand {
         producers: NonZeroUsize,
         /// Jobs per statement: each statement enqueues B jobs, sent at rate / B per second.
         #[arg(long, value_name = "B", default_value_t = NonZeroUsize::MIN)]
+        batch: NonZeroUsize,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Start idle replicas, then keep --depth due jobs queued for --duration, topped up by
+    /// --producers connections with bulk enqueues of at most --batch jobs; the figures say what
+    /// depth was held (and warn when it was not) and what throughput it gave, beside the offered
+    /// load's latency and per-job cost.
+    DepthTarget {
+        /// Due jobs kept queued.
+        #[arg(long, value_name = "N", default_value_t = 1_000)]
+        depth: usize,
+        /// How long the producers keep the backlog: the window of the throughput figure.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Producer tasks, each on its own connection, each topping the backlog up in turn.
+        #[arg(long, value_name = "N", default_value_t = NonZeroUsize::MIN)]
+        producers: NonZeroUsize,
+        /// The most jobs per statement (the public multi-system harness's bulk: 128).
+        #[arg(long, value_name = "B", default_value_t = DEPTH_BATCH)]
         batch: NonZeroUsize,
         /// The replicas and how they run.
         #[command(flatten)]
@@ -204,6 +232,21 @@ impl BenchCommand {
                 };
                 (rate.iter().map(mode).collect(), common)
             }
+            BenchCommand::DepthTarget {
+                depth,
+                duration,
+                producers,
+                batch,
+                common,
+            } => (
+                vec![Mode::DepthTarget {
+                    depth: *depth,
+                    duration_s: duration.as_secs_f64(),
+                    producers: producers.get(),
+                    batch: batch.get(),
+                }],
+                common,
+            ),
             BenchCommand::Recovery { trials, common } => {
                 (vec![Mode::Recovery { trials: *trials }], common)
             }
@@ -255,7 +298,7 @@ fn config(mode: Mode, common: &BenchArgs) -> Result<BenchConfig, clap::Error> {
         handler: common.handler,
         database: common.bench_database.clone(),
         keep: common.keep,
-        record_starts: matches!(mode, Mode::OfferedLoad { .. })
+        record_starts: matches!(mode, Mode::OfferedLoad { .. } | Mode::DepthTarget { .. })
             || common.report.is_some()
             || shape.cap.is_some(),
         shape,

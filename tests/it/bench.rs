@@ -50,7 +50,7 @@ pub(crate) async fn exists(name: &str) -> bool {
 
 /// The elements of the XML document `text`, by name, in document order; panics if it is not
 /// well-formed (unclosed or mismatched elements, unquoted attributes, bad escapes).
-fn elements(text: &str) -> Vec<String> {
+pub(crate) fn elements(text: &str) -> Vec<String> {
     let mut reader = quick_xml::Reader::from_str(text);
     let (mut names, mut open) = (Vec::new(), Vec::new());
     loop {

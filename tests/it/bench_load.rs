@@ -1,9 +1,10 @@
 //! `durable-etl bench offered-load`'s producers (#26): several producers share one open-loop
 //! schedule, batches go out as one statement each, and the figures put the achieved rate and the
-//! enqueue lag beside the asked rate, and say so loudly when the asked rate was missed. No
-//! figure's size is asserted beyond coarse invariants (tests never judge speed).
+//! enqueue lag beside the asked rate, and say so loudly when the asked rate was missed; a sweep's
+//! report plots every rate; `bench depth-target` keeps the backlog near its depth. No figure's
+//! size is asserted beyond coarse invariants (tests never judge speed).
 
-use crate::bench::{bench, bench_output, exists};
+use crate::bench::{bench, bench_output, elements, exists};
 use crate::bench_queues::{drop_kept, kept};
 use crate::support::first_column;
 
@@ -12,6 +13,18 @@ fn number(report: &serde_json::Value, key: &str) -> f64 {
     report[key]
         .as_f64()
         .unwrap_or_else(|| panic!("{key} missing: {report}"))
+}
+
+/// Runs `durable-etl bench` with `args` (text output) on a database named after `tag`; returns
+/// what it printed and the database name. Panics if it failed.
+fn bench_text(tag: &str, args: &[&str]) -> (String, String) {
+    let (out, name) = bench_output(tag, args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (String::from_utf8_lossy(&out.stdout).into_owned(), name)
 }
 
 #[tokio::test]
@@ -113,15 +126,9 @@ async fn bench_an_impossible_rate_is_cut_off_at_the_duration_and_flagged_loudly(
     );
     assert!(!exists(&name).await);
     // The text output puts the warning right under the run's description.
-    let (out, name) = bench_output(
+    let (text, name) = bench_text(
         "missed_text",
         &["offered-load", "--rate", "1000000", "--duration", "300ms"],
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
     let lines: Vec<&str> = text.lines().collect();
     assert!(
@@ -155,5 +162,193 @@ async fn bench_a_rate_sweep_runs_each_rate_in_turn_and_prints_one_report_per_rat
         assert!(offered >= 1 && offered as f64 <= rate / 2.0, "{report}");
         assert_eq!(report["succeeded"], offered, "{report}");
     }
+    assert!(!exists(&name).await);
+}
+
+/// Checks that `report`'s claims, empty claims and commits per job are its counts per succeeded
+/// job.
+fn assert_per_job_counts(report: &serde_json::Value) {
+    let succeeded = number(report, "succeeded");
+    assert!(succeeded > 0.0, "{report}");
+    for (count, per_job) in [
+        ("claims", "claims_per_job"),
+        ("empty_claims", "empty_claims_per_job"),
+        ("commit_batches", "commits_per_job"),
+    ] {
+        let expected = number(report, count) / succeeded;
+        assert!(
+            (number(report, per_job) - expected).abs() < 1e-9,
+            "{per_job}: {report}"
+        );
+    }
+    assert!(number(report, "claims_per_job") > 0.0, "{report}");
+    assert!(number(report, "commits_per_job") > 0.0, "{report}");
+    assert!(number(report, "wal_bytes_per_job") > 0.0, "{report}");
+}
+
+#[tokio::test]
+async fn bench_a_sweep_report_plots_every_rate_and_flags_a_missed_one_loudly() {
+    let dir = std::env::temp_dir().join(format!("durable-etl-sweep-{}", uuid::Uuid::new_v4()));
+    let (report, name) = bench(
+        "sweep_report",
+        &[
+            "offered-load",
+            "--rate",
+            "20,1000000",
+            "--duration",
+            "500ms",
+            "--report",
+            dir.to_str().unwrap(),
+        ],
+    );
+    // The JSON of a sweep stays an array, one report per rate, each with its per-job counts.
+    let reports = report.as_array().unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(reports.len(), 2, "{report}");
+    // 1,000,000 jobs/s is out of reach; 20 jobs/s is not judged (tests never time anything).
+    assert_eq!(reports[1]["rate_missed"], true, "{report}");
+    let missed = reports.iter().filter(|r| r["rate_missed"] == true).count();
+    reports.iter().for_each(assert_per_job_counts);
+    // Each rate keeps its own page, and the sweep's page plots them all.
+    for rate in ["20", "1000000"] {
+        assert!(
+            dir.join(format!("rate-{rate}/index.html")).exists(),
+            "{rate}"
+        );
+    }
+    let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let names = elements(&page);
+    assert_eq!(names.iter().filter(|n| *n == "svg").count(), 5, "{page}");
+    // One point per rate on every line: 2 + 3 + 2 + 4 + 1 lines, each with a polyline.
+    assert_eq!(
+        names.iter().filter(|n| *n == "circle").count(),
+        2 * 12,
+        "{page}"
+    );
+    assert_eq!(
+        names.iter().filter(|n| *n == "polyline").count(),
+        12,
+        "{page}"
+    );
+    for external in ["<script", "src=", "<link", "@import"] {
+        assert!(!page.contains(external), "{external} in {page}");
+    }
+    assert!(page.contains("<a href=\"rate-20/index.html\">"), "{page}");
+    // Each missed rate is loud: a warning, a marked row, and a line through it in every plot.
+    assert!(
+        page.contains("<p class=\"warning\"><strong>At 1000000 jobs/s asked: WARNING: offered "),
+        "{page}"
+    );
+    assert_eq!(
+        page.matches("<p class=\"warning\">").count(),
+        missed,
+        "{page}"
+    );
+    assert_eq!(
+        page.matches("<td class=\"missed\">").count(),
+        missed,
+        "{page}"
+    );
+    assert_eq!(page.matches(">MISSED</text>").count(), 5 * missed, "{page}");
+    assert!(!exists(&name).await);
+}
+
+#[tokio::test]
+async fn bench_depth_target_keeps_the_backlog_near_its_depth_with_bulk_top_ups() {
+    let dir = std::env::temp_dir().join(format!("durable-etl-depth-{}", uuid::Uuid::new_v4()));
+    // Slow jobs (200 ms, 4 slots: at most 20 jobs/s) so that two producers keep the depth.
+    let (report, name) = bench(
+        "depth",
+        &[
+            "depth-target",
+            "--depth",
+            "40",
+            "--duration",
+            "2s",
+            "--producers",
+            "2",
+            "--batch",
+            "8",
+            "--slots",
+            "4",
+            "--job-ms",
+            "200",
+            "--report",
+            dir.to_str().unwrap(),
+            "--keep",
+        ],
+    );
+    assert_eq!(report["config"]["mode"], "depth_target", "{report}");
+    assert_eq!(
+        (report["depth"].clone(), report["producers"].clone()),
+        (40.into(), 2.into()),
+        "{report}"
+    );
+    // The depth was held: counted many times, its median at the depth, and never above what
+    // the reservations allow (depth + producers x batch).
+    let held = &report["depth_held"];
+    assert!(held["samples"].as_u64().unwrap() >= 10, "{report}");
+    assert_eq!(report["depth_missed"], false, "{report}");
+    assert!(number(held, "median") >= 0.98 * 40.0, "{report}");
+    assert!(number(held, "max") <= 40.0 + 2.0 * 8.0, "{report}");
+    assert!(number(held, "min") <= number(held, "median"), "{report}");
+    // Every offered job ran, was paired with its acknowledgement and handler start, and the
+    // throughput counts the window's completions only.
+    let offered = report["offered"].as_u64().unwrap();
+    assert!(offered >= 40, "{report}");
+    assert_eq!(report["succeeded"], offered, "{report}");
+    assert_eq!(report["ack_to_start_ms"]["samples"], offered, "{report}");
+    assert_eq!(
+        report["per_job_ms"].as_array().unwrap().len() as u64,
+        offered
+    );
+    let completed = number(&report, "completed_in_window");
+    assert!(completed > 0.0 && completed <= offered as f64, "{report}");
+    assert_eq!(number(&report, "window_jobs_per_s"), completed / 2.0);
+    assert_per_job_counts(&report);
+    assert!(report["asked_rate"].is_null(), "{report}");
+    // Bulk top-ups: each statement one transaction of at most 8 jobs.
+    let client = kept(&name).await;
+    let sizes: Vec<i64> = first_column(
+        &client,
+        "SELECT count(*) FROM etl_jobs GROUP BY created_at ORDER BY 1",
+    )
+    .await;
+    assert_eq!(sizes.len() as u64, report["statements"].as_u64().unwrap());
+    assert!(sizes.iter().all(|&n| (1..=8).contains(&n)), "{sizes:?}");
+    drop(client);
+    drop_kept(&name).await;
+    let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    elements(&page);
+    assert!(
+        page.contains("depth target of 40 due jobs for 2 s"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<th>depth held min / median / max of asked</th>"),
+        "{page}"
+    );
+    assert!(!page.contains("class=\"warning\""), "{page}");
+}
+
+#[tokio::test]
+async fn bench_depth_target_that_cannot_hold_its_depth_says_so_loudly() {
+    // A depth the one producer cannot fill within 300 ms: never held, and said on stdout.
+    let (text, name) = bench_text(
+        "depth_missed",
+        &["depth-target", "--depth", "10000000", "--duration", "300ms"],
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("depth target of 10000000 due jobs"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("WARNING: held a median of 0 of 10000000 due jobs asked"),
+        "{text}"
+    );
+    assert!(lines[2].starts_with("depth held "), "{text}");
+    assert!(text.contains("claims per job "), "{text}");
     assert!(!exists(&name).await);
 }

@@ -1,0 +1,91 @@
+//! The figures of one bench run ([`Report`]), whatever its mode: what the JSON prints, what the
+//! text (`text`) and the pages (`html`, `sweep`) show.
+//!
+//! Invariant: it holds only what `measure` read (see the parent module's invariants); the figures
+//! of one mode (the offered load's rate, the depth target's depth, recovery, queues) are `None` in
+//! the others.
+
+use super::figures::QueueFigures;
+use super::{depth, html, keys, producers, BenchConfig, JobLatency, Percentiles};
+use serde::Serialize;
+
+/// The figures of one run.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Report {
+    /// The settings.
+    pub(crate) config: BenchConfig,
+    /// Jobs that ended `succeeded`.
+    pub(crate) succeeded: u64,
+    /// Jobs that ended otherwise (should be 0).
+    pub(crate) not_succeeded: u64,
+    /// Seconds from the first claim to the last completion (database clock).
+    pub(crate) elapsed_s: f64,
+    /// `succeeded / elapsed_s`.
+    pub(crate) jobs_per_s: f64,
+    /// Enqueue → claim: the inserting transaction's start → the claiming transaction's start
+    /// (database clock). In burn-down this is queueing time.
+    pub(crate) enqueue_to_start_ms: Percentiles,
+    /// Offered load and depth target: the producer's commit acknowledgement → the start of the
+    /// statement
+    /// that completed the job (an upper bound on acknowledgement → handler start).
+    pub(crate) ack_to_done_ms: Option<Percentiles>,
+    /// Offered load and depth target: the producer's commit acknowledgement → the handler's
+    /// start, as the
+    /// replica running it recorded it (its wall clock at the call of the handler's compute phase;
+    /// see `starts`). The peers' latency definition. Absent when the replicas recorded none.
+    pub(crate) ack_to_start_ms: Option<Percentiles>,
+    /// Offered load only: the asked and achieved rates, the jobs offered and the enqueue lag.
+    #[serde(flatten)]
+    pub(crate) offered: Option<producers::OfferedFigures>,
+    /// Depth target only: the depth asked and held, the jobs offered, and the throughput within
+    /// the window.
+    #[serde(flatten)]
+    pub(crate) depth: Option<depth::DepthFigures>,
+    /// Offered load and depth target: each offered job's `ack_to_start` and `ack_to_done`, in milliseconds.
+    pub(crate) per_job_ms: Option<Vec<JobLatency>>,
+    /// Recovery only: SIGKILL of the replica running a job inside its effects → a live
+    /// replica's claim of that job (database clock).
+    pub(crate) recovery_effects_ms: Option<Percentiles>,
+    /// Recovery only: the same for a job killed while it computed (no connection held).
+    pub(crate) recovery_compute_ms: Option<Percentiles>,
+    /// Statements the replicas sent on pooled connections, per succeeded job (the producers'
+    /// statements are not counted: they are the load, not its cost).
+    pub(crate) round_trips_per_job: f64,
+    /// Claims the replicas made.
+    pub(crate) claims: u64,
+    /// Claims that found nothing.
+    pub(crate) empty_claims: u64,
+    /// Group commits the replicas made.
+    pub(crate) commit_batches: u64,
+    /// `claims` per succeeded job.
+    pub(crate) claims_per_job: f64,
+    /// `empty_claims` per succeeded job.
+    pub(crate) empty_claims_per_job: f64,
+    /// `commit_batches` per succeeded job.
+    pub(crate) commits_per_job: f64,
+    /// WAL the run wrote, per succeeded job (whole server: other databases' writes count too).
+    pub(crate) wal_bytes_per_job: f64,
+    /// The largest peak resident set size of a replica, in MiB.
+    pub(crate) replica_peak_rss_mib: f64,
+    /// CPU the replica processes used, in microseconds per succeeded job.
+    pub(crate) replica_cpu_us_per_job: f64,
+    /// Burn-down and saturated only: completions per queue, discovery claims, waits by
+    /// priority, aging writes and the caps' figures.
+    pub(crate) queues: Option<QueueFigures>,
+    /// With `--keys` only: enqueue → claim of the hot key's jobs and of the other keys'.
+    pub(crate) keys: Option<keys::KeyFigures>,
+    /// The run's time series, for `--report` (not in the JSON figures).
+    #[serde(skip)]
+    pub(crate) timeline: html::Timeline,
+    /// CPU the server backends of the bench database used, in microseconds per succeeded job
+    /// (read from `/proc`, so only when the server runs on this host; 0 otherwise).
+    pub(crate) server_cpu_us_per_job: f64,
+}
+
+impl Report {
+    /// The loud line of a run that missed its asked rate or did not hold its depth, if it did.
+    pub(crate) fn warning(&self) -> Option<String> {
+        let rate = self.offered.as_ref().and_then(|o| o.warning());
+        rate.or_else(|| self.depth.as_ref().and_then(|d| d.warning()))
+    }
+}
