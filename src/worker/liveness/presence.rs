@@ -203,7 +203,8 @@ impl Presence {
 
     /// The session has seen `takes` takes of this replica's row in all (an enqueue deleted it to
     /// wake this replica alone): after a new one, a registered replica registers again on its
-    /// next claim (the wake's), and what claims already in flight register settles nothing.
+    /// next claim (the wake's), retried from the first pause if the barrier is held, and what
+    /// claims already in flight register settles nothing.
     pub(crate) fn taken(&mut self, takes: u64) {
         if takes <= self.takes {
             return;
@@ -211,6 +212,10 @@ impl Presence {
         self.takes = takes;
         if self.state != State::Busy {
             self.state = State::Joining;
+            // A new registration: its retries start again from the first pause, since a held
+            // barrier now most likely means a job that skipped the taken row is about to commit.
+            self.backoff = FIRST_BACKOFF;
+            self.retry_at = None;
         }
     }
 

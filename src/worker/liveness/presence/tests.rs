@@ -125,10 +125,23 @@ fn a_taken_row_makes_the_replica_register_again_and_earlier_claims_settle_nothin
     p.taken(2);
     claim(&mut p, registered(true), now, &stats);
     assert_eq!(p.state, State::Waiting);
+    // A take starts a held barrier's retries from the first pause again.
+    p.taken(3);
+    let t = p.ticket(false, now);
+    p.after(t, Some(&registered(false)), false, now, &stats);
+    let t = p.ticket(false, now);
+    p.after(t, Some(&registered(false)), false, now, &stats);
+    assert_eq!(p.retry_at(), Some(now + Duration::from_millis(2)));
+    p.taken(4);
+    assert_eq!(p.retry_at(), None, "the wake's claim registers");
+    let t = p.ticket(false, now);
+    p.after(t, Some(&registered(false)), false, now, &stats);
+    assert_eq!(p.retry_at(), Some(now + Duration::from_millis(1)));
+    claim(&mut p, registered(true), now, &stats);
     // A busy replica has no row to take.
     let leave = p.ticket(true, now);
     p.after(leave, Some(&registered(true)), true, now, &stats);
-    p.taken(3);
+    p.taken(5);
     assert_eq!((p.state, p.ticket(true, now).change), (State::Busy, None));
 }
 
