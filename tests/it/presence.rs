@@ -347,3 +347,60 @@ async fn an_enqueue_that_skips_a_row_being_taken_wakes_nobody_and_its_job_still_
     .await;
     replica.stop().await.unwrap();
 }
+
+/// A long enqueue transaction that took a replica's row never stalls that replica: its
+/// registrations skip the row the open transaction holds (an upsert would wait for it, and the
+/// claim pipelined behind it with it). While the transaction stays open, a job enqueued without
+/// a NOTIFY is found by the replica's poll, whose claim carries a refresh of the taken row; once
+/// the transaction commits, its NOTIFY wakes the replica for its own job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_enqueue_holding_a_replicas_row_never_stalls_its_claims() {
+    let db = TestDb::migrated().await;
+    let (mut long_client, quiet) = (db.client().await, db.client().await);
+    let observer = db.client().await;
+    // Statements may run far longer than the test waits: a registration that waited for the
+    // open transaction would stall the claims past every check below.
+    let mut patient = db.config.clone();
+    patient.statement_timeout = Duration::from_secs(300);
+    patient.lock_timeout = Duration::from_secs(300);
+    let replica = Replica::start_on(
+        &db,
+        &patient,
+        config("unstalled", Duration::from_millis(100), 4),
+        Registry::new().register(Noop),
+    )
+    .await;
+    eventually("the replica waits", || async {
+        waiting(&observer).await == ["unstalled"]
+    })
+    .await;
+    let long = long_client.transaction().await.unwrap();
+    insert_jobs(&long, NOOP, &[json!({})], 3).await;
+    // Three polls: at least one of them carries a refresh of the taken row (due a poll interval
+    // after the last one), and every one after it comes back.
+    let polls = replica.stats.snapshot().claims_by_poll;
+    eventually("the replica keeps polling", || async {
+        replica.stats.snapshot().claims_by_poll >= polls + 3
+    })
+    .await;
+    quiet
+        .batch_execute("SET durable_etl.notify = 'off'")
+        .await
+        .unwrap();
+    insert_jobs(&quiet, NOOP, &[json!({})], 3).await;
+    until_succeeded(&observer, 1).await;
+    let stats = replica.stats.snapshot();
+    assert!(stats.claims_by_poll >= polls + 1, "{stats:?}");
+    assert_eq!(
+        stats.notifications, 0,
+        "the open transaction has not committed"
+    );
+    long.commit().await.unwrap();
+    until_succeeded(&observer, 2).await;
+    assert_eq!(replica.stats.snapshot().notifications, 1);
+    eventually("it waits again", || async {
+        waiting(&observer).await == ["unstalled"]
+    })
+    .await;
+    replica.stop().await.unwrap();
+}

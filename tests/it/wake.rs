@@ -52,7 +52,18 @@ impl Replica {
         config: WorkerConfig,
         registry: Registry,
     ) -> Replica {
-        let worker = Worker::start(pool(db).await, &db.config, config, registry)
+        Replica::start_on(db, &db.config, config, registry).await
+    }
+
+    /// Starts a replica on `db`, its own sessions opened with `db_config`, running the handlers
+    /// of `registry`.
+    pub(crate) async fn start_on(
+        db: &TestDb,
+        db_config: &durable_etl::DatabaseConfig,
+        config: WorkerConfig,
+        registry: Registry,
+    ) -> Replica {
+        let worker = Worker::start(pool(db).await, db_config, config, registry)
             .await
             .unwrap();
         let stats = worker.stats_handle();

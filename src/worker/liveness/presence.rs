@@ -61,14 +61,27 @@ use tokio_postgres::Client;
 /// the row of a waiting replica that serves an enqueued due job's queue and runs its kind, and
 /// notifies its token (migration 0024).
 ///
-/// Locks: the row's lock, to the end of its own implicit transaction; an enqueue that would take
-/// the row meanwhile skips it, and the upsert waits for an enqueue that took the row to end. The
-/// table is UNLOGGED: no WAL.
+/// A row an open enqueue has taken is left alone (`SKIP LOCKED`, and no insert while the row is
+/// visible): that enqueue's NOTIFY, at its commit, wakes the replica, which registers again then.
+/// So the statement never waits for an enqueue transaction, however long it stays open (an
+/// upsert would, and with it the claim pipelined behind it).
+///
+/// Locks: the row's lock, if no other transaction holds it, to the end of its own implicit
+/// transaction; an enqueue that would take the row meanwhile skips it. The table is UNLOGGED: no
+/// WAL.
 pub(crate) const REGISTER_SQL: &str = "
-INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token) VALUES ($1, $2, $3, $4)
-    ON CONFLICT (owner_id) DO UPDATE
-        SET refreshed_at = now(), queues = excluded.queues, kinds = excluded.kinds,
-            wake_token = excluded.wake_token";
+WITH held AS (
+    SELECT w.owner_id FROM etl_waiting_replicas w WHERE w.owner_id = $1 FOR UPDATE SKIP LOCKED
+), refreshed AS (
+    UPDATE etl_waiting_replicas w
+       SET refreshed_at = now(), queues = $2, kinds = $3, wake_token = $4
+      FROM held h
+     WHERE w.owner_id = h.owner_id
+)
+INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token)
+SELECT $1, $2, $3, $4
+ WHERE NOT EXISTS (SELECT 1 FROM etl_waiting_replicas w WHERE w.owner_id = $1)
+    ON CONFLICT (owner_id) DO NOTHING";
 
 /// Tries the enqueue barrier ('detl', 1) in exclusive mode, and releases it at once (its implicit
 /// transaction ends with the statement): true when no enqueue transaction holds it.
