@@ -390,7 +390,6 @@ async fn an_open_enqueue_holding_a_replicas_row_never_stalls_its_claims() {
     insert_jobs(&quiet, NOOP, &[json!({})], 3).await;
     until_succeeded(&observer, 1).await;
     let stats = replica.stats.snapshot();
-    assert!(stats.claims_by_poll >= polls + 1, "{stats:?}");
     assert_eq!(
         stats.notifications, 0,
         "the open transaction has not committed"
