@@ -104,6 +104,7 @@ pub(crate) async fn claim_with(
                     bound,
                     presence::send(
                         conn.client(),
+                        conn.presence(),
                         change,
                         claimant.owner_id,
                         (&queues, &shared.kinds),
@@ -156,6 +157,7 @@ pub(crate) async fn leave(shared: &Shared) {
         let conn = db::checkout(&shared.claim_pool).await?;
         let leave = presence::send(
             conn.client(),
+            conn.presence(),
             Change::Leave,
             shared.owner_id(),
             (&[], &[]),

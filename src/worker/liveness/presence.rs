@@ -53,8 +53,8 @@ use crate::error::Error;
 use crate::worker::stats::WorkerStats;
 use std::time::Duration;
 use tokio::time::Instant;
-use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Statement};
 
 /// Records owner `$1` as waiting for work of the queues `$2` and kinds `$3`, to be woken by a
 /// NOTIFY of its wake token `$4`, or refreshes its row. The enqueue trigger takes (and deletes)
@@ -328,37 +328,59 @@ impl Presence {
     }
 }
 
-/// Sends `change` for `owner_id` on `client`, to be pipelined before a claim on the same client:
-/// every statement is queued when this future is first polled, so poll it before the claim.
+/// The presence statements a claim session prepares once ([`REGISTER_SQL`], [`SETTLE_SQL`]):
+/// a wake's registration then costs no parse or plan.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// [`REGISTER_SQL`].
+    register: Statement,
+    /// [`SETTLE_SQL`].
+    settle: Statement,
+}
+
+impl Statements {
+    /// Prepares them on `client`.
+    ///
+    /// # Errors
+    /// The database error of a statement.
+    pub(crate) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
+        let register_types = [Type::TEXT, Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8];
+        Ok(Statements {
+            register: client.prepare_typed(REGISTER_SQL, &register_types).await?,
+            settle: client.prepare_typed(SETTLE_SQL, &[]).await?,
+        })
+    }
+}
+
+/// Sends `change` for `owner_id` on `client` (whose session prepared `statements`), to be
+/// pipelined before a claim on the same client: every statement is queued when this future is
+/// first polled, so poll it before the claim.
 ///
 /// # Errors
 /// The database error of a statement.
 pub(crate) async fn send(
     client: &Client,
+    statements: &Statements,
     change: Change,
     owner_id: &str,
     (queues, kinds): (&[&str], &[&str]),
     wake_token: i64,
 ) -> Result<Registered, tokio_postgres::Error> {
-    let owner: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&owner_id, Type::TEXT)];
-    let register: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
-        (&owner_id, Type::TEXT),
-        (&queues, Type::TEXT_ARRAY),
-        (&kinds, Type::TEXT_ARRAY),
-        (&wake_token, Type::INT8),
-    ];
     match change {
         Change::Register => {
+            let params: [&(dyn ToSql + Sync); 4] = [&owner_id, &queues, &kinds, &wake_token];
             let (registered, settled) = futures::join!(
-                client.execute_typed(REGISTER_SQL, &register),
-                client.query_typed(SETTLE_SQL, &[])
+                client.execute(&statements.register, &params),
+                client.query(&statements.settle, &[])
             );
             registered?;
             let free = settled?.first().map_or(Ok(false), |row| row.try_get(0))?;
             Ok(Registered { free })
         }
         Change::Leave => {
-            client.query_typed(LEAVE_SQL, &owner).await?;
+            client
+                .execute_typed(LEAVE_SQL, &[(&owner_id, Type::TEXT)])
+                .await?;
             Ok(Registered { free: true })
         }
     }

@@ -12,6 +12,7 @@ use crate::config::DatabaseConfig;
 use crate::db;
 use crate::error::Error;
 use crate::queue::DEFAULT_QUEUE;
+use crate::worker::liveness::presence;
 use crate::worker::stats::WorkerStats;
 use bb8::ManageConnection;
 use bb8_postgres::PostgresConnectionManager;
@@ -38,6 +39,9 @@ pub struct ClaimSession {
     pub(super) client: Client,
     /// Its prepared statements; `None` after a failed plan check.
     prepared: Option<Prepared>,
+    /// The presence statements pipelined before claims, prepared whatever the check found (they
+    /// read and write only the waiting table, by primary key).
+    presence: presence::Statements,
     /// When a session whose check could not be judged yet (the live table was too small for
     /// any plan to matter) is due to be replaced, so that a fresh session checks again.
     recheck_at: Option<Instant>,
@@ -76,6 +80,7 @@ impl ClaimSession {
         client: Client,
         stats: &WorkerStats,
     ) -> Result<ClaimSession, tokio_postgres::Error> {
+        let presence = presence::Statements::prepare(&client).await?;
         let claim = client.prepare_typed(CLAIM_SQL, &CLAIM_PARAMS).await?;
         let uncapped = client
             .prepare_typed(CLAIM_UNCAPPED_SQL, &CLAIM_PARAMS)
@@ -94,6 +99,7 @@ impl ClaimSession {
             return Ok(ClaimSession {
                 client,
                 prepared,
+                presence,
                 recheck_at: None,
             });
         }
@@ -114,6 +120,7 @@ impl ClaimSession {
         Ok(ClaimSession {
             client,
             prepared: None,
+            presence,
             recheck_at,
         })
     }
@@ -121,6 +128,11 @@ impl ClaimSession {
     /// The session's connection, to pipeline other statements before a claim.
     pub(crate) fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The presence statements prepared on the session.
+    pub(crate) fn presence(&self) -> &presence::Statements {
+        &self.presence
     }
 
     /// Whether the claim runs prepared (its plan passed the check).
