@@ -494,3 +494,6 @@ impl Live {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
