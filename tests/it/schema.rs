@@ -2,7 +2,7 @@
 //! release-compatibility check, the CHECK constraints and the enqueue trigger.
 
 use crate::support::{
-    catalog_snapshot, count, end_job, first_column, insert_ended_jobs, insert_job,
+    catalog_snapshot, count, end_job, first_column, insert_ended_jobs, insert_job, insert_jobs,
     register_waiting, Listener, TestDb, LEDGERS,
 };
 use durable_etl::codes::Code;
@@ -1511,24 +1511,7 @@ async fn migration_0024_wakes_waiting_replicas_by_token_one_per_job_and_round_tr
     assert_eq!(waiting_owners(&client).await, ["b", "other-kind"]);
     // Two due jobs in one statement: both replicas that run them.
     register_with_token(&client, "a", 11, None).await;
-    client
-        .execute(
-            "WITH intake AS (
-                 INSERT INTO etl_job_intake
-                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                      max_attempts, run_at)
-                 SELECT gen_random_uuid(), decode(repeat('07', 32), 'hex'),
-                        sha256(gen_random_uuid()::text::bytea), sha256(''), 'test.noop', 5, now()
-                   FROM generate_series(1, 2)
-                 RETURNING id, owner_key, kind, max_attempts, run_at
-             )
-             INSERT INTO etl_job_records
-                 (id, owner_key, kind, request_payload, max_attempts, run_at, sort_at)
-             SELECT id, owner_key, kind, '{}'::jsonb, max_attempts, run_at, run_at FROM intake",
-            &[],
-        )
-        .await
-        .unwrap();
+    insert_jobs(&client, "test.noop", &vec![serde_json::json!({}); 2], 5).await;
     assert_eq!(waiting_owners(&client).await, ["other-kind"]);
     // A row without a token (a release before 0024) is woken by the empty NOTIFY and kept.
     register_waiting(&client, "old").await;

@@ -155,14 +155,7 @@ pub(crate) async fn wake_waiting(shared: &Shared) {
 pub(crate) async fn leave(shared: &Shared) {
     let left = async {
         let conn = db::checkout(&shared.claim_pool).await?;
-        let leave = presence::send(
-            conn.client(),
-            conn.presence(),
-            Change::Leave,
-            shared.owner_id(),
-            (&[], &[]),
-            shared.wake_token(),
-        );
+        let leave = presence::leave(conn.client(), shared.owner_id());
         db::bounded(shared.statement_bound, leave).await
     };
     if let Err(e) = left.await {

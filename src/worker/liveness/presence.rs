@@ -378,12 +378,21 @@ pub(crate) async fn send(
             Ok(Registered { free })
         }
         Change::Leave => {
-            client
-                .execute_typed(LEAVE_SQL, &[(&owner_id, Type::TEXT)])
-                .await?;
+            leave(client, owner_id).await?;
             Ok(Registered { free: true })
         }
     }
+}
+
+/// Deletes `owner_id`'s waiting row on `client` ([`LEAVE_SQL`]).
+///
+/// # Errors
+/// The database error of the statement.
+pub(crate) async fn leave(client: &Client, owner_id: &str) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute_typed(LEAVE_SQL, &[(&owner_id, Type::TEXT)])
+        .await
+        .map(drop)
 }
 
 #[cfg(test)]

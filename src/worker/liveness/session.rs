@@ -18,7 +18,7 @@
 //!   replica: the API's notifier, released claims, freed permits, a release before 0024's
 //!   registrations) or is this process's own wake token (an enqueue took this replica's waiting
 //!   row to wake it alone, migration 0024: [`Signals::takes`] then tells the claim loop that its
-//!   row is gone, counted before the wake). A notification naming another replica's token is not this replica's and is
+//!   row is gone, counted before the wake). A notification naming another replica's token is
 //!   dropped. Payloads carry nothing else: never an id, a payload or a principal.
 
 use crate::config::{DatabaseConfig, WorkerConfig};
@@ -97,11 +97,10 @@ impl Signals {
     /// Takes a notification whose payload is `payload`: wakes the claim loop when it is for this
     /// replica (see the module's invariants) and says whether it was.
     pub(crate) fn deliver(&self, payload: &str) -> bool {
-        let own = !payload.is_empty() && payload.parse() == Ok(self.wake_token);
-        if !payload.is_empty() && !own {
-            return false;
-        }
-        if own {
+        if !payload.is_empty() {
+            if payload.parse() != Ok(self.wake_token) {
+                return false;
+            }
             self.takes.fetch_add(1, Ordering::AcqRel);
         }
         self.notified.notify_one();
