@@ -7,6 +7,7 @@
 
 use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
+use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
@@ -73,14 +74,14 @@ pub async fn create_as(
     let owner_key = secret.digest(DigestKind::Principal, owner.as_bytes());
     let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
     client
-        .execute(
+        .execute_typed(
             "INSERT INTO etl_api_clients (id, owner_key, key_digest, operator)
              VALUES ($1, $2, $3, $4)",
             &[
-                &id,
-                &owner_key.as_slice(),
-                &key_digest.as_slice(),
-                &(role == Role::Operator),
+                (&id, Type::UUID),
+                (&owner_key.as_slice(), Type::BYTEA),
+                (&key_digest.as_slice(), Type::BYTEA),
+                (&(role == Role::Operator), Type::BOOL),
             ],
         )
         .await?;
@@ -93,9 +94,9 @@ pub async fn create_as(
 /// Database errors.
 pub async fn revoke(client: &impl GenericClient, id: Uuid) -> Result<bool, Error> {
     let n = client
-        .execute(
+        .execute_typed(
             "UPDATE etl_api_clients SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
-            &[&id],
+            &[(&id, Type::UUID)],
         )
         .await?;
     Ok(n == 1)
@@ -126,10 +127,10 @@ pub async fn holder_of_key(
 ) -> Result<Option<KeyHolder>, Error> {
     let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
     let row = client
-        .query_opt(
+        .query_typed_opt(
             "SELECT id, owner_key, operator FROM etl_api_clients
               WHERE key_digest = $1 AND revoked_at IS NULL",
-            &[&key_digest.as_slice()],
+            &[(&key_digest.as_slice(), Type::BYTEA)],
         )
         .await?;
     Ok(row.as_ref().and_then(holder))
@@ -145,10 +146,10 @@ pub async fn holder_of_id(
     id: Uuid,
 ) -> Result<Option<KeyHolder>, Error> {
     let row = client
-        .query_opt(
+        .query_typed_opt(
             "SELECT id, owner_key, operator FROM etl_api_clients
               WHERE id = $1 AND revoked_at IS NULL",
-            &[&id],
+            &[(&id, Type::UUID)],
         )
         .await?;
     Ok(row.as_ref().and_then(holder))

@@ -49,7 +49,12 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;
             let (pool, version) = start_up.run(|| open_checked(&db_config, "api")).await?;
-            tracing::info!(schema_version = version, "api starting");
+            tracing::info!(
+                schema_version = version,
+                pooler = db_config.pooler.as_str(),
+                connections_max = durable_etl::worker::budget::Budget::api(&db_config).total(),
+                "api starting"
+            );
             let notifier = durable_etl::Notifier::start(&db_config)?;
             let state =
                 durable_etl::AppState::new(pool, secret, api_config).with_notifier(notifier);

@@ -7,6 +7,9 @@
 //! - Nothing here reads a file: values come from CLI flags and environment variables (see `cli`).
 
 use crate::queue::{QueuesError, ServedQueue, DEFAULT_QUEUE};
+pub use pooler::Pooler;
+
+mod pooler;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -180,6 +183,10 @@ pub struct DatabaseConfig {
     /// rolls back and frees the job's row. Zero leaves the server's setting (required on 13).
     /// Defaults to [`CLIENT_CHECK_INTERVAL_DEFAULT`].
     pub client_check_interval: Duration,
+    /// The pooler on [`DatabaseConfig::url`], if any: behind a transaction-mode one no statement
+    /// is prepared by name and no session state is kept ([`Pooler`]). Defaults to
+    /// [`Pooler::None`].
+    pub pooler: Pooler,
 }
 
 impl Default for DatabaseConfig {
@@ -193,6 +200,7 @@ impl Default for DatabaseConfig {
             idle_in_transaction_timeout: IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
             keepalive_idle: KEEPALIVE_IDLE_DEFAULT,
             client_check_interval: CLIENT_CHECK_INTERVAL_DEFAULT,
+            pooler: Pooler::None,
         }
     }
 }

@@ -114,9 +114,25 @@ pub async fn connect_pool(cfg: &DatabaseConfig, role: &str) -> Result<Pool, Erro
 /// And they never JIT-compile (`jit=off`): a switched-off node type still plans, at a cost of
 /// ten billion, and the claim's one sort (merging its probes' locked rows, `worker::claimer`)
 /// put every claim above `jit_above_cost`, so each claim compiled itself for 450 ms.
-const CLAIM_PLANNER_OPTIONS: &str = "-c enable_sort=off -c enable_bitmapscan=off \
-     -c enable_hashjoin=off -c enable_mergejoin=off -c plan_cache_mode=force_generic_plan \
-     -c jit=off";
+const CLAIM_PLANNER_SWITCHES: [(&str, &str); 6] = [
+    ("enable_sort", "off"),
+    ("enable_bitmapscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+    ("plan_cache_mode", "force_generic_plan"),
+    ("jit", "off"),
+];
+
+/// The claim's planner switches ([`CLAIM_PLANNER_SWITCHES`]) as statements: `SET` each
+/// (`scope` empty, for the session) or `SET LOCAL` each (`scope` `LOCAL`, for the transaction),
+/// after `before` (say, `BEGIN;`), in one simple-protocol string.
+pub(crate) fn claim_planner_statements(before: &str, scope: &str) -> String {
+    CLAIM_PLANNER_SWITCHES
+        .iter()
+        .fold(before.to_owned(), |sql, (name, value)| {
+            format!("{sql} SET {scope} {name} = {value};")
+        })
+}
 
 /// Finds the name of the protocol-level statement prepared from the text `$1` on a session (the
 /// driver does not tell it), to `EXPLAIN` its plan.
@@ -130,13 +146,20 @@ pub(crate) const PREPARED_NAME_SQL: &str =
 pub const CLAIM_POOL_SIZE: u32 = 2;
 
 /// The tokio-postgres configuration of a replica's claim sessions (role `claimer`): the usual
-/// settings plus its planner switches (sorts and bitmap scans off, one generic plan per prepared statement).
+/// settings plus its planner switches (sorts and bitmap scans off, one generic plan per prepared
+/// statement) as start-up options. A pooler may drop those: a claim session sets them again
+/// when it opens, or, behind a transaction-mode pooler, `SET LOCAL` in each claim's transaction
+/// (`worker::claimer`).
 ///
 /// # Errors
 /// [`ConfigError::DatabaseUrl`] if the URL does not parse.
 pub fn claim_pg_config(cfg: &DatabaseConfig) -> Result<tokio_postgres::Config, ConfigError> {
     let mut pg = pg_config(cfg, "claimer")?;
-    pg.options(format!("{} {CLAIM_PLANNER_OPTIONS}", options(cfg)));
+    let switches = CLAIM_PLANNER_SWITCHES
+        .iter()
+        .map(|(name, value)| format!(" -c {name}={value}"))
+        .collect::<String>();
+    pg.options(format!("{}{switches}", options(cfg)));
     Ok(pg)
 }
 
@@ -297,6 +320,14 @@ where
     }
 }
 
+/// Whether `sqlstate` says a named prepared statement was missing (26000, "prepared statement …
+/// does not exist") or already there (42P05) on the server connection: what a transaction-mode
+/// pooler does to named statements, each transaction landing on another server connection.
+pub fn is_prepared_statement_miss(sqlstate: &tokio_postgres::error::SqlState) -> bool {
+    use tokio_postgres::error::SqlState;
+    *sqlstate == SqlState::INVALID_SQL_STATEMENT_NAME || *sqlstate == SqlState::DUPLICATE_PSTATEMENT
+}
+
 /// Maps a pool checkout failure to [`Error`].
 pub fn pool_error(e: bb8::RunError<tokio_postgres::Error>) -> Error {
     match e {
@@ -337,7 +368,7 @@ pub async fn check_session_settings(
     client: &impl tokio_postgres::GenericClient,
     cfg: &DatabaseConfig,
 ) -> Result<(), Error> {
-    let rows = client.query(SESSION_SETTINGS_SQL, &[]).await?;
+    let rows = client.query_typed(SESSION_SETTINGS_SQL, &[]).await?;
     for (name, wanted) in [
         ("statement_timeout", cfg.statement_timeout),
         ("lock_timeout", cfg.lock_timeout),
@@ -376,7 +407,10 @@ pub async fn ensure_database(cfg: &DatabaseConfig) -> Result<bool, Error> {
         let _ = connection.await;
     });
     let exists = client
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .query_typed_opt(
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            &[(&name, tokio_postgres::types::Type::TEXT)],
+        )
         .await?
         .is_some();
     if exists {

@@ -17,6 +17,7 @@
 
 use crate::error::{Error, SchemaError};
 use sha2::{Digest, Sha256};
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 /// One schema migration: an `up` script, the `down` script that reverses it, and its compatibility.
@@ -303,7 +304,7 @@ pub struct MigrateReport {
 async fn begin_locked(client: &mut Client) -> Result<tokio_postgres::Transaction<'_>, Error> {
     let tx = client.transaction().await?;
     tx.batch_execute(WAIT_WITHOUT_TIMEOUT).await?;
-    tx.execute(TAKE_MIGRATION_LOCK, &[&MIGRATION_LOCK_KEY])
+    tx.execute_typed(TAKE_MIGRATION_LOCK, &[(&MIGRATION_LOCK_KEY, Type::INT8)])
         .await?;
     tx.batch_execute(RESTORE_LOCK_TIMEOUT).await?;
     tx.batch_execute(CREATE_HISTORY).await?;
@@ -313,7 +314,7 @@ async fn begin_locked(client: &mut Client) -> Result<tokio_postgres::Transaction
 /// The newest applied version (0 for none), read inside a locked migration transaction.
 async fn current_version(tx: &tokio_postgres::Transaction<'_>) -> Result<i32, Error> {
     let row = tx
-        .query_one(
+        .query_typed_one(
             "SELECT coalesce(max(version), 0) FROM durable_etl_schema_history",
             &[],
         )
@@ -342,9 +343,9 @@ pub async fn migrate_up(client: &mut Client) -> Result<MigrateReport, Error> {
     for migration in MIGRATIONS {
         let tx = begin_locked(client).await?;
         let applied = tx
-            .query_opt(
+            .query_typed_opt(
                 "SELECT checksum FROM durable_etl_schema_history WHERE version = $1",
-                &[&migration.version],
+                &[(&migration.version, Type::INT4)],
             )
             .await?;
         match applied {
@@ -362,16 +363,16 @@ pub async fn migrate_up(client: &mut Client) -> Result<MigrateReport, Error> {
                         version: migration.version,
                         source,
                     })?;
-                tx.execute(
+                tx.execute_typed(
                     "INSERT INTO durable_etl_schema_history
                          (version, name, checksum, min_reader_version, applied_by_release)
                      VALUES ($1, $2, $3, $4, $5)",
                     &[
-                        &migration.version,
-                        &migration.name,
-                        &migration.checksum(),
-                        &migration.min_reader_version,
-                        &RELEASE,
+                        (&migration.version, Type::INT4),
+                        (&migration.name, Type::TEXT),
+                        (&migration.checksum(), Type::TEXT),
+                        (&migration.min_reader_version, Type::INT4),
+                        (&RELEASE, Type::TEXT),
                     ],
                 )
                 .await?;
@@ -406,9 +407,9 @@ pub async fn migrate_down_to(client: &mut Client, target: i32) -> Result<Migrate
             .find(|m| m.version == version)
             .ok_or(SchemaError::UnknownVersion { version })?;
         let row = tx
-            .query_one(
+            .query_typed_one(
                 "SELECT checksum FROM durable_etl_schema_history WHERE version = $1",
-                &[&version],
+                &[(&version, Type::INT4)],
             )
             .await?;
         if row.get::<_, String>(0) != migration.checksum() {
@@ -417,9 +418,9 @@ pub async fn migrate_down_to(client: &mut Client, target: i32) -> Result<Migrate
         tx.batch_execute(migration.down)
             .await
             .map_err(|source| SchemaError::Failed { version, source })?;
-        tx.execute(
+        tx.execute_typed(
             "DELETE FROM durable_etl_schema_history WHERE version = $1",
-            &[&version],
+            &[(&version, Type::INT4)],
         )
         .await?;
         tx.commit().await?;
@@ -437,7 +438,7 @@ pub async fn migrate_down_to(client: &mut Client, target: i32) -> Result<Migrate
 pub async fn check_compatible(client: &Client) -> Result<i32, Error> {
     let required = latest_version();
     let exists: bool = client
-        .query_one(
+        .query_typed_one(
             "SELECT to_regclass('durable_etl_schema_history') IS NOT NULL",
             &[],
         )
@@ -447,7 +448,7 @@ pub async fn check_compatible(client: &Client) -> Result<i32, Error> {
         return Err(SchemaError::TooOld { found: 0, required }.into());
     }
     let rows = client
-        .query(
+        .query_typed(
             "SELECT version, checksum, min_reader_version
                FROM durable_etl_schema_history ORDER BY version",
             &[],

@@ -63,6 +63,17 @@ pub(crate) struct DatabaseArgs {
     /// process exits 3 when it is spent.
     #[arg(long, env = "DURABLE_ETL_STARTUP_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
     pub(crate) startup_timeout: Duration,
+    /// The pooler on --database-url: none, session or transaction (PgBouncer's pool_mode).
+    /// Behind a transaction-mode pooler no statement is prepared by name and no session state is
+    /// kept; give workers a direct --session-database-url for LISTEN and the owner lock.
+    #[arg(
+        long,
+        env = "DURABLE_ETL_POOLER",
+        value_enum,
+        default_value = "none",
+        global = true
+    )]
+    pub(crate) pooler: config::Pooler,
 }
 
 impl DatabaseArgs {
@@ -97,6 +108,7 @@ impl DatabaseArgs {
             lock_timeout: self.lock_timeout,
             idle_in_transaction_timeout,
             client_check_interval: self.client_check_interval,
+            pooler: self.pooler,
             ..DatabaseConfig::default()
         };
         cfg.validate()?;

@@ -25,6 +25,7 @@
 // The stages, each a folder: claim, run, complete and liveness (see each stage's invariants).
 // The roles the integration suite and the benches drive directly (fencing, plans, recovery
 // races) are public for them, and hidden: not the library's surface (`Worker`, its `stats`).
+pub mod budget;
 #[doc(hidden)]
 pub mod claim;
 #[doc(hidden)]
@@ -98,6 +99,7 @@ impl Worker {
     ) -> Result<Worker, Error> {
         config.validate()?;
         registry.validate()?;
+        budget::announce(db_config, &config);
         let stats = Arc::new(WorkerStats::default());
         let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
         let previous = rescuer::release_previous_incarnation(&pool, &config.owner_id, &session);

@@ -52,6 +52,15 @@ pub(crate) struct Shared {
     pub(crate) capped: claimer::CappedQueues,
     /// When a recovery pass of this replica last failed (see [`Shared::reachable_for`]).
     lost_at: StdMutex<Option<Instant>>,
+    /// Whether the replica's own connections hold its alive lock ([`alive_locked`]).
+    alive_locked: bool,
+}
+
+/// Whether a replica with `config` on `db_config` holds alive locks on its own connections
+/// (`worker::alive`): all but a replica in poll-only mode or behind a transaction-mode pooler,
+/// where a session-level lock would stick to a server connection other clients share.
+pub(crate) fn alive_locked(config: &WorkerConfig, db_config: &DatabaseConfig) -> bool {
+    !config.poll_only && db_config.pooler.keeps_sessions()
 }
 
 impl Shared {
@@ -69,7 +78,8 @@ impl Shared {
         stats: Arc<WorkerStats>,
         signals: Option<Arc<Signals>>,
     ) -> Result<Shared, Error> {
-        let alive = (!config.poll_only).then_some(config.owner_id.as_str());
+        let alive_locked = alive_locked(&config, db_config);
+        let alive = alive_locked.then_some(config.owner_id.as_str());
         let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats), alive).await?;
         let commit_pool = sessions::connect_commit_pool(db_config, alive).await?;
         // A batch holds at most what the replica can hold: its slots and what it claims ahead
@@ -93,13 +103,13 @@ impl Shared {
             signals,
             capped: claimer::CappedQueues::default(),
             lost_at: StdMutex::new(None),
+            alive_locked,
         })
     }
 
-    /// Whether this replica's own connections hold its alive lock (`worker::alive`): all but a
-    /// replica behind a transaction-mode pooler (`--poll-only`).
+    /// Whether this replica's own connections hold its alive lock ([`alive_locked`]).
     pub(crate) fn holds_alive_locks(&self) -> bool {
-        !self.config.poll_only
+        self.alive_locked
     }
 
     /// Notes that the replica found the database unreachable just now (a failed recovery pass).

@@ -13,6 +13,7 @@ use crate::worker::liveness::rescuer::Recovered;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use std::sync::atomic::{AtomicU64, Ordering};
+use tokio_postgres::error::SqlState;
 
 /// Bucket upper bounds, in seconds, of the latency histograms.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -116,6 +117,13 @@ counters! {
     empty_claims,
     /// Claim sessions whose prepared claim failed its plan check, so they plan every claim.
     claim_plan_fallbacks,
+    /// Claims sent unnamed and planned for their values: behind a transaction-mode pooler
+    /// (`--pooler transaction`), or on a session whose prepared claim failed its plan check.
+    unnamed_claims,
+    /// Statements refused because a prepared statement was missing (SQLSTATE 26000) or already
+    /// there (42P05) on the server connection: the sign of a transaction-mode pooler on a URL not
+    /// declared `--pooler transaction`.
+    prepared_statement_misses,
     /// Statements (and transaction-control commands) the replica sent on pooled connections
     /// while running: claims, next-due reads, group commits, retry and failure writes,
     /// heartbeats, recovery passes and the shutdown release (not the start-up release).
@@ -308,6 +316,26 @@ impl WorkerStats {
     /// Counts a claim session whose prepared claim failed its plan check.
     pub fn record_claim_plan_fallback(&self) {
         bump(&self.claim_plan_fallbacks);
+    }
+
+    /// Counts a claim sent unnamed.
+    pub(crate) fn record_unnamed_claim(&self) {
+        bump(&self.unnamed_claims);
+    }
+
+    /// Counts a statement of this replica's that failed with `sqlstate`, if that says a prepared
+    /// statement was missing or duplicated on its server connection, and then says how to fix
+    /// it (a transaction-mode pooler behind a URL not declared so).
+    pub(crate) fn record_statement_failure(&self, sqlstate: Option<&SqlState>) {
+        if sqlstate.is_some_and(crate::db::is_prepared_statement_miss) {
+            bump(&self.prepared_statement_misses);
+            tracing::warn!(
+                sqlstate = sqlstate.map_or("", SqlState::code),
+                "a prepared statement was missing or already there on its server connection: \
+                 the database URL looks like a transaction-mode pooler; start with \
+                 --pooler transaction"
+            );
+        }
     }
 
     /// Records one pickup `seconds` after its job was due.

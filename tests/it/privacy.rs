@@ -229,14 +229,7 @@ async fn no_canary_sql_or_database_message_leaks_from_the_binaries() {
         assert_eq!(status["status"], "succeeded");
     }
     call(http.get(format!("{base}/v1/etl-jobs")).bearer_auth(&key)).await;
-    let api_metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let api_metrics = crate::support::text_of(&http, &format!("{base}/metrics")).await;
     let worker_metrics_url = format!("http://{metrics_listen}/metrics");
     eventually("the worker's session to reconnect", || {
         let (http, url) = (&http, &worker_metrics_url);

@@ -1,7 +1,9 @@
-//! Test support: the template-database harness (`test_db`), a private cluster (`cluster`) and
-//! PgBouncer (`pooler`), and helpers that observe the
+//! Test support: the template-database harness (`test_db`), a private cluster (`cluster`),
+//! PgBouncer (`pooler`), the real binary's processes (`binary`), and helpers that observe the
 //! database (catalog snapshots, notifications).
 
+#[path = "support/binary.rs"]
+mod binary;
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/pooler.rs"]
@@ -9,6 +11,7 @@ mod pooler;
 #[path = "support/test_db.rs"]
 mod test_db;
 
+pub use binary::{api_key, binary, counter, submit_load, text_of, until_serving};
 pub use cluster::Cluster;
 use futures::StreamExt;
 pub use pooler::Pooler;

@@ -127,6 +127,12 @@ pub(crate) async fn claim_with(
         // nothing claimed for the crash test to find.
         crash_point!("claim.after_commit");
     }
+    if !conn.is_prepared() {
+        shared.stats.record_unnamed_claim();
+    }
+    if let Err(e) = &claim {
+        shared.stats.record_statement_failure(e.db_code());
+    }
     if let Ok(claim) = &claim {
         shared.stats.record_claim(reason, claim.jobs.len());
         for job in &claim.jobs {

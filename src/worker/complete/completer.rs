@@ -176,10 +176,10 @@ pub(crate) async fn succeed_many_with(
 /// The database error of the statement.
 pub(crate) async fn succeed_locked(
     tx: &tokio_postgres::Transaction<'_>,
-    prepared: &Statement,
+    prepared: Option<&Statement>,
     entries: &[(Lease, Option<LedgerEntry>)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
-    succeed(tx, (SUCCEED_LOCKED_SQL, Some(prepared)), entries).await
+    succeed(tx, (SUCCEED_LOCKED_SQL, prepared), entries).await
 }
 
 /// The types of the success statements' parameters, in order.

@@ -303,9 +303,15 @@ async fn commit_transaction(
             } = &mut *conn;
             let _shown = in_flight.show(lane, client.cancel_token());
             let written = if steps.iter().any(Step::writes) {
-                write_effects(client, stats, (&leases, &mut steps), succeed_locked).await
+                write_effects(
+                    client,
+                    stats,
+                    (&leases, &mut steps),
+                    succeed_locked.as_ref(),
+                )
+                .await
             } else {
-                succeed_alone(client, stats, (&leases, &mut steps), succeed).await
+                succeed_alone(client, stats, (&leases, &mut steps), succeed.as_ref()).await
             };
             match written {
                 Ok(()) => {
@@ -336,11 +342,11 @@ async fn succeed_alone(
     client: &tokio_postgres::Client,
     stats: &WorkerStats,
     (leases, steps): (&[Lease], &mut [Step]),
-    prepared: &Statement,
+    prepared: Option<&Statement>,
 ) -> Result<(), tokio_postgres::Error> {
     stats.record_round_trips(1);
     let entries: Vec<(Lease, Option<LedgerEntry>)> = leases.iter().map(|&l| (l, None)).collect();
-    let fenced = completer::succeed_many_with(client, Some(prepared), &entries).await?;
+    let fenced = completer::succeed_many_with(client, prepared, &entries).await?;
     let succeeded = fenced.values().filter(|f| **f == Fenced::Succeeded).count();
     if succeeded < leases.len() {
         // The second statement, which told a cancel request from a lost lease.
@@ -365,7 +371,7 @@ async fn write_effects(
     conn: &mut tokio_postgres::Client,
     stats: &WorkerStats,
     (leases, steps): (&[Lease], &mut [Step]),
-    prepared: &Statement,
+    prepared: Option<&Statement>,
 ) -> Result<(), tokio_postgres::Error> {
     let isolate = steps.len() > 1;
     let cancel = conn.cancel_token();
@@ -442,6 +448,7 @@ async fn committed_anyway(
 /// not the job's: each job retries within its attempt bound. Counted and logged by SQLSTATE.
 fn batch_failure(stats: &WorkerStats, e: &tokio_postgres::Error) -> Code {
     stats.record_commit_failure();
+    stats.record_statement_failure(e.code());
     let sqlstate = e.code().map_or("none", |c| c.code());
     tracing::warn!(
         code = %Code::TransientDatabase,

@@ -329,14 +329,16 @@ impl Presence {
 }
 
 /// The presence statements a claim session prepares once ([`REGISTER_SQL`], [`SETTLE_SQL`]):
-/// a wake's registration then costs no parse or plan.
+/// a wake's registration then costs no parse or plan. Behind a transaction-mode pooler nothing
+/// is prepared ([`Statements::unnamed`]) and each is sent unnamed.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    /// [`REGISTER_SQL`].
-    register: Statement,
-    /// [`SETTLE_SQL`].
-    settle: Statement,
+    /// [`REGISTER_SQL`] and [`SETTLE_SQL`] prepared, or `None` to send them unnamed.
+    prepared: Option<(Statement, Statement)>,
 }
+
+/// The types of [`REGISTER_SQL`]'s parameters.
+const REGISTER_PARAMS: [Type; 4] = [Type::TEXT, Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8];
 
 impl Statements {
     /// Prepares them on `client`.
@@ -344,11 +346,16 @@ impl Statements {
     /// # Errors
     /// The database error of a statement.
     pub(crate) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
-        let register_types = [Type::TEXT, Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8];
+        let register = client.prepare_typed(REGISTER_SQL, &REGISTER_PARAMS).await?;
+        let settle = client.prepare_typed(SETTLE_SQL, &[]).await?;
         Ok(Statements {
-            register: client.prepare_typed(REGISTER_SQL, &register_types).await?,
-            settle: client.prepare_typed(SETTLE_SQL, &[]).await?,
+            prepared: Some((register, settle)),
         })
+    }
+
+    /// None prepared: each is sent unnamed (behind a transaction-mode pooler).
+    pub(crate) fn unnamed() -> Statements {
+        Statements { prepared: None }
     }
 }
 
@@ -369,10 +376,18 @@ pub(crate) async fn send(
     match change {
         Change::Register => {
             let params: [&(dyn ToSql + Sync); 4] = [&owner_id, &queues, &kinds, &wake_token];
-            let (registered, settled) = futures::join!(
-                client.execute(&statements.register, &params),
-                client.query(&statements.settle, &[])
-            );
+            let (registered, settled) = match &statements.prepared {
+                Some((register, settle)) => {
+                    futures::join!(client.execute(register, &params), client.query(settle, &[]))
+                }
+                None => {
+                    let typed: Vec<_> = params.into_iter().zip(REGISTER_PARAMS).collect();
+                    futures::join!(
+                        client.execute_typed(REGISTER_SQL, &typed),
+                        client.query_typed(SETTLE_SQL, &[])
+                    )
+                }
+            };
             registered?;
             let free = settled?.first().map_or(Ok(false), |row| row.try_get(0))?;
             Ok(Registered { free })

@@ -196,22 +196,29 @@ pub(crate) async fn open_for(
     stats: Arc<WorkerStats>,
 ) -> Result<Option<Session>, Error> {
     let direct = config.session_database_url.clone();
-    if config.poll_only && direct.is_none() {
+    if direct.is_none() && (config.poll_only || !db_config.pooler.keeps_sessions()) {
         tracing::warn!(
-            "poll-only mode without a direct session: no owner lock, so a dead replica's jobs \
-             are recovered by lease expiry only, and a second replica with the same owner id \
-             cannot be detected"
+            pooler = db_config.pooler.as_str(),
+            "no direct session (poll-only, or a transaction-mode pooler without \
+             --session-database-url): no LISTEN and no owner lock, so the poll alone finds work, \
+             a dead replica's jobs are recovered by lease expiry only, and a second replica with \
+             the same owner id cannot be detected"
         );
         return Ok(None);
     }
     let session_config = SessionConfig {
-        database: DatabaseConfig {
-            url: direct.unwrap_or_else(|| db_config.url.clone()),
-            ..db_config.clone()
+        database: match direct {
+            // A direct URL reaches PostgreSQL itself, whatever pooler the database URL has.
+            Some(url) => DatabaseConfig {
+                url,
+                pooler: crate::config::Pooler::None,
+                ..db_config.clone()
+            },
+            None => db_config.clone(),
         },
         owner_id: config.owner_id.clone(),
         listen: !config.poll_only,
-        alive: !config.poll_only,
+        alive: crate::worker::shared::alive_locked(config, db_config),
     };
     Ok(Some(Session::start(session_config, stats).await?))
 }

@@ -1,24 +1,28 @@
 //! A replica's claim sessions: connections whose planner switches pin the claim's plan, with
 //! the claim prepared on each once its plan passed its check (see the parent module's
-//! invariants).
+//! invariants). Behind a transaction-mode pooler nothing is prepared and nothing is set on the
+//! session: each claim (and next-due read) runs in a transaction of its own that sets the planner
+//! switches `LOCAL` first, all of it pipelined in one round trip.
 
 use super::capped::CappedQueues;
 use super::next_due::{next_due, until_due, NEXT_DUE_PARAMS, NEXT_DUE_SQL};
+use super::plan_check::{
+    explain_planned, explain_prepared, in_planner_transaction, judged_failure,
+    walks_the_pending_index_in_order, RECHECK_AFTER,
+};
 use super::statement::{
     claim_uncapped, claimed, refused, Ask, Claim, ClaimValues, Claimant, CLAIM_PARAMS, CLAIM_SQL,
     CLAIM_UNCAPPED_SQL,
 };
-use crate::config::DatabaseConfig;
+use crate::config::{DatabaseConfig, Pooler};
 use crate::db;
 use crate::error::Error;
-use crate::queue::DEFAULT_QUEUE;
 use crate::worker::liveness::presence;
 use crate::worker::stats::WorkerStats;
 use bb8::ManageConnection;
 use bb8_postgres::PostgresConnectionManager;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls, Statement};
 
 /// The statements a claim session prepared, the claim's plan having passed its check.
@@ -45,25 +49,10 @@ pub struct ClaimSession {
     /// When a session whose check could not be judged yet (the live table was too small for
     /// any plan to matter) is due to be replaced, so that a fresh session checks again.
     recheck_at: Option<Instant>,
+    /// Whether the session is a transaction-mode pooler's ([`Pooler::Transaction`]): each claim
+    /// then sets the planner switches in a transaction of its own ([`ClaimSession::planned`]).
+    pooled: bool,
 }
-
-/// The fewest pages the live table must have on disk before a failed plan check means
-/// something: below it a sequential scan costs no more than the index, and PostgreSQL rightly
-/// plans one for an empty or nearly empty queue (every replica started against an empty,
-/// vacuumed queue failed the check). Read from the table's size on disk, which is what the
-/// planner sees of a table never analyzed.
-pub const JUDGED_FROM_PAGES: i64 = 8;
-
-/// How long a session whose plan check could not be judged plans every claim before the pool
-/// replaces it with one that checks again.
-pub const RECHECK_AFTER: Duration = Duration::from_secs(60);
-
-/// Whether the live table is large enough for a failed plan check to mean something
-/// ([`JUDGED_FROM_PAGES`]).
-///
-/// Locks: none (reads the table's size on disk).
-pub(crate) const CAN_JUDGE_SQL: &str = "
-SELECT pg_relation_size('etl_job_records') / current_setting('block_size')::int8 >= $1";
 
 impl ClaimSession {
     /// Prepares the statements on `client` and checks the plans of both claims (with and without
@@ -79,7 +68,15 @@ impl ClaimSession {
     pub async fn open(
         client: Client,
         stats: &WorkerStats,
+        pooler: Pooler,
     ) -> Result<ClaimSession, tokio_postgres::Error> {
+        if !pooler.keeps_sessions() {
+            return ClaimSession::open_pooled(client, stats).await;
+        }
+        // A pooler in session mode drops the start-up options that carry them.
+        client
+            .batch_execute(&db::claim_planner_statements("", ""))
+            .await?;
         let presence = presence::Statements::prepare(&client).await?;
         let claim = client.prepare_typed(CLAIM_SQL, &CLAIM_PARAMS).await?;
         let uncapped = client
@@ -101,15 +98,10 @@ impl ClaimSession {
                 prepared,
                 presence,
                 recheck_at: None,
+                pooled: false,
             });
         }
-        let judged: bool = client
-            .query_typed_one(CAN_JUDGE_SQL, &[(&JUDGED_FROM_PAGES, Type::INT8)])
-            .await?
-            .get(0);
-        let recheck_at = if judged {
-            tracing::warn!("the prepared claim's plan failed its check; planning every claim");
-            stats.record_claim_plan_fallback();
+        let recheck_at = if judged_failure(&client, stats).await? {
             None
         } else {
             Some(Instant::now() + RECHECK_AFTER)
@@ -122,7 +114,49 @@ impl ClaimSession {
             prepared: None,
             presence,
             recheck_at,
+            pooled: false,
         })
+    }
+
+    /// [`ClaimSession::open`] behind a transaction-mode pooler: nothing prepared, nothing set on
+    /// the session; both claims' plans for sample values are checked (the switches set `LOCAL`
+    /// in the check's own transaction, as each claim will), and a failure the table is large
+    /// enough to judge is logged and counted. Each claim is planned for its values anyway.
+    ///
+    /// # Errors
+    /// The database error of a statement.
+    async fn open_pooled(
+        client: Client,
+        stats: &WorkerStats,
+    ) -> Result<ClaimSession, tokio_postgres::Error> {
+        let with_permits = explain_planned(&client, CLAIM_SQL).await?;
+        let without = explain_planned(&client, CLAIM_UNCAPPED_SQL).await?;
+        if !(walks_the_pending_index_in_order(&with_permits)
+            && walks_the_pending_index_in_order(&without))
+        {
+            judged_failure(&client, stats).await?;
+        }
+        Ok(ClaimSession {
+            client,
+            prepared: None,
+            presence: presence::Statements::unnamed(),
+            recheck_at: None,
+            pooled: true,
+        })
+    }
+
+    /// Runs `statement` (one statement sent on its first poll, on this session's client) with
+    /// the claim's planner switches: as it is on a session that set them, else pipelined between
+    /// [`begin_with_planner_switches`] and `COMMIT` (a failed statement's transaction is rolled
+    /// back by that `COMMIT`).
+    ///
+    /// # Errors
+    /// The database error of the statement, or of the transaction around it.
+    async fn planned<T>(
+        &self,
+        statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, tokio_postgres::Error> {
+        in_planner_transaction(&self.client, self.pooled, statement).await
     }
 
     /// The session's connection, to pipeline other statements before a claim.
@@ -205,7 +239,8 @@ impl ClaimSession {
             Some(prepared) => self.client.query(&prepared.claim, &values.params()).await?,
             None => {
                 let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
-                self.client.query_typed(CLAIM_SQL, &typed).await?
+                self.planned(self.client.query_typed(CLAIM_SQL, &typed))
+                    .await?
             }
         };
         Ok(claimed(rows))
@@ -218,7 +253,9 @@ impl ClaimSession {
         asks: &[Ask<'_>],
     ) -> Result<Claim, tokio_postgres::Error> {
         let Some(prepared) = &self.prepared else {
-            return claim_uncapped(&self.client, claimant, asks).await;
+            return self
+                .planned(claim_uncapped(&self.client, claimant, asks))
+                .await;
         };
         let values = ClaimValues::of(claimant, asks);
         let rows = self
@@ -244,78 +281,15 @@ impl ClaimSession {
                     .query_one(&prepared.next_due, &[&queues, &kinds])
                     .await?,
             )),
-            None => next_due(&self.client, queues, kinds).await,
+            None => self.planned(next_due(&self.client, queues, kinds)).await,
         }
     }
-}
-
-/// The JSON plan of the claim `sql` ([`CLAIM_SQL`] or [`CLAIM_UNCAPPED_SQL`]) prepared on
-/// `client` (its generic plan, on a claim session).
-pub(super) async fn explain_prepared(
-    client: &Client,
-    sql: &str,
-) -> Result<serde_json::Value, tokio_postgres::Error> {
-    let name: String = client
-        .query_one(db::PREPARED_NAME_SQL, &[&sql])
-        .await?
-        .get(0);
-    // The values do not matter to a generic plan; the statement is only explained.
-    Ok(client
-        .query_one(
-            &format!(
-                "EXPLAIN (FORMAT JSON) EXECUTE {name}('{{1}}', '', 1, false, 1, false, \
-                 '{{{DEFAULT_QUEUE}}}', '{{a,b}}')"
-            ),
-            &[],
-        )
-        .await?
-        .get(0))
 }
 
 impl db::Session for ClaimSession {
     fn is_closed(&self) -> bool {
         self.client.is_closed()
     }
-}
-
-/// Whether the JSON plan `explained` walks `etl_job_records_claim_idx` in order and does nothing
-/// whose cost grows with the table: no sequential or bitmap scan of it, no hash or merge join (the
-/// claimed rows are joined back through the primary key, one probe each), and no sort below a
-/// row lock (each probe locks rows in the index's order; the only sort allowed is the one that
-/// merges the probes' locked rows, at most count × kinds of them).
-pub(super) fn walks_the_pending_index_in_order(explained: &serde_json::Value) -> bool {
-    /// Every plan node under `node`, itself included, each with whether a `LockRows` node is
-    /// above it.
-    fn nodes<'a>(
-        node: &'a serde_json::Value,
-        locked: bool,
-        out: &mut Vec<(&'a serde_json::Value, bool)>,
-    ) {
-        out.push((node, locked));
-        let locks = locked || node["Node Type"] == "LockRows";
-        for child in node["Plans"].as_array().into_iter().flatten() {
-            nodes(child, locks, out);
-        }
-    }
-    /// Node types that read every row they are given, however few are claimed.
-    const WHOLE_INPUT: [&str; 2] = ["Hash", "Merge"];
-    /// Scans that read a whole table (only the job table's size matters: `etl_queues` holds a
-    /// row per configured queue, and a scan of it is the right plan while it is small).
-    const WHOLE_TABLE: [&str; 2] = ["Seq Scan", "Bitmap"];
-    let mut all = Vec::new();
-    nodes(&explained[0]["Plan"], false, &mut all);
-    let walks = all
-        .iter()
-        .any(|(n, _)| n["Index Name"] == "etl_job_records_claim_idx");
-    let grows = all.iter().any(|(n, locked)| {
-        let jobs = n["Relation Name"] == "etl_job_records";
-        n["Node Type"].as_str().is_some_and(|t| {
-            WHOLE_INPUT.iter().any(|w| t.contains(w))
-                || (jobs && WHOLE_TABLE.iter().any(|w| t.contains(w)))
-                || (*locked && t.contains("Sort"))
-        })
-    });
-    walks && !grows
 }
 
 /// Opens a replica's claim sessions ([`ClaimSession`]) for `bb8`, each holding its owner's alive
@@ -327,6 +301,8 @@ pub struct ClaimSessions {
     pub(super) stats: Arc<WorkerStats>,
     /// The owner whose alive lock each session holds (`None`: a replica without alive locks).
     pub(super) alive: Option<String>,
+    /// The pooler the sessions connect through.
+    pub(super) pooler: Pooler,
 }
 
 impl ManageConnection for ClaimSessions {
@@ -336,7 +312,7 @@ impl ManageConnection for ClaimSessions {
     async fn connect(&self) -> Result<ClaimSession, tokio_postgres::Error> {
         let client = self.connections.connect().await?;
         crate::worker::liveness::alive::hold(&client, self.alive.as_deref()).await?;
-        ClaimSession::open(client, &self.stats).await
+        ClaimSession::open(client, &self.stats, self.pooler).await
     }
 
     async fn is_valid(&self, session: &mut ClaimSession) -> Result<(), tokio_postgres::Error> {
@@ -366,6 +342,7 @@ pub async fn connect_claim_pool(
         connections: PostgresConnectionManager::new(db::claim_pg_config(cfg)?, NoTls),
         stats,
         alive: alive.map(str::to_owned),
+        pooler: cfg.pooler,
     };
     db::build_pool_of(sessions, cfg, db::CLAIM_POOL_SIZE).await
 }

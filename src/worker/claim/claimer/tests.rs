@@ -3,6 +3,7 @@
 
 use super::capped::CappedQueues;
 use super::next_due::{NEXT_DUE_SQL, NEXT_DUE_WINDOW};
+use super::plan_check::*;
 use super::session::*;
 use super::statement::*;
 use crate::db;
@@ -69,7 +70,9 @@ pub(super) async fn with_jobs(due: i32) -> (TestDb, tokio_postgres::Config) {
 pub(super) async fn session(config: &tokio_postgres::Config, stats: &WorkerStats) -> ClaimSession {
     let (client, connection) = config.connect(NoTls).await.unwrap();
     tokio::spawn(connection);
-    ClaimSession::open(client, stats).await.unwrap()
+    ClaimSession::open(client, stats, crate::config::Pooler::None)
+        .await
+        .unwrap()
 }
 
 /// `(generic plans, custom plans)` the session has built for the claim `sql` so far.
@@ -242,6 +245,7 @@ async fn the_pool_opens_checked_sessions_and_knows_a_closed_one() {
         connections: PostgresConnectionManager::new(config, NoTls),
         stats: Arc::clone(&stats),
         alive: None,
+        pooler: crate::config::Pooler::None,
     };
     let mut session = manager.connect().await.unwrap();
     assert!(session.is_prepared());

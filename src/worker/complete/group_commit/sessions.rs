@@ -6,7 +6,9 @@
 //! Invariants this module keeps:
 //! - A commit session holds [`completer::SUCCEED_SQL`] and [`completer::SUCCEED_LOCKED_SQL`]
 //!   prepared on its own connection, typed [`completer::SUCCESS_PARAMS`]; a statement is never
-//!   run on a connection it was not prepared on.
+//!   run on a connection it was not prepared on. Behind a transaction-mode pooler (where the
+//!   next transaction may run on another server connection) none is prepared: both are sent
+//!   unnamed, typed the same.
 //! - A session on which a batch's own statement failed (not with a lost connection) is dropped
 //!   when it goes back to the pool, so the next batch prepares its statements afresh.
 //! - The sessions plan with the server's settings, like every session but the claim's, and
@@ -25,10 +27,10 @@ use tokio_postgres::{Client, NoTls, Statement};
 pub(crate) struct CommitSession {
     /// The connection.
     pub(crate) client: Client,
-    /// [`completer::SUCCEED_SQL`], prepared.
-    pub(crate) succeed: Statement,
-    /// [`completer::SUCCEED_LOCKED_SQL`], prepared.
-    pub(crate) succeed_locked: Statement,
+    /// [`completer::SUCCEED_SQL`], prepared (`None` behind a transaction-mode pooler).
+    pub(crate) succeed: Option<Statement>,
+    /// [`completer::SUCCEED_LOCKED_SQL`], prepared (`None` behind a transaction-mode pooler).
+    pub(crate) succeed_locked: Option<Statement>,
     /// Set when a batch's own statement failed on it with an error that is not a lost
     /// connection (a prepared statement gone behind a pooler, a cached plan a migration
     /// invalidated, a read-only standby): the pool drops it rather than lend it again.
@@ -42,12 +44,14 @@ impl db::Session for CommitSession {
 }
 
 /// Opens commit sessions: a connection, its owner's alive lock taken, then the two success
-/// statements prepared on it.
+/// statements prepared on it (unless behind a transaction-mode pooler).
 pub(crate) struct CommitSessions {
     /// Opens the connections.
     connections: PostgresConnectionManager<NoTls>,
     /// The owner whose alive lock each session holds (`None`: a replica without alive locks).
     alive: Option<String>,
+    /// Whether to prepare the success statements ([`crate::config::Pooler::keeps_sessions`]).
+    prepare: bool,
 }
 
 impl ManageConnection for CommitSessions {
@@ -57,12 +61,17 @@ impl ManageConnection for CommitSessions {
     async fn connect(&self) -> Result<CommitSession, tokio_postgres::Error> {
         let client = self.connections.connect().await?;
         crate::worker::liveness::alive::hold(&client, self.alive.as_deref()).await?;
-        let succeed = client
-            .prepare_typed(completer::SUCCEED_SQL, &completer::SUCCESS_PARAMS)
-            .await?;
-        let succeed_locked = client
-            .prepare_typed(completer::SUCCEED_LOCKED_SQL, &completer::SUCCESS_PARAMS)
-            .await?;
+        let (succeed, succeed_locked) = if self.prepare {
+            let succeed = client
+                .prepare_typed(completer::SUCCEED_SQL, &completer::SUCCESS_PARAMS)
+                .await?;
+            let succeed_locked = client
+                .prepare_typed(completer::SUCCEED_LOCKED_SQL, &completer::SUCCESS_PARAMS)
+                .await?;
+            (Some(succeed), Some(succeed_locked))
+        } else {
+            (None, None)
+        };
         Ok(CommitSession {
             client,
             succeed,
@@ -99,6 +108,7 @@ pub(crate) async fn connect_commit_pool(
     let sessions = CommitSessions {
         connections: PostgresConnectionManager::new(db::pg_config(cfg, "worker")?, NoTls),
         alive: alive.map(str::to_owned),
+        prepare: cfg.pooler.keeps_sessions(),
     };
     db::build_pool_of(sessions, cfg, COMMIT_POOL_SIZE).await
 }
@@ -137,7 +147,7 @@ mod tests {
         );
         // An empty group through the prepared statement: run (and so planned) on this session,
         // never sent as text.
-        let fenced = completer::succeed_many_with(&session.client, Some(&session.succeed), &[])
+        let fenced = completer::succeed_many_with(&session.client, session.succeed.as_ref(), &[])
             .await
             .unwrap();
         assert!(fenced.is_empty());
