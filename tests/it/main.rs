@@ -22,6 +22,7 @@ mod etl;
 mod etl_limits;
 mod execution;
 mod faults;
+mod fleet;
 mod handlers;
 mod harness_adapter;
 mod hygiene;

@@ -107,6 +107,16 @@ impl Cluster {
         self.run("pg_ctl", &all);
     }
 
+    /// What the server logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data.parent().unwrap().join("server.log")).unwrap_or_default()
+    }
+
+    /// The TCP port the cluster listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The URL of database `name` on the cluster.
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
