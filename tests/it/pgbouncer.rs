@@ -71,8 +71,9 @@ async fn jobs_through_pgbouncer(
     }
     let http = reqwest::Client::new();
     until_serving(&http, &api_addr, &metrics).await;
+    let mut monitors = Vec::new();
     for i in 0..JOBS {
-        submit_load(&http, &api_addr, &key, i, RECORDS).await;
+        monitors.push(submit_load(&http, &api_addr, &key, i, RECORDS).await);
     }
     let client = db.client().await;
     eventually("every job to succeed", || {
@@ -88,6 +89,26 @@ async fn jobs_through_pgbouncer(
         0,
         "no job needed a second attempt"
     );
+    // The API reads through the pooler too: each job's monitor and the owner's list.
+    for monitor in monitors.iter().step_by(10) {
+        let status: serde_json::Value = http
+            .get(format!("http://{api_addr}{monitor}"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(status["status"], "succeeded", "{monitor}");
+    }
+    let list = http
+        .get(format!("http://{api_addr}/v1/etl-jobs"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
     let mut seen = Vec::new();
     for addr in &metrics {
         seen.push((

@@ -67,8 +67,15 @@ pub async fn until_serving(http: &reqwest::Client, api: &str, metrics: &[String]
     .await;
 }
 
-/// Submits ETL job `i` of `records` target rows (keys `{i}-{r}`) through the API at `api`.
-pub async fn submit_load(http: &reqwest::Client, api: &str, key: &str, i: usize, records: usize) {
+/// Submits ETL job `i` of `records` target rows (keys `{i}-{r}`) through the API at `api`;
+/// returns its status monitor (the `Location` of the 202).
+pub async fn submit_load(
+    http: &reqwest::Client,
+    api: &str,
+    key: &str,
+    i: usize,
+    records: usize,
+) -> String {
     let records: Vec<_> = (0..records)
         .map(|r| serde_json::json!({"id": format!("{i}-{r}")}))
         .collect();
@@ -82,4 +89,6 @@ pub async fn submit_load(http: &reqwest::Client, api: &str, key: &str, i: usize,
         .await
         .unwrap();
     assert_eq!(response.status(), 202, "submission {i}");
+    let location = response.headers().get("location").expect("a Location");
+    location.to_str().unwrap().to_owned()
 }
