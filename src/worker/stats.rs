@@ -388,3 +388,19 @@ impl WorkerStats {
         self.released.fetch_add(n, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_missing_or_duplicated_prepared_statement_counts_as_a_miss() {
+        let stats = WorkerStats::default();
+        stats.record_statement_failure(None);
+        stats.record_statement_failure(Some(&SqlState::LOCK_NOT_AVAILABLE));
+        assert_eq!(stats.snapshot().prepared_statement_misses, 0);
+        stats.record_statement_failure(Some(&SqlState::INVALID_SQL_STATEMENT_NAME));
+        stats.record_statement_failure(Some(&SqlState::DUPLICATE_PSTATEMENT));
+        assert_eq!(stats.snapshot().prepared_statement_misses, 2);
+    }
+}

@@ -58,6 +58,8 @@ pub use statement::{
 };
 
 #[cfg(test)]
+mod pooled_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod uncapped_tests;

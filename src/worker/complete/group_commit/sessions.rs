@@ -158,6 +158,33 @@ mod tests {
         assert!(!db::Session::is_closed(&*session));
     }
 
+    #[tokio::test]
+    async fn behind_a_transaction_pooler_a_commit_session_prepares_nothing_and_sends_them_unnamed()
+    {
+        let db = TestDb::migrated().await;
+        let pooled = DatabaseConfig {
+            pooler: crate::config::Pooler::Transaction,
+            ..db.config.clone()
+        };
+        let pool = connect_commit_pool(&pooled, None).await.unwrap();
+        let session = pool.get().await.unwrap();
+        assert!(session.succeed.is_none() && session.succeed_locked.is_none());
+        let fenced = completer::succeed_many_with(&session.client, session.succeed.as_ref(), &[])
+            .await
+            .unwrap();
+        assert!(fenced.is_empty());
+        let named: i64 = session
+            .client
+            .query_typed_one(
+                "SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(named, 0);
+    }
+
     /// The plans of each prepared success statement, generic (what a commit session runs after
     /// a few batches) and custom, for a batch of 200 jobs on an analyzed live table of 20,000
     /// running jobs: the live rows are found through the primary key, never by scanning or
