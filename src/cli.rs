@@ -44,7 +44,15 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Bench(command) => {
             let (configs, output) = command.configs().unwrap_or_else(|e| e.exit());
-            bench(&db_config, configs, &output).await
+            // A signal drops the bench: its replicas are killed with it (`kill_on_drop`), and
+            // the next run recreates its database.
+            let mut stop = shutdown.clone();
+            tokio::select! {
+                done = bench(&db_config, configs, &output) => done,
+                () = stop.reached(durable_etl::shutdown::Stage::Draining) => {
+                    Err(Error::Interrupted)
+                }
+            }
         }
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;

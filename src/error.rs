@@ -153,6 +153,9 @@ pub enum Error {
     /// `api-keys revoke` named no live key.
     #[error("no live API key has the id {0}")]
     NoLiveKey(uuid::Uuid),
+    /// A one-shot command (`bench`) stopped at a shutdown signal before it finished.
+    #[error("interrupted by a shutdown signal before it finished")]
+    Interrupted,
     /// A listening socket could not be opened.
     #[error("cannot listen on {address}: {}", listen_cause(.source))]
     Listen {
@@ -335,6 +338,7 @@ impl Error {
             Error::Internal => Code::InternalError,
             Error::Refused { .. } => Code::DatabaseRefused,
             Error::NoLiveKey(_) => Code::NotFound,
+            Error::Interrupted => Code::Cancelled,
             Error::Unreachable { .. } => Code::DatabaseUnavailable,
         }
     }

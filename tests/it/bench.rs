@@ -216,3 +216,60 @@ async fn recovery_times_each_kill_until_a_live_replica_runs_the_job_again() {
     }
     assert!(!exists(&name).await);
 }
+
+/// A signal stops a bench at once: its replicas are killed with it and it exits 1
+/// (`cancelled`), where it used to run its schedule to the end whatever it was sent.
+#[tokio::test]
+async fn a_shutdown_signal_stops_a_bench_and_its_replicas() {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    let name = format!("durable_etl_bench_test_sigterm_{}", &unique[..12]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "warn")
+        .args([
+            "bench",
+            "offered-load",
+            "--rate",
+            "20",
+            "--duration",
+            "600s",
+        ])
+        .args(["--replicas", "2", "--bench-database", &name])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let admin = connect(&admin_config()).await;
+    let replicas = "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = $1 AND application_name = 'durable-etl/session'";
+    crate::support::eventually("the bench's replicas to run", || async {
+        let row = admin.query_one(replicas, &[&name]).await.unwrap();
+        row.get::<_, i64>(0) == 2
+    })
+    .await;
+    crate::support::signal(&child, "TERM");
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        (status, err)
+    });
+    let (status, err) = tokio::time::timeout(std::time::Duration::from_secs(60), status)
+        .await
+        .expect("the bench to stop at the signal")
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("[cancelled]"), "{err}");
+    crate::support::eventually("the bench's replicas to be gone", || async {
+        let row = admin.query_one(replicas, &[&name]).await.unwrap();
+        row.get::<_, i64>(0) == 0
+    })
+    .await;
+    let quoted = durable_etl::db::quote_ident(&name);
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
