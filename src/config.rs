@@ -304,6 +304,16 @@ pub struct WorkerConfig {
     pub queues: Vec<ServedQueue>,
 }
 
+impl WorkerConfig {
+    /// Whether a replica with this configuration on `db` holds alive locks on its own
+    /// connections (`worker::alive`): all but one in poll-only mode or behind a
+    /// transaction-mode pooler, where a session-level lock would stick to a server connection
+    /// other clients share.
+    pub fn alive_locked(&self, db: &DatabaseConfig) -> bool {
+        !self.poll_only && db.pooler.keeps_sessions()
+    }
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {

@@ -320,14 +320,6 @@ where
     }
 }
 
-/// Whether `sqlstate` says a named prepared statement was missing (26000, "prepared statement …
-/// does not exist") or already there (42P05) on the server connection: what a transaction-mode
-/// pooler does to named statements, each transaction landing on another server connection.
-pub fn is_prepared_statement_miss(sqlstate: &tokio_postgres::error::SqlState) -> bool {
-    use tokio_postgres::error::SqlState;
-    *sqlstate == SqlState::INVALID_SQL_STATEMENT_NAME || *sqlstate == SqlState::DUPLICATE_PSTATEMENT
-}
-
 /// Maps a pool checkout failure to [`Error`].
 pub fn pool_error(e: bb8::RunError<tokio_postgres::Error>) -> Error {
     match e {

@@ -17,8 +17,7 @@
 
 use crate::error::{Error, SchemaError};
 use sha2::{Digest, Sha256};
-use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{types::Type, Client};
 
 /// One schema migration: an `up` script, the `down` script that reverses it, and its compatibility.
 #[derive(Debug)]

@@ -68,7 +68,7 @@ pub(crate) fn announce(db: &DatabaseConfig, config: &WorkerConfig) {
     tracing::info!(
         pooler = db.pooler.as_str(),
         prepared_statements = db.pooler.keeps_sessions(),
-        alive_locks = crate::worker::shared::alive_locked(config, db),
+        alive_locks = config.alive_locked(db),
         direct_session = config.session_database_url.is_some(),
         connections_max = budget.total(),
         "replica connections"

@@ -10,6 +10,7 @@
 //!   dead only on evidence (its locks gone, or its leases expired).
 
 pub(crate) mod alive;
+pub(crate) mod direct;
 #[doc(hidden)]
 pub mod heartbeat;
 pub(crate) mod held;

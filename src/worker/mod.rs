@@ -58,7 +58,7 @@ use complete::completer::Transition;
 use liveness::held::HeldJobs;
 use liveness::reporter;
 use liveness::rescuer::Recovered;
-use liveness::session::{self, Session};
+use liveness::session::Session;
 use shared::Shared;
 use stats::{StatsSnapshot, WorkerStats};
 use std::sync::Arc;
@@ -101,7 +101,7 @@ impl Worker {
         registry.validate()?;
         budget::announce(db_config, &config);
         let stats = Arc::new(WorkerStats::default());
-        let session = session::open_for(&config, db_config, Arc::clone(&stats)).await?;
+        let session = liveness::direct::open_for(&config, db_config, Arc::clone(&stats)).await?;
         let previous = rescuer::release_previous_incarnation(&pool, &config.owner_id, &session);
         stats.record_released(previous.await?);
         let signals = session.as_ref().map(Session::signals);

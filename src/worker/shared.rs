@@ -52,15 +52,8 @@ pub(crate) struct Shared {
     pub(crate) capped: claimer::CappedQueues,
     /// When a recovery pass of this replica last failed (see [`Shared::reachable_for`]).
     lost_at: StdMutex<Option<Instant>>,
-    /// Whether the replica's own connections hold its alive lock ([`alive_locked`]).
+    /// Whether the replica's own connections hold its alive lock ([`WorkerConfig::alive_locked`]).
     alive_locked: bool,
-}
-
-/// Whether a replica with `config` on `db_config` holds alive locks on its own connections
-/// (`worker::alive`): all but a replica in poll-only mode or behind a transaction-mode pooler,
-/// where a session-level lock would stick to a server connection other clients share.
-pub(crate) fn alive_locked(config: &WorkerConfig, db_config: &DatabaseConfig) -> bool {
-    !config.poll_only && db_config.pooler.keeps_sessions()
 }
 
 impl Shared {
@@ -78,7 +71,7 @@ impl Shared {
         stats: Arc<WorkerStats>,
         signals: Option<Arc<Signals>>,
     ) -> Result<Shared, Error> {
-        let alive_locked = alive_locked(&config, db_config);
+        let alive_locked = config.alive_locked(db_config);
         let alive = alive_locked.then_some(config.owner_id.as_str());
         let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats), alive).await?;
         let commit_pool = sessions::connect_commit_pool(db_config, alive).await?;
@@ -107,7 +100,7 @@ impl Shared {
         })
     }
 
-    /// Whether this replica's own connections hold its alive lock ([`alive_locked`]).
+    /// Whether this replica's own connections hold its alive lock ([`WorkerConfig::alive_locked`]).
     pub(crate) fn holds_alive_locks(&self) -> bool {
         self.alive_locked
     }

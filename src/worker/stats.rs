@@ -327,7 +327,7 @@ impl WorkerStats {
     /// statement was missing or duplicated on its server connection, and then says how to fix
     /// it (a transaction-mode pooler behind a URL not declared so).
     pub(crate) fn record_statement_failure(&self, sqlstate: Option<&SqlState>) {
-        if sqlstate.is_some_and(crate::db::is_prepared_statement_miss) {
+        if sqlstate.is_some_and(is_prepared_statement_miss) {
             bump(&self.prepared_statement_misses);
             tracing::warn!(
                 sqlstate = sqlstate.map_or("", SqlState::code),
@@ -387,6 +387,13 @@ impl WorkerStats {
     pub fn record_released(&self, n: u64) {
         self.released.fetch_add(n, Ordering::Relaxed);
     }
+}
+
+/// Whether `sqlstate` says a named prepared statement was missing (26000, "prepared statement …
+/// does not exist") or already there (42P05) on the server connection: what a transaction-mode
+/// pooler does to named statements, each transaction landing on another server connection.
+fn is_prepared_statement_miss(sqlstate: &SqlState) -> bool {
+    *sqlstate == SqlState::INVALID_SQL_STATEMENT_NAME || *sqlstate == SqlState::DUPLICATE_PSTATEMENT
 }
 
 #[cfg(test)]

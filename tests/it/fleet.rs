@@ -64,7 +64,8 @@ async fn two_dozen_replicas_through_pgbouncer_drain_a_burst_on_a_100_connection_
     crate::support::eventually("every replica's session to connect", || async {
         count(
             &client,
-            "pg_stat_activity WHERE application_name = 'durable-etl/session'",
+            "pg_stat_activity WHERE datname = current_database()
+               AND application_name = 'durable-etl/session'",
         )
         .await
             == REPLICAS as i64
@@ -81,7 +82,7 @@ async fn two_dozen_replicas_through_pgbouncer_drain_a_burst_on_a_100_connection_
         );
         let backends = count(
             &client,
-            "pg_stat_activity WHERE backend_type = 'client backend'",
+            "pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'",
         );
         peak = peak.max(backends.await);
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -18,10 +18,10 @@
 //!   replica: the API's notifier, released claims, freed permits, a release before 0024's
 //!   registrations) or is this process's own wake token (an enqueue took this replica's waiting
 //!   row to wake it alone, migration 0024: [`Signals::takes`] then tells the claim loop that its
-//!   row is gone, counted before the wake). A notification naming another replica's token is
-//!   dropped. Payloads carry nothing else: never an id, a payload or a principal.
+//!   row is gone, counted before the wake). Another replica's token is dropped. Payloads carry
+//!   nothing else: never an id, a payload or a principal.
 
-use crate::config::{DatabaseConfig, WorkerConfig};
+use crate::config::DatabaseConfig;
 use crate::db;
 use crate::error::Error;
 use crate::notifier::{reconnect_delays, CHANNEL, RECONNECT_MAX_DELAY};
@@ -182,45 +182,6 @@ impl Session {
     pub(crate) fn took_over(&self) -> bool {
         self.took_over
     }
-}
-
-/// Opens the session a replica with `config` needs, on the direct URL (`--session-database-url`,
-/// else the database's): none in poll-only mode without a direct URL, where no owner lock can
-/// be held (said loudly, since dead owners are then found by lease expiry alone).
-///
-/// # Errors
-/// As [`Session::start`].
-pub(crate) async fn open_for(
-    config: &WorkerConfig,
-    db_config: &DatabaseConfig,
-    stats: Arc<WorkerStats>,
-) -> Result<Option<Session>, Error> {
-    let direct = config.session_database_url.clone();
-    if direct.is_none() && (config.poll_only || !db_config.pooler.keeps_sessions()) {
-        tracing::warn!(
-            pooler = db_config.pooler.as_str(),
-            "no direct session (poll-only, or a transaction-mode pooler without \
-             --session-database-url): no LISTEN and no owner lock, so the poll alone finds work, \
-             a dead replica's jobs are recovered by lease expiry only, and a second replica with \
-             the same owner id cannot be detected"
-        );
-        return Ok(None);
-    }
-    let session_config = SessionConfig {
-        database: match direct {
-            // A direct URL reaches PostgreSQL itself, whatever pooler the database URL has.
-            Some(url) => DatabaseConfig {
-                url,
-                pooler: crate::config::Pooler::None,
-                ..db_config.clone()
-            },
-            None => db_config.clone(),
-        },
-        owner_id: config.owner_id.clone(),
-        listen: !config.poll_only,
-        alive: crate::worker::shared::alive_locked(config, db_config),
-    };
-    Ok(Some(Session::start(session_config, stats).await?))
 }
 
 /// The backend holding owner `$1`'s lock in this database, if any.
