@@ -249,3 +249,15 @@ async fn a_batch_of_sets_keeps_the_subtransaction_bound() {
         "every part of two or more applies as a set"
     );
 }
+
+#[tokio::test]
+async fn a_batch_of_sets_whose_leases_are_all_stale_commits_nothing() {
+    let (db, jobs) = Scratch::with_claimed(3).await;
+    for &(job, _) in &jobs {
+        db.steal_lease(job).await;
+    }
+    let outcomes = db.commit(batch(&jobs, &[Mode::Together; 3], &[])).await;
+    assert_eq!(outcomes, ["lease lost", "lease lost", "lease lost"]);
+    assert!(db.target_keys().await.is_empty());
+    assert_eq!(db.count(SUCCEEDED).await, 0);
+}
