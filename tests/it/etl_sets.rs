@@ -3,7 +3,7 @@
 //! worker's batch mixing valid loads, an invalid one and two writing the same key.
 
 use crate::etl::{etl_worker, new_job, owner, req, secret};
-use crate::support::{count, insert_jobs, TestDb};
+use crate::support::{count, first_column_of, insert_jobs, TestDb};
 use durable_etl::etl::enqueue::enqueue_many;
 use durable_etl::etl::load::{plan, Load};
 use durable_etl::etl::KIND;
@@ -43,17 +43,16 @@ fn payload(records: Value) -> Value {
 
 /// Every target row: dataset, key, record and writer (not `updated_at`), in key order.
 async fn rows(client: &impl tokio_postgres::GenericClient) -> Vec<String> {
-    client
-        .query(
-            "SELECT concat_ws(' ', dataset, record_key, record::text, written_by_job::text)
-               FROM etl_target_rows ORDER BY dataset, record_key",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+    first_column_of(
+        client
+            .query(
+                "SELECT concat_ws(' ', dataset, record_key, record::text, written_by_job::text)
+                   FROM etl_target_rows ORDER BY dataset, record_key",
+                &[],
+            )
+            .await
+            .unwrap(),
+    )
 }
 
 /// Applies `loads` one by one, then as one set, each in a transaction rolled back after; returns
