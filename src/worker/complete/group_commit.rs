@@ -57,7 +57,7 @@ use crate::handler::LedgerEntry;
 use crate::worker::complete::completer::{self, Failure, Fenced};
 use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
-use effects::apply;
+use effects::{apply, roll_back};
 use lane::{restarting, CommitGuard, Committing, Gather};
 use sessions::{CommitPool, CommitSession};
 use sets::apply_sets;
@@ -264,6 +264,9 @@ impl Lane {
 /// the same 64; a set of several jobs' effects (`sets`) holds one for all of them.
 pub(crate) const MAX_JOBS_PER_TRANSACTION: usize = 64;
 
+/// The savepoint each job's effects apply under, in a batch of several jobs.
+const JOB_SAVEPOINT: &str = "job_effects";
+
 /// Commits one batch, in transactions of at most [`MAX_JOBS_PER_TRANSACTION`] jobs when it
 /// writes effects (each with its own outcome: a failure of one never settles another's jobs);
 /// returns one outcome per job, in order. The connection it commits on is shown in `in_flight`
@@ -393,12 +396,12 @@ async fn write_effects(
         };
         let applied = if isolate {
             stats.record_round_trips(2);
-            let savepoint = tx.savepoint("job_effects").await?;
+            let savepoint = tx.savepoint(JOB_SAVEPOINT).await?;
             let applied = apply(&savepoint, ready.effects, ready.budget, &cancel).await;
             if applied.is_ok() {
                 savepoint.commit().await?;
             } else {
-                savepoint.rollback().await?;
+                roll_back(savepoint, JOB_SAVEPOINT, stats).await?;
             }
             applied
         } else {

@@ -16,6 +16,7 @@ use crate::codes::Code;
 use crate::handler::{Effects, EffectsSet, JobError, LedgerEntry};
 use crate::worker::complete::completer::Failure;
 use crate::worker::guard::{guarded, Guarded};
+use crate::worker::stats::WorkerStats;
 use std::time::Duration;
 use tokio_postgres::{CancelToken, NoTls, Transaction};
 
@@ -75,6 +76,26 @@ async fn within_budget<T>(
         Guarded::Done(Err(e)) => Err(Failure::Job(e)),
         Guarded::Done(Ok(value)) => Ok(value),
     }
+}
+
+/// Rolls `savepoint` (named `name`) back and releases it, counting the round trip it adds.
+/// `ROLLBACK TO` alone would leave it open, the savepoints after it nested inside it, and its
+/// fresh subtransaction would then take an id of its own in PostgreSQL's subtransaction cache
+/// as soon as one of them writes: one more per rolled-back savepoint, past the bound of
+/// `MAX_JOBS_PER_TRANSACTION`. Released, it holds none.
+///
+/// # Errors
+/// Either statement's.
+pub(super) async fn roll_back(
+    savepoint: Transaction<'_>,
+    name: &str,
+    stats: &WorkerStats,
+) -> Result<(), tokio_postgres::Error> {
+    stats.record_round_trips(1);
+    savepoint
+        .batch_execute(&format!("ROLLBACK TO SAVEPOINT {name}"))
+        .await?;
+    savepoint.commit().await
 }
 
 /// After effects were cut, waits until the statement they were running (if any) has ended, so

@@ -14,12 +14,13 @@
 //!   row-locked, inside the batch's transaction.
 //! - The subtransaction bound of `MAX_JOBS_PER_TRANSACTION` holds: a set that applied holds one
 //!   subtransaction for two or more jobs, and one rolled back holds none (PostgreSQL drops an
-//!   aborted subtransaction's ids from the cache), so a transaction of `n` jobs never holds more
-//!   than `n`.
+//!   aborted subtransaction's ids from the cache, and the savepoint is released after its
+//!   `ROLLBACK TO`, so the jobs' own savepoints that follow do not nest inside it), so a
+//!   transaction of `n` jobs never holds more than `n`.
 //! - Handler code never unwinds into the lane: `Effects::set` is called under `catch_unwind` (a
 //!   panic there applies the job alone), and the set's `apply` runs guarded.
 
-use super::effects::apply_set;
+use super::effects::{apply_set, roll_back};
 use super::step::{OwnedEffects, Step};
 use crate::handler::{Effects, EffectsSet};
 use crate::worker::stats::WorkerStats;
@@ -27,6 +28,9 @@ use std::any::TypeId;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 use tokio_postgres::{CancelToken, Transaction};
+
+/// The savepoint a set's effects apply under.
+const SET_SAVEPOINT: &str = "job_set_effects";
 
 /// The fenced jobs of a batch whose effects are of one type with a set: the set and the jobs'
 /// places in the batch, in batch order.
@@ -103,7 +107,7 @@ pub(super) async fn apply_sets(
             })
             .collect();
         stats.record_round_trips(3);
-        let savepoint = tx.savepoint("job_set_effects").await?;
+        let savepoint = tx.savepoint(SET_SAVEPOINT).await?;
         let applied = apply_set(&savepoint, group.set, &mut members, group.budget, cancel).await;
         for (&i, effects) in group.jobs.iter().zip(members) {
             if let Step::Fenced(ready) = &mut steps[i] {
@@ -119,7 +123,7 @@ pub(super) async fn apply_sets(
             }
             _ => {
                 tracing::warn!("a set of jobs' effects failed; each job applies alone");
-                savepoint.rollback().await?;
+                roll_back(savepoint, SET_SAVEPOINT, stats).await?;
             }
         }
     }

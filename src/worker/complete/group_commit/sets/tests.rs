@@ -261,3 +261,23 @@ async fn a_batch_of_sets_whose_leases_are_all_stale_commits_nothing() {
     assert!(db.target_keys().await.is_empty());
     assert_eq!(db.count(SUCCEEDED).await, 0);
 }
+
+#[tokio::test]
+async fn a_rolled_back_savepoint_is_released_so_the_next_does_not_nest_in_it() {
+    let (db, _) = Scratch::with_claimed(1).await;
+    let mut client = crate::db::connect(&db.db.config, "test").await.unwrap();
+    let mut tx = client.transaction().await.unwrap();
+    let savepoint = tx.savepoint(SET_SAVEPOINT).await.unwrap();
+    savepoint
+        .batch_execute("SELECT pg_current_xact_id()")
+        .await
+        .unwrap();
+    let stats = WorkerStats::default();
+    roll_back(savepoint, SET_SAVEPOINT, &stats).await.unwrap();
+    // Released: there is no savepoint left to roll back to.
+    let gone = tx
+        .batch_execute(&format!("ROLLBACK TO SAVEPOINT {SET_SAVEPOINT}"))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code().map(|c| c.code()), Some("3B001"));
+}
