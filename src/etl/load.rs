@@ -14,7 +14,8 @@
 //!   `etl::upsert`), each job's ledger (counts and checksum) the one it would have had
 //!   alone, after the batch's jobs before it; should the set fail, the worker rolls it back and
 //!   applies each load alone, so one job's failure leaves none of its rows and takes no other job
-//!   down. Rows are upserted in key order, so concurrent loads lock rows in the same order and do
+//!   down. A load of more than [`SET_MEMBER_MAX_BYTES`] always applies alone, so a set-based
+//!   statement stays small. Rows are upserted in key order, so concurrent loads lock rows in the same order and do
 //!   not deadlock each other; a row whose data is unchanged is not rewritten (and keeps the job
 //!   that last changed it).
 //! - Loading the same request again yields the same rows and the same checksum.
@@ -75,7 +76,15 @@ pub struct Load {
     job_id: Uuid,
     /// Record key → transformed record, sorted by key.
     rows: BTreeMap<String, Value>,
+    /// The JSON bytes of the records (as the transform's budget charged them).
+    bytes: usize,
 }
+
+/// The largest load (JSON bytes of its records) that applies in a set with other jobs' loads;
+/// a larger one applies alone. A set holds at most `MAX_JOBS_PER_TRANSACTION` (64) loads, so no
+/// set-based statement carries more than 4 MiB of records, where 64 loads at the transform's
+/// bound would carry 512 MiB.
+pub const SET_MEMBER_MAX_BYTES: usize = 64 * 1024;
 
 /// Validates the stored request and transforms every record, within an [`OutputBudget`].
 /// CPU-bound: [`EtlLoad`] runs it on the blocking pool.
@@ -108,6 +117,7 @@ pub fn plan(job: &JobContext, payload: &Value) -> Result<Load, JobError> {
         dataset: request.dataset,
         job_id: job.id,
         rows,
+        bytes: budget.output_bytes(),
     })
 }
 
@@ -160,7 +170,7 @@ impl Effects for Load {
     }
 
     fn set(&self) -> Option<&'static dyn EffectsSet> {
-        Some(&LoadSet)
+        (self.bytes <= SET_MEMBER_MAX_BYTES).then_some(&LoadSet)
     }
 }
 
@@ -267,6 +277,19 @@ mod tests {
             failure(json!({"dataset": "BAD"})),
             (Code::InvalidPayload, None)
         );
+    }
+
+    #[test]
+    fn only_a_load_of_at_most_64_kib_applies_in_a_set() {
+        let load = |bytes: usize| {
+            let payload =
+                json!({"dataset": "d", "key": "id", "records": [{"id": "x".repeat(bytes)}]});
+            plan(&job(), &payload).unwrap()
+        };
+        let small = load(100);
+        assert_eq!(small.bytes, 109, "{{\"id\":\"x…x\"}}");
+        assert!(small.set().is_some());
+        assert!(load(SET_MEMBER_MAX_BYTES).set().is_none());
     }
 
     #[tokio::test(flavor = "current_thread")]
