@@ -231,6 +231,8 @@ pub trait Effects: Send + sealed::Typed {
     /// How several jobs' effects of this type apply together in one batch of the group commit
     /// (set-based statements instead of one job at a time), or `None` (the default): these
     /// effects then always apply alone, through [`Effects::apply`], under their own savepoint.
+    /// The jobs of a batch whose effects are of one type and answer `Some` form one set, applied
+    /// through the set the first of them returned.
     fn set(&self) -> Option<&'static dyn EffectsSet> {
         None
     }

@@ -117,6 +117,7 @@ pub(super) async fn apply_sets(
         match applied {
             Ok(ledgers) if ledgers.len() == group.jobs.len() => {
                 savepoint.commit().await?;
+                crash_point!("effects.applied");
                 for (&i, ledger) in group.jobs.iter().zip(ledgers) {
                     steps[i] = Step::Applied(ledger);
                 }
