@@ -9,12 +9,17 @@
 //! - Effects are skipped only when their type is [`NoEffects`], which writes nothing: whether
 //!   effects write is read off their type, never asked of them, so no implementation of
 //!   [`Effects`] can have its `apply` dropped by claiming to write nothing.
+//! - Effects whose kind offers an [`EffectsSet`] ([`Effects::set`]) may be applied together with
+//!   other jobs' effects of the same type, in set-based statements, with the same results as one
+//!   by one; the default is none, so every other kind's effects apply alone, under their own
+//!   savepoint, as before.
 //! - A handler decides retryability by the [`JobError`] it returns; database errors are classified
 //!   by SQLSTATE (see [`crate::error::is_transient`]). Errors keep their source for the caller but
 //!   only their [`Code`] ever leaves the process.
 
 use crate::codes::Code;
 use futures::future::BoxFuture;
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -222,6 +227,35 @@ pub trait Effects: Send + sealed::Typed {
         self: Box<Self>,
         tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>>;
+
+    /// How several jobs' effects of this type apply together in one batch of the group commit
+    /// (set-based statements instead of one job at a time), or `None` (the default): these
+    /// effects then always apply alone, through [`Effects::apply`], under their own savepoint.
+    /// The jobs of a batch whose effects are of one type and answer `Some` form one set, applied
+    /// through the set the first of them returned.
+    fn set(&self) -> Option<&'static dyn EffectsSet> {
+        None
+    }
+}
+
+/// Applies the effects of several jobs of one type (the type whose [`Effects::set`] returned
+/// it) together, inside the fenced execution transaction of a group commit.
+///
+/// Its contract: each member's ledger must be the one its own [`Effects::apply`] would have
+/// returned had the members applied one by one, in the order given, and the rows written the
+/// same. The worker runs it under a savepoint of its own: on an error (or a panic, or an
+/// overrun of the smallest budget of its members) that savepoint is rolled back, whatever the
+/// set wrote with it, and each member then applies alone, under its own savepoint, so one
+/// member's failure still fails only that member.
+pub trait EffectsSet: Send + Sync {
+    /// Applies every member on `tx` (reading each through `<dyn Effects>::downcast_ref`; lent
+    /// mutably only so that the future is `Send` without effects being `Sync`: a set changes no
+    /// member); returns one ledger per member, in order.
+    fn apply<'a>(
+        &'a self,
+        tx: &'a Transaction<'a>,
+        members: &'a mut [Box<dyn Effects>],
+    ) -> BoxFuture<'a, Result<Vec<Option<LedgerEntry>>, JobError>>;
 }
 
 impl dyn Effects {
@@ -230,26 +264,44 @@ impl dyn Effects {
     /// statement without applying it. Read off the effects' type, not asked of them: no other
     /// implementation can opt out, and its [`Effects::apply`] always runs.
     pub fn writes(&self) -> bool {
-        !sealed::Typed::is_no_effects(self)
+        sealed::Typed::type_of(self) != TypeId::of::<NoEffects>()
+    }
+
+    /// The type of these effects: only effects of one type are applied together as a set.
+    pub(crate) fn effects_type(&self) -> TypeId {
+        sealed::Typed::type_of(self)
+    }
+
+    /// These effects as a `T`, if they are one (an [`EffectsSet`] reads its members this way).
+    pub fn downcast_ref<T: Effects + 'static>(&self) -> Option<&T> {
+        sealed::Typed::as_any(self).downcast_ref()
     }
 }
 
 /// What this crate reads off the type of a value, which no other crate can implement.
 mod sealed {
-    use std::any::TypeId;
+    use std::any::{Any, TypeId};
 
-    /// Whether a value is [`super::NoEffects`]: implemented once, for every `'static` type, so
-    /// no implementation of [`super::Effects`] can answer for itself. Public only so it can
-    /// bound the public trait; its module is private, so no other crate can name it.
+    /// The type of a value (whether it is [`super::NoEffects`], which effects form one set):
+    /// implemented once, for every `'static` type, so no implementation of [`super::Effects`]
+    /// can answer for itself. Public only so it can bound the public trait; its module is
+    /// private, so no other crate can name it.
     #[allow(unreachable_pub)]
     pub trait Typed {
-        /// Whether `self` is [`super::NoEffects`].
-        fn is_no_effects(&self) -> bool;
+        /// The type of `self`.
+        fn type_of(&self) -> TypeId;
+
+        /// `self`, to downcast.
+        fn as_any(&self) -> &dyn Any;
     }
 
     impl<T: 'static> Typed for T {
-        fn is_no_effects(&self) -> bool {
-            TypeId::of::<T>() == TypeId::of::<super::NoEffects>()
+        fn type_of(&self) -> TypeId {
+            TypeId::of::<T>()
+        }
+
+        fn as_any(&self) -> &dyn Any {
+            self
         }
     }
 }

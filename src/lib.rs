@@ -104,7 +104,9 @@ pub use db::{connect_pool, Pool};
 pub use digest::Secret;
 pub use enqueue::Enqueued;
 pub use error::Error;
-pub use handler::{Effects, Handler, JobContext, JobError, LedgerEntry, NoEffects, Registry};
+pub use handler::{
+    Effects, EffectsSet, Handler, JobContext, JobError, LedgerEntry, NoEffects, Registry,
+};
 pub use job::{Apply, EnqueueOptions, Job, Jobs, Perform};
 pub use notifier::{skip_trigger_notify, Notifier};
 pub use replica::Replica;

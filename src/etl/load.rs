@@ -9,24 +9,32 @@
 //!   transform's [`OutputBudget`]: a plan that exceeds it fails its job with `invalid_payload`
 //!   (intake refuses such requests, so only a payload that bypassed intake can), never the
 //!   process. Execution re-applies no intake limit: what one replica accepted, every replica runs.
-//! - The load is one statement. Rows are upserted in key order, so concurrent loads lock rows in
-//!   the same order and do not deadlock each other; a row whose data is unchanged is not
-//!   rewritten (and keeps the job that last changed it).
+//! - A job's load alone is one statement ([`UPSERT_SQL`]). In a commit batch, the loads of every
+//!   job apply together (`LoadSet`: one set-based statement per round, see
+//!   `etl::upsert`), each job's ledger (counts and checksum) the one it would have had
+//!   alone, after the batch's jobs before it; should the set fail, the worker rolls it back and
+//!   applies each load alone, so one job's failure leaves none of its rows and takes no other job
+//!   down. A load of more than [`SET_MEMBER_MAX_BYTES`] always applies alone, so a set-based
+//!   statement stays small. Rows are upserted in key order, so concurrent loads lock rows in the same order and do
+//!   not deadlock each other; a row whose data is unchanged is not rewritten (and keeps the job
+//!   that last changed it).
 //! - Loading the same request again yields the same rows and the same checksum.
 
 use crate::codes::Code;
 use crate::etl::request;
 use crate::etl::transform::OutputBudget;
+use crate::etl::upsert::{self, Target, Written};
 use crate::etl::KIND;
-use crate::handler::{Effects, Handler, JobContext, JobError, LedgerEntry};
+use crate::handler::{Effects, EffectsSet, Handler, JobContext, JobError, LedgerEntry};
 use futures::future::BoxFuture;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
+
+pub use crate::etl::upsert::UPSERT_SQL;
 
 /// The ETL handler (`etl.load`). It has no settings: execution applies no intake limit, only the
 /// fixed bounds of [`crate::etl::transform`]. Build it with `EtlLoad::default()`.
@@ -68,7 +76,15 @@ pub struct Load {
     job_id: Uuid,
     /// Record key → transformed record, sorted by key.
     rows: BTreeMap<String, Value>,
+    /// The JSON bytes of the records (as the transform's budget charged them).
+    bytes: usize,
 }
+
+/// The largest load (JSON bytes of its records) that applies in a set with other jobs' loads;
+/// a larger one applies alone. A set holds at most `MAX_JOBS_PER_TRANSACTION` (64) loads, so no
+/// set-based statement carries more than 4 MiB of records, where 64 loads at the transform's
+/// bound would carry 512 MiB.
+pub const SET_MEMBER_MAX_BYTES: usize = 64 * 1024;
 
 /// Validates the stored request and transforms every record, within an [`OutputBudget`].
 /// CPU-bound: [`EtlLoad`] runs it on the blocking pool.
@@ -101,6 +117,7 @@ pub fn plan(job: &JobContext, payload: &Value) -> Result<Load, JobError> {
         dataset: request.dataset,
         job_id: job.id,
         rows,
+        bytes: budget.output_bytes(),
     })
 }
 
@@ -118,21 +135,28 @@ impl Load {
     }
 }
 
-/// Upserts the rows `$3`/`$4` (keys and records, in key order) of owner `$1`, dataset `$2`,
-/// written by job `$5`; returns one row per row written, `true` where it was inserted.
-///
-/// Locks: a row lock on each target row it inserts or changes, taken in key order; rows whose
-/// data is unchanged are left untouched (the `WHERE` on the update), but still locked for the
-/// statement's check. Waits at most `lock_timeout` for a row another session holds.
-pub const UPSERT_SQL: &str = "
-INSERT INTO etl_target_rows AS t (owner_key, dataset, record_key, record, written_by_job)
-SELECT $1, $2, u.record_key, u.record, $5
-  FROM unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS u(record_key, record, n)
- ORDER BY u.n
-    ON CONFLICT (owner_key, dataset, record_key) DO UPDATE
-   SET record = EXCLUDED.record, written_by_job = EXCLUDED.written_by_job, updated_at = now()
- WHERE t.record IS DISTINCT FROM EXCLUDED.record
-RETURNING (t.xmax = 0)";
+impl Load {
+    /// The rows to upsert.
+    fn target(&self) -> Target<'_> {
+        Target {
+            owner_key: &self.owner_key,
+            dataset: &self.dataset,
+            job_id: self.job_id,
+            rows: &self.rows,
+        }
+    }
+
+    /// The ledger of these rows, written as `written` says.
+    fn ledger(&self, written: Written) -> LedgerEntry {
+        let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        LedgerEntry {
+            rows_inserted: count(written.inserted),
+            rows_updated: count(written.updated),
+            rows_unchanged: count(written.unchanged),
+            data_checksum: self.checksum(),
+        }
+    }
+}
 
 impl Effects for Load {
     fn apply<'a>(
@@ -140,30 +164,43 @@ impl Effects for Load {
         tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async move {
-            let keys: Vec<&str> = self.rows.keys().map(String::as_str).collect();
-            let records: Vec<&Value> = self.rows.values().collect();
-            let owner: &[u8] = &self.owner_key;
-            let written = tx
-                .query_typed(
-                    UPSERT_SQL,
-                    &[
-                        (&owner, Type::BYTEA),
-                        (&self.dataset, Type::TEXT),
-                        (&keys, Type::TEXT_ARRAY),
-                        (&records, Type::JSONB_ARRAY),
-                        (&self.job_id, Type::UUID),
-                    ],
-                )
-                .await?;
-            let inserted = written.iter().filter(|r| r.get::<_, bool>(0)).count();
-            let total = self.rows.len();
-            let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-            Ok(Some(LedgerEntry {
-                rows_inserted: count(inserted),
-                rows_updated: count(written.len() - inserted),
-                rows_unchanged: count(total - written.len()),
-                data_checksum: self.checksum(),
-            }))
+            let written = upsert::one(tx, self.target()).await?;
+            Ok(Some(self.ledger(written)))
+        })
+    }
+
+    fn set(&self) -> Option<&'static dyn EffectsSet> {
+        (self.bytes <= SET_MEMBER_MAX_BYTES).then_some(&LoadSet)
+    }
+}
+
+/// The [`EffectsSet`] of ETL loads: the rows of every load of a commit batch upserted together,
+/// in as few set-based statements as their shared keys allow (`upsert::set`), each load's
+/// ledger the one it would have had alone.
+#[derive(Debug, Clone, Copy)]
+struct LoadSet;
+
+impl EffectsSet for LoadSet {
+    fn apply<'a>(
+        &'a self,
+        tx: &'a Transaction<'a>,
+        members: &'a mut [Box<dyn Effects>],
+    ) -> BoxFuture<'a, Result<Vec<Option<LedgerEntry>>, JobError>> {
+        Box::pin(async move {
+            // Every member is a load (the worker sets together only effects of one type); were
+            // one not, the set fails and each member applies alone.
+            let loads: Vec<&Load> = members
+                .iter()
+                .map(|m| m.downcast_ref::<Load>())
+                .collect::<Option<_>>()
+                .ok_or_else(|| JobError::permanent(Code::HandlerFailed))?;
+            let targets: Vec<Target<'_>> = loads.iter().map(|l| l.target()).collect();
+            let written = upsert::set(tx, &targets).await?;
+            Ok(loads
+                .iter()
+                .zip(written)
+                .map(|(load, written)| Some(load.ledger(written)))
+                .collect())
         })
     }
 }
@@ -240,6 +277,19 @@ mod tests {
             failure(json!({"dataset": "BAD"})),
             (Code::InvalidPayload, None)
         );
+    }
+
+    #[test]
+    fn only_a_load_of_at_most_64_kib_applies_in_a_set() {
+        let load = |bytes: usize| {
+            let payload =
+                json!({"dataset": "d", "key": "id", "records": [{"id": "x".repeat(bytes)}]});
+            plan(&job(), &payload).unwrap()
+        };
+        let small = load(100);
+        assert_eq!(small.bytes, 109, "{{\"id\":\"x…x\"}}");
+        assert!(small.set().is_some());
+        assert!(load(SET_MEMBER_MAX_BYTES).set().is_none());
     }
 
     #[tokio::test(flavor = "current_thread")]

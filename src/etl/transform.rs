@@ -271,6 +271,11 @@ impl OutputBudget {
     pub fn charge_handled(&mut self, record: &Map<String, Value>) -> Result<(), OutputExceeded> {
         take(&mut self.handled, record)
     }
+
+    /// The JSON bytes of the transformed records charged so far.
+    pub fn output_bytes(&self) -> usize {
+        MAX_OUTPUT_BYTES - self.output.1
+    }
 }
 
 /// Takes `record`'s fields and JSON bytes from `left`.

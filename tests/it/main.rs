@@ -20,6 +20,7 @@ mod deploy;
 mod errors;
 mod etl;
 mod etl_limits;
+mod etl_sets;
 mod execution;
 mod faults;
 mod fleet;

@@ -413,7 +413,7 @@ where
 }
 
 /// The first column of every row of `rows`, in order.
-fn first_column_of<T>(rows: Vec<tokio_postgres::Row>) -> Vec<T>
+pub fn first_column_of<T>(rows: Vec<tokio_postgres::Row>) -> Vec<T>
 where
     T: for<'a> tokio_postgres::types::FromSql<'a>,
 {

@@ -23,7 +23,10 @@
 //!   commits effects or success for a job whose fence failed or whose owner asked to cancel it.
 //! - Each job's effects stay atomic: in a batch of more than one job, each job's effects run under
 //!   their own savepoint, so one job's failure rolls back its own writes only, and the rest of the
-//!   batch still commits. Effects, ledger row and `succeeded` of a job commit together.
+//!   batch still commits. Effects, ledger row and `succeeded` of a job commit together. The jobs
+//!   whose effects offer a set (the ETL loads) apply first, together, in set-based statements
+//!   under one savepoint per set (`sets`); a set that fails is rolled back whole and its jobs
+//!   apply one by one as above.
 //! - No transaction holds more than [`MAX_JOBS_PER_TRANSACTION`] jobs' savepoints, so a group
 //!   commit never overflows PostgreSQL's subtransaction cache: a larger batch that writes commits
 //!   as several transactions.
@@ -54,9 +57,10 @@ use crate::handler::LedgerEntry;
 use crate::worker::complete::completer::{self, Failure, Fenced};
 use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
-use effects::apply;
+use effects::{apply, roll_back};
 use lane::{restarting, CommitGuard, Committing, Gather};
 use sessions::{CommitPool, CommitSession};
+use sets::apply_sets;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
@@ -257,8 +261,11 @@ impl Lane {
 /// cluster is "suboverflowed" and looks its subtransactions up in the `pg_subtrans` SLRU, the
 /// well-known cliff. A batch larger than this (slots plus prefetch reach 136 by default) is
 /// committed as several transactions. Effects that open savepoints of their own count against
-/// the same 64.
+/// the same 64; a set of several jobs' effects (`sets`) holds one for all of them.
 pub(crate) const MAX_JOBS_PER_TRANSACTION: usize = 64;
+
+/// The savepoint each job's effects apply under, in a batch of several jobs.
+const JOB_SAVEPOINT: &str = "job_effects";
 
 /// Commits one batch, in transactions of at most [`MAX_JOBS_PER_TRANSACTION`] jobs when it
 /// writes effects (each with its own outcome: a failure of one never settles another's jobs);
@@ -363,8 +370,9 @@ async fn succeed_alone(
 }
 
 /// The transaction of a batch that writes effects: fences and locks the rows (`Claimed →
-/// Fenced | Ended`), applies each job's effects, each under its own savepoint when the batch
-/// has several jobs (`Fenced → Applied | Ended`), writes the ledger rows and `succeeded` of the
+/// Fenced | Ended`), applies the effects of the jobs whose kind sets them together (`sets`),
+/// then each other job's, each under its own savepoint when the batch has several jobs
+/// (`Fenced → Applied | Ended`), writes the ledger rows and `succeeded` of the
 /// jobs whose effects applied (`Applied → Succeeded`, through `prepared`, the locked success
 /// statement prepared on `conn`), and commits.
 async fn write_effects(
@@ -381,6 +389,9 @@ async fn write_effects(
     for (step, lease) in steps.iter_mut().zip(leases) {
         advance(step, |claimed| claimed.fence(fenced.get(lease)));
     }
+    if isolate {
+        apply_sets(&mut tx, stats, steps, &cancel).await?;
+    }
     for step in steps.iter_mut() {
         let ready = match std::mem::replace(step, Step::Applying) {
             Step::Fenced(ready) => ready,
@@ -391,12 +402,12 @@ async fn write_effects(
         };
         let applied = if isolate {
             stats.record_round_trips(2);
-            let savepoint = tx.savepoint("job_effects").await?;
+            let savepoint = tx.savepoint(JOB_SAVEPOINT).await?;
             let applied = apply(&savepoint, ready.effects, ready.budget, &cancel).await;
             if applied.is_ok() {
                 savepoint.commit().await?;
             } else {
-                savepoint.rollback().await?;
+                roll_back(savepoint, JOB_SAVEPOINT, stats).await?;
             }
             applied
         } else {
@@ -462,6 +473,7 @@ fn batch_failure(stats: &WorkerStats, e: &tokio_postgres::Error) -> Code {
 mod effects;
 mod lane;
 pub(crate) mod sessions;
+mod sets;
 mod step;
 #[cfg(test)]
 mod tests;

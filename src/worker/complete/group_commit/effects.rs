@@ -6,15 +6,17 @@
 //! - A job's budget counts from when its effects start applying, never from when it queued.
 //! - Handler code never unwinds into the lane: a panic in `Effects::apply` or in its future is
 //!   the job's failure (`handler_panicked`).
+//! - A set of several jobs' effects (`EffectsSet`) is guarded and budgeted the same way, as one.
 //! - Effects cut at their budget leave no statement running behind them: the one they were
 //!   running is waited for briefly, then cancelled on the server, before the savepoint (or the
 //!   transaction) is rolled back.
 
 use super::step::OwnedEffects;
 use crate::codes::Code;
-use crate::handler::LedgerEntry;
+use crate::handler::{Effects, EffectsSet, JobError, LedgerEntry};
 use crate::worker::complete::completer::Failure;
 use crate::worker::guard::{guarded, Guarded};
+use crate::worker::stats::WorkerStats;
 use std::time::Duration;
 use tokio_postgres::{CancelToken, NoTls, Transaction};
 
@@ -31,7 +33,6 @@ pub(super) async fn apply(
     budget: Duration,
     cancel: &CancelToken,
 ) -> Result<Option<LedgerEntry>, Failure> {
-    let deadline = tokio::time::Instant::now() + budget;
     // Taken inside the guard: `apply` consumes them, so a panicking `Drop` runs in its call.
     let applying = async move {
         match effects.take() {
@@ -39,7 +40,33 @@ pub(super) async fn apply(
             None => Ok(None),
         }
     };
-    match guarded(deadline, applying).await {
+    within_budget(tx, budget, cancel, applying).await
+}
+
+/// Applies `members`, effects of one type, together through their `set` on `tx` within
+/// `budget` (the smallest of theirs), counted from now: as [`apply`], for the whole set.
+pub(super) async fn apply_set(
+    tx: &Transaction<'_>,
+    set: &dyn EffectsSet,
+    members: &mut [Box<dyn Effects>],
+    budget: Duration,
+    cancel: &CancelToken,
+) -> Result<Vec<Option<LedgerEntry>>, Failure> {
+    let applying = async move { set.apply(tx, members).await };
+    within_budget(tx, budget, cancel, applying).await
+}
+
+/// Runs `handler_code` (effects applying on `tx`) guarded, within `budget` counted from now:
+/// a panic is a failure (`handler_panicked`), and an overrun is cut (see
+/// [`settle_cut_statement`]).
+async fn within_budget<T>(
+    tx: &Transaction<'_>,
+    budget: Duration,
+    cancel: &CancelToken,
+    handler_code: impl std::future::Future<Output = Result<T, JobError>>,
+) -> Result<T, Failure> {
+    let deadline = tokio::time::Instant::now() + budget;
+    match guarded(deadline, handler_code).await {
         Guarded::TimedOut => {
             tracing::warn!(code = %Code::ExecutionTimeout, "effects overran their budget");
             settle_cut_statement(tx, cancel).await;
@@ -47,8 +74,28 @@ pub(super) async fn apply(
         }
         Guarded::Panicked => Err(Failure::Code(Code::HandlerPanicked)),
         Guarded::Done(Err(e)) => Err(Failure::Job(e)),
-        Guarded::Done(Ok(ledger)) => Ok(ledger),
+        Guarded::Done(Ok(value)) => Ok(value),
     }
+}
+
+/// Rolls `savepoint` (named `name`) back and releases it, counting the round trip it adds.
+/// `ROLLBACK TO` alone would leave it open, the savepoints after it nested inside it, and its
+/// fresh subtransaction would then take an id of its own in PostgreSQL's subtransaction cache
+/// as soon as one of them writes: one more per rolled-back savepoint, past the bound of
+/// `MAX_JOBS_PER_TRANSACTION`. Released, it holds none.
+///
+/// # Errors
+/// Either statement's.
+pub(super) async fn roll_back(
+    savepoint: Transaction<'_>,
+    name: &str,
+    stats: &WorkerStats,
+) -> Result<(), tokio_postgres::Error> {
+    stats.record_round_trips(1);
+    savepoint
+        .batch_execute(&format!("ROLLBACK TO SAVEPOINT {name}"))
+        .await?;
+    savepoint.commit().await
 }
 
 /// After effects were cut, waits until the statement they were running (if any) has ended, so

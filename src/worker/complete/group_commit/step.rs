@@ -44,6 +44,11 @@ impl OwnedEffects {
     pub(super) fn take(&mut self) -> Option<Box<dyn Effects>> {
         self.0.take()
     }
+
+    /// The effects, to read (set-based effects read their members without taking them).
+    pub(super) fn get(&self) -> Option<&(dyn Effects + 'static)> {
+        self.0.as_deref()
+    }
 }
 
 impl Drop for OwnedEffects {

@@ -171,8 +171,34 @@ impl Scratch {
             .get(0)
     }
 
+    /// Gives job `id`'s lease to another claim.
+    pub(super) async fn steal_lease(&self, id: Uuid) {
+        self.client
+            .execute(
+                "UPDATE etl_job_records SET lease_claim_id = gen_random_uuid() WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+    }
+
+    /// How many target rows each transaction wrote (by the `xact` each row's record is stamped
+    /// with), most first.
+    pub(super) async fn rows_per_transaction(&self) -> Vec<i64> {
+        self.client
+            .query(
+                "SELECT count(*) FROM etl_target_rows GROUP BY record->>'xact' ORDER BY 1 DESC",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     /// The keys of the target rows, sorted.
-    async fn target_keys(&self) -> Vec<String> {
+    pub(super) async fn target_keys(&self) -> Vec<String> {
         self.client
             .query("SELECT record_key FROM etl_target_rows ORDER BY 1", &[])
             .await
@@ -223,13 +249,7 @@ async fn each_job_of_a_batch_commits_or_fails_on_its_own() {
         )
         .await
         .unwrap();
-    db.client
-        .execute(
-            "UPDATE etl_job_records SET lease_claim_id = gen_random_uuid() WHERE id = $1",
-            &[&jobs[4].0],
-        )
-        .await
-        .unwrap();
+    db.steal_lease(jobs[4].0).await;
     let batch = vec![
         ready(jobs[0], Box::new(Scripted::Write(jobs[0].0, "a")), minute),
         ready(
