@@ -15,11 +15,10 @@ use crate::queue::DEFAULT_QUEUE;
 use crate::worker::liveness::presence;
 use crate::worker::stats::WorkerStats;
 use bb8::ManageConnection;
-use bb8_postgres::PostgresConnectionManager;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 /// The statements a claim session prepared, the claim's plan having passed its check.
 struct Prepared {
@@ -322,7 +321,7 @@ pub(super) fn walks_the_pending_index_in_order(explained: &serde_json::Value) ->
 /// lock when the replica holds them.
 pub struct ClaimSessions {
     /// Opens the connections.
-    pub(super) connections: PostgresConnectionManager<NoTls>,
+    pub(super) connections: db::Manager,
     /// Where plan-check fallbacks are counted.
     pub(super) stats: Arc<WorkerStats>,
     /// The owner whose alive lock each session holds (`None`: a replica without alive locks).
@@ -363,7 +362,7 @@ pub async fn connect_claim_pool(
     alive: Option<&str>,
 ) -> Result<ClaimPool, Error> {
     let sessions = ClaimSessions {
-        connections: PostgresConnectionManager::new(db::claim_pg_config(cfg)?, NoTls),
+        connections: db::Manager::new(db::Connector::new(cfg, db::claim_pg_config(cfg)?)?),
         stats,
         alive: alive.map(str::to_owned),
     };

@@ -16,7 +16,7 @@ use crate::handler::LedgerEntry;
 use crate::worker::complete::completer::Failure;
 use crate::worker::guard::{guarded, Guarded};
 use std::time::Duration;
-use tokio_postgres::{CancelToken, NoTls, Transaction};
+use tokio_postgres::{CancelToken, Transaction};
 
 /// How long the statement that effects cut at their budget were running may still take to end
 /// on its own before it is cancelled on the server.
@@ -65,7 +65,7 @@ async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
         .await
         .is_err()
     {
-        let _ = cancel.cancel_query(NoTls).await;
+        let _ = crate::db::cancel(cancel).await;
         let _ = settled.await;
     }
 }
