@@ -99,6 +99,45 @@ impl Cluster {
         cluster
     }
 
+    /// [`Cluster::start`] speaking TLS only, over TCP: `ssl = on` with the certificate `cert_pem`
+    /// and its key `key_pem`, and a `pg_hba.conf` of `hostssl` lines only (trust), so a plaintext
+    /// connection is refused. Started plain first, then stopped, given its files and started again
+    /// (initdb wants an empty directory, and the server its key before it starts).
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Cluster {
+        use std::os::unix::fs::PermissionsExt;
+        let cluster = Cluster::start();
+        cluster.pg_ctl(&["stop"]);
+        let dir = cluster.data.parent().unwrap();
+        let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+        for (name, contents) in [
+            ("server.crt", cert_pem),
+            ("server.key", key_pem),
+            ("pg_hba_tls.conf", hba),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, contents).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let chown = Command::new("chown")
+                .args(["postgres:postgres", path.to_str().unwrap()])
+                .status()
+                .unwrap();
+            assert!(chown.success());
+        }
+        let conf = format!(
+            "\nssl = on\nssl_cert_file = '{0}/server.crt'\nssl_key_file = '{0}/server.key'\nhba_file = '{0}/pg_hba_tls.conf'\n",
+            dir.display()
+        );
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(cluster.data.join("postgresql.conf"))
+            .unwrap()
+            .write_all(conf.as_bytes())
+            .unwrap();
+        cluster.pg_ctl(&["start"]);
+        cluster
+    }
+
     /// Runs `pg_ctl` on the cluster, waiting for it, logging next to the data directory.
     pub fn pg_ctl(&self, args: &[&str]) {
         let log = self.data.parent().unwrap().join("server.log");
