@@ -174,8 +174,9 @@ async fn tls_every_sslmode_connects_or_is_refused_as_libpq_would() {
 }
 
 /// A replica of the real binary runs a job end to end over `verify-full` (its pool, claim,
-/// commit and liveness sessions all encrypted), after `migrate` created and migrated the
-/// database over it; the same replica given another CA's root exits 2 `database_refused` at
+/// commit and liveness sessions all encrypted; its root certificate given by
+/// `--database-ssl-root-cert`), after `migrate` created and migrated the database over it
+/// (`sslrootcert` in the URL); the same replica given another CA's root exits 2 `database_refused` at
 /// once instead of retrying for the start-up timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_a_replica_runs_a_job_over_verify_full_and_refuses_an_untrusted_server_at_once() {
@@ -196,7 +197,11 @@ async fn tls_a_replica_runs_a_job_over_verify_full_and_refuses_an_untrusted_serv
     assert!(migrated.success());
     let client = connect(&trusted).await.unwrap();
     let ids = crate::support::enqueue_loads(&client, "tls", 3, 2, 3).await;
-    let mut replica = spawn_replica(&trusted, "tls-a", &[], Stdio::null());
+    // The root certificate given by flag this time, not in the URL.
+    let flagged = url(&cluster, "localhost", "etl", "sslmode=verify-full");
+    let ca = pki.ca();
+    let flag = ["--database-ssl-root-cert", ca.to_str().unwrap()];
+    let mut replica = spawn_replica(&flagged, "tls-a", &flag, Stdio::null());
     crate::support::until_all_terminal(&client).await;
     for id in ids {
         let row = crate::support::job_row(&client, id).await;

@@ -61,11 +61,7 @@ impl Cluster {
         let dir =
             std::env::temp_dir().join(format!("durable-etl-pg-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir(&dir).unwrap();
-        let chown = Command::new("chown")
-            .args(["postgres:postgres", dir.to_str().unwrap()])
-            .status()
-            .unwrap();
-        assert!(chown.success());
+        chown(&dir);
         let cluster = Cluster {
             bin: Cluster::bin(),
             data: dir.join("data"),
@@ -88,13 +84,7 @@ impl Cluster {
             cluster.port,
             dir.display()
         );
-        use std::io::Write;
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(cluster.data.join("postgresql.conf"))
-            .unwrap()
-            .write_all(conf.as_bytes())
-            .unwrap();
+        cluster.append_conf(&conf);
         cluster.pg_ctl(&["start"]);
         cluster
     }
@@ -117,25 +107,26 @@ impl Cluster {
             let path = dir.join(name);
             std::fs::write(&path, contents).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-            let chown = Command::new("chown")
-                .args(["postgres:postgres", path.to_str().unwrap()])
-                .status()
-                .unwrap();
-            assert!(chown.success());
+            chown(&path);
         }
         let conf = format!(
             "\nssl = on\nssl_cert_file = '{0}/server.crt'\nssl_key_file = '{0}/server.key'\nhba_file = '{0}/pg_hba_tls.conf'\n",
             dir.display()
         );
+        cluster.append_conf(&conf);
+        cluster.pg_ctl(&["start"]);
+        cluster
+    }
+
+    /// Appends `conf` to the cluster's `postgresql.conf`.
+    fn append_conf(&self, conf: &str) {
         use std::io::Write;
         std::fs::OpenOptions::new()
             .append(true)
-            .open(cluster.data.join("postgresql.conf"))
+            .open(self.data.join("postgresql.conf"))
             .unwrap()
             .write_all(conf.as_bytes())
             .unwrap();
-        cluster.pg_ctl(&["start"]);
-        cluster
     }
 
     /// Runs `pg_ctl` on the cluster, waiting for it, logging next to the data directory.
@@ -150,6 +141,15 @@ impl Cluster {
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
     }
+}
+
+/// Gives `path` to the `postgres` OS user, whom the server runs as.
+fn chown(path: &Path) {
+    let chown = Command::new("chown")
+        .args(["postgres:postgres", path.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(chown.success());
 }
 
 impl Drop for Cluster {
