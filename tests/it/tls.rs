@@ -131,7 +131,8 @@ async fn assert_tls_refused(url: &str, reason: &str) {
 }
 
 /// Every `sslmode` against a server that speaks only TLS: `disable` is refused by its
-/// `pg_hba.conf`; `prefer` (also the default) and `require` are encrypted; `verify-full` with the
+/// `pg_hba.conf`; `prefer` (also the default) and `require` are encrypted, with trust or SCRAM
+/// authentication; `verify-full` with the
 /// right root passes and with another CA's is refused at once as `database_refused`, as is
 /// `verify-ca` with another CA's and `require` given one (then it verifies as `verify-ca`);
 /// a host the certificate does not name fails `verify-full` but passes `verify-ca`.
@@ -146,6 +147,19 @@ async fn tls_every_sslmode_connects_or_is_refused_as_libpq_would() {
             .unwrap();
         assert!(encrypted(&client).await, "{params}");
     }
+    // SCRAM authentication over TLS (no channel binding offered).
+    let admin = connect(&url(&cluster, "127.0.0.1", "postgres", "sslmode=require"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute("CREATE ROLE etl_scram LOGIN PASSWORD 'scram-pw-1'")
+        .await
+        .unwrap();
+    let scram = cluster
+        .url("postgres")
+        .replace("postgres@", "etl_scram:scram-pw-1@");
+    let client = connect(&format!("{scram}?sslmode=require")).await.unwrap();
+    assert!(encrypted(&client).await);
     let plain = connect(&url(&cluster, "127.0.0.1", "postgres", "sslmode=disable")).await;
     assert_eq!(plain.err().map(|e| e.code()), Some(Code::DatabaseRefused));
     for (host, params) in [

@@ -90,15 +90,16 @@ impl Cluster {
     }
 
     /// [`Cluster::start`] speaking TLS only, over TCP: `ssl = on` with the certificate `cert_pem`
-    /// and its key `key_pem`, and a `pg_hba.conf` of `hostssl` lines only (trust), so a plaintext
-    /// connection is refused. Started plain first, then stopped, given its files and started again
+    /// and its key `key_pem`, and a `pg_hba.conf` of `hostssl` lines only (trust, but SCRAM for a
+    /// role `etl_scram` should a test create it), so a plaintext connection is refused. Started plain first, then stopped, given its files and started again
     /// (initdb wants an empty directory, and the server its key before it starts).
     pub fn start_tls(cert_pem: &str, key_pem: &str) -> Cluster {
         use std::os::unix::fs::PermissionsExt;
         let cluster = Cluster::start();
         cluster.pg_ctl(&["stop"]);
         let dir = cluster.data.parent().unwrap();
-        let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+        let hba = "local all all trust\nhostssl all etl_scram 127.0.0.1/32 scram-sha-256\n\
+                   hostssl all all 127.0.0.1/32 trust\n";
         for (name, contents) in [
             ("server.crt", cert_pem),
             ("server.key", key_pem),
