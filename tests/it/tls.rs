@@ -227,7 +227,7 @@ async fn tls_a_replica_runs_a_job_over_verify_full_and_refuses_an_untrusted_serv
             let roles: Vec<String> = crate::support::first_column(
                 client,
                 "SELECT DISTINCT application_name FROM pg_stat_activity
-                  WHERE application_name LIKE 'durable-etl/%' AND application_name <> 'durable-etl/test'",
+                  WHERE datname = current_database() AND application_name LIKE 'durable-etl/%'",
             )
             .await;
             ["durable-etl/claimer", "durable-etl/session", "durable-etl/worker"]
@@ -239,7 +239,8 @@ async fn tls_a_replica_runs_a_job_over_verify_full_and_refuses_an_untrusted_serv
     let plaintext: i64 = client
         .query_one(
             "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
-              WHERE a.application_name LIKE 'durable-etl/%' AND NOT s.ssl",
+              WHERE a.datname = current_database() AND a.application_name LIKE 'durable-etl/%'
+                AND NOT s.ssl",
             &[],
         )
         .await
