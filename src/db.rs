@@ -166,7 +166,8 @@ where
 {
     let pool = bb8::Pool::builder()
         .max_size(size)
-        .connection_timeout(cfg.connect_timeout)
+        // A checkout waits for a new session as long as trying every host may take.
+        .connection_timeout(connect::all_hosts_bound(cfg))
         // No validation query on checkout (it would cost a round trip on every claim and
         // commit); `checkout` skips connections already known closed instead.
         .test_on_check_out(false)
@@ -472,7 +473,7 @@ pub fn quote_ident(name: &str) -> String {
 mod connect;
 mod start_up;
 pub mod tls;
-pub use connect::{Connector, Manager, Opened};
+pub use connect::{all_hosts_bound, Connector, Manager, Opened};
 pub use start_up::StartUp;
 
 #[cfg(test)]

@@ -127,7 +127,7 @@ impl DatabaseArgs {
         let target = db::target(&self.config()?)?;
         Ok(db::StartUp {
             deadline: tokio::time::Instant::now() + self.startup_timeout,
-            attempt: self.connect_timeout.saturating_add(self.statement_timeout),
+            attempt: db::all_hosts_bound(&self.config()?).saturating_add(self.statement_timeout),
             shutdown: shutdown.clone(),
             target,
         })

@@ -105,6 +105,14 @@ impl Connector {
     }
 }
 
+/// How long opening one session with `cfg` may take: one connect timeout per host of its URL
+/// (at least one).
+pub fn all_hosts_bound(cfg: &DatabaseConfig) -> Duration {
+    let hosts = cfg.driver_url().map_or(1, |(pg, _)| hosts(&pg).len());
+    cfg.connect_timeout
+        .saturating_mul(u32::try_from(hosts.max(1)).unwrap_or(u32::MAX))
+}
+
 /// The settings of each of `pg`'s hosts alone, in the order they are tried.
 fn hosts(pg: &Config) -> Vec<Config> {
     let count = pg.get_hosts().len().max(pg.get_hostaddrs().len());

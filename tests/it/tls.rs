@@ -230,9 +230,13 @@ async fn tls_a_replica_runs_a_job_over_verify_full_and_refuses_an_untrusted_serv
                   WHERE datname = current_database() AND application_name LIKE 'durable-etl/%'",
             )
             .await;
-            ["durable-etl/claimer", "durable-etl/session", "durable-etl/worker"]
-                .iter()
-                .all(|role| roles.iter().any(|r| r == role))
+            [
+                "durable-etl/claimer",
+                "durable-etl/session",
+                "durable-etl/worker",
+            ]
+            .iter()
+            .all(|role| roles.iter().any(|r| r == role))
         }
     })
     .await;
@@ -301,7 +305,7 @@ fn bounded<F: std::future::Future>(what: F) -> tokio::time::Timeout<F> {
 
 /// A host that accepts TCP and never answers costs one connect timeout: as the first host of a
 /// multi-host URL (with `target_session_attrs`), the next host, the real server, is connected
-/// to; alone, the attempt fails as a lost connection (timed out) instead of hanging.
+/// to, by a one-off session and by a pool's manager alike; alone, the attempt fails as a lost connection (timed out) instead of hanging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_a_host_that_never_answers_costs_one_connect_timeout_and_the_next_host_is_tried() {
     let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -330,7 +334,15 @@ async fn tls_a_host_that_never_answers_costs_one_connect_timeout_and_the_next_ho
         .await
         .expect("the hanging host was given up by the pool")
         .unwrap();
-    durable_etl::db::checkout(&pool).await.unwrap();
+    // Two at once: the second is a new session, through the pool's manager, which gives the
+    // hanging host up too (the checkout waits one connect timeout per host).
+    let first = durable_etl::db::checkout(&pool).await.unwrap();
+    let second = bounded(durable_etl::db::checkout(&pool))
+        .await
+        .expect("the pool's manager gave the hanging host up")
+        .unwrap();
+    second.simple_query("SELECT 1").await.unwrap();
+    drop((first, second));
     let alone = config(format!(
         "postgres://postgres@127.0.0.1:{hang_port}/postgres"
     ));

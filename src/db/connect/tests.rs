@@ -70,6 +70,27 @@ fn a_multi_host_url_is_tried_host_by_host_with_each_hosts_port() {
     );
 }
 
+#[test]
+fn opening_a_session_may_take_one_connect_timeout_per_host() {
+    let cfg = |url: &str| DatabaseConfig {
+        connect_timeout: Duration::from_secs(2),
+        ..DatabaseConfig::new(url)
+    };
+    assert_eq!(
+        all_hosts_bound(&cfg("postgres://a,b,c/db")),
+        Duration::from_secs(6)
+    );
+    assert_eq!(
+        all_hosts_bound(&cfg("postgres://a/db")),
+        Duration::from_secs(2)
+    );
+    assert_eq!(all_hosts_bound(&cfg("user=u")), Duration::from_secs(2));
+    assert_eq!(
+        all_hosts_bound(&cfg("postgres://a:x/db")),
+        Duration::from_secs(2)
+    );
+}
+
 #[tokio::test]
 async fn an_attempt_out_of_time_fails_as_a_lost_connection_and_no_host_as_the_driver_says() {
     let e = timed_out().await;
