@@ -139,7 +139,7 @@ async fn assert_tls_refused(url: &str, reason: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_every_sslmode_connects_or_is_refused_as_libpq_would() {
     let pki = Pki::new();
-    let cluster = Cluster::start_tls(&pki.cert, &pki.key);
+    let cluster = Cluster::start_tls(&pki.cert, &pki.key, "");
     let (ca, other) = (pki.ca(), pki.other_ca());
     for params in ["", "sslmode=prefer", "sslmode=require"] {
         let client = connect(&url(&cluster, "127.0.0.1", "postgres", params))
@@ -195,7 +195,8 @@ async fn tls_every_sslmode_connects_or_is_refused_as_libpq_would() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_a_replica_runs_a_job_over_verify_full_and_refuses_an_untrusted_server_at_once() {
     let pki = Pki::new();
-    let cluster = Cluster::start_tls(&pki.cert, &pki.key);
+    // TLS 1.2 here (1.3 elsewhere), so both protocols' handshake signatures are checked.
+    let cluster = Cluster::start_tls(&pki.cert, &pki.key, "ssl_max_protocol_version = 'TLSv1.2'");
     let trusted = url(
         &cluster,
         "localhost",
@@ -274,28 +275,45 @@ async fn tls_a_replica_runs_a_job_over_verify_full_and_refuses_an_untrusted_serv
     assert!(started.elapsed() < Duration::from_secs(30));
 }
 
-/// A server that answers the TLS request with "no" (as one with `ssl = off` does) is refused at
-/// once under `sslmode=require`, saying so; under the default `prefer` the session goes on in
-/// plaintext.
-#[tokio::test]
-async fn tls_require_refuses_a_server_that_does_not_speak_tls() {
+/// A listener that answers every TLS request with `answer` (`N`: no TLS here; `S`: go ahead)
+/// and then hangs up; returns its port.
+async fn answering(answer: u8) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
-            // The SSLRequest: length 8, code 80877103. Answer "no", then hang up.
+            // The SSLRequest: length 8, code 80877103.
             let mut request = [0; 8];
             if socket.read_exact(&mut request).await.is_ok() {
-                let _ = socket.write_all(b"N").await;
+                let _ = socket.write_all(&[answer]).await;
             }
         }
     });
+    port
+}
+
+/// A server that does not speak TLS (it answers the TLS request "no") is refused at once under
+/// `sslmode=require`, saying so, while a real one with `ssl = off` serves the default `prefer`
+/// in plaintext; a server that agrees to TLS and hangs up mid-handshake is a lost connection
+/// (retried), not a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_require_refuses_a_server_without_tls_which_prefer_uses_in_plaintext() {
+    let no = answering(b'N').await;
     assert_tls_refused(
-        &format!("postgres://postgres@127.0.0.1:{port}/db?sslmode=require"),
+        &format!("postgres://postgres@127.0.0.1:{no}/db?sslmode=require"),
         "the server does not speak TLS, which the URL's sslmode requires",
     )
     .await;
+    let cut = answering(b'S').await;
+    let lost = connect(&format!(
+        "postgres://postgres@127.0.0.1:{cut}/db?sslmode=require"
+    ))
+    .await;
+    assert!(matches!(lost, Err(Error::Unavailable(Some(_)))), "{lost:?}");
+    let plain = Cluster::start();
+    let client = connect(&plain.url("postgres")).await.unwrap();
+    assert!(!encrypted(&client).await);
 }
 
 /// `what`, given a generous 30 s to end (a hang fails the test instead of stalling it).

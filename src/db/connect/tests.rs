@@ -32,6 +32,9 @@ fn one_host_keeps_every_setting_of_a_single_host_url() {
     let mut socket = Config::new();
     socket.host_path("/run/postgresql");
     assert!(one_host(&socket, 0) == socket);
+    let mut address = Config::new();
+    address.hostaddr(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    assert!(one_host(&address, 0) == address);
 }
 
 #[test]

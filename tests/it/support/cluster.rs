@@ -91,9 +91,11 @@ impl Cluster {
 
     /// [`Cluster::start`] speaking TLS only, over TCP: `ssl = on` with the certificate `cert_pem`
     /// and its key `key_pem`, and a `pg_hba.conf` of `hostssl` lines only (trust, but SCRAM for a
-    /// role `etl_scram` should a test create it), so a plaintext connection is refused. Started plain first, then stopped, given its files and started again
-    /// (initdb wants an empty directory, and the server its key before it starts).
-    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Cluster {
+    /// role `etl_scram` should a test create it), so a plaintext connection is refused;
+    /// `settings` (lines of `postgresql.conf`) added. Started plain first, then stopped, given
+    /// its files and started again (initdb wants an empty directory, and the server its key
+    /// before it starts).
+    pub fn start_tls(cert_pem: &str, key_pem: &str, settings: &str) -> Cluster {
         use std::os::unix::fs::PermissionsExt;
         let cluster = Cluster::start();
         cluster.pg_ctl(&["stop"]);
@@ -111,7 +113,7 @@ impl Cluster {
             chown(&path);
         }
         let conf = format!(
-            "\nssl = on\nssl_cert_file = '{0}/server.crt'\nssl_key_file = '{0}/server.key'\nhba_file = '{0}/pg_hba_tls.conf'\n",
+            "\nssl = on\nssl_cert_file = '{0}/server.crt'\nssl_key_file = '{0}/server.key'\nhba_file = '{0}/pg_hba_tls.conf'\n{settings}\n",
             dir.display()
         );
         cluster.append_conf(&conf);
