@@ -99,6 +99,13 @@ pub enum ConfigError {
     /// The database URL could not be parsed as a PostgreSQL connection string.
     #[error("database url is not a valid PostgreSQL connection string")]
     DatabaseUrl,
+    /// The database URL's `sslmode` is not one of libpq's that this release speaks.
+    #[error("sslmode must be disable, prefer, require, verify-ca or verify-full")]
+    SslMode,
+    /// The TLS root certificates (`sslrootcert` or `--database-ssl-root-cert`, else the
+    /// system's) could not be read, or hold no certificate.
+    #[error("the TLS root certificates could not be read (sslrootcert)")]
+    SslRootCert,
     /// The pool must have room for at least one connection.
     #[error("pool max size must be at least 1")]
     PoolSize,
@@ -187,6 +194,9 @@ pub struct DatabaseConfig {
     /// is prepared by name and no session state is kept ([`Pooler`]). Defaults to
     /// [`Pooler::None`].
     pub pooler: Pooler,
+    /// The PEM file of root certificates that TLS connections trust when the URL names none
+    /// (`sslrootcert`, which wins); see [`tls::TlsRequest`]. Defaults to none: the system's.
+    pub ssl_root_cert: Option<std::path::PathBuf>,
 }
 
 impl Default for DatabaseConfig {
@@ -201,6 +211,7 @@ impl Default for DatabaseConfig {
             keepalive_idle: KEEPALIVE_IDLE_DEFAULT,
             client_check_interval: CLIENT_CHECK_INTERVAL_DEFAULT,
             pooler: Pooler::None,
+            ssl_root_cert: None,
         }
     }
 }
@@ -214,14 +225,27 @@ impl DatabaseConfig {
         }
     }
 
+    /// The URL's driver settings, parsed by tokio-postgres, and what it asks of TLS (its
+    /// `sslrootcert`, else [`DatabaseConfig::ssl_root_cert`]); see [`tls::split_url`].
+    ///
+    /// # Errors
+    /// [`ConfigError::DatabaseUrl`] if the URL does not parse; [`ConfigError::SslMode`] for an
+    /// `sslmode` libpq does not know.
+    pub fn driver_url(&self) -> Result<(tokio_postgres::Config, tls::TlsRequest), ConfigError> {
+        let (url, mut request) = tls::split_url(&self.url)?;
+        let pg = url.parse().map_err(|_| ConfigError::DatabaseUrl)?;
+        if request.root_cert.is_none() {
+            request.root_cert.clone_from(&self.ssl_root_cert);
+        }
+        Ok((pg, request))
+    }
+
     /// Checks the configuration.
     ///
     /// # Errors
     /// The first broken rule, as a [`ConfigError`].
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.url
-            .parse::<tokio_postgres::Config>()
-            .map_err(|_| ConfigError::DatabaseUrl)?;
+        self.driver_url()?;
         if self.pool_max_size == 0 {
             return Err(ConfigError::PoolSize);
         }
@@ -381,8 +405,7 @@ impl WorkerConfig {
             return Err(ConfigError::RetryDelays);
         }
         if let Some(url) = &self.session_database_url {
-            url.parse::<tokio_postgres::Config>()
-                .map_err(|_| ConfigError::DatabaseUrl)?;
+            DatabaseConfig::new(url.clone()).driver_url()?;
         }
         Ok(())
     }
@@ -466,6 +489,8 @@ impl ApiConfig {
         Ok(())
     }
 }
+
+pub mod tls;
 
 #[cfg(test)]
 mod tests;

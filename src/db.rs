@@ -8,6 +8,9 @@
 //!   sides, so a silently lost server or client is noticed, even mid-statement.
 //! - The worker bounds its own statements client-side too ([`bounded`]).
 //! - `application_name` is `durable-etl/<role>`: never an id, a payload or a principal.
+//! - Every session is opened by a [`Connector`] (see `connect`): TLS as the URL's `sslmode`
+//!   asks (see `tls`), each attempt at a host bounded by the connect timeout end to end, the
+//!   hosts of a multi-host URL tried in turn.
 //! - Start-up is bounded ([`StartUp`]): every start-up step runs before one deadline, each attempt
 //!   is bounded too, and a lost connection is retried with backoff until the deadline.
 //! - A connection the server refuses for a reason retrying cannot fix (SQLSTATE class 28, 3D000,
@@ -16,24 +19,23 @@
 //! - `serve` and `work` check at start that the server applies the session limits
 //!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
 
+use crate::config::tls::SslMode;
 use crate::config::{ConfigError, DatabaseConfig};
 use crate::error::{Error, Target};
-use bb8_postgres::PostgresConnectionManager;
 use std::time::Duration;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// The connection pool every component shares.
 pub type Pool = bb8::Pool<Manager>;
 
-/// The connection manager of [`Pool`].
-pub type Manager = PostgresConnectionManager<NoTls>;
-
-/// The tokio-postgres configuration for `role` (a fixed word such as `worker` or `api`).
+/// The tokio-postgres configuration for `role` (a fixed word such as `worker` or `api`); the
+/// URL's TLS parameters as the driver knows them ([`DatabaseConfig::driver_url`]).
 ///
 /// # Errors
-/// [`ConfigError::DatabaseUrl`] if the URL does not parse.
+/// [`ConfigError::DatabaseUrl`] if the URL does not parse; [`ConfigError::SslMode`] for an
+/// `sslmode` libpq does not know.
 pub fn pg_config(cfg: &DatabaseConfig, role: &str) -> Result<tokio_postgres::Config, ConfigError> {
-    let mut pg: tokio_postgres::Config = cfg.url.parse().map_err(|_| ConfigError::DatabaseUrl)?;
+    let (mut pg, _) = cfg.driver_url()?;
     pg.application_name(format!("durable-etl/{role}"))
         .connect_timeout(cfg.connect_timeout)
         .keepalives(true)
@@ -169,7 +171,7 @@ async fn build_pool(
     cfg: &DatabaseConfig,
     size: u32,
 ) -> Result<Pool, Error> {
-    build_pool_of(PostgresConnectionManager::new(pg, NoTls), cfg, size).await
+    build_pool_of(Manager::new(Connector::new(cfg, pg)?), cfg, size).await
 }
 
 /// A pool of at most `size` sessions that `manager` opens, proven by taking one.
@@ -187,7 +189,8 @@ where
 {
     let pool = bb8::Pool::builder()
         .max_size(size)
-        .connection_timeout(cfg.connect_timeout)
+        // A checkout waits for a new session as long as trying every host may take.
+        .connection_timeout(connect::all_hosts_bound(cfg))
         // No validation query on checkout (it would cost a round trip on every claim and
         // commit); `checkout` skips connections already known closed instead.
         .test_on_check_out(false)
@@ -208,8 +211,8 @@ where
 /// The error of a failed attempt to connect with `cfg`: [`Error::Refused`], naming the target,
 /// when retrying cannot fix it; else as any database error.
 pub fn connect_error(cfg: &DatabaseConfig, e: tokio_postgres::Error) -> Error {
-    match cfg.url.parse::<tokio_postgres::Config>() {
-        Ok(pg) => refused_or(&pg, e),
+    match cfg.driver_url() {
+        Ok((pg, _)) => refused_or(&pg, e),
         Err(_) => Error::from(e),
     }
 }
@@ -219,8 +222,7 @@ pub fn connect_error(cfg: &DatabaseConfig, e: tokio_postgres::Error) -> Error {
 /// # Errors
 /// [`ConfigError::DatabaseUrl`] if the URL does not parse.
 pub fn target(cfg: &DatabaseConfig) -> Result<Target, ConfigError> {
-    let pg: tokio_postgres::Config = cfg.url.parse().map_err(|_| ConfigError::DatabaseUrl)?;
-    Ok(Target::of(&pg))
+    Ok(Target::of(&cfg.driver_url()?.0))
 }
 
 /// The error of a failed attempt to connect with `pg`, as [`connect_error`].
@@ -320,6 +322,15 @@ where
     }
 }
 
+/// Asks the server to cancel what the session of `token` runs, over TLS when the session's
+/// `sslmode` asks for it ([`tls::MakeRustls::unverified`]).
+///
+/// # Errors
+/// The driver's, when the cancel request could not be sent.
+pub async fn cancel(token: &tokio_postgres::CancelToken) -> Result<(), tokio_postgres::Error> {
+    token.cancel_query(tls::MakeRustls::unverified()).await
+}
+
 /// Maps a pool checkout failure to [`Error`].
 pub fn pool_error(e: bb8::RunError<tokio_postgres::Error>) -> Error {
     match e {
@@ -333,13 +344,18 @@ pub fn pool_error(e: bb8::RunError<tokio_postgres::Error>) -> Error {
 /// # Errors
 /// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when the connection fails.
 pub async fn connect(cfg: &DatabaseConfig, role: &str) -> Result<Client, Error> {
-    let pg = pg_config(cfg, role)?;
-    let (client, connection) = pg.connect(NoTls).await.map_err(|e| refused_or(&pg, e))?;
-    tokio::spawn(async move {
-        // The session's end is seen by the client as a closed connection; nothing to report here.
-        let _ = connection.await;
-    });
-    Ok(client)
+    open(&Connector::for_role(cfg, role)?).await
+}
+
+/// Opens one session with `connector`, driven by a spawned task.
+///
+/// # Errors
+/// [`Error::Refused`] when retrying cannot help; else as any database error.
+async fn open(connector: &Connector) -> Result<Client, Error> {
+    connector
+        .client()
+        .await
+        .map_err(|e| refused_or(connector.config(), e))
 }
 
 /// The session settings every session needs, as the server applies them (milliseconds). Read
@@ -391,13 +407,7 @@ pub async fn ensure_database(cfg: &DatabaseConfig) -> Result<bool, Error> {
     let name = target.get_dbname().unwrap_or("postgres").to_owned();
     let mut maintenance = target.clone();
     maintenance.dbname("postgres");
-    let (client, connection) = maintenance
-        .connect(NoTls)
-        .await
-        .map_err(|e| refused_or(&maintenance, e))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let client = open(&Connector::new(cfg, maintenance)?).await?;
     let exists = client
         .query_typed_opt(
             "SELECT 1 FROM pg_database WHERE datname = $1",
@@ -430,13 +440,7 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
     let mut target = pg_config(base, "admin")?;
     let mut maintenance = target.clone();
     maintenance.dbname("postgres");
-    let (client, connection) = maintenance
-        .connect(NoTls)
-        .await
-        .map_err(|e| refused_or(&maintenance, e))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let client = open(&Connector::new(base, maintenance)?).await?;
     let name_sql = quote_ident(name);
     client
         .batch_execute(&format!("DROP DATABASE IF EXISTS {name_sql} WITH (FORCE)"))
@@ -445,8 +449,10 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
         .batch_execute(&format!("CREATE DATABASE {name_sql}"))
         .await?;
     target.dbname(name);
+    let (_, tls) = base.driver_url()?;
     Ok(DatabaseConfig {
-        url: url_of(&target),
+        url: url_of(&target, tls.mode),
+        ssl_root_cert: tls.root_cert,
         ..base.clone()
     })
 }
@@ -458,13 +464,7 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
 pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
     let mut maintenance = pg_config(base, "admin")?;
     maintenance.dbname("postgres");
-    let (client, connection) = maintenance
-        .connect(NoTls)
-        .await
-        .map_err(|e| refused_or(&maintenance, e))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let client = open(&Connector::new(base, maintenance)?).await?;
     client
         .batch_execute(&format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
@@ -475,8 +475,8 @@ pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Erro
 }
 
 /// A URL for `config`'s database with its first host, port and user (no password: trust or
-/// `PGPASSWORD` authentication).
-fn url_of(config: &tokio_postgres::Config) -> String {
+/// `PGPASSWORD` authentication), and `sslmode` unless it is the default.
+fn url_of(config: &tokio_postgres::Config, mode: SslMode) -> String {
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         _ => "127.0.0.1".to_owned(),
@@ -484,7 +484,11 @@ fn url_of(config: &tokio_postgres::Config) -> String {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let user = config.get_user().unwrap_or("postgres");
     let name = config.get_dbname().unwrap_or("postgres");
-    format!("postgres://{user}@{host}:{port}/{name}")
+    let url = format!("postgres://{user}@{host}:{port}/{name}");
+    match mode {
+        SslMode::Prefer => url,
+        mode => format!("{url}?sslmode={}", mode.name()),
+    }
 }
 
 /// Quotes an SQL identifier: wraps it in double quotes and doubles any inside.
@@ -492,7 +496,10 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+mod connect;
 mod start_up;
+pub mod tls;
+pub use connect::{all_hosts_bound, Connector, Manager, Opened};
 pub use start_up::StartUp;
 
 #[cfg(test)]

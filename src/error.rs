@@ -13,7 +13,6 @@ use crate::codes::Code;
 use crate::config::ConfigError;
 use crate::intake::Rejection;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::tls::NoTlsError;
 
 /// Exit code of a successful run.
 pub const EXIT_OK: u8 = 0;
@@ -129,7 +128,8 @@ pub enum Error {
     /// wrong password, a missing role, no `pg_hba.conf` entry, a server that requires TLS, a
     /// pooler that does not know the user), 3D000 (no such database), a pooler's permanent
     /// refusal under 08P01 (an unknown database or role), or a failure of the
-    /// connection's own set-up (a URL that asks for TLS, which this release does not speak).
+    /// connection's own set-up (a server that does not speak the TLS the URL's `sslmode`
+    /// requires, or a TLS handshake that refused the server's certificate).
     #[error(
         "the database server at {target} refused the connection: {}",
         refusal_reason(.source)
@@ -240,7 +240,7 @@ const POOLER_REFUSALS: [(&str, &str); 5] = [
     ),
     (
         "SSL required",
-        "a pooler requires TLS, which this release does not speak",
+        "a pooler requires TLS: set sslmode=require (or verify-ca, verify-full) in the URL",
     ),
 ];
 
@@ -275,17 +275,33 @@ fn refusal_reason(e: &tokio_postgres::Error) -> String {
              that requires TLS, or a pooler that does not know it)"
         }
         Some(_) => "the server refused it",
-        None if std::error::Error::source(e).is_some_and(|s| s.is::<NoTlsError>()) => {
-            return "the URL asks for TLS (sslmode), which this release does not speak: \
-                    connect without it (sslmode=disable or prefer)"
-                .to_owned();
+        None => {
+            return tls_refusal(e)
+                .unwrap_or("the connection could not be set up")
+                .to_owned()
         }
-        None => return "the connection could not be set up".to_owned(),
     };
     match e.code() {
         Some(code) => format!("{reason} (SQLSTATE {})", code.code()),
         None => reason.to_owned(),
     }
+}
+
+/// What a refusal of TLS means, if `e` is one: the server's certificate refused by this side
+/// ([`crate::db::tls::TlsRefused`]), or a server that does not speak TLS although the URL's
+/// `sslmode` requires it (the driver's text, matched here only, never shown).
+fn tls_refusal(e: &tokio_postgres::Error) -> Option<&'static str> {
+    let source = std::error::Error::source(e)?;
+    if source.is::<crate::db::tls::TlsRefused>() {
+        return Some(
+            "the TLS handshake was refused: the server's certificate is not signed by a trusted \
+             root (sslrootcert, else the system's) or does not name the host (verify-full)",
+        );
+    }
+    (source.to_string() == "server does not support TLS").then_some(
+        "the server does not speak TLS, which the URL's sslmode requires \
+         (require, verify-ca or verify-full)",
+    )
 }
 
 /// Why the last connection attempt failed, by its kind: a fixed phrase, never the error's text.

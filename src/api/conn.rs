@@ -22,7 +22,7 @@
 use crate::db::{self, Manager, Pool};
 use crate::error::Error;
 use std::future::Future;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// A pooled connection of the API's pool, owned (so a cut one can outlive its request).
 type Pooled = bb8::PooledConnection<'static, Manager>;
@@ -94,7 +94,7 @@ impl Drop for Conn {
 /// (everything sent before it has ended), and hands it back to the pool.
 async fn settle(pooled: Pooled) {
     tracing::info!("a request ended mid-statement: cancelling the statement before reuse");
-    if let Err(e) = pooled.cancel_token().cancel_query(NoTls).await {
+    if let Err(e) = db::cancel(&pooled.cancel_token()).await {
         tracing::warn!(
             code = %Error::from(e).code(),
             "the cancel request failed; the connection returns once its statement ends"

@@ -58,6 +58,11 @@ pub(crate) struct DatabaseArgs {
     /// Session client_connection_check_interval (PostgreSQL 14+; 0 leaves the server's, as 13 needs).
     #[arg(long, env = "DURABLE_ETL_CLIENT_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration, global = true)]
     pub(crate) client_check_interval: Duration,
+    /// PEM file of the root certificates TLS connections to the database trust (sslmode
+    /// verify-ca or verify-full; require verifies as verify-ca with one) when the URL names
+    /// none (sslrootcert, which wins). Without either, the system's roots.
+    #[arg(long, env = "DURABLE_ETL_DATABASE_SSL_ROOT_CERT", global = true)]
+    pub(crate) database_ssl_root_cert: Option<std::path::PathBuf>,
     /// Time start-up may take (connecting, schema and session checks, owner lock, release of a
     /// previous incarnation's jobs); lost connections are retried with backoff within it, and the
     /// process exits 3 when it is spent.
@@ -109,6 +114,7 @@ impl DatabaseArgs {
             idle_in_transaction_timeout,
             client_check_interval: self.client_check_interval,
             pooler: self.pooler,
+            ssl_root_cert: self.database_ssl_root_cert.clone(),
             ..DatabaseConfig::default()
         };
         cfg.validate()?;
@@ -133,7 +139,7 @@ impl DatabaseArgs {
         let target = db::target(&self.config()?)?;
         Ok(db::StartUp {
             deadline: tokio::time::Instant::now() + self.startup_timeout,
-            attempt: self.connect_timeout.saturating_add(self.statement_timeout),
+            attempt: db::all_hosts_bound(&self.config()?).saturating_add(self.statement_timeout),
             shutdown: shutdown.clone(),
             target,
         })

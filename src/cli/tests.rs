@@ -84,6 +84,30 @@ fn a_lease_alone_sets_the_heartbeat_and_idle_timeout_it_needs() {
 }
 
 #[test]
+fn tls_the_root_certificate_flag_reaches_the_database_config() {
+    let root = |args: &[&str]| {
+        let cli = Cli::try_parse_from(args).unwrap();
+        cli.database.config().unwrap().ssl_root_cert
+    };
+    assert_eq!(root(&["durable-etl", "work"]), None);
+    assert_eq!(
+        root(&["durable-etl", "work", "--database-ssl-root-cert", "/ca.pem"]),
+        Some("/ca.pem".into())
+    );
+    let bad = Cli::try_parse_from([
+        "durable-etl",
+        "work",
+        "--database-url",
+        "postgres://h/db?sslmode=allow",
+    ])
+    .unwrap();
+    assert!(matches!(
+        bad.database.config(),
+        Err(Error::Config(config::ConfigError::SslMode))
+    ));
+}
+
+#[test]
 fn the_command_line_is_well_formed() {
     use clap::CommandFactory;
     Cli::command().debug_assert();

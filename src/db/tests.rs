@@ -30,6 +30,16 @@ fn every_connection_gives_up_on_a_silent_server_after_its_keepalives() {
 }
 
 #[test]
+fn tls_a_recreated_databases_url_keeps_the_sslmode_unless_it_is_the_default() {
+    let pg: tokio_postgres::Config = "postgres://u@h:7/d".parse().unwrap();
+    assert_eq!(url_of(&pg, SslMode::Prefer), "postgres://u@h:7/d");
+    assert_eq!(
+        url_of(&pg, SslMode::VerifyFull),
+        "postgres://u@h:7/d?sslmode=verify-full"
+    );
+}
+
+#[test]
 fn quote_ident_doubles_quotes() {
     assert_eq!(quote_ident("plain"), "\"plain\"");
     assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");

@@ -467,10 +467,8 @@ async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees(
         connect_timeout: Duration::from_millis(200),
         ..durable_etl::config::DatabaseConfig::default()
     };
-    let manager = bb8_postgres::PostgresConnectionManager::new(
-        durable_etl::db::pg_config(&dead, "api").unwrap(),
-        tokio_postgres::NoTls,
-    );
+    let manager =
+        durable_etl::db::Manager::new(durable_etl::db::Connector::for_role(&dead, "api").unwrap());
     let pool = bb8::Pool::builder()
         .connection_timeout(Duration::from_millis(300))
         .build_unchecked(manager);

@@ -95,8 +95,8 @@ fn an_unreachable_database_exits_3_naming_the_target_and_the_cause() {
 
 /// What retrying cannot fix fails at once, naming the target and the server's SQLSTATE: a role
 /// the server does not know (SQLSTATE class 28, as a wrong password or a server that requires
-/// TLS), a database that does not exist (3D000), and a URL that asks for TLS, which this
-/// release does not speak. Never the password; no retry.
+/// TLS), and a database that does not exist (3D000); a server that does not speak the TLS the
+/// URL requires, or whose certificate is refused, in `tls`. Never the password; no retry.
 #[tokio::test]
 async fn a_refused_role_or_missing_database_exits_2_at_once_naming_both() {
     let db = TestDb::migrated().await;
@@ -115,12 +115,6 @@ async fn a_refused_role_or_missing_database_exits_2_at_once_naming_both() {
             format!("{host}:{port} (database \"{missing}\", role \"postgres\")"),
             "the database does not exist",
             "(SQLSTATE 3D000) [database_refused]",
-        ),
-        (
-            format!("postgres://postgres@{host}:{port}/{name}?sslmode=require"),
-            format!("{host}:{port} (database \"{name}\", role \"postgres\")"),
-            "the URL asks for TLS (sslmode), which this release does not speak",
-            "(sslmode=disable or prefer) [database_refused]",
         ),
     ];
     for (url, target, reason, tail) in cases {

@@ -42,5 +42,6 @@ mod schema;
 mod soak;
 mod states;
 mod support;
+mod tls;
 mod wake;
 mod worker;

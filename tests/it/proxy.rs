@@ -94,11 +94,13 @@ impl Proxy {
         Proxy::start(upstream).await
     }
 
-    /// `url` with its host and port replaced by the proxy's.
+    /// `url` with its host and port replaced by the proxy's, and `sslmode=disable`: the proxy
+    /// reads the protocol, which TLS would hide from it.
     pub fn url_for(&self, url: &str) -> String {
         let (scheme_user, rest) = url.split_once('@').unwrap();
         let (_, path) = rest.split_once('/').unwrap();
-        format!("{scheme_user}@{}/{path}", self.addr)
+        let join = if path.contains('?') { '&' } else { '?' };
+        format!("{scheme_user}@{}/{path}{join}sslmode=disable", self.addr)
     }
 
     /// Sets the mode; connections already open follow it at once.

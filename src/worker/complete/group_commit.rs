@@ -67,7 +67,7 @@ use std::time::Duration;
 use step::{advance, BatchEnd, Outcome, Step};
 pub(crate) use step::{OwnedEffects, Ready};
 use tokio::sync::{mpsc, oneshot, Mutex};
-use tokio_postgres::{CancelToken, NoTls, Statement};
+use tokio_postgres::{CancelToken, Statement};
 use tokio_util::sync::CancellationToken;
 
 /// How many batches of one replica may commit at once. Two lanes let one batch form while the
@@ -164,7 +164,7 @@ impl GroupCommit {
         self.stop.cancel();
         for statement in running {
             // Refused or too late: the server ends the transaction when the connection closes.
-            let _ = statement.cancel_query(NoTls).await;
+            let _ = crate::db::cancel(&statement).await;
         }
     }
 }

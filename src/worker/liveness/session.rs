@@ -33,7 +33,7 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 
 /// How often the session proves, on itself, that it is alive and listening.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(5);
@@ -257,8 +257,8 @@ async fn connect(
     signals: &Arc<Signals>,
     stats: &Arc<WorkerStats>,
 ) -> Result<Live, Error> {
-    let (client, mut connection) = db::pg_config(&config.database, "session")?
-        .connect(NoTls)
+    let (client, mut connection) = db::Connector::for_role(&config.database, "session")?
+        .connect()
         .await?;
     let (ended_tx, ended) = oneshot::channel();
     let (signals_for_driver, stats_for_driver) = (Arc::clone(signals), Arc::clone(stats));

@@ -61,11 +61,7 @@ impl Cluster {
         let dir =
             std::env::temp_dir().join(format!("durable-etl-pg-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir(&dir).unwrap();
-        let chown = Command::new("chown")
-            .args(["postgres:postgres", dir.to_str().unwrap()])
-            .status()
-            .unwrap();
-        assert!(chown.success());
+        chown(&dir);
         let cluster = Cluster {
             bin: Cluster::bin(),
             data: dir.join("data"),
@@ -88,15 +84,52 @@ impl Cluster {
             cluster.port,
             dir.display()
         );
+        cluster.append_conf(&conf);
+        cluster.pg_ctl(&["start"]);
+        cluster
+    }
+
+    /// [`Cluster::start`] speaking TLS only, over TCP: `ssl = on` with the certificate `cert_pem`
+    /// and its key `key_pem`, and a `pg_hba.conf` of `hostssl` lines only (trust, but SCRAM for a
+    /// role `etl_scram` should a test create it), so a plaintext connection is refused;
+    /// `settings` (lines of `postgresql.conf`) added. Started plain first, then stopped, given
+    /// its files and started again (initdb wants an empty directory, and the server its key
+    /// before it starts).
+    pub fn start_tls(cert_pem: &str, key_pem: &str, settings: &str) -> Cluster {
+        use std::os::unix::fs::PermissionsExt;
+        let cluster = Cluster::start();
+        cluster.pg_ctl(&["stop"]);
+        let dir = cluster.data.parent().unwrap();
+        let hba = "local all all trust\nhostssl all etl_scram 127.0.0.1/32 scram-sha-256\n\
+                   hostssl all all 127.0.0.1/32 trust\n";
+        for (name, contents) in [
+            ("server.crt", cert_pem),
+            ("server.key", key_pem),
+            ("pg_hba_tls.conf", hba),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, contents).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            chown(&path);
+        }
+        let conf = format!(
+            "\nssl = on\nssl_cert_file = '{0}/server.crt'\nssl_key_file = '{0}/server.key'\nhba_file = '{0}/pg_hba_tls.conf'\n{settings}\n",
+            dir.display()
+        );
+        cluster.append_conf(&conf);
+        cluster.pg_ctl(&["start"]);
+        cluster
+    }
+
+    /// Appends `conf` to the cluster's `postgresql.conf`.
+    fn append_conf(&self, conf: &str) {
         use std::io::Write;
         std::fs::OpenOptions::new()
             .append(true)
-            .open(cluster.data.join("postgresql.conf"))
+            .open(self.data.join("postgresql.conf"))
             .unwrap()
             .write_all(conf.as_bytes())
             .unwrap();
-        cluster.pg_ctl(&["start"]);
-        cluster
     }
 
     /// Runs `pg_ctl` on the cluster, waiting for it, logging next to the data directory.
@@ -121,6 +154,15 @@ impl Cluster {
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
     }
+}
+
+/// Gives `path` to the `postgres` OS user, whom the server runs as.
+fn chown(path: &Path) {
+    let chown = Command::new("chown")
+        .args(["postgres:postgres", path.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(chown.success());
 }
 
 impl Drop for Cluster {

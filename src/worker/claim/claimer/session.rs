@@ -20,10 +20,9 @@ use crate::error::Error;
 use crate::worker::liveness::presence;
 use crate::worker::stats::WorkerStats;
 use bb8::ManageConnection;
-use bb8_postgres::PostgresConnectionManager;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 /// The statements a claim session prepared, the claim's plan having passed its check.
 struct Prepared {
@@ -296,7 +295,7 @@ impl db::Session for ClaimSession {
 /// lock when the replica holds them.
 pub struct ClaimSessions {
     /// Opens the connections.
-    pub(super) connections: PostgresConnectionManager<NoTls>,
+    pub(super) connections: db::Manager,
     /// Where plan-check fallbacks are counted.
     pub(super) stats: Arc<WorkerStats>,
     /// The owner whose alive lock each session holds (`None`: a replica without alive locks).
@@ -339,7 +338,7 @@ pub async fn connect_claim_pool(
     alive: Option<&str>,
 ) -> Result<ClaimPool, Error> {
     let sessions = ClaimSessions {
-        connections: PostgresConnectionManager::new(db::claim_pg_config(cfg)?, NoTls),
+        connections: db::Manager::new(db::Connector::new(cfg, db::claim_pg_config(cfg)?)?),
         stats,
         alive: alive.map(str::to_owned),
         pooler: cfg.pooler,

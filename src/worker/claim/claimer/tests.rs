@@ -12,7 +12,6 @@ use crate::test_db::TestDb;
 use crate::worker::lease::ClaimedJob;
 use crate::worker::stats::WorkerStats;
 use bb8::ManageConnection;
-use bb8_postgres::PostgresConnectionManager;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -242,7 +241,7 @@ async fn the_pool_opens_checked_sessions_and_knows_a_closed_one() {
     let (db, config) = with_jobs(1).await;
     let stats = Arc::new(WorkerStats::default());
     let manager = ClaimSessions {
-        connections: PostgresConnectionManager::new(config, NoTls),
+        connections: db::Manager::new(db::Connector::new(&db.config, config).unwrap()),
         stats: Arc::clone(&stats),
         alive: None,
         pooler: crate::config::Pooler::None,

@@ -18,7 +18,7 @@ use crate::worker::complete::completer::Failure;
 use crate::worker::guard::{guarded, Guarded};
 use crate::worker::stats::WorkerStats;
 use std::time::Duration;
-use tokio_postgres::{CancelToken, NoTls, Transaction};
+use tokio_postgres::{CancelToken, Transaction};
 
 /// How long the statement that effects cut at their budget were running may still take to end
 /// on its own before it is cancelled on the server.
@@ -112,7 +112,7 @@ async fn settle_cut_statement(tx: &Transaction<'_>, cancel: &CancelToken) {
         .await
         .is_err()
     {
-        let _ = cancel.cancel_query(NoTls).await;
+        let _ = crate::db::cancel(cancel).await;
         let _ = settled.await;
     }
 }

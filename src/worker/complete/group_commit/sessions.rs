@@ -20,8 +20,7 @@ use crate::db;
 use crate::error::Error;
 use crate::worker::complete::completer;
 use bb8::ManageConnection;
-use bb8_postgres::PostgresConnectionManager;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 /// A commit lane's connection, with the success statements prepared on it.
 pub(crate) struct CommitSession {
@@ -47,7 +46,7 @@ impl db::Session for CommitSession {
 /// statements prepared on it (unless behind a transaction-mode pooler).
 pub(crate) struct CommitSessions {
     /// Opens the connections.
-    connections: PostgresConnectionManager<NoTls>,
+    connections: db::Manager,
     /// The owner whose alive lock each session holds (`None`: a replica without alive locks).
     alive: Option<String>,
     /// Whether to prepare the success statements ([`crate::config::Pooler::keeps_sessions`]).
@@ -106,7 +105,7 @@ pub(crate) async fn connect_commit_pool(
     alive: Option<&str>,
 ) -> Result<CommitPool, Error> {
     let sessions = CommitSessions {
-        connections: PostgresConnectionManager::new(db::pg_config(cfg, "worker")?, NoTls),
+        connections: db::Manager::new(db::Connector::for_role(cfg, "worker")?),
         alive: alive.map(str::to_owned),
         prepare: cfg.pooler.keeps_sessions(),
     };
