@@ -42,7 +42,7 @@ pub type Opened = (Client, Connection<Socket, RustlsStream>);
 
 impl Connector {
     /// Opens sessions with `pg` (built from `cfg` by [`super::pg_config`] or
-    /// [`super::claim_pg_config`]), TLS as `cfg`'s URL asks, each attempt at a host bounded by
+    /// `worker::claimer::claim_pg_config`), TLS as `cfg`'s URL asks, each attempt at a host bounded by
     /// `cfg.connect_timeout`.
     ///
     /// # Errors

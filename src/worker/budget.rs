@@ -9,7 +9,7 @@
 //!   `pg_stat_activity` idle and under load.
 
 use crate::config::{DatabaseConfig, WorkerConfig};
-use crate::db::CLAIM_POOL_SIZE;
+use crate::worker::claimer::CLAIM_POOL_SIZE;
 use crate::worker::complete::group_commit::sessions::COMMIT_POOL_SIZE;
 
 /// The most connections of each kind a process opens.

@@ -199,7 +199,7 @@ async fn claim_walks_the_pending_index(
 async fn the_claim_uses_the_pending_index_even_when_the_table_was_analyzed_empty() {
     let db = TestDb::migrated().await;
     // A replica's claim session: the claim runs there and nowhere else in a replica.
-    let config = durable_etl::db::claim_pg_config(&db.config).unwrap();
+    let config = durable_etl::worker::claimer::claim_pg_config(&db.config).unwrap();
     let (session, mut plans) = explained(config).await;
     session
         .batch_execute("ANALYZE etl_job_records")
@@ -228,7 +228,7 @@ async fn the_claim_uses_the_pending_index_even_when_the_table_was_analyzed_empty
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_session_claims_through_the_index_on_a_never_analyzed_table() {
     let db = TestDb::migrated().await;
-    let config = durable_etl::db::claim_pg_config(&db.config).unwrap();
+    let config = durable_etl::worker::claimer::claim_pg_config(&db.config).unwrap();
     let (session, mut plans) = explained(config).await;
     let filler = db.client().await;
     filler
@@ -549,7 +549,7 @@ async fn no_hot_statement_walks_the_history_of_terminal_rows() {
     let db = TestDb::migrated().await;
     let config = durable_etl::db::pg_config(&db.config, "worker").unwrap();
     let (mut session, mut plans) = explained(config).await;
-    let claim_config = durable_etl::db::claim_pg_config(&db.config).unwrap();
+    let claim_config = durable_etl::worker::claimer::claim_pg_config(&db.config).unwrap();
     let (claim_session, mut claim_plans) = explained(claim_config).await;
     let filler = db.client().await;
     // Autovacuum must not analyze the table behind the first pass's back.

@@ -16,7 +16,7 @@ use tokio_postgres::Client;
 /// planner switches, `SET LOCAL` (gone at its `COMMIT`, so no other client of the server
 /// connection ever sees them).
 pub(super) fn begin_with_planner_switches() -> String {
-    db::claim_planner_statements("BEGIN;", "LOCAL")
+    super::planner::claim_planner_statements("BEGIN;", "LOCAL")
 }
 
 /// The fewest pages the live table must have on disk before a failed plan check means

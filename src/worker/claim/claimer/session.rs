@@ -34,7 +34,7 @@ struct Prepared {
     next_due: Statement,
 }
 
-/// A replica's claim session: a connection of its claim pool ([`db::claim_pg_config`]: planner
+/// A replica's claim session: a connection of its claim pool ([`super::claim_pg_config`]: planner
 /// switches pinned) with the claim and next-due statements prepared on it, unless the claim's
 /// plan failed its check.
 pub struct ClaimSession {
@@ -74,7 +74,7 @@ impl ClaimSession {
         }
         // A pooler in session mode drops the start-up options that carry them.
         client
-            .batch_execute(&db::claim_planner_statements("", ""))
+            .batch_execute(&super::planner::claim_planner_statements("", ""))
             .await?;
         let presence = presence::Statements::prepare(&client).await?;
         let claim = client.prepare_typed(CLAIM_SQL, &CLAIM_PARAMS).await?;
@@ -326,7 +326,7 @@ impl ManageConnection for ClaimSessions {
 /// The claim sessions of a replica.
 pub type ClaimPool = bb8::Pool<ClaimSessions>;
 
-/// Opens a replica's claim pool ([`db::claim_pg_config`], [`db::CLAIM_POOL_SIZE`] sessions,
+/// Opens a replica's claim pool ([`super::claim_pg_config`], [`super::CLAIM_POOL_SIZE`] sessions,
 /// each holding `alive`'s alive lock when given), proving the database answers; plan-check
 /// fallbacks are counted in `stats`.
 ///
@@ -338,10 +338,10 @@ pub async fn connect_claim_pool(
     alive: Option<&str>,
 ) -> Result<ClaimPool, Error> {
     let sessions = ClaimSessions {
-        connections: db::Manager::new(db::Connector::new(cfg, db::claim_pg_config(cfg)?)?),
+        connections: db::Manager::new(db::Connector::new(cfg, super::claim_pg_config(cfg)?)?),
         stats,
         alive: alive.map(str::to_owned),
         pooler: cfg.pooler,
     };
-    db::build_pool_of(sessions, cfg, db::CLAIM_POOL_SIZE).await
+    db::build_pool_of(sessions, cfg, super::CLAIM_POOL_SIZE).await
 }

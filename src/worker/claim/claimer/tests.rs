@@ -61,7 +61,7 @@ pub(super) async fn with_jobs(due: i32) -> (TestDb, tokio_postgres::Config) {
         )
         .await
         .unwrap();
-    let config = db::claim_pg_config(&db.config).unwrap();
+    let config = super::claim_pg_config(&db.config).unwrap();
     (db, config)
 }
 
@@ -467,7 +467,7 @@ async fn the_next_due_time_is_the_earliest_whatever_the_priorities() {
     )
     .await;
     let stats = WorkerStats::default();
-    let config = db::claim_pg_config(&db.config).unwrap();
+    let config = super::claim_pg_config(&db.config).unwrap();
     let session = session(&config, &stats).await;
     let due = next_due_of(&session).await.unwrap();
     assert!(
