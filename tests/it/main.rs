@@ -21,6 +21,7 @@ mod errors;
 mod etl;
 mod etl_limits;
 mod execution;
+mod failover;
 mod faults;
 mod handlers;
 mod harness_adapter;

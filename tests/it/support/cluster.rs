@@ -58,14 +58,7 @@ impl Cluster {
 
     /// [`Cluster::start`] with `settings` (lines of `postgresql.conf`) added.
     pub fn start_with(settings: &str) -> Cluster {
-        let dir =
-            std::env::temp_dir().join(format!("durable-etl-pg-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir(&dir).unwrap();
-        let chown = Command::new("chown")
-            .args(["postgres:postgres", dir.to_str().unwrap()])
-            .status()
-            .unwrap();
-        assert!(chown.success());
+        let dir = Cluster::postgres_dir();
         let cluster = Cluster {
             bin: Cluster::bin(),
             data: dir.join("data"),
@@ -83,18 +76,11 @@ impl Cluster {
                 "--no-sync",
             ],
         );
-        let conf = format!(
+        cluster.configure(&format!(
             "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\nfsync = off\nmax_connections = 60\n{settings}\n",
             cluster.port,
             dir.display()
-        );
-        use std::io::Write;
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(cluster.data.join("postgresql.conf"))
-            .unwrap()
-            .write_all(conf.as_bytes())
-            .unwrap();
+        ));
         cluster.pg_ctl(&["start"]);
         cluster
     }
@@ -123,5 +109,148 @@ impl Drop for Cluster {
             .stderr(Stdio::null())
             .status();
         let _ = std::fs::remove_dir_all(Path::new(&self.data).parent().unwrap());
+    }
+}
+
+/// A primary and its streaming standby (`pg_basebackup -R`, through a replication slot), each a
+/// private [`Cluster`] on a free port, both stopped and deleted when dropped.
+pub struct Replicated {
+    /// The cluster that accepts writes until it is stopped.
+    pub primary: Cluster,
+    /// The hot standby streaming from it, promoted by [`Replicated::promote`].
+    pub standby: Cluster,
+}
+
+/// How the primary of a [`Replicated`] pair waits for its standby at commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// `synchronous_standby_names = '*'`: a commit returns once the standby has flushed it.
+    Synchronous,
+    /// No synchronous standby: a commit returns once it is flushed locally, and the standby
+    /// follows as fast as it can.
+    Asynchronous,
+}
+
+impl Replicated {
+    /// Starts a primary (`wal_level = replica`, `hot_standby = on`, `synchronous_commit = on`,
+    /// and for [`Replication::Synchronous`] `synchronous_standby_names = '*'`) and a standby
+    /// cloned from it with `pg_basebackup -R`, and waits until the standby streams.
+    pub fn start(replication: Replication) -> Replicated {
+        let sync = match replication {
+            Replication::Synchronous => "'*'",
+            Replication::Asynchronous => "''",
+        };
+        let primary = Cluster::start_with(&format!(
+            "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\n\
+             synchronous_commit = on\nsynchronous_standby_names = {sync}"
+        ));
+        let standby = primary.standby();
+        standby.pg_ctl(&["start"]);
+        let replicated = Replicated { primary, standby };
+        replicated.until_streaming();
+        replicated
+    }
+
+    /// Waits (at most a minute) until the primary reports its standby streaming.
+    fn until_streaming(&self) {
+        for _ in 0..600 {
+            let out = Command::new("psql")
+                .args([
+                    &self.primary.url("postgres"),
+                    "-XAtc",
+                    "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+                ])
+                .output()
+                .unwrap();
+            if String::from_utf8_lossy(&out.stdout).trim() == "1" {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("the standby never streamed");
+    }
+
+    /// Stops the primary as a crash would (`pg_ctl stop -m immediate`: no checkpoint, no
+    /// goodbye to its clients or its standby).
+    pub fn crash_primary(&self) {
+        self.primary.pg_ctl(&["-m", "immediate", "stop"]);
+    }
+
+    /// Promotes the standby (`pg_ctl promote`, waiting until it accepts writes).
+    pub fn promote(&self) {
+        self.standby.pg_ctl(&["promote"]);
+    }
+
+    /// The multi-host URL of database `name` on both clusters, primary first, that connects only
+    /// to the one accepting writes (`target_session_attrs=read-write`).
+    pub fn url(&self, name: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{name}?target_session_attrs=read-write",
+            self.primary.port, self.standby.port
+        )
+    }
+}
+
+impl Cluster {
+    /// A new temporary directory owned by `postgres`, for a cluster's data and socket.
+    fn postgres_dir() -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("durable-etl-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir(&dir).unwrap();
+        let chown = Command::new("chown")
+            .args(["postgres:postgres", dir.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        dir
+    }
+
+    /// A standby of this cluster, not started: `pg_basebackup -R` through a new replication
+    /// slot, on a free port and its own socket directory.
+    fn standby(&self) -> Cluster {
+        let dir = Cluster::postgres_dir();
+        let standby = Cluster {
+            bin: self.bin.clone(),
+            data: dir.join("data"),
+            port: free_port(),
+        };
+        let port = self.port.to_string();
+        self.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                standby.data(),
+                "-R",
+                "-X",
+                "stream",
+                "-C",
+                "-S",
+                "standby",
+                "--no-sync",
+            ],
+        );
+        standby.configure(&format!(
+            "\nport = {}\nunix_socket_directories = '{}'\nsynchronous_standby_names = ''\n",
+            standby.port,
+            dir.display()
+        ));
+        standby
+    }
+
+    /// Appends `lines` to the cluster's `postgresql.conf`.
+    fn configure(&self, lines: &str) {
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.data.join("postgresql.conf"))
+            .unwrap()
+            .write_all(lines.as_bytes())
+            .unwrap();
     }
 }
