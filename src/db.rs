@@ -435,16 +435,8 @@ pub async fn ensure_database(cfg: &DatabaseConfig) -> Result<bool, Error> {
 /// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when no server answers;
 /// [`Error::Database`] from the server.
 pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<DatabaseConfig, Error> {
-    let mut target = pg_config(base, "admin")?;
-    let mut maintenance = target.clone();
-    maintenance.dbname("postgres");
-    let (client, connection) = maintenance
-        .connect(NoTls)
-        .await
-        .map_err(|e| refused_or(&maintenance, e))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let url = dbname::with_dbname(&base.url, name)?;
+    let client = maintenance(base).await?;
     let name_sql = quote_ident(name);
     client
         .batch_execute(&format!("DROP DATABASE IF EXISTS {name_sql} WITH (FORCE)"))
@@ -452,9 +444,8 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
     client
         .batch_execute(&format!("CREATE DATABASE {name_sql}"))
         .await?;
-    target.dbname(name);
     Ok(DatabaseConfig {
-        url: url_of(&target),
+        url,
         ..base.clone()
     })
 }
@@ -464,6 +455,18 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
 /// # Errors
 /// As [`recreate_database`].
 pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
+    maintenance(base)
+        .await?
+        .batch_execute(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            quote_ident(name)
+        ))
+        .await?;
+    Ok(())
+}
+
+/// A session on the `postgres` maintenance database of `base`'s server.
+async fn maintenance(base: &DatabaseConfig) -> Result<tokio_postgres::Client, Error> {
     let mut maintenance = pg_config(base, "admin")?;
     maintenance.dbname("postgres");
     let (client, connection) = maintenance
@@ -473,26 +476,7 @@ pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Erro
     tokio::spawn(async move {
         let _ = connection.await;
     });
-    client
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            quote_ident(name)
-        ))
-        .await?;
-    Ok(())
-}
-
-/// A URL for `config`'s database with its first host, port and user (no password: trust or
-/// `PGPASSWORD` authentication).
-fn url_of(config: &tokio_postgres::Config) -> String {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let user = config.get_user().unwrap_or("postgres");
-    let name = config.get_dbname().unwrap_or("postgres");
-    format!("postgres://{user}@{host}:{port}/{name}")
+    Ok(client)
 }
 
 /// Quotes an SQL identifier: wraps it in double quotes and doubles any inside.
@@ -502,6 +486,8 @@ pub fn quote_ident(name: &str) -> String {
 
 mod start_up;
 pub use start_up::StartUp;
+mod dbname;
+pub use dbname::with_dbname;
 
 #[cfg(test)]
 mod tests;
