@@ -359,3 +359,112 @@ async fn recovery_times(
             .expect("a commit after the promotion"),
     )
 }
+
+/// When the only synchronous standby dies, PostgreSQL holds every commit that wrote something
+/// until a standby is back, whatever `statement_timeout` says (it is off before the commit
+/// waits): a job inserted then is invisible, and nothing runs. The replicas say so: their
+/// sessions (which never write) count the stuck commits on `/metrics`
+/// (`durable_etl_commits_waiting_for_standby`) within a couple of probes. Once the standby is
+/// back the held commits go through, the gauge returns to 0, every job succeeds once, and the
+/// replicas, which kept running, exit cleanly on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_synchronous_standby_holds_every_commit_and_the_replicas_say_so() {
+    let pair = Replicated::start(Replication::Synchronous);
+    let url = pair.url("etl");
+    assert!(binary(&url, &["migrate"]).status().unwrap().success());
+    let metrics: Vec<String> = (0..2)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut processes = Processes(
+        metrics
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| {
+                let owner = format!("held-{i}");
+                binary(
+                    &url,
+                    &["work", "--owner-id", &owner, "--metrics-listen", addr],
+                )
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap()
+            })
+            .collect(),
+    );
+    let http = &reqwest::Client::new();
+    eventually("the replicas to serve their metrics", || {
+        let metrics = &metrics;
+        async move {
+            let mut up = true;
+            for addr in metrics {
+                up &= waiting_commits(http, addr).await == Some(0);
+            }
+            up
+        }
+    })
+    .await;
+    pair.standby.pg_ctl(&["-m", "immediate", "stop"]);
+    let writer = connect(&pair.primary.url("etl").parse().unwrap()).await;
+    writer
+        .batch_execute("SET statement_timeout = '1s'")
+        .await
+        .unwrap();
+    let payloads = vec![serde_json::json!({}); 5];
+    let insert =
+        tokio::spawn(
+            async move { crate::support::insert_jobs(&writer, "noop", &payloads, 5).await },
+        );
+    for addr in &metrics {
+        eventually("the replica to count the held commit", || async move {
+            waiting_commits(http, addr).await >= Some(1)
+        })
+        .await;
+    }
+    assert!(
+        !insert.is_finished(),
+        "the commit waits past its statement timeout"
+    );
+    let reader = connect(&pair.primary.url("etl").parse().unwrap()).await;
+    assert_eq!(
+        count(&reader, "etl_job_intake").await,
+        0,
+        "held jobs are invisible"
+    );
+
+    pair.standby.pg_ctl(&["start"]);
+    let ids = insert.await.unwrap();
+    eventually("every job to end", || {
+        let reader = &reader;
+        async move { count(reader, "etl_job_records").await == 0 }
+    })
+    .await;
+    for id in ids {
+        let row = crate::support::job_row(&reader, id).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("succeeded", 1));
+    }
+    for addr in &metrics {
+        eventually("the replica to count no held commit", || async move {
+            waiting_commits(http, addr).await == Some(0)
+        })
+        .await;
+    }
+    for child in &mut processes.0 {
+        assert!(child.try_wait().unwrap().is_none(), "a replica exited");
+        signal(child, "TERM");
+        assert_eq!(child.wait().unwrap().code(), Some(0), "graceful exit");
+    }
+}
+
+/// The `durable_etl_commits_waiting_for_standby` gauge served at `addr`, if it answers.
+async fn waiting_commits(http: &reqwest::Client, addr: &str) -> Option<u64> {
+    let response = http
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .ok()?;
+    let text = response.text().await.ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("durable_etl_commits_waiting_for_standby "))?
+        .parse()
+        .ok()
+}
