@@ -5,6 +5,8 @@
 use super::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// A private PostgreSQL cluster, stopped and deleted when dropped.
 pub struct Cluster {
@@ -119,6 +121,94 @@ pub struct Replicated {
     pub primary: Cluster,
     /// The hot standby streaming from it, promoted by [`Replicated::promote`].
     pub standby: Cluster,
+    /// The replication connection's path from the primary to the standby.
+    link: Link,
+}
+
+/// A TCP relay between a standby and its primary that can be paused (the standby then falls
+/// behind: what the primary sends waits in the relay's socket buffers, and the primary's WAL
+/// sender blocks once they are full) and cut (whatever waited is discarded, as a crash of the
+/// primary loses what its standby had not received).
+struct Link {
+    /// Where the standby connects.
+    port: u16,
+    /// While set, nothing is relayed from the primary to the standby.
+    paused: Arc<AtomicBool>,
+    /// Once set, every relayed connection ends and no new one is relayed.
+    cut: Arc<AtomicBool>,
+}
+
+impl Link {
+    /// Starts relaying connections on a free port to 127.0.0.1:`to`.
+    fn start(to: u16) -> Link {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let link = Link {
+            port: listener.local_addr().unwrap().port(),
+            paused: Arc::new(AtomicBool::new(false)),
+            cut: Arc::new(AtomicBool::new(false)),
+        };
+        let (paused, cut) = (Arc::clone(&link.paused), Arc::clone(&link.cut));
+        std::thread::spawn(move || {
+            for standby in listener.incoming() {
+                if cut.load(Ordering::SeqCst) {
+                    return;
+                }
+                let (Ok(standby), Ok(primary)) =
+                    (standby, std::net::TcpStream::connect(("127.0.0.1", to)))
+                else {
+                    continue;
+                };
+                let never = Arc::new(AtomicBool::new(false));
+                relay(&standby, &primary, Arc::clone(&never), Arc::clone(&cut));
+                relay(&primary, &standby, Arc::clone(&paused), Arc::clone(&cut));
+            }
+        });
+        link
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.cut.store(true, Ordering::SeqCst);
+        // Wakes the accepting thread, which then sees the cut and ends.
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// Copies `from` to `to` on a thread of its own, reading nothing while `paused`, until either
+/// side closes or `cut` is set (then both sockets are shut down).
+fn relay(
+    from: &std::net::TcpStream,
+    to: &std::net::TcpStream,
+    paused: Arc<AtomicBool>,
+    cut: Arc<AtomicBool>,
+) {
+    use std::io::{Read, Write};
+    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+    from.set_read_timeout(Some(std::time::Duration::from_millis(20)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut buffer = [0; 16 * 1024];
+        while !cut.load(Ordering::SeqCst) {
+            if paused.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                continue;
+            }
+            match from.read(&mut buffer) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if to.write_all(&buffer[..n]).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => break,
+            }
+        }
+        let _ = from.shutdown(std::net::Shutdown::Both);
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
 }
 
 /// How the primary of a [`Replicated`] pair waits for its standby at commit.
@@ -145,8 +235,18 @@ impl Replicated {
              synchronous_commit = on\nsynchronous_standby_names = {sync}"
         ));
         let standby = primary.standby();
+        let link = Link::start(primary.port);
+        // Appended last, so it wins over the connection string pg_basebackup -R wrote.
+        standby.configure_auto(&format!(
+            "primary_conninfo = 'host=127.0.0.1 port={} user=postgres'\n",
+            link.port
+        ));
         standby.pg_ctl(&["start"]);
-        let replicated = Replicated { primary, standby };
+        let replicated = Replicated {
+            primary,
+            standby,
+            link,
+        };
         replicated.until_streaming();
         replicated
     }
@@ -173,7 +273,15 @@ impl Replicated {
     /// Stops the primary as a crash would (`pg_ctl stop -m immediate`: no checkpoint, no
     /// goodbye to its clients or its standby).
     pub fn crash_primary(&self) {
+        self.link.cut.store(true, Ordering::SeqCst);
         self.primary.pg_ctl(&["-m", "immediate", "stop"]);
+    }
+
+    /// Stops relaying the primary's WAL to the standby, which falls behind from now on (under
+    /// synchronous replication, commits wait); [`Replicated::crash_primary`] then discards what
+    /// it had not received.
+    pub fn pause_replication(&self) {
+        self.link.paused.store(true, Ordering::SeqCst);
     }
 
     /// Promotes the standby (`pg_ctl promote`, waiting until it accepts writes).
@@ -245,10 +353,20 @@ impl Cluster {
 
     /// Appends `lines` to the cluster's `postgresql.conf`.
     fn configure(&self, lines: &str) {
+        self.append_to("postgresql.conf", lines);
+    }
+
+    /// Appends `lines` to the cluster's `postgresql.auto.conf` (where `pg_basebackup -R` writes).
+    fn configure_auto(&self, lines: &str) {
+        self.append_to("postgresql.auto.conf", lines);
+    }
+
+    /// Appends `lines` to the file `name` of the data directory.
+    fn append_to(&self, name: &str, lines: &str) {
         use std::io::Write;
         std::fs::OpenOptions::new()
             .append(true)
-            .open(self.data.join("postgresql.conf"))
+            .open(self.data.join(name))
             .unwrap()
             .write_all(lines.as_bytes())
             .unwrap();
