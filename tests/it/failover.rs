@@ -155,7 +155,7 @@ async fn fail_over(replication: Replication) -> Figures {
     pair.crash_primary();
     let before = acknowledged.lock().unwrap().len();
     println!("crashed the primary with {running} jobs running, {before} acknowledged");
-    std::thread::sleep(Duration::from_secs(OUTAGE_S));
+    tokio::time::sleep(Duration::from_secs(OUTAGE_S)).await;
 
     let standby = connect(&pair.standby.url("etl").parse().unwrap()).await;
     let promoted_at: chrono::DateTime<chrono::Utc> = standby
