@@ -62,6 +62,9 @@ pub enum Code {
     MigrationFailed,
     /// Another live process already runs with this replica's `lease_owner_id`.
     OwnerIdInUse,
+    /// Commits of the database are held waiting for a synchronous standby that does not answer:
+    /// nothing can be claimed or end until one is back or none is required.
+    SynchronousStandbyWaiting,
     /// The request body is not valid JSON.
     RequestMalformed,
     /// The request is not an object, or has a field v1 does not define.
@@ -139,6 +142,7 @@ impl Code {
         Code::MigrationChecksumMismatch,
         Code::MigrationFailed,
         Code::OwnerIdInUse,
+        Code::SynchronousStandbyWaiting,
         Code::RequestMalformed,
         Code::RequestInvalid,
         Code::RequestTooLarge,
@@ -190,6 +194,7 @@ impl Code {
             Code::MigrationChecksumMismatch => "migration_checksum_mismatch",
             Code::MigrationFailed => "migration_failed",
             Code::OwnerIdInUse => "owner_id_in_use",
+            Code::SynchronousStandbyWaiting => "synchronous_standby_waiting",
             Code::RequestMalformed => "request_malformed",
             Code::RequestInvalid => "request_invalid",
             Code::RequestTooLarge => "request_too_large",

@@ -19,7 +19,6 @@
 //! - `serve` and `work` check at start that the server applies the session limits
 //!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
 
-use crate::config::tls::SslMode;
 use crate::config::{ConfigError, DatabaseConfig};
 use crate::error::{Error, Target};
 use std::time::Duration;
@@ -376,10 +375,8 @@ pub async fn ensure_database(cfg: &DatabaseConfig) -> Result<bool, Error> {
 /// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when no server answers;
 /// [`Error::Database`] from the server.
 pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<DatabaseConfig, Error> {
-    let mut target = pg_config(base, "admin")?;
-    let mut maintenance = target.clone();
-    maintenance.dbname("postgres");
-    let client = open(&Connector::new(base, maintenance)?).await?;
+    let url = dbname::with_dbname(&base.url, name)?;
+    let client = maintenance(base).await?;
     let name_sql = quote_ident(name);
     client
         .batch_execute(&format!("DROP DATABASE IF EXISTS {name_sql} WITH (FORCE)"))
@@ -387,11 +384,8 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
     client
         .batch_execute(&format!("CREATE DATABASE {name_sql}"))
         .await?;
-    target.dbname(name);
-    let (_, tls) = base.driver_url()?;
     Ok(DatabaseConfig {
-        url: url_of(&target, tls.mode),
-        ssl_root_cert: tls.root_cert,
+        url,
         ..base.clone()
     })
 }
@@ -401,10 +395,8 @@ pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<Data
 /// # Errors
 /// As [`recreate_database`].
 pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
-    let mut maintenance = pg_config(base, "admin")?;
-    maintenance.dbname("postgres");
-    let client = open(&Connector::new(base, maintenance)?).await?;
-    client
+    maintenance(base)
+        .await?
         .batch_execute(&format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             quote_ident(name)
@@ -413,21 +405,11 @@ pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Erro
     Ok(())
 }
 
-/// A URL for `config`'s database with its first host, port and user (no password: trust or
-/// `PGPASSWORD` authentication), and `sslmode` unless it is the default.
-fn url_of(config: &tokio_postgres::Config, mode: SslMode) -> String {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let user = config.get_user().unwrap_or("postgres");
-    let name = config.get_dbname().unwrap_or("postgres");
-    let url = format!("postgres://{user}@{host}:{port}/{name}");
-    match mode {
-        SslMode::Prefer => url,
-        mode => format!("{url}?sslmode={}", mode.name()),
-    }
+/// A session on the `postgres` maintenance database of `base`'s server.
+async fn maintenance(base: &DatabaseConfig) -> Result<tokio_postgres::Client, Error> {
+    let mut maintenance = pg_config(base, "admin")?;
+    maintenance.dbname("postgres");
+    open(&Connector::new(base, maintenance)?).await
 }
 
 /// Quotes an SQL identifier: wraps it in double quotes and doubles any inside.
@@ -436,9 +418,11 @@ pub fn quote_ident(name: &str) -> String {
 }
 
 mod connect;
+mod dbname;
 mod start_up;
 pub mod tls;
 pub use connect::{all_hosts_bound, Connector, Manager, Opened};
+pub use dbname::with_dbname;
 pub use start_up::StartUp;
 
 #[cfg(test)]

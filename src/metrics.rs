@@ -313,13 +313,21 @@ impl Collector for Replica {
         for (name, help, value) in COUNTERS {
             single(e, name, help, &ConstCounter::new(value(s)))?;
         }
-        let help = "1 while the LISTEN/owner session is up.";
-        single(
-            e,
-            "durable_etl_session_up",
-            help,
-            &ConstGauge::new(s.session_up),
-        )?;
+        let gauges = [
+            (
+                "durable_etl_session_up",
+                "1 while the LISTEN/owner session is up.",
+                s.session_up,
+            ),
+            (
+                "durable_etl_commits_waiting_for_standby",
+                "Commits of the database held waiting for a synchronous standby, at the session's last probe.",
+                s.commits_waiting_for_standby,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            single(e, name, help, &ConstGauge::new(value))?;
+        }
         let counter = MetricType::Counter;
         let help = "Jobs that ended failed, by stored code.";
         labelled(

@@ -61,6 +61,12 @@ use std::time::Duration;
 /// The database name every bench database starts with.
 pub(crate) const DATABASE_PREFIX: &str = "durable_etl_bench";
 
+/// A bench database name of this run's own: [`DATABASE_PREFIX`], `_` and 8 random hex digits.
+pub(crate) fn database_name() -> String {
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    format!("{DATABASE_PREFIX}_{}", &unique[..8])
+}
+
 /// Records per ETL job (each job loads this many distinct rows).
 pub(crate) const RECORDS_PER_ETL_JOB: usize = 10;
 
@@ -211,7 +217,9 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
     }
     let db_config = db::recreate_database(base, &config.database).await?;
     let outcome = measure(&db_config, &config).await;
-    if !config.keep {
+    if config.keep {
+        eprintln!("kept the bench database {}", config.database);
+    } else {
         db::drop_database(base, &config.database).await?;
     }
     outcome

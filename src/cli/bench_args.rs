@@ -126,9 +126,12 @@ pub(crate) struct BenchArgs {
     /// What the jobs do.
     #[arg(long, value_enum, default_value = "noop")]
     pub(crate) handler: BenchHandler,
-    /// The database the bench creates (and drops, unless --keep) on DATABASE_URL's server.
-    #[arg(long, default_value = crate::bench::DATABASE_PREFIX)]
-    pub(crate) bench_database: String,
+    /// The database the bench creates (and drops, unless --keep) on DATABASE_URL's server; its
+    /// name must start with durable_etl_bench. Defaults to durable_etl_bench_ and 8 random hex
+    /// digits, new for every run, so the benches of several users of one server never drop each
+    /// other's database.
+    #[arg(long)]
+    pub(crate) bench_database: Option<String>,
     /// Keep the bench database afterwards.
     #[arg(long)]
     pub(crate) keep: bool,
@@ -296,7 +299,10 @@ fn config(mode: Mode, common: &BenchArgs) -> Result<BenchConfig, clap::Error> {
         slots: common.slots,
         prefetch: common.prefetch,
         handler: common.handler,
-        database: common.bench_database.clone(),
+        database: common
+            .bench_database
+            .clone()
+            .unwrap_or_else(crate::bench::database_name),
         keep: common.keep,
         record_starts: matches!(mode, Mode::OfferedLoad { .. } | Mode::DepthTarget { .. })
             || common.report.is_some()

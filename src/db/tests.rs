@@ -30,12 +30,11 @@ fn every_connection_gives_up_on_a_silent_server_after_its_keepalives() {
 }
 
 #[test]
-fn tls_a_recreated_databases_url_keeps_the_sslmode_unless_it_is_the_default() {
-    let pg: tokio_postgres::Config = "postgres://u@h:7/d".parse().unwrap();
-    assert_eq!(url_of(&pg, SslMode::Prefer), "postgres://u@h:7/d");
+fn tls_a_recreated_databases_url_keeps_its_tls_parameters() {
+    let url = "postgres://u:pw@h:7,g:8/d?sslmode=verify-full&sslrootcert=/ca.pem";
     assert_eq!(
-        url_of(&pg, SslMode::VerifyFull),
-        "postgres://u@h:7/d?sslmode=verify-full"
+        with_dbname(url, "e").unwrap(),
+        "postgres://u:pw@h:7,g:8/e?sslmode=verify-full&sslrootcert=/ca.pem"
     );
 }
 
@@ -79,4 +78,32 @@ fn pg_config_sets_session_safety_options() {
         pg_config(&bad, "worker").err(),
         Some(ConfigError::DatabaseUrl)
     );
+}
+
+#[test]
+fn the_database_changes_and_nothing_else() {
+    let cases = [
+        (
+            "postgres://u:s3cret@10.0.0.1:5432,10.0.0.2:5433/app?target_session_attrs=read-write",
+            "postgres://u:s3cret@10.0.0.1:5432,10.0.0.2:5433/durable_etl_bench_x?target_session_attrs=read-write",
+        ),
+        ("postgresql://u@h", "postgresql://u@h/durable_etl_bench_x"),
+        (
+            "postgres://u@h?connect_timeout=3",
+            "postgres://u@h/durable_etl_bench_x?connect_timeout=3",
+        ),
+        (
+            "host=h user=u password=s3cret dbname=app",
+            "host=h user=u password=s3cret dbname=app dbname='durable_etl_bench_x'",
+        ),
+    ];
+    for (url, expected) in cases {
+        assert_eq!(with_dbname(url, "durable_etl_bench_x").unwrap(), expected);
+        let pg: tokio_postgres::Config = expected.parse().unwrap();
+        assert_eq!(pg.get_dbname(), Some("durable_etl_bench_x"));
+    }
+    let odd = with_dbname("postgres://u@h/app", "durable_etl_bench 'é'/?").unwrap();
+    let pg: tokio_postgres::Config = odd.parse().unwrap();
+    assert_eq!(pg.get_dbname(), Some("durable_etl_bench 'é'/?"));
+    assert!(with_dbname("not a url ::", "x").is_err());
 }

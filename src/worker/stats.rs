@@ -2,8 +2,9 @@
 //! exports them; this module knows nothing of the exposition).
 //!
 //! Invariants this module keeps:
-//! - Counters only grow (`session_up`, a gauge, is the one exception); a snapshot reads each
-//!   counter on its own, a consistent-enough read for metrics and tests.
+//! - Counters only grow (`session_up` and `commits_waiting_for_standby`, gauges, are the two
+//!   exceptions); a snapshot reads each counter on its own, a consistent-enough read for metrics
+//!   and tests.
 //! - No counter is labelled by a job id, a principal or any request value.
 //! - Histograms use the fixed buckets below, so their series are bounded too.
 
@@ -169,6 +170,9 @@ counters! {
     reconnects,
     /// 1 while the session is up, 0 while it is down (a gauge).
     session_up,
+    /// Commits of the replica's database its session's last probe saw stuck waiting for a
+    /// synchronous standby (a gauge; `worker::liveness::session`).
+    commits_waiting_for_standby,
     /// Claims made because a notification arrived.
     claims_by_notify,
     /// Claims made by the backstop poll.

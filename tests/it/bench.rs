@@ -273,3 +273,49 @@ async fn a_shutdown_signal_stops_a_bench_and_its_replicas() {
         .await
         .unwrap();
 }
+
+/// The URLs users run: a password (any is accepted by the test server's trust authentication)
+/// and two hosts, the first of which refuses connections, so only the second reaches the server.
+/// Without `--bench-database` the bench picks a name of its own (the prefix and 8 hex digits,
+/// new for every run), reaches it through the whole URL (its replicas too), and drops it.
+#[tokio::test]
+async fn bench_runs_on_a_multi_host_url_with_a_password_in_a_database_of_its_own() {
+    let base = admin_config();
+    let tokio_postgres::config::Host::Tcp(host) = &base.get_hosts()[0] else {
+        panic!("a TCP host");
+    };
+    let port = base.get_ports()[0];
+    let refused = crate::support::free_port();
+    let url = format!("postgres://postgres:s3cret@127.0.0.1:{refused},{host}:{port}/postgres");
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+            .env("DATABASE_URL", &url)
+            .env("RUST_LOG", "warn")
+            .args([
+                "bench",
+                "burn-down",
+                "--jobs",
+                "20",
+                "--replicas",
+                "1",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["succeeded"], 20, "{report}");
+        report["config"]["database"].as_str().unwrap().to_owned()
+    };
+    let (first, second) = (run(), run());
+    for name in [&first, &second] {
+        let suffix = name.strip_prefix("durable_etl_bench_").unwrap();
+        assert!(suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(!exists(name).await, "{name} dropped");
+    }
+    assert_ne!(first, second, "each run a database of its own");
+}

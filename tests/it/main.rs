@@ -22,6 +22,7 @@ mod etl;
 mod etl_limits;
 mod etl_sets;
 mod execution;
+mod failover;
 mod faults;
 mod fleet;
 mod handlers;

@@ -11,8 +11,8 @@ mod pooler;
 #[path = "support/test_db.rs"]
 mod test_db;
 
-pub use binary::{api_key, binary, counter, submit_load, text_of, until_serving};
-pub use cluster::Cluster;
+pub use binary::{api_key, binary, counter, post_load, submit_load, text_of, until_serving};
+pub use cluster::{Cluster, Replicated, Replication};
 use futures::StreamExt;
 pub use pooler::Pooler;
 pub use test_db::{admin_config, connect, TestDb, TEST_DB_PREFIX};

@@ -18,8 +18,10 @@
 //!   replica: the API's notifier, released claims, freed permits, a release before 0024's
 //!   registrations) or is this process's own wake token (an enqueue took this replica's waiting
 //!   row to wake it alone, migration 0024: [`Signals::takes`] then tells the claim loop that its
-//!   row is gone, counted before the wake). Another replica's token is dropped. Payloads carry
-//!   nothing else: never an id, a payload or a principal.
+//!   row is gone, counted before the wake). A notification naming another replica's token is
+//!   dropped. Payloads carry nothing else: never an id, a payload or a principal.
+//! - Every probe also counts the database's commits stuck waiting for a synchronous standby
+//!   ([`probe`]): the session never writes, so it sees them while every writer is held.
 
 use crate::config::DatabaseConfig;
 use crate::db;
@@ -324,48 +326,6 @@ pub(crate) const SILENT_HOLDER: Duration = Duration::from_secs(3 * PROBE_INTERVA
 /// How often a starting replica looks again at the backend that holds its owner lock.
 const HOLDER_RECHECK: Duration = Duration::from_millis(250);
 
-/// The backend holding owner `$1`'s lock: its pid, whether it is a durable-etl session, when its
-/// state last changed, and for how many seconds it has been silent.
-///
-/// Locks: none (reads `pg_locks` and `pg_stat_activity`).
-pub(crate) const HOLDER_ACTIVITY_SQL: &str = "
-SELECT h.pid, a.application_name = 'durable-etl/session', a.state_change,
-       extract(epoch FROM clock_timestamp() - a.state_change)::float8
-  FROM (SELECT l.pid
-          FROM pg_locks l
-         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND ((l.classid::bigint << 32) | l.objid::bigint) = durable_etl_owner_lock_key($1)) h
-  JOIN pg_stat_activity a ON a.pid = h.pid";
-
-/// What a starting replica sees of the backend holding its owner lock.
-#[derive(Debug, Clone, Copy)]
-struct Holder {
-    /// The holder's backend pid.
-    pid: i32,
-    /// Whether it is a durable-etl session (anything else holding the key is never evicted).
-    is_session: bool,
-    /// When its state last changed (a live session's probes change it).
-    last_active: chrono::DateTime<chrono::Utc>,
-    /// Seconds since then.
-    silent_for: f64,
-}
-
-/// The backend holding `owner_id`'s lock, if any.
-async fn lock_holder(client: &Client, owner_id: &str) -> Result<Option<Holder>, Error> {
-    let row = client
-        .query_typed_opt(HOLDER_ACTIVITY_SQL, &[(&owner_id, Type::TEXT)])
-        .await?;
-    Ok(row.map(|r| Holder {
-        pid: r.get(0),
-        is_session: r.get::<_, Option<bool>>(1).unwrap_or(false),
-        last_active: r
-            .get::<_, Option<chrono::DateTime<chrono::Utc>>>(2)
-            .unwrap_or_default(),
-        silent_for: r.get::<_, Option<f64>>(3).unwrap_or(0.0),
-    }))
-}
-
 /// The owner lock is taken. If this replica's own lost session holds it, terminates that
 /// backend and answers `Unavailable` (the next attempt takes the lock); otherwise another process
 /// holds the owner id: `OwnerIdInUse`.
@@ -402,7 +362,7 @@ async fn maintain(
     stats: Arc<WorkerStats>,
 ) {
     loop {
-        live.until_lost(config.listen).await;
+        live.until_lost(config.listen, &stats).await;
         let previous = live.backend_pid;
         // Close our side of the lost connection before opening the next one.
         drop(live);
@@ -436,12 +396,12 @@ async fn maintain(
 
 impl Live {
     /// Returns when the connection ends or a probe fails.
-    async fn until_lost(&mut self, listen: bool) {
+    async fn until_lost(&mut self, listen: bool, stats: &WorkerStats) {
         loop {
             tokio::select! {
                 _ = &mut self.ended => return,
                 () = tokio::time::sleep(PROBE_INTERVAL) => {
-                    if !self.probe(listen).await {
+                    if !self.probe(listen, stats).await {
                         return;
                     }
                 }
@@ -449,18 +409,23 @@ impl Live {
         }
     }
 
-    /// Whether the session answers within the probe timeout and (when listening) still listens.
-    async fn probe(&self, listen: bool) -> bool {
-        let query = self.client.query_typed_one(
-            "SELECT count(*) FROM pg_listening_channels() AS c WHERE c = $1",
-            &[(&CHANNEL, Type::TEXT)],
-        );
-        match tokio::time::timeout(PROBE_TIMEOUT, query).await {
-            Ok(Ok(row)) => !listen || row.get::<_, i64>(0) == 1,
+    /// Whether the session answers within the probe timeout and (when listening) still listens;
+    /// records in `stats` the commits it saw stuck waiting for a synchronous standby.
+    async fn probe(&self, listen: bool, stats: &WorkerStats) -> bool {
+        let look = probe::look(&self.client, PROBE_INTERVAL);
+        match tokio::time::timeout(PROBE_TIMEOUT, look).await {
+            Ok(Ok(seen)) => {
+                probe::report(stats, seen.waiting_for_standby);
+                !listen || seen.listening
+            }
             _ => false,
         }
     }
 }
+
+mod holder;
+use holder::{lock_holder, Holder};
+mod probe;
 
 #[cfg(test)]
 mod tests;

@@ -79,16 +79,28 @@ pub async fn submit_load(
     let records: Vec<_> = (0..records)
         .map(|r| serde_json::json!({"id": format!("{i}-{r}")}))
         .collect();
-    let body = serde_json::json!({"dataset": "events", "key": "id", "records": records});
-    let response = http
-        .post(format!("http://{api}/v1/etl-jobs"))
-        .bearer_auth(key)
-        .header("Idempotency-Key", format!("load-{i}"))
-        .json(&body)
-        .send()
+    let response = post_load(http, api, key, &format!("load-{i}"), records)
         .await
         .unwrap();
     assert_eq!(response.status(), 202, "submission {i}");
     let location = response.headers().get("location").expect("a Location");
     location.to_str().unwrap().to_owned()
+}
+
+/// Posts an ETL job of `records` into dataset `events` (keyed `id`) to the API at `api`, with
+/// idempotency key `idempotency_key`; returns the answer, whatever it is.
+pub async fn post_load(
+    http: &reqwest::Client,
+    api: &str,
+    key: &str,
+    idempotency_key: &str,
+    records: Vec<serde_json::Value>,
+) -> reqwest::Result<reqwest::Response> {
+    let body = serde_json::json!({"dataset": "events", "key": "id", "records": records});
+    http.post(format!("http://{api}/v1/etl-jobs"))
+        .bearer_auth(key)
+        .header("Idempotency-Key", idempotency_key)
+        .json(&body)
+        .send()
+        .await
 }
