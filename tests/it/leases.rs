@@ -117,15 +117,16 @@ async fn terminate_holders(client: &tokio_postgres::Client, owner: &str, alive: 
 }
 
 /// Terminates every backend that holds `owner`'s owner or alive lock until none has held one for
-/// 100 ms: what a process's death does to all its connections at once. A stopped replica's
+/// a second: what a process's death does to all its connections at once. A stopped replica's
 /// pools may still be finishing a connection they had begun to open, which takes the alive lock
-/// a moment after the first termination (a dead process's could not).
+/// a moment after the first termination (a dead process's could not); over TLS, on a loaded
+/// machine, such a connection took more than 100 ms to open.
 async fn terminate_every_holder(client: &tokio_postgres::Client, owner: &str) {
     let mut quiet = 0;
-    for _ in 0..250 {
+    for _ in 0..750 {
         if terminate_holders(client, owner, true).await == 0 {
             quiet += 1;
-            if quiet == 5 {
+            if quiet == 50 {
                 return;
             }
         } else {
