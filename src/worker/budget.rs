@@ -34,7 +34,7 @@ impl Budget {
     /// The budget of a worker replica with `config` on `db`.
     pub fn replica(db: &DatabaseConfig, config: &WorkerConfig) -> Budget {
         let direct = config.session_database_url.is_some();
-        let session = direct || (!config.poll_only && db.pooler.keeps_sessions());
+        let session = direct || config.alive_locked(db);
         Budget {
             pool: db.pool_max_size,
             claim: CLAIM_POOL_SIZE,

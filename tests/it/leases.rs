@@ -97,20 +97,29 @@ async fn terminate_owner_session(client: &tokio_postgres::Client, owner: &str) -
     terminate_holders(client, owner, false).await > 0
 }
 
+/// The granted owner locks of owner `$1` in this database and, with `$2`, its alive locks.
+const HOLDERS: &str = "FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND (((classid::bigint << 32) | objid::bigint) = durable_etl_owner_lock_key($1)
+        OR $2 AND ((classid::bigint << 32) | objid::bigint) = durable_etl_owner_alive_key($1))";
+
 /// Terminates every backend holding `owner`'s owner lock or, with `alive`, its alive lock (as a
 /// crash of its process would end them all); returns how many locks they held.
 async fn terminate_holders(client: &tokio_postgres::Client, owner: &str, alive: bool) -> i64 {
+    let sql = format!("SELECT count(pg_terminate_backend(pid)) {HOLDERS}");
     client
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid))
-               FROM pg_locks
-              WHERE locktype = 'advisory' AND objsubid = 1 AND granted
-                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND (((classid::bigint << 32) | objid::bigint) = durable_etl_owner_lock_key($1)
-                     OR $2 AND ((classid::bigint << 32) | objid::bigint)
-                                = durable_etl_owner_alive_key($1))",
-            &[&owner, &alive],
-        )
+        .query_one(&sql, &[&owner, &alive])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// How many of `owner`'s owner and alive locks are held, terminating nobody.
+async fn held_locks(client: &tokio_postgres::Client, owner: &str) -> i64 {
+    let sql = format!("SELECT count(*) {HOLDERS}");
+    client
+        .query_one(&sql, &[&owner, &true])
         .await
         .unwrap()
         .get(0)
@@ -220,7 +229,7 @@ async fn an_owner_whose_every_connection_vanished_is_recovered_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         recovered = b.recover().await.unwrap();
     }
-    let holders = terminate_holders(&client, "doomed", true).await;
+    let holders = held_locks(&client, "doomed").await;
     assert_eq!(
         (recovered.dead_owner, recovered.expired),
         (1, 0),

@@ -40,6 +40,20 @@ pub async fn connect(config: &tokio_postgres::Config) -> Client {
     client
 }
 
+/// How many statements `client`'s session prepared at the protocol level (not by `PREPARE`).
+/// The library's unit tests use it; the integration suite does not.
+#[allow(dead_code)]
+pub async fn named_statements(client: &Client) -> i64 {
+    client
+        .query_typed_one(
+            "SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql",
+            &[],
+        )
+        .await
+        .expect("count the prepared statements")
+        .get(0)
+}
+
 /// The URL of database `name` on the test server.
 fn url_of(name: &str) -> String {
     let admin = admin_config();

@@ -34,18 +34,6 @@ async fn setting(client: &Client, name: &str) -> String {
         .get(0)
 }
 
-/// How many statements are prepared on the session (protocol-level, not `PREPARE`).
-async fn prepared(client: &Client) -> i64 {
-    client
-        .query_typed_one(
-            "SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 #[tokio::test]
 async fn behind_a_transaction_pooler_claims_set_their_switches_locally_and_prepare_nothing() {
     let (db, _) = with_jobs(3).await;
@@ -68,7 +56,11 @@ async fn behind_a_transaction_pooler_claims_set_their_switches_locally_and_prepa
     let due = session.next_due(&[DEFAULT_QUEUE], &["test"]).await.unwrap();
     assert!(due.is_some_and(|d| d.as_secs() > 3000));
     let client = session.client();
-    assert_eq!(prepared(client).await, 0, "nothing prepared by name");
+    assert_eq!(
+        crate::test_db::named_statements(client).await,
+        0,
+        "nothing prepared by name"
+    );
     for (name, server_default) in [("enable_sort", "on"), ("jit", "on")] {
         assert_eq!(
             setting(client, name).await,
@@ -143,7 +135,7 @@ async fn behind_a_session_pooler_the_session_sets_its_switches_and_prepares_its_
         .unwrap();
     assert_eq!(claimed.jobs.len(), 2);
     assert!(
-        prepared(client).await >= 3,
+        crate::test_db::named_statements(client).await >= 3,
         "the claims and next-due prepared"
     );
 }
@@ -191,5 +183,5 @@ async fn behind_a_transaction_pooler_a_replica_registers_with_unnamed_presence_s
         .unwrap()
         .get(0);
     assert_eq!(token, 42);
-    assert_eq!(prepared(session.client()).await, 0);
+    assert_eq!(crate::test_db::named_statements(session.client()).await, 0);
 }

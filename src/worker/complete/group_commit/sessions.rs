@@ -172,16 +172,7 @@ mod tests {
             .await
             .unwrap();
         assert!(fenced.is_empty());
-        let named: i64 = session
-            .client
-            .query_typed_one(
-                "SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(named, 0);
+        assert_eq!(crate::test_db::named_statements(&session.client).await, 0);
     }
 
     /// The plans of each prepared success statement, generic (what a commit session runs after
