@@ -243,7 +243,8 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
     );
     let mut sampler = None;
     if !producing {
-        sampler = Some(Sampler::start(db_config, own_pid).await?);
+        let tops_up = matches!(config.mode, Mode::Saturated { .. });
+        sampler = Some(Sampler::start(db_config, own_pid, tops_up).await?);
     }
     let mut replicas = Replicas::start(db_config, config).await?;
     let started = tokio::time::Instant::now();
@@ -274,7 +275,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
                 batch,
             };
             let clients = producers::connect(db_config, producers).await?;
-            sampler = Some(Sampler::start(db_config, own_pid).await?);
+            sampler = Some(Sampler::start(db_config, own_pid, false).await?);
             let offer = producers::offer(clients, config.handler, plan, &config.shape).await?;
             (offered, numbers) = (offer.rate, offer.numbers);
             (Some(offer.acks), None)
@@ -296,7 +297,7 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
                 .await?
                 .get(0);
             let clients = producers::connect(db_config, producers).await?;
-            sampler = Some(Sampler::start(db_config, own_pid).await?);
+            sampler = Some(Sampler::start(db_config, own_pid, false).await?);
             let offer = producers::offer(clients, config.handler, plan, &config.shape).await?;
             held = offer.depth.map(|d| (d, (from, from + duration_s)));
             numbers = offer.numbers;

@@ -17,12 +17,14 @@
 //!
 //! - `replicas`: this database's backends that are not the producers' nor the bench's own (the
 //!   replicas' pools, claim, commit and LISTEN sessions);
-//! - `producers`: this database's backends of the bench's producers (offered load, depth target);
+//! - `producers`: this database's backends of the bench's producers (offered load, depth target),
+//!   or the bench's own session in a saturated run, whose top-ups it sends;
 //! - `aux`: the server's own processes, attached to no client (checkpointer, background writer,
 //!   walwriter, autovacuum launcher and workers, parallel and logical replication workers, …);
 //! - `other`: other databases' backends, walsenders and titles never readable: reported, never
 //!   counted;
-//! - the bench's own sessions (its client and the sampler's) and the postmaster: not counted.
+//! - the bench's own sessions (its client, except in a saturated run, and the sampler's) and the
+//!   postmaster: not counted.
 //!
 //! The figure comparable with the peers' "peer" server CPU is replicas + producers + aux. A
 //! server on another host (no `/proc` entry for it here) gives zeros.
@@ -352,12 +354,17 @@ pub(super) struct Sampler {
 }
 
 impl Sampler {
-    /// Begins a window on `db_config`'s server, taking its first sample before it returns;
-    /// `own_pid` is the bench client's backend, not counted.
+    /// Begins a window on `db_config`'s server, taking its first sample before it returns.
+    /// `bench_pid` is the bench client's backend: not counted, unless `bench_enqueues` (the
+    /// saturated run tops its queues up from it), when it counts as a producer's.
     ///
     /// # Errors
     /// Connection and statement errors of the sampler's session.
-    pub(super) async fn start(db_config: &DatabaseConfig, own_pid: i32) -> Result<Sampler, Error> {
+    pub(super) async fn start(
+        db_config: &DatabaseConfig,
+        bench_pid: i32,
+        bench_enqueues: bool,
+    ) -> Result<Sampler, Error> {
         let client = db::connect(db_config, SAMPLER_ROLE).await?;
         let row = client
             .query_one("SELECT pg_backend_pid(), current_database()", &[])
@@ -375,11 +382,17 @@ impl Sampler {
         else {
             return Ok(Sampler { stop, task: None });
         };
-        let own = [pid, u32::try_from(own_pid).unwrap_or(0)].into();
+        let bench = u32::try_from(bench_pid).unwrap_or(0);
+        let (own, enqueuer) = if bench_enqueues {
+            ([pid].into(), Some(bench))
+        } else {
+            ([pid, bench].into(), None)
+        };
         let mut window = Window::new(&database, own, began);
-        let producers = producer_pids(&client).await?;
+        let mut producers = producer_pids(&client).await?;
+        producers.extend(enqueuer);
         window.record(&children_of(pm), &producers, title_of);
-        let task = tokio::spawn(sample(client, pm, window, stopped));
+        let task = tokio::spawn(sample(client, (pm, enqueuer), window, stopped));
         Ok(Sampler {
             stop,
             task: Some(task),
@@ -400,10 +413,11 @@ impl Sampler {
 }
 
 /// Samples postmaster `pm`'s children into `window` every [`INTERVAL`] until `stopped`, then
-/// once more.
+/// once more; the producers are the sessions `pg_stat_activity` shows as theirs, and the bench's
+/// `enqueuer` session if it has one.
 async fn sample(
     client: tokio_postgres::Client,
-    pm: u32,
+    (pm, enqueuer): (u32, Option<u32>),
     mut window: Window,
     mut stopped: oneshot::Receiver<()>,
 ) -> Result<Split, Error> {
@@ -416,7 +430,8 @@ async fn sample(
             _ = tick.tick() => false,
             _ = &mut stopped => true,
         };
-        let producers = producer_pids(&client).await?;
+        let mut producers = producer_pids(&client).await?;
+        producers.extend(enqueuer);
         // `/proc` reads are memory reads, but many of them: off the runtime's threads.
         window = tokio::task::spawn_blocking(move || {
             window.record(&children_of(pm), &producers, title_of);

@@ -257,8 +257,8 @@ async fn offered_load_counts_the_producers_server_cpu_apart_from_the_replicas() 
     let [total, replicas, producers, _, _] = server_cpu(&report);
     if server_is_local().await {
         // A few hundred single-job statements: many clock ticks of backend CPU on each side.
+        // (`server_cpu` checked that the total is their sum with the aux processes'.)
         assert!(producers > 0.0 && replicas > 0.0, "{report}");
-        assert!(total >= producers + replicas, "{report}");
     } else {
         assert_eq!(total, 0.0, "a remote server's CPU is not read: {report}");
     }
