@@ -355,7 +355,9 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         .await?;
     let enqueue_to_start: Vec<f64> = latencies.iter().map(|r| r.get::<_, f64>(0)).collect();
     let done: Vec<(String, f64)> = latencies.iter().map(|r| (r.get(2), r.get(1))).collect();
-    let numbered: Vec<(usize, f64)> = (latencies.iter())
+    // The producers' succeeded jobs by number, with their enqueue -> start, for `keys`.
+    let numbered: Vec<(usize, f64)> = latencies
+        .iter()
         .filter_map(|r| Some((*numbers.get(r.get::<_, &str>(2))?, r.get(0))))
         .collect();
     let all_starts: std::collections::HashMap<String, f64> = handler_starts
