@@ -220,25 +220,31 @@ impl Window {
 
     /// CPU seconds per class over the window.
     fn split(&self) -> Split {
-        let mut split = Split::default();
+        // Whole ticks per class (replicas, producers, aux, other), summed exactly in any order.
+        let mut ticks = [0u64; 4];
         for process in self.processes.values() {
-            let seconds = process.last.saturating_sub(process.first) as f64 / TICKS_PER_S;
             let class = match &process.title {
-                Some(Title::Aux) => &mut split.aux,
+                Some(Title::Aux) => 2,
                 Some(Title::Backend(database)) if *database == self.database => {
                     if process.own {
                         continue;
                     } else if process.producer {
-                        &mut split.producers
+                        1
                     } else {
-                        &mut split.replicas
+                        0
                     }
                 }
-                Some(Title::Backend(_) | Title::Walsender) | None => &mut split.other,
+                Some(Title::Backend(_) | Title::Walsender) | None => 3,
             };
-            *class += seconds;
+            ticks[class] += process.last.saturating_sub(process.first);
         }
-        split
+        let [replicas, producers, aux, other] = ticks.map(|t| t as f64 / TICKS_PER_S);
+        Split {
+            replicas,
+            producers,
+            aux,
+            other,
+        }
     }
 }
 
