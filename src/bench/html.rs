@@ -127,8 +127,18 @@ fn figures(report: &Report) -> String {
             format!("{:.1}", report.replica_cpu_us_per_job),
         ),
         (
-            "server CPU per job (us)",
-            format!("{:.1}", report.server_cpu_us_per_job),
+            "server CPU per job (us): replicas + producers + aux",
+            format!("{:.1}", report.server_cpu.server_cpu_us_per_job),
+        ),
+        (
+            "server CPU per job (us): replicas / producers / aux / other databases (not counted)",
+            format!(
+                "{:.1} / {:.1} / {:.1} / {:.1}",
+                report.server_cpu.server_cpu_replicas_us_per_job,
+                report.server_cpu.server_cpu_producers_us_per_job,
+                report.server_cpu.server_cpu_aux_us_per_job,
+                report.server_cpu.server_cpu_other_us_per_job
+            ),
         ),
         (
             "WAL per job (bytes)",

@@ -5,8 +5,10 @@
 //!
 //! Invariants this module keeps:
 //! - A job's key is read from its number, not from the database (the key leaves with the live
-//!   row): job `g`'s intake row carries `sha256(g)` as its idempotency digest (`load`), and
-//!   [`zipf_index`] gives job `g`'s key, as the insert did.
+//!   row): a job the bench inserted itself (`load::insert_noops`: fill, saturated top-ups) carries
+//!   `sha256(g)` as its intake row's idempotency digest; a producer's job (enqueued through the
+//!   library's API, without a key) is numbered by the producer that sent it (`producers`); and
+//!   [`zipf_index`] gives job `g`'s key, as the enqueue did.
 //! - Only succeeded jobs count, with their enqueue → claim time on the database clock, as the
 //!   report's `enqueue_to_start_ms`.
 
@@ -41,22 +43,29 @@ SELECT g, extract(epoch FROM j.started_at - j.created_at)::float8 * 1000
   JOIN etl_jobs j ON j.id = i.id
  WHERE j.status = 'succeeded'";
 
-/// The figures of a run of `noop` jobs shaped by `shape`, or `None` without `--keys`.
+/// The figures of a run of `noop` jobs shaped by `shape`, or `None` without `--keys`:
+/// the succeeded jobs the bench inserted itself, read here, and `offered`, the producers'
+/// succeeded jobs as (number, enqueue → claim in milliseconds).
 ///
 /// # Errors
 /// The database error of the read.
 pub(crate) async fn figures(
     client: &tokio_postgres::Client,
     shape: &Shape,
+    offered: &[(usize, f64)],
 ) -> Result<Option<KeyFigures>, Error> {
     if shape.keys == 0 {
         return Ok(None);
     }
     let rows = client.query(BY_NUMBER_SQL, &[]).await?;
+    let inserted = rows.iter().map(|row| {
+        (
+            usize::try_from(row.get::<_, i64>(0)).unwrap_or(0),
+            row.get(1),
+        )
+    });
     let (mut hot, mut warm, mut cold) = (Vec::new(), Vec::new(), Vec::new());
-    for row in rows {
-        let number = usize::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-        let ms: f64 = row.get(1);
+    for (number, ms) in inserted.chain(offered.iter().copied()) {
         match zipf_index(shape.keys, number) {
             0 => hot.push(ms),
             key if key <= WARM_KEYS => warm.push(ms),

@@ -1,6 +1,14 @@
 //! What the bench does to the queue: fills it, holds and times recoveries, and inserts jobs the
-//! way every mode does (`insert_noops`, `insert_loads`; the offered load's producers use them
-//! too, see `producers`).
+//! way every mode does.
+//!
+//! Two ways in for `noop` jobs: the producers of the offered load and the depth target enqueue
+//! through the library's public API ([`enqueue_noops`]: [`Jobs::enqueue_many_with`] with a
+//! typed [`NoopJob`]), since what they offer is the load being measured; the set-up before a
+//! window (the burn-down's and saturated run's `fill`, a recovery trial's job) and the saturated
+//! run's top-ups insert with the bench's own statement ([`insert_noops`]), which also returns the
+//! inserting transaction's `xmin` that the aging watch needs (see `saturate`) and numbers each
+//! job for the per-key figures (see `keys`). ETL loads always go through the library's enqueue
+//! ([`insert_loads`]).
 
 use super::shape::{Columns, Shape};
 use super::{BenchHandler, Replicas, INSERT_CHUNK, RECORDS_PER_ETL_JOB, WAIT_LIMIT};
@@ -11,15 +19,24 @@ use durable_etl::error::Error;
 use durable_etl::etl::enqueue::{enqueue_many, NewJob};
 use durable_etl::etl::request;
 use durable_etl::intake::IntakeLimits;
+use durable_etl::{EnqueueOptions, Job, Jobs};
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
-/// A throw-away secret and owner for the bench's ETL jobs.
+/// The principal the bench's jobs are enqueued for (through the library's API).
+pub(super) const BENCH_PRINCIPAL: &str = "bench";
+
+/// A throw-away secret and owner ([`BENCH_PRINCIPAL`]) for the bench's ETL jobs and its
+/// producers' `noop` jobs.
 pub(super) fn bench_owner() -> Result<(Secret, [u8; 32]), Error> {
     let secret = Secret::new(uuid::Uuid::new_v4().simple().to_string().into_bytes())
         .ok_or(ConfigError::Secret)?;
-    let owner = secret.digest(durable_etl::digest::DigestKind::Principal, b"bench");
+    let owner = secret.digest(
+        durable_etl::digest::DigestKind::Principal,
+        BENCH_PRINCIPAL.as_bytes(),
+    );
     Ok((secret, owner))
 }
 
@@ -29,7 +46,10 @@ pub(super) type Writers = std::collections::HashSet<String>;
 
 /// Inserts `jobs` due jobs in chunks (one statement each), before any replica runs, numbered
 /// from `first` and spread over `shape`'s queues and priorities (`noop` jobs; ETL loads keep the
-/// default queue); returns the inserting transactions' ids.
+/// default queue); returns the inserting transactions' ids. Set-up only, before the measured
+/// window (and its server CPU sampler) begins: so `noop` jobs keep the bench's own statement
+/// ([`insert_noops`]), for the `xmin` the aging watch needs, rather than the public API the
+/// producers use.
 pub(super) async fn fill(
     client: &tokio_postgres::Client,
     handler: BenchHandler,
@@ -55,6 +75,57 @@ pub(super) async fn fill(
         done += n;
     }
     Ok(writers)
+}
+
+/// The built-in `noop` kind as a typed [`Job`], as a library user would enqueue it: its payload
+/// is `{}`, or `{"pause_ms": n}` for jobs that pause (see [`durable_etl::handler::Noop`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct NoopJob {
+    /// How long the job's compute phase pauses, in milliseconds (none when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pause_ms: Option<u64>,
+}
+
+impl Job for NoopJob {
+    const KIND: &'static str = durable_etl::handler::NOOP_KIND;
+    const MAX_ATTEMPTS: i32 = 5;
+}
+
+impl NoopJob {
+    /// The job of every `noop` job of `shape`: a pause of [`Shape::job_ms`], if any (the payload
+    /// [`Shape::payload`] describes).
+    pub(super) fn of(shape: &Shape) -> NoopJob {
+        NoopJob {
+            pause_ms: (shape.job_ms > 0).then_some(shape.job_ms),
+        }
+    }
+}
+
+/// Enqueues due `noop` jobs `job`, one per entry of `(queues, priorities, keys)`, through the
+/// library's public API ([`Jobs::enqueue_many_with`], for `jobs`' owner, without idempotency
+/// keys): one statement and one round trip per [`durable_etl::enqueue::CHUNK`] jobs, as for any
+/// library user. Returns the jobs' ids, in order.
+pub(super) async fn enqueue_noops(
+    client: &tokio_postgres::Client,
+    jobs: &Jobs,
+    job: &NoopJob,
+    (queues, priorities, keys): &Columns,
+) -> Result<Vec<uuid::Uuid>, Error> {
+    let batch = queues
+        .iter()
+        .zip(priorities)
+        .zip(keys)
+        .map(|((queue, &priority), key)| {
+            let options = EnqueueOptions {
+                queue: Some(queue),
+                priority: Some(priority),
+                concurrency_key: key.as_deref(),
+                ..EnqueueOptions::default()
+            };
+            (job, options)
+        });
+    let enqueued = jobs.enqueue_many_with(client, batch).await?;
+    Ok(enqueued.into_iter().map(|e| e.id).collect())
 }
 
 /// What one insert of `noop` jobs wrote.

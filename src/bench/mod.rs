@@ -17,6 +17,11 @@
 //!   (`saturate`); the queue figures count completions within that window.
 //! - **Recovery**: SIGKILLs of the replica running a job, timed until a live one runs it again.
 //!
+//! Server CPU per job is the CPU of the server's processes over the measured window, sampled every
+//! 100 ms from `/proc` and split into the replicas' backends, the producers' backends and the
+//! server's own processes (`server_cpu`): from just before the replicas start draining (after the
+//! fill) or the producers' schedule starts, until the jobs are done.
+//!
 //! Every mode spreads its `noop` jobs over the queues and priorities of its [`shape::Shape`]
 //! (`--queues`, `--hot-queue`, `--weights`, `--priority-mix`, `--cap`, `--job-ms`), and
 //! burn-down and saturated runs report the queue figures of #25's targets (`figures`).
@@ -39,6 +44,7 @@ mod producers;
 mod replicas;
 mod report;
 mod saturate;
+mod server_cpu;
 pub(crate) mod shape;
 pub(crate) mod starts;
 pub(crate) mod sweep;
@@ -50,10 +56,11 @@ use durable_etl::db;
 use durable_etl::error::Error;
 use load::{fill, recoveries};
 pub(crate) use percentiles::Percentiles;
-use replicas::{server_cpu_seconds, Replicas};
+use replicas::Replicas;
 pub(crate) use report::Report;
 use saturate::{saturate, until_done, AgingWatch};
 use serde::Serialize;
+use server_cpu::{Sampler, ServerCpu};
 use shape::Shape;
 use starts::{per_job, JobLatency};
 use std::time::Duration;
@@ -160,51 +167,6 @@ pub(crate) struct BenchConfig {
     pub(crate) shape: Shape,
 }
 
-impl BenchConfig {
-    /// The run's load and shape, in words.
-    pub(crate) fn describe(&self) -> String {
-        let load = match self.mode {
-            Mode::BurnDown { jobs } => format!("burn-down of {jobs} jobs"),
-            Mode::OfferedLoad {
-                rate,
-                duration_s,
-                producers,
-                batch,
-            } => format!(
-                "offered load of {rate} jobs/s for {duration_s} s \
-                 ({producers} producer(s), {batch} job(s) per statement)"
-            ),
-            Mode::DepthTarget {
-                depth,
-                duration_s,
-                producers,
-                batch,
-            } => format!(
-                "depth target of {depth} due jobs for {duration_s} s \
-                 ({producers} producer(s), at most {batch} job(s) per statement)"
-            ),
-            Mode::Recovery { trials } => {
-                format!("recovery from {trials} SIGKILLs per phase (effects, computing)")
-            }
-            Mode::Saturated {
-                backlog,
-                duration_s,
-            } => format!("saturated for {duration_s} s (backlog {backlog} per queue)"),
-        };
-        format!("{load}, {}", self.describe_replicas())
-    }
-
-    /// The run's replicas and shape, in words (its description without the load).
-    pub(crate) fn describe_replicas(&self) -> String {
-        let mut text = format!(
-            "{} replica(s) x {} slots (prefetch {}), handler {:?}",
-            self.replicas, self.slots, self.prefetch, self.handler
-        );
-        text.push_str(&self.shape.describe());
-        text
-    }
-}
-
 /// Runs one bench on the server of `base`.
 ///
 /// # Errors
@@ -269,9 +231,25 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?
         .get(0);
+    // The server CPU window begins just before the replicas start draining a filled queue, or,
+    // for the modes with producers, once they are connected and before their schedule starts.
+    let own_pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    let producing = matches!(
+        config.mode,
+        Mode::OfferedLoad { .. } | Mode::DepthTarget { .. }
+    );
+    let mut sampler = None;
+    if !producing {
+        let tops_up = matches!(config.mode, Mode::Saturated { .. });
+        sampler = Some(Sampler::start(db_config, own_pid, tops_up).await?);
+    }
     let mut replicas = Replicas::start(db_config, config).await?;
     let started = tokio::time::Instant::now();
     let (mut window, mut offered, mut held) = (None, None, None);
+    let mut numbers = std::collections::HashMap::new();
     let (acks, recovery) = match config.mode {
         Mode::BurnDown { .. } => (None, None),
         Mode::Saturated {
@@ -296,8 +274,10 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
                 producers,
                 batch,
             };
-            let offer = producers::offer(db_config, config.handler, plan, &config.shape).await?;
-            offered = offer.rate;
+            let clients = producers::connect(db_config, producers).await?;
+            sampler = Some(Sampler::start(db_config, own_pid, false).await?);
+            let offer = producers::offer(clients, config.handler, plan, &config.shape).await?;
+            (offered, numbers) = (offer.rate, offer.numbers);
             (Some(offer.acks), None)
         }
         Mode::DepthTarget {
@@ -316,8 +296,11 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
                 .query_one("SELECT extract(epoch FROM now())::float8", &[])
                 .await?
                 .get(0);
-            let offer = producers::offer(db_config, config.handler, plan, &config.shape).await?;
+            let clients = producers::connect(db_config, producers).await?;
+            sampler = Some(Sampler::start(db_config, own_pid, false).await?);
+            let offer = producers::offer(clients, config.handler, plan, &config.shape).await?;
             held = offer.depth.map(|d| (d, (from, from + duration_s)));
+            numbers = offer.numbers;
             (Some(offer.acks), None)
         }
         Mode::Recovery { trials } => {
@@ -332,7 +315,10 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         }
     };
     let waited = until_done(&client, aging.as_mut(), WAIT_LIMIT).await;
-    let server_cpu = server_cpu_seconds(&client).await?;
+    let server_cpu = match sampler {
+        Some(sampler) => sampler.stop().await?,
+        None => server_cpu::Split::default(),
+    };
     let scraped = replicas.scrape().await;
     let lifetime_s = started.elapsed().as_secs_f64();
     replicas.stop().await;
@@ -369,6 +355,11 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         .await?;
     let enqueue_to_start: Vec<f64> = latencies.iter().map(|r| r.get::<_, f64>(0)).collect();
     let done: Vec<(String, f64)> = latencies.iter().map(|r| (r.get(2), r.get(1))).collect();
+    // The producers' succeeded jobs by number, with their enqueue -> start, for `keys`.
+    let numbered: Vec<(usize, f64)> = latencies
+        .iter()
+        .filter_map(|r| Some((*numbers.get(r.get::<_, &str>(2))?, r.get(0))))
+        .collect();
     let all_starts: std::collections::HashMap<String, f64> = handler_starts
         .iter()
         .flat_map(|starts| starts.iter().map(|(id, at)| (id.clone(), *at)))
@@ -469,9 +460,9 @@ async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Rep
         wal_bytes_per_job: per_job(wal_bytes),
         replica_peak_rss_mib: scraped.peak_rss_kib as f64 / 1024.0,
         replica_cpu_us_per_job: per_job(scraped.cpu_seconds * 1e6),
-        server_cpu_us_per_job: per_job(server_cpu * 1e6),
+        server_cpu: ServerCpu::per_job(server_cpu, succeeded),
         queues,
-        keys: keys::figures(&client, &config.shape).await?,
+        keys: keys::figures(&client, &config.shape, &numbered).await?,
         timeline,
     })
 }

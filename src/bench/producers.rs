@@ -5,8 +5,13 @@
 //! The clock's schedule: the `jobs` jobs are cut into statements of `batch` jobs, and statement
 //! `k` is due at `start + k × batch / rate` (so statements go out at `rate / batch` per second).
 //! The producers share one counter: each takes the next statement's index, waits until it is due
-//! and sends it, on its own connection, in one autocommit statement (`insert_noops`, or the
-//! library's `enqueue_many` for ETL loads).
+//! and sends it, on its own connection, in one autocommit statement, through the library's
+//! public enqueue as any user would (`load::enqueue_noops`: `Jobs::enqueue_many_with`; or
+//! `enqueue_many` for ETL loads).
+//!
+//! The producers' sessions are opened first ([`connect`], role
+//! [`PRODUCER_ROLE`](super::server_cpu::PRODUCER_ROLE), so that the server CPU sampler counts
+//! their backends as `producers`), then the schedule starts ([`offer`]).
 //!
 //! Invariants this module keeps:
 //! - Open loop: a late producer never moves the schedule. A statement taken after its due time
@@ -21,13 +26,15 @@
 //!   (`rate_missed`, and [`OfferedFigures::warning`] in the text, on stderr and in the report).
 
 use super::depth::{DepthFigures, TopUp};
-use super::load::{bench_owner, insert_loads, insert_noops};
+use super::load::{bench_owner, enqueue_noops, insert_loads, NoopJob, BENCH_PRINCIPAL};
+use super::server_cpu::PRODUCER_ROLE;
 use super::shape::Shape;
 use super::{BenchHandler, Percentiles};
 use durable_etl::config::DatabaseConfig;
 use durable_etl::db;
 use durable_etl::digest::Secret;
 use durable_etl::error::Error;
+use durable_etl::Jobs;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -132,6 +139,9 @@ impl OfferedFigures {
 pub(super) struct Offered {
     /// Each offered job's commit-acknowledgement time (Unix seconds), by id.
     pub(super) acks: HashMap<String, f64>,
+    /// Each offered job's number in the schedule (from 0), by id: what its key was made of
+    /// (see `keys`).
+    pub(super) numbers: HashMap<String, usize>,
     /// By the clock: what was offered, beside what was asked.
     pub(super) rate: Option<OfferedFigures>,
     /// To a depth: what was held, beside what was asked (the window's completions not yet
@@ -166,6 +176,8 @@ struct Shared {
     shape: Arc<Shape>,
     /// The ETL loads' secret and owner.
     owner: Arc<(Secret, [u8; 32])>,
+    /// The `noop` jobs' handle (the same secret and owner) and job.
+    noop: Arc<(Jobs, NoopJob)>,
     /// How they take their next statement.
     pacing: Pacing,
     /// The schedule's start.
@@ -175,8 +187,8 @@ struct Shared {
 /// What one producer sent.
 #[derive(Default)]
 struct Sent {
-    /// Each job's id and commit-acknowledgement time (Unix seconds).
-    acks: Vec<(uuid::Uuid, f64)>,
+    /// Each job's id, number and commit-acknowledgement time (Unix seconds).
+    acks: Vec<(uuid::Uuid, usize, f64)>,
     /// By the clock: each statement's lag, in milliseconds.
     lags_ms: Vec<f64>,
     /// To a depth: each count of the due jobs after the first fill.
@@ -187,22 +199,33 @@ struct Sent {
     last_ack: Option<Instant>,
 }
 
-/// Offers `plan`'s jobs, spread over `shape`'s queues and priorities, from `plan.producers`
-/// tasks on their own connections to `db_config`'s database (see the module doc).
+/// Opens `producers` (at least 1) sessions on `db_config`'s database for [`offer`], with the
+/// producers' role ([`PRODUCER_ROLE`]).
 ///
 /// # Errors
-/// A connection or statement error of any producer; [`Error::Internal`] if a producer task
-/// panicked.
-pub(super) async fn offer(
+/// A connection error.
+pub(super) async fn connect(
     db_config: &DatabaseConfig,
+    producers: usize,
+) -> Result<Vec<tokio_postgres::Client>, Error> {
+    let mut clients = Vec::with_capacity(producers.max(1));
+    for _ in 0..producers.max(1) {
+        clients.push(db::connect(db_config, PRODUCER_ROLE).await?);
+    }
+    Ok(clients)
+}
+
+/// Offers `plan`'s jobs, spread over `shape`'s queues and priorities, from one task per session
+/// of `clients` (see [`connect`] and the module doc).
+///
+/// # Errors
+/// A statement error of any producer; [`Error::Internal`] if a producer task panicked.
+pub(super) async fn offer(
+    clients: Vec<tokio_postgres::Client>,
     handler: BenchHandler,
     plan: Plan,
     shape: &Shape,
 ) -> Result<Offered, Error> {
-    let mut clients = Vec::with_capacity(plan.producers);
-    for _ in 0..plan.producers.max(1) {
-        clients.push(db::connect(db_config, "bench").await?);
-    }
     let pacing = match plan.pace {
         Pace::Clock { jobs, rate } => Pacing::Clock {
             jobs,
@@ -221,11 +244,14 @@ pub(super) async fn offer(
             Pacing::Depth(Arc::new(top_up))
         }
     };
+    let owner = bench_owner()?;
+    let jobs = Jobs::new(owner.0.clone(), BENCH_PRINCIPAL);
     let shared = Shared {
         plan,
         handler,
         shape: Arc::new(shape.clone()),
-        owner: Arc::new(bench_owner()?),
+        owner: Arc::new(owner),
+        noop: Arc::new((jobs, NoopJob::of(shape))),
         pacing,
         start: Instant::now(),
     };
@@ -267,9 +293,8 @@ async fn produce(client: tokio_postgres::Client, shared: Shared) -> Result<Sent,
         let ids = match shared.handler {
             BenchHandler::Noop => {
                 let columns = shared.shape.columns(first, n);
-                insert_noops(&client, first, &shared.shape.payload(), &columns)
-                    .await?
-                    .ids
+                let (jobs, job) = &*shared.noop;
+                enqueue_noops(&client, jobs, job, &columns).await?
             }
             BenchHandler::Etl => {
                 let (secret, owner) = &*shared.owner;
@@ -284,7 +309,9 @@ async fn produce(client: tokio_postgres::Client, shared: Shared) -> Result<Sent,
         let ack = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        sent.acks.extend(ids.into_iter().map(|id| (id, ack)));
+        let numbered = ids.into_iter().zip(first..);
+        sent.acks
+            .extend(numbered.map(|(id, number)| (id, number, ack)));
     }
     Ok(sent)
 }
@@ -322,11 +349,15 @@ fn tally(plan: &Plan, start: Instant, sent: Vec<Sent>) -> Offered {
     let last_ack = sent.iter().filter_map(|s| s.last_ack).max();
     let statements = sent.iter().map(|s| s.statements).sum();
     let (mut lags, mut depths) = (Vec::new(), Vec::new());
-    let mut acks = HashMap::new();
+    let (mut acks, mut numbers) = (HashMap::new(), HashMap::new());
     for s in sent {
         lags.extend(s.lags_ms);
         depths.extend(s.depths);
-        acks.extend(s.acks.into_iter().map(|(id, ack)| (id.to_string(), ack)));
+        for (id, number, ack) in s.acks {
+            let id = id.to_string();
+            numbers.insert(id.clone(), number);
+            acks.insert(id, ack);
+        }
     }
     let span = last_ack.map_or(0.0, |at| at.saturating_duration_since(start).as_secs_f64());
     let (rate, depth) = match plan.pace {
@@ -344,7 +375,12 @@ fn tally(plan: &Plan, start: Instant, sent: Vec<Sent>) -> Offered {
             )),
         ),
     };
-    Offered { acks, rate, depth }
+    Offered {
+        acks,
+        numbers,
+        rate,
+        depth,
+    }
 }
 
 /// The figures of `offered` jobs of `plan`'s schedule of `jobs` jobs at `rate`, the last

@@ -1,5 +1,5 @@
-//! The replica processes of a run, and what they and the server say about themselves: their
-//! metrics endpoints and their `/proc` entries.
+//! The replica processes of a run, and what they say about themselves: their metrics endpoints
+//! and their `/proc` entries (the server's CPU is `server_cpu`'s).
 
 use super::starts::{parse, STARTS_FILE_ENV};
 use super::{BenchConfig, WAIT_LIMIT};
@@ -256,24 +256,6 @@ fn cpu_seconds(pid: u32) -> f64 {
             Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
         })
         .unwrap_or(0.0)
-}
-
-/// CPU seconds used by the server backends connected to the bench database, the bench's own
-/// session excepted (0 each when
-/// `/proc` cannot show them: a server on another host).
-pub(super) async fn server_cpu_seconds(client: &tokio_postgres::Client) -> Result<f64, Error> {
-    let rows = client
-        .query(
-            "SELECT pid FROM pg_stat_activity
-              WHERE datname = current_database() AND pid <> pg_backend_pid()",
-            &[],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| u32::try_from(r.get::<_, i32>(0)).ok())
-        .map(cpu_seconds)
-        .sum())
 }
 
 /// The peak resident set size (`VmHWM`) of process `pid`, in KiB (0 when unreadable).

@@ -6,6 +6,7 @@
 //! the others.
 
 use super::figures::QueueFigures;
+use super::server_cpu::ServerCpu;
 use super::{depth, html, keys, producers, BenchConfig, JobLatency, Percentiles};
 use serde::Serialize;
 
@@ -77,9 +78,12 @@ pub(crate) struct Report {
     /// The run's time series, for `--report` (not in the JSON figures).
     #[serde(skip)]
     pub(crate) timeline: html::Timeline,
-    /// CPU the server backends of the bench database used, in microseconds per succeeded job
-    /// (read from `/proc`, so only when the server runs on this host; 0 otherwise).
-    pub(crate) server_cpu_us_per_job: f64,
+    /// The server's CPU over the measured window, in microseconds per succeeded job:
+    /// `server_cpu_us_per_job` (replicas + producers + aux, the peers' "peer" figure) and its
+    /// split (see `server_cpu`; read from `/proc`, so only when the server runs on this host, 0
+    /// otherwise).
+    #[serde(flatten)]
+    pub(crate) server_cpu: ServerCpu,
 }
 
 impl Report {

@@ -105,8 +105,21 @@ fn render(reports: &[Report]) -> String {
             "CPU per job against the asked rate",
             "us per job",
             vec![
-                Series::of("server", reports, |r| Some(r.server_cpu_us_per_job)),
-                Series::of("replicas", reports, |r| Some(r.replica_cpu_us_per_job)),
+                Series::of("server", reports, |r| {
+                    Some(r.server_cpu.server_cpu_us_per_job)
+                }),
+                Series::of("server: replicas", reports, |r| {
+                    Some(r.server_cpu.server_cpu_replicas_us_per_job)
+                }),
+                Series::of("server: producers", reports, |r| {
+                    Some(r.server_cpu.server_cpu_producers_us_per_job)
+                }),
+                Series::of("server: aux", reports, |r| {
+                    Some(r.server_cpu.server_cpu_aux_us_per_job)
+                }),
+                Series::of("replica processes", reports, |r| {
+                    Some(r.replica_cpu_us_per_job)
+                }),
             ],
         ),
         (
@@ -143,7 +156,8 @@ fn table(reports: &[Report]) -> String {
     let mut out = String::from(
         "<table>\n<tr><th>asked (jobs/s)</th><th>achieved (jobs/s)</th>\
          <th>ack-&gt;start p50 / p95 / p99 / p99.9 / max (ms)</th>\
-         <th>server CPU / job (us)</th><th>replica CPU / job (us)</th>\
+         <th>server CPU / job (us): replicas + producers + aux</th>\
+         <th>of which replicas / producers / aux (us)</th><th>replica CPU / job (us)</th>\
          <th>round trips / job (producers' excluded)</th><th>claims / job</th>\
          <th>empty claims / job</th><th>commits / job</th><th>WAL / job (bytes)</th>\
          <th>page</th></tr>\n",
@@ -170,11 +184,15 @@ fn table(reports: &[Report]) -> String {
         );
         let _ = writeln!(
             out,
-            "<tr><td>{rate}</td>{achieved}<td>{}</td><td>{:.1}</td><td>{:.1}</td>\
+            "<tr><td>{rate}</td>{achieved}<td>{}</td><td>{:.1}</td>\
+             <td>{:.1} / {:.1} / {:.1}</td><td>{:.1}</td>\
              <td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.0}</td>\
              <td><a href=\"{}/index.html\">rate {rate}</a></td></tr>",
             escape(&ack),
-            r.server_cpu_us_per_job,
+            r.server_cpu.server_cpu_us_per_job,
+            r.server_cpu.server_cpu_replicas_us_per_job,
+            r.server_cpu.server_cpu_producers_us_per_job,
+            r.server_cpu.server_cpu_aux_us_per_job,
             r.replica_cpu_us_per_job,
             r.round_trips_per_job,
             r.claims_per_job,

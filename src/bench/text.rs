@@ -1,9 +1,10 @@
 //! `bench`'s text output: the figures of one run as a few aligned lines, the offered load's
-//! rate warning or the depth target's depth warning (if any) right under the run's description.
+//! rate warning or the depth target's depth warning (if any) right under the run's description
+//! ([`BenchConfig::describe`], also the pages' heading).
 //!
 //! Invariant: every line prints a figure of the [`Report`], never one computed here.
 
-use super::{Percentiles, Report};
+use super::{BenchConfig, Mode, Percentiles, Report};
 
 impl Report {
     /// The report as a few aligned lines.
@@ -60,7 +61,8 @@ impl Report {
              claims per job       {:.3} ({} claims), empty {:.3} ({})\n\
              commits per job      {:.3} ({} group commits)\n\
              WAL per job          {:.0} bytes\n\
-             CPU per job          replicas {:.1} us, server backends {:.1} us\n\
+             replica CPU per job  {:.1} us\n\
+             {}\
              replica peak RSS     {:.1} MiB\n",
             self.round_trips_per_job,
             self.claims_per_job,
@@ -71,12 +73,57 @@ impl Report {
             self.commit_batches,
             self.wal_bytes_per_job,
             self.replica_cpu_us_per_job,
-            self.server_cpu_us_per_job,
+            self.server_cpu.to_text(),
             self.replica_peak_rss_mib,
         ));
         if let Some(queues) = &self.queues {
             out.push_str(&queues.to_text(p));
         }
         out
+    }
+}
+
+impl BenchConfig {
+    /// The run's load and shape, in words.
+    pub(crate) fn describe(&self) -> String {
+        let load = match self.mode {
+            Mode::BurnDown { jobs } => format!("burn-down of {jobs} jobs"),
+            Mode::OfferedLoad {
+                rate,
+                duration_s,
+                producers,
+                batch,
+            } => format!(
+                "offered load of {rate} jobs/s for {duration_s} s \
+                 ({producers} producer(s), {batch} job(s) per statement)"
+            ),
+            Mode::DepthTarget {
+                depth,
+                duration_s,
+                producers,
+                batch,
+            } => format!(
+                "depth target of {depth} due jobs for {duration_s} s \
+                 ({producers} producer(s), at most {batch} job(s) per statement)"
+            ),
+            Mode::Recovery { trials } => {
+                format!("recovery from {trials} SIGKILLs per phase (effects, computing)")
+            }
+            Mode::Saturated {
+                backlog,
+                duration_s,
+            } => format!("saturated for {duration_s} s (backlog {backlog} per queue)"),
+        };
+        format!("{load}, {}", self.describe_replicas())
+    }
+
+    /// The run's replicas and shape, in words (its description without the load).
+    pub(crate) fn describe_replicas(&self) -> String {
+        let mut text = format!(
+            "{} replica(s) x {} slots (prefetch {}), handler {:?}",
+            self.replicas, self.slots, self.prefetch, self.handler
+        );
+        text.push_str(&self.shape.describe());
+        text
     }
 }

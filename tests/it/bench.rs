@@ -38,6 +38,44 @@ pub(crate) fn bench_output(tag: &str, args: &[&str]) -> (std::process::Output, S
     (out, name)
 }
 
+/// The server CPU fields of `report` (microseconds per job): `server_cpu_us_per_job` and its
+/// replicas, producers, aux and other split, in that order. Panics (with the report) unless each
+/// is present, finite and non-negative, and the first is the sum of the next three.
+pub(crate) fn server_cpu(report: &serde_json::Value) -> [f64; 5] {
+    let fields = [
+        "server_cpu_us_per_job",
+        "server_cpu_replicas_us_per_job",
+        "server_cpu_producers_us_per_job",
+        "server_cpu_aux_us_per_job",
+        "server_cpu_other_us_per_job",
+    ]
+    .map(|key| {
+        let value = report[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing: {report}"));
+        assert!(value.is_finite() && value >= 0.0, "{key}: {report}");
+        value
+    });
+    let [total, replicas, producers, aux, _] = fields;
+    assert!(
+        (total - (replicas + producers + aux)).abs() <= 1e-6 * total.max(1.0),
+        "server CPU is replicas + producers + aux: {report}"
+    );
+    fields
+}
+
+/// Whether the test server runs on this host (its backends show in this host's `/proc`), so
+/// that the bench can read its CPU.
+pub(crate) async fn server_is_local() -> bool {
+    let pid: i32 = connect(&admin_config())
+        .await
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"postgres: "))
+}
+
 /// Whether database `name` exists.
 pub(crate) async fn exists(name: &str) -> bool {
     connect(&admin_config())
@@ -115,6 +153,10 @@ async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_datab
     }
     assert!(page.contains("burn-down of 300 jobs, 2 replica(s) x 16 slots"));
     assert!(page.contains("<th>succeeded</th><td>300</td>"), "{page}");
+    assert!(
+        page.contains("replicas / producers / aux / other"),
+        "{page}"
+    );
     assert_eq!(report["config"]["mode"], "burn_down");
     assert_eq!(report["succeeded"], 300);
     assert_eq!(report["not_succeeded"], 0);
@@ -128,6 +170,9 @@ async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_datab
     assert!(report["round_trips_per_job"].as_f64().unwrap() > 0.0);
     assert!(report["wal_bytes_per_job"].as_f64().unwrap() > 0.0);
     assert!(report["replica_peak_rss_mib"].as_f64().unwrap() > 0.0);
+    // No producers in a burn-down: the fill ran before the window, on the bench's own session.
+    let [_, _, producers, _, _] = server_cpu(&report);
+    assert_eq!(producers, 0.0, "{report}");
     assert!(report["ack_to_done_ms"].is_null());
     assert!(report["ack_to_start_ms"].is_null());
     assert!(!exists(&name).await, "the bench dropped its database");
@@ -186,6 +231,38 @@ async fn offered_load_reports_pickup_latency_of_etl_jobs_and_can_keep_its_databa
         .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
         .await
         .unwrap();
+}
+
+/// The offered load's server CPU counts the producers' backends (their inserts, the enqueue
+/// trigger, their commits) apart from the replicas', over the window; sizes are not judged.
+#[tokio::test]
+async fn offered_load_counts_the_producers_server_cpu_apart_from_the_replicas() {
+    let (report, name) = bench(
+        "server_cpu",
+        &[
+            "offered-load",
+            "--rate",
+            "300",
+            "--duration",
+            "1s",
+            "--producers",
+            "1",
+            "--replicas",
+            "1",
+        ],
+    );
+    let offered = report["offered"].as_u64().unwrap();
+    assert!(offered >= 100, "{report}");
+    assert_eq!(report["succeeded"], offered, "{report}");
+    let [total, replicas, producers, _, _] = server_cpu(&report);
+    if server_is_local().await {
+        // A few hundred single-job statements: many clock ticks of backend CPU on each side.
+        // (`server_cpu` checked that the total is their sum with the aux processes'.)
+        assert!(producers > 0.0 && replicas > 0.0, "{report}");
+    } else {
+        assert_eq!(total, 0.0, "a remote server's CPU is not read: {report}");
+    }
+    assert!(!exists(&name).await);
 }
 
 #[test]

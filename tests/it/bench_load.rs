@@ -4,7 +4,7 @@
 //! report plots every rate; `bench depth-target` keeps the backlog near its depth. No figure's
 //! size is asserted beyond coarse invariants (tests never judge speed).
 
-use crate::bench::{bench, bench_output, elements, exists};
+use crate::bench::{bench, bench_output, elements, exists, server_cpu};
 use crate::bench_queues::{drop_kept, kept};
 use crate::support::first_column;
 
@@ -61,6 +61,7 @@ async fn bench_two_producers_offer_batches_and_report_the_achieved_rate_beside_t
     let achieved = number(&report, "achieved_rate");
     assert!((50.0..=100.0).contains(&achieved), "{report}");
     assert_eq!(report["rate_missed"], false, "{report}");
+    server_cpu(&report);
     assert!(
         number(&report, "span_s") >= offered as f64 / 100.0,
         "{report}"
@@ -208,6 +209,9 @@ async fn bench_a_sweep_report_plots_every_rate_and_flags_a_missed_one_loudly() {
     assert_eq!(reports[1]["rate_missed"], true, "{report}");
     let missed = reports.iter().filter(|r| r["rate_missed"] == true).count();
     reports.iter().for_each(assert_per_job_counts);
+    reports.iter().for_each(|r| {
+        server_cpu(r);
+    });
     // Each rate keeps its own page, and the sweep's page plots them all.
     for rate in ["20", "1000000"] {
         assert!(
@@ -219,15 +223,20 @@ async fn bench_a_sweep_report_plots_every_rate_and_flags_a_missed_one_loudly() {
     std::fs::remove_dir_all(&dir).unwrap();
     let names = elements(&page);
     assert_eq!(names.iter().filter(|n| *n == "svg").count(), 5, "{page}");
-    // One point per rate on every line: 2 + 3 + 2 + 4 + 1 lines, each with a polyline.
+    // One point per rate on every line: 2 + 3 + 5 + 4 + 1 lines (server CPU, its replicas',
+    // producers' and aux parts, the replica processes'), each with a polyline.
     assert_eq!(
         names.iter().filter(|n| *n == "circle").count(),
-        2 * 12,
+        2 * 15,
         "{page}"
     );
     assert_eq!(
         names.iter().filter(|n| *n == "polyline").count(),
-        12,
+        15,
+        "{page}"
+    );
+    assert!(
+        page.contains("of which replicas / producers / aux"),
         "{page}"
     );
     for external in ["<script", "src=", "<link", "@import"] {
@@ -286,6 +295,7 @@ async fn bench_depth_target_keeps_the_backlog_near_its_depth_with_bulk_top_ups()
     );
     // The depth was held: counted many times, its median at the depth, and never above what
     // the reservations allow (depth + producers x batch).
+    server_cpu(&report);
     let held = &report["depth_held"];
     assert!(held["samples"].as_u64().unwrap() >= 10, "{report}");
     assert_eq!(report["depth_missed"], false, "{report}");
