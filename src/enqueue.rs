@@ -80,7 +80,7 @@ pub struct Enqueued {
     pub replayed: bool,
 }
 
-/// The head both insert statements share: CTE `batch` unnests the parallel arrays `$1..$6`,
+/// The head of [`INSERT_SQL`] (and of the unkeyed insert in migration 0025's function): CTE `batch` unnests the parallel arrays `$1..$6`,
 /// `$9..$12` (a `run_at` in the past, or none, becomes `now()`), and CTE `accepted` inserts their
 /// intake rows (owner `$7`, kind `$8`, queue `$10`, priority `$11`; the concurrency key `$12` goes
 /// to the live row only); each statement ends `accepted` its own way.
@@ -131,22 +131,16 @@ RETURNING id"
 /// [`INSERT_SQL`] for a chunk in which no job has an idempotency key or replaces another: no
 /// job can be a replay (each has a key of its own, made of its fresh id: `own_key`), so both
 /// inserts are plain (no speculative insertion, no join of the accepted ids) and nothing is
-/// returned. Same parameters and `run_at` rule as [`INSERT_SQL`].
+/// returned. Same parameters and `run_at` rule as [`INSERT_SQL`]. The insert itself is the body
+/// of `durable_etl_enqueue_unkeyed` (migration 0025), whose plan the session keeps: this, the
+/// statement sent, is only the call, so an enqueue no longer pays for parsing and planning the
+/// whole insert (about a third of a single-job enqueue's server CPU, docs/benchmarks.md).
 ///
 /// Locks: inserts new rows and their index entries; a key of its own can never collide, and if
 /// one ever did, the unique index would fail the statement rather than skip the job. The trigger
 /// notifies as for [`INSERT_SQL`].
-pub const INSERT_UNKEYED_SQL: &str = concat!(
-    insert_intake!(),
-    "
-)
-INSERT INTO etl_job_records
-       (id, owner_key, kind, request_payload, max_attempts, run_at, queue, priority, sort_at,
-        concurrency_key)
-SELECT id, $7, $8, payload, max_attempts, run_at, queue, priority,
-       durable_etl_sort_at(run_at, priority), concurrency_key
-  FROM batch"
-);
+pub const INSERT_UNKEYED_SQL: &str =
+    "SELECT durable_etl_enqueue_unkeyed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 
 /// The existing jobs of an owner (`$1`) for idempotency key digests (`$2`).
 ///

@@ -1519,7 +1519,7 @@ async fn migration_0024_wakes_waiting_replicas_by_token_one_per_job_and_round_tr
     assert_eq!(waiting_owners(&client).await, ["old", "other-kind"]);
 
     let down = schema::migrate_down_to(&mut client, 23).await.unwrap();
-    assert_eq!((down.changed, down.version), (vec![24], 23));
+    assert_eq!((down.changed, down.version), (vec![25, 24], 23));
     let columns: Vec<String> = first_column(
         &client,
         "SELECT attname::text FROM pg_attribute
@@ -1533,7 +1533,7 @@ async fn migration_0024_wakes_waiting_replicas_by_token_one_per_job_and_round_tr
     let up = schema::migrate_up(&mut client).await.unwrap();
     assert_eq!(
         (up.changed, up.version),
-        (vec![24], schema::latest_version())
+        (vec![24, 25], schema::latest_version())
     );
     assert_eq!(catalog_snapshot(&client).await, latest);
 
@@ -1565,4 +1565,94 @@ async fn waiting_owners(client: &tokio_postgres::Client) -> Vec<String> {
         "SELECT owner_id FROM etl_waiting_replicas ORDER BY owner_id",
     )
     .await
+}
+
+/// The intake rows and pending live rows of the database.
+async fn enqueued_rows(client: &tokio_postgres::Client) -> (i64, i64) {
+    (
+        count(client, "etl_job_intake").await,
+        count(client, "etl_job_records WHERE status = 'pending'").await,
+    )
+}
+
+/// Enqueues `n` due jobs of `test.noop` with `payload` and no idempotency key through the
+/// library (its unkeyed path), in one statement.
+async fn enqueue_unkeyed(client: &tokio_postgres::Client, n: usize, payload: serde_json::Value) {
+    let secret = durable_etl::digest::Secret::new(vec![7u8; 32]).unwrap();
+    let jobs = (0..n)
+        .map(|_| durable_etl::enqueue::Submission {
+            payload: payload.clone(),
+            idempotency_key: None,
+            max_attempts: 5,
+            run_at: None,
+            replaces: None,
+            queue: None,
+            priority: 0,
+            concurrency_key: None,
+        })
+        .collect();
+    let done = durable_etl::enqueue::submit(client, &secret, &[1u8; 32], "test.noop", jobs)
+        .await
+        .unwrap();
+    assert_eq!(done.len(), n);
+    assert!(done.iter().all(|e| !e.replayed));
+}
+
+/// Migration 0025 moves the unkeyed insert into `durable_etl_enqueue_unkeyed`: the library's
+/// unkeyed enqueue is then one call of it that inserts the intake and live rows and wakes a
+/// waiting replica as the statement did; going down drops the function (the library of 24 sends
+/// the insert itself), and up again restores the catalog exactly.
+#[tokio::test]
+async fn migration_0025_runs_the_unkeyed_enqueue_in_a_function_and_round_trips() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let latest = catalog_snapshot(&client).await;
+    let mut listener = Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
+    register_with_token(&client, "a", 11, None).await;
+    enqueue_unkeyed(&client, 3, serde_json::json!({"n": 1})).await;
+    assert_eq!(enqueued_rows(&client).await, (3, 3));
+    assert_eq!(
+        count(
+            &client,
+            "etl_job_records WHERE request_payload = '{\"n\": 1}'"
+        )
+        .await,
+        3,
+        "every job keeps its payload"
+    );
+    assert!(
+        waiting_owners(&client).await.is_empty(),
+        "the waiting replica was taken"
+    );
+
+    let down = schema::migrate_down_to(&mut client, 24).await.unwrap();
+    assert_eq!((down.changed, down.version), (vec![25], 24));
+    let functions: Vec<String> = first_column(
+        &client,
+        "SELECT proname::text FROM pg_proc WHERE proname = 'durable_etl_enqueue_unkeyed'",
+    )
+    .await;
+    assert!(functions.is_empty(), "{functions:?}");
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(
+        (up.changed, up.version),
+        (vec![25], schema::latest_version())
+    );
+    assert_eq!(catalog_snapshot(&client).await, latest);
+    enqueue_unkeyed(&client, 2, serde_json::json!({})).await;
+    assert_eq!(enqueued_rows(&client).await, (5, 5));
+
+    client.batch_execute("NOTIFY test_sentinel").await.unwrap();
+    let payloads: Vec<String> = listener
+        .drain_until("test_sentinel")
+        .await
+        .into_iter()
+        .map(|(_, payload)| payload)
+        .collect();
+    assert_eq!(
+        payloads,
+        ["11"],
+        "the call woke the waiting replica by its token"
+    );
+    assert_eq!(declared_min_reader(&client, 25).await, 22);
 }
