@@ -1,6 +1,7 @@
 //! The replica processes of a run, and what they say about themselves: their metrics endpoints
 //! and their `/proc` entries (the server's CPU is `server_cpu`'s).
 
+use super::server_cpu::cpu_seconds;
 use super::starts::{parse, STARTS_FILE_ENV};
 use super::{BenchConfig, WAIT_LIMIT};
 use durable_etl::config::{ConfigError, DatabaseConfig};
@@ -241,21 +242,6 @@ fn value(text: &str, name: &str) -> u64 {
         })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
-}
-
-/// CPU seconds (user + system) process `pid` has used so far (0 when unreadable). Assumes the
-/// usual 100 clock ticks per second.
-fn cpu_seconds(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            // Fields after the command name (which may hold spaces) start at the state field.
-            let after_name = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = after_name.split_whitespace().collect();
-            let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
-            Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
-        })
-        .unwrap_or(0.0)
 }
 
 /// The peak resident set size (`VmHWM`) of process `pid`, in KiB (0 when unreadable).

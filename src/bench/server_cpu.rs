@@ -302,6 +302,12 @@ fn stat_of(pid: u32) -> Option<Stat> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// CPU seconds (user + system) process `pid` has used so far (0 when unreadable): what the
+/// replicas' processes cost (`replicas`).
+pub(super) fn cpu_seconds(pid: u32) -> f64 {
+    stat_of(pid).map_or(0.0, |stat| stat.cpu as f64 / TICKS_PER_S)
+}
+
 /// `pid`'s title (`/proc/<pid>/cmdline`, NULs as spaces).
 fn title_of(pid: u32) -> Option<String> {
     let bytes = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
