@@ -263,7 +263,7 @@ pub(super) async fn recoveries(
         holder
             .execute(
                 "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
-                 VALUES ($1, 'bench', $2, '{}', $3)",
+                 VALUES ($1::bytea, 'bench', $2, '{}', $3)",
                 &[&owner.as_slice(), &key, &job.first()],
             )
             .await?;

@@ -246,4 +246,13 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive for readers: releases before it send the unkeyed insert themselves.
         min_reader_version: 22,
     },
+    Migration {
+        version: 26,
+        name: "checks_as_domains",
+        up: include_str!("../../migrations/0026_checks_as_domains.up.sql"),
+        down: include_str!("../../migrations/0026_checks_as_domains.down.sql"),
+        // Additive for readers: their statements write these columns from typed parameters,
+        // which PostgreSQL coerces to the domains, and read back the base types.
+        min_reader_version: 22,
+    },
 ];

@@ -288,7 +288,7 @@ async fn a_replacement_that_races_the_commit_of_the_job_it_replaces_is_never_ove
     let tx = blocker.transaction().await.unwrap();
     tx.execute(
         "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record)
-         VALUES ($1, 'tests', 'k', '{}'::jsonb)",
+         VALUES ($1::bytea, 'tests', 'k', '{}'::jsonb)",
         &[&owner.to_vec()],
     )
     .await

@@ -71,7 +71,7 @@ pub async fn locked_update_with(
     client
         .execute(
             "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
-             VALUES ($1, 'd', 'k', '{\"id\": \"k\", \"v\": 0}', $2)",
+             VALUES ($1::bytea, 'd', 'k', '{\"id\": \"k\", \"v\": 0}', $2)",
             &[&owner.as_slice(), &seeded.id],
         )
         .await

@@ -48,7 +48,7 @@ impl Effects for WriteRow {
         Box::pin(async move {
             tx.execute(
                 "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record, written_by_job)
-                 VALUES ($1, 'tests', $2, '{}'::jsonb, $3)",
+                 VALUES ($1::bytea, 'tests', $2, '{}'::jsonb, $3)",
                 &[&self.job.owner_key, &self.job.id.to_string(), &self.job.id],
             )
             .await?;

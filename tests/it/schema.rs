@@ -341,7 +341,7 @@ async fn check_constraints_reject_leaky_and_unknown_states() {
             "failed",
             "'Disk on fire: /dev/sda1'",
             NO_LEDGER,
-            check("etl_job_outcomes_failure_code_check"),
+            check("durable_etl_identifier_check"),
         ),
         (
             "pending",
@@ -415,7 +415,7 @@ async fn the_failure_code_check_admits_codes_and_never_text() {
         );
         assert_eq!(
             refusal(&client, &row).await,
-            check("etl_job_outcomes_failure_code_check"),
+            check("durable_etl_identifier_check"),
             "{text}"
         );
     }
@@ -476,9 +476,10 @@ fn name_candidates() -> Vec<String> {
     names
 }
 
-/// 0019 (and 0018's code check): the checks that keep kinds, datasets and failure codes
-/// identifiers admit exactly what their regular expressions did, judged by PostgreSQL's own
-/// regex on every candidate, through inserts that only the check under test can refuse.
+/// 0019 (and 0018's code check), carried by 0026's domains: the checks that keep kinds, queues,
+/// datasets and failure codes identifiers admit exactly what their regular expressions did,
+/// judged by PostgreSQL's own regex on every candidate, through inserts (of a `text` parameter,
+/// coerced to the column's domain) that only the check under test can refuse.
 #[tokio::test]
 async fn the_name_checks_admit_exactly_what_their_patterns_did() {
     let db = TestDb::migrated().await;
@@ -486,41 +487,51 @@ async fn the_name_checks_admit_exactly_what_their_patterns_did() {
     let kind = "^[a-z][a-z0-9_.]{0,62}$";
     let code = "^[a-z][a-z0-9_]{0,62}$";
     let owner = "decode(repeat('ab', 32), 'hex')";
+    let intake = |column: &str| {
+        let (kind, queue) = if column == "kind" {
+            ("$1::text", "'default'")
+        } else {
+            ("'noop'", "$1::text")
+        };
+        format!(
+            "INSERT INTO etl_job_intake (id, owner_key, idempotency_key_digest,
+                 request_fingerprint, kind, max_attempts, run_at, queue)
+             VALUES (gen_random_uuid(), {owner}, sha256(gen_random_uuid()::text::bytea),
+                     sha256(''), {kind}, 1, now(), {queue})"
+        )
+    };
+    let live = |column: &str| {
+        let (kind, queue) = if column == "kind" {
+            ("$1::text", "'default'")
+        } else {
+            ("'noop'", "$1::text")
+        };
+        format!(
+            "INSERT INTO etl_job_records (id, owner_key, kind, request_payload, queue)
+             VALUES (gen_random_uuid(), {owner}, {kind}, '{{}}', {queue})"
+        )
+    };
     let cases = [
+        ("durable_etl_name_check", kind, intake("kind")),
+        ("durable_etl_name_check", kind, intake("queue")),
+        ("durable_etl_name_check", kind, live("kind")),
+        ("durable_etl_name_check", kind, live("queue")),
         (
-            "etl_job_intake_kind_check",
-            kind,
-            format!(
-                "INSERT INTO etl_job_intake (id, owner_key, idempotency_key_digest,
-                     request_fingerprint, kind, max_attempts, run_at)
-                 VALUES (gen_random_uuid(), {owner}, sha256(gen_random_uuid()::text::bytea),
-                         sha256(''), $1, 1, now())"
-            ),
-        ),
-        (
-            "etl_job_records_kind_check",
-            kind,
-            format!(
-                "INSERT INTO etl_job_records (id, owner_key, kind, request_payload)
-                 VALUES (gen_random_uuid(), {owner}, $1, '{{}}')"
-            ),
-        ),
-        (
-            "etl_target_rows_dataset_check",
+            "durable_etl_identifier_check",
             code,
             format!(
                 "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record,
                      written_by_job)
-                 VALUES ({owner}, $1, gen_random_uuid()::text, '{{}}', NULL)"
+                 VALUES ({owner}, $1::text, gen_random_uuid()::text, '{{}}', NULL)"
             ),
         ),
         (
-            "etl_job_outcomes_failure_code_check",
+            "durable_etl_identifier_check",
             code,
             format!(
                 "INSERT INTO etl_job_outcomes (job_id, owner_key, status, attempts, run_at,
                      failure_code)
-                 VALUES (gen_random_uuid(), {owner}, 'failed', 1, now(), $1)"
+                 VALUES (gen_random_uuid(), {owner}, 'failed', 1, now(), $1::text)"
             ),
         ),
     ];
@@ -1481,7 +1492,7 @@ async fn register_with_token(
 ) {
     client
         .execute(
-            "INSERT INTO etl_waiting_replicas (owner_id, kinds, wake_token) VALUES ($1, $2, $3)",
+            "INSERT INTO etl_waiting_replicas (owner_id, kinds, wake_token) VALUES ($1::text, $2, $3)",
             &[&owner, &kinds, &token],
         )
         .await
@@ -1519,7 +1530,7 @@ async fn migration_0024_wakes_waiting_replicas_by_token_one_per_job_and_round_tr
     assert_eq!(waiting_owners(&client).await, ["old", "other-kind"]);
 
     let down = schema::migrate_down_to(&mut client, 23).await.unwrap();
-    assert_eq!((down.changed, down.version), (vec![25, 24], 23));
+    assert_eq!((down.changed, down.version), (versions_above(23, true), 23));
     let columns: Vec<String> = first_column(
         &client,
         "SELECT attname::text FROM pg_attribute
@@ -1533,7 +1544,7 @@ async fn migration_0024_wakes_waiting_replicas_by_token_one_per_job_and_round_tr
     let up = schema::migrate_up(&mut client).await.unwrap();
     assert_eq!(
         (up.changed, up.version),
-        (vec![24, 25], schema::latest_version())
+        (versions_above(23, false), schema::latest_version())
     );
     assert_eq!(catalog_snapshot(&client).await, latest);
 
@@ -1626,7 +1637,7 @@ async fn migration_0025_runs_the_unkeyed_enqueue_in_a_function_and_round_trips()
     );
 
     let down = schema::migrate_down_to(&mut client, 24).await.unwrap();
-    assert_eq!((down.changed, down.version), (vec![25], 24));
+    assert_eq!((down.changed, down.version), (versions_above(24, true), 24));
     let functions: Vec<String> = first_column(
         &client,
         "SELECT proname::text FROM pg_proc WHERE proname = 'durable_etl_enqueue_unkeyed'",
@@ -1636,7 +1647,7 @@ async fn migration_0025_runs_the_unkeyed_enqueue_in_a_function_and_round_trips()
     let up = schema::migrate_up(&mut client).await.unwrap();
     assert_eq!(
         (up.changed, up.version),
-        (vec![25], schema::latest_version())
+        (versions_above(24, false), schema::latest_version())
     );
     assert_eq!(catalog_snapshot(&client).await, latest);
     enqueue_unkeyed(&client, 2, serde_json::json!({})).await;
@@ -1655,4 +1666,206 @@ async fn migration_0025_runs_the_unkeyed_enqueue_in_a_function_and_round_trips()
         "the call woke the waiting replica by its token"
     );
     assert_eq!(declared_min_reader(&client, 25).await, 22);
+}
+
+/// The columns 0026 moves onto its domains, with their domains.
+const DOMAIN_COLUMNS: [(&str, &str, &str); 20] = [
+    ("etl_job_intake", "owner_key", "durable_etl_digest"),
+    (
+        "etl_job_intake",
+        "idempotency_key_digest",
+        "durable_etl_digest",
+    ),
+    (
+        "etl_job_intake",
+        "request_fingerprint",
+        "durable_etl_digest",
+    ),
+    ("etl_job_intake", "kind", "durable_etl_name"),
+    ("etl_job_intake", "max_attempts", "durable_etl_max_attempts"),
+    ("etl_job_intake", "queue", "durable_etl_name"),
+    ("etl_job_intake", "priority", "durable_etl_priority"),
+    ("etl_job_records", "owner_key", "durable_etl_digest"),
+    ("etl_job_records", "kind", "durable_etl_name"),
+    (
+        "etl_job_records",
+        "max_attempts",
+        "durable_etl_max_attempts",
+    ),
+    ("etl_job_records", "lease_owner_id", "durable_etl_owner_id"),
+    ("etl_job_records", "queue", "durable_etl_name"),
+    ("etl_job_records", "priority", "durable_etl_priority"),
+    (
+        "etl_job_records",
+        "concurrency_key",
+        "durable_etl_concurrency_key",
+    ),
+    ("etl_job_outcomes", "owner_key", "durable_etl_digest"),
+    ("etl_job_outcomes", "failure_code", "durable_etl_identifier"),
+    ("etl_job_outcomes", "data_checksum", "durable_etl_digest"),
+    ("etl_target_rows", "owner_key", "durable_etl_digest"),
+    ("etl_target_rows", "dataset", "durable_etl_identifier"),
+    ("etl_waiting_replicas", "owner_id", "durable_etl_owner_id"),
+];
+
+/// The type of `table.column` as `format_type` names it.
+async fn column_type(client: &tokio_postgres::Client, table: &str, column: &str) -> String {
+    client
+        .query_one(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+              WHERE attrelid = $1::text::regclass AND attname = $2",
+            &[&table, &column],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Whether casting `value` (an SQL expression of the domain's base type) to `domain` is refused
+/// by the domain's check, `{domain}_check`; panics on any other error.
+async fn domain_refuses(client: &tokio_postgres::Client, domain: &str, value: &str) -> bool {
+    match client
+        .batch_execute(&format!("SELECT ({value})::{domain}"))
+        .await
+    {
+        Ok(()) => false,
+        Err(e) => {
+            let db = e.as_db_error().unwrap();
+            assert_eq!(db.code(), &SqlState::CHECK_VIOLATION, "{domain}: {value}");
+            assert_eq!(db.constraint(), Some(format!("{domain}_check").as_str()));
+            true
+        }
+    }
+}
+
+/// Migration 0026 moves every one-column check of the tables a job passes through onto a
+/// domain: each column is of its domain, no table keeps the CHECK it replaced, each domain
+/// admits and refuses at the edges what the CHECK did (the names: see
+/// `the_name_checks_admit_exactly_what_their_patterns_did`), and a value written to a column is
+/// checked. Going down puts the columns back on their base types with their CHECKs (a bad value
+/// is refused by the table again) and drops the domains; up again restores the catalog exactly,
+/// and the jobs survive both.
+#[tokio::test]
+async fn migration_0026_checks_one_column_values_by_domain_and_round_trips() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let latest = catalog_snapshot(&client).await;
+    for (table, column, domain) in DOMAIN_COLUMNS {
+        assert_eq!(
+            column_type(&client, table, column).await,
+            domain,
+            "{table}.{column}"
+        );
+    }
+    let single_column_checks: Vec<String> = first_column(
+        &client,
+        "SELECT conname::text FROM pg_constraint
+          WHERE contype = 'c' AND array_length(conkey, 1) = 1
+            AND conrelid IN ('etl_job_intake'::regclass, 'etl_job_outcomes'::regclass,
+                             'etl_target_rows'::regclass, 'etl_waiting_replicas'::regclass)
+          ORDER BY 1",
+    )
+    .await;
+    assert_eq!(
+        single_column_checks,
+        [
+            "etl_job_outcomes_attempts_check",
+            "etl_job_outcomes_failure_record_index_check",
+            "etl_job_outcomes_rows_inserted_check",
+            "etl_job_outcomes_rows_unchanged_check",
+            "etl_job_outcomes_rows_updated_check",
+            "etl_job_outcomes_status_check",
+        ],
+        "only the outcome's counters and status keep a one-column CHECK"
+    );
+    let edges = [
+        ("durable_etl_digest", "sha256(''::bytea)", false),
+        (
+            "durable_etl_digest",
+            "substring(sha256(''::bytea) from 2)",
+            true,
+        ),
+        (
+            "durable_etl_digest",
+            "sha256(''::bytea) || '\\x00'::bytea",
+            true,
+        ),
+        ("durable_etl_priority", "0::int2", false),
+        ("durable_etl_priority", "9::int2", false),
+        ("durable_etl_priority", "(-1)::int2", true),
+        ("durable_etl_priority", "10::int2", true),
+        ("durable_etl_max_attempts", "1", false),
+        ("durable_etl_max_attempts", "100", false),
+        ("durable_etl_max_attempts", "0", true),
+        ("durable_etl_max_attempts", "101", true),
+        ("durable_etl_owner_id", "repeat('é', 128)", false),
+        ("durable_etl_owner_id", "''", true),
+        ("durable_etl_owner_id", "repeat('a', 129)", true),
+        ("durable_etl_concurrency_key", "repeat('a', 255)", false),
+        ("durable_etl_concurrency_key", "''", true),
+        ("durable_etl_concurrency_key", "repeat('é', 128)", true),
+    ];
+    for (domain, value, refused) in edges {
+        assert_eq!(
+            domain_refuses(&client, domain, value).await,
+            refused,
+            "{domain}: {value}"
+        );
+    }
+    // A value written to a column is checked by its domain.
+    enqueue_unkeyed(&client, 2, serde_json::json!({})).await;
+    let err = client
+        .batch_execute("UPDATE etl_job_records SET priority = 10")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_db_error().unwrap().constraint(),
+        Some("durable_etl_priority_check")
+    );
+
+    let down = schema::migrate_down_to(&mut client, 25).await.unwrap();
+    assert_eq!((down.changed, down.version), (vec![26], 25));
+    for (table, column, _) in DOMAIN_COLUMNS {
+        let base = column_type(&client, table, column).await;
+        assert!(
+            ["bytea", "text", "integer", "smallint"].contains(&base.as_str()),
+            "{base}"
+        );
+    }
+    let domains: Vec<String> = first_column(
+        &client,
+        "SELECT typname::text FROM pg_type WHERE typtype = 'd' AND typname LIKE 'durable_etl_%'",
+    )
+    .await;
+    assert!(domains.is_empty(), "{domains:?}");
+    let err = client
+        .batch_execute("UPDATE etl_job_records SET priority = 10")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_db_error().unwrap().constraint(),
+        Some("etl_job_records_priority_check")
+    );
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(
+        (up.changed, up.version),
+        (vec![26], schema::latest_version())
+    );
+    assert_eq!(catalog_snapshot(&client).await, latest);
+    assert_eq!(enqueued_rows(&client).await, (2, 2));
+    assert_eq!(declared_min_reader(&client, 26).await, 22);
+}
+
+/// The versions of every migration after `version`, newest first when `reversed` (the order
+/// going down applies them in), else oldest first.
+fn versions_above(version: i32, reversed: bool) -> Vec<i32> {
+    let mut above: Vec<i32> = schema::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| *v > version)
+        .collect();
+    if reversed {
+        above.reverse();
+    }
+    above
 }

@@ -132,7 +132,7 @@ impl Listener {
 pub async fn register_waiting(client: &impl tokio_postgres::GenericClient, owner: &str) {
     client
         .execute(
-            "INSERT INTO etl_waiting_replicas (owner_id) VALUES ($1)",
+            "INSERT INTO etl_waiting_replicas (owner_id) VALUES ($1::text)",
             &[&owner],
         )
         .await
@@ -154,7 +154,7 @@ pub async fn insert_job(
                      INSERT INTO etl_job_intake
                          (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
                           max_attempts, run_at)
-                     VALUES ($1, $2, $3, $2, 'test.noop', 5, {run_at_sql})
+                     VALUES ($1, $2::bytea, $3::bytea, $2::bytea, 'test.noop', 5, {run_at_sql})
                      RETURNING id, owner_key, kind, max_attempts, run_at
                  )
                  INSERT INTO etl_job_records
@@ -185,12 +185,12 @@ pub async fn insert_jobs(
                      (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
                       max_attempts, run_at)
                  SELECT t.id, decode(repeat('ab', 32), 'hex'), sha256(t.id::text::bytea),
-                        sha256(t.id::text::bytea), $2, $4, now() - interval '1 second'
+                        sha256(t.id::text::bytea), $2::text, $4::int4, now() - interval '1 second'
                    FROM unnest($1::uuid[]) AS t(id)
              )
              INSERT INTO etl_job_records
                  (id, owner_key, kind, request_payload, max_attempts, run_at)
-             SELECT t.id, decode(repeat('ab', 32), 'hex'), $2, t.payload, $4,
+             SELECT t.id, decode(repeat('ab', 32), 'hex'), $2::text, t.payload, $4::int4,
                     now() - interval '1 second'
                FROM unnest($1::uuid[], $3::jsonb[]) AS t(id, payload)",
             &[&ids, &kind, &payloads, &max_attempts],
@@ -269,10 +269,10 @@ pub async fn end_job(
              INSERT INTO etl_job_outcomes
                  (job_id, owner_key, status, attempts, run_at, lease_claim_id, failure_code,
                   rows_inserted, rows_updated, rows_unchanged, data_checksum, started_at)
-             SELECT id, owner_key, $2, attempts, run_at,
+             SELECT id, owner_key, $2::text, attempts, run_at,
                     CASE WHEN $4::int4 IS NOT NULL
                          THEN coalesce(lease_claim_id, gen_random_uuid()) END,
-                    $3, $4, $5, $6,
+                    $3::text, $4, $5, $6,
                     CASE WHEN $4::int4 IS NOT NULL THEN sha256(id::text::bytea) END, started_at
                FROM ended",
             &[&id, &status, &failure_code, &inserted, &updated, &unchanged],

@@ -324,7 +324,7 @@ async fn a_deferred_job_runs_when_due_and_never_before() {
     let early = insert_job(&client, "now() + interval '800 milliseconds'").await;
     client
         .execute(
-            "UPDATE etl_job_records SET kind = $1 WHERE id = $2",
+            "UPDATE etl_job_records SET kind = $1::text WHERE id = $2",
             &[&NOOP, &early],
         )
         .await
@@ -338,7 +338,7 @@ async fn a_deferred_job_runs_when_due_and_never_before() {
     let late = insert_job(&client, "now() + interval '500 milliseconds'").await;
     client
         .execute(
-            "UPDATE etl_job_records SET kind = $1 WHERE id = $2",
+            "UPDATE etl_job_records SET kind = $1::text WHERE id = $2",
             &[&NOOP, &late],
         )
         .await
