@@ -1,6 +1,8 @@
 -- Reverts 0026: the columns back on their base types, each with the CHECK constraint it had
--- (those 0019 added NOT VALID are added NOT VALID again; the others are validated, a scan of
--- their table), the domains dropped, the view recreated over the base types.
+-- (the four added NOT VALID before, three by 0019 and the failure code's by 0018, are added
+-- NOT VALID again; the others are validated, a scan of their table), the domains dropped, the
+-- view recreated over the base types (a GRANT on it is not restored). The moved columns'
+-- statistics are dropped again: ANALYZE afterwards.
 -- Locks: ACCESS EXCLUSIVE on the five tables until the commit; no rewrite (a domain and its
 -- base type are binary coercible); the live table's partial indexes over moved columns are
 -- rebuilt, as on the way up.

@@ -5,10 +5,11 @@
 -- or updates a row of the table, parses each one back into an expression (`stringToNode`),
 -- plans it and prepares it, whatever columns the statement writes: on the live table 15 KB of
 -- them for every enqueue, claim, heartbeat and release, 8 KB on the intake for every enqueue,
--- 11 KB on the outcomes for every completion. That was a fifth of a single-job enqueue's server
--- CPU (`perf`, docs/benchmarks.md, #26). A domain's checks are parsed and planned once per
--- session (the type cache) and run only on a value written to a column of the domain: a claim
--- that sets the lease no longer re-checks the job's kind, queue, owner and attempt bound.
+-- 11 KB on the outcomes for every completion. That work was a fifth of a single-job enqueue's
+-- backend CPU (`perf`, docs/benchmarks.md, #26). A domain's checks are parsed and planned once
+-- per session (the type cache) and run only on a value written to a column of the domain: a
+-- claim that sets the lease no longer re-checks the job's kind, queue, owner and attempt bound
+-- (it still re-reads the live table's remaining CHECKs, about a third of what it read).
 --
 -- Each domain admits exactly what its CHECK did (the test
 -- `schema::the_name_checks_admit_exactly_what_their_patterns_did` compares them with the
@@ -20,7 +21,8 @@
 -- - `durable_etl_owner_id`: a replica's owner id, 1..128 characters;
 -- - `durable_etl_concurrency_key`: 1..255 bytes.
 -- Checks over several columns (a running job has a lease, attempts within the bound, an outcome's
--- ledger only if it succeeded) and the small status and code lists stay CHECK constraints.
+-- ledger only if it succeeded), the short status and cancel-code lists and the small counters
+-- (fencing token, heartbeat, an outcome's attempts and row counts) stay CHECK constraints.
 --
 -- A column changes to a domain over its own type without a rewrite only while the domain has
 -- no constraint, so the domains are created bare, the columns moved onto them, and each check
@@ -28,14 +30,23 @@
 -- and the check holds for every value written from this commit on. The `etl_jobs` view reads
 -- these columns and is dropped and recreated unchanged around the moves.
 --
--- Readers: additive. Every statement of releases 22 and later writes these columns from typed
--- parameters or arrays (`$1::text[]`, `unnest`), which PostgreSQL coerces to the domain, and
--- reads them back as their base types (a row description names a domain's base type).
+-- Readers: release 23 and later. Their workers and API write these columns from typed
+-- parameters or arrays (`query_typed`, `$1::text[]`, `unnest`), which PostgreSQL coerces to
+-- the domain, and their prepared claims return base types (a `UNION ALL` with `NULL::text`
+-- rows), so a session prepared before this migration keeps working. Release 22's prepared claim
+-- returns the live row's kind, attempt bound and owner directly: their types change, and a
+-- prepared statement whose result types change fails (`0A000`) until its session closes, so
+-- 22 is not a reader. A statement that binds one of these columns from an untyped parameter
+-- (`INSERT … VALUES ($1)`, PostgreSQL infers the domain) fails in drivers that check types, as
+-- tokio-postgres does: cast it (`$1::text`). (The `bench` command of releases 22 to 25 does.)
+-- ALTER COLUMN … TYPE drops the moved columns' statistics: run ANALYZE on the five tables
+-- afterwards, or let autovacuum's analyze do it. Dropping the view drops any GRANT on it.
 -- Locks: ACCESS EXCLUSIVE on etl_job_intake, etl_job_records, etl_job_outcomes,
--- etl_target_rows and etl_waiting_replicas until the commit. No table is rewritten and the
+-- etl_target_rows and etl_waiting_replicas until the commit: every read and write of them waits
+-- (enqueues, claims, completions, heartbeats, status reads). No table is rewritten and the
 -- history's indexes are kept (their operator classes are unchanged); the live table's three
 -- partial indexes over moved columns are rebuilt, a scan of the live rows (the backlog, not the
--- history). Enqueues and claims wait for the commit.
+-- history).
 
 DROP VIEW etl_jobs;
 

@@ -155,7 +155,7 @@ pub(crate) mod history {
                              INSERT INTO etl_job_intake
                                     (id, owner_key, idempotency_key_digest, request_fingerprint,
                                      kind, max_attempts, run_at, created_at)
-                             SELECT id, $1, sha256(g::text::bytea), sha256(g::text::bytea),
+                             SELECT id, $1::bytea, sha256(g::text::bytea), sha256(g::text::bytea),
                                     'noop', 5, at, at
                                FROM ids
                          )
@@ -163,7 +163,7 @@ pub(crate) mod history {
                                 (job_id, owner_key, status, attempts, run_at, lease_claim_id,
                                  rows_inserted, rows_updated, rows_unchanged, data_checksum,
                                  started_at, finished_at)
-                         SELECT id, $1, 'succeeded', 1, at, gen_random_uuid(), 0, 0, 0,
+                         SELECT id, $1::bytea, 'succeeded', 1, at, gen_random_uuid(), 0, 0, 0,
                                 sha256(g::text::bytea), at, at
                            FROM ids"
                     ),

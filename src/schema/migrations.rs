@@ -251,8 +251,9 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "checks_as_domains",
         up: include_str!("../../migrations/0026_checks_as_domains.up.sql"),
         down: include_str!("../../migrations/0026_checks_as_domains.down.sql"),
-        // Additive for readers: their statements write these columns from typed parameters,
-        // which PostgreSQL coerces to the domains, and read back the base types.
-        min_reader_version: 22,
+        // Breaking for release 22 only: its prepared claim returns moved columns directly, and a
+        // prepared statement whose result types change fails until its session closes. Releases
+        // 23 and later write these columns typed and their claims return base types.
+        min_reader_version: 23,
     },
 ];

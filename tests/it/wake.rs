@@ -481,3 +481,33 @@ async fn a_failed_claim_is_retried_without_waiting_for_the_poll() {
     assert_eq!((stats.claims, stats.claims_by_due), (2, 1));
     replica.stop().await.unwrap();
 }
+
+/// Migration 0026 changes the types of columns a replica's prepared statements read and write
+/// (a prepared statement whose result types change fails with `0A000`): a replica started before
+/// the migration goes down to 25 and up to 26 under it keeps claiming and completing on the
+/// sessions it prepared its claim, success and presence statements on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_replica_keeps_working_across_migration_0026_down_and_up() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let replica = Replica::start(&db, config("across", Duration::from_secs(60), 4)).await;
+    replica.started().await;
+    insert_jobs(&client, NOOP, &[json!({})], 3).await;
+    until_succeeded(&client, 1).await;
+    let down = durable_etl::schema::migrate_down_to(&mut client, 25)
+        .await
+        .unwrap();
+    assert_eq!(down.version, 25);
+    insert_jobs(&client, NOOP, &[json!({}), json!({})], 3).await;
+    until_succeeded(&client, 3).await;
+    let up = durable_etl::schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(up.version, durable_etl::schema::latest_version());
+    insert_jobs(&client, NOOP, &[json!({}), json!({})], 3).await;
+    until_succeeded(&client, 5).await;
+    assert_eq!(
+        count(&client, "etl_jobs WHERE status <> 'succeeded'").await,
+        0,
+        "no job failed or was left behind"
+    );
+    replica.stop().await.unwrap();
+}
