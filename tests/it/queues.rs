@@ -4,7 +4,7 @@
 //! only for its own queues, and enqueues carry a kind's queue and priority or the caller's.
 
 use crate::handlers::{Noop, NOOP};
-use crate::support::{count, pool, TestDb};
+use crate::support::{count, pool, versions_above, TestDb};
 use durable_etl::handler::{JobContext, JobError, Registry};
 use durable_etl::queue;
 use durable_etl::schema;
@@ -349,14 +349,8 @@ async fn migration_0020_puts_every_job_in_the_default_queue_and_round_trips() {
     let db = TestDb::migrated().await;
     let mut client = db.client().await;
     let latest = crate::support::catalog_snapshot(&client).await;
-    let from_20: Vec<i32> = schema::MIGRATIONS
-        .iter()
-        .map(|m| m.version)
-        .filter(|v| *v >= 20)
-        .collect();
     let down = schema::migrate_down_to(&mut client, 19).await.unwrap();
-    let reversed: Vec<i32> = from_20.iter().rev().copied().collect();
-    assert_eq!((down.changed, down.version), (reversed, 19));
+    assert_eq!((down.changed, down.version), (versions_above(19, true), 19));
     // Jobs of release 19: one due, one deferred, in its layout (no queue, no deadline).
     client
         .batch_execute(
@@ -377,7 +371,7 @@ async fn migration_0020_puts_every_job_in_the_default_queue_and_round_trips() {
         .unwrap();
     assert!(exists(&client, "etl_job_records_pending_due_idx").await);
     let up = schema::migrate_up(&mut client).await.unwrap();
-    assert_eq!(up.changed, from_20);
+    assert_eq!(up.changed, versions_above(19, false));
     assert_eq!(crate::support::catalog_snapshot(&client).await, latest);
     let placed: Vec<(String, i16, bool)> = client
         .query(

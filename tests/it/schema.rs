@@ -3,7 +3,7 @@
 
 use crate::support::{
     catalog_snapshot, count, end_job, first_column, insert_ended_jobs, insert_job, insert_jobs,
-    register_waiting, Listener, TestDb, LEDGERS,
+    register_waiting, versions_above, Listener, TestDb, LEDGERS,
 };
 use durable_etl::codes::Code;
 use durable_etl::error::{Error, SchemaError};
@@ -487,12 +487,17 @@ async fn the_name_checks_admit_exactly_what_their_patterns_did() {
     let kind = "^[a-z][a-z0-9_.]{0,62}$";
     let code = "^[a-z][a-z0-9_]{0,62}$";
     let owner = "decode(repeat('ab', 32), 'hex')";
-    let intake = |column: &str| {
-        let (kind, queue) = if column == "kind" {
+    // The kind and queue values of an insert that tests `column`: the parameter there, a valid
+    // name in the other.
+    let kind_and_queue = |column: &str| {
+        if column == "kind" {
             ("$1::text", "'default'")
         } else {
             ("'noop'", "$1::text")
-        };
+        }
+    };
+    let intake = |column: &str| {
+        let (kind, queue) = kind_and_queue(column);
         format!(
             "INSERT INTO etl_job_intake (id, owner_key, idempotency_key_digest,
                  request_fingerprint, kind, max_attempts, run_at, queue)
@@ -501,11 +506,7 @@ async fn the_name_checks_admit_exactly_what_their_patterns_did() {
         )
     };
     let live = |column: &str| {
-        let (kind, queue) = if column == "kind" {
-            ("$1::text", "'default'")
-        } else {
-            ("'noop'", "$1::text")
-        };
+        let (kind, queue) = kind_and_queue(column);
         format!(
             "INSERT INTO etl_job_records (id, owner_key, kind, request_payload, queue)
              VALUES (gen_random_uuid(), {owner}, {kind}, '{{}}', {queue})"
@@ -1854,18 +1855,4 @@ async fn migration_0026_checks_one_column_values_by_domain_and_round_trips() {
     assert_eq!(catalog_snapshot(&client).await, latest);
     assert_eq!(enqueued_rows(&client).await, (2, 2));
     assert_eq!(declared_min_reader(&client, 26).await, 23);
-}
-
-/// The versions of every migration after `version`, newest first when `reversed` (the order
-/// going down applies them in), else oldest first.
-fn versions_above(version: i32, reversed: bool) -> Vec<i32> {
-    let mut above: Vec<i32> = schema::MIGRATIONS
-        .iter()
-        .map(|m| m.version)
-        .filter(|v| *v > version)
-        .collect();
-    if reversed {
-        above.reverse();
-    }
-    above
 }

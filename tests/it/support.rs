@@ -680,3 +680,17 @@ pub async fn assert_settled_once(client: &Client, targets: i64) {
         "target rows"
     );
 }
+
+/// The versions of every migration after `version`, newest first when `reversed` (the order
+/// going down applies them in), else oldest first.
+pub fn versions_above(version: i32, reversed: bool) -> Vec<i32> {
+    let mut above: Vec<i32> = durable_etl::schema::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| *v > version)
+        .collect();
+    if reversed {
+        above.reverse();
+    }
+    above
+}
