@@ -256,13 +256,4 @@ pub static MIGRATIONS: &[Migration] = &[
         // 23 and later write these columns typed and their claims return base types.
         min_reader_version: 23,
     },
-    Migration {
-        version: 27,
-        name: "waiting_rows_in_place",
-        up: include_str!("../../migrations/0027_waiting_rows_in_place.up.sql"),
-        down: include_str!("../../migrations/0027_waiting_rows_in_place.down.sql"),
-        // Additive for readers: releases before it delete their rows as before, and their API's
-        // notifier reads a parked row as waiting (one NOTIFY more than it needs).
-        min_reader_version: 23,
-    },
 ];

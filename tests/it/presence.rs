@@ -9,21 +9,11 @@ use durable_etl::handler::Registry;
 use serde_json::json;
 use std::time::Duration;
 
-/// The owner ids of the rows that wait (not parked: migration 0027), in order.
+/// The owner ids of the waiting rows, in order.
 async fn waiting(client: &tokio_postgres::Client) -> Vec<String> {
-    owners(client, "queues IS DISTINCT FROM '{}'").await
-}
-
-/// The owner ids of the parked rows (empty queues and kinds: migration 0027), in order.
-async fn parked(client: &tokio_postgres::Client) -> Vec<String> {
-    owners(client, "queues = '{}' AND kinds = '{}'").await
-}
-
-/// The owner ids of the waiting table's rows that match `filter`, in order.
-async fn owners(client: &tokio_postgres::Client, filter: &str) -> Vec<String> {
     client
         .query(
-            &format!("SELECT owner_id FROM etl_waiting_replicas WHERE {filter} ORDER BY owner_id"),
+            "SELECT owner_id FROM etl_waiting_replicas ORDER BY owner_id",
             &[],
         )
         .await
@@ -84,9 +74,9 @@ async fn an_enqueue_in_flight_while_a_replica_registers_still_wakes_it() {
     assert!(waiting(&observer).await.is_empty(), "it left at shutdown");
 }
 
-/// An idle replica waits (enqueues notify it); one whose claim comes back full parks its row
-/// (enqueues stop notifying: it claims again by itself as its jobs end) and waits again, in the
-/// same row, once a claim comes back short; it deletes its row at shutdown.
+/// An idle replica waits (enqueues notify it); one whose claim comes back full leaves (enqueues
+/// stop notifying: it claims again by itself as its jobs end) and waits again once a claim comes
+/// back short; it leaves at shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_waits_while_idle_and_leaves_while_busy() {
     let db = TestDb::migrated().await;
@@ -107,7 +97,6 @@ async fn a_replica_waits_while_idle_and_leaves_while_busy() {
         replica.stats.snapshot().waits_left == 1 && waiting(&client).await.is_empty()
     })
     .await;
-    assert_eq!(parked(&client).await, ["busy"], "its row stays, parked");
     // Nobody waits: this enqueue notifies nobody, and the busy replica takes it all the same.
     insert_jobs(&client, SCRIPTED, &[json!({})], 3).await;
     gate.add_permits(3);
@@ -117,12 +106,8 @@ async fn a_replica_waits_while_idle_and_leaves_while_busy() {
     })
     .await;
     assert_eq!(replica.stats.snapshot().notifications, 1);
-    assert!(
-        parked(&client).await.is_empty(),
-        "waiting again in the same row"
-    );
     replica.stop().await.unwrap();
-    assert_eq!(owners(&client, "true").await, Vec::<String>::new());
+    assert!(waiting(&client).await.is_empty());
 }
 
 /// A waiting replica whose row is lost (deleted, or emptied by crash recovery) restores it at
