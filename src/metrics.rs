@@ -296,6 +296,9 @@ const COUNTERS: &[Counter] = &[
     ("durable_etl_enqueue_barrier_held",
         "Tries of the enqueue barrier that found an enqueue in flight (tried again).",
         |s| s.barrier_held),
+    ("durable_etl_registrations_skipped",
+        "Registrations that found the replica's row held by another transaction (tried again).",
+        |s| s.registrations_skipped),
 ];
 
 /// A replica's counters and gauges, read once per scrape.

@@ -207,6 +207,9 @@ counters! {
     waits_left,
     /// Tries of the enqueue barrier that found an enqueue in flight (tried again later).
     barrier_held,
+    /// Registrations that wrote nothing because another transaction held the replica's row (an
+    /// enqueue taking it, recovery deleting it): tried again later, like a held barrier.
+    registrations_skipped,
     /// Jobs picked up (claimed), counted with their pickup latency.
     pickups,
     /// Their pickup latencies (due to claimed, database clock), summed, in microseconds.
@@ -364,6 +367,11 @@ impl WorkerStats {
     /// Counts a try of the enqueue barrier that found an enqueue in flight.
     pub(crate) fn record_barrier_held(&self) {
         bump(&self.barrier_held);
+    }
+
+    /// Counts one registration that found its row held by another transaction.
+    pub(crate) fn record_registration_skipped(&self) {
+        bump(&self.registrations_skipped);
     }
 
     /// Counts one group commit of `n` jobs.

@@ -403,3 +403,55 @@ async fn an_open_enqueue_holding_a_replicas_row_never_stalls_its_claims() {
     .await;
     replica.stop().await.unwrap();
 }
+
+/// A registration that meets its row held by a transaction that will never wake it (here one
+/// deleting the row, as recovery deletes a stale one) writes nothing, and the replica does not
+/// count itself waiting on it: it registers again until it writes the row, so the next enqueue
+/// wakes it. (A replica that took the barrier's free try alone as settled would wait behind a
+/// row that is gone, deaf until its poll a minute away: the test times out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_that_finds_its_row_held_by_another_writer_registers_again() {
+    let db = TestDb::migrated().await;
+    let (mut holder_client, observer) = (db.client().await, db.client().await);
+    let replica = waiting_replica(&db, "held", Duration::from_secs(60)).await;
+    let token: i64 = observer
+        .query_one(
+            "SELECT wake_token FROM etl_waiting_replicas WHERE owner_id = 'held'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let holder = holder_client.transaction().await.unwrap();
+    holder
+        .execute(
+            "DELETE FROM etl_waiting_replicas WHERE owner_id = 'held'",
+            &[],
+        )
+        .await
+        .unwrap();
+    // The replica's own token, as a take sends it: the wake's claim registers, and meets the
+    // row the open delete holds.
+    observer
+        .execute(
+            "SELECT pg_notify('durable_etl_jobs', $1::text)",
+            &[&token.to_string()],
+        )
+        .await
+        .unwrap();
+    eventually("a registration that found the row held", || async {
+        replica.stats.snapshot().registrations_skipped >= 1
+    })
+    .await;
+    holder.commit().await.unwrap();
+    eventually("the replica writes its row again", || async {
+        waiting(&observer).await == ["held"]
+    })
+    .await;
+    insert_jobs(&observer, NOOP, &[json!({})], 3).await;
+    until_succeeded(&observer, 1).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.claimed_by_poll, 0, "the minute's poll never fired");
+    assert_eq!(stats.claimed_by_notify, 1, "{stats:?}");
+    replica.stop().await.unwrap();
+}

@@ -26,7 +26,9 @@
 //! before the latest take settles nothing: the row it registered may be the one taken.
 //!
 //! Invariants this module keeps:
-//! - A replica counts itself `Waiting` only after its row committed and, after that, a try of the
+//! - A replica counts itself `Waiting` only after its registration wrote its row (not merely found
+//!   it: a row another transaction holds is skipped, and that transaction may delete or park it
+//!   and never notify), the row committed and, after that, a try of the
 //!   enqueue barrier (`pg_try_advisory_xact_lock`) succeeded, with a claim after the try: every
 //!   enqueue that read the table before the row existed holds the barrier in share mode from before
 //!   its read to its commit, so it had ended by then and that claim saw its jobs; every enqueue
@@ -66,6 +68,12 @@ use tokio_postgres::{Client, Statement};
 /// So the statement never waits for an enqueue transaction, however long it stays open (an
 /// upsert would, and with it the claim pipelined behind it).
 ///
+/// Answers how many rows it wrote (0 or 1). It writes none when another transaction holds the
+/// row: an enqueue taking it (whose NOTIFY then wakes the replica), recovery deleting it as
+/// stale, or any other writer that will never notify. So an unwritten registration is not a
+/// registration: the replica tries again, as after a held barrier (a replica that counted itself
+/// waiting behind a row it did not write could be deaf until its poll).
+///
 /// Locks: the row's lock, if no other transaction holds it, to the end of its own implicit
 /// transaction; an enqueue that would take the row meanwhile skips it. The table is UNLOGGED: no
 /// WAL.
@@ -77,11 +85,15 @@ WITH held AS (
        SET refreshed_at = now(), queues = $2, kinds = $3, wake_token = $4
       FROM held h
      WHERE w.owner_id = h.owner_id
+    RETURNING 1
+), inserted AS (
+    INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token)
+    SELECT $1, $2, $3, $4
+     WHERE NOT EXISTS (SELECT 1 FROM etl_waiting_replicas w WHERE w.owner_id = $1)
+        ON CONFLICT (owner_id) DO NOTHING
+    RETURNING 1
 )
-INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token)
-SELECT $1, $2, $3, $4
- WHERE NOT EXISTS (SELECT 1 FROM etl_waiting_replicas w WHERE w.owner_id = $1)
-    ON CONFLICT (owner_id) DO NOTHING";
+SELECT (SELECT count(*) FROM refreshed) + (SELECT count(*) FROM inserted)";
 
 /// Tries the enqueue barrier ('detl', 1) in exclusive mode, and releases it at once (its implicit
 /// transaction ends with the statement): true when no enqueue transaction holds it.
@@ -110,6 +122,8 @@ DELETE FROM etl_waiting_replicas WHERE refreshed_at < now() - $1 * interval '1 m
 /// What a registration answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Registered {
+    /// The registration wrote the row (no other transaction held it).
+    pub(crate) written: bool,
     /// The try of the enqueue barrier succeeded (no enqueue transaction held it).
     pub(crate) free: bool,
 }
@@ -270,7 +284,11 @@ impl Presence {
             // Registered before the row was last taken: the row may be the one taken.
             (Some(Change::Register), Some(Ok(_))) if takes < self.takes => {}
             (Some(Change::Register), Some(Ok(registered))) => {
-                if registered.free {
+                if !registered.written {
+                    stats.record_registration_skipped();
+                    self.state = State::Unsettled;
+                    self.retry_later(now);
+                } else if registered.free {
                     if self.state != State::Waiting {
                         stats.record_wait();
                     }
@@ -378,25 +396,38 @@ pub(crate) async fn send(
             let params: [&(dyn ToSql + Sync); 4] = [&owner_id, &queues, &kinds, &wake_token];
             let (registered, settled) = match &statements.prepared {
                 Some((register, settle)) => {
-                    futures::join!(client.execute(register, &params), client.query(settle, &[]))
+                    futures::join!(client.query(register, &params), client.query(settle, &[]))
                 }
                 None => {
                     let typed: Vec<_> = params.into_iter().zip(REGISTER_PARAMS).collect();
                     futures::join!(
-                        client.execute_typed(REGISTER_SQL, &typed),
+                        client.query_typed(REGISTER_SQL, &typed),
                         client.query_typed(SETTLE_SQL, &[])
                     )
                 }
             };
-            registered?;
-            let free = settled?.first().map_or(Ok(false), |row| row.try_get(0))?;
-            Ok(Registered { free })
+            let written = first_column(&registered?)?.is_some_and(|rows: i64| rows > 0);
+            let free = first_column(&settled?)?.unwrap_or(false);
+            Ok(Registered { written, free })
         }
         Change::Leave => {
             leave(client, owner_id).await?;
-            Ok(Registered { free: true })
+            Ok(Registered {
+                written: true,
+                free: true,
+            })
         }
     }
+}
+
+/// The first column of the first of `rows`, if there is one.
+///
+/// # Errors
+/// The column's value does not convert to `T`.
+fn first_column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    rows: &'a [tokio_postgres::Row],
+) -> Result<Option<T>, tokio_postgres::Error> {
+    rows.first().map(|row| row.try_get(0)).transpose()
 }
 
 /// Deletes `owner_id`'s waiting row on `client` ([`LEAVE_SQL`]).

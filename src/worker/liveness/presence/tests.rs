@@ -10,9 +10,20 @@ fn presence() -> Presence {
     Presence::new(true, Duration::from_secs(1))
 }
 
-/// A registration, with the barrier free or held.
+/// A registration that wrote the row, with the barrier free or held.
 fn registered(free: bool) -> Result<Registered, Error> {
-    Ok(Registered { free })
+    Ok(Registered {
+        written: true,
+        free,
+    })
+}
+
+/// A registration that found the row held by another transaction (and the barrier free).
+fn skipped() -> Result<Registered, Error> {
+    Ok(Registered {
+        written: false,
+        free: true,
+    })
 }
 
 /// A failed presence statement.
@@ -107,6 +118,35 @@ fn a_refresh_must_settle_again_since_an_enqueue_skips_the_row_it_holds() {
     assert!(p.retry_at().is_some());
     claim(&mut p, registered(true), due, &stats);
     assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
+}
+
+#[test]
+fn a_registration_that_wrote_nothing_is_retried_even_with_the_barrier_free() {
+    let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
+    claim(&mut p, skipped(), now, &stats);
+    assert_eq!(
+        p.state,
+        State::Unsettled,
+        "the row is not this replica's yet"
+    );
+    assert_eq!(p.retry_at(), Some(now + Duration::from_millis(1)));
+    claim(&mut p, skipped(), now, &stats);
+    assert_eq!(p.retry_at(), Some(now + Duration::from_millis(2)));
+    claim(&mut p, registered(true), now, &stats);
+    assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
+    // A refresh that wrote nothing unsettles a waiting replica too.
+    let due = now + Duration::from_secs(1);
+    claim(&mut p, skipped(), due, &stats);
+    assert_eq!(p.state, State::Unsettled);
+    let counted = stats.snapshot();
+    assert_eq!(
+        (
+            counted.registrations_skipped,
+            counted.barrier_held,
+            counted.waits
+        ),
+        (3, 0, 1)
+    );
 }
 
 #[test]
