@@ -60,9 +60,10 @@ pub(crate) fn reconnect_delays() -> impl Iterator<Item = Duration> {
         .build()
 }
 
-/// Wakes the waiting replicas, if any (`etl_waiting_replicas`, migration 0009): the notifier's
-/// one statement, on its own connection, in its own (implicit) transaction, and the statement a
-/// replica sends after releasing jobs. It runs after the commits it answers for, so it needs no
+/// Wakes the waiting replicas, if any (`etl_waiting_replicas`, migration 0009; a parked row, whose
+/// queues are empty, waits for nothing: 0027): the notifier's one statement, on its own
+/// connection, in its own (implicit) transaction, and the statement a replica sends after
+/// releasing jobs. It runs after the commits it answers for, so it needs no
 /// barrier: a replica whose row it does not see registered after its snapshot, hence after those
 /// commits, and claims after registering, so it sees their jobs.
 ///
@@ -70,7 +71,8 @@ pub(crate) fn reconnect_delays() -> impl Iterator<Item = Duration> {
 /// waits; otherwise none.
 pub(crate) const WAKE_WAITING_SQL: &str = "
 SELECT pg_notify('durable_etl_jobs', '')
-  FROM (SELECT 1 FROM etl_waiting_replicas LIMIT 1) AS waiting";
+  FROM (SELECT 1 FROM etl_waiting_replicas w WHERE w.queues IS DISTINCT FROM '{}' LIMIT 1)
+       AS waiting";
 
 /// Turns the enqueue trigger's NOTIFY off for the rest of the transaction (migration 0005).
 /// Locks: none.
@@ -225,8 +227,9 @@ mod tests {
     use tokio::sync::{mpsc, Notify, Semaphore};
     use tokio::time::{Duration, Instant};
 
-    /// The wake statement notifies only while a replica waits: run without, then with, a
-    /// waiting row, then a sentinel; notifications arrive in commit order.
+    /// The wake statement notifies only while a replica waits: run without a row, with a parked
+    /// row (migration 0027), then with a waiting row, then a sentinel; notifications arrive in
+    /// commit order.
     #[tokio::test]
     async fn the_wake_statement_notifies_only_while_a_replica_waits() {
         use futures::StreamExt;
@@ -247,6 +250,13 @@ mod tests {
             .await
             .unwrap();
         let client = db.client().await;
+        client.batch_execute(super::WAKE_WAITING_SQL).await.unwrap();
+        client
+            .batch_execute(
+                "INSERT INTO etl_waiting_replicas (owner_id, queues, kinds) VALUES ('p', '{}', '{}')",
+            )
+            .await
+            .unwrap();
         client.batch_execute(super::WAKE_WAITING_SQL).await.unwrap();
         client
             .batch_execute("INSERT INTO etl_waiting_replicas (owner_id) VALUES ('w')")

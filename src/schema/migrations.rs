@@ -256,4 +256,13 @@ pub static MIGRATIONS: &[Migration] = &[
         // 23 and later write these columns typed and their claims return base types.
         min_reader_version: 23,
     },
+    Migration {
+        version: 27,
+        name: "waiting_rows_in_place",
+        up: include_str!("../../migrations/0027_waiting_rows_in_place.up.sql"),
+        down: include_str!("../../migrations/0027_waiting_rows_in_place.down.sql"),
+        // Releases before it register without checking that they wrote their row, so one could
+        // count itself waiting behind a row an enqueue parked and still holds, deaf until its poll.
+        min_reader_version: 27,
+    },
 ];

@@ -9,11 +9,21 @@ use durable_etl::handler::Registry;
 use serde_json::json;
 use std::time::Duration;
 
-/// The owner ids of the waiting rows, in order.
+/// The owner ids of the rows that wait (not parked: migration 0027), in order.
 async fn waiting(client: &tokio_postgres::Client) -> Vec<String> {
+    owners(client, "queues IS DISTINCT FROM '{}'").await
+}
+
+/// The owner ids of the parked rows (empty queues and kinds: migration 0027), in order.
+async fn parked(client: &tokio_postgres::Client) -> Vec<String> {
+    owners(client, "queues = '{}' AND kinds = '{}'").await
+}
+
+/// The owner ids of the waiting table's rows that match `filter`, in order.
+async fn owners(client: &tokio_postgres::Client, filter: &str) -> Vec<String> {
     client
         .query(
-            "SELECT owner_id FROM etl_waiting_replicas ORDER BY owner_id",
+            &format!("SELECT owner_id FROM etl_waiting_replicas WHERE {filter} ORDER BY owner_id"),
             &[],
         )
         .await
@@ -74,9 +84,9 @@ async fn an_enqueue_in_flight_while_a_replica_registers_still_wakes_it() {
     assert!(waiting(&observer).await.is_empty(), "it left at shutdown");
 }
 
-/// An idle replica waits (enqueues notify it); one whose claim comes back full leaves (enqueues
-/// stop notifying: it claims again by itself as its jobs end) and waits again once a claim comes
-/// back short; it leaves at shutdown.
+/// An idle replica waits (enqueues notify it); one whose claim comes back full parks its row
+/// (enqueues stop notifying: it claims again by itself as its jobs end) and waits again, in the
+/// same row, once a claim comes back short; it deletes its row at shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_waits_while_idle_and_leaves_while_busy() {
     let db = TestDb::migrated().await;
@@ -97,6 +107,7 @@ async fn a_replica_waits_while_idle_and_leaves_while_busy() {
         replica.stats.snapshot().waits_left == 1 && waiting(&client).await.is_empty()
     })
     .await;
+    assert_eq!(parked(&client).await, ["busy"], "its row stays, parked");
     // Nobody waits: this enqueue notifies nobody, and the busy replica takes it all the same.
     insert_jobs(&client, SCRIPTED, &[json!({})], 3).await;
     gate.add_permits(3);
@@ -106,8 +117,12 @@ async fn a_replica_waits_while_idle_and_leaves_while_busy() {
     })
     .await;
     assert_eq!(replica.stats.snapshot().notifications, 1);
+    assert!(
+        parked(&client).await.is_empty(),
+        "waiting again in the same row"
+    );
     replica.stop().await.unwrap();
-    assert!(waiting(&client).await.is_empty());
+    assert_eq!(owners(&client, "true").await, Vec::<String>::new());
 }
 
 /// A waiting replica whose row is lost (deleted, or emptied by crash recovery) restores it at
@@ -404,13 +419,12 @@ async fn an_open_enqueue_holding_a_replicas_row_never_stalls_its_claims() {
     replica.stop().await.unwrap();
 }
 
-/// A registration that meets its row held by a transaction that will never wake it (here one
-/// deleting the row, as recovery deletes a stale one) writes nothing, and the replica does not
-/// count itself waiting on it: it registers again until it writes the row, so the next enqueue
-/// wakes it. (A replica that took the barrier's free try alone as settled would wait behind a
-/// row that is gone, deaf until its poll a minute away: the test times out.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_registration_that_finds_its_row_held_by_another_writer_registers_again() {
+/// A registration that meets its row held by a transaction that will never wake it writes
+/// nothing, and the replica does not count itself waiting on it: it registers again until it
+/// writes the row, so the next enqueue wakes it. (A replica that took the barrier's free try alone
+/// as settled would wait behind a row that is gone or parked, deaf until its poll a minute away:
+/// the test times out.) `holder_sql` is what the other transaction does to the row, holding it.
+async fn a_registration_meets_its_row_held(holder_sql: &str) {
     let db = TestDb::migrated().await;
     let (mut holder_client, observer) = (db.client().await, db.client().await);
     let replica = waiting_replica(&db, "held", Duration::from_secs(60)).await;
@@ -423,15 +437,9 @@ async fn a_registration_that_finds_its_row_held_by_another_writer_registers_agai
         .unwrap()
         .get(0);
     let holder = holder_client.transaction().await.unwrap();
-    holder
-        .execute(
-            "DELETE FROM etl_waiting_replicas WHERE owner_id = 'held'",
-            &[],
-        )
-        .await
-        .unwrap();
+    assert_eq!(holder.execute(holder_sql, &[]).await.unwrap(), 1);
     // The replica's own token, as a take sends it: the wake's claim registers, and meets the
-    // row the open delete holds.
+    // row the open transaction holds.
     observer
         .execute(
             "SELECT pg_notify('durable_etl_jobs', $1::text)",
@@ -454,4 +462,22 @@ async fn a_registration_that_finds_its_row_held_by_another_writer_registers_agai
     assert_eq!(stats.claimed_by_poll, 0, "the minute's poll never fired");
     assert_eq!(stats.claimed_by_notify, 1, "{stats:?}");
     replica.stop().await.unwrap();
+}
+
+/// The row held by a transaction deleting it, as recovery deletes a stale row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_that_finds_its_row_held_by_a_delete_registers_again() {
+    a_registration_meets_its_row_held("DELETE FROM etl_waiting_replicas WHERE owner_id = 'held'")
+        .await;
+}
+
+/// The row held by a transaction that parked it and will not notify: what an enqueue leaves when
+/// its take re-checks a row another enqueue parked since its snapshot (`FOR UPDATE` keeps the
+/// lock of the row it dropped to its commit, migration 0027).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_that_finds_its_row_parked_and_held_registers_again() {
+    a_registration_meets_its_row_held(
+        "UPDATE etl_waiting_replicas SET queues = '{}', kinds = '{}' WHERE owner_id = 'held'",
+    )
+    .await;
 }

@@ -1483,8 +1483,8 @@ async fn migration_0008_moves_live_and_ended_jobs_and_back() {
     assert_eq!(text_rows(&client, LEDGER_ROWS_7).await, ledger);
 }
 
-/// Registers `owner` as a release-0024 replica waits: with wake token `token`, for the queues
-/// and kinds given (NULL: any).
+/// Registers `owner` as a replica of release 24 or later waits: with wake token `token`, for any
+/// queue and the kinds given (NULL: any), in its row if it has one (parked or not: 0027).
 async fn register_with_token(
     client: &tokio_postgres::Client,
     owner: &str,
@@ -1493,14 +1493,17 @@ async fn register_with_token(
 ) {
     client
         .execute(
-            "INSERT INTO etl_waiting_replicas (owner_id, kinds, wake_token) VALUES ($1::text, $2, $3)",
+            "INSERT INTO etl_waiting_replicas (owner_id, kinds, wake_token) VALUES ($1::text, $2, $3)
+                 ON CONFLICT (owner_id) DO UPDATE
+                SET queues = NULL, kinds = EXCLUDED.kinds, wake_token = EXCLUDED.wake_token,
+                    refreshed_at = now()",
             &[&owner, &kinds, &token],
         )
         .await
         .unwrap();
 }
 
-/// 0024: an enqueue takes (deletes) one waiting row per due job of a kind that row's replica
+/// 0024: an enqueue takes (deletes; parks since 0027) one waiting row per due job of a kind that row's replica
 /// runs, longest waiting first, and notifies that row's wake token; a row without a token (a
 /// release before 0024) is woken by the empty NOTIFY and kept; a deferred job takes nothing. The
 /// down script restores the trigger that notifies whoever waits and drops the two columns.
@@ -1570,11 +1573,22 @@ async fn migration_0024_wakes_waiting_replicas_by_token_one_per_job_and_round_tr
     assert_eq!(declared_min_reader(&client, 24).await, 22);
 }
 
-/// The owner ids of the waiting rows, in order.
+/// The owner ids of the waiting rows (not parked: 0027), in order.
 async fn waiting_owners(client: &tokio_postgres::Client) -> Vec<String> {
     first_column(
         client,
-        "SELECT owner_id FROM etl_waiting_replicas ORDER BY owner_id",
+        "SELECT owner_id FROM etl_waiting_replicas
+          WHERE queues IS DISTINCT FROM '{}' ORDER BY owner_id",
+    )
+    .await
+}
+
+/// The owner ids of the parked rows (0027), in order.
+async fn parked_owners(client: &tokio_postgres::Client) -> Vec<String> {
+    first_column(
+        client,
+        "SELECT owner_id FROM etl_waiting_replicas
+          WHERE queues = '{}' AND kinds = '{}' ORDER BY owner_id",
     )
     .await
 }
@@ -1825,7 +1839,7 @@ async fn migration_0026_checks_one_column_values_by_domain_and_round_trips() {
     );
 
     let down = schema::migrate_down_to(&mut client, 25).await.unwrap();
-    assert_eq!((down.changed, down.version), (vec![26], 25));
+    assert_eq!((down.changed, down.version), (versions_above(25, true), 25));
     for (table, column, _) in DOMAIN_COLUMNS {
         let base = column_type(&client, table, column).await;
         assert!(
@@ -1850,9 +1864,100 @@ async fn migration_0026_checks_one_column_values_by_domain_and_round_trips() {
     let up = schema::migrate_up(&mut client).await.unwrap();
     assert_eq!(
         (up.changed, up.version),
-        (vec![26], schema::latest_version())
+        (versions_above(25, false), schema::latest_version())
     );
     assert_eq!(catalog_snapshot(&client).await, latest);
     assert_eq!(enqueued_rows(&client).await, (2, 2));
     assert_eq!(declared_min_reader(&client, 26).await, 23);
+}
+
+/// Runs `cycles` wakes of replica `cycled`: it registers, and an enqueue of one due job takes its
+/// row. Returns the pages of the waiting table afterwards.
+async fn wake_cycles(client: &tokio_postgres::Client, cycles: usize) -> i64 {
+    for _ in 0..cycles {
+        register_with_token(client, "cycled", 7, None).await;
+        insert_job(client, "now()").await;
+    }
+    client
+        .query_one(
+            "SELECT pg_relation_size('etl_waiting_replicas') / current_setting('block_size')::int8",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Whether `durable_etl_wake_for_freed` (a permit of the default queue freed outside a
+/// completion) notifies, as seen by `listener` before a sentinel.
+async fn freed_permit_wakes(client: &tokio_postgres::Client, listener: &mut Listener) -> bool {
+    client
+        .batch_execute("SELECT durable_etl_wake_for_freed('default'); NOTIFY test_sentinel")
+        .await
+        .unwrap();
+    !listener.drain_until("test_sentinel").await.is_empty()
+}
+
+/// Migration 0027: a take parks the woken replica's row (empty queues and kinds) instead of
+/// deleting it; a parked row is woken by no enqueue and no freed permit, and registering again
+/// updates it in place. So 700 wakes keep the table on one page, where the delete and insert of
+/// 0026 spread them over at least three (no vacuum runs in between). Down deletes the parked rows
+/// and restores the delete; up again restores the catalog exactly.
+#[tokio::test]
+async fn migration_0027_parks_a_woken_row_in_place_and_round_trips() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let latest = catalog_snapshot(&client).await;
+    let mut listener = Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
+
+    register_with_token(&client, "a", 11, None).await;
+    insert_job(&client, "now()").await;
+    assert_eq!(parked_owners(&client).await, ["a"]);
+    assert!(waiting_owners(&client).await.is_empty());
+    let token: i64 = client
+        .query_one("SELECT wake_token FROM etl_waiting_replicas", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(token, 11, "a parked row keeps its token");
+    client.batch_execute("NOTIFY test_sentinel").await.unwrap();
+    let woken: Vec<String> = listener
+        .drain_until("test_sentinel")
+        .await
+        .into_iter()
+        .map(|(_, payload)| payload)
+        .collect();
+    assert_eq!(woken, ["11"]);
+    // A parked row is woken by nothing.
+    insert_job(&client, "now()").await;
+    assert!(!freed_permit_wakes(&client, &mut listener).await);
+    // Registering again un-parks it in place; a freed permit then wakes it.
+    register_with_token(&client, "a", 11, None).await;
+    assert!(parked_owners(&client).await.is_empty());
+    assert!(freed_permit_wakes(&client, &mut listener).await);
+    assert_eq!(wake_cycles(&client, 700).await, 1, "one page");
+    assert_eq!(
+        parked_owners(&client).await,
+        ["a", "cycled"],
+        "the first wake took the longest waiting, a"
+    );
+    register_with_token(&client, "a", 11, None).await;
+
+    let down = schema::migrate_down_to(&mut client, 26).await.unwrap();
+    assert_eq!((down.changed, down.version), (versions_above(26, true), 26));
+    let left: Vec<String> =
+        first_column(&client, "SELECT owner_id FROM etl_waiting_replicas").await;
+    assert_eq!(left, ["a"], "no parked row is left");
+    // At 26 a take deletes the row, and every wake leaves a dead row behind.
+    assert!(wake_cycles(&client, 700).await >= 3, "spread over pages");
+    let left: Vec<String> =
+        first_column(&client, "SELECT owner_id FROM etl_waiting_replicas").await;
+    assert!(left.is_empty(), "every take deleted its row: {left:?}");
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(
+        (up.changed, up.version),
+        (versions_above(26, false), schema::latest_version())
+    );
+    assert_eq!(catalog_snapshot(&client).await, latest);
+    assert_eq!(declared_min_reader(&client, 27).await, 27);
 }

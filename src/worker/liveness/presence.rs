@@ -17,26 +17,37 @@
 //!    │                      ├── statement failed       1, 2, 4 … ms until it works  │ interval after the
 //!    │                      │   (or a reconnect)                                    │ last refresh:
 //!    │                      └── its own token arrived: an enqueue took the row ◀────┤ Register (refresh)
-//!    └──── Leave (delete the row): the claim after a full one, from any other state ┘
+//!    └──── Park (empty its lists): the claim after a full one, from any other state ┘
 //! ```
 //! A reconnected session sends a registered replica back to `Joining` (crash recovery empties the
 //! unlogged table), and the answers of claims sent before the reconnect are then ignored; shutdown
-//! leaves, unless another process took the owner id (the row is that process's now). So does a
-//! take (migration 0024: an enqueue deleted the row to wake this replica alone), and a claim sent
-//! before the latest take settles nothing: the row it registered may be the one taken.
+//! deletes the row, unless another process took the owner id (the row is that process's now). So
+//! does a take (migration 0024: an enqueue parked the row to wake this replica alone), and a claim
+//! sent before the latest take settles nothing: the row it registered may be the one taken.
+//!
+//! A row is parked, not deleted, when its replica stops waiting but lives on (migration 0027): its
+//! queues and kinds are set to empty lists, which match no job, permit or queue, so no reader
+//! counts it as waiting, and the next registration updates the same row again. Updates that touch
+//! no indexed column stay on the row's page (heap-only tuples) and are pruned by the next read of
+//! a full page, so the table stays about one page: one after 10,000 wakes at 1,000 jobs/s. A
+//! delete and an insert per wake left a dead line pointer each, reusable only after a vacuum: 13
+//! to 42 pages after the same 10,000 wakes.
 //!
 //! Invariants this module keeps:
-//! - A replica counts itself `Waiting` only after its registration wrote its row (not merely found
-//!   it: a row another transaction holds is skipped, and that transaction may delete or park it
-//!   and never notify), the row committed and, after that, a try of the
-//!   enqueue barrier (`pg_try_advisory_xact_lock`) succeeded, with a claim after the try: every
-//!   enqueue that read the table before the row existed holds the barrier in share mode from before
-//!   its read to its commit, so it had ended by then and that claim saw its jobs; every enqueue
-//!   that reads after sees the row and notifies. Until the try succeeds (`Unsettled`) the row is
-//!   there all the same, and the replica registers again at doubling intervals capped at its poll
-//!   interval (its poll is the backstop for a long-running enqueue transaction). A refresh needs
-//!   a successful try too: while it holds the row, an enqueue skips it (`SKIP LOCKED`, 0024) and
-//!   wakes nobody.
+//! - A replica counts itself `Waiting` only after its registration wrote its row, the row
+//!   committed and, after that, a try of the enqueue barrier (`pg_try_advisory_xact_lock`)
+//!   succeeded, with a claim after the try: every enqueue that read the table before the row
+//!   existed holds the barrier in share mode from before its read to its commit, so it had ended
+//!   by then and that claim saw its jobs; every enqueue that reads after sees the row and
+//!   notifies. Until the try succeeds (`Unsettled`) the row is there all the same, and the
+//!   replica registers again at doubling intervals capped at its poll interval (its poll is the
+//!   backstop for a long-running enqueue transaction). A refresh needs a successful try too:
+//!   while it holds the row, an enqueue skips it (`SKIP LOCKED`, 0024) and wakes nobody.
+//! - Writing the row is not finding it: a registration skips a row another transaction holds,
+//!   and that transaction may never notify the replica. Recovery deleting the row as stale is
+//!   one; an enqueue whose take meets a row another enqueue parked since its snapshot is another
+//!   (`FOR UPDATE` locks the newest version, re-checks it, drops it as parked, and keeps the lock
+//!   to its commit). A registration that wrote nothing is retried like a held barrier.
 //! - The try never waits: a waiting exclusive request would queue every new enqueue behind it.
 //! - A claim's jobs are taken whatever its presence statements answered: a failed registration
 //!   never loses claimed jobs.
@@ -46,9 +57,11 @@
 //!   each retry, and the first claim a poll interval after the last refresh), so recovery's
 //!   stale-row delete ([`STALE_AFTER`], twice the longest poll interval) only ever finds the rows
 //!   of replicas that are gone.
-//! - A busy replica (its last claim came back full) leaves: it claims again by itself as its jobs
-//!   end, so enqueues need not wake it. Leaving, like everything here, may fail: a row left
-//!   behind only makes enqueues notify as they did before 0009.
+//! - A busy replica (its last claim came back full) parks its row: it claims again by itself as
+//!   its jobs end, so enqueues need not wake it. Parking, like everything here, may fail: a row
+//!   left waiting only makes enqueues notify as they did before 0009.
+//! - No registration writes an empty list (a replica serves at least one queue and runs at least
+//!   one kind): empty lists mean parked, and nothing else.
 
 use crate::config::POLL_INTERVAL_MAX;
 use crate::error::Error;
@@ -59,9 +72,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
 /// Records owner `$1` as waiting for work of the queues `$2` and kinds `$3`, to be woken by a
-/// NOTIFY of its wake token `$4`, or refreshes its row. The enqueue trigger takes (and deletes)
-/// the row of a waiting replica that serves an enqueued due job's queue and runs its kind, and
-/// notifies its token (migration 0024).
+/// NOTIFY of its wake token `$4`, or refreshes its row (parked or not). The enqueue trigger takes
+/// the row of a waiting replica that serves an enqueued due job's queue and runs its kind, parks
+/// it, and notifies its token (migrations 0024 and 0027).
 ///
 /// A row an open enqueue has taken is left alone (`SKIP LOCKED`, and no insert while the row is
 /// visible): that enqueue's NOTIFY, at its commit, wakes the replica, which registers again then.
@@ -101,7 +114,16 @@ SELECT (SELECT count(*) FROM refreshed) + (SELECT count(*) FROM inserted)";
 /// Locks: none held after the statement; the try never waits, so it never queues an enqueue.
 pub(crate) const SETTLE_SQL: &str = "SELECT pg_try_advisory_xact_lock(1684370540, 1)";
 
-/// Deletes owner `$1`'s row: it no longer waits.
+/// Parks owner `$1`'s row, unless it is parked already: the replica no longer waits, and its
+/// next registration updates the same row (migration 0027).
+///
+/// Locks: the row's lock, to the end of its own implicit transaction (waiting for an enqueue that
+/// is taking it, as a delete would). The table is UNLOGGED: no WAL.
+pub(crate) const PARK_SQL: &str = "
+UPDATE etl_waiting_replicas SET queues = '{}', kinds = '{}'
+ WHERE owner_id = $1 AND queues IS DISTINCT FROM '{}'";
+
+/// Deletes owner `$1`'s row: the replica stops.
 ///
 /// Locks: the row's lock, to the end of its own implicit transaction.
 pub(crate) const LEAVE_SQL: &str = "DELETE FROM etl_waiting_replicas WHERE owner_id = $1";
@@ -136,8 +158,8 @@ pub(crate) type Answer = Option<Result<Registered, Error>>;
 pub(crate) enum Change {
     /// Upsert the row, then try the barrier.
     Register,
-    /// Delete the row.
-    Leave,
+    /// Park the row ([`PARK_SQL`]).
+    Park,
 }
 
 /// The change a claim carries, and the session generation it was decided in.
@@ -214,7 +236,7 @@ impl Presence {
     pub(crate) fn ticket(&self, backlog: bool, now: Instant) -> Ticket {
         let change = match self.state {
             State::Busy => None,
-            _ if backlog => Some(Change::Leave),
+            _ if backlog => Some(Change::Park),
             State::Joining | State::Unsettled => Some(Change::Register),
             State::Waiting => self
                 .refreshed_at
@@ -228,7 +250,7 @@ impl Presence {
         }
     }
 
-    /// The session has seen `takes` takes of this replica's row in all (an enqueue deleted it to
+    /// The session has seen `takes` takes of this replica's row in all (an enqueue parked it to
     /// wake this replica alone): after a new one, a registered replica registers again on its
     /// next claim (the wake's), retried from the first pause if the barrier is held, and what
     /// claims already in flight register settles nothing.
@@ -277,7 +299,7 @@ impl Presence {
         stats: &WorkerStats,
     ) {
         match (change, answer) {
-            (Some(Change::Leave), _) => {
+            (Some(Change::Park), _) => {
                 self.state = State::Busy;
                 stats.record_wait_left();
             }
@@ -410,8 +432,10 @@ pub(crate) async fn send(
             let free = first_column(&settled?)?.unwrap_or(false);
             Ok(Registered { written, free })
         }
-        Change::Leave => {
-            leave(client, owner_id).await?;
+        Change::Park => {
+            client
+                .execute_typed(PARK_SQL, &[(&owner_id, Type::TEXT)])
+                .await?;
             Ok(Registered {
                 written: true,
                 free: true,
@@ -430,7 +454,7 @@ fn first_column<'a, T: tokio_postgres::types::FromSql<'a>>(
     rows.first().map(|row| row.try_get(0)).transpose()
 }
 
-/// Deletes `owner_id`'s waiting row on `client` ([`LEAVE_SQL`]).
+/// Deletes `owner_id`'s waiting row on `client` ([`LEAVE_SQL`]): the replica stops.
 ///
 /// # Errors
 /// The database error of the statement.

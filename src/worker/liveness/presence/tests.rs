@@ -190,7 +190,7 @@ fn a_full_claim_makes_a_registered_replica_leave_on_its_next_claim() {
     let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
     claim(&mut p, registered(true), now, &stats);
     let ticket = p.ticket(true, now);
-    assert_eq!(ticket.change, Some(Change::Leave));
+    assert_eq!(ticket.change, Some(Change::Park));
     // Leaving ends in Busy, even when the delete failed (a row left behind is harmless).
     assert!(!p.after(ticket, Some(&failed()), true, now, &stats));
     assert_eq!((p.state, stats.snapshot().waits_left), (State::Busy, 1));
