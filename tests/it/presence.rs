@@ -47,8 +47,9 @@ async fn waiting_replica(db: &TestDb, owner: &str, poll: Duration) -> Replica {
 
 /// The race the enqueue barrier closes: an enqueue reads "nobody waits" (so it will not notify),
 /// a replica then registers and claims before that enqueue commits. The replica's try of the
-/// barrier fails while the enqueue is open, and it tries again until it succeeds, then claims:
-/// the job runs at once, although no NOTIFY was sent and the poll is a minute away. (A replica
+/// barrier fails while the enqueue is open, and it tries again (the try alone, no claim) until it
+/// succeeds, then claims: the job runs at once, although no NOTIFY was sent and the poll is a
+/// minute away. (A replica
 /// that took its registration alone as settled would wait for its poll: the test times out.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_in_flight_while_a_replica_registers_still_wakes_it() {
@@ -63,16 +64,17 @@ async fn an_enqueue_in_flight_while_a_replica_registers_still_wakes_it() {
         Registry::new().register(Noop),
     )
     .await;
-    eventually("a registration that found the enqueue in flight", || {
+    eventually("retries that found the enqueue in flight", || {
         let stats = replica.stats.snapshot();
         let observer = &observer;
-        async move { stats.barrier_held >= 1 && waiting(observer).await == ["late"] }
+        async move { stats.barrier_held >= 3 && waiting(observer).await == ["late"] }
     })
     .await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.waits, 0, "not settled while it is open");
     assert_eq!(
-        replica.stats.snapshot().waits,
-        0,
-        "not settled while it is open"
+        stats.claims, 1,
+        "only the first registration carried a claim; each retry sent its try alone: {stats:?}"
     );
     tx.commit().await.unwrap();
     until_succeeded(&observer, 1).await;

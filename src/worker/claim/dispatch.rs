@@ -16,7 +16,7 @@ use crate::worker::claim::claimer::{Claim, Claimant};
 use crate::worker::claim::queues::QueueShares;
 use crate::worker::complete::completer::{self, Transition};
 use crate::worker::lease::{ClaimedJob, Lease};
-use crate::worker::liveness::presence::{self, Answer, Change};
+use crate::worker::liveness::presence::{self, Answer, Change, Registered};
 use crate::worker::run::executor;
 use crate::worker::run::slots::{SlotPermit, Slots};
 use crate::worker::shared::Shared;
@@ -121,7 +121,18 @@ pub(crate) async fn claim_with(
         shared.capped.forget();
     }
     let claim = conn.claim(claimant, &asks, &shared.capped);
-    let (answer, claim) = futures::join!(presence, db::bounded(bound, claim));
+    let (answer, claim) = if reason == ClaimReason::Presence && change == Some(Change::Settle) {
+        // A retry of a held barrier, and nothing else: the claim is worth sending only once
+        // the try succeeds (it then sees every enqueue that held the barrier).
+        let answer = presence.await;
+        if !matches!(answer, Some(Ok(Registered { free: true, .. }))) {
+            shared.stats.record_round_trips(1);
+            return (Ok(Claim::default()), answer);
+        }
+        (answer, db::bounded(bound, claim).await)
+    } else {
+        futures::join!(presence, db::bounded(bound, claim))
+    };
     if claim.as_ref().is_ok_and(|claim| !claim.jobs.is_empty()) {
         // Only after a claim that took jobs: an empty (or failed) one crashing here would leave
         // nothing claimed for the crash test to find.

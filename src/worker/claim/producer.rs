@@ -280,6 +280,7 @@ impl Producer {
             self.shares.refresh();
         }
         let freed = self.freed.take();
+        let why = wake::reason_carrying(why, !freed.is_empty());
         for (queue, _) in &freed {
             self.shares.reopen(queue);
         }

@@ -5,7 +5,9 @@
 //!
 //! The state machine, one per replica, driven by the claim loop. Every change rides on a claim:
 //! its statements are pipelined before the claim on the same connection, each in its own implicit
-//! transaction, so a change costs no round trip of its own.
+//! transaction, so a change costs no round trip of its own. The exception is a retry after a held
+//! barrier: its try goes alone, and its claim follows only once the try succeeds (a claim sent
+//! with a failing try finds nothing the enqueue holding the barrier added).
 //!
 //! ```text
 //!  start (listening) ──────┐
@@ -13,7 +15,7 @@
 //!   Busy ── short claim ─▶ Joining ── Register ──┬── try succeeded ───────────────▶ Waiting
 //!    ▲     (claims again    ▲  (upsert the row,   │                                   │
 //!    │      at once)        │   then try the      └── try failed ─▶ Unsettled ──────┤
-//!    │                      │   enqueue barrier)       Register again after         │ a claim a poll
+//!    │                      │   enqueue barrier)       Settle (try again) after     │ a claim a poll
 //!    │                      ├── statement failed       1, 2, 4 … ms until it works  │ interval after the
 //!    │                      │   (or a reconnect)                                    │ last refresh:
 //!    │                      └── its own token arrived: an enqueue took the row ◀────┤ Register (refresh)
@@ -40,14 +42,17 @@
 //!   existed holds the barrier in share mode from before its read to its commit, so it had ended
 //!   by then and that claim saw its jobs; every enqueue that reads after sees the row and
 //!   notifies. Until the try succeeds (`Unsettled`) the row is there all the same, and the
-//!   replica registers again at doubling intervals capped at its poll interval (its poll is the
-//!   backstop for a long-running enqueue transaction). A refresh needs a successful try too:
-//!   while it holds the row, an enqueue skips it (`SKIP LOCKED`, 0024) and wakes nobody.
+//!   replica tries the barrier again at doubling intervals capped at its poll interval (its poll
+//!   is the backstop for a long-running enqueue transaction), with the try alone and the claim
+//!   only once it succeeds; it registers again instead once a poll interval has passed since it
+//!   wrote the row, so the row never goes stale. A refresh needs a successful try too: while it
+//!   holds the row, an enqueue skips it (`SKIP LOCKED`, 0024) and wakes nobody.
 //! - Writing the row is not finding it: a registration skips a row another transaction holds,
 //!   and that transaction may never notify the replica. Recovery deleting the row as stale is
 //!   one; an enqueue whose take meets a row another enqueue parked since its snapshot is another
 //!   (`FOR UPDATE` locks the newest version, re-checks it, drops it as parked, and keeps the lock
-//!   to its commit). A registration that wrote nothing is retried like a held barrier.
+//!   to its commit). A registration that wrote nothing is retried (as a registration) like a held
+//!   barrier.
 //! - The try never waits: a waiting exclusive request would queue every new enqueue behind it.
 //! - A claim's jobs are taken whatever its presence statements answered: a failed registration
 //!   never loses claimed jobs.
@@ -144,7 +149,8 @@ DELETE FROM etl_waiting_replicas WHERE refreshed_at < now() - $1 * interval '1 m
 /// What a registration answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Registered {
-    /// The registration wrote the row (no other transaction held it).
+    /// The registration wrote the row (no other transaction held it); a [`Change::Settle`]
+    /// answers true (the registration it settles wrote the row).
     pub(crate) written: bool,
     /// The try of the enqueue barrier succeeded (no enqueue transaction held it).
     pub(crate) free: bool,
@@ -158,6 +164,9 @@ pub(crate) type Answer = Option<Result<Registered, Error>>;
 pub(crate) enum Change {
     /// Upsert the row, then try the barrier.
     Register,
+    /// Try the barrier again, the row being written already (a retry after a held barrier): a
+    /// retry sends it alone, and claims only once it succeeds.
+    Settle,
     /// Park the row ([`PARK_SQL`]).
     Park,
 }
@@ -201,6 +210,9 @@ pub(crate) struct Presence {
     retry_at: Option<Instant>,
     /// When a waiting replica last upserted its row.
     refreshed_at: Option<Instant>,
+    /// When an unsettled replica's registration last wrote its row: it retries with the try
+    /// alone until a poll interval has passed since.
+    written_at: Option<Instant>,
     /// Reconnects seen: answers of claims sent before the latest one are ignored.
     generation: u64,
     /// Takes of the row seen ([`Presence::taken`]): registrations sent before the latest one
@@ -226,6 +238,7 @@ impl Presence {
             poll_interval,
             retry_at: None,
             refreshed_at: None,
+            written_at: None,
             generation: 0,
             takes: 0,
         }
@@ -237,7 +250,18 @@ impl Presence {
         let change = match self.state {
             State::Busy => None,
             _ if backlog => Some(Change::Park),
-            State::Joining | State::Unsettled => Some(Change::Register),
+            State::Joining => Some(Change::Register),
+            // The row is written: try the barrier alone, unless the row is due a refresh.
+            State::Unsettled => Some(
+                if self
+                    .written_at
+                    .is_none_or(|at| now >= at + self.poll_interval)
+                {
+                    Change::Register
+                } else {
+                    Change::Settle
+                },
+            ),
             State::Waiting => self
                 .refreshed_at
                 .is_none_or(|at| now >= at + self.poll_interval)
@@ -303,30 +327,36 @@ impl Presence {
                 self.state = State::Busy;
                 stats.record_wait_left();
             }
-            // Registered before the row was last taken: the row may be the one taken.
-            (Some(Change::Register), Some(Ok(_))) if takes < self.takes => {}
-            (Some(Change::Register), Some(Ok(registered))) => {
-                if !registered.written {
-                    stats.record_registration_skipped();
-                    self.state = State::Unsettled;
-                    self.retry_later(now);
-                } else if registered.free {
+            // Registered (or settled) before the row was last taken: the row may be the one
+            // taken.
+            (Some(Change::Register | Change::Settle), Some(Ok(_))) if takes < self.takes => {}
+            (Some(Change::Register), Some(Ok(registered))) if !registered.written => {
+                stats.record_registration_skipped();
+                self.state = State::Joining;
+                self.retry_later(now);
+            }
+            (Some(change @ (Change::Register | Change::Settle)), Some(Ok(registered))) => {
+                if change == Change::Register {
+                    self.written_at = Some(now);
+                }
+                if registered.free {
                     if self.state != State::Waiting {
                         stats.record_wait();
                     }
                     self.state = State::Waiting;
                     self.backoff = FIRST_BACKOFF;
                     self.retry_at = None;
-                    self.refreshed_at = Some(now);
+                    // The next refresh is due a poll interval after the row was written.
+                    self.refreshed_at = self.written_at;
                 } else {
                     stats.record_barrier_held();
                     self.state = State::Unsettled;
                     self.retry_later(now);
                 }
             }
-            // Failed, or not sent: a registration is tried again later; a waiting replica's
-            // refresh rides on its next claim (its refresh is still due).
-            (Some(Change::Register), _) => {
+            // Failed, or not sent: a registration or a try is tried again later; a waiting
+            // replica's refresh rides on its next claim (its refresh is still due).
+            (Some(Change::Register | Change::Settle), _) => {
                 if self.state != State::Waiting {
                     self.retry_later(now);
                 }
@@ -431,6 +461,17 @@ pub(crate) async fn send(
             let written = first_column(&registered?)?.is_some_and(|rows: i64| rows > 0);
             let free = first_column(&settled?)?.unwrap_or(false);
             Ok(Registered { written, free })
+        }
+        Change::Settle => {
+            let settled = match &statements.prepared {
+                Some((_, settle)) => client.query(settle, &[]).await,
+                None => client.query_typed(SETTLE_SQL, &[]).await,
+            };
+            let free = first_column(&settled?)?.unwrap_or(false);
+            Ok(Registered {
+                written: true,
+                free,
+            })
         }
         Change::Park => {
             client

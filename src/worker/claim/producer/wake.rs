@@ -50,9 +50,21 @@ impl WakeState {
     }
 }
 
+/// The reason a claim for `why` is sent with, when it carries permits this replica freed
+/// (`carries_freed`): a presence retry is sent only once its try of the barrier succeeds
+/// (`dispatch::claim_with`), so one that carries freed permits is a claim for them, sent whatever
+/// the try answers.
+pub(super) fn reason_carrying(why: ClaimReason, carries_freed: bool) -> ClaimReason {
+    if why == ClaimReason::Presence && carries_freed {
+        ClaimReason::Freed
+    } else {
+        why
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{WakeState, NEXT_DUE_REFRESH};
+    use super::{reason_carrying, WakeState, NEXT_DUE_REFRESH};
     use crate::worker::stats::ClaimReason;
     use std::time::Duration;
     use tokio::time::Instant;
@@ -79,5 +91,21 @@ mod tests {
             assert!(wake.next_due_stale(why, soon), "{why:?}");
         }
         assert!(wake.next_due_stale(ClaimReason::Notify, now + NEXT_DUE_REFRESH));
+    }
+
+    #[test]
+    fn a_presence_retry_that_carries_freed_permits_is_sent_as_a_claim_for_them() {
+        assert_eq!(
+            reason_carrying(ClaimReason::Presence, true),
+            ClaimReason::Freed
+        );
+        assert_eq!(
+            reason_carrying(ClaimReason::Presence, false),
+            ClaimReason::Presence
+        );
+        assert_eq!(
+            reason_carrying(ClaimReason::Notify, true),
+            ClaimReason::Notify
+        );
     }
 }

@@ -70,7 +70,8 @@ fn a_held_barrier_is_tried_again_at_doubling_intervals_up_to_the_poll() {
     claim(&mut p, registered(false), now, &stats);
     assert_eq!(p.state, State::Unsettled);
     assert_eq!(p.retry_at(), Some(now + Duration::from_millis(1)));
-    assert_eq!(p.ticket(false, now).change, Some(Change::Register));
+    // The row is written: the retry tries the barrier alone.
+    assert_eq!(p.ticket(false, now).change, Some(Change::Settle));
     p.retrying();
     assert_eq!(p.retry_at(), None);
     for pause in [2, 4, 5, 5] {
@@ -124,20 +125,17 @@ fn a_refresh_must_settle_again_since_an_enqueue_skips_the_row_it_holds() {
 fn a_registration_that_wrote_nothing_is_retried_even_with_the_barrier_free() {
     let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
     claim(&mut p, skipped(), now, &stats);
-    assert_eq!(
-        p.state,
-        State::Unsettled,
-        "the row is not this replica's yet"
-    );
+    assert_eq!(p.state, State::Joining, "the row is not this replica's yet");
+    assert_eq!(p.ticket(false, now).change, Some(Change::Register));
     assert_eq!(p.retry_at(), Some(now + Duration::from_millis(1)));
     claim(&mut p, skipped(), now, &stats);
     assert_eq!(p.retry_at(), Some(now + Duration::from_millis(2)));
     claim(&mut p, registered(true), now, &stats);
     assert_eq!((p.state, p.retry_at()), (State::Waiting, None));
-    // A refresh that wrote nothing unsettles a waiting replica too.
+    // A refresh that wrote nothing makes a waiting replica register again too.
     let due = now + Duration::from_secs(1);
     claim(&mut p, skipped(), due, &stats);
-    assert_eq!(p.state, State::Unsettled);
+    assert_eq!(p.state, State::Joining);
     let counted = stats.snapshot();
     assert_eq!(
         (
@@ -147,6 +145,53 @@ fn a_registration_that_wrote_nothing_is_retried_even_with_the_barrier_free() {
         ),
         (3, 0, 1)
     );
+}
+
+#[test]
+fn an_unsettled_replica_retries_the_try_alone_and_registers_again_before_its_row_goes_stale() {
+    let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
+    claim(&mut p, registered(false), now, &stats);
+    let later = now + Duration::from_millis(999);
+    let (ticket, _) = claim(&mut p, registered(false), later, &stats);
+    assert_eq!(ticket.change, Some(Change::Settle));
+    assert_eq!(p.state, State::Unsettled);
+    // A poll interval after the row was written, the retry writes it again.
+    let stale = now + Duration::from_secs(1);
+    assert_eq!(p.ticket(false, stale).change, Some(Change::Register));
+    claim(&mut p, registered(false), stale, &stats);
+    let settled = stale + Duration::from_millis(500);
+    let (ticket, _) = claim(&mut p, registered(true), settled, &stats);
+    assert_eq!(ticket.change, Some(Change::Settle));
+    assert_eq!(p.state, State::Waiting);
+    // Waiting: the refresh is due a poll interval after the write, not after the try.
+    assert_eq!(
+        p.ticket(false, stale + Duration::from_millis(999)).change,
+        None
+    );
+    assert_eq!(
+        p.ticket(false, stale + Duration::from_secs(1)).change,
+        Some(Change::Register)
+    );
+    // A try sent before a take settles nothing, as a registration would not.
+    claim(
+        &mut p,
+        registered(false),
+        stale + Duration::from_secs(1),
+        &stats,
+    );
+    let in_flight = p.ticket(false, settled + Duration::from_millis(600));
+    assert_eq!(in_flight.change, Some(Change::Settle));
+    p.taken(1);
+    p.after(in_flight, Some(&registered(true)), false, settled, &stats);
+    assert_eq!(p.state, State::Joining, "the row may be the one taken");
+    // A failed try is tried again, still alone.
+    let mut p = presence();
+    claim(&mut p, registered(false), now, &stats);
+    let (ticket, _) = claim(&mut p, failed(), now, &stats);
+    assert_eq!(ticket.change, Some(Change::Settle));
+    assert_eq!(p.state, State::Unsettled);
+    assert!(p.retry_at().is_some());
+    assert_eq!(p.ticket(false, now).change, Some(Change::Settle));
 }
 
 #[test]
