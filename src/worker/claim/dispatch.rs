@@ -125,8 +125,9 @@ pub(crate) async fn claim_with(
         // A retry of a held barrier, and nothing else: the claim is worth sending only once
         // the try succeeds (it then sees every enqueue that held the barrier).
         let answer = presence.await;
+        // The try's own round trip (a claim sent after it counts its own).
+        shared.stats.record_round_trips(1);
         if !matches!(answer, Some(Ok(Registered { free: true, .. }))) {
-            shared.stats.record_round_trips(1);
             return (Ok(Claim::default()), answer);
         }
         (answer, db::bounded(bound, claim).await)
