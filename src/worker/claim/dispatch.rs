@@ -67,9 +67,11 @@ pub(crate) fn owned(asks: Vec<(&str, usize)>) -> Vec<(String, usize)> {
 /// Claims, of each queue of `asks`, up to as many due jobs as it asks, for `reason`, with the
 /// presence `change` (if any) pipelined before it on the same connection, in the same round
 /// trip. Returns the claim (its jobs, and what it says of the capped asks) and what the change
-/// answered (`None` when it was not sent); the
-/// jobs are returned whatever the change answered, so a failed presence statement never loses a
-/// claim. A replica with no handlers claims nothing.
+/// answered (`None` when it was not sent); the jobs are returned whatever the change answered,
+/// so a failed presence statement never loses a claim. The one exception is a presence retry
+/// that only tries the barrier again (`ClaimReason::Presence` with `Change::Settle`): its try
+/// goes first, alone, and the claim follows only if the try succeeded (claiming nothing loses
+/// nothing). A replica with no handlers claims nothing.
 #[tracing::instrument(name = "claim", skip_all, fields(?reason, ?change))]
 pub(crate) async fn claim_with(
     shared: &Shared,
