@@ -6,6 +6,7 @@ use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
 use crate::support::{eventually, insert_jobs, session_pid, TestDb};
 use crate::wake::{config, until_succeeded, Replica};
 use durable_etl::handler::Registry;
+use durable_etl::worker::stats::StatsSnapshot;
 use serde_json::json;
 use std::time::Duration;
 
@@ -43,6 +44,20 @@ async fn waiting_replica(db: &TestDb, owner: &str, poll: Duration) -> Replica {
     })
     .await;
     replica
+}
+
+/// Enqueues one job on `client`, waits until `succeeded` jobs have succeeded in all, and returns
+/// `replica`'s counters, asserting that its poll (a minute away in these tests) claimed none.
+async fn one_job_found_by_a_wake(
+    client: &tokio_postgres::Client,
+    replica: &Replica,
+    succeeded: i64,
+) -> StatsSnapshot {
+    insert_jobs(client, NOOP, &[json!({})], 3).await;
+    until_succeeded(client, succeeded).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.claimed_by_poll, 0, "the poll never fired: {stats:?}");
+    stats
 }
 
 /// The race the enqueue barrier closes: an enqueue reads "nobody waits" (so it will not notify),
@@ -165,11 +180,8 @@ async fn a_replica_registers_again_after_its_session_reconnects() {
         replica.stats.snapshot().reconnects >= 1 && waiting(&client).await == ["reconnected"]
     })
     .await;
-    insert_jobs(&client, NOOP, &[json!({})], 3).await;
-    until_succeeded(&client, 1).await;
-    let stats = replica.stats.snapshot();
+    let stats = one_job_found_by_a_wake(&client, &replica, 1).await;
     assert_eq!(stats.claims_by_notify, 1, "{stats:?}");
-    assert_eq!(stats.claimed_by_poll, 0, "the 60 s poll never fired");
     replica.stop().await.unwrap();
 }
 
@@ -458,10 +470,7 @@ async fn a_registration_meets_its_row_held(holder_sql: &str) {
         waiting(&observer).await == ["held"]
     })
     .await;
-    insert_jobs(&observer, NOOP, &[json!({})], 3).await;
-    until_succeeded(&observer, 1).await;
-    let stats = replica.stats.snapshot();
-    assert_eq!(stats.claimed_by_poll, 0, "the minute's poll never fired");
+    let stats = one_job_found_by_a_wake(&observer, &replica, 1).await;
     assert_eq!(stats.claimed_by_notify, 1, "{stats:?}");
     replica.stop().await.unwrap();
 }

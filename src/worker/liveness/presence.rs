@@ -123,10 +123,8 @@ pub(crate) struct Presence {
     poll_interval: Duration,
     /// When to claim again to retry a registration.
     retry_at: Option<Instant>,
-    /// When a waiting replica last upserted its row.
-    refreshed_at: Option<Instant>,
-    /// When an unsettled replica's registration last wrote its row: it retries with the try
-    /// alone until a poll interval has passed since.
+    /// When a registration last wrote the row: a waiting replica refreshes it, and an unsettled
+    /// one retries with the try alone, until a poll interval has passed since.
     written_at: Option<Instant>,
     /// Reconnects seen: answers of claims sent before the latest one are ignored.
     generation: u64,
@@ -152,7 +150,6 @@ impl Presence {
             backoff: FIRST_BACKOFF,
             poll_interval,
             retry_at: None,
-            refreshed_at: None,
             written_at: None,
             generation: 0,
             takes: 0,
@@ -162,25 +159,17 @@ impl Presence {
     /// The change the next claim carries, sent at `now` after a claim that came back full
     /// (`backlog`) or not.
     pub(crate) fn ticket(&self, backlog: bool, now: Instant) -> Ticket {
+        let refresh_due = self
+            .written_at
+            .is_none_or(|at| now >= at + self.poll_interval);
         let change = match self.state {
             State::Busy => None,
             _ if backlog => Some(Change::Park),
             State::Joining => Some(Change::Register),
             // The row is written: try the barrier alone, unless the row is due a refresh.
-            State::Unsettled => Some(
-                if self
-                    .written_at
-                    .is_none_or(|at| now >= at + self.poll_interval)
-                {
-                    Change::Register
-                } else {
-                    Change::Settle
-                },
-            ),
-            State::Waiting => self
-                .refreshed_at
-                .is_none_or(|at| now >= at + self.poll_interval)
-                .then_some(Change::Register),
+            State::Unsettled if refresh_due => Some(Change::Register),
+            State::Unsettled => Some(Change::Settle),
+            State::Waiting => refresh_due.then_some(Change::Register),
         };
         Ticket {
             change,
@@ -261,8 +250,6 @@ impl Presence {
                     self.state = State::Waiting;
                     self.backoff = FIRST_BACKOFF;
                     self.retry_at = None;
-                    // The next refresh is due a poll interval after the row was written.
-                    self.refreshed_at = self.written_at;
                 } else {
                     stats.record_barrier_held();
                     self.state = State::Unsettled;
