@@ -6,6 +6,11 @@ use super::*;
 fn defaults_are_valid() {
     assert_eq!(DatabaseConfig::default().validate(), Ok(()));
     assert_eq!(WorkerConfig::default().validate(), Ok(()));
+    let cooldown_of_a_poll = WorkerConfig {
+        claim_cooldown: POLL_INTERVAL_DEFAULT,
+        ..WorkerConfig::default()
+    };
+    assert_eq!(cooldown_of_a_poll.validate(), Ok(()));
     assert_eq!(ApiConfig::default().listen.to_string(), API_LISTEN_DEFAULT);
 }
 
@@ -77,6 +82,14 @@ fn worker_rules_name_the_broken_relation() {
                 ..base()
             },
             ConfigError::PollInterval,
+        ),
+        (
+            WorkerConfig {
+                poll_interval: Duration::from_secs(1),
+                claim_cooldown: Duration::from_millis(1001),
+                ..base()
+            },
+            ConfigError::ClaimCooldown,
         ),
         (
             WorkerConfig {

@@ -16,6 +16,7 @@ mod console;
 mod console_history;
 mod console_privacy;
 mod console_replicas;
+mod cooldown;
 mod deploy;
 mod errors;
 mod etl;

@@ -24,6 +24,7 @@ fn config(owner: &str) -> WorkerConfig {
         slots: 8,
         prefetch: durable_etl::config::PREFETCH_DEFAULT,
         poll_interval: Duration::from_millis(50),
+        claim_cooldown: Duration::ZERO,
         lease: Duration::from_secs(3),
         heartbeat_interval: Duration::from_millis(200),
         execution_timeout: Duration::from_secs(5),

@@ -22,6 +22,8 @@
 //!   charged.
 //! - A claim that fails (a lost connection, a timeout) is tried again after
 //!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll.
+//! - A wake's claim sent sooner than `claim_cooldown` after the last claim waits out the rest,
+//!   joined by every wake meanwhile (see `wake`); a backlog's claims never wait.
 //! - The poll runs whatever happens to notifications, every `poll_interval` with ±10% jitter so
 //!   replicas do not poll in lockstep; when a deferred job is due sooner, the loop wakes then.
 //! - Every claimed job is held ([`HeldJobs`]) until its task ends. Each job task watches its own
@@ -168,7 +170,9 @@ impl Producer {
         let mut reason = Some(ClaimReason::Startup);
         loop {
             if let Some(why) = reason.take() {
-                self.send_claim(why);
+                if let Some(why) = self.wake.gate(why, Instant::now(), config.claim_cooldown) {
+                    self.send_claim(why);
+                }
             }
             let release_at = self.buffer.next_release_at();
             let slots = Arc::clone(&self.slots);
@@ -212,6 +216,7 @@ impl Producer {
                     self.wake.refill_at = None;
                     reason = Some(ClaimReason::Drain);
                 }
+                () = sleep_until_opt(self.wake.held_until()) => reason = self.wake.release_held(),
                 () = sleep_until_opt(release_at) => self.release_overdue().await,
                 () = sleep_until_opt(self.presence.retry_at()) => {
                     // Cleared here, not by the claim: a claim that cannot be sent now (no room)
@@ -291,6 +296,7 @@ impl Producer {
         });
         let shared = Arc::clone(&self.shared);
         let sent = Instant::now();
+        self.wake.last_sent = Some(sent);
         let ticket = self.presence.ticket(self.wake.backlog, sent);
         self.presence.retrying();
         self.claiming = Some(Box::pin(async move {

@@ -1,10 +1,15 @@
-//! What the claim loop remembers between wakes, and when a short claim asks when the next
-//! deferred job is due.
+//! What the claim loop remembers between wakes, when a short claim asks when the next deferred
+//! job is due, and which claims wait out the claim cooldown
+//! ([`crate::config::WorkerConfig::claim_cooldown`]).
 //!
 //! Invariants this module keeps:
 //! - A short claim that the clock or a reconnect caused always asks; any other asks at most once
 //!   per [`NEXT_DUE_REFRESH`]: a deferred job enqueued meanwhile (deferred enqueues announce
 //!   nothing) is found at most that much later, or by the poll.
+//! - Only a wake's claim (a notification, the poll, a due job, a catch-up, a registration as
+//!   waiting) waits out the cooldown, counted from when the last claim was sent; a claim under a
+//!   backlog (room or permits freed) or at start-up never waits. A wake that waits is never
+//!   lost: it is held, every wake meanwhile joins it, and one claim goes at the cooldown's end.
 
 use crate::worker::stats::ClaimReason;
 use std::time::Duration;
@@ -30,6 +35,10 @@ pub(super) struct WakeState {
     pub(super) again: Option<ClaimReason>,
     /// When the replica last asked when the next deferred job is due.
     pub(super) next_due_asked_at: Option<Instant>,
+    /// When the last claim was sent.
+    pub(super) last_sent: Option<Instant>,
+    /// The wake held until the cooldown after the last claim is over, and when that is.
+    pub(super) held: Option<(ClaimReason, Instant)>,
 }
 
 impl WakeState {
@@ -47,6 +56,59 @@ impl WakeState {
             || self
                 .next_due_asked_at
                 .is_none_or(|at| now >= at + NEXT_DUE_REFRESH)
+    }
+
+    /// Sends a claim for `why` now (`Some(why)`), or holds it until the `cooldown` after the last
+    /// claim sent is over (`None`), joined with the wake held already, if any (see the module's
+    /// invariants).
+    pub(super) fn gate(
+        &mut self,
+        why: ClaimReason,
+        now: Instant,
+        cooldown: Duration,
+    ) -> Option<ClaimReason> {
+        let waits = matches!(
+            why,
+            ClaimReason::Notify
+                | ClaimReason::Presence
+                | ClaimReason::Poll
+                | ClaimReason::Due
+                | ClaimReason::CatchUp
+        );
+        let until = self.last_sent.map(|at| at + cooldown);
+        match until {
+            Some(until) if waits && now < until => {
+                let joined = match self.held {
+                    Some((held, _)) if rank(held) >= rank(why) => held,
+                    _ => why,
+                };
+                self.held = Some((joined, until));
+                None
+            }
+            _ => Some(why),
+        }
+    }
+
+    /// When the held wake's cooldown is over, if a wake is held.
+    pub(super) fn held_until(&self) -> Option<Instant> {
+        self.held.map(|(_, until)| until)
+    }
+
+    /// The held wake, its cooldown over (it goes through [`WakeState::gate`] again: a claim sent
+    /// meanwhile started a new cooldown).
+    pub(super) fn release_held(&mut self) -> Option<ClaimReason> {
+        self.held.take().map(|(why, _)| why)
+    }
+}
+
+/// Which of two held wakes a claim is sent for: a registration's (it claims only once its try
+/// succeeds) gives way to a notification's, and both to the clock's or a reconnect's (they also
+/// refresh what the replica caches: the capped queues, the next due time).
+fn rank(why: ClaimReason) -> u8 {
+    match why {
+        ClaimReason::Presence => 0,
+        ClaimReason::Notify => 1,
+        _ => 2,
     }
 }
 
@@ -91,6 +153,55 @@ mod tests {
             assert!(wake.next_due_stale(why, soon), "{why:?}");
         }
         assert!(wake.next_due_stale(ClaimReason::Notify, now + NEXT_DUE_REFRESH));
+    }
+
+    #[test]
+    fn only_a_wake_waits_out_the_cooldown_and_the_wakes_meanwhile_join_it() {
+        let (mut wake, now) = (WakeState::default(), Instant::now());
+        let cooldown = Duration::from_millis(5);
+        // No claim sent yet: nothing waits.
+        assert_eq!(
+            wake.gate(ClaimReason::Notify, now, cooldown),
+            Some(ClaimReason::Notify)
+        );
+        wake.last_sent = Some(now);
+        let soon = now + Duration::from_millis(1);
+        // A backlog's claims and the start-up never wait.
+        for why in [
+            ClaimReason::Drain,
+            ClaimReason::Freed,
+            ClaimReason::Startup,
+            ClaimReason::Step,
+        ] {
+            assert_eq!(wake.gate(why, soon, cooldown), Some(why), "{why:?}");
+            assert_eq!(wake.held_until(), None, "{why:?}");
+        }
+        // A registration waits; a notification joins it and takes its place; a later
+        // registration does not displace the notification; the clock's wake displaces both.
+        assert_eq!(wake.gate(ClaimReason::Presence, soon, cooldown), None);
+        assert_eq!(wake.held_until(), Some(now + cooldown));
+        assert_eq!(wake.gate(ClaimReason::Notify, soon, cooldown), None);
+        assert_eq!(wake.gate(ClaimReason::Presence, soon, cooldown), None);
+        assert_eq!(wake.held, Some((ClaimReason::Notify, now + cooldown)));
+        assert_eq!(wake.gate(ClaimReason::Poll, soon, cooldown), None);
+        assert_eq!(wake.gate(ClaimReason::Notify, soon, cooldown), None);
+        assert_eq!(wake.release_held(), Some(ClaimReason::Poll));
+        assert_eq!((wake.held_until(), wake.release_held()), (None, None));
+        for why in [ClaimReason::Due, ClaimReason::CatchUp] {
+            assert_eq!(wake.gate(why, soon, cooldown), None, "{why:?}");
+            assert_eq!(wake.release_held(), Some(why));
+        }
+        // The cooldown over, or none set: every wake claims at once.
+        let later = now + cooldown;
+        assert_eq!(
+            wake.gate(ClaimReason::Notify, later, cooldown),
+            Some(ClaimReason::Notify)
+        );
+        assert_eq!(
+            wake.gate(ClaimReason::Notify, soon, Duration::ZERO),
+            Some(ClaimReason::Notify)
+        );
+        assert_eq!(wake.held_until(), None);
     }
 
     #[test]
