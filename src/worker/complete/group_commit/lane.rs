@@ -5,6 +5,9 @@
 //! - At most one lane gathers at a time (it holds the queue), so while one lane commits, the
 //!   other forms the next batch from everything that arrives, until that commit ends, its batch
 //!   is full, or its gather limit has passed.
+//! - Before deciding its batch, a lane yields once after its first job, so that the jobs whose
+//!   tasks run right after it (one claim's, ending together) join it rather than start the
+//!   next batch; it waits for nothing else when no other lane commits.
 //! - A lane's commit is counted in [`Committing`] exactly while it runs, even when its future is
 //!   dropped or unwinds ([`CommitGuard`]).
 
@@ -71,13 +74,17 @@ pub(super) struct Gather<T> {
 }
 
 impl<T> Gather<T> {
-    /// The first queued job (waiting for one), then whatever else is queued, up to the largest
+    /// The first queued job (waiting for one), then (after letting the tasks scheduled meanwhile
+    /// run, once) whatever else is queued, up to the largest
     /// batch, and, while another lane commits, what arrives until its commit ends or
     /// `gather_limit` has passed; `None` once the queue is closed. Holding the queue meanwhile
     /// keeps the other lane from starting another batch, so when its commit ends none runs.
     pub(super) async fn next_batch(&self) -> Option<Vec<T>> {
         let mut receiver = self.receiver.lock().await;
         let mut batch = vec![receiver.recv().await?];
+        // Jobs that finish together (one claim's, at a steady load) are queued by tasks that
+        // run a moment after the first: let them run before deciding the batch.
+        tokio::task::yield_now().await;
         let deadline = tokio::time::Instant::now() + self.gather_limit;
         let mut expired = false;
         loop {

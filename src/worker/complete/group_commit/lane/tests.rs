@@ -64,3 +64,25 @@ async fn while_one_lane_commits_the_other_gathers_what_arrives_into_one_batch() 
     assert_eq!(stats.snapshot().commit_batches, 3);
     assert_eq!(db.count(SUCCEEDED).await, 5);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_job_queued_by_a_task_that_runs_just_after_the_first_joins_its_batch() {
+    use super::{Committing, Gather};
+    use tokio::sync::{mpsc, Mutex};
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let gather = Gather {
+        receiver: Arc::new(Mutex::new(receiver)),
+        max_batch: 16,
+        gather_limit: Duration::from_secs(600),
+        committing: Committing::default(),
+    };
+    let lane = tokio::spawn(async move { gather.next_batch().await });
+    // The lane now waits for its first job.
+    tokio::task::yield_now().await;
+    // One claim's two jobs end together: the first wakes the lane, and the task of the second
+    // is scheduled after the lane (one thread: in that order).
+    sender.send(1).unwrap();
+    let second = sender.clone();
+    tokio::spawn(async move { second.send(2).unwrap() });
+    assert_eq!(lane.await.unwrap(), Some(vec![1, 2]), "one batch, not two");
+}
