@@ -299,6 +299,9 @@ const COUNTERS: &[Counter] = &[
     ("durable_etl_registrations_skipped",
         "Registrations that found the replica's row held by another transaction (tried again).",
         |s| s.registrations_skipped),
+    ("durable_etl_claims_held",
+        "Wake claims held until the claim cooldown was over (the wakes meanwhile joined them).",
+        |s| s.claims_held),
 ];
 
 /// A replica's counters and gauges, read once per scrape.

@@ -153,6 +153,8 @@ pub(crate) struct BenchConfig {
     pub(crate) slots: usize,
     /// Jobs each replica may claim ahead of its free slots.
     pub(crate) prefetch: usize,
+    /// The replicas' claim cooldown, in microseconds.
+    pub(crate) claim_cooldown_us: u64,
     /// What the jobs do.
     pub(crate) handler: BenchHandler,
     /// The database the bench creates and drops.

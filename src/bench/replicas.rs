@@ -44,6 +44,8 @@ pub(super) struct Replicas {
     slots: usize,
     /// Jobs each replica may claim ahead of its free slots.
     prefetch: usize,
+    /// The replicas' claim cooldown, in microseconds.
+    claim_cooldown_us: u64,
     /// The replicas' `--queues` (`None`: left out, so they serve the default queue).
     queues: Option<String>,
     /// When the run records handler starts: where replica `i` writes them (`{prefix}-{i}`).
@@ -62,6 +64,7 @@ impl Replicas {
             url: db_config.url.clone(),
             slots: config.slots,
             prefetch: config.prefetch,
+            claim_cooldown_us: config.claim_cooldown_us,
             queues: config.shape.served(),
             starts_prefix: config.record_starts.then(|| {
                 std::env::temp_dir().join(format!(
@@ -110,6 +113,7 @@ impl Replicas {
             .args(["work", "--owner-id", &format!("bench-{i}")])
             .args(["--slots", &self.slots.to_string()])
             .args(["--prefetch", &self.prefetch.to_string()])
+            .args(["--claim-cooldown", &format!("{}us", self.claim_cooldown_us)])
             .args(["--metrics-listen", &addr])
             .args(self.queues.iter().flat_map(|q| ["--queues", q.as_str()]))
             .stdin(std::process::Stdio::null())

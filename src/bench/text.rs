@@ -123,6 +123,10 @@ impl BenchConfig {
             "{} replica(s) x {} slots (prefetch {}), handler {:?}",
             self.replicas, self.slots, self.prefetch, self.handler
         );
+        if self.claim_cooldown_us > 0 {
+            let ms = self.claim_cooldown_us as f64 / 1_000.0;
+            text.push_str(&format!(", claim cooldown {ms} ms"));
+        }
         text.push_str(&self.shape.describe());
         text
     }

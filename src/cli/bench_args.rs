@@ -123,6 +123,10 @@ pub(crate) struct BenchArgs {
     /// Jobs each replica may claim ahead of its free slots while a backlog lasts.
     #[arg(long, default_value_t = config::PREFETCH_DEFAULT)]
     pub(crate) prefetch: usize,
+    /// The replicas' claim cooldown (`work --claim-cooldown`): wakes sooner than this after a
+    /// claim wait and are claimed together.
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    pub(crate) claim_cooldown: Duration,
     /// What the jobs do.
     #[arg(long, value_enum, default_value = "noop")]
     pub(crate) handler: BenchHandler,
@@ -298,6 +302,7 @@ fn config(mode: Mode, common: &BenchArgs) -> Result<BenchConfig, clap::Error> {
         replicas,
         slots: common.slots,
         prefetch: common.prefetch,
+        claim_cooldown_us: u64::try_from(common.claim_cooldown.as_micros()).unwrap_or(u64::MAX),
         handler: common.handler,
         database: common
             .bench_database

@@ -210,6 +210,9 @@ counters! {
     /// Registrations that wrote nothing because another transaction held the replica's row (an
     /// enqueue taking it, recovery deleting it): tried again later, like a held barrier.
     registrations_skipped,
+    /// Claims a wake caused that waited out the claim cooldown (each counted once, however many
+    /// wakes joined it).
+    claims_held,
     /// Jobs picked up (claimed), counted with their pickup latency.
     pickups,
     /// Their pickup latencies (due to claimed, database clock), summed, in microseconds.
@@ -367,6 +370,11 @@ impl WorkerStats {
     /// Counts a try of the enqueue barrier that found an enqueue in flight.
     pub(crate) fn record_barrier_held(&self) {
         bump(&self.barrier_held);
+    }
+
+    /// Counts one wake's claim held until the claim cooldown is over.
+    pub(crate) fn record_claim_held(&self) {
+        bump(&self.claims_held);
     }
 
     /// Counts one registration that found its row held by another transaction.

@@ -132,6 +132,8 @@ async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_datab
             "2",
             "--slots",
             "16",
+            "--claim-cooldown",
+            "1500us",
             "--report",
             dir.to_str().unwrap(),
         ],
@@ -152,6 +154,8 @@ async fn burn_down_drains_every_job_through_several_replicas_and_drops_its_datab
         assert!(!page.contains(external), "{external} in {page}");
     }
     assert!(page.contains("burn-down of 300 jobs, 2 replica(s) x 16 slots"));
+    // A backlog's claims never wait for the cooldown: the burn-down drained all the same.
+    assert!(page.contains("claim cooldown 1.5 ms"), "{page}");
     assert!(page.contains("<th>succeeded</th><td>300</td>"), "{page}");
     assert!(
         page.contains("replicas / producers / aux / other"),

@@ -43,10 +43,14 @@ async fn bench_two_producers_offer_batches_and_report_the_achieved_rate_beside_t
             "4",
             "--replicas",
             "2",
+            "--claim-cooldown",
+            "20ms",
             "--keep",
         ],
     );
     assert_eq!(report["config"]["producers"], 2, "{report}");
+    // The replicas started with the cooldown (a flag they refused would fail their start).
+    assert_eq!(report["config"]["claim_cooldown_us"], 20_000, "{report}");
     assert_eq!(report["config"]["batch"], 4, "{report}");
     assert_eq!(
         (report["producers"].clone(), report["batch"].clone()),

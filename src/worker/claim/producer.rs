@@ -170,8 +170,11 @@ impl Producer {
         let mut reason = Some(ClaimReason::Startup);
         loop {
             if let Some(why) = reason.take() {
-                if let Some(why) = self.wake.gate(why, Instant::now(), config.claim_cooldown) {
-                    self.send_claim(why);
+                let held = self.wake.held_until().is_some();
+                match self.wake.gate(why, Instant::now(), config.claim_cooldown) {
+                    Some(why) => self.send_claim(why),
+                    None if !held => self.shared.stats.record_claim_held(),
+                    None => {}
                 }
             }
             let release_at = self.buffer.next_release_at();
