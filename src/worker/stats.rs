@@ -210,6 +210,9 @@ counters! {
     /// Registrations that wrote nothing because another transaction held the replica's row (an
     /// enqueue taking it, recovery deleting it): tried again later, like a held barrier.
     registrations_skipped,
+    /// Presence statements (a registration, a try of the barrier, a park) that failed: tried
+    /// again later (a park is not: a row left waiting only makes enqueues notify).
+    presence_failures,
     /// Claims a wake caused that waited out the claim cooldown (each counted once, however many
     /// wakes joined it).
     claims_held,
@@ -370,6 +373,11 @@ impl WorkerStats {
     /// Counts a try of the enqueue barrier that found an enqueue in flight.
     pub(crate) fn record_barrier_held(&self) {
         bump(&self.barrier_held);
+    }
+
+    /// Counts one presence statement that failed.
+    pub(crate) fn record_presence_failure(&self) {
+        bump(&self.presence_failures);
     }
 
     /// Counts one wake's claim held until the claim cooldown is over.

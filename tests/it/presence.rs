@@ -3,8 +3,10 @@
 //! waits" and a replica that registers before that enqueue commits.
 
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
+use crate::proxy::{Mode, Proxy};
 use crate::support::{eventually, insert_jobs, session_pid, TestDb};
 use crate::wake::{config, until_succeeded, Replica};
+use durable_etl::config::WorkerConfig;
 use durable_etl::handler::Registry;
 use durable_etl::worker::stats::StatsSnapshot;
 use serde_json::json;
@@ -99,6 +101,51 @@ async fn an_enqueue_in_flight_while_a_replica_registers_still_wakes_it() {
     assert_eq!(stats.waits, 1);
     replica.stop().await.unwrap();
     assert!(waiting(&observer).await.is_empty(), "it left at shutdown");
+}
+
+/// A retry whose lone try of the barrier fails (its claim session stopped answering and the try
+/// ran past its bound) is counted and sent again: once the enqueue holding the barrier commits, a
+/// try succeeds and the claim after it runs the job at once, not at the minute-away poll. (A
+/// replica that stopped retrying after a failed try would wait for its poll: the test times out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_whose_try_fails_is_sent_again_and_still_finds_the_enqueue() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let observer = db.client().await;
+    let tx = client.transaction().await.unwrap();
+    insert_jobs(&tx, NOOP, &[json!({})], 3).await;
+    // The claim and commit sessions go through the proxy, bounded at about a second; the LISTEN
+    // and owner-lock session goes direct, so the fault reaches the tries alone.
+    let proxy = Proxy::in_front_of_test_server().await;
+    let mut through = db.config.clone();
+    through.url = proxy.url_for(&db.config.url);
+    through.statement_timeout = Duration::from_secs(1);
+    let direct = WorkerConfig {
+        session_database_url: Some(db.config.url.clone()),
+        ..config("stalled", Duration::from_secs(60), 4)
+    };
+    let replica = Replica::start_on(&db, &through, direct, Registry::new().register(Noop)).await;
+    eventually("retries that found the enqueue in flight", || {
+        let stats = replica.stats.snapshot();
+        let observer = &observer;
+        async move { stats.barrier_held >= 2 && waiting(observer).await == ["stalled"] }
+    })
+    .await;
+    proxy.set_mode(Mode::Blackhole);
+    eventually("a try that ran past its bound", || async {
+        replica.stats.snapshot().presence_failures >= 1
+    })
+    .await;
+    proxy.set_mode(Mode::Pass);
+    let stats = replica.stats.snapshot();
+    assert_eq!((stats.waits, stats.claimed), (0, 0), "{stats:?}");
+    tx.commit().await.unwrap();
+    until_succeeded(&observer, 1).await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.notifications, 0, "the enqueue saw nobody waiting");
+    assert_eq!(stats.claimed_by_poll, 0, "the 60 s poll never fired");
+    assert_eq!((stats.waits, stats.claimed), (1, 1), "{stats:?}");
+    replica.stop().await.unwrap();
 }
 
 /// An idle replica waits (enqueues notify it); one whose claim comes back full parks its row

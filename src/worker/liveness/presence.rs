@@ -226,6 +226,9 @@ impl Presence {
         now: Instant,
         stats: &WorkerStats,
     ) {
+        if matches!(answer, Some(Err(_))) {
+            stats.record_presence_failure();
+        }
         match (change, answer) {
             (Some(Change::Park), _) => {
                 self.state = State::Busy;

@@ -184,14 +184,16 @@ fn an_unsettled_replica_retries_the_try_alone_and_registers_again_before_its_row
     p.taken(1);
     p.after(in_flight, Some(&registered(true)), false, settled, &stats);
     assert_eq!(p.state, State::Joining, "the row may be the one taken");
-    // A failed try is tried again, still alone.
+    // A failed try is counted and tried again, still alone.
     let mut p = presence();
     claim(&mut p, registered(false), now, &stats);
+    let failures = stats.snapshot().presence_failures;
     let (ticket, _) = claim(&mut p, failed(), now, &stats);
     assert_eq!(ticket.change, Some(Change::Settle));
     assert_eq!(p.state, State::Unsettled);
     assert!(p.retry_at().is_some());
     assert_eq!(p.ticket(false, now).change, Some(Change::Settle));
+    assert_eq!(stats.snapshot().presence_failures, failures + 1);
 }
 
 #[test]
