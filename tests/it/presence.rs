@@ -62,6 +62,21 @@ async fn one_job_found_by_a_wake(
     stats
 }
 
+/// Waits until `replica` (`owner`) has registered and found the enqueue barrier held at least
+/// `tries` times.
+async fn until_retrying(
+    replica: &Replica,
+    observer: &tokio_postgres::Client,
+    owner: &str,
+    tries: u64,
+) {
+    eventually("retries that found the enqueue in flight", || {
+        let stats = replica.stats.snapshot();
+        async move { stats.barrier_held >= tries && waiting(observer).await == [owner] }
+    })
+    .await;
+}
+
 /// The race the enqueue barrier closes: an enqueue reads "nobody waits" (so it will not notify),
 /// a replica then registers and claims before that enqueue commits. The replica's try of the
 /// barrier fails while the enqueue is open, and it tries again (the try alone, no claim) until it
@@ -81,12 +96,7 @@ async fn an_enqueue_in_flight_while_a_replica_registers_still_wakes_it() {
         Registry::new().register(Noop),
     )
     .await;
-    eventually("retries that found the enqueue in flight", || {
-        let stats = replica.stats.snapshot();
-        let observer = &observer;
-        async move { stats.barrier_held >= 3 && waiting(observer).await == ["late"] }
-    })
-    .await;
+    until_retrying(&replica, &observer, "late", 3).await;
     let stats = replica.stats.snapshot();
     assert_eq!(stats.waits, 0, "not settled while it is open");
     assert_eq!(
@@ -125,12 +135,7 @@ async fn a_retry_whose_try_fails_is_sent_again_and_still_finds_the_enqueue() {
         ..config("stalled", Duration::from_secs(60), 4)
     };
     let replica = Replica::start_on(&db, &through, direct, Registry::new().register(Noop)).await;
-    eventually("retries that found the enqueue in flight", || {
-        let stats = replica.stats.snapshot();
-        let observer = &observer;
-        async move { stats.barrier_held >= 2 && waiting(observer).await == ["stalled"] }
-    })
-    .await;
+    until_retrying(&replica, &observer, "stalled", 2).await;
     proxy.set_mode(Mode::Blackhole);
     eventually("a try that ran past its bound", || async {
         replica.stats.snapshot().presence_failures >= 1
