@@ -1,5 +1,5 @@
 //! A bounded chaos soak with real processes: [`REPLICAS`] replicas of the binary, [`SLOTS`] slots
-//! each, work through 5,000 ETL jobs spread over three queues capped at 1, 8 and 64 ([`QUEUES`]),
+//! each (every other one with a claim cooldown), work through 5,000 ETL jobs spread over three queues capped at 1, 8 and 64 ([`QUEUES`]),
 //! every cap below the replicas' slots, the cap-8 queue's jobs spread over [`KEYS`] concurrency
 //! keys capped at [`KEY_CAP`] each, while the replicas are repeatedly SIGKILLed (and restarted
 //! with their owner id), frozen with SIGSTOP/SIGCONT, and have their backends terminated. Each
@@ -167,6 +167,9 @@ const EFFECTS_OVERLAP: &str = "
 struct Slot {
     /// Stable owner id, reused by every incarnation.
     owner: String,
+    /// Its claim cooldown: every other replica holds its wakes' claims 20 ms after each claim,
+    /// so held claims meet the faults too.
+    cooldown: &'static str,
     /// Standard error of every incarnation, appended.
     log: PathBuf,
     /// When a frozen incarnation is to be resumed.
@@ -203,7 +206,14 @@ impl Slot {
             .unwrap();
         let slots = SLOTS.to_string();
         let queues = QUEUES.map(|q| q.name).join(",");
-        let shape = ["--slots", &slots, "--queues", &queues];
+        let shape = [
+            "--slots",
+            &slots,
+            "--queues",
+            &queues,
+            "--claim-cooldown",
+            self.cooldown,
+        ];
         let args: Vec<&str> = ARGS.iter().copied().chain(shape).collect();
         // Debug level: the more the replicas say, the more the leak search covers.
         spawn_replica_logged(
@@ -257,6 +267,7 @@ async fn chaos_soak_keeps_every_invariant() {
     let mut slots: Vec<Slot> = (0..REPLICAS)
         .map(|i| Slot {
             owner: format!("soak-{i}"),
+            cooldown: if i % 2 == 1 { "20ms" } else { "0ms" },
             log: dir.join(format!("soak-{}-{i}.log", db.name)),
             thaw_at: None,
         })
