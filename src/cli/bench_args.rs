@@ -123,9 +123,9 @@ pub(crate) struct BenchArgs {
     /// Jobs each replica may claim ahead of its free slots while a backlog lasts.
     #[arg(long, default_value_t = config::PREFETCH_DEFAULT)]
     pub(crate) prefetch: usize,
-    /// The replicas' claim cooldown (`work --claim-cooldown`): wakes sooner than this after a
-    /// claim wait and are claimed together.
-    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    /// The replicas' claim cooldown (`work --claim-cooldown`, read from the same variable):
+    /// wakes sooner than this after a claim wait and are claimed together.
+    #[arg(long, env = "DURABLE_ETL_CLAIM_COOLDOWN", default_value = "0ms", value_parser = parse_duration)]
     pub(crate) claim_cooldown: Duration,
     /// What the jobs do.
     #[arg(long, value_enum, default_value = "noop")]
