@@ -58,9 +58,9 @@ impl WakeState {
                 .is_none_or(|at| now >= at + NEXT_DUE_REFRESH)
     }
 
-    /// Sends a claim for `why` now (`Some(why)`), or holds it until the `cooldown` after the last
+    /// Sends a claim for `why` now (`Some`), or holds it until the `cooldown` after the last
     /// claim sent is over (`None`), joined with the wake held already, if any (see the module's
-    /// invariants).
+    /// invariants). A wake sent now takes the held one with it (one claim answers both).
     pub(super) fn gate(
         &mut self,
         why: ClaimReason,
@@ -76,14 +76,18 @@ impl WakeState {
                 | ClaimReason::CatchUp
         );
         let until = self.last_sent.map(|at| at + cooldown);
+        let joined = match self.held {
+            Some((held, _)) if waits && rank(held) >= rank(why) => held,
+            _ => why,
+        };
         match until {
             Some(until) if waits && now < until => {
-                let joined = match self.held {
-                    Some((held, _)) if rank(held) >= rank(why) => held,
-                    _ => why,
-                };
                 self.held = Some((joined, until));
                 None
+            }
+            _ if waits => {
+                self.held = None;
+                Some(joined)
             }
             _ => Some(why),
         }
@@ -191,12 +195,24 @@ mod tests {
             assert_eq!(wake.gate(why, soon, cooldown), None, "{why:?}");
             assert_eq!(wake.release_held(), Some(why));
         }
-        // The cooldown over, or none set: every wake claims at once.
+        // The cooldown over, or none set: every wake claims at once, taking the held one with
+        // it; a backlog's claim leaves it held.
         let later = now + cooldown;
         assert_eq!(
             wake.gate(ClaimReason::Notify, later, cooldown),
             Some(ClaimReason::Notify)
         );
+        assert_eq!(wake.gate(ClaimReason::Poll, soon, cooldown), None);
+        assert_eq!(
+            wake.gate(ClaimReason::Drain, later, cooldown),
+            Some(ClaimReason::Drain)
+        );
+        assert_eq!(wake.held_until(), Some(now + cooldown));
+        assert_eq!(
+            wake.gate(ClaimReason::Notify, later, cooldown),
+            Some(ClaimReason::Poll)
+        );
+        assert_eq!(wake.held_until(), None);
         assert_eq!(
             wake.gate(ClaimReason::Notify, soon, Duration::ZERO),
             Some(ClaimReason::Notify)
