@@ -9,13 +9,15 @@
 //! Invariants this module keeps:
 //! - Handlers (the API's and the console's) run their statements through [`Conn::run`]; a future
 //!   dropped inside it leaves the connection marked cut.
-//! - A cut connection is never reused as is: its drop hands it to a task that sends the server a
+//! - A cut connection is never reused: its drop hands it to a task that sends the server a
 //!   cancel request for the backend's running statement, then one `ROLLBACK`, whose reply comes
 //!   only after the replies of everything sent before it (and which ends any transaction the cut
-//!   left open). Only then does the connection go back to the pool; one that failed meanwhile is
-//!   discarded by the pool. Until then it stays checked out: a statement the cancel did not reach
-//!   (a pooler that drops cancel requests) holds it until the server's `statement_timeout` ends
-//!   it, never a request's.
+//!   left open), then ends its own session. The driver sends a cancel request and returns without
+//!   waiting for the server to act on it, so one that lands after the cut statement ended would
+//!   cancel whatever the session ran next: a later request's statement. Its session gone, the
+//!   connection comes back closed and the pool opens another when it needs one. Until then it
+//!   stays checked out: a statement the cancel did not reach (a pooler that drops cancel
+//!   requests) holds it until the server's `statement_timeout` ends it, never a request's.
 //! - A connection whose statements all returned (with a result or an error) goes back to the pool
 //!   at once, with no extra round trip.
 
@@ -30,6 +32,12 @@ type Pooled = bb8::PooledConnection<'static, Manager>;
 /// How many `ROLLBACK`s a cut connection is given to come back idle: a cancel request that
 /// reaches the backend only after the cut statement ended can cancel the first one.
 const SETTLE_ATTEMPTS: usize = 2;
+
+/// How long a retired connection is given to be seen closed, in polls of [`RETIRE_POLL`].
+const RETIRE_POLLS: usize = 200;
+
+/// The pause between two looks at whether a retired connection is closed.
+const RETIRE_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A connection checked out for one request. See the module documentation.
 pub(super) struct Conn {
@@ -90,8 +98,9 @@ impl Drop for Conn {
     }
 }
 
-/// Cancels what a cut connection's backend runs, then waits until it answers a `ROLLBACK`
-/// (everything sent before it has ended), and hands it back to the pool.
+/// Cancels what a cut connection's backend runs, waits until it answers a `ROLLBACK` (everything
+/// sent before it has ended), then retires it ([`retire`]) and hands it back to the pool, which
+/// discards it.
 async fn settle(pooled: Pooled) {
     tracing::info!("a request ended mid-statement: cancelling the statement before reuse");
     if let Err(e) = db::cancel(&pooled.cancel_token()).await {
@@ -102,10 +111,28 @@ async fn settle(pooled: Pooled) {
     }
     for _ in 0..SETTLE_ATTEMPTS {
         match pooled.batch_execute("ROLLBACK").await {
-            Ok(()) => return,
+            Ok(()) => break,
             // A closed connection is discarded by the pool when it comes back.
             Err(e) if e.is_closed() => return,
             Err(_) => {}
         }
+    }
+    retire(&pooled).await;
+}
+
+/// Ends the session of a settled connection (its own backend: the role needs no privilege for
+/// that), so a cancel request that lands late finds no later statement to cancel, and waits
+/// (bounded) until the driver has seen the session end, so the pool discards the connection when
+/// it comes back. Behind a pooler that keeps the client connection open, it comes back open, and
+/// is used again as before.
+async fn retire(pooled: &Pooled) {
+    let _ended = pooled
+        .batch_execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        .await;
+    for _ in 0..RETIRE_POLLS {
+        if pooled.is_closed() {
+            return;
+        }
+        tokio::time::sleep(RETIRE_POLL).await;
     }
 }

@@ -601,7 +601,12 @@ async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
     .await
     .unwrap();
     let url = format!("{base}/v1/etl-jobs/{held}");
-    let (s, _, p) = api.send_to(reqwest::Method::DELETE, &url, &api.alice).await;
+    let observer = api.db.client().await;
+    let (cut, waiter) = tokio::join!(
+        api.send_to(reqwest::Method::DELETE, &url, &api.alice),
+        lock_waiter(&observer)
+    );
+    let (s, _, p) = cut;
     assert_eq!(
         (s, p["code"].as_str()),
         (StatusCode::SERVICE_UNAVAILABLE, Some("request_timeout"))
@@ -612,14 +617,43 @@ async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
         assert_eq!(s, StatusCode::OK, "request {round} after the cut one: {p}");
         assert_eq!(id_of(&p), other);
     }
-    let observer = api.db.client().await;
     assert_eq!(
         busy_api_sessions(&observer).await,
         0,
         "a cut statement still runs"
     );
+    // The cut request's session ended: a cancel request that landed late has nothing to cancel.
+    let alive: i64 = observer
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&waiter],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(alive, 0, "the cut session was used again");
     lock.commit().await.unwrap();
     assert_eq!(job_row(&observer, held).await.status, "pending");
+}
+
+/// The backend of this database's API session that waits for a row lock, once there is one.
+async fn lock_waiter(observer: &tokio_postgres::Client) -> i32 {
+    for _ in 0..3000 {
+        let row = observer
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name = 'durable-etl/api'
+                    AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = row {
+            return row.get(0);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no API session waited for the row lock");
 }
 
 /// The console's pages run their statements the same way: a sign-in cut while the key table is
