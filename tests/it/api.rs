@@ -625,7 +625,8 @@ async fn a_request_cut_mid_statement_never_hands_its_busy_connection_on() {
     // The cut request's session ended: a cancel request that landed late has nothing to cancel.
     let alive: i64 = observer
         .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND pid = $1",
             &[&waiter],
         )
         .await
