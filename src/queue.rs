@@ -134,13 +134,20 @@ pub fn parse(list: &str) -> Result<Vec<ServedQueue>, QueuesError> {
 
 /// Pauses (`$2` true) or resumes (`$2` false) queue `$1`: the claim reads `etl_queues.paused`
 /// itself, so no replica claims a job of a paused queue from the moment this commits; jobs
-/// already claimed run to their end. Enqueues into a paused queue are accepted and wait.
+/// already claimed run to their end. Enqueues into a paused queue are accepted and wait, and wake
+/// nobody. A resume wakes every replica waiting for the queue at its commit (`NOTIFY` of
+/// `q <queue>`, migration 0028): each claims it, and settles it (an enqueue that found it paused
+/// notified nobody and holds the queue's enqueue barrier until it ends).
 ///
 /// Locks: the queue's row of `etl_queues` (inserted, or updated in place), to the end of the
-/// caller's transaction; claims only read it.
+/// caller's transaction; claims only read it. A resume takes the notify lock at its commit.
 pub const SET_PAUSED_SQL: &str = "
-INSERT INTO etl_queues (queue, paused) VALUES ($1, $2)
-    ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = now()";
+WITH settings AS (
+    INSERT INTO etl_queues (queue, paused) VALUES ($1, $2)
+        ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = now()
+    RETURNING queue, paused
+)
+SELECT pg_notify('durable_etl_jobs', 'q ' || s.queue) FROM settings s WHERE NOT s.paused";
 
 /// Pauses queue `name` (see [`SET_PAUSED_SQL`]), or resumes it when `paused` is false.
 ///
@@ -162,10 +169,12 @@ pub const CAP_RANGE: std::ops::RangeInclusive<i32> = 1..=10_000;
 /// from 1 to the cap (the ones it lacks); the free permits above the cap are deleted, and held
 /// ones above it are never taken again once freed. A cap applies to claims made after it commits:
 /// jobs already running without a permit (claimed while the queue was uncapped) finish as they
-/// are.
+/// are. It wakes every replica waiting for the queue at its commit (`q <queue>`, as a resume
+/// does): a raised or lifted cap may have made its due jobs claimable.
 ///
 /// Locks: the queue's settings row; the permit rows it inserts or deletes (a permit a claim is
-/// taking is locked by that claim: the delete waits for it, at most `lock_timeout`).
+/// taking is locked by that claim: the delete waits for it, at most `lock_timeout`); the notify
+/// lock at its commit.
 pub const SET_CAP_SQL: &str = "
 WITH settings AS (
     INSERT INTO etl_queues (queue, cap) VALUES ($1, $2)
@@ -175,10 +184,12 @@ WITH settings AS (
     INSERT INTO etl_queue_permits (queue, slot)
     SELECT s.queue, g FROM settings s, generate_series(1, coalesce(s.cap, 0)) AS g
         ON CONFLICT (queue, slot) DO NOTHING
+), removed AS (
+    DELETE FROM etl_queue_permits AS p
+     USING settings s
+     WHERE p.queue = s.queue AND p.slot > coalesce(s.cap, 0) AND p.claim_id IS NULL
 )
-DELETE FROM etl_queue_permits AS p
- USING settings s
- WHERE p.queue = s.queue AND p.slot > coalesce(s.cap, 0) AND p.claim_id IS NULL";
+SELECT pg_notify('durable_etl_jobs', 'q ' || s.queue) FROM settings s";
 
 /// Caps queue `name` at `cap` running jobs across all replicas (`None`: uncapped); see
 /// [`SET_CAP_SQL`].
@@ -197,12 +208,17 @@ pub async fn set_cap(
 
 /// Sets queue `$1`'s key cap to `$2` (NULL: none): at most that many of its jobs of one
 /// concurrency key run at once. Key permits exist only while held, so nothing else is written; a
-/// lowered cap starts no job of a key until the key's held permits fall below it.
+/// lowered cap starts no job of a key until the key's held permits fall below it. It wakes every
+/// replica waiting for the queue at its commit (`q <queue>`, as a resume does).
 ///
-/// Locks: the queue's settings row.
+/// Locks: the queue's settings row; the notify lock at its commit.
 pub const SET_KEY_CAP_SQL: &str = "
-INSERT INTO etl_queues (queue, key_cap) VALUES ($1, $2)
-    ON CONFLICT (queue) DO UPDATE SET key_cap = excluded.key_cap, updated_at = now()";
+WITH settings AS (
+    INSERT INTO etl_queues (queue, key_cap) VALUES ($1, $2)
+        ON CONFLICT (queue) DO UPDATE SET key_cap = excluded.key_cap, updated_at = now()
+    RETURNING queue
+)
+SELECT pg_notify('durable_etl_jobs', 'q ' || s.queue) FROM settings s";
 
 /// Caps queue `name`'s running jobs of any one concurrency key at `cap` across all replicas
 /// (`None`: no key cap); see [`SET_KEY_CAP_SQL`].

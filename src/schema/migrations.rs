@@ -265,4 +265,13 @@ pub static MIGRATIONS: &[Migration] = &[
         // count itself waiting behind a row an enqueue parked and still holds, deaf until its poll.
         min_reader_version: 27,
     },
+    Migration {
+        version: 28,
+        name: "wakes_without_takes",
+        up: include_str!("../../migrations/0028_wakes_without_takes.up.sql"),
+        down: include_str!("../../migrations/0028_wakes_without_takes.down.sql"),
+        // Breaking for readers: a release before it reads a notification's payload as a bare
+        // wake token, so the new payloads would never wake it.
+        min_reader_version: 28,
+    },
 ];

@@ -163,8 +163,9 @@ counters! {
     panicked,
     /// Jobs that ended `failed` with `execution_timeout`.
     timed_out,
-    /// Notifications for this replica received on the session: its own wake token, or the empty
-    /// payload that wakes every replica (those naming another replica are dropped).
+    /// Notifications for this replica received on the session: its own wake token, a wake of a
+    /// queue, or the empty payload that wakes every replica (those naming another replica are
+    /// counted by the backups they cause, `backup_claims`).
     notifications,
     /// Times the session reconnected.
     reconnects,
@@ -200,16 +201,16 @@ counters! {
     /// Poll claims that found work although no notification had arrived since the previous
     /// claim: a sign of lost notifications (or of work that became due).
     poll_found_work,
-    /// Times the replica began waiting for work: registered, and settled past the enqueue
-    /// barrier (enqueues notify while a replica waits).
+    /// Times the replica began waiting for work: its row registered (enqueues name it while it
+    /// waits).
     waits,
     /// Times a replica whose claim came back full stopped waiting.
     waits_left,
     /// Tries of the enqueue barrier that found an enqueue in flight (tried again later).
     barrier_held,
-    /// Registrations that wrote nothing because another transaction held the replica's row (an
-    /// enqueue taking it, recovery deleting it): tried again later, like a held barrier.
-    registrations_skipped,
+    /// Claims sent to back up a wake that named another replica, for a queue and kind this one
+    /// waits for, when this replica had not claimed since (`producer::BACKUP_DELAY`).
+    backup_claims,
     /// Presence statements (a registration, a try of the barrier, a park) that failed: tried
     /// again later (a park is not: a row left waiting only makes enqueues notify).
     presence_failures,
@@ -385,9 +386,9 @@ impl WorkerStats {
         bump(&self.claims_held);
     }
 
-    /// Counts one registration that found its row held by another transaction.
-    pub(crate) fn record_registration_skipped(&self) {
-        bump(&self.registrations_skipped);
+    /// Counts one claim sent to back up a wake that named another replica.
+    pub(crate) fn record_backup_claim(&self) {
+        bump(&self.backup_claims);
     }
 
     /// Counts one group commit of `n` jobs.

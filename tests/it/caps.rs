@@ -385,7 +385,7 @@ async fn a_completion_frees_its_permit_without_a_wake_and_a_release_or_recovery_
     );
     let released = completer::release(&client, &[jobs[3].lease()], &[]).await;
     assert_eq!(released.unwrap(), 1);
-    let wake = ("durable_etl_jobs".to_owned(), String::new());
+    let wake = ("durable_etl_jobs".to_owned(), "q capped".to_owned());
     assert_eq!(
         wakes(&client, &mut listener).await,
         vec![wake.clone()],
@@ -399,7 +399,7 @@ async fn a_completion_frees_its_permit_without_a_wake_and_a_release_or_recovery_
     );
     assert_eq!(held(&client).await, (0, 0, 0));
     // What a completer that will not claim again sends after its commit.
-    completer::wake_waiting(&client).await.unwrap();
+    completer::wake_waiting(&client, &["capped"]).await.unwrap();
     assert_eq!(wakes(&client, &mut listener).await, vec![wake]);
 }
 

@@ -411,7 +411,7 @@ async fn a_freed_key_permit_notifies_only_when_released_while_a_replica_waits_fo
     client.batch_execute("NOTIFY test_sentinel").await.unwrap();
     assert_eq!(
         listener.drain_until("test_sentinel").await,
-        vec![("durable_etl_jobs".to_owned(), String::new())],
+        vec![("durable_etl_jobs".to_owned(), "q keyed".to_owned())],
         "the one released while a replica waited for the queue"
     );
     assert_eq!(count(&client, "etl_key_permits").await, 0);

@@ -46,4 +46,5 @@ mod states;
 mod support;
 mod tls;
 mod wake;
+mod wake_cases;
 mod worker;

@@ -295,6 +295,8 @@ async fn a_paused_queue_is_not_claimed_until_it_is_resumed() {
     ));
 }
 
+/// An enqueue names only a replica that waits for its queue (and runs its kind): a job of
+/// another queue notifies nobody (migration 0028).
 #[tokio::test]
 async fn an_enqueue_wakes_only_replicas_waiting_for_its_queue() {
     let db = TestDb::migrated().await;
@@ -303,7 +305,8 @@ async fn an_enqueue_wakes_only_replicas_waiting_for_its_queue() {
         crate::support::Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
     client
         .batch_execute(
-            "INSERT INTO etl_waiting_replicas (owner_id, queues) VALUES ('mailer', '{mail}')",
+            "INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token)
+             VALUES ('mailer', '{mail}', '{test.letter}', 7)",
         )
         .await
         .unwrap();
@@ -318,19 +321,22 @@ async fn an_enqueue_wakes_only_replicas_waiting_for_its_queue() {
     jobs.enqueue(&client, &Letter { n: 2 }, EnqueueOptions::default())
         .await
         .unwrap();
-    // A replica of a release before 0020 registers no queues: it is woken for every queue.
+    // A row whose queues are not listed waits for nothing.
     client
         .batch_execute("UPDATE etl_waiting_replicas SET queues = NULL;")
         .await
         .unwrap();
-    jobs.enqueue(&client, &Letter { n: 3 }, elsewhere)
+    jobs.enqueue(&client, &Letter { n: 3 }, EnqueueOptions::default())
         .await
         .unwrap();
     client.batch_execute("NOTIFY test_sentinel").await.unwrap();
     assert_eq!(
         listener.drain_until("test_sentinel").await,
-        vec![("durable_etl_jobs".to_owned(), String::new()); 2],
-        "the mail enqueue and the one while a replica waited for any queue"
+        vec![(
+            "durable_etl_jobs".to_owned(),
+            "t 7 mail test.letter".to_owned()
+        )],
+        "the mail enqueue only"
     );
 }
 

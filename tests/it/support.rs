@@ -127,13 +127,16 @@ impl Listener {
     }
 }
 
-/// Records `owner` as a replica that waits for work (migration 0009), as an idle replica does:
-/// while one waits, enqueues notify.
+/// Records `owner` as a replica that waits for work of queue `default` and every test kind
+/// (migrations 0009, 0024, 0028), with wake token 1, as an idle replica does: while one waits,
+/// enqueues of those notify it (`t 1 default <kind>`).
 pub async fn register_waiting(client: &impl tokio_postgres::GenericClient, owner: &str) {
+    let kinds: Vec<&str> = TEST_KINDS.to_vec();
     client
         .execute(
-            "INSERT INTO etl_waiting_replicas (owner_id) VALUES ($1::text)",
-            &[&owner],
+            "INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token)
+             VALUES ($1::text, '{default}', $2::text[], 1)",
+            &[&owner, &kinds],
         )
         .await
         .unwrap();

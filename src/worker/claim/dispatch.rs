@@ -16,7 +16,7 @@ use crate::worker::claim::claimer::{Claim, Claimant};
 use crate::worker::claim::queues::QueueShares;
 use crate::worker::complete::completer::{self, Transition};
 use crate::worker::lease::{ClaimedJob, Lease};
-use crate::worker::liveness::presence::{self, Answer, Change, Registered};
+use crate::worker::liveness::presence::{self, Answer, Change};
 use crate::worker::run::executor;
 use crate::worker::run::slots::{SlotPermit, Slots};
 use crate::worker::shared::Shared;
@@ -69,15 +69,14 @@ pub(crate) fn owned(asks: Vec<(&str, usize)>) -> Vec<(String, usize)> {
 /// trip. Returns the claim (its jobs, and what it says of the capped asks) and what the change
 /// answered (`None` when it was not sent); the jobs are returned whatever the change answered,
 /// so a failed presence statement never loses a claim. The one exception is a presence retry
-/// that only tries the barrier again (`ClaimReason::Presence` with `Change::Settle`): its try
-/// goes first, alone, and the claim follows only if the try succeeded (claiming nothing loses
-/// nothing). A replica with no handlers claims nothing.
+/// that only tries barriers again (`ClaimReason::Presence` with `Change::Settle`): its tries go
+/// first, alone, and the claim follows only if one succeeded (claiming nothing loses nothing). A replica with no handlers claims nothing.
 #[tracing::instrument(name = "claim", skip_all, fields(?reason, ?change))]
 pub(crate) async fn claim_with(
     shared: &Shared,
     asks: &[(String, usize)],
     reason: ClaimReason,
-    change: Option<Change>,
+    change: Option<&Change>,
 ) -> (Result<Claim, Error>, Answer) {
     if shared.registry.is_empty() {
         return (Ok(Claim::default()), None);
@@ -123,19 +122,20 @@ pub(crate) async fn claim_with(
         shared.capped.forget();
     }
     let claim = conn.claim(claimant, &asks, &shared.capped);
-    let (answer, claim) = if reason == ClaimReason::Presence && change == Some(Change::Settle) {
-        // A retry of a held barrier, and nothing else: the claim is worth sending only once
-        // the try succeeds (it then sees every enqueue that held the barrier).
-        let answer = presence.await;
-        // The try's own round trip (a claim sent after it counts its own).
-        shared.stats.record_round_trips(1);
-        if !matches!(answer, Some(Ok(Registered { free: true, .. }))) {
-            return (Ok(Claim::default()), answer);
-        }
-        (answer, db::bounded(bound, claim).await)
-    } else {
-        futures::join!(presence, db::bounded(bound, claim))
-    };
+    let (answer, claim) =
+        if let (ClaimReason::Presence, Some(Change::Settle(tried))) = (reason, change) {
+            // A retry of a held barrier, and nothing else: the claim is worth sending only once
+            // the try succeeds (it then sees every enqueue that held the barrier).
+            let answer = presence.await;
+            // The try's own round trip (a claim sent after it counts its own).
+            shared.stats.record_round_trips(1);
+            if !matches!(&answer, Some(Ok(held)) if held.len() < tried.len()) {
+                return (Ok(Claim::default()), answer);
+            }
+            (answer, db::bounded(bound, claim).await)
+        } else {
+            futures::join!(presence, db::bounded(bound, claim))
+        };
     if claim.as_ref().is_ok_and(|claim| !claim.jobs.is_empty()) {
         // Only after a claim that took jobs: an empty (or failed) one crashing here would leave
         // nothing claimed for the crash test to find.
@@ -162,7 +162,12 @@ pub(crate) async fn wake_waiting(shared: &Shared) {
     let woken = async {
         let conn = db::checkout(&shared.pool).await?;
         shared.stats.record_round_trips(1);
-        db::bounded(shared.statement_bound, completer::wake_waiting(&*conn)).await
+        let queues = shared.queue_names();
+        db::bounded(
+            shared.statement_bound,
+            completer::wake_waiting(&*conn, &queues),
+        )
+        .await
     };
     match woken.await {
         Ok(()) => shared.stats.record_freed_wake(),

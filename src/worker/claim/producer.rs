@@ -70,6 +70,12 @@ use wake::WakeState;
 /// behind long-running jobs.
 pub(crate) const REFILL_DELAY: Duration = Duration::from_millis(25);
 
+/// How long a waiting replica that heard a wake naming another replica, for a queue it serves
+/// and a kind it runs, waits before it claims itself (unless it claims before then): so a wake
+/// named for a replica that died, stopped or filled up since it was named still reaches one that
+/// can act, while the named one, when it can, is the only one to claim at once.
+pub(crate) const BACKUP_DELAY: Duration = Duration::from_millis(50);
+
 /// How soon a failed claim is tried again.
 pub(crate) const CLAIM_RETRY_DELAY: Duration = Duration::from_millis(100);
 
@@ -147,6 +153,11 @@ impl Producer {
         let listening =
             shared.signals.is_some() && !shared.config.poll_only && !shared.registry.is_empty();
         let poll_interval = shared.config.poll_interval;
+        let queues = shared
+            .queue_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         Producer {
             buffer: Prefetch::new(shared.config.prefetch),
             shares: QueueShares::new(&shared.config.queues),
@@ -156,7 +167,7 @@ impl Producer {
             slots: Arc::new(Slots::default()),
             claiming: None,
             wake: WakeState::default(),
-            presence: Presence::new(listening, poll_interval),
+            presence: Presence::new(listening, queues, poll_interval),
             freed: FreedPermits::default(),
         }
     }
@@ -188,7 +199,23 @@ impl Producer {
                     reason = self.wake.again.take().or(join);
                 }
                 () = wait(signals.as_deref().map(|s| &s.notified)) => {
-                    self.observe_takes();
+                    if let Some(signals) = &signals {
+                        self.presence.opened(signals.take_opened().iter().map(String::as_str));
+                        if signals.take_row_taken() {
+                            self.presence.reconnected();
+                        }
+                    }
+                    self.wake.notified_since_claim = true;
+                    reason = Some(ClaimReason::Notify);
+                }
+                () = wait(signals.as_deref().map(|s| &s.others_woken)) => {
+                    if let Some(signals) = &signals {
+                        self.back_up(&signals.take_others());
+                    }
+                }
+                () = sleep_until_opt(self.wake.backup_at) => {
+                    self.wake.backup_at = None;
+                    self.shared.stats.record_backup_claim();
                     self.wake.notified_since_claim = true;
                     reason = Some(ClaimReason::Notify);
                 }
@@ -231,12 +258,19 @@ impl Producer {
         }
     }
 
-    /// Tells the presence how many times an enqueue took this replica's waiting row so far (the
-    /// session counts them before it wakes the loop).
-    fn observe_takes(&mut self) {
-        if let Some(signals) = &self.shared.signals {
-            self.presence
-                .taken(signals.takes.load(std::sync::atomic::Ordering::Acquire));
+    /// Wakes that named other replicas arrived for `others` (queue, kind): a waiting replica that
+    /// serves one of those queues and runs its kind claims [`BACKUP_DELAY`] later, unless it
+    /// claims before then (see the module's invariants).
+    fn back_up(&mut self, others: &[(String, String)]) {
+        if !self.presence.waiting() || self.wake.backup_at.is_some() {
+            return;
+        }
+        let shared = &self.shared;
+        let ours = others.iter().any(|(queue, kind)| {
+            shared.queue_names().contains(&queue.as_str()) && shared.kinds.contains(&kind.as_str())
+        });
+        if ours {
+            self.wake.backup_at = Some(Instant::now() + BACKUP_DELAY);
         }
     }
 
@@ -288,6 +322,10 @@ impl Producer {
             self.shares.refresh();
         }
         let freed = self.freed.take();
+        // This replica's own claim now answers for every wake it was backing up.
+        self.wake.backup_at = None;
+        self.presence
+            .opened(freed.iter().map(|(queue, _)| queue.as_str()));
         let why = wake::reason_carrying(why, !freed.is_empty());
         for (queue, _) in &freed {
             self.shares.reopen(queue);
@@ -303,7 +341,7 @@ impl Producer {
         let ticket = self.presence.ticket(self.wake.backlog, sent);
         self.presence.retrying();
         self.claiming = Some(Box::pin(async move {
-            let (claim, answer) = claim_with(&shared, &asks, why, ticket.change).await;
+            let (claim, answer) = claim_with(&shared, &asks, why, ticket.change.as_ref()).await;
             let (jobs, left_free) = match claim {
                 Ok(claim) => (Ok(claim.jobs), claim.left_free),
                 Err(e) => (Err(e), Vec::new()),
@@ -329,7 +367,6 @@ impl Producer {
     /// once every queue came back short found the replica busy, and it registers as waiting on
     /// the next one.
     async fn take_claimed(&mut self, claimed: Claimed) -> Option<ClaimReason> {
-        self.observe_takes();
         let asked: usize = claimed.asks.iter().map(|a| a.1).sum();
         let took = claimed.jobs.as_ref().map_or_else(
             |_| Vec::new(),
@@ -343,7 +380,7 @@ impl Producer {
         let full = claimed.jobs.as_ref().map_or(true, |j| j.len() == asked);
         let more = !full && self.shares.may_have_work();
         let join = self.presence.after(
-            claimed.ticket,
+            &claimed.ticket,
             claimed.answer.as_ref(),
             full || more,
             Instant::now(),

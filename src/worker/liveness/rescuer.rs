@@ -292,9 +292,9 @@ pub async fn recover(
     Ok(recovered)
 }
 
-/// Deletes the waiting rows nobody refreshed for ten minutes (twice the longest poll interval,
-/// `presence::STALE_AFTER`): replicas that died while waiting (their rows would make every
-/// enqueue notify). Returns how many.
+/// Deletes the waiting rows of replicas that are gone ([`presence::FORGET_STALE_SQL`]): their
+/// owner lock is free, or nobody refreshed them for ten minutes (twice the longest poll
+/// interval, `presence::STALE_AFTER`). Returns how many.
 ///
 /// # Errors
 /// The database error of the statement.

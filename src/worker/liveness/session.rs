@@ -14,12 +14,15 @@
 //!   that backend — and only that one, identified by its pid — is terminated and the lock taken
 //!   on the next attempt. If another process holds it (it took the owner id meanwhile), the
 //!   session signals a fatal stop instead of running as a twin.
-//! - A notification wakes the claim loop when its payload is empty (a wake for every waiting
-//!   replica: the API's notifier, released claims, freed permits, a release before 0024's
-//!   registrations) or is this process's own wake token (an enqueue took this replica's waiting
-//!   row to wake it alone, migration 0024: [`Signals::takes`] then tells the claim loop that its
-//!   row is gone, counted before the wake). A notification naming another replica's token is
-//!   dropped. Payloads carry nothing else: never an id, a payload or a principal.
+//! - A notification's payload is one of (migration 0028): empty (a wake for every replica: the
+//!   API's notifier); `t <token> <queue> <kind>` (an enqueue named one waiting replica: it wakes
+//!   the claim loop when the token is this process's, and otherwise is recorded as another's
+//!   wake, which the claim loop backs up if it waits for that queue and kind); `q <queue>` (the
+//!   queue may have become claimable: every replica that serves it claims, and settles it). A
+//!   bare wake token of this process (the take of a schema before 0028, migrated down under the
+//!   replica) also says its row is gone, so it registers again. Any other payload wakes the claim
+//!   loop. Payloads carry nothing else: never an id, a payload or a
+//!   principal.
 //! - Every probe also counts the database's commits stuck waiting for a synchronous standby
 //!   ([`probe`]): the session never writes, so it sees them while every writer is held.
 
@@ -29,7 +32,7 @@ use crate::error::Error;
 use crate::notifier::{reconnect_delays, CHANNEL, RECONNECT_MAX_DELAY};
 use crate::worker::stats::WorkerStats;
 use futures::StreamExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
@@ -59,15 +62,22 @@ pub(crate) struct SessionConfig {
 /// Signals from the session to the claim loop.
 #[derive(Debug)]
 pub(crate) struct Signals {
-    /// This process's wake token: the payload of a NOTIFY that wakes this replica alone, which
-    /// its waiting row names (migration 0024). Random, nonzero, never reused by another process
-    /// in practice; it says nothing of the replica.
+    /// This process's wake token: what a NOTIFY that names this replica carries, and what its
+    /// waiting row names (migration 0024). Random, nonzero, never reused by another process in
+    /// practice; it says nothing of the replica.
     pub(crate) wake_token: i64,
     /// A notification for this replica arrived.
     pub(crate) notified: Notify,
-    /// How many times an enqueue took this replica's waiting row to wake it (its token arrived):
-    /// the row is gone until the replica registers again.
-    pub(crate) takes: AtomicU64,
+    /// The queues of `q` wakes since the claim loop last looked ([`Signals::take_opened`]).
+    opened: std::sync::Mutex<Vec<String>>,
+    /// A wake named another replica: the claim loop looks at [`Signals::take_others`].
+    pub(crate) others_woken: Notify,
+    /// The (queue, kind) of wakes that named other replicas since the claim loop last looked.
+    others: std::sync::Mutex<Vec<(String, String)>>,
+    /// A bare wake token of this process arrived: the enqueue trigger of a schema before 0028
+    /// (migrated down under the replica) took its waiting row, which is gone until it registers
+    /// again ([`Signals::take_row_taken`]).
+    row_taken: AtomicBool,
     /// The session reconnected: claim once to catch up.
     pub(crate) reconnected: Notify,
     /// The owner lock is held by another process now: stop.
@@ -86,7 +96,10 @@ impl Default for Signals {
         Signals {
             wake_token: fastrand::i64(1..),
             notified: Notify::new(),
-            takes: AtomicU64::new(0),
+            opened: std::sync::Mutex::new(Vec::new()),
+            others_woken: Notify::new(),
+            others: std::sync::Mutex::new(Vec::new()),
+            row_taken: AtomicBool::new(false),
             reconnected: Notify::new(),
             fatal: Notify::new(),
             locked: AtomicBool::new(false),
@@ -96,17 +109,42 @@ impl Default for Signals {
 }
 
 impl Signals {
-    /// Takes a notification whose payload is `payload`: wakes the claim loop when it is for this
-    /// replica (see the module's invariants) and says whether it was.
+    /// Takes a notification whose payload is `payload` (see the module's invariants): wakes the
+    /// claim loop when it is for this replica, and says whether it was.
     pub(crate) fn deliver(&self, payload: &str) -> bool {
-        if !payload.is_empty() {
-            if payload.parse() != Ok(self.wake_token) {
+        let mut words = payload.split(' ');
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("t"), Some(token), Some(queue), Some(kind))
+                if token.parse() != Ok(self.wake_token) =>
+            {
+                push_new(&self.others, (queue.to_owned(), kind.to_owned()));
+                self.others_woken.notify_one();
                 return false;
             }
-            self.takes.fetch_add(1, Ordering::AcqRel);
+            (Some("q"), Some(queue), None, None) => push_new(&self.opened, queue.to_owned()),
+            (Some(token), None, None, None) if token.parse() == Ok(self.wake_token) => {
+                self.row_taken.store(true, Ordering::Release);
+            }
+            _ => {}
         }
         self.notified.notify_one();
         true
+    }
+
+    /// The queues `q` wakes named since the last call.
+    pub(crate) fn take_opened(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.opened))
+    }
+
+    /// Whether a bare wake token of this process arrived since the last call (see
+    /// `row_taken`).
+    pub(crate) fn take_row_taken(&self) -> bool {
+        self.row_taken.swap(false, Ordering::AcqRel)
+    }
+
+    /// The (queue, kind) of the wakes that named other replicas since the last call.
+    pub(crate) fn take_others(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut *lock(&self.others))
     }
 
     /// When the session was last found lost, if ever.
@@ -123,6 +161,21 @@ impl Signals {
             .lost_at
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
+    }
+}
+
+/// Locks `list`, whatever a panic left in it (a list of names is valid at every step).
+fn lock<T>(list: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    list.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Appends `item` to `list` unless it is there already: the list stays as short as the distinct
+/// names the replica hears.
+fn push_new<T: PartialEq>(list: &std::sync::Mutex<Vec<T>>, item: T) {
+    let mut list = lock(list);
+    if !list.contains(&item) {
+        list.push(item);
     }
 }
 

@@ -162,16 +162,19 @@ async fn behind_a_transaction_pooler_a_replica_registers_with_unnamed_presence_s
     let stats = WorkerStats::default();
     let session = session_behind(&config, &stats, Pooler::Transaction).await;
     let (queues, kinds) = ([DEFAULT_QUEUE], ["test"]);
-    let change = Change::Register;
+    let change = Change::Register(vec![DEFAULT_QUEUE.to_owned()]);
     let sent = presence::send(
         session.client(),
         session.presence(),
-        change,
+        &change,
         "waiting",
         (&queues, &kinds),
         42,
     );
-    assert!(sent.await.unwrap().free, "no enqueue held the barrier");
+    assert!(
+        sent.await.unwrap().is_empty(),
+        "no enqueue held the barrier"
+    );
     let token: i64 = db
         .client()
         .await

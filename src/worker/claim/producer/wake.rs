@@ -39,6 +39,9 @@ pub(super) struct WakeState {
     pub(super) last_sent: Option<Instant>,
     /// The wake held until the cooldown after the last claim is over, and when that is.
     pub(super) held: Option<(ClaimReason, Instant)>,
+    /// When this replica claims to back up a wake that named another replica (cleared by any
+    /// claim it sends before then).
+    pub(super) backup_at: Option<Instant>,
 }
 
 impl WakeState {

@@ -132,8 +132,9 @@ async fn release_now(shared: &Shared, held: &HeldJobs) {
 /// Releases `leases` on a pooled connection within the replica's statement bound (the shutdown
 /// release, and the producer's release of jobs that waited too long in its prefetch buffer),
 /// recording an attempt for the claims in `started`; counts and returns how many were still
-/// held. When any was, it then wakes the waiting replicas, so an idle one claims them at once
-/// rather than at its next poll.
+/// held. The release's own statement wakes the replicas waiting for the released jobs' queues
+/// (migration 0028's given-back trigger), so an idle one claims them at once rather than at its
+/// next poll.
 ///
 /// # Errors
 /// Pool and database errors.
@@ -146,13 +147,5 @@ pub(crate) async fn release_leases(
     let conn = db::checkout(&shared.pool).await?;
     let n = db::bounded(shared.statement_bound, release(&*conn, leases, started)).await?;
     shared.stats.record_released(n);
-    if n > 0 {
-        shared.stats.record_round_trips(1);
-        db::bounded(
-            shared.statement_bound,
-            conn.batch_execute(crate::notifier::WAKE_WAITING_SQL),
-        )
-        .await?;
-    }
     Ok(n)
 }

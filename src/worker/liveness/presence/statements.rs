@@ -1,67 +1,45 @@
 //! The presence statements: the SQL each presence change runs on `etl_waiting_replicas` (an
-//! UNLOGGED table: no WAL), and how a claim session sends them, pipelined before its claim.
+//! UNLOGGED table: no WAL) and on the queues' enqueue barriers, and how a claim session sends
+//! them, pipelined before its claim.
 //!
 //! Invariants this module keeps:
-//! - No statement here ever waits for an enqueue transaction: the registration skips a row
-//!   another transaction holds (and says it wrote nothing), and the barrier is only tried, never
-//!   waited for.
+//! - No statement here ever waits for an enqueue transaction: no enqueue locks a waiting row
+//!   (migration 0028), and a barrier is only tried, never waited for.
 //! - Each statement runs in its own implicit transaction, so the registration's row is committed
-//!   before the try of the barrier that follows it, and the claim after the try reads a snapshot
-//!   taken after it.
+//!   before the tries that follow it, and the claim after the tries reads a snapshot taken after
+//!   them.
 //! - A claim session prepares the registration and the try once; behind a transaction-mode pooler
 //!   nothing is prepared and each is sent unnamed.
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
-/// Records owner `$1` as waiting for work of the queues `$2` and kinds `$3`, to be woken by a
-/// NOTIFY of its wake token `$4`, or refreshes its row (parked or not). The enqueue trigger takes
-/// the row of a waiting replica that serves an enqueued due job's queue and runs its kind, parks
-/// it, and notifies its token (migrations 0024 and 0027).
+/// Records owner `$1` as waiting for work of the queues `$2` and kinds `$3`, to be named by
+/// wakes of its wake token `$4`, or refreshes its row (parked or not).
 ///
-/// A row an open enqueue has taken is left alone (`SKIP LOCKED`, and no insert while the row is
-/// visible): that enqueue's NOTIFY, at its commit, wakes the replica, which registers again then.
-/// So the statement never waits for an enqueue transaction, however long it stays open (an
-/// upsert would, and with it the claim pipelined behind it).
-///
-/// Answers how many rows it wrote (0 or 1). It writes none when another transaction holds the
-/// row: an enqueue taking it (whose NOTIFY then wakes the replica), recovery deleting it as
-/// stale, or any other writer that will never notify. So an unwritten registration is not a
-/// registration: the replica tries again, as after a held barrier (a replica that counted itself
-/// waiting behind a row it did not write could be deaf until its poll).
-///
-/// Locks: the row's lock, if no other transaction holds it, to the end of its own implicit
-/// transaction; an enqueue that would take the row meanwhile skips it. The table is UNLOGGED: no
-/// WAL.
+/// Locks: the row's lock, to the end of its own implicit transaction. Only this replica writes
+/// the row (recovery deletes it once stale), so the statement waits for no enqueue. The table
+/// is UNLOGGED: no WAL.
 pub(crate) const REGISTER_SQL: &str = "
-WITH held AS (
-    SELECT w.owner_id FROM etl_waiting_replicas w WHERE w.owner_id = $1 FOR UPDATE SKIP LOCKED
-), refreshed AS (
-    UPDATE etl_waiting_replicas w
-       SET refreshed_at = now(), queues = $2, kinds = $3, wake_token = $4
-      FROM held h
-     WHERE w.owner_id = h.owner_id
-    RETURNING 1
-), inserted AS (
-    INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token)
-    SELECT $1, $2, $3, $4
-     WHERE NOT EXISTS (SELECT 1 FROM etl_waiting_replicas w WHERE w.owner_id = $1)
-        ON CONFLICT (owner_id) DO NOTHING
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM refreshed) + (SELECT count(*) FROM inserted)";
+INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (owner_id) DO UPDATE
+   SET refreshed_at = now(), queues = excluded.queues, kinds = excluded.kinds,
+       wake_token = excluded.wake_token";
 
-/// Tries the enqueue barrier ('detl', 1) in exclusive mode, and releases it at once (its implicit
-/// transaction ends with the statement): true when no enqueue transaction holds it.
+/// Tries the enqueue barrier ('detl', hashtext(queue)) of each queue of `$1` in exclusive mode,
+/// and releases them at once (its implicit transaction ends with the statement); answers the
+/// queues whose barrier an enqueue transaction holds.
 ///
-/// Locks: none held after the statement; the try never waits, so it never queues an enqueue.
-pub(crate) const SETTLE_SQL: &str = "SELECT pg_try_advisory_xact_lock(1684370540, 1)";
+/// Locks: none held after the statement; a try never waits, so it never queues an enqueue.
+pub(crate) const SETTLE_SQL: &str = "
+SELECT coalesce(array_agg(q), '{}') FROM unnest($1::text[]) AS q
+ WHERE NOT pg_try_advisory_xact_lock(1684370540, hashtext(q))";
 
 /// Parks owner `$1`'s row, unless it is parked already: the replica no longer waits, and its
 /// next registration updates the same row (migration 0027).
 ///
-/// Locks: the row's lock, to the end of its own implicit transaction (waiting for an enqueue that
-/// is taking it, as a delete would). The table is UNLOGGED: no WAL.
+/// Locks: the row's lock, to the end of its own implicit transaction. The table is UNLOGGED: no
+/// WAL.
 pub(crate) const PARK_SQL: &str = "
 UPDATE etl_waiting_replicas SET queues = '{}', kinds = '{}'
  WHERE owner_id = $1 AND queues IS DISTINCT FROM '{}'";
@@ -71,39 +49,41 @@ UPDATE etl_waiting_replicas SET queues = '{}', kinds = '{}'
 /// Locks: the row's lock, to the end of its own implicit transaction.
 pub(crate) const LEAVE_SQL: &str = "DELETE FROM etl_waiting_replicas WHERE owner_id = $1";
 
-/// Deletes the rows nobody refreshed for `$1` milliseconds (the presence module's `STALE_AFTER`): replicas that died
-/// while waiting.
+/// Deletes the rows of replicas that are gone: rows nobody refreshed for `$1` milliseconds (the
+/// presence module's `STALE_AFTER`), and rows whose owner's lock no backend of this database
+/// holds (its session ended: the replica died, or is reconnecting and registers again once it
+/// is back). A gone replica's row only draws wakes that the waiting replicas back up; deleting
+/// it keeps them from having to.
 ///
 /// Locks: the lock of each deleted row; a row its replica refreshes meanwhile is re-checked
-/// against its new `refreshed_at` and kept.
+/// against its new version and kept when it no longer matches. Reads `pg_locks` once.
 pub(crate) const FORGET_STALE_SQL: &str = "
-DELETE FROM etl_waiting_replicas WHERE refreshed_at < now() - $1 * interval '1 millisecond'";
-
-/// What a registration answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Registered {
-    /// The registration wrote the row (no other transaction held it); a [`Change::Settle`]
-    /// answers true (the registration it settles wrote the row).
-    pub(crate) written: bool,
-    /// The try of the enqueue barrier succeeded (no enqueue transaction held it).
-    pub(crate) free: bool,
-}
+WITH live_owners AS MATERIALIZED (
+    SELECT (l.classid::bigint << 32) | l.objid::bigint AS lock_key
+      FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+DELETE FROM etl_waiting_replicas w
+ WHERE w.refreshed_at < now() - $1 * interval '1 millisecond'
+    OR NOT EXISTS (SELECT 1 FROM live_owners o
+                    WHERE o.lock_key = durable_etl_owner_lock_key(w.owner_id))";
 
 /// A presence change, sent before a claim on the claim's connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Change {
-    /// Upsert the row, then try the barrier.
-    Register,
-    /// Try the barrier again, the row being written already (a retry after a held barrier): a
-    /// retry sends it alone, and claims only once it succeeds.
-    Settle,
+    /// Upsert the row, then try the barriers of these queues (every served one).
+    Register(Vec<String>),
+    /// Try the barriers of these queues again (a retry sends the tries alone, and claims only
+    /// once one succeeded).
+    Settle(Vec<String>),
     /// Park the row ([`PARK_SQL`]).
     Park,
 }
 
 /// The presence statements a claim session prepares once ([`REGISTER_SQL`], [`SETTLE_SQL`]):
-/// a wake's registration then costs no parse or plan. Behind a transaction-mode pooler nothing
-/// is prepared ([`Statements::unnamed`]) and each is sent unnamed.
+/// a registration then costs no parse or plan. Behind a transaction-mode pooler nothing is
+/// prepared ([`Statements::unnamed`]) and each is sent unnamed.
 #[derive(Debug)]
 pub(crate) struct Statements {
     /// [`REGISTER_SQL`] and [`SETTLE_SQL`] prepared, or `None` to send them unnamed.
@@ -120,7 +100,9 @@ impl Statements {
     /// The database error of a statement.
     pub(crate) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
         let register = client.prepare_typed(REGISTER_SQL, &REGISTER_PARAMS).await?;
-        let settle = client.prepare_typed(SETTLE_SQL, &[]).await?;
+        let settle = client
+            .prepare_typed(SETTLE_SQL, &[Type::TEXT_ARRAY])
+            .await?;
         Ok(Statements {
             prepared: Some((register, settle)),
         })
@@ -130,60 +112,61 @@ impl Statements {
     pub(crate) fn unnamed() -> Statements {
         Statements { prepared: None }
     }
+
+    /// Sends [`SETTLE_SQL`] for `queues` on `client`; answers the queues still held.
+    async fn settle(
+        &self,
+        client: &Client,
+        queues: &[String],
+    ) -> Result<Vec<String>, tokio_postgres::Error> {
+        let rows = match &self.prepared {
+            Some((_, settle)) => client.query(settle, &[&queues]).await?,
+            None => {
+                client
+                    .query_typed(SETTLE_SQL, &[(&queues, Type::TEXT_ARRAY)])
+                    .await?
+            }
+        };
+        Ok(first_column(&rows)?.unwrap_or_default())
+    }
 }
 
 /// Sends `change` for `owner_id` on `client` (whose session prepared `statements`), to be
 /// pipelined before a claim on the same client: every statement is queued when this future is
-/// first polled, so poll it before the claim.
+/// first polled, so poll it before the claim. Answers the queues whose barrier is still held.
 ///
 /// # Errors
 /// The database error of a statement.
 pub(crate) async fn send(
     client: &Client,
     statements: &Statements,
-    change: Change,
+    change: &Change,
     owner_id: &str,
     (queues, kinds): (&[&str], &[&str]),
     wake_token: i64,
-) -> Result<Registered, tokio_postgres::Error> {
+) -> Result<Vec<String>, tokio_postgres::Error> {
     match change {
-        Change::Register => {
+        Change::Register(settle) => {
             let params: [&(dyn ToSql + Sync); 4] = [&owner_id, &queues, &kinds, &wake_token];
-            let (registered, settled) = match &statements.prepared {
-                Some((register, settle)) => {
-                    futures::join!(client.query(register, &params), client.query(settle, &[]))
-                }
-                None => {
-                    let typed: Vec<_> = params.into_iter().zip(REGISTER_PARAMS).collect();
-                    futures::join!(
-                        client.query_typed(REGISTER_SQL, &typed),
-                        client.query_typed(SETTLE_SQL, &[])
-                    )
+            let registered = async {
+                match &statements.prepared {
+                    Some((register, _)) => client.execute(register, &params).await,
+                    None => {
+                        let typed: Vec<_> = params.into_iter().zip(REGISTER_PARAMS).collect();
+                        client.execute_typed(REGISTER_SQL, &typed).await
+                    }
                 }
             };
-            let written = first_column(&registered?)?.is_some_and(|rows: i64| rows > 0);
-            let free = first_column(&settled?)?.unwrap_or(false);
-            Ok(Registered { written, free })
+            let (registered, held) = futures::join!(registered, statements.settle(client, settle));
+            registered?;
+            held
         }
-        Change::Settle => {
-            let settled = match &statements.prepared {
-                Some((_, settle)) => client.query(settle, &[]).await,
-                None => client.query_typed(SETTLE_SQL, &[]).await,
-            };
-            let free = first_column(&settled?)?.unwrap_or(false);
-            Ok(Registered {
-                written: true,
-                free,
-            })
-        }
+        Change::Settle(settle) => statements.settle(client, settle).await,
         Change::Park => {
             client
                 .execute_typed(PARK_SQL, &[(&owner_id, Type::TEXT)])
                 .await?;
-            Ok(Registered {
-                written: true,
-                free: true,
-            })
+            Ok(Vec::new())
         }
     }
 }
