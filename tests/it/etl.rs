@@ -269,7 +269,13 @@ async fn a_library_enqueue_notifies_through_the_trigger_unless_its_transaction_o
     client.batch_execute("NOTIFY sentinel").await.unwrap();
     assert_eq!(
         listener.drain_until("sentinel").await,
-        vec![("durable_etl_jobs".to_owned(), String::new()); 2],
+        vec![
+            (
+                "durable_etl_jobs".to_owned(),
+                "t 1 default etl.load".to_owned()
+            );
+            2
+        ],
         "the opted-out transaction sent nothing"
     );
     assert_eq!(count(&client, "etl_jobs").await, 3);

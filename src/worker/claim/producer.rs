@@ -22,6 +22,8 @@
 //!   charged.
 //! - A claim that fails (a lost connection, a timeout) is tried again after
 //!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll.
+//! - A wake that names another replica, for a queue this one waits for and a kind it runs, is
+//!   backed up: this replica claims `wake::BACKUP_DELAY` later unless it claims before then.
 //! - A wake's claim sent sooner than `claim_cooldown` after the last claim waits out the rest,
 //!   joined by every wake meanwhile (see `wake`); a backlog's claims never wait.
 //! - The poll runs whatever happens to notifications, every `poll_interval` with ±10% jitter so
@@ -69,12 +71,6 @@ use wake::WakeState;
 /// long enough to gather the next group commit's slots, short enough that a slot never idles
 /// behind long-running jobs.
 pub(crate) const REFILL_DELAY: Duration = Duration::from_millis(25);
-
-/// How long a waiting replica that heard a wake naming another replica, for a queue it serves
-/// and a kind it runs, waits before it claims itself (unless it claims before then): so a wake
-/// named for a replica that died, stopped or filled up since it was named still reaches one that
-/// can act, while the named one, when it can, is the only one to claim at once.
-pub(crate) const BACKUP_DELAY: Duration = Duration::from_millis(50);
 
 /// How soon a failed claim is tried again.
 pub(crate) const CLAIM_RETRY_DELAY: Duration = Duration::from_millis(100);
@@ -199,19 +195,12 @@ impl Producer {
                     reason = self.wake.again.take().or(join);
                 }
                 () = wait(signals.as_deref().map(|s| &s.notified)) => {
-                    if let Some(signals) = &signals {
-                        self.presence.opened(signals.take_opened().iter().map(String::as_str));
-                        if signals.take_row_taken() {
-                            self.presence.reconnected();
-                        }
-                    }
+                    self.presence.heard(signals.as_deref());
                     self.wake.notified_since_claim = true;
                     reason = Some(ClaimReason::Notify);
                 }
                 () = wait(signals.as_deref().map(|s| &s.others_woken)) => {
-                    if let Some(signals) = &signals {
-                        self.back_up(&signals.take_others());
-                    }
+                    self.back_up(signals.as_deref());
                 }
                 () = sleep_until_opt(self.wake.backup_at) => {
                     self.wake.backup_at = None;
@@ -258,20 +247,15 @@ impl Producer {
         }
     }
 
-    /// Wakes that named other replicas arrived for `others` (queue, kind): a waiting replica that
-    /// serves one of those queues and runs its kind claims [`BACKUP_DELAY`] later, unless it
-    /// claims before then (see the module's invariants).
-    fn back_up(&mut self, others: &[(String, String)]) {
-        if !self.presence.waiting() || self.wake.backup_at.is_some() {
-            return;
-        }
-        let shared = &self.shared;
-        let ours = others.iter().any(|(queue, kind)| {
-            shared.queue_names().contains(&queue.as_str()) && shared.kinds.contains(&kind.as_str())
-        });
-        if ours {
-            self.wake.backup_at = Some(Instant::now() + BACKUP_DELAY);
-        }
+    /// Backs up the wakes that named other replicas on `signals`' session ([`WakeState::back_up`]).
+    fn back_up(&mut self, signals: Option<&Signals>) {
+        let queues = self.shared.queue_names();
+        let others = signals.map(Signals::take_others).unwrap_or_default();
+        let ours = others
+            .iter()
+            .any(|(q, k)| queues.contains(&q.as_str()) && self.shared.kinds.contains(&k.as_str()));
+        self.wake
+            .back_up(ours && self.presence.waiting(), Instant::now());
     }
 
     /// After slots freed or tasks ended: starts buffered jobs in the free slots and, under a

@@ -53,6 +53,7 @@
 
 use crate::config::POLL_INTERVAL_MAX;
 use crate::error::Error;
+use crate::worker::liveness::session::Signals;
 use crate::worker::stats::WorkerStats;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -177,6 +178,19 @@ impl Presence {
             {
                 self.unsettled.push(queue.to_owned());
             }
+        }
+    }
+
+    /// A wake for this replica arrived on the session of `signals`: the queues `q` wakes named
+    /// are settled ([`Presence::opened`]), and a bare token of its own (the take of a schema
+    /// before 0028) means its row is gone, so it registers again.
+    pub(crate) fn heard(&mut self, signals: Option<&Signals>) {
+        let Some(signals) = signals else {
+            return;
+        };
+        self.opened(signals.take_opened().iter().map(String::as_str));
+        if signals.take_row_taken() {
+            self.reconnected();
         }
     }
 

@@ -20,6 +20,12 @@ use tokio::time::Instant;
 /// found at most this much later by the next short claim, or by the poll.
 pub(super) const NEXT_DUE_REFRESH: Duration = Duration::from_millis(50);
 
+/// How long a waiting replica that heard a wake naming another replica, for a queue it serves
+/// and a kind it runs, waits before it claims itself (unless it claims before then): so a wake
+/// named for a replica that died, stopped or filled up since it was named still reaches one that
+/// can act, while the named one, when it can, is the only one to claim at once.
+pub(crate) const BACKUP_DELAY: Duration = Duration::from_millis(50);
+
 /// What the claim loop remembers between wakes.
 #[derive(Debug, Default)]
 pub(super) struct WakeState {
@@ -45,6 +51,15 @@ pub(super) struct WakeState {
 }
 
 impl WakeState {
+    /// A wake named another replica at `now`: when `ours` (this replica waits for its queue and
+    /// kind), claim [`BACKUP_DELAY`] later, unless a backup is armed already (the earlier one
+    /// answers for both) or a claim is sent before then (see `backup_at`).
+    pub(super) fn back_up(&mut self, ours: bool, now: Instant) {
+        if ours && self.backup_at.is_none() {
+            self.backup_at = Some(now + BACKUP_DELAY);
+        }
+    }
+
     /// Whether a short claim for `why`, back at `now`, asks when the next deferred job is due:
     /// always after a claim the clock or a reconnect caused (start-up, poll, a due job, a
     /// catch-up), else at most once per [`NEXT_DUE_REFRESH`], so that a steady stream of
