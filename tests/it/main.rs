@@ -32,6 +32,7 @@ mod hygiene;
 mod key_caps;
 mod layering;
 mod leases;
+mod lost_wakes;
 mod operator_queues;
 mod pgbouncer;
 mod prefetch;
