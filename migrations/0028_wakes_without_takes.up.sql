@@ -17,8 +17,9 @@
 --   (work a release or recovery made claimable), it wakes every replica waiting for the queue:
 --   `q <queue>`.
 -- - When nobody may act (nobody waits for the queue and kind, or the queue is paused or has no
---   free permit), it sends nothing and takes the queue's enqueue barrier in share mode
---   (`pg_advisory_xact_lock_shared('detl', hashtext(queue))`) to its commit. Every party that
+--   free permit), it takes the queue's enqueue barrier in share mode
+--   (`pg_advisory_xact_lock_shared('detl', hashtext(queue))`) to its commit, and reads again
+--   after the lock: whoever it finds then is woken; if still nobody, it sends nothing. Every party that
 --   makes the queue claimable for some replica afterwards (a replica that starts waiting, a
 --   resume, a cap raised, a permit freed) has that replica try the barrier in exclusive mode
 --   (never waiting) and claim after a successful try: the enqueues that skipped have ended by
@@ -53,13 +54,15 @@ $$;
 
 -- Wakes for `jobs` claimable jobs of `wake_queue` and `wake_kind` (NULL: any kind, every waiting
 -- replica of the queue) in the calling transaction; see the header. Locks: none but the notify
--- queue's at commit when it notifies, or the queue's enqueue barrier in share mode to the commit
--- when it does not.
+-- queue's at commit when its first read finds a replica to wake; else the queue's enqueue
+-- barrier in share mode to the commit (and the notify queue's too, when its second read finds
+-- one).
 CREATE FUNCTION durable_etl_wake(wake_queue text, wake_kind text, jobs bigint) RETURNS void
     LANGUAGE plpgsql AS $$
 DECLARE
     token bigint;
     woke boolean := false;
+    barrier boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         -- Its reads see the transaction's first snapshot, older than the waiting table: wake
@@ -67,29 +70,36 @@ BEGIN
         PERFORM pg_notify('durable_etl_jobs', 'q ' || wake_queue);
         RETURN;
     END IF;
-    IF durable_etl_queue_open(wake_queue) THEN
-        IF wake_kind IS NULL THEN
-            IF EXISTS (SELECT 1 FROM etl_waiting_replicas w WHERE wake_queue = ANY (w.queues)) THEN
-                PERFORM pg_notify('durable_etl_jobs', 'q ' || wake_queue);
-                woke := true;
+    -- Read once without the barrier; when nobody may act, take the barrier and read again (each
+    -- statement reads a snapshot taken after the lock): a replica that registered, or a resume
+    -- that committed, before the barrier was taken is seen by the second read, and one after it
+    -- finds the barrier held when it tries it.
+    LOOP
+        IF durable_etl_queue_open(wake_queue) THEN
+            IF wake_kind IS NULL THEN
+                IF EXISTS (SELECT 1 FROM etl_waiting_replicas w
+                            WHERE wake_queue = ANY (w.queues)) THEN
+                    PERFORM pg_notify('durable_etl_jobs', 'q ' || wake_queue);
+                    woke := true;
+                END IF;
+            ELSE
+                FOR token IN
+                    SELECT w.wake_token FROM etl_waiting_replicas w
+                     WHERE wake_queue = ANY (w.queues) AND wake_kind = ANY (w.kinds)
+                       AND w.wake_token IS NOT NULL
+                     ORDER BY random()
+                     LIMIT jobs
+                LOOP
+                    PERFORM pg_notify('durable_etl_jobs',
+                                      't ' || token || ' ' || wake_queue || ' ' || wake_kind);
+                    woke := true;
+                END LOOP;
             END IF;
-        ELSE
-            FOR token IN
-                SELECT w.wake_token FROM etl_waiting_replicas w
-                 WHERE wake_queue = ANY (w.queues) AND wake_kind = ANY (w.kinds)
-                   AND w.wake_token IS NOT NULL
-                 ORDER BY random()
-                 LIMIT jobs
-            LOOP
-                PERFORM pg_notify('durable_etl_jobs',
-                                  't ' || token || ' ' || wake_queue || ' ' || wake_kind);
-                woke := true;
-            END LOOP;
         END IF;
-    END IF;
-    IF NOT woke THEN
+        EXIT WHEN woke OR barrier;
         PERFORM pg_advisory_xact_lock_shared(1684370540, hashtext(wake_queue));
-    END IF;
+        barrier := true;
+    END LOOP;
 END;
 $$;
 

@@ -255,7 +255,7 @@ impl Producer {
             .iter()
             .any(|(q, k)| queues.contains(&q.as_str()) && self.shared.kinds.contains(&k.as_str()));
         self.wake
-            .back_up(ours && self.presence.waiting(), Instant::now());
+            .back_up(ours && self.presence.registered(), Instant::now());
     }
 
     /// After slots freed or tasks ended: starts buffered jobs in the free slots and, under a

@@ -85,6 +85,9 @@ pub(crate) struct Ticket {
     pub(crate) change: Option<Change>,
     /// How many reconnects the replica had seen when it sent the claim.
     generation: u64,
+    /// How many events had opened a queue when it sent the claim: its tries settle no queue
+    /// opened again after them.
+    openings: u64,
 }
 
 /// Where the replica stands (see the module's state machine).
@@ -107,8 +110,11 @@ pub(crate) struct Presence {
     listening: bool,
     /// The queues it serves: a registration settles them all.
     queues: Vec<String>,
-    /// The queues whose barrier it still has to try (a registered replica only).
-    unsettled: Vec<String>,
+    /// The queues whose barrier it still has to try (a registered replica only), each with the
+    /// number of the latest event that opened it: a try sent before that event settles nothing.
+    unsettled: Vec<(String, u64)>,
+    /// How many events opened a queue so far ([`Presence::opened`], a registration).
+    openings: u64,
     /// The next pause before trying a held barrier again.
     backoff: Duration,
     /// The refresh interval: the replica's poll interval.
@@ -135,6 +141,7 @@ impl Presence {
             listening,
             queues,
             unsettled: Vec::new(),
+            openings: 0,
             backoff: FIRST_BACKOFF,
             poll_interval,
             retry_at: None,
@@ -154,29 +161,35 @@ impl Presence {
             _ if backlog => Some(Change::Park),
             State::Joining => Some(Change::Register(self.queues.clone())),
             State::Waiting if refresh_due => Some(Change::Register(self.queues.clone())),
-            State::Waiting if !self.unsettled.is_empty() => {
-                Some(Change::Settle(self.unsettled.clone()))
-            }
+            State::Waiting if !self.unsettled.is_empty() => Some(Change::Settle(
+                self.unsettled.iter().map(|(q, _)| q.clone()).collect(),
+            )),
             State::Waiting => None,
         };
         Ticket {
             change,
             generation: self.generation,
+            openings: self.openings,
         }
     }
 
     /// `queues` may have become claimable (a `q` wake named them, or this replica freed their
-    /// permits): a registered replica settles those it serves on its next claim. A busy one has
-    /// nothing to settle: it claims again as its jobs end, and settles every queue when it
-    /// registers.
+    /// permits): a registered replica (waiting, or registering) settles those it serves on its
+    /// next claim, whatever tries of them are in flight (they were sent before this event). A
+    /// busy one has nothing to settle: it claims again as its jobs end, and settles every queue
+    /// when it registers.
     pub(crate) fn opened<'a>(&mut self, queues: impl IntoIterator<Item = &'a str>) {
-        if self.state != State::Waiting {
+        if self.state == State::Busy {
             return;
         }
+        self.openings += 1;
         for queue in queues {
-            if self.queues.iter().any(|q| q == queue) && !self.unsettled.iter().any(|q| q == queue)
-            {
-                self.unsettled.push(queue.to_owned());
+            if !self.queues.iter().any(|q| q == queue) {
+                continue;
+            }
+            match self.unsettled.iter_mut().find(|(q, _)| q == queue) {
+                Some(owed) => owed.1 = self.openings,
+                None => self.unsettled.push((queue.to_owned(), self.openings)),
             }
         }
     }
@@ -206,7 +219,7 @@ impl Presence {
         stats: &WorkerStats,
     ) -> bool {
         if ticket.generation == self.generation {
-            self.take(ticket.change.as_ref(), answer, now, stats);
+            self.take(ticket, answer, now, stats);
         }
         if self.listening && !full && self.state == State::Busy {
             self.state = State::Joining;
@@ -218,7 +231,7 @@ impl Presence {
     /// Moves the state machine on what `change` answered.
     fn take(
         &mut self,
-        change: Option<&Change>,
+        ticket: &Ticket,
         answer: Option<&Result<Vec<String>, Error>>,
         now: Instant,
         stats: &WorkerStats,
@@ -226,7 +239,7 @@ impl Presence {
         if matches!(answer, Some(Err(_))) {
             stats.record_presence_failure();
         }
-        match (change, answer) {
+        match (ticket.change.as_ref(), answer) {
             (Some(Change::Park), _) => {
                 if self.state == State::Waiting {
                     stats.record_wait_left();
@@ -241,9 +254,11 @@ impl Presence {
                 }
                 self.state = State::Waiting;
                 self.written_at = Some(now);
-                self.settled(sent, held, now, stats);
+                self.settled(sent, held, ticket.openings, now, stats);
             }
-            (Some(Change::Settle(sent)), Some(Ok(held))) => self.settled(sent, held, now, stats),
+            (Some(Change::Settle(sent)), Some(Ok(held))) => {
+                self.settled(sent, held, ticket.openings, now, stats);
+            }
             // Failed, or not sent: a registration is sent again later; a try stays owed.
             (Some(Change::Register(_)), _) => {
                 if self.state != State::Waiting {
@@ -256,19 +271,29 @@ impl Presence {
         }
     }
 
-    /// The tries of `sent` came back with `held` still held: the others are settled (the claim
-    /// sent with them saw their enqueues), the held ones are tried again later.
-    fn settled(&mut self, sent: &[String], held: &[String], now: Instant, stats: &WorkerStats) {
+    /// The tries of `sent`, sent when `openings` events had opened a queue, came back with
+    /// `held` still held: the others are settled (the claim sent with them saw their enqueues)
+    /// unless an event opened them again since; the held ones are tried again later.
+    fn settled(
+        &mut self,
+        sent: &[String],
+        held: &[String],
+        openings: u64,
+        now: Instant,
+        stats: &WorkerStats,
+    ) {
         self.unsettled
-            .retain(|q| !sent.contains(q) || held.contains(q));
+            .retain(|(q, opened)| !sent.contains(q) || held.contains(q) || *opened > openings);
         for queue in held {
-            if !self.unsettled.contains(queue) {
-                self.unsettled.push(queue.clone());
+            if !self.unsettled.iter().any(|(q, _)| q == queue) {
+                self.unsettled.push((queue.clone(), openings));
             }
         }
         if held.is_empty() {
             self.backoff = FIRST_BACKOFF;
-            self.retry_at = None;
+            if self.unsettled.is_empty() {
+                self.retry_at = None;
+            }
         } else {
             stats.record_barrier_held();
             self.retry_later(now);
@@ -305,11 +330,6 @@ impl Presence {
     /// Whether the replica may have a row (to leave at shutdown).
     pub(crate) fn registered(&self) -> bool {
         self.state != State::Busy
-    }
-
-    /// Whether wakes may name this replica now: its row waits for work.
-    pub(crate) fn waiting(&self) -> bool {
-        self.state == State::Waiting
     }
 }
 

@@ -44,13 +44,12 @@ fn claim(
 #[test]
 fn a_listening_replica_registers_on_its_first_claim_settling_every_served_queue() {
     let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
-    assert!(p.registered() && !p.waiting());
+    assert!(p.registered() && p.state == State::Joining);
     let (ticket, again) = claim(&mut p, held(&[]), now, &stats);
     assert_eq!(
         (ticket.change, again),
         (Some(Change::Register(names(&QUEUES))), false)
     );
-    assert!(p.waiting());
     assert_eq!((p.state, stats.snapshot().waits), (State::Waiting, 1));
     // Waiting and settled: claims carry nothing until a poll interval after the last refresh.
     assert_eq!(
@@ -90,14 +89,8 @@ fn a_held_barrier_is_tried_again_alone_at_doubling_intervals_up_to_the_cap() {
 }
 
 #[test]
-fn an_opened_queue_is_settled_by_a_waiting_replica_only_when_it_serves_it() {
+fn an_opened_queue_is_settled_by_a_registered_replica_only_when_it_serves_it() {
     let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
-    // Not waiting yet: its registration settles every queue anyway.
-    p.opened(["mail"]);
-    assert_eq!(
-        p.ticket(false, now).change,
-        Some(Change::Register(names(&QUEUES)))
-    );
     claim(&mut p, held(&[]), now, &stats);
     p.opened(["mail", "other", "mail"]);
     assert_eq!(
@@ -118,6 +111,32 @@ fn an_opened_queue_is_settled_by_a_waiting_replica_only_when_it_serves_it() {
     p.after(&park, Some(&held(&[])), true, now, &stats);
     p.opened(["mail"]);
     assert_eq!((p.state, p.ticket(true, now).change), (State::Busy, None));
+}
+
+#[test]
+fn a_queue_opened_while_its_try_is_in_flight_stays_owed_after_the_try_succeeds() {
+    let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
+    // Registering: its tries are in flight when a resume of mail is heard.
+    let registering = p.ticket(false, now);
+    p.opened(["mail"]);
+    p.after(&registering, Some(&held(&[])), false, now, &stats);
+    assert_eq!(p.state, State::Waiting);
+    assert_eq!(
+        p.ticket(false, now).change,
+        Some(Change::Settle(names(&["mail"]))),
+        "the try sent before the resume settles nothing of it"
+    );
+    // Waiting: a try of mail in flight, and mail opened again meanwhile.
+    let trying = p.ticket(false, now);
+    p.opened(["mail"]);
+    p.after(&trying, Some(&held(&[])), false, now, &stats);
+    assert_eq!(
+        p.ticket(false, now).change,
+        Some(Change::Settle(names(&["mail"])))
+    );
+    // The try sent after the last opening settles it.
+    claim(&mut p, held(&[]), now, &stats);
+    assert_eq!(p.ticket(false, now).change, None);
 }
 
 #[test]
