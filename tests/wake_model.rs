@@ -1,7 +1,9 @@
-//! An explicit-state model check of the replicas' wake protocol (v2, migration 0028): a
-//! breadth-first search over every interleaving of a few enqueuers, two replicas and an
-//! operator, with a visited set of hashed states, that looks for a job nobody will ever claim.
-//! Std only: no database, no crate of this package.
+//! An explicit-state model check of the replicas' wake protocol as shipped (`durable_etl_wake` of
+//! migration 0028, and the claim loop: `Producer`, `Presence`): a breadth-first search over every
+//! interleaving of a few enqueuers, two replicas and an operator, with a visited set of packed
+//! states, that looks for a job nobody will ever claim. Std only: no database, no crate of this
+//! package. The `v2_*` tests check the shipped protocol; the others check that each fix it has
+//! is needed, that broken designs fail, and one defect it still has.
 //!
 //! # The model
 //!
@@ -10,10 +12,22 @@
 //!   (claimable while its queue is not paused), claimed, or gone (rolled back). Inserting the job
 //!   and the trigger's first read are one step: an uncommitted job is invisible to every other
 //!   party, so the insert alone changes nothing any other step reads.
+//! - The trigger (`durable_etl_wake`): it reads `paused[q]` and the registry without locks (a
+//!   read of committed state; the function reads them in two statements, the model in one
+//!   step). When some row waits for `q` and `q` is not paused, it names one of them (any one:
+//!   all are explored), notified at the commit (`t <token> <queue> <kind>`). Else it takes `q`'s
+//!   enqueue barrier in share mode (a later step), then reads again (another step: a snapshot
+//!   taken after the lock) and names whomever that read finds, keeping the barrier to its end;
+//!   when the second read finds nobody either, it notifies nobody.
+//! - Recovery (scenarios with `recovery`): the job of a replica that dies holding one is given
+//!   back, at any later point, by a transaction of its own, whose kind-less wake does the same
+//!   (read; barrier; read again) with `q <queue>` for every replica in place of a named token
+//!   when it finds some row waiting for `q`. It always commits (a failed one runs again later).
+//!   Without `recovery`, the job stays claimed and is no longer modelled.
 //! - The registry: one row per replica incarnation, waiting (for the queues its replica serves)
-//!   or parked. A restarted replica registers under a new wake token; its dead incarnation's row
-//!   stays as it was (stale), so wakes may still name it. The trigger reads the registry and
-//!   `paused[q]` without locks: a read of committed state.
+//!   or parked; only its replica writes it. A restarted replica registers under a new wake
+//!   token; its dead incarnation's row stays as it was (stale: rows are never deleted here), so
+//!   wakes may still name it.
 //! - The enqueue barrier of each queue: the set of open enqueue transactions that hold it in
 //!   share mode (a transaction-level advisory lock, released at their commit or rollback).
 //! - Notifications exist only from a commit on, so they are delivered at the commit that sends
@@ -21,77 +35,88 @@
 //!   serves their queue (any other would ignore them); a replica reads its inbox in order, one
 //!   notification per step. A rolled-back transaction sends nothing. A dead replica's inbox is
 //!   discarded and it is sent nothing.
-//! - There is no poll: a wake that is missed is missed for good.
-//! - A replica holds at most one job (capacity 1). Its local state: alive or dead, incarnation,
-//!   `wake` (a claim is owed, coalesced), `settle[q]` (a try of queue `q`'s barrier is owed),
-//!   `backup` (the backup timer is armed), the job it holds, its inbox. Its steps: register
-//!   (write its row waiting, then owe a try of each served queue and a claim), settle a queue (a
-//!   try that succeeds when no transaction holds the barrier; a failed try changes nothing and
-//!   stays owed), claim (take a committed job of a served, unpaused queue, if any, and park its
-//!   row when it took one; clears `wake` and `backup`), finish its job (its row is parked: it
-//!   registers next), receive a notification, fire its backup, die, restart.
-//! - A replica that dies holding a job either keeps it (the job is no longer modelled: recovery
-//!   is out of scope) or, in the scenario with `recovery`, gives it back at once: the job is
-//!   committed and claimable again and every live replica that serves its queue is sent
-//!   `q <queue>`.
 //! - The operator pauses one queue once and resumes it once; the resume's commit sends
 //!   `q <queue>`.
-//! - With claims in flight (a scenario option, and always under [`Design::PresenceGated`]), a
-//!   claim's answer comes back in a step of its own; meanwhile the replica reads notifications
-//!   but sends no other claim or registration.
+//! - There is no poll, and no timer is timed: a backup fires, and a held barrier is tried again,
+//!   at any later point. A wake that is missed is missed for good.
+//! - A replica holds at most one job (capacity 1). Its presence is `Presence`'s: `Joining` from
+//!   its start, `Waiting` from its registration's answer, `Busy` from the answer of a claim that
+//!   parked its row, and `Joining` again after a short claim's answer while `Busy`. It works in
+//!   rounds, one in flight at a time: a claim and the presence statements pipelined before it,
+//!   each its own implicit transaction, run in order, each a step of its own:
+//!   - while `Joining`: its registration (the row upserted waiting, in the step that sends it),
+//!     the tries of every served queue, then a claim;
+//!   - after a claim that came back full (a backlog: its row still waits while it holds the
+//!     job): its row parked (in the step that sends it), then a claim;
+//!   - while `Waiting`, when a claim is owed and some queue owes a try: those tries, then a
+//!     claim; when a claim is owed and none: a claim alone (sent and run in one step, as while
+//!     `Busy`); when tries are owed and no claim is: a retry of those tries alone, whose claim
+//!     follows only if one of them succeeds.
+//!
+//!   The tries are one statement: each queue's succeeds unless an open transaction holds its
+//!   barrier; a held one stays owed (and is retried). A claim takes a committed job of a served,
+//!   unpaused queue, if any. The round's answer comes back with its claim, or in a step of its
+//!   own with `claims_in_flight`; it settles each queue whose try succeeded, unless the queue
+//!   opened again after the try was sent (a `q` wake heard while the round was in flight leaves
+//!   it owed). Sending a round clears the owed claim and the backup, except a retry of held
+//!   barriers sent alone, which leaves the backup armed.
+//! - A replica's wakes: its own token owes a claim; another token, for a queue it serves, arms
+//!   its backup while it is registered (`Joining` or `Waiting`), which fires later and owes a
+//!   claim unless a round is sent first; `q <queue>`, for a queue it serves, owes a claim and,
+//!   while it is registered, records the queue as owing a try. Finishing its job owes a claim.
+//!   It may die (its state is lost, its row stays) and restart (`Joining`, a new token).
 //! - Reductions that keep every behaviour: the enqueuers of one queue are interchangeable (a
-//!   claim takes "a job of `a`", and a replica holds "a job of `a`"), so the search keeps one
-//!   state per class of states equal up to renaming them; counterexamples are replayed on the
-//!   unreduced model, so their traces name each enqueuer consistently, and are shortest.
+//!   claim takes "a job of `a`", and a replica holds "a job of `a`"), and so are the two
+//!   replicas, with their rows and tokens, when they serve the same queues; the search keeps
+//!   the first state it reaches of each class of states equal up to these renamings, so each
+//!   trace it reports is a run, and a shortest one.
+//! - Left out: kinds (one kind), caps and permits, refreshes of a waiting row, reconnects,
+//!   recovery's deletion of stale rows, the claim cooldown (it delays claims, never drops them).
 //!
 //! # The designs
 //!
-//! - [`Design::V2`]: the protocol as specified: the trigger reads `paused[q]` and the registry
-//!   and, when some row waits for `q` and `q` is not paused, names one of them (any one: all are
-//!   explored), else it takes `q`'s barrier, all in one atomic step. A replica that registers, or
-//!   hears `q <queue>`, tries the barrier of the queues concerned and claims after a successful
-//!   try. A replica that hears a wake named for another replica, for a queue it serves, while
-//!   its own row waits, arms its backup, which fires later unless a claim clears it first.
-//! - [`Design::ReadThenBarrier`]: v2 as `durable_etl_wake` in migration 0028 runs it: the read
-//!   is one statement and `pg_advisory_xact_lock_shared` a later one, so a replica can register
-//!   (or hear a resume), try the barrier and claim between the two. It loses a wake.
-//! - [`Design::BarrierThenReread`]: the fix proposed for that: when the read finds nobody who
-//!   may act, take the barrier, then read again (a new statement, so a new snapshot under read
-//!   committed) and name whomever that read finds, keeping the barrier.
-//! - [`Design::BarrierFirst`]: the other fix: take the barrier before the read, always.
-//! - [`Design::PresenceGated`]: v2 as the claim loop runs it: a replica arms a backup, and
-//!   records a `q` wake's queue as owing a try, only while its presence is `Waiting`, which it
-//!   learns from the answer of the claim its registration went with. It loses a wake, both ways.
-//! - The broken designs, which the checker must refute: [`Design::Take`] (A: the enqueuer locks
-//!   the named row to its end and parks it at its commit; an enqueuer that finds no unlocked
-//!   waiting row names nobody and takes no barrier; no backups), [`Design::NoBarrier`] (B: v2
-//!   without the barrier) and [`Design::NoBackups`] (C: v2 without backups).
+//! - [`SHIPPED`]: the protocol above. It has four fixes that this model check found in the
+//!   first version of 0028 and of the claim loop; without any one of them it loses or spends a
+//!   wake:
+//!   - [`READ_THEN_BARRIER`]: the trigger reads, then takes the barrier, and reads no more: a
+//!     replica can register, try the barrier and claim between the two, or a resume can be
+//!     heard and its queue settled between them;
+//!   - [`BACKUPS_WHILE_WAITING`]: backups armed only while `Waiting`: a wake named for a dead
+//!     replica heard while the registration's claim is in flight arms none;
+//!   - [`OPENED_WHILE_WAITING`] and [`STALE_TRIES_SETTLE`], the two halves of the third: a `q`
+//!     wake heard while `Joining` records nothing, or is recorded but settled by the answer of
+//!     the registration's try, sent before it.
+//!   - [`RETRY_CLEARS_BACKUP`]: a retry of held barriers sent alone clears the backup and claims
+//!     nothing while they stay held, so a wake named for a full replica waits for an unrelated
+//!     enqueue to end (property 2).
+//! - The broken designs, which the checker must refute: [`TAKE`] (A, before 0028: the enqueuer
+//!   locks the named row to its end and parks it at its commit; an enqueuer that finds no
+//!   unlocked waiting row names nobody and takes no barrier; no backups), [`NO_BARRIER`] (B: the
+//!   shipped protocol without the barrier) and [`NO_BACKUPS`] (C: without backups).
 //!
 //! # The properties
 //!
-//! 1. No lost wake: in every reachable quiescent state (no enqueue transaction open, and no live
-//!    replica that may register, settle, claim, take its claim's answer, receive or fire its
-//!    backup), no job is committed and unclaimed in an unpaused queue that a live replica
-//!    holding no job serves.
+//! 1. No lost wake: in every reachable quiescent state (no enqueue transaction open and no
+//!    recovery to run, and no live replica that may send a round, run its tries or its claim,
+//!    take an answer, read a notification or fire its backup), no job is committed and
+//!    unclaimed in an unpaused queue that a live replica holding no job serves.
 //! 2. No wake spent on a replica that cannot act: a wake named for a replica that was dead or
 //!    full when it was delivered (a) arms the backup of every other live replica with no job
 //!    whose row waits for that queue, as it reads it, and (b) once every live replica has read
-//!    the queue's wakes named for replicas that could not act, leaves a claim owed (a wake, a
-//!    backup, a try, a registration, or an unread notification of the queue) by some live
-//!    replica with no job that serves the queue, if a job of the queue is still claimable and
-//!    some live replica with no job waits for it.
+//!    the queue's wakes named for replicas that could not act, leaves a claim owed (a claim, a
+//!    backup, a backlog, a try of the queue owed or in flight, a round whose claim has not run,
+//!    a registration or a short claim to come, or an unread notification of the queue) by some
+//!    live replica with no job that serves the queue, if a job of the queue is still claimable
+//!    and some live replica with no job waits for it.
 //!
 //! # The bounds
 //!
 //! Two replicas (replica 0 serves `a` and replica 1 serves `a` and `b`, or both serve `a`), two
 //! queues, two or three enqueuers of one job each, at most one death and one restart, at most one
 //! pause and resume of one queue: see the scenarios ([`SPLIT_DEATH`] and the others) for each
-//! test's. V2 holds in all of them; so do its two fixed implementations, in the ones they are
-//! run on.
+//! test's. The shipped protocol holds both properties in the eight scenarios of the `v2_*` tests.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 
 /// The number of queues: `a` and `b`.
 const QUEUES: usize = 2;
@@ -108,6 +133,10 @@ const INCARNATIONS: usize = 2;
 /// An inbox's capacity: a notification from each enqueuer, the resume's and the recovery's.
 const INBOX: usize = ENQUEUERS + 2;
 
+/// The target of a kind-less wake whose read found a row waiting for its queue: `q <queue>` for
+/// every replica, not a wake token.
+const EVERYONE: u8 = (REPLICAS * INCARNATIONS) as u8;
+
 /// The queue `a`.
 const A: usize = 0;
 
@@ -123,105 +152,205 @@ const SPLIT: [[bool; QUEUES]; REPLICAS] = [[true, false], [true, true]];
 /// Both replicas serve `a` only.
 const SAME: [[bool; QUEUES]; REPLICAS] = [[true, false], [true, false]];
 
-/// A fast multiplicative hasher for the visited set: the states are small and the default
-/// hasher is slow in a debug build.
-#[derive(Default)]
-struct FastHasher(u64);
-
-impl FastHasher {
-    /// Mixes `word` into the hash.
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
+/// The visited set: the keys of the states reached, in an open-addressing table with linear
+/// probing (a std map's probing is slow in a debug build). Keys are never 0: 0 marks a free
+/// slot.
+struct Visited {
+    /// The slots: a key, or 0; a power of two of them, at most three quarters used.
+    slots: Box<[u128]>,
+    /// How many slots are used.
+    len: usize,
 }
 
-impl Hasher for FastHasher {
-    fn finish(&self) -> u64 {
-        // The finalizer of MurmurHash3: every input bit reaches the low bits and the high bits.
-        let mut h = self.0;
+impl Visited {
+    /// An empty set.
+    fn new() -> Visited {
+        Visited {
+            slots: vec![0; 1 << 16].into_boxed_slice(),
+            len: 0,
+        }
+    }
+
+    /// The slot of `key`: its own, or the free one where it belongs.
+    fn slot(slots: &[u128], key: u128) -> usize {
+        // The finalizer of MurmurHash3 on both halves: every key bit reaches the index bits.
+        let mut h = (key as u64) ^ ((key >> 64) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         h ^= h >> 33;
         h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
         h ^= h >> 33;
         h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
+        h ^= h >> 33;
+        let mask = slots.len() - 1;
+        let mut at = h as usize & mask;
+        while slots[at] != 0 && slots[at] != key {
+            at = (at + 1) & mask;
+        }
+        at
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.add(u64::from(byte));
+    /// Adds `key` (not 0); whether it was not there yet.
+    fn insert(&mut self, key: u128) -> bool {
+        assert_ne!(key, 0, "0 marks a free slot");
+        let at = Self::slot(&self.slots, key);
+        if self.slots[at] == key {
+            return false;
+        }
+        self.slots[at] = key;
+        self.len += 1;
+        if self.len * 4 > self.slots.len() * 3 {
+            let mut grown = vec![0; self.slots.len() * 2].into_boxed_slice();
+            for &old in self.slots.iter().filter(|&&k| k != 0) {
+                let at = Self::slot(&grown, old);
+                grown[at] = old;
+            }
+            self.slots = grown;
+        }
+        true
+    }
+}
+
+/// How an enqueue's trigger (`durable_etl_wake`) decides whom to wake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    /// As shipped (migration 0028): read the registry and `paused[q]` without locks; when that
+    /// read finds nobody who may act, take `q`'s barrier in share mode, then read again (a new
+    /// statement: a snapshot taken after the lock) and wake whomever the second read finds,
+    /// keeping the barrier to the commit.
+    BarrierThenReread,
+    /// The first version of 0028: read; when nobody may act, take the barrier in a later
+    /// statement, and read no more.
+    ReadThenBarrier,
+    /// Broken variant B: read; when nobody may act, wake nobody and take no barrier.
+    NoBarrier,
+    /// Broken variant A, the take (before 0028): lock the named row (`FOR UPDATE SKIP LOCKED`)
+    /// to the transaction's end and park it at the commit (a replica whose row is locked parks
+    /// it only after that end, and a wake of its own token tells it its row was taken, so it
+    /// registers again); an enqueue that finds no unlocked waiting row wakes nobody and takes no
+    /// barrier.
+    Take,
+}
+
+/// When a replica does something, by its presence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    /// Never.
+    Never,
+    /// Only while its presence is `Waiting`: after the answer of its registration's claim.
+    WhileWaiting,
+    /// While it is registered (`Presence::registered`): `Joining` or `Waiting`, not `Busy`.
+    WhileRegistered,
+}
+
+impl Gate {
+    /// Whether a replica whose presence is `presence` does it.
+    fn admits(self, presence: Presence) -> bool {
+        match self {
+            Gate::Never => false,
+            Gate::WhileWaiting => presence == Presence::Waiting,
+            Gate::WhileRegistered => presence != Presence::Busy,
         }
     }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_u128(&mut self, n: u128) {
-        self.add(n as u64);
-        self.add((n >> 64) as u64);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-
-    fn write_isize(&mut self, n: isize) {
-        self.add(n as u64);
-    }
 }
 
-/// The visited set's map: a state's key to its index in the search.
-type Visited = HashMap<u128, u32, BuildHasherDefault<FastHasher>>;
-
-/// Which protocol the model runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Design {
-    /// v2 as specified: the trigger's read and its barrier in one atomic step.
-    V2,
-    /// v2 as migration 0028 writes it: the read, then the barrier in a later step.
-    ReadThenBarrier,
-    /// The fix of [`Design::ReadThenBarrier`]: when the read finds nobody, take the barrier,
-    /// then read again and name whomever the second read finds (keeping the barrier).
-    BarrierThenReread,
-    /// The other fix: the barrier in share mode before the read, always.
-    BarrierFirst,
-    /// Broken variant A, the take: the enqueuer locks the named row (`FOR UPDATE SKIP LOCKED`)
-    /// to its end and the row is parked at its commit (a replica whose row is locked claims only
-    /// after that end: parking its row would wait for the lock); an enqueuer that finds no
-    /// unlocked waiting row names nobody and takes no barrier; no backups.
-    Take,
-    /// Broken variant B: v2 without the barrier (a try always succeeds).
-    NoBarrier,
-    /// Broken variant C: v2 without backups.
-    NoBackups,
-    /// v2 as the claim loop runs it (`src/worker/claim/producer.rs`): claims are in flight, and
-    /// a replica arms a backup, or records a `q` wake's queue to settle, only while it believes
-    /// its row waits (its presence is `Waiting`), which it learns from the answer of the claim
-    /// that followed its registration.
-    PresenceGated,
+/// A protocol: the enqueues' trigger and the replicas' rules.
+#[derive(Clone, Copy, Debug)]
+struct Design {
+    /// Its name, for the report.
+    name: &'static str,
+    /// How an enqueue's trigger wakes.
+    wake: Wake,
+    /// When a replica that hears a wake named for another replica, for a queue it serves, arms
+    /// its backup (`Producer::back_up`).
+    backups: Gate,
+    /// When a replica that hears `q <queue>`, for a queue it serves, records the queue as owing
+    /// a try (`Presence::opened`).
+    opened: Gate,
+    /// Whether a try's success settles its queue even when the queue opened again after the try
+    /// was sent (the claim loop before the fix); else such a queue stays owed (`Ticket::openings`).
+    stale_tries_settle: bool,
+    /// Whether sending a retry of held barriers alone clears the backup, as sending any claim
+    /// does (`Producer::send_claim`), though the retry claims only once one of its tries
+    /// succeeds.
+    retry_clears_backup: bool,
 }
 
-impl Design {
-    /// Whether a replica arms its backup on a wake named for another replica.
-    fn backups(self) -> bool {
-        !matches!(self, Design::Take | Design::NoBackups)
-    }
-}
+/// The protocol as shipped: the second read under the barrier; backups armed, and opened queues
+/// recorded, while `Joining` or `Waiting`; a try settles no queue opened after it was sent.
+const SHIPPED: Design = Design {
+    name: "shipped",
+    wake: Wake::BarrierThenReread,
+    backups: Gate::WhileRegistered,
+    opened: Gate::WhileRegistered,
+    stale_tries_settle: false,
+    retry_clears_backup: false,
+};
+
+/// The shipped protocol without its fourth fix: a retry of held barriers sent alone clears the
+/// backup, as sending any claim does.
+const RETRY_CLEARS_BACKUP: Design = Design {
+    name: "shipped, but a retry alone clears the backup",
+    retry_clears_backup: true,
+    ..SHIPPED
+};
+
+/// The shipped protocol without its first fix: the barrier after the read, and no second read.
+const READ_THEN_BARRIER: Design = Design {
+    name: "shipped, but the barrier after the read and no second read",
+    wake: Wake::ReadThenBarrier,
+    ..SHIPPED
+};
+
+/// The shipped protocol without its second fix: backups armed only while `Waiting`.
+const BACKUPS_WHILE_WAITING: Design = Design {
+    name: "shipped, but backups only while waiting",
+    backups: Gate::WhileWaiting,
+    ..SHIPPED
+};
+
+/// The shipped protocol without the first half of its third fix: a `q` wake heard while
+/// `Joining` records nothing.
+const OPENED_WHILE_WAITING: Design = Design {
+    name: "shipped, but opened queues recorded only while waiting",
+    opened: Gate::WhileWaiting,
+    ..SHIPPED
+};
+
+/// The shipped protocol without the second half of its third fix: a try's success settles its
+/// queue though the queue opened again while the try was in flight.
+const STALE_TRIES_SETTLE: Design = Design {
+    name: "shipped, but a try in flight settles a queue opened after it was sent",
+    stale_tries_settle: true,
+    ..SHIPPED
+};
+
+/// Broken variant A: the take, and no backups.
+const TAKE: Design = Design {
+    name: "A: the take",
+    wake: Wake::Take,
+    backups: Gate::Never,
+    ..SHIPPED
+};
+
+/// Broken variant B: the shipped protocol without the barrier.
+const NO_BARRIER: Design = Design {
+    name: "B: no barrier",
+    wake: Wake::NoBarrier,
+    ..SHIPPED
+};
+
+/// Broken variant C: the shipped protocol without backups.
+const NO_BACKUPS: Design = Design {
+    name: "C: no backups",
+    backups: Gate::Never,
+    ..SHIPPED
+};
 
 /// An enqueuer's job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Job {
-    /// Not inserted yet.
+    /// Not inserted yet (or held by a dead replica, its recovery not begun).
     Absent,
-    /// Inserted by a transaction still open.
+    /// Inserted (or given back) by a transaction still open.
     Uncommitted,
     /// Committed and not claimed: claimable while its queue is not paused.
     Committed,
@@ -231,20 +360,20 @@ enum Job {
     Gone,
 }
 
-/// Where an enqueuer's transaction stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Where an enqueuer's transaction (or its job's recovery) stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tx {
     /// Not begun.
     Idle,
     /// Its read found nobody who may act; the barrier is its next step
-    /// ([`Design::ReadThenBarrier`], [`Design::BarrierThenReread`]).
+    /// ([`Wake::ReadThenBarrier`], [`Wake::BarrierThenReread`]).
     Skipped,
-    /// It holds the barrier; its (second) read is its next step ([`Design::BarrierThenReread`],
-    /// [`Design::BarrierFirst`]).
+    /// It holds the barrier; its second read is its next step ([`Wake::BarrierThenReread`]).
     Barred,
     /// Its trigger is done: it commits or rolls back next.
     Open {
-        /// The wake token it named, if any (under [`Design::Take`], the row it locked).
+        /// The wake token it named, [`EVERYONE`] (a kind-less wake that found a waiting row),
+        /// or none (under [`Wake::Take`], the row it locked).
         target: Option<u8>,
         /// Whether it holds its queue's barrier in share mode.
         barrier: bool,
@@ -258,7 +387,7 @@ enum Tx {
 enum Msg {
     /// An empty inbox slot.
     Empty,
-    /// `t <token> <queue>`: a wake named for one replica incarnation.
+    /// `t <token> <queue> <kind>`: a wake named for one replica incarnation.
     Target {
         /// The wake token named.
         token: u8,
@@ -274,6 +403,69 @@ enum Msg {
     },
 }
 
+/// A replica's presence (`Presence`'s state): what its claim loop knows of its row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Presence {
+    /// A round that parked its row answered (the first after a claim that came back full), and
+    /// no short claim has answered since.
+    Busy,
+    /// It registers on its next claim, or did and has not had that claim's answer.
+    Joining,
+    /// Its registration's claim answered: its row waits.
+    Waiting,
+}
+
+/// Where a replica stands with one queue's barrier (`Presence::unsettled`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settle {
+    /// Nothing owed.
+    Done,
+    /// A try is owed: the queue opened, or its try failed, since the last try that settled it.
+    Owed,
+    /// A try of it is in the round in flight, sent after the queue last opened: that round's
+    /// answer settles it if the try succeeds.
+    Sent,
+    /// A try of it is in the round in flight, but the queue opened again after it was sent:
+    /// that round's answer leaves it owed.
+    Reopened,
+}
+
+/// The round a replica has in flight: a claim and the presence statements pipelined before it,
+/// each its own implicit transaction, run in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    /// None.
+    Idle,
+    /// Its tries (one statement) run next, then its claim.
+    Tries,
+    /// A retry of held barriers: its tries run next, alone; its claim follows only if one of
+    /// them succeeds.
+    Retry,
+    /// Its claim runs next.
+    Claim,
+    /// Its claim ran (or a retry's tries all failed); its answer is not back yet (with claims
+    /// in flight only: else it comes back in the claim's step).
+    Answer,
+    /// Its row was parked (its first statement); its claim runs next.
+    ParkClaim,
+    /// Its row was parked and its claim ran; its answer is not back yet (with claims in flight
+    /// only).
+    ParkAnswer,
+}
+
+/// The presence change a round carries (`presence::Change`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    /// Upsert the row (waiting), try every served queue's barrier, then claim.
+    Register,
+    /// Try the owed queues' barriers, then claim.
+    Settle,
+    /// Try the owed queues' barriers alone (a retry); claim once one succeeds.
+    Retry,
+    /// Park the row, then claim: the first claim after one that came back full.
+    Park,
+}
+
 /// One replica's local state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Replica {
@@ -281,41 +473,43 @@ struct Replica {
     alive: bool,
     /// Its incarnation: 0, or 1 after its restart.
     incarnation: u8,
-    /// A claim is owed (coalesced).
+    /// Its presence.
+    presence: Presence,
+    /// A claim is owed (a wake of its own, a `q` wake, a backup that fired, a finished job;
+    /// coalesced): it sends one once no round is in flight.
     wake: bool,
-    /// A try of the queue's barrier is owed.
-    settle: [bool; QUEUES],
+    /// Each queue's tries.
+    settle: [Settle; QUEUES],
     /// Its backup timer is armed.
     backup: bool,
+    /// Its last claim came back full (`WakeState::backlog`): its next claim parks its row
+    /// first, unless it is `Busy` already.
+    backlog: bool,
+    /// The round in flight.
+    round: Round,
     /// The queue of the job it holds, if any (jobs of one queue are interchangeable).
     holding: Option<u8>,
     /// Notifications delivered and not yet read, oldest first, then empty slots.
     inbox: [Msg; INBOX],
     /// How many notifications the inbox holds.
     unread: u8,
-    /// A claim was executed and its answer is not back yet (with claims in flight only): the
-    /// replica sends no other claim or registration meanwhile.
-    answering: bool,
-    /// What the replica believes of its row (its presence is `Waiting`): set by the answer of
-    /// a claim that followed its registration, cleared by a claim that filled it (with claims
-    /// in flight only; else it is not used).
-    joined: bool,
 }
 
 impl Replica {
-    /// A replica that just started (or restarted) as `incarnation`, its row parked.
+    /// A replica that just started (or restarted) as `incarnation`: `Joining`, its row absent.
     fn started(incarnation: u8) -> Replica {
         Replica {
             alive: true,
             incarnation,
+            presence: Presence::Joining,
             wake: false,
-            settle: [false; QUEUES],
+            settle: [Settle::Done; QUEUES],
             backup: false,
+            backlog: false,
+            round: Round::Idle,
             holding: None,
             inbox: [Msg::Empty; INBOX],
             unread: 0,
-            answering: false,
-            joined: false,
         }
     }
 
@@ -340,6 +534,13 @@ impl Replica {
     fn unread(&self) -> &[Msg] {
         &self.inbox[..usize::from(self.unread)]
     }
+
+    /// The queues whose barrier is in `settle` state `state` (a bit per queue).
+    fn queues_in(&self, state: Settle) -> u8 {
+        (0..QUEUES)
+            .filter(|&q| self.settle[q] == state)
+            .fold(0, |queues, q| queues | 1 << q)
+    }
 }
 
 /// The operator's progress with its one pause and resume.
@@ -360,6 +561,9 @@ struct State {
     jobs: [Job; ENQUEUERS],
     /// Each enqueuer's transaction.
     txs: [Tx; ENQUEUERS],
+    /// Whether each enqueuer's transaction is its job's recovery, which wakes kind-less
+    /// (`q <queue>`) and always commits.
+    kindless: [bool; ENQUEUERS],
     /// The registry: whether the row of each replica incarnation is waiting (else parked or
     /// absent). A dead incarnation's row stays as it was.
     waiting: [[bool; INCARNATIONS]; REPLICAS],
@@ -378,25 +582,26 @@ struct State {
 /// One step of the model, for traces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Action {
-    /// An enqueuer inserts its job and its trigger reads the registry (and, under
-    /// [`Design::V2`] when nobody may act, takes the barrier in the same step).
+    /// An enqueuer inserts its job (or a recovery gives its job back) and its trigger reads the
+    /// registry and `paused`.
     Read {
         /// The enqueuer.
         enqueuer: u8,
-        /// The wake token it names, if any.
+        /// The wake token it names, [`EVERYONE`], or nobody.
         target: Option<u8>,
+        /// Whether it is a recovery.
+        recovery: bool,
     },
-    /// An enqueuer takes its queue's barrier in share mode (under [`Design::BarrierFirst`], it
-    /// also inserts its job).
+    /// An enqueuer takes its queue's barrier in share mode.
     Barrier {
         /// The enqueuer.
         enqueuer: u8,
     },
-    /// An enqueuer holding the barrier reads the registry (again).
+    /// An enqueuer holding the barrier reads the registry again.
     Reread {
         /// The enqueuer.
         enqueuer: u8,
-        /// The wake token it names, if any.
+        /// The wake token it names, [`EVERYONE`], or nobody.
         target: Option<u8>,
     },
     /// An enqueuer commits.
@@ -409,26 +614,34 @@ enum Action {
         /// The enqueuer.
         enqueuer: u8,
     },
-    /// A replica writes its row waiting.
-    Register {
+    /// A replica sends a round with a presence change (a registration's upsert of its row, or a
+    /// park, the round's first statement, runs in this step).
+    Send {
         /// The replica.
         replica: u8,
+        /// The change.
+        change: Change,
+        /// The queues it tries (a bit per queue).
+        queues: u8,
     },
-    /// A replica's try of a queue's barrier succeeds.
-    Settle {
+    /// A replica's tries run (one statement): each succeeds unless an open transaction holds
+    /// the queue's barrier.
+    Tries {
         /// The replica.
         replica: u8,
-        /// The queue.
-        queue: u8,
+        /// The queues whose try succeeded (a bit per queue).
+        free: u8,
+        /// The queues whose barrier was held (a bit per queue).
+        held: u8,
     },
-    /// A replica claims.
+    /// A replica's claim runs (sent in this step when it carries no presence change).
     Claim {
         /// The replica.
         replica: u8,
         /// The queue of the job it took, if any.
         job: Option<u8>,
     },
-    /// The answer of a replica's claim in flight comes back.
+    /// The answer of a replica's round comes back.
     Answer {
         /// The replica.
         replica: u8,
@@ -489,6 +702,49 @@ fn split_token(token: u8) -> (usize, usize) {
     (token / INCARNATIONS, token % INCARNATIONS)
 }
 
+/// The names of the queues of `queues` (a bit per queue), separated by spaces.
+fn queue_list(queues: u8) -> String {
+    (0..QUEUES)
+        .filter(|q| queues & (1 << q) != 0)
+        .map(|q| QUEUE_NAMES[q])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The wake token of the other replica's incarnation of `token`'s (a kind-less wake's
+/// [`EVERYONE`] stays as it is).
+fn mirrored_token(token: u8) -> u8 {
+    if token == EVERYONE {
+        return token;
+    }
+    let (replica, incarnation) = split_token(token);
+    self::token(REPLICAS - 1 - replica, incarnation)
+}
+
+/// `s` with its two replicas swapped, their rows and wake tokens with them: when both serve the
+/// same queues, a state of the same class ([`Scenario::key`]).
+fn mirrored(s: &State) -> State {
+    let mut m = *s;
+    m.replicas.swap(0, 1);
+    m.waiting.swap(0, 1);
+    for tx in &mut m.txs {
+        if let Tx::Open {
+            target: Some(t), ..
+        } = tx
+        {
+            *t = mirrored_token(*t);
+        }
+    }
+    for replica in &mut m.replicas {
+        for msg in &mut replica.inbox {
+            if let Msg::Target { token, .. } = msg {
+                *token = mirrored_token(*token);
+            }
+        }
+    }
+    m
+}
+
 /// A small set of wake tokens, in order.
 #[derive(Clone, Copy, Debug, Default)]
 struct Tokens {
@@ -516,80 +772,87 @@ impl Tokens {
     }
 }
 
-/// A state packed into bit fields: the visited set's key (one per state, injective; 105 of its
-/// 128 bits are used).
-#[derive(Default)]
-struct Key(u128);
-
-impl Key {
-    /// Appends `value`, which fits in `bits` bits.
-    fn push(&mut self, value: usize, bits: u32) {
-        assert!(value < 1 << bits, "{value} does not fit in {bits} bits");
-        self.0 = (self.0 << bits) | value as u128;
-    }
-
-    /// Appends a flag.
-    fn flag(&mut self, flag: bool) {
-        self.push(usize::from(flag), 1);
-    }
+/// Appends `$value`, which fits in `$bits` bits, to the key `$key` (a macro: a function call per
+/// field is slow in a debug build).
+macro_rules! push {
+    ($key:ident, $value:expr, $bits:expr) => {{
+        let value = $value as u128;
+        assert!(value < 1 << $bits, "{value} does not fit in {} bits", $bits);
+        $key = ($key << $bits) | value;
+    }};
 }
 
 impl State {
-    /// The state's key (see [`Key`]).
-    fn key(&self) -> u128 {
-        let mut key = Key::default();
-        for e in 0..ENQUEUERS {
-            key.push(self.jobs[e] as usize, 3);
-            let tx = match self.txs[e] {
-                Tx::Idle => 0,
-                Tx::Skipped => 1,
-                Tx::Barred => 2,
-                Tx::Ended => 3,
-                Tx::Open { target, barrier } => {
-                    4 + 2 * target.map_or(0, |t| usize::from(t) + 1) + usize::from(barrier)
-                }
-            };
-            key.push(tx, 4);
-        }
-        for r in 0..REPLICAS {
+    /// Enqueuer `e`'s job, transaction and recovery flag packed into 8 bits: its part of the key,
+    /// and the order [`Scenario::key`] sorts the enqueuers of a queue by.
+    fn enqueuer_code(&self, e: usize) -> u8 {
+        let tx = match self.txs[e] {
+            Tx::Idle => 0,
+            Tx::Skipped => 1,
+            Tx::Barred => 2,
+            Tx::Ended => 3,
+            Tx::Open { target, barrier } => {
+                let target = match target {
+                    Some(t) => t + 1,
+                    None => 0,
+                };
+                4 + 2 * target + barrier as u8
+            }
+        };
+        (self.jobs[e] as u8) << 5 | tx << 1 | self.kindless[e] as u8
+    }
+
+    /// The state packed into bit fields, its enqueuers' codes ([`State::enqueuer_code`]) given
+    /// as `enqueuers`: the visited set's key (injective: 124 of its 128 bits hold the state, and
+    /// the top bit is set).
+    fn key(&self, enqueuers: [u8; ENQUEUERS]) -> u128 {
+        let mut key: u128 = 0;
+        push!(key, enqueuers[0], 8);
+        push!(key, enqueuers[1], 8);
+        push!(key, enqueuers[2], 8);
+        let mut r = 0;
+        while r < REPLICAS {
             let replica = &self.replicas[r];
-            for i in 0..INCARNATIONS {
-                key.flag(self.waiting[r][i]);
-            }
-            key.flag(replica.alive);
-            key.push(usize::from(replica.incarnation), 1);
-            key.flag(replica.wake);
-            for q in 0..QUEUES {
-                key.flag(replica.settle[q]);
-            }
-            key.flag(replica.backup);
-            key.flag(replica.answering);
-            key.flag(replica.joined);
-            key.push(replica.holding.map_or(0, |q| usize::from(q) + 1), 2);
-            key.push(usize::from(replica.unread), 3);
-            for i in 0..INBOX {
+            push!(key, self.waiting[r][0], 1);
+            push!(key, self.waiting[r][1], 1);
+            push!(key, replica.alive, 1);
+            push!(key, replica.incarnation, 1);
+            push!(key, replica.presence, 2);
+            push!(key, replica.wake, 1);
+            push!(key, replica.settle[0], 2);
+            push!(key, replica.settle[1], 2);
+            push!(key, replica.backup, 1);
+            push!(key, replica.backlog, 1);
+            push!(key, replica.round, 3);
+            let holding = match replica.holding {
+                Some(q) => q + 1,
+                None => 0,
+            };
+            push!(key, holding, 2);
+            push!(key, replica.unread, 3);
+            let mut i = 0;
+            while i < INBOX {
                 let msg = match replica.inbox[i] {
                     Msg::Empty => 0,
-                    Msg::Broadcast { queue } => 1 + usize::from(queue),
+                    Msg::Broadcast { queue } => 1 + queue,
                     Msg::Target {
                         token,
                         queue,
                         cannot_act,
-                    } => {
-                        3 + (usize::from(token) * 2 + usize::from(queue)) * 2
-                            + usize::from(cannot_act)
-                    }
+                    } => 3 + (token * 2 + queue) * 2 + cannot_act as u8,
                 };
-                key.push(msg, 5);
+                push!(key, msg, 5);
+                i += 1;
             }
+            r += 1;
         }
-        for q in 0..QUEUES {
-            key.flag(self.paused[q]);
-        }
-        key.push(self.operator as usize, 2);
-        key.push(usize::from(self.deaths), 2);
-        key.push(usize::from(self.restarts), 2);
-        key.0
+        push!(key, self.paused[0], 1);
+        push!(key, self.paused[1], 1);
+        push!(key, self.operator, 2);
+        push!(key, self.deaths, 2);
+        push!(key, self.restarts, 2);
+        // Never 0 (the visited set's free slot).
+        key | 1 << 127
     }
 }
 
@@ -610,14 +873,16 @@ struct Scenario {
     restarts: u8,
     /// The queue the operator may pause once and resume once, if any.
     pause: Option<usize>,
-    /// Whether a replica that dies holding a job gives it back at once (`q <queue>` to every
-    /// live replica); else the job stays claimed and is not modelled further.
+    /// Whether the job of a replica that dies holding one is recovered: given back by a
+    /// transaction of its own that wakes kind-less; else it stays claimed and is not modelled
+    /// further.
     recovery: bool,
-    /// Whether the replicas start registered, their rows waiting (as after their registration,
-    /// tries and claim in an empty database); else they start parked and register first.
+    /// Whether the replicas start registered, their rows waiting and their presence `Waiting`
+    /// (as after their registration, tries and claim in an empty database); else they start
+    /// `Joining`, their rows absent.
     start_waiting: bool,
-    /// Whether a claim's answer comes back in a later step than the claim (always so under
-    /// [`Design::PresenceGated`]): meanwhile the replica reads notifications and sends nothing.
+    /// Whether a round's answer comes back in a step of its own after its claim ran; else in the
+    /// claim's step.
     claims_in_flight: bool,
 }
 
@@ -661,27 +926,38 @@ struct Outcome {
     spent_wake: Option<Counterexample>,
 }
 
+/// A property the search checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Property {
+    /// 1: no lost wake.
+    LostWake,
+    /// 2: no wake spent on a replica that cannot act.
+    SpentWake,
+}
+
 impl Scenario {
     /// The queue of enqueuer `e`.
     fn queue_of(&self, e: usize) -> usize {
         self.enqueues[e]
     }
 
-    /// Whether a claim's answer comes back in a step of its own.
-    fn in_flight(&self) -> bool {
-        self.claims_in_flight || self.design == Design::PresenceGated
-    }
-
-    /// The initial state: every replica alive, parked (or waiting, see
-    /// [`Scenario::start_waiting`]), owing nothing; nothing enqueued, nothing paused.
+    /// The initial state: every replica alive, `Joining` with its row absent (or `Waiting` with
+    /// its row waiting, see [`Scenario::start_waiting`]), owing nothing; nothing enqueued,
+    /// nothing paused.
     fn initial(&self) -> State {
         assert!(self.enqueues.len() <= ENQUEUERS);
+        let presence = if self.start_waiting {
+            Presence::Waiting
+        } else {
+            Presence::Joining
+        };
         State {
             jobs: [Job::Absent; ENQUEUERS],
             txs: [Tx::Idle; ENQUEUERS],
+            kindless: [false; ENQUEUERS],
             waiting: [[self.start_waiting, false]; REPLICAS],
             replicas: [Replica {
-                joined: self.start_waiting,
+                presence,
                 ..Replica::started(0)
             }; REPLICAS],
             paused: [false; QUEUES],
@@ -692,8 +968,8 @@ impl Scenario {
     }
 
     /// The wake tokens whose rows wait for `queue` and that a trigger may name, read without
-    /// locks: none while the queue is paused; under [`Design::Take`], not the rows another
-    /// open transaction locked.
+    /// locks: none while the queue is paused; under [`Wake::Take`], not the rows another open
+    /// transaction locked.
     fn nameable(&self, s: &State, queue: usize) -> Tokens {
         let mut tokens = Tokens::default();
         if s.paused[queue] {
@@ -704,7 +980,7 @@ impl Scenario {
                 let t = token(replica, incarnation);
                 if waiting
                     && self.serves[replica][queue]
-                    && !(self.design == Design::Take && Self::row_locked(s, t))
+                    && !(self.design.wake == Wake::Take && Self::row_locked(s, t))
                 {
                     tokens.push(t);
                 }
@@ -713,7 +989,23 @@ impl Scenario {
         tokens
     }
 
-    /// Under [`Design::Take`], whether an open transaction holds the lock of `token`'s row.
+    /// Whom the trigger of enqueuer `e` wakes, by a read of `s`, one choice per successor:
+    /// each nameable token (any one: all are explored), or for a kind-less wake [`EVERYONE`]
+    /// when some row waits; none when nobody may act.
+    fn targets(&self, s: &State, e: usize) -> Vec<u8> {
+        let tokens = self.nameable(s, self.queue_of(e));
+        if s.kindless[e] {
+            if tokens.is_empty() {
+                Vec::new()
+            } else {
+                vec![EVERYONE]
+            }
+        } else {
+            tokens.as_slice().to_vec()
+        }
+    }
+
+    /// Under [`Wake::Take`], whether an open transaction holds the lock of `token`'s row.
     fn row_locked(s: &State, token: u8) -> bool {
         s.txs
             .iter()
@@ -753,20 +1045,18 @@ impl Scenario {
         self.operator_steps(s, out);
     }
 
-    /// The steps of enqueuer `e`.
+    /// The steps of enqueuer `e` (or of its job's recovery).
     fn enqueuer_steps(&self, s: &State, e: usize, out: &mut Vec<(Action, State)>) {
         let queue = self.queue_of(e);
         let enqueuer = e as u8;
+        let recovery = s.kindless[e];
         match s.txs[e] {
-            Tx::Idle if self.design == Design::BarrierFirst => {
-                let mut n = *s;
-                n.jobs[e] = Job::Uncommitted;
-                n.txs[e] = Tx::Barred;
-                out.push((Action::Barrier { enqueuer }, n));
-            }
             Tx::Idle => {
-                let targets = self.nameable(s, queue);
-                for &t in targets.as_slice() {
+                if s.jobs[e] != Job::Absent {
+                    return;
+                }
+                let targets = self.targets(s, e);
+                for &t in &targets {
                     let mut n = *s;
                     n.jobs[e] = Job::Uncommitted;
                     n.txs[e] = Tx::Open {
@@ -777,6 +1067,7 @@ impl Scenario {
                         Action::Read {
                             enqueuer,
                             target: Some(t),
+                            recovery,
                         },
                         n,
                     ));
@@ -784,23 +1075,18 @@ impl Scenario {
                 if targets.is_empty() {
                     let mut n = *s;
                     n.jobs[e] = Job::Uncommitted;
-                    n.txs[e] = match self.design {
-                        Design::V2 | Design::NoBackups | Design::PresenceGated => Tx::Open {
-                            target: None,
-                            barrier: true,
-                        },
-                        Design::Take | Design::NoBarrier => Tx::Open {
+                    n.txs[e] = match self.design.wake {
+                        Wake::Take | Wake::NoBarrier => Tx::Open {
                             target: None,
                             barrier: false,
                         },
-                        Design::ReadThenBarrier
-                        | Design::BarrierThenReread
-                        | Design::BarrierFirst => Tx::Skipped,
+                        Wake::ReadThenBarrier | Wake::BarrierThenReread => Tx::Skipped,
                     };
                     out.push((
                         Action::Read {
                             enqueuer,
                             target: None,
+                            recovery,
                         },
                         n,
                     ));
@@ -808,7 +1094,7 @@ impl Scenario {
             }
             Tx::Skipped => {
                 let mut n = *s;
-                n.txs[e] = if self.design == Design::ReadThenBarrier {
+                n.txs[e] = if self.design.wake == Wake::ReadThenBarrier {
                     Tx::Open {
                         target: None,
                         barrier: true,
@@ -819,15 +1105,13 @@ impl Scenario {
                 out.push((Action::Barrier { enqueuer }, n));
             }
             Tx::Barred => {
-                let targets = self.nameable(s, queue);
-                let nobody = [None];
-                let named: Vec<Option<u8>> = targets.as_slice().iter().copied().map(Some).collect();
-                let choices = if targets.is_empty() {
-                    &nobody[..]
+                let targets = self.targets(s, e);
+                let choices: Vec<Option<u8>> = if targets.is_empty() {
+                    vec![None]
                 } else {
-                    &named[..]
+                    targets.into_iter().map(Some).collect()
                 };
-                for &target in choices {
+                for target in choices {
                     let mut n = *s;
                     n.txs[e] = Tx::Open {
                         target,
@@ -840,33 +1124,171 @@ impl Scenario {
                 let mut n = *s;
                 n.jobs[e] = Job::Committed;
                 n.txs[e] = Tx::Ended;
-                if let Some(t) = target {
-                    let (replica, incarnation) = split_token(t);
-                    let named = &s.replicas[replica];
-                    let can_act = named.alive
-                        && usize::from(named.incarnation) == incarnation
-                        && named.holding.is_none();
-                    if self.design == Design::Take {
-                        // The take's UPDATE of the row commits with the job.
-                        n.waiting[replica][incarnation] = false;
+                n.kindless[e] = false;
+                match target {
+                    Some(EVERYONE) => self.deliver(&mut n, Msg::Broadcast { queue: queue as u8 }),
+                    Some(t) => {
+                        let (replica, incarnation) = split_token(t);
+                        let named = &s.replicas[replica];
+                        let can_act = named.alive
+                            && usize::from(named.incarnation) == incarnation
+                            && named.holding.is_none();
+                        if self.design.wake == Wake::Take {
+                            // The take's UPDATE of the row commits with the job.
+                            n.waiting[replica][incarnation] = false;
+                        }
+                        self.deliver(
+                            &mut n,
+                            Msg::Target {
+                                token: t,
+                                queue: queue as u8,
+                                cannot_act: !can_act,
+                            },
+                        );
                     }
-                    self.deliver(
-                        &mut n,
-                        Msg::Target {
-                            token: t,
-                            queue: queue as u8,
-                            cannot_act: !can_act,
-                        },
-                    );
+                    None => {}
                 }
                 out.push((Action::Commit { enqueuer }, n));
-                let mut n = *s;
-                n.jobs[e] = Job::Gone;
-                n.txs[e] = Tx::Ended;
-                out.push((Action::Rollback { enqueuer }, n));
+                // A recovery that fails is run again later: the same as committing later.
+                if !recovery {
+                    let mut n = *s;
+                    n.jobs[e] = Job::Gone;
+                    n.txs[e] = Tx::Ended;
+                    out.push((Action::Rollback { enqueuer }, n));
+                }
             }
             Tx::Ended => {}
         }
+    }
+
+    /// The answer of replica `r`'s round, in `n` (`parked`: the round parked its row first), as
+    /// `Presence::after` takes it: a park makes it `Busy`, owing nothing; a registration's
+    /// answer makes it `Waiting`; each try that succeeded settles its queue unless the queue
+    /// opened again after the try was sent; then a `Busy` replica whose claim came back short
+    /// becomes `Joining` (it registers at once). A claim that came back full (it took a job)
+    /// leaves a backlog: the next claim parks the row.
+    fn answer(&self, n: &mut State, r: usize, parked: bool) {
+        let row = n.waiting[r][usize::from(n.replicas[r].incarnation)];
+        let me = &mut n.replicas[r];
+        let full = me.holding.is_some();
+        me.round = Round::Idle;
+        me.backlog = full;
+        if parked {
+            me.presence = Presence::Busy;
+            me.settle = [Settle::Done; QUEUES];
+        } else {
+            // Its row is waiting unless a take parked it (which it then registers again for).
+            if me.presence == Presence::Joining && row {
+                me.presence = Presence::Waiting;
+            }
+            for settle in &mut me.settle {
+                *settle = match *settle {
+                    Settle::Sent => Settle::Done,
+                    Settle::Reopened => Settle::Owed,
+                    other => other,
+                };
+            }
+        }
+        if me.presence == Presence::Busy && !full {
+            me.presence = Presence::Joining;
+        }
+    }
+
+    /// The claim of replica `r`'s round runs in `s` (`parked`: the round parked its row first):
+    /// it takes a committed job of a served, unpaused queue (any queue that has one: all are
+    /// explored), or nothing.
+    fn claim_steps(&self, s: &State, r: usize, parked: bool, out: &mut Vec<(Action, State)>) {
+        let replica = r as u8;
+        let ran = |n: &mut State| match (self.claims_in_flight, parked) {
+            (true, false) => n.replicas[r].round = Round::Answer,
+            (true, true) => n.replicas[r].round = Round::ParkAnswer,
+            (false, parked) => self.answer(n, r, parked),
+        };
+        let mut took = false;
+        for queue in (0..QUEUES).filter(|&q| self.serves[r][q] && !s.paused[q]) {
+            // The jobs of one queue are interchangeable: take the first.
+            let job = (0..self.enqueues.len())
+                .find(|&e| self.queue_of(e) == queue && s.jobs[e] == Job::Committed);
+            if let Some(e) = job {
+                took = true;
+                let mut n = *s;
+                n.jobs[e] = Job::Claimed;
+                n.replicas[r].holding = Some(queue as u8);
+                ran(&mut n);
+                out.push((
+                    Action::Claim {
+                        replica,
+                        job: Some(queue as u8),
+                    },
+                    n,
+                ));
+            }
+        }
+        if !took {
+            let mut n = *s;
+            ran(&mut n);
+            out.push((Action::Claim { replica, job: None }, n));
+        }
+    }
+
+    /// The rounds replica `r`, free and with no round in flight, may send (`Presence::ticket`):
+    /// while `Busy`, when a claim is owed, a claim alone; after a claim that came back full, a
+    /// park and a claim; while `Joining`, a registration; while `Waiting`, when a claim is owed,
+    /// the owed tries and a claim, or a claim alone; else a retry of the owed tries alone. A
+    /// claim alone is sent and runs in one step. Sending clears its owed claim and its backup
+    /// (a retry alone keeps the backup, unless [`Design::retry_clears_backup`]).
+    fn send_steps(&self, s: &State, r: usize, out: &mut Vec<(Action, State)>) {
+        let me = s.replicas[r];
+        let replica = r as u8;
+        let incarnation = usize::from(me.incarnation);
+        let owed = me.queues_in(Settle::Owed);
+        let mut n = *s;
+        n.replicas[r].wake = false;
+        n.replicas[r].backup = false;
+        let (change, queues) = if me.presence == Presence::Busy {
+            if me.wake {
+                self.claim_steps(&n, r, false, out);
+            }
+            return;
+        } else if me.backlog {
+            // Under the take, parking a row an enqueuer locked waits for that enqueuer's end.
+            if self.design.wake == Wake::Take && Self::row_locked(s, token(r, incarnation)) {
+                return;
+            }
+            n.waiting[r][incarnation] = false;
+            (Change::Park, 0)
+        } else if me.presence == Presence::Joining {
+            n.waiting[r][incarnation] = true;
+            let served = (0..QUEUES)
+                .filter(|&q| self.serves[r][q])
+                .fold(0, |queues, q| queues | 1 << q);
+            (Change::Register, served)
+        } else if me.wake && owed != 0 {
+            (Change::Settle, owed)
+        } else if me.wake {
+            return self.claim_steps(&n, r, false, out);
+        } else if owed != 0 {
+            n.replicas[r].backup = me.backup && !self.design.retry_clears_backup;
+            (Change::Retry, owed)
+        } else {
+            return;
+        };
+        for q in (0..QUEUES).filter(|q| queues & (1 << q) != 0) {
+            n.replicas[r].settle[q] = Settle::Sent;
+        }
+        n.replicas[r].round = match change {
+            Change::Park => Round::ParkClaim,
+            Change::Retry => Round::Retry,
+            Change::Register | Change::Settle => Round::Tries,
+        };
+        out.push((
+            Action::Send {
+                replica,
+                change,
+                queues,
+            },
+            n,
+        ));
     }
 
     /// The steps of replica `r`.
@@ -882,103 +1304,81 @@ impl Scenario {
             }
             return;
         }
-        let incarnation = usize::from(me.incarnation);
-        let own = token(r, incarnation);
+        let own = token(r, usize::from(me.incarnation));
         let free = me.holding.is_none();
-        let registered = s.waiting[r][incarnation];
 
-        let idle = !me.answering;
-        if free && !registered && idle {
-            let mut n = *s;
-            n.waiting[r][incarnation] = true;
-            n.replicas[r].settle = self.serves[r];
-            n.replicas[r].wake = true;
-            out.push((Action::Register { replica }, n));
-        }
-
-        for queue in 0..QUEUES {
-            // A failed try changes nothing: it is retried, an enabled step, once the holders
-            // ended.
-            if me.settle[queue] && !self.barrier_held(s, queue) {
+        match me.round {
+            Round::Idle if free => self.send_steps(s, r, out),
+            Round::Idle => {
                 let mut n = *s;
-                n.replicas[r].settle[queue] = false;
+                n.replicas[r].holding = None;
                 n.replicas[r].wake = true;
+                out.push((Action::Finish { replica }, n));
+            }
+            Round::Tries | Round::Retry => {
+                let mut n = *s;
+                let (mut free, mut held) = (0, 0);
+                for q in 0..QUEUES {
+                    if matches!(me.settle[q], Settle::Sent | Settle::Reopened) {
+                        if self.barrier_held(s, q) {
+                            held |= 1 << q;
+                            n.replicas[r].settle[q] = Settle::Owed;
+                        } else {
+                            free |= 1 << q;
+                        }
+                    }
+                }
+                if me.round == Round::Tries || free != 0 {
+                    n.replicas[r].round = Round::Claim;
+                } else if self.claims_in_flight {
+                    n.replicas[r].round = Round::Answer;
+                } else {
+                    self.answer(&mut n, r, false);
+                }
                 out.push((
-                    Action::Settle {
+                    Action::Tries {
                         replica,
-                        queue: queue as u8,
+                        free,
+                        held,
                     },
                     n,
                 ));
             }
-        }
-
-        // Under the take, parking a row an enqueuer locked waits for that enqueuer's end.
-        let blocked = self.design == Design::Take && Self::row_locked(s, own);
-        if me.wake && free && !blocked && idle {
-            let mut woken = *s;
-            woken.replicas[r].wake = false;
-            woken.replicas[r].backup = false;
-            woken.replicas[r].answering = self.in_flight();
-            let mut took = false;
-            for queue in (0..QUEUES).filter(|&q| self.serves[r][q] && !s.paused[q]) {
-                // The jobs of one queue are interchangeable: take the first.
-                let job = (0..self.enqueues.len())
-                    .find(|&e| self.queue_of(e) == queue && s.jobs[e] == Job::Committed);
-                if let Some(e) = job {
-                    took = true;
-                    let mut n = woken;
-                    n.jobs[e] = Job::Claimed;
-                    n.replicas[r].holding = Some(queue as u8);
-                    n.waiting[r][incarnation] = false;
-                    out.push((
-                        Action::Claim {
-                            replica,
-                            job: Some(queue as u8),
-                        },
-                        n,
-                    ));
-                }
+            Round::Claim => self.claim_steps(s, r, false, out),
+            Round::ParkClaim => self.claim_steps(s, r, true, out),
+            Round::Answer | Round::ParkAnswer => {
+                let mut n = *s;
+                self.answer(&mut n, r, me.round == Round::ParkAnswer);
+                out.push((Action::Answer { replica }, n));
             }
-            if !took {
-                out.push((Action::Claim { replica, job: None }, woken));
-            }
-        }
-
-        if !free {
-            let mut n = *s;
-            n.replicas[r].holding = None;
-            out.push((Action::Finish { replica }, n));
-        }
-
-        if me.answering {
-            let mut n = *s;
-            n.replicas[r].answering = false;
-            n.replicas[r].joined = registered;
-            out.push((Action::Answer { replica }, n));
         }
 
         if me.unread > 0 {
             let mut n = *s;
             let msg = n.replicas[r].take();
-            // Whether the replica takes its row for waiting: the row itself, or its belief.
-            let waits = if self.design == Design::PresenceGated {
-                me.joined
-            } else {
-                registered
-            };
+            let it = &mut n.replicas[r];
             match msg {
                 Msg::Target { token, queue, .. } if self.serves[r][usize::from(queue)] => {
                     if token == own {
-                        n.replicas[r].wake = true;
-                    } else if self.design.backups() && waits {
-                        n.replicas[r].backup = true;
+                        it.wake = true;
+                        if self.design.wake == Wake::Take && it.presence != Presence::Busy {
+                            // A wake of its own token: the take parked its row.
+                            it.presence = Presence::Joining;
+                            it.settle = [Settle::Done; QUEUES];
+                        }
+                    } else if self.design.backups.admits(it.presence) {
+                        it.backup = true;
                     }
                 }
                 Msg::Broadcast { queue } if self.serves[r][usize::from(queue)] => {
-                    n.replicas[r].wake = true;
-                    if waits || self.design != Design::PresenceGated {
-                        n.replicas[r].settle[usize::from(queue)] = true;
+                    it.wake = true;
+                    if self.design.opened.admits(it.presence) {
+                        let q = usize::from(queue);
+                        it.settle[q] = match it.settle[q] {
+                            Settle::Done | Settle::Owed => Settle::Owed,
+                            Settle::Sent if self.design.stale_tries_settle => Settle::Sent,
+                            Settle::Sent | Settle::Reopened => Settle::Reopened,
+                        };
                     }
                 }
                 _ => {}
@@ -1001,13 +1401,15 @@ impl Scenario {
                 ..Replica::started(me.incarnation)
             };
             if let (Some(queue), true) = (me.holding, self.recovery) {
+                // Its job waits for its recovery, a transaction of its own.
                 let queue = usize::from(queue);
                 let given_back = (0..self.enqueues.len())
                     .find(|&e| self.queue_of(e) == queue && s.jobs[e] == Job::Claimed);
                 if let Some(e) = given_back {
-                    n.jobs[e] = Job::Committed;
+                    n.jobs[e] = Job::Absent;
+                    n.txs[e] = Tx::Idle;
+                    n.kindless[e] = true;
                 }
-                self.deliver(&mut n, Msg::Broadcast { queue: queue as u8 });
             }
             out.push((Action::Die { replica }, n));
         }
@@ -1035,20 +1437,25 @@ impl Scenario {
         }
     }
 
-    /// Whether `s` is quiescent: no enqueue transaction open, and no live replica may register,
-    /// settle, claim, receive or fire its backup.
+    /// Whether `s` is quiescent: no enqueue transaction open and no recovery to run, and no live
+    /// replica may send, try, claim, take an answer, receive or fire its backup.
     fn quiescent(&self, s: &State) -> bool {
-        let open = s.txs.iter().any(|tx| !matches!(tx, Tx::Idle | Tx::Ended));
+        let open = (0..ENQUEUERS).any(|e| match s.txs[e] {
+            Tx::Idle => s.kindless[e],
+            Tx::Ended => false,
+            _ => true,
+        });
         !open
-            && s.replicas.iter().enumerate().all(|(r, me)| {
-                let free = me.holding.is_none();
+            && s.replicas.iter().all(|me| {
                 !me.alive
-                    || !((free && !s.waiting[r][usize::from(me.incarnation)])
-                        || me.settle.iter().any(|&owed| owed)
-                        || (me.wake && free)
+                    || !(me.round != Round::Idle
                         || me.unread > 0
                         || me.backup
-                        || me.answering)
+                        || (me.holding.is_none()
+                            && (me.wake
+                                || me.backlog
+                                || me.presence != Presence::Waiting
+                                || me.settle.iter().any(|&s| s != Settle::Done))))
             })
     }
 
@@ -1098,14 +1505,20 @@ impl Scenario {
     }
 
     /// Whether live replica `r` (holding no job) owes a claim that will see `queue`'s jobs: a
-    /// wake, a backup, a try of the queue, a registration, or an unread notification of the
-    /// queue (named for it, it wakes it; named for another, it arms its backup while its row
-    /// waits, and while its row is parked it registers).
+    /// claim owed, a backup, a try of the queue owed or in flight, a round whose claim has not
+    /// run, a registration or a short claim to come (not `Waiting`, or its row parked), or an
+    /// unread notification of the queue.
     fn owes_claim(&self, s: &State, r: usize, queue: usize) -> bool {
         let me = &s.replicas[r];
         me.wake
             || me.backup
-            || me.settle[queue]
+            || me.backlog
+            || me.settle[queue] != Settle::Done
+            || matches!(
+                me.round,
+                Round::Tries | Round::Retry | Round::Claim | Round::ParkClaim
+            )
+            || me.presence != Presence::Waiting
             || !s.waiting[r][usize::from(me.incarnation)]
             || me.unread().iter().any(|msg| match *msg {
                 Msg::Broadcast { queue: q } | Msg::Target { queue: q, .. } => {
@@ -1115,15 +1528,20 @@ impl Scenario {
             })
     }
 
-    /// Property 2 on the step `action` from `s` to `n`; counts in `checks` the steps it applies
-    /// to (a wake named for a replica that could not act, read by another that may act).
+    /// Property 2 on the step `action` from `s` to `n` (`unread`: the queues of `s`'s unread
+    /// wakes named for replicas that could not act, [`Scenario::spent_wakes_unread`]); counts in
+    /// `checks` the steps it applies to.
     fn spent_wake(
         &self,
-        s: &State,
+        (s, unread): (&State, u8),
         action: &Action,
         n: &State,
         checks: &mut usize,
     ) -> Option<String> {
+        // Both apply only to a step that reads such a wake.
+        if unread == 0 {
+            return None;
+        }
         // (a) A replica with no job whose row waits for the queue backs the wake up.
         if let Action::Receive {
             replica,
@@ -1155,7 +1573,7 @@ impl Scenario {
         // (b) Once every live replica read the queue's wakes named for replicas that could not
         // act, some replica that may act owes a claim, if a job of the queue is claimable and a
         // live replica with no job waits for the queue.
-        let read_by_all = Self::spent_wakes_unread(s) & !Self::spent_wakes_unread(n);
+        let read_by_all = unread & !Self::spent_wakes_unread(n);
         for queue in (0..QUEUES).filter(|q| read_by_all & (1 << q) != 0) {
             let claimable = !n.paused[queue]
                 && (0..self.enqueues.len())
@@ -1186,27 +1604,36 @@ impl Scenario {
         }
         None
     }
+
     /// `action` in words.
     fn describe(&self, action: &Action) -> String {
         let enq = |e: u8| format!("E{e}({})", QUEUE_NAMES[self.queue_of(usize::from(e))]);
         let named = |target: Option<u8>| match target {
+            Some(EVERYONE) => "finds a row waiting ('q' at its commit)".to_owned(),
             Some(t) => format!("names {}", token_name(t)),
             None => "finds nobody".to_owned(),
         };
         match *action {
-            Action::Read { enqueuer, target } => {
-                let tail = match (target, self.design) {
-                    (Some(_), Design::Take) => ", locking that row",
+            Action::Read {
+                enqueuer,
+                target,
+                recovery,
+            } => {
+                let tail = match (target, self.design.wake) {
+                    (Some(EVERYONE), _) => "",
+                    (Some(_), Wake::Take) => ", locking that row",
                     (Some(_), _) => "",
-                    (None, Design::V2 | Design::NoBackups | Design::PresenceGated) => {
-                        ", takes the barrier (share)"
-                    }
-                    (None, Design::Take) => " unlocked, notifies nobody",
-                    (None, Design::NoBarrier) => ", notifies nobody",
+                    (None, Wake::Take) => " unlocked, notifies nobody",
+                    (None, Wake::NoBarrier) => ", notifies nobody",
                     (None, _) => ", barrier not taken yet",
                 };
+                let head = if recovery {
+                    "'s recovery gives its job back"
+                } else {
+                    " inserts its job"
+                };
                 format!(
-                    "{} inserts its job; trigger reads the registry: {}{tail}",
+                    "{}{head}; trigger reads the registry: {}{tail}",
                     enq(enqueuer),
                     named(target)
                 )
@@ -1221,22 +1648,49 @@ impl Scenario {
             ),
             Action::Commit { enqueuer } => format!("{} commits", enq(enqueuer)),
             Action::Rollback { enqueuer } => format!("{} rolls back", enq(enqueuer)),
-            Action::Register { replica } => {
-                format!("R{replica} registers (row waiting; owes its tries and a claim)")
+            Action::Send {
+                replica,
+                change,
+                queues,
+            } => {
+                let queues = queue_list(queues);
+                match change {
+                    Change::Register => format!(
+                        "R{replica} registers (row waiting) and sends its tries of {queues}, then \
+                         a claim"
+                    ),
+                    Change::Settle => {
+                        format!("R{replica} sends its tries of {queues}, then a claim")
+                    }
+                    Change::Retry => {
+                        format!("R{replica} sends its tries of {queues} again, alone")
+                    }
+                    Change::Park => format!("R{replica} parks its row, then claims"),
+                }
             }
-            Action::Settle { replica, queue } => format!(
-                "R{replica} tries barrier {}: free",
-                QUEUE_NAMES[usize::from(queue)]
-            ),
+            Action::Tries {
+                replica,
+                free,
+                held,
+            } => {
+                let mut results = Vec::new();
+                if free != 0 {
+                    results.push(format!("{} free", queue_list(free)));
+                }
+                if held != 0 {
+                    results.push(format!("{} held", queue_list(held)));
+                }
+                format!("R{replica}'s tries: {}", results.join(", "))
+            }
             Action::Claim { replica, job } => match job {
                 Some(q) => format!(
-                    "R{replica} claims a job of {} (full: parks)",
+                    "R{replica} claims a job of {} (full)",
                     QUEUE_NAMES[usize::from(q)]
                 ),
                 None => format!("R{replica} claims: nothing"),
             },
-            Action::Finish { replica } => format!("R{replica} finishes its job"),
             Action::Answer { replica } => format!("R{replica} gets its claim's answer"),
+            Action::Finish { replica } => format!("R{replica} finishes its job"),
             Action::Receive { replica, msg } => {
                 let text = match msg {
                     Msg::Target { token, queue, .. } => format!(
@@ -1259,92 +1713,57 @@ impl Scenario {
         }
     }
 
-    /// For each position of `s`'s canonical form, the enqueuer of `s` that lands there: the
-    /// enqueuers of one queue are interchangeable (a job is named by its queue only), so the
-    /// canonical form sorts each queue's enqueuers by their job and transaction.
-    fn canonical_order(&self, s: &State) -> [usize; ENQUEUERS] {
-        let mut order = [0, 1, 2];
-        let n = self.enqueues.len();
-        // A selection sort of each queue's enqueuers, by their job and transaction.
-        for i in 0..n {
-            for j in i + 1..n {
-                let (ei, ej) = (order[i], order[j]);
-                if self.queue_of(i) == self.queue_of(j)
-                    && (s.jobs[ej], s.txs[ej]) < (s.jobs[ei], s.txs[ei])
-                {
-                    order.swap(i, j);
-                }
+    /// The visited set's key of `s`'s class. The enqueuers of one queue are interchangeable (a
+    /// job is named by its queue only), so the key sorts each queue's enqueuers' codes
+    /// ([`State::enqueuer_code`]); when both replicas serve the same queues they are
+    /// interchangeable too (with their wake tokens), so the key is the smaller of `s`'s and its
+    /// mirror's ([`mirrored`]).
+    fn key(&self, s: &State) -> u128 {
+        // A sorting network of each queue's enqueuers (unused ones are never swapped).
+        let same =
+            |i: usize, j: usize| j < self.enqueues.len() && self.enqueues[i] == self.enqueues[j];
+        let (same01, same02, same12) = (same(0, 1), same(0, 2), same(1, 2));
+        let key = |s: &State| {
+            let mut codes = [s.enqueuer_code(0), s.enqueuer_code(1), s.enqueuer_code(2)];
+            if same01 && codes[1] < codes[0] {
+                codes.swap(0, 1);
             }
-        }
-        order
-    }
-
-    /// The canonical form of `s` (see [`Scenario::canonical_order`]).
-    fn canonical(&self, s: &State) -> State {
-        let order = self.canonical_order(s);
-        let mut c = *s;
-        for (position, &e) in order.iter().enumerate().take(self.enqueues.len()) {
-            c.jobs[position] = s.jobs[e];
-            c.txs[position] = s.txs[e];
-        }
-        c
-    }
-
-    /// `action` of a canonical state, its enqueuer renamed by `order` (see
-    /// [`Scenario::canonical_order`]).
-    fn renamed(action: Action, order: &[usize; ENQUEUERS]) -> Action {
-        let rename = |e: u8| order[usize::from(e)] as u8;
-        match action {
-            Action::Read { enqueuer, target } => Action::Read {
-                enqueuer: rename(enqueuer),
-                target,
-            },
-            Action::Barrier { enqueuer } => Action::Barrier {
-                enqueuer: rename(enqueuer),
-            },
-            Action::Reread { enqueuer, target } => Action::Reread {
-                enqueuer: rename(enqueuer),
-                target,
-            },
-            Action::Commit { enqueuer } => Action::Commit {
-                enqueuer: rename(enqueuer),
-            },
-            Action::Rollback { enqueuer } => Action::Rollback {
-                enqueuer: rename(enqueuer),
-            },
-            other => other,
-        }
-    }
-
-    /// The counterexample that `steps` (actions of canonical states, from the initial state)
-    /// reach: replays them on uncanonical states so that each enqueuer keeps its name.
-    fn replay(&self, what: String, steps: &[Action]) -> Counterexample {
-        let mut state = self.initial();
-        let mut trace = Vec::new();
-        let mut next = Vec::new();
-        for &step in steps {
-            let action = Self::renamed(step, &self.canonical_order(&state));
-            next.clear();
-            self.successors(&state, &mut next);
-            match next.iter().find(|(a, _)| *a == action) {
-                Some(&(_, n)) => state = n,
-                None => panic!("replay: {action:?} is not enabled in {state:?}"),
+            if same02 && codes[2] < codes[0] {
+                codes.swap(0, 2);
             }
-            trace.push(self.describe(&action));
+            if same12 && codes[2] < codes[1] {
+                codes.swap(1, 2);
+            }
+            s.key(codes)
+        };
+        if self.serves[0] == self.serves[1] {
+            key(s).min(key(&mirrored(s)))
+        } else {
+            key(s)
         }
-        Counterexample { what, trace, state }
     }
 
-    /// Searches every interleaving breadth first, one canonical state per class of states
-    /// equal up to renaming the enqueuers of a queue, so the counterexamples it reports are
-    /// shortest. With `wanted`, it stops at the first lost wake that `wanted` accepts, and
-    /// reports only that one.
-    fn check(&self, wanted: Option<&dyn Fn(&Counterexample) -> bool>) -> Outcome {
-        let initial = self.canonical(&self.initial());
-        let mut visited = Visited::default();
+    /// The counterexample `steps` (from the initial state) reach, `state` breaking `what`.
+    fn counterexample(&self, what: String, steps: &[Action], state: State) -> Counterexample {
+        Counterexample {
+            what,
+            trace: steps.iter().map(|step| self.describe(step)).collect(),
+            state,
+        }
+    }
+
+    /// Searches every interleaving breadth first, one state per class of states equal up to
+    /// renaming the enqueuers of a queue (the first reached: the path to it is a run, so its
+    /// trace names each enqueuer consistently), so the counterexamples it reports are shortest.
+    /// With `stop`, it stops at the first counterexample of that property whose trace has every
+    /// one of those steps in that order (each step given by words it contains), and reports that
+    /// one only.
+    fn check(&self, stop: Option<(Property, &[&str])>) -> Outcome {
+        let initial = self.initial();
+        let mut visited = Visited::new();
         let mut parents: Vec<Option<(u32, Action)>> = vec![None];
         let mut frontier = VecDeque::from([(initial, 0_u32)]);
-        visited.insert(initial.key(), 0);
+        visited.insert(self.key(&initial));
         let mut outcome = Outcome {
             states: 0,
             transitions: 0,
@@ -1363,53 +1782,69 @@ impl Scenario {
             steps.reverse();
             steps
         };
+        // Whether to keep `found` (of `property`), and whether to stop the search there: the
+        // first of each property is kept, unless the search looks for another of it.
+        let keep = |property: Property, found: &Counterexample| match stop {
+            None => (true, false),
+            Some((wanted, _)) if wanted != property => (true, false),
+            Some((_, steps)) => {
+                let mut trace = found.trace.iter();
+                let matches = steps
+                    .iter()
+                    .all(|words| trace.any(|step| step.contains(words)));
+                (matches, matches)
+            }
+        };
         let mut next = Vec::new();
-        while let Some((s, at)) = frontier.pop_front() {
+        'search: while let Some((s, at)) = frontier.pop_front() {
             outcome.states += 1;
             if self.quiescent(&s) {
                 outcome.quiescent += 1;
                 if s.jobs.contains(&Job::Claimed) {
                     outcome.quiescent_with_work_done += 1;
                 }
-                if outcome.lost_wake.is_none() && self.lost_wake(&s).is_some() {
-                    // Described on the replayed state, whose enqueuers keep their names.
-                    let mut found = self.replay(String::new(), &path(&parents, at, None));
-                    found.what = self.lost_wake(&found.state).unwrap_or_default();
-                    match wanted {
-                        None => outcome.lost_wake = Some(found),
-                        Some(wanted) if wanted(&found) => {
-                            outcome.lost_wake = Some(found);
-                            break;
-                        }
-                        Some(_) => {}
+                if let (None, Some(what)) = (&outcome.lost_wake, self.lost_wake(&s)) {
+                    let found = self.counterexample(what, &path(&parents, at, None), s);
+                    let (kept, done) = keep(Property::LostWake, &found);
+                    if kept {
+                        outcome.lost_wake = Some(found);
+                    }
+                    if done {
+                        break 'search;
                     }
                 }
             }
             next.clear();
             self.successors(&s, &mut next);
+            let unread = Self::spent_wakes_unread(&s);
             for &(action, n) in &next {
                 outcome.transitions += 1;
-                let found = self.spent_wake(&s, &action, &n, &mut outcome.spent_wake_checks);
+                let found =
+                    self.spent_wake((&s, unread), &action, &n, &mut outcome.spent_wake_checks);
                 if let (Some(what), None) = (found, &outcome.spent_wake) {
-                    let steps = path(&parents, at, Some(action));
-                    outcome.spent_wake = Some(self.replay(what, &steps));
+                    let found = self.counterexample(what, &path(&parents, at, Some(action)), n);
+                    let (kept, done) = keep(Property::SpentWake, &found);
+                    if kept {
+                        outcome.spent_wake = Some(found);
+                    }
+                    if done {
+                        break 'search;
+                    }
                 }
-                let n = self.canonical(&n);
-                if let Entry::Vacant(slot) = visited.entry(n.key()) {
+                if visited.insert(self.key(&n)) {
                     let Ok(id) = u32::try_from(parents.len()) else {
                         panic!("{}: more than 2^32 states", self.name);
                     };
-                    slot.insert(id);
                     parents.push(Some((at, action)));
                     frontier.push_back((n, id));
                 }
             }
         }
         println!(
-            "{} ({:?}): {} states, {} transitions, {} quiescent ({} after some claim), {} \
+            "{} ({}): {} states, {} transitions, {} quiescent ({} after some claim), {} \
              property-2 checks",
             self.name,
-            self.design,
+            self.design.name,
             outcome.states,
             outcome.transitions,
             outcome.quiescent,
@@ -1456,13 +1891,7 @@ impl Scenario {
     /// (each step given by words it contains), and returns the search's outcome: there must
     /// be one.
     fn assert_loses_a_wake(&self, steps: &[&str]) -> Outcome {
-        let wanted = |found: &Counterexample| {
-            let mut trace = found.trace.iter();
-            steps
-                .iter()
-                .all(|words| trace.any(|step| step.contains(words)))
-        };
-        let outcome = self.check(Some(&wanted));
+        let outcome = self.check(Some((Property::LostWake, steps)));
         assert!(
             outcome.lost_wake.is_some(),
             "{}: the checker found no lost wake through {steps:?} in {} states",
@@ -1471,13 +1900,28 @@ impl Scenario {
         );
         outcome
     }
+
+    /// Searches until the first wake spent on a replica that cannot act (property 2) whose
+    /// trace has every one of `steps`, in that order, and returns the search's outcome: there
+    /// must be one.
+    fn assert_spends_a_wake(&self, steps: &[&str]) -> Outcome {
+        let outcome = self.check(Some((Property::SpentWake, steps)));
+        assert!(
+            outcome.spent_wake.is_some(),
+            "{}: the checker found no spent wake through {steps:?} in {} states",
+            self.name,
+            outcome.states
+        );
+        outcome
+    }
 }
 
-/// The bounds every scenario starts from: v2, split queues, no job, no death, no restart, no
-/// pause, replicas that start parked and claims answered at once.
+/// The bounds every scenario starts from: the shipped protocol, split queues, no job, no death,
+/// no restart, no pause, replicas that start `Joining` and answers that come back with their
+/// claims.
 const BASE: Scenario = Scenario {
     name: "",
-    design: Design::V2,
+    design: SHIPPED,
     serves: SPLIT,
     enqueues: &[],
     deaths: 0,
@@ -1526,9 +1970,9 @@ const SPLIT_PAUSE: Scenario = Scenario {
     ..BASE
 };
 
-/// Both replicas serve `a`; two jobs of `a`; a death that gives its job back, and a restart.
+/// Both replicas serve `a`; two jobs of `a`; a death whose job is recovered, and a restart.
 const SHARED_RECOVERY: Scenario = Scenario {
-    name: "both serve a, jobs a a, a death that gives its job back, a restart",
+    name: "both serve a, jobs a a, a death whose job is recovered, a restart",
     serves: SAME,
     enqueues: &[A, A],
     deaths: 1,
@@ -1537,12 +1981,26 @@ const SHARED_RECOVERY: Scenario = Scenario {
     ..BASE
 };
 
-/// Both replicas serve `a`; two jobs of `a`; a death; claims answered in a later step.
+/// Both replicas serve `a`; two jobs of `a`; a death; answers that come back after their
+/// claims ran.
 const SHARED_IN_FLIGHT: Scenario = Scenario {
     name: "both serve a, jobs a a, a death, claims in flight",
     serves: SAME,
     enqueues: &[A, A],
     deaths: 1,
+    claims_in_flight: true,
+    ..BASE
+};
+
+/// Both replicas serve `a`; a job of `a`; a pause and a resume of `a`; a death and a restart;
+/// answers that come back after their claims ran.
+const SHARED_PAUSE_IN_FLIGHT: Scenario = Scenario {
+    name: "both serve a, a job of a, pause and resume a, a death and a restart, claims in flight",
+    serves: SAME,
+    enqueues: &[A],
+    deaths: 1,
+    restarts: 1,
+    pause: Some(A),
     claims_in_flight: true,
     ..BASE
 };
@@ -1556,7 +2014,7 @@ const SHARED_PAUSE: Scenario = Scenario {
     ..BASE
 };
 
-/// Split queues; three jobs (`a`, `a`, `b`); no death: where the broken designs are refuted.
+/// Split queues; three jobs (`a`, `a`, `b`); no death.
 const SPLIT_THREE: Scenario = Scenario {
     name: "split queues, jobs a a b",
     enqueues: &[A, A, B],
@@ -1568,53 +2026,63 @@ fn with(design: Design, scenario: Scenario) -> Scenario {
     Scenario { design, ..scenario }
 }
 
-/// v2 with split queues: wakes named for a replica that died, for its dead incarnation's stale
-/// row, or for a replica that filled up, are backed up.
+/// Split queues: wakes named for a replica that died, for its dead incarnation's stale row, or
+/// for a replica that filled up, are backed up.
 #[test]
 fn v2_loses_no_wake_with_split_queues_a_death_and_a_restart() {
     SPLIT_DEATH.assert_holds(100_000);
 }
 
-/// v2 with more jobs than replicas: named replicas fill up.
+/// More jobs than replicas: named replicas fill up.
 #[test]
 fn v2_loses_no_wake_when_jobs_outnumber_the_replicas() {
     SHARED_THREE.assert_holds(100_000);
 }
 
-/// v2 with both replicas serving one queue, one of them dying and restarting.
+/// Both replicas serving one queue, one of them dying and restarting.
 #[test]
 fn v2_loses_no_wake_when_both_replicas_serve_one_queue_and_one_dies() {
     SHARED_DEATH.assert_holds(100_000);
 }
 
-/// v2 across a pause and a resume: an enqueue that read the queue paused holds the barrier, and
-/// the resume's `q` wake makes every replica try it.
+/// Across a pause and a resume: an enqueue that read the queue paused holds the barrier, and
+/// the resume's `q` wake makes every registered replica try it.
 #[test]
 fn v2_loses_no_wake_across_a_pause_and_resume() {
     SPLIT_PAUSE.assert_holds(100_000);
 }
 
-/// v2 when a dead replica's job is given back with a `q` wake.
+/// A dead replica's job given back by its recovery, whose kind-less wake reads, takes the
+/// barrier and reads again as an enqueue's does.
 #[test]
 fn v2_loses_no_wake_when_a_dead_replicas_job_is_given_back() {
     SHARED_RECOVERY.assert_holds(100_000);
 }
 
-/// v2 as specified (backups armed by the row's state) when claims' answers come back later.
+/// Answers that come back after their claims ran: wakes heard while a registration's claim is in
+/// flight (`Joining`) arm backups.
 #[test]
 fn v2_loses_no_wake_with_claims_in_flight() {
     SHARED_IN_FLIGHT.assert_holds(100_000);
 }
 
-/// `durable_etl_wake` as migration 0028 writes it reads the registry (and `paused`), then takes
-/// the barrier in a later statement: a replica can register, try the barrier and claim in
-/// between, or a resume can be heard and settled in between.
+/// A resume heard while a round's claim is in flight, after its try of the queue ran: the queue
+/// stays owed past that round's answer.
 #[test]
-fn reading_the_registry_before_taking_the_barrier_loses_a_wake() {
-    with(Design::ReadThenBarrier, SPLIT_THREE).assert_loses_a_wake(&[
+fn v2_loses_no_wake_across_a_pause_and_resume_with_claims_in_flight() {
+    SHARED_PAUSE_IN_FLIGHT.assert_holds(100_000);
+}
+
+/// The first fix, the second read: without it, `durable_etl_wake` reads the registry (and
+/// `paused`), then takes the barrier in a later statement, and a replica can register, try the
+/// barrier and claim between the two, or a resume can be heard and its queue settled between
+/// them.
+#[test]
+fn reading_the_registry_then_taking_the_barrier_without_reading_again_loses_a_wake() {
+    with(READ_THEN_BARRIER, SPLIT_THREE).assert_loses_a_wake(&[
         "finds nobody, barrier not taken yet",
         "R0 registers",
-        "R0 tries barrier a: free",
+        "R0's tries: a free",
         "R0 claims: nothing",
         "takes the barrier",
         "commits",
@@ -1623,28 +2091,94 @@ fn reading_the_registry_before_taking_the_barrier_loses_a_wake() {
         start_waiting: true,
         ..SHARED_PAUSE
     };
-    with(Design::ReadThenBarrier, registered).assert_loses_a_wake(&[
+    with(READ_THEN_BARRIER, registered).assert_loses_a_wake(&[
         "pause a",
         "finds nobody, barrier not taken yet",
         "resume a",
         "R0 reads 'q a'",
-        "R0 tries barrier a: free",
+        "R0's tries: a free",
         "takes the barrier",
         "commits",
     ]);
 }
 
-/// The fix of [`Design::ReadThenBarrier`] proposed here: read again after taking the barrier.
+/// The second fix, backups while `Joining`: a replica that arms backups only while `Waiting`
+/// arms none for a wake named for a dead replica that it hears while its registration's claim is
+/// in flight, though its row waits and that claim ran before the job's commit. (The shipped
+/// protocol on these bounds: `v2_loses_no_wake_with_claims_in_flight`.)
 #[test]
-fn taking_the_barrier_then_reading_again_loses_no_wake() {
-    with(Design::BarrierThenReread, SPLIT_DEATH).assert_holds(100_000);
-    with(Design::BarrierThenReread, SPLIT_PAUSE).assert_holds(100_000);
+fn backups_armed_only_while_waiting_lose_a_wake_heard_while_registering() {
+    let outcome = with(BACKUPS_WHILE_WAITING, SHARED_IN_FLIGHT).assert_loses_a_wake(&[
+        "names R0",
+        "R0 dies",
+        "R1 registers",
+        "R1 claims: nothing",
+        "commits",
+        "R1 reads 't R0 a'",
+        "R1 gets its claim's answer",
+    ]);
+    assert!(outcome.spent_wake.is_some(), "property 2 holds");
 }
 
-/// The other fix: take the barrier before the read, always.
+/// The third fix, both halves: a resume heard while a replica registers, after its try of the
+/// queue ran and before an enqueue that read the queue paused (and holds its barrier) commits,
+/// must leave a try of the queue owed. The wake is lost if the replica records nothing while
+/// `Joining`, and lost if it records the queue but the registration's try, sent before the
+/// resume, settles it: whether the resume is heard before the registration's claim runs, or
+/// after it ran and before its answer. (The shipped protocol on these bounds:
+/// `v2_loses_no_wake_across_a_pause_and_resume` and its `_with_claims_in_flight`.)
 #[test]
-fn taking_the_barrier_before_the_read_loses_no_wake() {
-    with(Design::BarrierFirst, SPLIT_PAUSE).assert_holds(100_000);
+fn a_resume_heard_while_registering_is_lost_unless_recorded_and_kept_owed_past_the_tries_in_flight()
+{
+    let before_the_claim = [
+        "R0 registers",
+        "R0's tries: a free",
+        "reads the registry again: finds nobody",
+        "resume a",
+        "R0 reads 'q a'",
+        "R0 claims: nothing",
+        "commits",
+    ];
+    let before_the_answer = [
+        "R0 registers",
+        "R0's tries: a free",
+        "R0 claims: nothing",
+        "reads the registry again: finds nobody",
+        "resume a",
+        "R0 reads 'q a'",
+        "R0 gets its claim's answer",
+        "commits",
+    ];
+    for design in [OPENED_WHILE_WAITING, STALE_TRIES_SETTLE] {
+        with(design, SPLIT_PAUSE).assert_loses_a_wake(&before_the_claim);
+        with(design, SHARED_PAUSE_IN_FLIGHT).assert_loses_a_wake(&before_the_answer);
+    }
+}
+
+/// Found in the first shipped version of this protocol: a retry of a held barrier sent alone
+/// (`ClaimReason::Presence`) cleared the backup that a wake named for a full replica armed, as
+/// sending any claim does, but claims nothing while that barrier stays held. The job of `a` then
+/// waits for the end of an unrelated enqueue of `b` (or for the full replica to finish its job,
+/// or for the poll): the wake is spent (property 2). Now `WakeState::claim_sent` leaves the
+/// backup armed for such a retry.
+#[test]
+fn a_retry_of_a_held_barrier_alone_that_clears_the_backup_spends_a_wake() {
+    with(RETRY_CLEARS_BACKUP, SPLIT_THREE).assert_spends_a_wake(&[
+        "R0 claims a job of a (full)",
+        "R1's tries: a free, b held",
+        "commits",
+        "R1 reads 't R0 a'",
+        "R1 sends its tries of b again, alone",
+        "R1's tries: b held",
+        "R0 reads 't R0 a'",
+    ]);
+}
+
+/// The shipped protocol, where a retry sent alone leaves the backup armed (it fires, and claims,
+/// unless a claim is sent first), holds where that variant spends a wake.
+#[test]
+fn v2_a_retry_alone_leaves_the_backup_armed_and_spends_no_wake() {
+    SPLIT_THREE.assert_holds(1_000_000);
 }
 
 /// A: the take loses a wake to its rollback: the row holder rolls back, and the enqueue that
@@ -1657,7 +2191,7 @@ fn a_the_take_loses_a_wake_when_the_row_holder_rolls_back() {
         start_waiting: true,
         ..SPLIT_THREE
     };
-    with(Design::Take, registered).assert_loses_a_wake(&[
+    with(TAKE, registered).assert_loses_a_wake(&[
         "names R0, locking that row",
         "finds nobody unlocked, notifies nobody",
         "commits",
@@ -1669,7 +2203,7 @@ fn a_the_take_loses_a_wake_when_the_row_holder_rolls_back() {
 /// replica's claim, wakes nobody without the barrier.
 #[test]
 fn b_skipping_without_the_barrier_loses_a_wake() {
-    with(Design::NoBarrier, SPLIT_THREE).assert_loses_a_wake(&[
+    with(NO_BARRIER, SPLIT_THREE).assert_loses_a_wake(&[
         "finds nobody, notifies nobody",
         "registers",
         "claims: nothing",
@@ -1680,42 +2214,9 @@ fn b_skipping_without_the_barrier_loses_a_wake() {
 /// C: without backups, a wake named for a replica that dies is lost (property 2 fails too).
 #[test]
 fn c_without_backups_a_wake_named_for_a_replica_that_dies_is_lost() {
-    let outcome = with(Design::NoBackups, SPLIT_DEATH).assert_loses_a_wake(&["names", "dies"]);
+    let outcome = with(NO_BACKUPS, SPLIT_DEATH).assert_loses_a_wake(&["names", "dies"]);
     assert!(
         outcome.spent_wake.is_some(),
         "property 2 holds without backups"
     );
-}
-
-/// The claim loop arms a backup only while its presence is `Waiting`, which it learns from the
-/// answer of the claim its registration went with: a wake named for a dead replica that arrives
-/// before that answer arms nothing, though the row waits and the claim's snapshot predates the
-/// job's commit.
-#[test]
-fn gating_backups_on_the_presence_state_loses_a_wake() {
-    let outcome = with(Design::PresenceGated, SHARED_DEATH).assert_loses_a_wake(&[
-        "R0 dies",
-        "R1 registers",
-        "R1 claims: nothing",
-        "commits",
-        "R1 reads 't R0 a'",
-        "R1 gets its claim's answer",
-    ]);
-    assert!(outcome.spent_wake.is_some(), "property 2 holds");
-}
-
-/// The claim loop records a `q` wake's queue to settle only while its presence is `Waiting`: a
-/// resume heard between its registration's try and that claim's answer leaves no try owed, so
-/// an enqueue that read the queue paused and holds the barrier commits after every claim.
-#[test]
-fn gating_q_settles_on_the_presence_state_loses_a_wake() {
-    with(Design::PresenceGated, SHARED_PAUSE).assert_loses_a_wake(&[
-        "R0 tries barrier a: free",
-        "pause a",
-        "takes the barrier",
-        "resume a",
-        "R0 reads 'q a'",
-        "R0 claims: nothing",
-        "commits",
-    ]);
 }

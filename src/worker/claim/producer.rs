@@ -50,7 +50,7 @@ use crate::worker::claim::queues::{took_per_ask, QueueShares, DRAIN_FAN_OUT};
 use crate::worker::complete::completer::Transition;
 use crate::worker::lease::{self, ClaimedJob, LeaseClock};
 use crate::worker::liveness::held::{HeldJob, HeldJobs};
-use crate::worker::liveness::presence::{Answer, Presence, Ticket};
+use crate::worker::liveness::presence::{self, Answer, Presence, Ticket};
 use crate::worker::liveness::session::Signals;
 use crate::worker::run::slots::Slots;
 use crate::worker::shared::Shared;
@@ -306,8 +306,6 @@ impl Producer {
             self.shares.refresh();
         }
         let freed = self.freed.take();
-        // This replica's own claim now answers for every wake it was backing up.
-        self.wake.backup_at = None;
         self.presence
             .opened(freed.iter().map(|(queue, _)| queue.as_str()));
         let why = wake::reason_carrying(why, !freed.is_empty());
@@ -323,6 +321,8 @@ impl Producer {
         let sent = Instant::now();
         self.wake.last_sent = Some(sent);
         let ticket = self.presence.ticket(self.wake.backlog, sent);
+        self.wake
+            .claim_sent(presence::retry_alone(why, ticket.change.as_ref()));
         self.presence.retrying();
         self.claiming = Some(Box::pin(async move {
             let (claim, answer) = claim_with(&shared, &asks, why, ticket.change.as_ref()).await;

@@ -54,7 +54,7 @@
 use crate::config::POLL_INTERVAL_MAX;
 use crate::error::Error;
 use crate::worker::liveness::session::Signals;
-use crate::worker::stats::WorkerStats;
+use crate::worker::stats::{ClaimReason, WorkerStats};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -77,6 +77,12 @@ pub(crate) const SETTLE_BACKOFF_MAX: Duration = Duration::from_millis(32);
 /// What a presence change sent before a claim answered: `None` when none was sent; else the
 /// queues whose barrier is still held, or the statement's error.
 pub(crate) type Answer = Option<Result<Vec<String>, Error>>;
+
+/// Whether a claim for `why` carrying `change` is a retry of held barriers whose tries go alone,
+/// the claim following only if one succeeds (`dispatch::claim_with`).
+pub(crate) fn retry_alone(why: ClaimReason, change: Option<&Change>) -> bool {
+    why == ClaimReason::Presence && matches!(change, Some(Change::Settle(_)))
+}
 
 /// The change a claim carries, and the session generation it was decided in.
 #[derive(Debug, Clone, PartialEq, Eq)]

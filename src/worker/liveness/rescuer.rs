@@ -292,7 +292,7 @@ pub async fn recover(
     Ok(recovered)
 }
 
-/// Deletes the waiting rows of replicas that are gone ([`presence::FORGET_STALE_SQL`]): their
+/// Deletes the waiting rows of replicas that are gone (`presence::FORGET_STALE_SQL`): their
 /// owner lock is free, or nobody refreshed them for ten minutes (twice the longest poll
 /// interval, `presence::STALE_AFTER`). Returns how many.
 ///

@@ -51,6 +51,15 @@ pub(super) struct WakeState {
 }
 
 impl WakeState {
+    /// A claim is being sent: it answers for every wake this replica was backing up, unless it
+    /// is a retry of held barriers sent alone (`retry_alone`), which claims nothing while they
+    /// stay held and so leaves the backup armed.
+    pub(super) fn claim_sent(&mut self, retry_alone: bool) {
+        if !retry_alone {
+            self.backup_at = None;
+        }
+    }
+
     /// A wake named another replica at `now`: when `ours` (this replica waits for its queue and
     /// kind), claim [`BACKUP_DELAY`] later, unless a backup is armed already (the earlier one
     /// answers for both) or a claim is sent before then (see `backup_at`).
