@@ -274,4 +274,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // wake token, so the new payloads would never wake it.
         min_reader_version: 28,
     },
+    Migration {
+        version: 29,
+        name: "wake_in_one_read",
+        up: include_str!("../../migrations/0029_wake_in_one_read.up.sql"),
+        down: include_str!("../../migrations/0029_wake_in_one_read.down.sql"),
+        // Additive for readers: the notifications' payloads are 0028's.
+        min_reader_version: 28,
+    },
 ];

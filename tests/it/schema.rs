@@ -2003,3 +2003,130 @@ async fn migration_0027_parks_a_woken_row_in_place_and_round_trips() {
     assert_eq!(catalog_snapshot(&client).await, latest);
     assert_eq!(declared_min_reader(&client, 27).await, 27);
 }
+
+/// The payloads `durable_etl_wake(queue, kind, jobs)` sends from one transaction of `client` at
+/// `isolation`, sorted, as `listener` sees them; and whether that transaction held queue `q`'s
+/// enqueue barrier (another session's exclusive try failed) before it committed.
+async fn wake_of(
+    client: &mut tokio_postgres::Client,
+    listener: &mut Listener,
+    (isolation, call): (&str, &str),
+) -> (Vec<String>, bool) {
+    let transaction = client.transaction().await.unwrap();
+    transaction
+        .batch_execute(&format!(
+            "SET TRANSACTION ISOLATION LEVEL {isolation}; SELECT durable_etl_wake({call})"
+        ))
+        .await
+        .unwrap();
+    let barrier_free: bool = listener
+        .client
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock(1684370540, hashtext('q'))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    transaction.commit().await.unwrap();
+    listener
+        .client
+        .batch_execute("NOTIFY test_sentinel")
+        .await
+        .unwrap();
+    let mut woken: Vec<String> = listener
+        .drain_until("test_sentinel")
+        .await
+        .into_iter()
+        .map(|(_, payload)| payload)
+        .collect();
+    woken.sort();
+    (woken, !barrier_free)
+}
+
+/// 0028's rules, which 0029 keeps in one read: `durable_etl_wake` names up to `jobs` waiting
+/// replicas of the queue and kind by token (never a parked one, nor one of another queue or
+/// kind) and holds no barrier; for no kind it wakes the whole queue once; with nobody to wake, or
+/// the queue paused, it wakes nobody and holds the queue's enqueue barrier to its commit; under
+/// REPEATABLE READ it wakes the whole queue.
+async fn assert_wake_rules(client: &mut tokio_postgres::Client, listener: &mut Listener) {
+    let t = |tokens: &[i64]| -> Vec<String> {
+        tokens
+            .iter()
+            .map(|token| format!("t {token} q k"))
+            .collect()
+    };
+    let rc = "READ COMMITTED";
+    assert_eq!(
+        wake_of(client, listener, (rc, "'q', 'k', 1")).await,
+        (vec![], true)
+    );
+    client
+        .batch_execute(
+            "INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token) VALUES
+                 ('a', '{q}', '{k}', 1), ('b', '{q,r}', '{j,k}', 2), ('c', '{q}', '{j}', 3),
+                 ('d', '{r}', '{k}', 4), ('e', '{}', '{}', 5)",
+        )
+        .await
+        .unwrap();
+    let (one, barrier) = wake_of(client, listener, (rc, "'q', 'k', 1")).await;
+    assert!(one == t(&[1]) || one == t(&[2]), "one of a and b: {one:?}");
+    assert!(!barrier);
+    assert_eq!(
+        wake_of(client, listener, (rc, "'q', 'k', 5")).await,
+        (t(&[1, 2]), false)
+    );
+    assert_eq!(
+        wake_of(client, listener, (rc, "'q', NULL, 3")).await,
+        (vec!["q q".to_string()], false)
+    );
+    assert_eq!(
+        wake_of(client, listener, (rc, "'s', NULL, 1")).await,
+        (vec![], false),
+        "nobody waits for s (its barrier is not q's)"
+    );
+    assert_eq!(
+        wake_of(client, listener, ("REPEATABLE READ", "'s', 'k', 1")).await,
+        (vec!["q s".to_string()], false)
+    );
+    client
+        .batch_execute("INSERT INTO etl_queues (queue, paused) VALUES ('q', true)")
+        .await
+        .unwrap();
+    assert_eq!(
+        wake_of(client, listener, (rc, "'q', 'k', 1")).await,
+        (vec![], true)
+    );
+    assert_eq!(
+        wake_of(client, listener, (rc, "'q', NULL, 1")).await,
+        (vec![], true)
+    );
+    client
+        .batch_execute("DELETE FROM etl_queues; DELETE FROM etl_waiting_replicas")
+        .await
+        .unwrap();
+}
+
+/// Migration 0029: `durable_etl_wake` reads in one statement what 0028 read in two or three, by
+/// the same rules (checked at both versions); down restores 0028's function and up again the
+/// catalog exactly.
+#[tokio::test]
+async fn migration_0029_wakes_by_0028s_rules_in_one_read_and_round_trips() {
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let latest = catalog_snapshot(&client).await;
+    let mut listener = Listener::start(&db, &["durable_etl_jobs", "test_sentinel"]).await;
+    assert_wake_rules(&mut client, &mut listener).await;
+
+    let down = schema::migrate_down_to(&mut client, 28).await.unwrap();
+    assert_eq!((down.changed, down.version), (versions_above(28, true), 28));
+    assert_wake_rules(&mut client, &mut listener).await;
+
+    let up = schema::migrate_up(&mut client).await.unwrap();
+    assert_eq!(
+        (up.changed, up.version),
+        (versions_above(28, false), schema::latest_version())
+    );
+    assert_eq!(catalog_snapshot(&client).await, latest);
+    assert_eq!(declared_min_reader(&client, 29).await, 28);
+}
