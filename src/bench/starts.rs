@@ -165,6 +165,7 @@ mod tests {
             max_attempts: 1,
             owner_key: Vec::new(),
             run_at: chrono::Utc::now(),
+            lease_lost: durable_etl::handler::LeaseLost::default(),
         })
     }
 

@@ -222,6 +222,7 @@ mod tests {
             max_attempts: 3,
             owner_key: vec![1; 32],
             run_at: chrono::Utc::now(),
+            lease_lost: crate::handler::LeaseLost::default(),
         }
     }
 

@@ -162,6 +162,7 @@ fn ctx() -> Arc<JobContext> {
         fencing_token: 1,
         owner_key: vec![0; 32],
         run_at: chrono::Utc::now(),
+        lease_lost: crate::handler::LeaseLost::default(),
     })
 }
 

@@ -282,4 +282,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive for readers: the notifications' payloads are 0028's.
         min_reader_version: 28,
     },
+    Migration {
+        version: 30,
+        name: "owner_beats",
+        up: include_str!("../../migrations/0030_owner_beats.up.sql"),
+        down: include_str!("../../migrations/0030_owner_beats.down.sql"),
+        // Additive for readers: a release before it writes no beat and is judged as before.
+        min_reader_version: 28,
+    },
 ];

@@ -28,16 +28,21 @@
 //! or of its last successful renewal, plus the lease less a fifth of it (`trusted_for`). The
 //! job's own task watches that clock (`watch_lease`): when renewals fail for that long, the job
 //! is cancelled and settles as a lost lease before the database lets another replica take it.
+//! A replica with a session also trusts no lease longer than 1.5 s after its last beat that
+//! succeeded (`beat`), since recovery may take a silent owner's jobs 1.75 s after its last
+//! beat; the job's watch takes the earlier of the two clocks, and its cancellation is what
+//! `JobContext::lease_lost` tells the handler.
 //!
 //! # Failure handling
-//! A dead owner (no connection of its process left holding its owner lock or its alive lock,
-//! judged by the owner's own heartbeat interval, stamped by the claim, and never by time the
+//! A dead owner (no connection of its process left holding its owner lock or its alive lock, and
+//! no beat for its silence, judged by the owner's own terms, stamped by the claim, and never by time the
 //! recovering replica itself could not see; see `rescuer`) or an expired lease makes the row
 //! reclaimable by recovery.
 //! Recovery, like every fenced write, re-checks `status = 'running'` in the statement that
 //! changes the row, and skips rows another session has locked (an executor committing).
 
 use crate::handler::JobContext;
+use crate::worker::liveness::beat::BeatClock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -171,11 +176,19 @@ impl LeaseClock {
     }
 }
 
-/// Waits until `clock` runs out without being renewed, then cancels the job (`lost`). Never
-/// returns while the lease is trusted.
-pub(crate) async fn watch_lease(clock: &LeaseClock, lost: &CancellationToken, id: Uuid) {
+/// Waits until `clock` runs out without being renewed, or the replica's `beats` (when it beats)
+/// run out first, then cancels the job (`lost`). Never returns while the lease is trusted.
+pub(crate) async fn watch_lease(
+    clock: &LeaseClock,
+    beats: Option<&BeatClock>,
+    lost: &CancellationToken,
+    id: Uuid,
+) {
     loop {
-        let until = clock.trusted_until();
+        let until = match beats.and_then(BeatClock::trusted_until) {
+            Some(beaten) => clock.trusted_until().min(beaten),
+            None => clock.trusted_until(),
+        };
         if Instant::now() >= until {
             if !lost.is_cancelled() {
                 tracing::warn!(
@@ -220,7 +233,7 @@ mod tests {
         // Kept in whole milliseconds, rounded down: trust ends at most 1 ms early, never late.
         assert!(clock.trusted_until() >= now + Duration::from_millis(49));
         let lost = tokio_util::sync::CancellationToken::new();
-        watch_lease(&clock, &lost, uuid::Uuid::nil()).await;
+        watch_lease(&clock, None, &lost, uuid::Uuid::nil()).await;
         assert!(lost.is_cancelled());
         assert!(tokio::time::Instant::now() >= now + Duration::from_millis(49));
     }

@@ -101,7 +101,8 @@ impl Worker {
         registry.validate()?;
         budget::announce(db_config, &config);
         let stats = Arc::new(WorkerStats::default());
-        let session = liveness::direct::open_for(&config, db_config, Arc::clone(&stats)).await?;
+        let session =
+            liveness::direct::open_for(&config, db_config, &pool, Arc::clone(&stats)).await?;
         let previous = rescuer::release_previous_incarnation(&pool, &config.owner_id, &session);
         stats.record_released(previous.await?);
         let signals = session.as_ref().map(Session::signals);

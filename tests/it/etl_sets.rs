@@ -33,6 +33,7 @@ fn context(id: uuid::Uuid) -> JobContext {
         max_attempts: 5,
         owner_key: owner("alice").to_vec(),
         run_at: chrono::Utc::now(),
+        lease_lost: durable_etl::handler::LeaseLost::default(),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Leases held by a live replica against what can go wrong around them: a session that keeps
 //! dropping (the owner lock comes and goes while the pool still renews), heartbeats that stop
 //! reaching the database (the local lease clock must abandon the job before the database lease
-//! ends), an owner that really died (every connection of its own gone: recovered at once), and
+//! ends), an owner that really died (every connection of its own gone and its beats silent:
+//! recovered without waiting for its lease), and
 //! owners judged by their own terms (their heartbeat interval, their alive locks), never by
 //! the recovering replica's.
 
@@ -196,7 +197,7 @@ async fn jobs_in_flight_survive_a_session_terminated_again_and_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owner_whose_every_connection_vanished_is_recovered_at_once() {
+async fn an_owner_whose_every_connection_vanished_is_recovered_once_its_beats_fall_silent() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let [id] = insert_jobs(&client, SCRIPTED, &[json!({"do": "write"})], 3).await[..] else {
@@ -217,7 +218,7 @@ async fn an_owner_whose_every_connection_vanished_is_recovered_at_once() {
     .await
     .unwrap();
     // The lease has ten minutes left, and was renewed moments ago: the job comes back as a dead
-    // owner's, not an expired one, without waiting for the renewals to stop. Recovery judges
+    // owner's, not an expired one, once its beats are silent (1.75 s). Recovery judges
     // owners only once it has itself reached the database for the reconnect grace (5 s) past
     // any loss it saw, so a loaded machine whose probe of B's session timed out may take that
     // long again: the wait is 30 s, still a twentieth of the lease.

@@ -17,6 +17,7 @@ mod console_history;
 mod console_privacy;
 mod console_replicas;
 mod cooldown;
+mod cuts;
 mod deploy;
 mod errors;
 mod etl;

@@ -410,10 +410,9 @@ impl Producer {
     /// holds a permit), and buffers it until a slot frees.
     fn hold(&mut self, job: ClaimedJob, sent: Instant, permit_queue: Option<String>) {
         let lease = job.lease();
-        let lost = CancellationToken::new();
-        let clock = Arc::new(LeaseClock::new(
-            sent + lease::trusted_for(self.shared.config.lease),
-        ));
+        let lost = job.ctx.lease_lost.token();
+        let trusted = sent + lease::trusted_for(self.shared.config.lease);
+        let clock = Arc::new(LeaseClock::new(trusted));
         self.held.insert(
             lease.claim_id,
             HeldJob {
@@ -446,12 +445,13 @@ impl Producer {
         let shared = Arc::clone(&self.shared);
         let slot = self.slots.take();
         let task = self.tasks.spawn(async move {
+            let beats = shared.signals.as_deref().map(|s| &s.beats);
             let execution = timed_execute(&shared, job, lost.clone(), slot);
             tokio::pin!(execution);
             let transition = tokio::select! {
                 transition = &mut execution => transition,
-                // The clock ran out and cancelled the job: let it settle as a lost lease.
-                () = lease::watch_lease(&clock, &lost, id) => execution.await,
+                // A clock ran out and cancelled the job: let it settle as a lost lease.
+                () = lease::watch_lease(&clock, beats, &lost, id) => execution.await,
             };
             (claim, transition)
         });

@@ -8,9 +8,10 @@
 //!   transaction-mode pooler (`--poll-only`), where a session-level lock would stick to a server
 //!   connection other clients share. The lock lives exactly as long as that connection.
 //! - So "no backend holds the owner's alive lock, nor its owner lock" means every connection of
-//!   the replica vanished at once: its process died (or the server lost every one of them, which
-//!   recovery tells apart by its own view of the database; see `rescuer`). One dropped session,
-//!   a pool's reconnect or a terminated backend leaves the other connections' locks.
+//!   the replica vanished at once: its process died, or every connection was cut (which the
+//!   replica's beats tell apart, see `beat`; and a server that lost every one of them, recovery
+//!   by its own view of the database, see `rescuer`). One dropped session, a pool's reconnect or
+//!   a terminated backend leaves the other connections' locks.
 //! - Claims stamp whether the claimant holds alive locks (`lease_owner_alive_locked`), so
 //!   recovery judges each owner by what it really does; the locks are shared, so a replica's
 //!   connections never wait for each other, and the key differs from the owner lock's (which is

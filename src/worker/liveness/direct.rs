@@ -3,6 +3,7 @@
 
 use super::session::{Session, SessionConfig};
 use crate::config::{DatabaseConfig, Pooler, WorkerConfig};
+use crate::db::Pool;
 use crate::error::Error;
 use crate::worker::stats::WorkerStats;
 use std::sync::Arc;
@@ -11,12 +12,14 @@ use std::sync::Arc;
 /// which reaches PostgreSQL itself whatever pooler the database URL has, else the database's):
 /// none without a direct URL in poll-only mode or behind a transaction-mode pooler, where no
 /// owner lock can be held (said loudly, since dead owners are then found by lease expiry alone).
+/// The session beats through `pool` while it reconnects.
 ///
 /// # Errors
 /// As [`Session::start`].
 pub(crate) async fn open_for(
     config: &WorkerConfig,
     db_config: &DatabaseConfig,
+    pool: &Pool,
     stats: Arc<WorkerStats>,
 ) -> Result<Option<Session>, Error> {
     let direct = config.session_database_url.clone();
@@ -42,6 +45,7 @@ pub(crate) async fn open_for(
         owner_id: config.owner_id.clone(),
         listen: !config.poll_only,
         alive: config.alive_locked(db_config),
+        pool: pool.clone(),
     };
     Ok(Some(Session::start(session_config, stats).await?))
 }

@@ -13,8 +13,14 @@
 //!   when the owner is dead by its own terms, which its claim stamped on the row: no backend holds
 //!   its owner lock or its alive lock (one dropped session leaves the others' alive locks: a
 //!   terminated backend, a reconnecting session, a cut to the direct URL never make a live
-//!   replica dead); and, for an owner without alive locks, its leases also went unrenewed for two
-//!   of ITS heartbeat intervals (`lease_heartbeat_ms`), not the recovering replica's.
+//!   replica dead); its last beat is older than its silence (`beat`: a live replica whose every
+//!   connection was cut at once beats again as soon as it reconnects, and stops trusting its
+//!   leases before its silence ends); and, for an owner without alive locks, its leases also went
+//!   unrenewed for two of ITS heartbeat intervals (`lease_heartbeat_ms`), not the recovering
+//!   replica's.
+//! - When a pass finds an owner whose locks are gone but whose silence has not ended, the next
+//!   pass runs right when it ends, so a dead replica's jobs come back within its silence (1.75 s)
+//!   and a few milliseconds, not a rescue interval later.
 //! - Recovery never counts time during which the recovering replica itself could not reach the
 //!   database: it judges no owner until it has reached the database (since its own last loss of
 //!   it, and since the server started) for [`RECONNECT_GRACE`] plus two of the owner's heartbeat
@@ -97,10 +103,30 @@ macro_rules! recover_stale {
                   WHERE s.id IN (SELECT id FROM recovered UNION ALL SELECT id FROM ended)"
             ),
             "
-SELECT expired, status FROM recovered
+SELECT expired, status, NULL::int8 AS judge_again_ms FROM recovered
 UNION ALL
-SELECT e.expired, o.status FROM ended e JOIN outcome o ON o.job_id = e.id"
+SELECT e.expired, o.status, NULL::int8 FROM ended e JOIN outcome o ON o.job_id = e.id"
         )
+    };
+}
+
+/// Whether no backend of this database holds the owner lock or the alive lock of row `j`'s owner
+/// (`live_owners`: the advisory locks held right now).
+macro_rules! owner_lockless {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM live_owners o
+                     WHERE o.lock_key IN (durable_etl_owner_lock_key(j.lease_owner_id),
+                                          durable_etl_owner_alive_key(j.lease_owner_id)))"
+    };
+}
+
+/// Whether row `j`'s owner beat within its silence (`etl_owner_beats`, migration 0030; see
+/// `beat`): then it is alive, whatever its locks say.
+macro_rules! owner_beating {
+    () => {
+        "EXISTS (SELECT 1 FROM etl_owner_beats b
+                  WHERE b.owner_id = j.lease_owner_id
+                    AND b.beat_at >= now() - b.silence_ms * interval '1 millisecond')"
     };
 }
 
@@ -120,7 +146,8 @@ macro_rules! stale_columns {
 /// ([`Judgement`], its values in `$1..$3`).
 ///
 /// An owner is dead when no backend of this database holds its owner lock or its alive lock
-/// (`worker::alive`), this replica has reached the database for at least [`RECONNECT_GRACE`]
+/// (`worker::alive`), its last beat (`etl_owner_beats`, see `beat`) is older than its silence
+/// (an owner that never beat, a release before beats, is judged without it), this replica has reached the database for at least [`RECONNECT_GRACE`]
 /// plus two of the owner's heartbeat intervals (counted from its own last loss of the database,
 /// and from the server's start: `pg_postmaster_start_time()`), and, for an owner whose
 /// connections do not all hold alive locks (`--poll-only`), its leases have also gone
@@ -133,7 +160,9 @@ macro_rules! stale_columns {
 /// strongest row lock, which the DELETE of an ending row needs) with `SKIP LOCKED`, so rows an
 /// executor or another rescuer holds are left alone; after locking, PostgreSQL re-checks the
 /// candidate against the current row version. Returns, per recovered row, whether its lease had
-/// expired (else its owner was dead) and its new status.
+/// expired (else its owner was dead) and its new status; and, in a row of its own, in how many
+/// milliseconds the first running row of an owner whose locks are gone but which beat within its
+/// silence becomes reclaimable (`beating`), so the rescuer judges again right then.
 pub const RECOVER_SQL: &str = concat!(
     "
 WITH live_owners AS MATERIALIZED (
@@ -152,16 +181,31 @@ stale AS (
      WHERE j.status = 'running'
        AND (j.lease_expires_at < now()
             OR ((j.lease_owner_locked OR j.lease_owner_alive_locked)
-                AND NOT EXISTS (SELECT 1 FROM live_owners o
-                                 WHERE o.lock_key IN (durable_etl_owner_lock_key(j.lease_owner_id),
-                                                      durable_etl_owner_alive_key(j.lease_owner_id)))
+                AND ",
+    owner_lockless!(),
+    "
+                AND NOT ",
+    owner_beating!(),
+    "
                 AND seen.reachable >= ($3 + 2 * coalesce(j.lease_heartbeat_ms, $1))
                                       * interval '1 millisecond'
                 AND (j.lease_owner_alive_locked
                      OR coalesce(j.lease_renewed_at, '-infinity')
                         < now() - 2 * coalesce(j.lease_heartbeat_ms, $1) * interval '1 millisecond')))
-       FOR UPDATE OF j SKIP LOCKED",
-    recover_stale!()
+       FOR UPDATE OF j SKIP LOCKED
+), beating AS (
+    SELECT min(b.beat_at + b.silence_ms * interval '1 millisecond') AS judged_at
+      FROM etl_job_records j JOIN etl_owner_beats b ON b.owner_id = j.lease_owner_id
+     WHERE j.status = 'running' AND (j.lease_owner_locked OR j.lease_owner_alive_locked)
+       AND ",
+    owner_lockless!(),
+    "
+       AND b.beat_at >= now() - b.silence_ms * interval '1 millisecond'",
+    recover_stale!(),
+    "
+UNION ALL
+SELECT NULL, NULL, ceil(extract(epoch FROM judged_at - now()) * 1000)::int8
+  FROM beating WHERE judged_at IS NOT NULL"
 );
 
 /// Releases the `running` rows a previous incarnation of owner `$1` left behind; when `$2` (the
@@ -196,6 +240,16 @@ pub struct Recovered {
     /// Of those, rows that ended instead of going back to `pending` (`lease_expired_exhausted`,
     /// or `cancelled` at their owner's request).
     pub exhausted: u64,
+    /// When the first running row of an owner whose locks are gone but whose beats are not yet
+    /// silent for its silence becomes reclaimable, from now: when to judge again.
+    pub judge_again_in: Option<Duration>,
+}
+
+impl Recovered {
+    /// Whether the pass recovered any row.
+    pub fn any(&self) -> bool {
+        self.expired + self.dead_owner > 0
+    }
 }
 
 /// Releases what a previous incarnation of `owner_id` left `running` (when `took_over`, only what
@@ -252,6 +306,10 @@ pub struct Judgement {
 /// longest pause between a session's reconnect attempts.
 pub const RECONNECT_GRACE: Duration = crate::notifier::RECONNECT_MAX_DELAY;
 
+/// How long after an owner's silence ends a judgement scheduled for that moment runs: past the
+/// end on the database's clock, whatever the rounding.
+const JUDGE_AFTER_SILENCE: Duration = Duration::from_millis(5);
+
 /// The longest reachability [`recover`] passes on (a year; `Duration::MAX` would overflow an
 /// SQL interval).
 const REACHABLE_CAP: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -280,10 +338,16 @@ pub async fn recover(
         .await?;
     let mut recovered = Recovered::default();
     for row in rows {
-        if row.get::<_, bool>(0) {
-            recovered.expired += 1;
-        } else {
-            recovered.dead_owner += 1;
+        let judge_again_ms: Option<i64> = row.try_get(2)?;
+        match (row.try_get::<_, Option<bool>>(0)?, judge_again_ms) {
+            (Some(true), _) => recovered.expired += 1,
+            (Some(false), _) => recovered.dead_owner += 1,
+            (None, Some(ms)) => {
+                let ms = u64::try_from(ms).unwrap_or(0);
+                recovered.judge_again_in = Some(Duration::from_millis(ms) + JUDGE_AFTER_SILENCE);
+                continue;
+            }
+            (None, None) => continue,
         }
         if row.try_get::<_, crate::state::JobState>(1)? != crate::state::JobState::Pending {
             recovered.exhausted += 1;
@@ -312,15 +376,31 @@ pub async fn forget_stale_waiters(
 /// claims them without waiting for its poll.
 pub(crate) async fn run(shared: Arc<Shared>, catch_up: Arc<Notify>, stop: CancellationToken) {
     let mut tick = ticker(rescue_interval(shared.config.poll_interval));
+    let mut judge_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            _ = tick.tick() => match pass(&shared).await {
-                Ok(r) if r.expired + r.dead_owner > r.exhausted => catch_up.notify_one(),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(code = %e.code(), "recovery failed"),
-            },
+            _ = tick.tick() => {}
+            () = at(judge_at) => {}
         }
+        judge_at = None;
+        match pass(&shared).await {
+            Ok(r) => {
+                if r.expired + r.dead_owner > r.exhausted {
+                    catch_up.notify_one();
+                }
+                judge_at = r.judge_again_in.map(|d| tokio::time::Instant::now() + d);
+            }
+            Err(e) => tracing::warn!(code = %e.code(), "recovery failed"),
+        }
+    }
+}
+
+/// Resolves at `instant`; never without one.
+async fn at(instant: Option<tokio::time::Instant>) {
+    match instant {
+        Some(instant) => tokio::time::sleep_until(instant).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -355,7 +435,7 @@ async fn judged_pass(shared: &Shared) -> Result<Recovered, Error> {
         tracing::warn!(code = %e.code(), "forgetting stale waiting replicas failed");
     }
     shared.stats.record_recovery(recovered);
-    if recovered != Recovered::default() {
+    if recovered.any() {
         tracing::info!(
             expired = recovered.expired,
             dead_owner = recovered.dead_owner,

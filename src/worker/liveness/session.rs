@@ -24,12 +24,17 @@
 //!   loop. Payloads carry nothing else: never an id, a payload or a
 //!   principal.
 //! - Every probe also counts the database's commits stuck waiting for a synchronous standby
-//!   ([`probe`]): the session never writes, so it sees them while every writer is held.
+//!   ([`probe`]): the session writes only its beats, to an UNLOGGED table whose commits write
+//!   no WAL and never wait for a standby, so it sees them while every writer is held.
+//! - The session beats (`beat`) as soon as it holds the owner lock, then every
+//!   [`BEAT_INTERVAL`]; while it reconnects, the replica beats through its pool instead, so
+//!   only a replica cut off on every URL falls silent.
 
 use crate::config::DatabaseConfig;
 use crate::db;
 use crate::error::Error;
 use crate::notifier::{reconnect_delays, CHANNEL, RECONNECT_MAX_DELAY};
+use crate::worker::liveness::beat::{self, BeatClock, BEAT_INTERVAL, BEAT_TIMEOUT};
 use crate::worker::stats::WorkerStats;
 use futures::StreamExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,6 +62,8 @@ pub(crate) struct SessionConfig {
     /// Whether the session holds the owner's alive lock beside its owner lock (`worker::alive`;
     /// false in poll-only mode).
     pub(crate) alive: bool,
+    /// The replica's pool, through which it beats while the session reconnects (`beat`).
+    pub(crate) pool: db::Pool,
 }
 
 /// Signals from the session to the claim loop.
@@ -89,6 +96,9 @@ pub(crate) struct Signals {
     /// When the session was last found lost (the database unreachable from it, for all this
     /// replica knows).
     lost_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Until when the replica trusts its leases by its beats (`beat`): every held job's watch
+    /// stops trusting at the earlier of its lease clock and this one.
+    pub(crate) beats: BeatClock,
 }
 
 impl Default for Signals {
@@ -104,6 +114,7 @@ impl Default for Signals {
             fatal: Notify::new(),
             locked: AtomicBool::new(false),
             lost_at: std::sync::Mutex::new(None),
+            beats: BeatClock::default(),
         }
     }
 }
@@ -366,6 +377,7 @@ async fn locked(
 ) -> Result<Live, Error> {
     let alive = config.alive.then_some(config.owner_id.as_str());
     crate::worker::liveness::alive::hold(&live.client, alive).await?;
+    beat::beat(&live.client, &config.owner_id, &signals.beats).await?;
     signals.locked.store(true, Ordering::Relaxed);
     stats.session_up.store(1, Ordering::Relaxed);
     Ok(live)
@@ -415,7 +427,7 @@ async fn maintain(
     stats: Arc<WorkerStats>,
 ) {
     loop {
-        live.until_lost(config.listen, &stats).await;
+        live.until_lost(&config, &signals, &stats).await;
         let previous = live.backend_pid;
         // Close our side of the lost connection before opening the next one.
         drop(live);
@@ -424,21 +436,29 @@ async fn maintain(
         stats.session_up.store(0, Ordering::Relaxed);
         tracing::warn!(code = "database_unavailable", "session lost; reconnecting");
         let mut delays = reconnect_delays();
-        live = loop {
-            tokio::time::sleep(delays.next().unwrap_or(RECONNECT_MAX_DELAY)).await;
-            match open(&config, &signals, &stats, Some(previous)).await {
-                Ok(live) => break live,
-                Err(Error::OwnerIdInUse) => {
-                    tracing::error!(
-                        code = "owner_id_in_use",
-                        "another process took this owner id"
-                    );
-                    signals.fatal.notify_one();
-                    return;
+        let reconnect = async {
+            loop {
+                tokio::time::sleep(delays.next().unwrap_or(RECONNECT_MAX_DELAY)).await;
+                match open(&config, &signals, &stats, Some(previous)).await {
+                    Ok(live) => return Some(live),
+                    Err(Error::OwnerIdInUse) => return None,
+                    Err(e) => tracing::warn!(code = %e.code(), "session reconnect failed"),
                 }
-                Err(e) => tracing::warn!(code = %e.code(), "session reconnect failed"),
             }
         };
+        let reopened = tokio::select! {
+            reopened = reconnect => reopened,
+            never = beat_through(&config.pool, &config.owner_id, &signals.beats) => match never {},
+        };
+        let Some(reopened) = reopened else {
+            tracing::error!(
+                code = "owner_id_in_use",
+                "another process took this owner id"
+            );
+            signals.fatal.notify_one();
+            return;
+        };
+        live = reopened;
         // Reachable again from now on: recovery counts other owners' silence from here.
         signals.lost_now();
         stats.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -447,14 +467,61 @@ async fn maintain(
     }
 }
 
+/// Beats for `owner_id` through `pool` every [`BEAT_INTERVAL`], for ever: while the session
+/// reconnects, the replica still proves it is alive as long as its pool reaches the database
+/// (a cut of the session's URL alone moves no job). A beat that fails or is slow is left to the
+/// next one.
+async fn beat_through(
+    pool: &db::Pool,
+    owner_id: &str,
+    clock: &BeatClock,
+) -> std::convert::Infallible {
+    let mut beats = tokio::time::interval(BEAT_INTERVAL);
+    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        beats.tick().await;
+        let beat = async {
+            let conn = db::checkout(pool).await?;
+            Ok::<_, Error>(beat::beat(&conn, owner_id, clock).await?)
+        };
+        // Failing or slow: the next beat is due.
+        let _ = tokio::time::timeout(BEAT_TIMEOUT, beat).await;
+    }
+}
+
 impl Live {
-    /// Returns when the connection ends or a probe fails.
-    async fn until_lost(&mut self, listen: bool, stats: &WorkerStats) {
+    /// Beats every [`BEAT_INTERVAL`] and probes every [`PROBE_INTERVAL`]; returns when the
+    /// connection ends, a beat finds it closed, or a probe fails.
+    async fn until_lost(&mut self, config: &SessionConfig, signals: &Signals, stats: &WorkerStats) {
+        let mut beats = tokio::time::interval(BEAT_INTERVAL);
+        beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probes =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROBE_INTERVAL, PROBE_INTERVAL);
+        probes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
         loop {
             tokio::select! {
                 _ = &mut self.ended => return,
-                () = tokio::time::sleep(PROBE_INTERVAL) => {
-                    if !self.probe(listen, stats).await {
+                _ = beats.tick() => {
+                    let beat = beat::beat(&self.client, &config.owner_id, &signals.beats);
+                    match tokio::time::timeout(BEAT_TIMEOUT, beat).await {
+                        Ok(Ok(_)) if failing => {
+                            failing = false;
+                            tracing::info!("beats recorded again");
+                        }
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) if e.is_closed() => return,
+                        Ok(Err(e)) if !failing => {
+                            failing = true;
+                            tracing::warn!(code = %Error::from(e).code(), "beat failed");
+                        }
+                        // Slow or failing again: the next beat is due, and the probe judges
+                        // whether the connection is lost.
+                        Ok(Err(_)) | Err(_) => {}
+                    }
+                }
+                _ = probes.tick() => {
+                    if !self.probe(config.listen, stats).await {
                         return;
                     }
                 }

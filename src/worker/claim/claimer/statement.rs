@@ -1,7 +1,7 @@
 //! The claim and next-due statements, their parameters and their rows (see the parent module's
 //! invariants).
 
-use crate::handler::JobContext;
+use crate::handler::{JobContext, LeaseLost};
 use crate::queue::DEFAULT_QUEUE;
 use crate::worker::lease::{millis, ClaimedJob};
 use std::sync::Arc;
@@ -471,6 +471,7 @@ fn claimed_job(row: &Row) -> ClaimedJob {
             fencing_token: row.get(8),
             owner_key: row.get(6),
             run_at: row.get(9),
+            lease_lost: LeaseLost::default(),
         }),
         payload: row.get(2),
         due_for: row.get(7),
