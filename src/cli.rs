@@ -13,6 +13,7 @@
 //!   timeout); explicitly set ones are validated as given.
 //! - Start-up fails at once on what retrying cannot fix (a refused role, password or database),
 //!   and every start-up failure names the target (address, database, role; never the password).
+//!   No command creates a missing database but `migrate --create-database`, as asked.
 //! - Exit codes: 0 success, 2 usage or configuration error (a refused role, password or database
 //!   included), 3 database unreachable, 4 schema incompatible, 5 a local resource such as a
 //!   listen address failed (see `error`).
@@ -40,7 +41,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Migrate(args) => migrate(&db_config, &start_up, args).await,
         Command::Demo(args) => {
             let serve = args.serve.then_some(shutdown);
-            crate::demo::run(&db_config, &args.demo_database, serve).await
+            let secret = args.secret.as_deref();
+            crate::demo::run(&db_config, &args.demo_database, secret, serve).await
         }
         Command::Bench(command) => {
             let (configs, output) = command.configs().unwrap_or_else(|e| e.exit());
@@ -188,7 +190,8 @@ async fn work(
     }
 }
 
-/// `migrate`: creates the database if needed, then applies or reverses migrations.
+/// `migrate`: applies or reverses migrations; with `--create-database`, first creates the
+/// database if it does not exist (else a missing database is refused, as by every command).
 async fn migrate(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
@@ -198,7 +201,7 @@ async fn migrate(
     if let Some(target) = args.down_to.filter(|t| !(0..=latest).contains(t)) {
         return Err(config::ConfigError::DownTo(target, latest).into());
     }
-    if start_up.run(|| db::ensure_database(db_config)).await? {
+    if args.create_database && start_up.run(|| db::ensure_database(db_config)).await? {
         tracing::info!("created the database");
     }
     // Connecting is a start-up step; migrating is not: it may wait for another run's lock.

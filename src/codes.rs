@@ -47,6 +47,9 @@ pub enum Code {
     /// The database server refused the connection for a reason retrying cannot fix: the role,
     /// its password or its TLS setting (SQLSTATE class 28), or a missing database (3D000).
     DatabaseRefused,
+    /// A tool's database name (`demo --demo-database`, `bench --bench-database`) names a
+    /// database the tool did not create, or one of its own in use: it drops neither.
+    DatabaseTaken,
     /// A local resource that is not the database (a socket, a child process, a local HTTP
     /// endpoint) failed or did not answer in time.
     IoError,
@@ -135,6 +138,7 @@ impl Code {
         Code::DatabaseUnavailable,
         Code::DatabaseError,
         Code::DatabaseRefused,
+        Code::DatabaseTaken,
         Code::IoError,
         Code::InternalError,
         Code::SchemaTooOld,
@@ -187,6 +191,7 @@ impl Code {
             Code::DatabaseUnavailable => "database_unavailable",
             Code::DatabaseError => "database_error",
             Code::DatabaseRefused => "database_refused",
+            Code::DatabaseTaken => "database_taken",
             Code::IoError => "io_error",
             Code::InternalError => "internal_error",
             Code::SchemaTooOld => "schema_too_old",

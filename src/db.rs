@@ -18,6 +18,8 @@
 //!   (never the password).
 //! - `serve` and `work` check at start that the server applies the session limits
 //!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
+//! - The tools' throw-away databases (`demo`, `bench`) are dropped only by the tool that created
+//!   them, and never while in use (see `owned`).
 
 use crate::config::{ConfigError, DatabaseConfig};
 use crate::error::{Error, Target};
@@ -367,44 +369,6 @@ pub async fn ensure_database(cfg: &DatabaseConfig) -> Result<bool, Error> {
     }
 }
 
-/// Drops database `name` (if it exists, disconnecting its sessions) and creates it afresh on the
-/// server of `base`; returns `base` pointed at it. For the tools that own a throw-away database
-/// (`demo`, `bench`).
-///
-/// # Errors
-/// [`Error::Config`] for a bad URL; [`Error::Unavailable`] when no server answers;
-/// [`Error::Database`] from the server.
-pub async fn recreate_database(base: &DatabaseConfig, name: &str) -> Result<DatabaseConfig, Error> {
-    let url = dbname::with_dbname(&base.url, name)?;
-    let client = maintenance(base).await?;
-    let name_sql = quote_ident(name);
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name_sql} WITH (FORCE)"))
-        .await?;
-    client
-        .batch_execute(&format!("CREATE DATABASE {name_sql}"))
-        .await?;
-    Ok(DatabaseConfig {
-        url,
-        ..base.clone()
-    })
-}
-
-/// Drops database `name` on the server of `base` (disconnecting its sessions), if it exists.
-///
-/// # Errors
-/// As [`recreate_database`].
-pub async fn drop_database(base: &DatabaseConfig, name: &str) -> Result<(), Error> {
-    maintenance(base)
-        .await?
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            quote_ident(name)
-        ))
-        .await?;
-    Ok(())
-}
-
 /// A session on the `postgres` maintenance database of `base`'s server.
 async fn maintenance(base: &DatabaseConfig) -> Result<tokio_postgres::Client, Error> {
     let mut maintenance = pg_config(base, "admin")?;
@@ -419,10 +383,12 @@ pub fn quote_ident(name: &str) -> String {
 
 mod connect;
 mod dbname;
+mod owned;
 mod start_up;
 pub mod tls;
 pub use connect::{all_hosts_bound, Connector, Manager, Opened};
 pub use dbname::with_dbname;
+pub use owned::{drop_created, marker, recreate_database, CreatedDatabase};
 pub use start_up::StartUp;
 
 #[cfg(test)]

@@ -2,7 +2,10 @@
 //!
 //! Invariants this module keeps:
 //! - The demo works in its own database (created fresh on the configured server), never in the
-//!   configured one, and leaves it behind for inspection.
+//!   configured one, and leaves it behind for inspection. It drops (to recreate) only a database
+//!   it created and no session uses: never another's, nor another demo's that still runs.
+//! - Its keys' digests use `DURABLE_ETL_SECRET` when set (never printed), else a random secret;
+//!   with `--serve` it says how to make keys of one's own for its server, with that secret.
 //! - Everything it shows comes from the real API and the real database: jobs are submitted over
 //!   HTTP to a real listening server and run by two real worker replicas.
 //! - It ends: every job reaches a terminal state (bounded wait), then it stops the replicas,
@@ -94,21 +97,28 @@ fn samples() -> Vec<Sample> {
     ]
 }
 
-/// Runs the demo against the server of `base`, in database `name`.
+/// Runs the demo against the server of `base`, in database `name`, its keys' digests keyed by
+/// `secret` (`DURABLE_ETL_SECRET`; a random one when unset).
 ///
 /// # Errors
-/// [`Error::Unavailable`] when no server answers (after printing [`NO_SERVER`]); other errors of
-/// the run.
+/// [`Error::Config`] for a secret under 16 bytes; [`Error::DatabaseTaken`] when `name` is a
+/// database the demo did not create or one in use; [`Error::Unavailable`] when no server answers
+/// (after printing [`NO_SERVER`]); other errors of the run.
 pub(crate) async fn run(
     base: &DatabaseConfig,
     name: &str,
+    secret: Option<&str>,
     serve: Option<Shutdown>,
 ) -> Result<(), Error> {
-    let config = match db::recreate_database(base, name).await {
-        Ok(config) => DatabaseConfig {
-            lock_timeout: Duration::from_millis(300),
-            ..config
-        },
+    let given = secret.is_some();
+    let secret_text = match secret {
+        Some(text) => text.to_owned(),
+        None => uuid::Uuid::new_v4().simple().to_string(),
+    };
+    let secret = Secret::new(secret_text.clone().into_bytes())
+        .ok_or(durable_etl::config::ConfigError::Secret)?;
+    let created = match db::recreate_database(base, name, "demo", "demo").await {
+        Ok(created) => created,
         Err(e) => {
             if matches!(e, Error::Unavailable(_)) {
                 println!("{NO_SERVER}");
@@ -116,13 +126,15 @@ pub(crate) async fn run(
             return Err(e);
         }
     };
+    let config = DatabaseConfig {
+        lock_timeout: Duration::from_millis(300),
+        ..created.config
+    };
+    let mut session = created.session;
     println!("demo database: {name} (left in place afterwards)");
-    let mut session = db::connect(&config, "demo").await?;
     schema::migrate_up(&mut session).await?;
     println!("schema migrated to version {}", schema::latest_version());
 
-    let secret = Secret::new(uuid::Uuid::new_v4().simple().to_string().into_bytes())
-        .ok_or(durable_etl::config::ConfigError::Secret)?;
     let key = api_keys::create(&session, &secret, "demo-owner").await?.key;
     let operator_key = api_keys::create_as(&session, &secret, "demo-operator", Role::Operator)
         .await?
@@ -184,6 +196,10 @@ pub(crate) async fn run(
             "operator view: {base}/console/operator (sign in with the operator key: {operator_key})"
         );
         println!("the two replicas keep running: jobs submitted now run too");
+        println!(
+            "{}",
+            own_keys(name, (!given).then_some(secret_text.as_str()))
+        );
         println!("serving until Ctrl-C");
         until.reached(Stage::Draining).await;
     }
@@ -195,6 +211,19 @@ pub(crate) async fn run(
     api_trigger.request(Stage::Draining);
     let _ = server.await;
     outcome
+}
+
+/// The line that says how to make API keys of one's own that the demo's server accepts: with
+/// the secret the demo generated (`generated`, printed), or with the `DURABLE_ETL_SECRET` the
+/// user set (never printed).
+fn own_keys(name: &str, generated: Option<&str>) -> String {
+    let secret = match generated {
+        Some(secret) => format!("DURABLE_ETL_SECRET={secret}"),
+        None => "the same DURABLE_ETL_SECRET".to_owned(),
+    };
+    format!(
+        "keys of your own: durable-etl api-keys create --owner NAME, with DATABASE_URL naming the database {name} and {secret}"
+    )
 }
 
 /// Submits the samples and shows progress until every job has ended; returns the jobs (label,

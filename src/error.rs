@@ -156,6 +156,20 @@ pub enum Error {
     /// A one-shot command (`bench`) stopped at a shutdown signal before it finished.
     #[error("interrupted by a shutdown signal before it finished")]
     Interrupted,
+    /// A tool (`demo`, `bench`) found the name of its database taken: by a database it did not
+    /// create, or by one of its own that a session uses (another run, say). Nothing was dropped.
+    #[error(
+        "the database \"{name}\" {}, so durable-etl {tool} leaves it alone: pick another name with --{tool}-database NAME",
+        taken_reason(*.reason)
+    )]
+    DatabaseTaken {
+        /// The database's name.
+        name: String,
+        /// The tool (`demo`, `bench`).
+        tool: &'static str,
+        /// Why the tool may not drop and recreate it.
+        reason: Taken,
+    },
     /// A listening socket could not be opened.
     #[error("cannot listen on {address}: {}", listen_cause(.source))]
     Listen {
@@ -165,6 +179,25 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why a tool may not drop and recreate the database of the name it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// The database exists and the tool did not create it (it has no marker of the tool's).
+    NotCreated,
+    /// The tool created it, and a session is connected to it.
+    InUse,
+}
+
+/// What a [`Taken`] means, as a fixed phrase.
+fn taken_reason(reason: Taken) -> &'static str {
+    match reason {
+        Taken::NotCreated => {
+            "exists without this tool's mark (a database it did not create, or one an older release left)"
+        }
+        Taken::InUse => "is in use (by another run of this tool, or a session of yours)",
+    }
 }
 
 /// Where a process connects, as an error names it: the URL's first host and port, the database
@@ -268,7 +301,7 @@ fn refusal_reason(e: &tokio_postgres::Error) -> String {
             "password authentication failed (check the password of DATABASE_URL or PGPASSWORD)"
         }
         Some(&SqlState::INVALID_CATALOG_NAME) => {
-            "the database does not exist (`durable-etl migrate` creates it)"
+            "the database does not exist (`durable-etl migrate --create-database` creates it)"
         }
         Some(code) if code.code().starts_with("28") => {
             "the role may not connect (a missing role, no pg_hba.conf entry for it, a server \
@@ -356,6 +389,7 @@ impl Error {
             Error::NoLiveKey(_) => Code::NotFound,
             Error::Interrupted => Code::Cancelled,
             Error::Unreachable { .. } => Code::DatabaseUnavailable,
+            Error::DatabaseTaken { .. } => Code::DatabaseTaken,
         }
     }
 
@@ -367,7 +401,10 @@ impl Error {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config(_) | Error::Rejected(_) | Error::Refused { .. } => EXIT_USAGE,
+            Error::Config(_)
+            | Error::Rejected(_)
+            | Error::Refused { .. }
+            | Error::DatabaseTaken { .. } => EXIT_USAGE,
             Error::Unavailable(_) | Error::Unreachable { .. } => EXIT_DATABASE_UNREACHABLE,
             Error::Schema(e) if e.code() != Code::MigrationFailed => EXIT_SCHEMA_INCOMPATIBLE,
             Error::Io(_) | Error::Listen { .. } => EXIT_IO,

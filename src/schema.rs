@@ -90,10 +90,13 @@ async fn current_version(tx: &tokio_postgres::Transaction<'_>) -> Result<i32, Er
 }
 
 /// Applies every pending migration on a connection of its own to `db` (role `migrate`), as
-/// [`migrate_up`] does: advisory-locked, so replicas may all do it at start-up.
+/// [`migrate_up`] does: advisory-locked, so replicas may all do it at start-up. The database
+/// must exist, as for `durable-etl migrate` without `--create-database`; to create it, call
+/// [`crate::db::ensure_database`] first.
 ///
 /// # Errors
-/// As [`migrate_up`]; connection errors.
+/// As [`migrate_up`]; [`Error::Refused`] (`database_refused`) when the database does not exist;
+/// other connection errors.
 pub async fn migrate(db: &crate::config::DatabaseConfig) -> Result<MigrateReport, Error> {
     let mut client = crate::db::connect(db, "migrate").await?;
     migrate_up(&mut client).await

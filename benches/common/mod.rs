@@ -28,13 +28,19 @@ pub(crate) struct BenchDb {
 }
 
 impl BenchDb {
-    /// Creates database `name` afresh (it must start with `durable_etl_bench`) and migrates it.
-    /// Exits the process with a clear message when no server answers.
+    /// Creates database `name` afresh (it must start with `durable_etl_bench`) and migrates it;
+    /// a database of that name is dropped first only if a bench created it and no session uses
+    /// it. Exits the process with a clear message (and the error's code, `database_taken` for a
+    /// name taken otherwise) when it cannot.
     pub(crate) fn create(rt: &Runtime, name: &str) -> BenchDb {
         let base = base_config();
         rt.block_on(async {
-            let config = match db::recreate_database(&base, name).await {
-                Ok(config) => config,
+            let created = match db::recreate_database(&base, name, "bench", "bench").await {
+                Ok(created) => created,
+                Err(e @ durable_etl::Error::DatabaseTaken { .. }) => {
+                    eprintln!("{e} [{}]", e.code());
+                    std::process::exit(2);
+                }
                 Err(e) => {
                     eprintln!(
                         "these benches need PostgreSQL at DATABASE_URL ({}): start it \
@@ -46,11 +52,14 @@ impl BenchDb {
                     std::process::exit(2);
                 }
             };
-            let mut client = db::connect(&config, "bench").await.expect("connect");
+            let mut client = created.session;
             durable_etl::schema::migrate_up(&mut client)
                 .await
                 .expect("migrate");
-            BenchDb { config, client }
+            BenchDb {
+                config: created.config,
+                client,
+            }
         })
     }
 

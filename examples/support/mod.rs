@@ -27,11 +27,12 @@ where
         "durable_etl_example_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
-    let outcome = match db::recreate_database(&base, &name).await {
-        Ok(config) => {
+    let outcome = match db::recreate_database(&base, &name, "example", "example").await {
+        Ok(created) => {
             println!("example database: {name} (dropped at the end)");
-            let outcome = run(config).await;
-            if db::drop_database(&base, &name).await.is_err() {
+            drop(created.session);
+            let outcome = run(created.config).await;
+            if db::drop_created(&base, &name, created.oid).await.is_err() {
                 eprintln!("could not drop {name}");
             }
             outcome

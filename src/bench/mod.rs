@@ -28,7 +28,9 @@
 //!
 //! Invariants this module keeps:
 //! - It only ever touches the database it creates (`--bench-database`), which it drops at the
-//!   end unless told to keep it; it refuses to run against a name that is not its own prefix.
+//!   end unless told to keep it; it refuses to run against a name that is not its own prefix,
+//!   and never drops a database of that name that it did not create or that is in use, such as
+//!   another bench's (`durable_etl::db::recreate_database`).
 //! - Every figure comes from the database (timestamps, WAL position), from the replicas' own
 //!   metrics endpoints or from the handler starts they recorded, never from the bench's guess
 //!   about what the replicas did; the offered rate and lag come from the producers' own clock.
@@ -173,26 +175,30 @@ pub(crate) struct BenchConfig {
 ///
 /// # Errors
 /// [`Error::Config`] for a database name without the bench prefix or a bad URL;
+/// [`Error::DatabaseTaken`] for the name of a database the bench did not create or one in use;
 /// [`Error::Io`] when a replica cannot be started, or does not answer or finish its jobs in time;
 /// [`Error::Unavailable`] when the server does not answer; database errors.
 pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Report, Error> {
     if !config.database.starts_with(DATABASE_PREFIX) {
         return Err(ConfigError::BenchDatabase.into());
     }
-    let db_config = db::recreate_database(base, &config.database).await?;
-    let outcome = measure(&db_config, &config).await;
+    let created = db::recreate_database(base, &config.database, "bench", "bench").await?;
+    let outcome = measure(&created.config, created.session, &config).await;
     if config.keep {
         eprintln!("kept the bench database {}", config.database);
     } else {
-        db::drop_database(base, &config.database).await?;
+        db::drop_created(base, &config.database, created.oid).await?;
     }
     outcome
 }
 
 /// Fills the queue (burn-down), starts the replicas, offers the load, waits for every job, and
-/// reads the figures.
-async fn measure(db_config: &DatabaseConfig, config: &BenchConfig) -> Result<Report, Error> {
-    let mut client = db::connect(db_config, "bench").await?;
+/// reads the figures; `client` is the bench's session on the database of `db_config`.
+async fn measure(
+    db_config: &DatabaseConfig,
+    mut client: tokio_postgres::Client,
+    config: &BenchConfig,
+) -> Result<Report, Error> {
     durable_etl::schema::migrate_up(&mut client).await?;
     let jobs = match config.mode {
         Mode::BurnDown { jobs } => jobs,

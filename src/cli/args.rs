@@ -171,7 +171,9 @@ pub(crate) enum Command {
 /// Options of `demo`.
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// The database the demo creates (fresh) on the server of DATABASE_URL.
+    /// The database the demo creates (fresh) on the server of DATABASE_URL. A database of that
+    /// name is dropped and recreated only if an earlier demo created it and no session uses it;
+    /// any other is left alone and the demo stops (exit 2, database_taken).
     #[arg(
         long,
         env = "DURABLE_ETL_DEMO_DATABASE",
@@ -182,6 +184,11 @@ pub(crate) struct DemoArgs {
     /// print the console's address and the demo's API key to sign in with.
     #[arg(long)]
     pub(crate) serve: bool,
+    /// Secret key of the keyed digests (at least 16 bytes), so that `api-keys create` with the
+    /// same secret makes keys the demo's server accepts. Random when unset (then printed with
+    /// --serve).
+    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
+    pub(crate) secret: Option<String>,
 }
 
 /// Options of `migrate`.
@@ -190,6 +197,10 @@ pub(crate) struct MigrateArgs {
     /// Reverse migrations until the schema is at this version (0 removes everything).
     #[arg(long, env = "DURABLE_ETL_DOWN_TO")]
     pub(crate) down_to: Option<i32>,
+    /// Create the database of DATABASE_URL first if it does not exist (the role needs CREATEDB).
+    /// Without it, a missing database is refused at once (exit 2, database_refused).
+    #[arg(long, env = "DURABLE_ETL_CREATE_DATABASE")]
+    pub(crate) create_database: bool,
 }
 
 /// Options of `serve`.

@@ -133,7 +133,8 @@ pub(crate) struct BenchArgs {
     /// The database the bench creates (and drops, unless --keep) on DATABASE_URL's server; its
     /// name must start with durable_etl_bench. Defaults to durable_etl_bench_ and 8 random hex
     /// digits, new for every run, so the benches of several users of one server never drop each
-    /// other's database.
+    /// other's database. A database of that name is dropped first only if a bench created it
+    /// and no session uses it; any other stops the bench (exit 2, database_taken).
     #[arg(long)]
     pub(crate) bench_database: Option<String>,
     /// Keep the bench database afterwards.

@@ -19,6 +19,26 @@ fn config_and_owner_errors_map_to_codes_and_exits() {
     assert_eq!(unavailable.code(), Code::DatabaseUnavailable);
     assert_eq!(unavailable.exit_code(), EXIT_DATABASE_UNREACHABLE);
     assert_eq!(unavailable.db_code(), None);
+    for (reason, says) in [
+        (Taken::NotCreated, "exists without this tool's mark"),
+        (Taken::InUse, "is in use"),
+    ] {
+        let taken = Error::DatabaseTaken {
+            name: "durable_etl_demo".to_owned(),
+            tool: "demo",
+            reason,
+        };
+        assert_eq!(
+            (taken.code(), taken.exit_code()),
+            (Code::DatabaseTaken, EXIT_USAGE)
+        );
+        let text = taken.to_string();
+        assert!(text.contains(says), "{text}");
+        assert!(
+            text.contains("pick another name with --demo-database NAME"),
+            "{text}"
+        );
+    }
 }
 
 #[test]

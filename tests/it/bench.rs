@@ -22,20 +22,29 @@ pub(crate) fn bench(tag: &str, args: &[&str]) -> (serde_json::Value, String) {
 /// Runs `durable-etl bench` with `args` (no `--json` added) on a database named after `tag`;
 /// returns what the process left and the database name.
 pub(crate) fn bench_output(tag: &str, args: &[&str]) -> (std::process::Output, String) {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let name = bench_name(tag);
+    (bench_on(&name, args), name)
+}
+
+/// A bench database name of a test's own, after `tag`.
+fn bench_name(tag: &str) -> String {
     // Database names are at most 63 bytes: a 12-digit unique suffix keeps them under.
     let unique = uuid::Uuid::new_v4().simple().to_string();
-    let name = format!("durable_etl_bench_test_{tag}_{}", &unique[..12]);
-    let out = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+    format!("durable_etl_bench_test_{tag}_{}", &unique[..12])
+}
+
+/// Runs `durable-etl bench` with `args` on database `name`; returns what the process left.
+fn bench_on(name: &str, args: &[&str]) -> std::process::Output {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    Command::new(env!("CARGO_BIN_EXE_durable-etl"))
         .env("DATABASE_URL", url)
         .env("RUST_LOG", "warn")
         .arg("bench")
         .args(args)
-        .args(["--bench-database", &name])
+        .args(["--bench-database", name])
         .output()
-        .unwrap();
-    (out, name)
+        .unwrap()
 }
 
 /// The server CPU fields of `report` (microseconds per job): `server_cpu_us_per_job` and its
@@ -399,4 +408,69 @@ async fn bench_runs_on_a_multi_host_url_with_a_password_in_a_database_of_its_own
         assert!(!exists(name).await, "{name} dropped");
     }
     assert_ne!(first, second, "each run a database of its own");
+}
+
+/// `bench --bench-database` never drops a database it did not create (one of the user's with a
+/// table), nor one of its own that a session uses (another bench, say): it stops with exit 2 and
+/// `database_taken`, and the table and the session are intact. A database an earlier bench left
+/// and no session uses is recreated, run on and dropped.
+#[tokio::test]
+async fn bench_never_drops_a_database_it_did_not_create_nor_one_in_use() {
+    let name = bench_name("taken");
+    let quoted = durable_etl::db::quote_ident(&name);
+    let admin = connect(&admin_config()).await;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {quoted}"))
+        .await
+        .unwrap();
+    let mut config = admin_config();
+    config.dbname(&name);
+    let user = connect(&config).await;
+    user.batch_execute("CREATE TABLE mine (n int); INSERT INTO mine VALUES (1)")
+        .await
+        .unwrap();
+    let burn_down = ["burn-down", "--jobs", "20", "--replicas", "1", "--json"];
+    let refused = |out: &std::process::Output, reason: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(reason), "{err}");
+        assert!(err.contains("--bench-database NAME"), "{err}");
+        assert!(err.contains("[database_taken]"), "{err}");
+    };
+    refused(
+        &bench_on(&name, &burn_down),
+        "exists without this tool's mark",
+    );
+    // As an earlier bench leaves it (`--keep`), with a session of the user's in it.
+    let marker = durable_etl::db::marker("bench");
+    admin
+        .batch_execute(&format!("COMMENT ON DATABASE {quoted} IS '{marker}'"))
+        .await
+        .unwrap();
+    refused(&bench_on(&name, &burn_down), "is in use");
+    let kept: i64 = user
+        .query_one("SELECT count(*) FROM mine", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 1, "the table and the session are intact");
+    drop(user);
+    crate::support::eventually("the user's session to end", || async {
+        let row = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) == 0
+    })
+    .await;
+    let out = bench_on(&name, &burn_down);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!exists(&name).await, "dropped at the end");
 }

@@ -1,6 +1,6 @@
 //! The binary's command-line contract: exit codes, messages, `migrate` and `api-keys`.
 
-use crate::support::{admin_config, connect, TestDb, TEST_DB_PREFIX};
+use crate::support::{admin_config, connect, Processes, TestDb, TEST_DB_PREFIX};
 use durable_etl::api_keys;
 use durable_etl::db::quote_ident;
 use durable_etl::digest::Secret;
@@ -269,11 +269,20 @@ fn help_documents_every_flag_and_its_environment_variable() {
     assert!(!help.contains(SECRET), "secrets are never shown");
 }
 
+/// `migrate` refuses a missing database at once, as every command does (exit 2,
+/// `database_refused`, creating nothing), and creates it only when asked with
+/// `--create-database`; then it applies and reverses the migrations.
 #[tokio::test]
-async fn migrate_creates_the_database_then_reverses_it() {
+async fn migrate_creates_a_missing_database_only_when_asked_then_reverses_it() {
     let name = format!("{TEST_DB_PREFIX}cli_{}", uuid::Uuid::new_v4().simple());
     let url = format!("postgres://postgres@127.0.0.1:5432/{name}");
-    let out = run(&url, &["migrate"]);
+    let out = run(&url, &["migrate", "--startup-timeout", "20s"]);
+    let err = assert_failed(&out, 2, "the database does not exist");
+    assert!(err.contains("migrate --create-database"), "{err}");
+    assert!(err.contains("[database_refused]"), "{err}");
+    assert!(!err.contains("retrying"), "retried what cannot pass: {err}");
+    assert!(!crate::bench::exists(&name).await, "created unasked");
+    let out = run(&url, &["migrate", "--create-database"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let n = durable_etl::schema::MIGRATIONS.len();
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{n} migration(s) applied")));
@@ -568,21 +577,25 @@ fn printed_key(line: &str) -> String {
     key.to_owned()
 }
 
-/// `demo --serve` keeps the API, the console and its replicas up after its table, prints the
-/// console's address, the demo's key and an operator key: a newcomer signs in there and sees the
-/// demo's jobs, a job submitted after the table succeeds, and the operator key opens the
-/// operator view; a signal ends it.
-#[tokio::test]
-async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
+/// Starts `demo --serve` on database `name` with the extra environment `env` (no other
+/// `DURABLE_ETL_` variable) and waits for it to serve; returns the process (killed if dropped,
+/// so a failing test leaves none behind) and the lines it printed up to `serving until`.
+async fn serving_demo(name: &str, env: &[(&str, &str)]) -> (Processes, Vec<String>) {
     use std::io::BufRead;
-    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_durable-etl"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("DURABLE_ETL_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command
+        .envs(env.iter().copied())
         .env(
             "DATABASE_URL",
             "postgres://postgres@127.0.0.1:5432/postgres",
         )
         .env("RUST_LOG", "warn")
-        .args(["demo", "--serve", "--demo-database", &name])
+        .args(["demo", "--serve", "--demo-database", name])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -609,6 +622,56 @@ async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
             .expect("the demo's output");
         printed.push(line);
     }
+    (Processes(vec![child]), printed)
+}
+
+/// Sends SIGTERM to a serving demo and checks that it exits 0.
+async fn stop_demo(mut demo: Processes) {
+    let mut child = demo.0.pop().expect("the demo");
+    crate::support::signal(&child, "TERM");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+/// The URL of the demo's database `name`.
+fn demo_url(name: &str) -> String {
+    format!("postgres://postgres@127.0.0.1:5432/{name}")
+}
+
+/// Makes a key with `api-keys create` and `secret` in the demo's database `name`, and checks
+/// that the demo's API at `api` accepts it.
+async fn assert_own_key_accepted(name: &str, secret: &str, api: &str) {
+    let out = run(
+        &demo_url(name),
+        &["api-keys", "create", "--owner", "me", "--secret", secret],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let key = printed_key(line_starting(stdout.lines(), "key: "));
+    let listed = reqwest::Client::new()
+        .get(format!("{api}/v1/etl-jobs"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.status(),
+        reqwest::StatusCode::OK,
+        "a key of one's own"
+    );
+}
+
+/// `demo --serve` keeps the API, the console and its replicas up after its table, prints the
+/// console's address, the demo's key and an operator key: a newcomer signs in there and sees the
+/// demo's jobs, a job submitted after the table succeeds, and the operator key opens the
+/// operator view; it prints the secret it generated, with which `api-keys create` makes keys
+/// its server accepts; a signal ends it.
+#[tokio::test]
+async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
+    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
+    let (child, printed) = serving_demo(&name, &[]).await;
     let find = |prefix: &str| line_starting(printed.iter().map(String::as_str), prefix).to_owned();
     let console_line = find("console: ");
     let url = console_line.split_whitespace().nth(1).unwrap().to_owned();
@@ -674,11 +737,99 @@ async fn the_demo_can_serve_its_jobs_in_the_console_until_a_signal() {
     for replica in ["demo-replica-1", "demo-replica-2"] {
         assert!(view.contains(&format!("<code>{replica}</code>")), "{view}");
     }
-    crate::support::signal(&child, "TERM");
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+    // The secret it generated makes keys of one's own that its server accepts.
+    let own = find("keys of your own: ");
+    let (_, secret) = own.rsplit_once("DURABLE_ETL_SECRET=").expect("the secret");
+    assert!(secret.len() >= 16, "{own}");
+    assert_own_key_accepted(&name, secret, api).await;
+    stop_demo(child).await;
+    drop_database(&name).await;
+}
+
+/// With `DURABLE_ETL_SECRET` set, `demo --serve` keys its digests with it, as `serve` does:
+/// `api-keys create` with the same secret makes keys its server accepts, and the secret is
+/// never printed.
+#[tokio::test]
+async fn the_demo_serves_keys_made_with_the_secret_of_its_environment() {
+    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
+    let (child, printed) = serving_demo(&name, &[("DURABLE_ETL_SECRET", SECRET)]).await;
+    let console = line_starting(printed.iter().map(String::as_str), "console: ");
+    let url = console.split_whitespace().nth(1).unwrap();
+    assert_own_key_accepted(&name, SECRET, url.trim_end_matches("/console")).await;
+    assert!(printed.iter().all(|l| !l.contains(SECRET)), "{printed:#?}");
+    let own = line_starting(printed.iter().map(String::as_str), "keys of your own: ");
+    assert!(own.ends_with("the same DURABLE_ETL_SECRET"), "{own}");
+    stop_demo(child).await;
+    drop_database(&name).await;
+}
+
+/// `demo --demo-database` never drops a database it did not create: one of the user's with a
+/// table is left as it was, and the demo stops with exit 2 and `database_taken`, naming the flag
+/// to pick another name.
+#[tokio::test]
+async fn the_demo_never_drops_a_database_it_did_not_create() {
+    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
+    let admin = connect(&admin_config()).await;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {}", quote_ident(&name)))
         .await
         .unwrap();
-    assert_eq!(status.code(), Some(0));
+    let mut config = admin_config();
+    config.dbname(&name);
+    connect(&config)
+        .await
+        .batch_execute("CREATE TABLE mine (n int); INSERT INTO mine VALUES (1)")
+        .await
+        .unwrap();
+    let out = run(
+        "postgres://postgres@127.0.0.1:5432/postgres",
+        &["demo", "--demo-database", &name],
+    );
+    let err = assert_failed(&out, 2, "exists without this tool's mark");
+    assert!(err.contains("--demo-database NAME"), "{err}");
+    assert!(err.contains("[database_taken]"), "{err}");
+    let kept: i64 = connect(&config)
+        .await
+        .query_one("SELECT count(*) FROM mine", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 1, "the user's table is intact");
+    drop_database(&name).await;
+}
+
+/// Two demos on one database name: the second, started while the first serves, is refused
+/// (exit 2, `database_taken`) and the first goes on serving; once the first has stopped, a
+/// demo recreates the database it left, since the demo created it and no session uses it.
+#[tokio::test]
+async fn a_second_demo_on_a_running_demos_database_is_refused_and_the_first_goes_on() {
+    let name = format!("{TEST_DB_PREFIX}demo_{}", uuid::Uuid::new_v4().simple());
+    let (first, printed) = serving_demo(&name, &[]).await;
+    let second = run(
+        "postgres://postgres@127.0.0.1:5432/postgres",
+        &["demo", "--demo-database", &name],
+    );
+    let err = assert_failed(&second, 2, "is in use");
+    assert!(err.contains("[database_taken]"), "{err}");
+    let console = line_starting(printed.iter().map(String::as_str), "console: ");
+    let url = console.split_whitespace().nth(1).unwrap();
+    let jobs = json_of(
+        reqwest::Client::new()
+            .get(format!("{}/v1/etl-jobs", url.trim_end_matches("/console")))
+            .bearer_auth(printed_key(console)),
+    )
+    .await;
+    assert_eq!(
+        jobs["jobs"].as_array().map(Vec::len),
+        Some(6),
+        "the first demo's six jobs, still served: {jobs}"
+    );
+    stop_demo(first).await;
+    let again = run(
+        "postgres://postgres@127.0.0.1:5432/postgres",
+        &["demo", "--demo-database", &name],
+    );
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     drop_database(&name).await;
 }
 

@@ -107,7 +107,10 @@ struct Figures {
 async fn fail_over(replication: Replication) -> Figures {
     let pair = Replicated::start(replication);
     let url = pair.url("etl");
-    assert!(binary(&url, &["migrate"]).status().unwrap().success());
+    assert!(binary(&url, &["migrate", "--create-database"])
+        .status()
+        .unwrap()
+        .success());
     let primary = connect(&pair.primary.url("etl").parse().unwrap()).await;
     primary.batch_execute(CLAIM_LOG).await.unwrap();
     let key = api_key(&url);
@@ -385,7 +388,10 @@ async fn recovery_times(
 async fn a_dead_synchronous_standby_holds_every_commit_and_the_replicas_say_so() {
     let pair = Replicated::start(Replication::Synchronous);
     let url = pair.url("etl");
-    assert!(binary(&url, &["migrate"]).status().unwrap().success());
+    assert!(binary(&url, &["migrate", "--create-database"])
+        .status()
+        .unwrap()
+        .success());
     let metrics: Vec<String> = (0..2)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();

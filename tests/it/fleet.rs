@@ -19,7 +19,10 @@ const SERVER_POOL: u32 = 20;
 async fn two_dozen_replicas_through_pgbouncer_drain_a_burst_on_a_100_connection_server() {
     let cluster = Cluster::start_with("max_connections = 100");
     let direct = cluster.url("fleet");
-    assert!(binary(&direct, &["migrate"]).status().unwrap().success());
+    assert!(binary(&direct, &["migrate", "--create-database"])
+        .status()
+        .unwrap()
+        .success());
     let pooler = Pooler::start_with(
         "transaction",
         &format!(

@@ -2130,3 +2130,31 @@ async fn migration_0029_wakes_by_0028s_rules_in_one_read_and_round_trips() {
     assert_eq!(catalog_snapshot(&client).await, latest);
     assert_eq!(declared_min_reader(&client, 29).await, 28);
 }
+
+/// The library's `migrate` refuses a missing database, as `durable-etl migrate` does without
+/// `--create-database` (`database_refused`, nothing created); `db::ensure_database` creates it,
+/// after which `migrate` applies every migration.
+#[tokio::test]
+async fn the_library_refuses_a_missing_database_until_ensure_database_creates_it() {
+    let name = format!(
+        "{}lib_{}",
+        crate::support::TEST_DB_PREFIX,
+        uuid::Uuid::new_v4().simple()
+    );
+    let config = durable_etl::config::DatabaseConfig::new(format!(
+        "postgres://postgres@127.0.0.1:5432/{name}"
+    ));
+    let refused = schema::migrate(&config).await.unwrap_err();
+    assert_eq!(refused.code(), Code::DatabaseRefused, "{refused}");
+    assert!(matches!(refused, Error::Refused { .. }), "{refused}");
+    assert!(!crate::bench::exists(&name).await, "created unasked");
+    assert!(durable_etl::db::ensure_database(&config).await.unwrap());
+    let report = schema::migrate(&config).await.unwrap();
+    assert_eq!(report.version, schema::latest_version());
+    let admin = crate::support::connect(&crate::support::admin_config()).await;
+    let drop = format!(
+        "DROP DATABASE {} WITH (FORCE)",
+        durable_etl::db::quote_ident(&name)
+    );
+    admin.batch_execute(&drop).await.unwrap();
+}

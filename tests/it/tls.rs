@@ -205,7 +205,7 @@ async fn tls_a_replica_runs_a_job_over_verify_full_and_refuses_an_untrusted_serv
     );
     let migrated = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
         .env("DATABASE_URL", &trusted)
-        .arg("migrate")
+        .args(["migrate", "--create-database"])
         .stdout(Stdio::null())
         .status()
         .unwrap();

@@ -7,11 +7,11 @@ use crate::support::{
 };
 use std::process::{Command, Stdio};
 
-/// Migrates the database at `url` with the real binary.
+/// Creates and migrates the database at `url` with the real binary.
 fn migrate(url: &str) {
     let migrated = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
         .env("DATABASE_URL", url)
-        .arg("migrate")
+        .args(["migrate", "--create-database"])
         .stdout(Stdio::null())
         .status()
         .unwrap();
