@@ -47,7 +47,7 @@ use crate::worker::claim::dispatch::{self, claim_with, next_due, settle_dead_tas
 use crate::worker::claim::freed::{self, FreedPermits};
 use crate::worker::claim::prefetch::{refill_now, Prefetch};
 use crate::worker::claim::queues::{took_per_ask, QueueShares, DRAIN_FAN_OUT};
-use crate::worker::complete::completer::Transition;
+use crate::worker::complete::completer::{release, Transition};
 use crate::worker::lease::{self, ClaimedJob, LeaseClock};
 use crate::worker::liveness::held::{HeldJob, HeldJobs};
 use crate::worker::liveness::presence::{self, Answer, Presence, Ticket};
@@ -466,7 +466,7 @@ impl Producer {
             Ok((claim, transition)) => {
                 if let Some(job) = self.held.remove(claim) {
                     if transition == Transition::LeaseLost {
-                        tracing::warn!(job_id = %job.lease.job_id, code = "lease_lost", "abandoned job: lease lost");
+                        release::give_back_lost(&self.shared, job.lease);
                     }
                     if let Some(queue) = job.permit_queue.filter(|_| transition.frees_permits()) {
                         self.freed.record(&queue);

@@ -489,7 +489,7 @@ pub(crate) async fn ledger_by_claim(
     leases_returned(client, LEDGER_BY_CLAIM_SQL, leases).await
 }
 
-mod release;
+pub(crate) mod release;
 mod wake;
 pub use release::{release, RELEASE_SQL, RELEASE_TIMEOUT};
 pub(crate) use release::{release_held, release_leases};

@@ -1,5 +1,6 @@
 //! The shutdown release: the jobs a replica still holds when its grace period ends go back to
-//! `pending`, their attempt not charged, in one fenced statement.
+//! `pending`, their attempt not charged, in one fenced statement; and the give-back of a job the
+//! replica abandoned because it stopped trusting its lease ([`give_back_lost`]).
 //!
 //! Invariants this module keeps:
 //! - Only leases still held under their claim are touched; a job whose owner asked to cancel it
@@ -7,12 +8,17 @@
 //! - Released jobs are announced on the replicas' channel once the release committed.
 //! - The release is bounded by [`RELEASE_TIMEOUT`]: a replica never hangs at exit on it; leases
 //!   it could not release expire and recovery returns them.
+//! - A job abandoned with its lease lost is given back uncharged only while its claim is still
+//!   the replica's own (the release is fenced): after an outage nobody judged (a server restart,
+//!   where every judge waits out its reconnect grace) it runs again without losing an attempt;
+//!   if another replica took it, nothing changes.
 
 use crate::db;
 use crate::error::Error;
 use crate::worker::lease::{self, Lease};
 use crate::worker::liveness::held::HeldJobs;
 use crate::worker::shared::Shared;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
@@ -148,4 +154,30 @@ pub(crate) async fn release_leases(
     let n = db::bounded(shared.statement_bound, release(&*conn, leases, started)).await?;
     shared.stats.record_released(n);
     Ok(n)
+}
+
+/// How often a replica tries to give back a job it abandoned with its lease lost.
+const GIVE_BACK_EVERY: Duration = Duration::from_millis(250);
+
+/// Logs the abandonment of a job whose lease this replica stopped trusting (its clocks ran out:
+/// a lost database, a cut of every connection; or the heartbeat found the lease gone), and gives
+/// it back uncharged once the database answers, if its claim is still this replica's own: on a
+/// task of its own, every [`GIVE_BACK_EVERY`], until the release answers or the lease has run
+/// out (recovery then returns the job, charged).
+pub(crate) fn give_back_lost(shared: &Arc<Shared>, lease: Lease) {
+    tracing::warn!(job_id = %lease.job_id, code = "lease_lost", "abandoned job: lease lost");
+    let shared = Arc::clone(shared);
+    tokio::spawn(async move {
+        let until = tokio::time::Instant::now() + shared.config.lease;
+        while tokio::time::Instant::now() < until {
+            match release_leases(&shared, &[lease], &[lease.claim_id]).await {
+                Ok(0) => return,
+                Ok(_) => {
+                    tracing::info!(job_id = %lease.job_id, "gave back an abandoned job uncharged");
+                    return;
+                }
+                Err(_) => tokio::time::sleep(GIVE_BACK_EVERY).await,
+            }
+        }
+    });
 }
