@@ -209,6 +209,59 @@ fn configuration_errors_exit_2_and_name_the_relation() {
     assert!(stderr(&out).contains("[config_invalid]"));
 }
 
+/// A duration or a count that cannot work is refused at start (exit 2, `config_invalid`),
+/// naming its bound; the bounds themselves pass validation (and reach the database: exit 3).
+#[test]
+fn options_outside_their_bounds_exit_2_naming_the_bound() {
+    let url = "postgres://postgres@127.0.0.1:1/nowhere";
+    let quick = [("DURABLE_ETL_STARTUP_TIMEOUT", "1s")];
+    for (args, message) in [
+        (&["work", "--lease", "1ms"][..], "lease must be at least 1s"),
+        (
+            &["work", "--heartbeat-interval", "10ms"],
+            "heartbeat interval must be at least 100ms",
+        ),
+        (
+            &["work", "--execution-timeout", "1ms"],
+            "execution timeout must be at least 10ms",
+        ),
+        (
+            &["work", "--statement-timeout", "500us"],
+            "statement timeout must be at least 1ms",
+        ),
+        (
+            &["work", "--connect-timeout", "1ms"],
+            "connect timeout must be at least 10ms",
+        ),
+        (
+            &["work", "--pool-size", "100000"],
+            "pool max size must be between 1 and 1000",
+        ),
+        (
+            &["serve", "--max-concurrency", "18446744073709551615"],
+            "max concurrency must be 1 to 65536",
+        ),
+    ] {
+        let out = run_with(url, args, &quick);
+        let err = assert_failed(&out, 2, message);
+        assert!(err.contains("[config_invalid]"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let at_the_bounds = [
+        "work",
+        "--lease",
+        "1s",
+        "--heartbeat-interval",
+        "100ms",
+        "--execution-timeout",
+        "10ms",
+        "--pool-size",
+        "1000",
+    ];
+    let out = run_with(url, &at_the_bounds, &quick);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
 #[test]
 fn a_lease_alone_derives_a_heartbeat_that_fits_it() {
     // Nothing listens on port 1: passing validation means reaching the database (exit 3).
