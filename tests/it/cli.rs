@@ -93,6 +93,34 @@ fn an_unreachable_database_exits_3_naming_the_target_and_the_cause() {
     assert!(!err.contains("canary-password-7d1e"), "{err}");
 }
 
+/// A start-up that keeps failing says where and why on its first retry (address, database,
+/// role, stable code, cause; never the password), then at most once per 10 s, not once per
+/// attempt.
+#[test]
+fn start_up_retries_name_the_target_and_cause_once_not_every_attempt() {
+    let out = run(
+        "postgres://postgres:canary-password-7d1e@127.0.0.1:1/nowhere",
+        &["work", "--owner-id", "x", "--startup-timeout", "5s"],
+    );
+    let err = assert_failed(&out, 3, "database unavailable at 127.0.0.1:1");
+    let retries: Vec<&str> = err
+        .lines()
+        .filter(|line| line.contains("start-up step failed; retrying"))
+        .collect();
+    // 5 s of retries (pauses doubling from 100 ms to 2 s) fit in one 10 s interval: one line.
+    assert_eq!(retries.len(), 1, "{err}");
+    for said in [
+        "127.0.0.1:1",
+        "nowhere",
+        "postgres",
+        "database_unavailable",
+        "connection refused",
+    ] {
+        assert!(retries[0].contains(said), "no {said:?} in: {}", retries[0]);
+    }
+    assert!(!err.contains("canary-password-7d1e"), "{err}");
+}
+
 /// What retrying cannot fix fails at once, naming the target and the server's SQLSTATE: a role
 /// the server does not know (SQLSTATE class 28, as a wrong password or a server that requires
 /// TLS), and a database that does not exist (3D000); a server that does not speak the TLS the
