@@ -20,8 +20,18 @@ use std::time::Duration;
 pub const DATABASE_URL_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/durable_etl";
 /// Default largest number of pooled connections per process.
 pub const POOL_MAX_SIZE_DEFAULT: u32 = 8;
+/// Largest pool `validate()` accepts: more connections than PostgreSQL's usual
+/// `max_connections` many times over, per process, is a typing mistake.
+pub const POOL_MAX_SIZE_MAX: u32 = 1_000;
 /// Default time allowed to open one database connection.
 pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Shortest connect timeout `validate()` accepts: a shorter one cannot open a connection even
+/// to a local server.
+pub const CONNECT_TIMEOUT_MIN: Duration = Duration::from_millis(10);
+/// Shortest session timeout `validate()` accepts (statement, lock, idle in transaction, and a
+/// client check interval that is not zero): PostgreSQL counts them in whole milliseconds, and a
+/// shorter one would be sent as 0, which turns the limit off.
+pub const SERVER_TIMEOUT_MIN: Duration = Duration::from_millis(1);
 /// Default `statement_timeout` of every session.
 pub const STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Default `lock_timeout` of every session.
@@ -51,10 +61,19 @@ pub const PREFETCH_DEFAULT: usize = 128;
 pub const PREFETCH_MAX: usize = 1024;
 /// Default lease granted by a claim and by each heartbeat.
 pub const LEASE_DEFAULT: Duration = Duration::from_secs(15);
+/// Shortest lease `validate()` accepts: a shorter one does not outlast the round trips of a
+/// claim, a heartbeat and a commit with any margin, and every job would end
+/// `lease_expired_exhausted`.
+pub const LEASE_MIN: Duration = Duration::from_secs(1);
 /// Default (and longest derived) interval between heartbeats; see [`derived_heartbeat_interval`].
 pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(4);
+/// Shortest heartbeat interval `validate()` accepts: each heartbeat is a statement per replica.
+/// The heartbeat derived from any lease of at least [`LEASE_MIN`] is longer.
+pub const HEARTBEAT_INTERVAL_MIN: Duration = Duration::from_millis(100);
 /// Default execution timeout of one attempt.
 pub const EXECUTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+/// Shortest execution timeout `validate()` accepts: a shorter one times every attempt out.
+pub const EXECUTION_TIMEOUT_MIN: Duration = Duration::from_millis(10);
 /// Default time running jobs get to finish after a shutdown signal.
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// Default first retry delay of a transient failure.
@@ -80,6 +99,23 @@ pub fn derived_heartbeat_interval(lease: Duration) -> Duration {
 /// leases expire, so recovery does not wait for the locks beyond the lease.
 pub fn derived_idle_in_transaction_timeout(lease: Duration) -> Duration {
     IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.min(lease)
+}
+
+/// Refuses `value` (the setting `name`) if it is zero or shorter than `min` (named `limit` in
+/// the error).
+fn at_least(
+    name: &'static str,
+    value: Duration,
+    min: Duration,
+    limit: &'static str,
+) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        return Err(ConfigError::ZeroDuration(name));
+    }
+    if value < min {
+        return Err(ConfigError::DurationTooShort(name, limit));
+    }
+    Ok(())
 }
 
 /// Refuses `value` (the setting `name`) if it is longer than `max` (named `limit` in the error).
@@ -111,8 +147,8 @@ pub enum ConfigError {
     /// system's) could not be read, or hold no certificate.
     #[error("the TLS root certificates could not be read (sslrootcert)")]
     SslRootCert,
-    /// The pool must have room for at least one connection.
-    #[error("pool max size must be at least 1")]
+    /// The pool size is outside `1..=POOL_MAX_SIZE_MAX`.
+    #[error("pool max size must be between 1 and 1000")]
     PoolSize,
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
@@ -124,6 +160,9 @@ pub enum ConfigError {
     /// A duration is longer than its setting allows (the second field names the limit).
     #[error("{0} must be at most {1}")]
     DurationTooLong(&'static str, &'static str),
+    /// A duration is shorter than its setting can work with (the second field names the limit).
+    #[error("{0} must be at least {1}")]
+    DurationTooShort(&'static str, &'static str),
     /// The claim cooldown is longer than the poll interval, which it would hold back.
     #[error("claim cooldown must not exceed the poll interval")]
     ClaimCooldown,
@@ -152,8 +191,9 @@ pub enum ConfigError {
     /// The listen address cannot be bound (in use, or not this host's).
     #[error("the listen address cannot be bound")]
     Listen,
-    /// An API limit (concurrency, records, bytes) is zero.
-    #[error("max concurrency, max records and max bytes must be at least 1")]
+    /// An API limit is outside its bounds: concurrency `1..=MAX_CONCURRENCY_MAX`, records
+    /// `1..=intake::MAX_RECORDS_MAX`, bytes `1..=intake::MAX_BYTES_MAX`.
+    #[error("max concurrency must be 1 to 65536, max records 1 to 1000000 and max bytes 1 to 1073741824 (1 GiB)")]
     ApiLimits,
     /// The digest secret is missing or shorter than 16 bytes.
     #[error("DURABLE_ETL_SECRET must be set to at least 16 bytes")]
@@ -164,6 +204,9 @@ pub enum ConfigError {
     /// A job's priority is outside `queue::PRIORITY_RANGE`.
     #[error("a job's priority must be from 0 to 9")]
     Priority,
+    /// A job's attempt bound is outside `enqueue::MAX_ATTEMPTS_RANGE`.
+    #[error("a job's max attempts must be from 1 to 100")]
+    MaxAttempts,
     /// A job's concurrency key is empty or longer than 255 bytes.
     #[error("a job's concurrency key must be 1 to 255 bytes")]
     ConcurrencyKey,
@@ -180,23 +223,29 @@ pub enum ConfigError {
 pub struct DatabaseConfig {
     /// The PostgreSQL connection string. Defaults to [`DATABASE_URL_DEFAULT`].
     pub url: String,
-    /// Largest number of pooled connections. Defaults to [`POOL_MAX_SIZE_DEFAULT`].
+    /// Largest number of pooled connections, 1 to [`POOL_MAX_SIZE_MAX`]. Defaults to
+    /// [`POOL_MAX_SIZE_DEFAULT`].
     pub pool_max_size: u32,
-    /// Time allowed to open a connection. Defaults to [`CONNECT_TIMEOUT_DEFAULT`].
+    /// Time allowed to open a connection, at least [`CONNECT_TIMEOUT_MIN`]. Defaults to
+    /// [`CONNECT_TIMEOUT_DEFAULT`].
     pub connect_timeout: Duration,
-    /// Session `statement_timeout`. Defaults to [`STATEMENT_TIMEOUT_DEFAULT`].
+    /// Session `statement_timeout`, [`SERVER_TIMEOUT_MIN`] to [`SERVER_TIMEOUT_MAX`]. Defaults
+    /// to [`STATEMENT_TIMEOUT_DEFAULT`].
     pub statement_timeout: Duration,
-    /// Session `lock_timeout`. Defaults to [`LOCK_TIMEOUT_DEFAULT`].
+    /// Session `lock_timeout`, [`SERVER_TIMEOUT_MIN`] to [`SERVER_TIMEOUT_MAX`]. Defaults to
+    /// [`LOCK_TIMEOUT_DEFAULT`].
     pub lock_timeout: Duration,
     /// Session `idle_in_transaction_session_timeout`, so a frozen process cannot hold a row lock
-    /// forever. Defaults to [`IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT`].
+    /// forever; [`SERVER_TIMEOUT_MIN`] to [`SERVER_TIMEOUT_MAX`]. Defaults to
+    /// [`IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT`].
     pub idle_in_transaction_timeout: Duration,
     /// Idle time before TCP keepalive probes start. Defaults to [`KEEPALIVE_IDLE_DEFAULT`].
     pub keepalive_idle: Duration,
     /// Session `client_connection_check_interval` (PostgreSQL 14+): a backend still running a
     /// query for a process that died (say, waiting for a row lock) notices within this interval,
-    /// rolls back and frees the job's row. Zero leaves the server's setting (required on 13).
-    /// Defaults to [`CLIENT_CHECK_INTERVAL_DEFAULT`].
+    /// rolls back and frees the job's row. Zero leaves the server's setting (required on 13);
+    /// any other is [`SERVER_TIMEOUT_MIN`] to [`SERVER_TIMEOUT_MAX`]. Defaults to
+    /// [`CLIENT_CHECK_INTERVAL_DEFAULT`].
     pub client_check_interval: Duration,
     /// The pooler on [`DatabaseConfig::url`], if any: behind a transaction-mode one no statement
     /// is prepared by name and no session state is kept ([`Pooler`]). Defaults to
@@ -254,33 +303,35 @@ impl DatabaseConfig {
     /// The first broken rule, as a [`ConfigError`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.driver_url()?;
-        if self.pool_max_size == 0 {
+        if !(1..=POOL_MAX_SIZE_MAX).contains(&self.pool_max_size) {
             return Err(ConfigError::PoolSize);
         }
-        for (name, value) in [
-            ("connect timeout", self.connect_timeout),
-            ("statement timeout", self.statement_timeout),
-            ("lock timeout", self.lock_timeout),
+        for (name, value, min, limit) in [
             (
-                "idle in transaction timeout",
-                self.idle_in_transaction_timeout,
+                "connect timeout",
+                self.connect_timeout,
+                CONNECT_TIMEOUT_MIN,
+                "10ms",
             ),
-            ("keepalive idle", self.keepalive_idle),
+            ("keepalive idle", self.keepalive_idle, Duration::ZERO, "0"),
         ] {
-            if value.is_zero() {
-                return Err(ConfigError::ZeroDuration(name));
-            }
+            at_least(name, value, min, limit)?;
             at_most(name, value, DURATION_MAX, "365 days")?;
         }
-        for (name, value) in [
-            ("statement timeout", self.statement_timeout),
-            ("lock timeout", self.lock_timeout),
+        // A zero client check interval leaves the server's (PostgreSQL 13 has none).
+        for (name, value, may_be_zero) in [
+            ("statement timeout", self.statement_timeout, false),
+            ("lock timeout", self.lock_timeout, false),
             (
                 "idle in transaction timeout",
                 self.idle_in_transaction_timeout,
+                false,
             ),
-            ("client check interval", self.client_check_interval),
+            ("client check interval", self.client_check_interval, true),
         ] {
+            if !(may_be_zero && value.is_zero()) {
+                at_least(name, value, SERVER_TIMEOUT_MIN, "1ms")?;
+            }
             at_most(name, value, SERVER_TIMEOUT_MAX, "2147483647ms")?;
         }
         Ok(())
@@ -312,14 +363,17 @@ pub struct WorkerConfig {
     /// steady load. Claims under a backlog (slots freed, permits freed) never wait. At most the
     /// poll interval. Defaults to [`CLAIM_COOLDOWN_DEFAULT`].
     pub claim_cooldown: Duration,
-    /// Lease granted by a claim and renewed by each heartbeat. Defaults to [`LEASE_DEFAULT`].
+    /// Lease granted by a claim and renewed by each heartbeat, at least [`LEASE_MIN`]. Defaults
+    /// to [`LEASE_DEFAULT`].
     pub lease: Duration,
-    /// Interval between heartbeats; under a third of the lease. Defaults to
+    /// Interval between heartbeats; at least [`HEARTBEAT_INTERVAL_MIN`] and under a third of
+    /// the lease. Defaults to
     /// [`HEARTBEAT_INTERVAL_DEFAULT`], which is [`derived_heartbeat_interval`] of the default lease
     /// (the command line derives it from `--lease` when only the lease is set).
     pub heartbeat_interval: Duration,
     /// Time budget of an attempt's compute phase, and separately of its effects, counted from
-    /// when they start applying. Defaults to [`EXECUTION_TIMEOUT_DEFAULT`].
+    /// when they start applying; at least [`EXECUTION_TIMEOUT_MIN`]. Defaults to
+    /// [`EXECUTION_TIMEOUT_DEFAULT`].
     pub execution_timeout: Duration,
     /// Time running jobs get to finish after a shutdown signal. Defaults to
     /// [`SHUTDOWN_GRACE_DEFAULT`].
@@ -397,15 +451,23 @@ impl WorkerConfig {
         if self.claim_cooldown > self.poll_interval {
             return Err(ConfigError::ClaimCooldown);
         }
-        for (name, value) in [
-            ("lease", self.lease),
-            ("heartbeat interval", self.heartbeat_interval),
-            ("execution timeout", self.execution_timeout),
-            ("retry min delay", self.retry_min_delay),
+        for (name, value, min, limit) in [
+            ("lease", self.lease, LEASE_MIN, "1s"),
+            (
+                "heartbeat interval",
+                self.heartbeat_interval,
+                HEARTBEAT_INTERVAL_MIN,
+                "100ms",
+            ),
+            (
+                "execution timeout",
+                self.execution_timeout,
+                EXECUTION_TIMEOUT_MIN,
+                "10ms",
+            ),
+            ("retry min delay", self.retry_min_delay, Duration::ZERO, "0"),
         ] {
-            if value.is_zero() {
-                return Err(ConfigError::ZeroDuration(name));
-            }
+            at_least(name, value, min, limit)?;
         }
         for (name, value) in [
             ("lease", self.lease),
@@ -434,6 +496,8 @@ impl WorkerConfig {
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Default number of HTTP requests served at once (more wait their turn).
 pub const MAX_CONCURRENCY_DEFAULT: usize = 256;
+/// Largest number of HTTP requests served at once that `validate()` accepts.
+pub const MAX_CONCURRENCY_MAX: usize = 65_536;
 
 /// How the HTTP API serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -443,9 +507,11 @@ pub struct ApiConfig {
     /// Time one request may take before it is answered `503 request_timeout`. Defaults to
     /// [`REQUEST_TIMEOUT_DEFAULT`].
     pub request_timeout: Duration,
-    /// Requests served at once. Defaults to [`MAX_CONCURRENCY_DEFAULT`].
+    /// Requests served at once, 1 to [`MAX_CONCURRENCY_MAX`]. Defaults to
+    /// [`MAX_CONCURRENCY_DEFAULT`].
     pub max_concurrency: usize,
-    /// Request size limits. Default to 10,000 records and 1 MiB.
+    /// Request size limits (1 to [`crate::intake::MAX_RECORDS_MAX`] records, 1 to
+    /// [`crate::intake::MAX_BYTES_MAX`] bytes). Default to 10,000 records and 1 MiB.
     pub limits: crate::intake::IntakeLimits,
 }
 
@@ -475,7 +541,11 @@ impl ApiConfig {
             DURATION_MAX,
             "365 days",
         )?;
-        if self.max_concurrency == 0 || self.limits.max_records == 0 || self.limits.max_bytes == 0 {
+        use crate::intake::{MAX_BYTES_MAX, MAX_RECORDS_MAX};
+        if !(1..=MAX_CONCURRENCY_MAX).contains(&self.max_concurrency)
+            || !(1..=MAX_RECORDS_MAX).contains(&self.limits.max_records)
+            || !(1..=MAX_BYTES_MAX).contains(&self.limits.max_bytes)
+        {
             return Err(ConfigError::ApiLimits);
         }
         Ok(())

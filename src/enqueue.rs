@@ -51,7 +51,7 @@ pub struct Submission<'a> {
     /// The caller's idempotency key (1 to 255 characters), stored only as a keyed digest; `None`
     /// gives the job a key of its own that nothing else matches.
     pub idempotency_key: Option<&'a str>,
-    /// The attempt bound, clamped to [`MAX_ATTEMPTS_RANGE`].
+    /// The attempt bound, in [`MAX_ATTEMPTS_RANGE`] (another is refused).
     pub max_attempts: i32,
     /// When the job is due; `None` or a past instant means now.
     pub run_at: Option<DateTime<Utc>>,
@@ -183,8 +183,8 @@ impl<'a> Columns<'a> {
     /// # Errors
     /// [`Error::Rejected`] with `idempotency_key_invalid` for a key that is empty or longer than
     /// 255 characters; [`Error::Config`] for a queue name the schema does not store, a
-    /// priority outside [`PRIORITY_RANGE`] or a concurrency key that is empty or longer than
-    /// [`CONCURRENCY_KEY_MAX`] bytes.
+    /// priority outside [`PRIORITY_RANGE`], an attempt bound outside [`MAX_ATTEMPTS_RANGE`] or a
+    /// concurrency key that is empty or longer than [`CONCURRENCY_KEY_MAX`] bytes.
     fn of(secret: &Secret, jobs: Vec<Submission<'a>>) -> Result<Columns<'a>, Error> {
         let mut c = Columns::default();
         for job in jobs {
@@ -194,6 +194,9 @@ impl<'a> Columns<'a> {
             }
             if !PRIORITY_RANGE.contains(&job.priority) {
                 return Err(Error::Config(ConfigError::Priority));
+            }
+            if !MAX_ATTEMPTS_RANGE.contains(&job.max_attempts) {
+                return Err(Error::Config(ConfigError::MaxAttempts));
             }
             if job
                 .concurrency_key
@@ -225,10 +228,7 @@ impl<'a> Columns<'a> {
             c.fingerprints.push(fingerprint.to_vec());
             c.keyed.push(job.idempotency_key.is_some());
             c.payloads.push(job.payload);
-            c.max_attempts.push(
-                job.max_attempts
-                    .clamp(*MAX_ATTEMPTS_RANGE.start(), *MAX_ATTEMPTS_RANGE.end()),
-            );
+            c.max_attempts.push(job.max_attempts);
             c.run_ats.push(job.run_at);
             c.replaces.push(job.replaces);
         }
@@ -245,8 +245,8 @@ impl<'a> Columns<'a> {
 ///
 /// # Errors
 /// [`Error::Rejected`] with `idempotency_key_invalid`, `idempotency_key_reused`, or `not_found`
-/// / `conflict` for a `replaces` that names no job of the owner / one that ended; database
-/// errors.
+/// / `conflict` for a `replaces` that names no job of the owner / one that ended;
+/// [`Error::Config`] as [`Columns::of`] says, before anything is written; database errors.
 pub async fn submit(
     client: &impl GenericClient,
     secret: &Secret,

@@ -348,8 +348,21 @@ fn unreachable_cause(e: Option<&tokio_postgres::Error>) -> String {
             code.code()
         );
     }
+    format!("{} (until the start-up timeout)", attempt_cause(Some(e)))
+}
+
+/// What one failed attempt to reach the database met, by its kind: a fixed phrase, never the
+/// error's text (a server's error is named by its SQLSTATE, beside it). `None`: the attempt
+/// got no answer within its bound.
+pub fn attempt_cause(e: Option<&tokio_postgres::Error>) -> &'static str {
+    let Some(e) = e else {
+        return "no answer in time";
+    };
+    if e.code().is_some() {
+        return "the server answered with an error";
+    }
     let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
-    let kind = match io.map(std::io::Error::kind) {
+    match io.map(std::io::Error::kind) {
         Some(std::io::ErrorKind::ConnectionRefused) => {
             "connection refused: is the server running and listening there?"
         }
@@ -357,8 +370,7 @@ fn unreachable_cause(e: Option<&tokio_postgres::Error>) -> String {
         Some(_) => "the connection failed",
         None if e.is_closed() => "the server closed the connection",
         None => "the connection failed",
-    };
-    format!("{kind} (until the start-up timeout)")
+    }
 }
 
 /// Why a listening socket could not be opened, by its kind: a fixed phrase.

@@ -200,6 +200,33 @@ impl JobError {
     }
 }
 
+impl From<crate::error::Error> for JobError {
+    /// An error of this crate's own calls inside a handler, such as an effects' enqueue of a
+    /// follow-up job ([`crate::Jobs::enqueue`] on the fenced transaction), so that `?` is
+    /// enough: a database error keeps its SQLSTATE's verdict ([`JobError::Database`]); a lost
+    /// connection or a contended job is transient; anything else (a refused enqueue, an option
+    /// out of its bounds) is permanent, stored as `handler_failed`. The error is kept as the
+    /// source only, never stored or logged: no database text reaches a stored code.
+    fn from(e: crate::error::Error) -> JobError {
+        use crate::error::Error;
+        match e {
+            Error::Database(db) | Error::Unavailable(Some(db)) => JobError::Database(db),
+            e if matches!(
+                e.code(),
+                Code::TransientDatabase | Code::DatabaseUnavailable
+            ) =>
+            {
+                JobError::transient(e)
+            }
+            e => JobError::Permanent {
+                code: Code::HandlerFailed,
+                record_index: None,
+                source: Some(Box::new(e)),
+            },
+        }
+    }
+}
+
 /// The longest retry delay a kind or a handler's [`JobError::RetryAfter`] may ask for (a
 /// week): every delay stays finite, and inside what a timestamp can hold.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(7 * 24 * 3600);

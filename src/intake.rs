@@ -14,6 +14,10 @@ use crate::codes::Code;
 pub const MAX_RECORDS_DEFAULT: usize = 10_000;
 /// Default largest request body, in bytes.
 pub const MAX_BYTES_DEFAULT: usize = 1024 * 1024;
+/// Largest records limit the API's configuration accepts.
+pub const MAX_RECORDS_MAX: usize = 1_000_000;
+/// Largest body limit the API's configuration accepts (1 GiB): a body is held in memory whole.
+pub const MAX_BYTES_MAX: usize = 1 << 30;
 
 /// Size limits of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

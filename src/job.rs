@@ -33,7 +33,8 @@ pub use perform::{Apply, Perform};
 pub struct EnqueueOptions<'a> {
     /// When the job is due (UTC); `None` or a past instant means now.
     pub run_at: Option<DateTime<Utc>>,
-    /// The attempt bound (1 to 100); `None` is the kind's [`Job::MAX_ATTEMPTS`].
+    /// The attempt bound (1 to 100: another is refused with [`crate::ConfigError::MaxAttempts`]);
+    /// `None` is the kind's [`Job::MAX_ATTEMPTS`].
     pub max_attempts: Option<i32>,
     /// An idempotency key (1 to 255 characters): a second enqueue of the same owner with the same
     /// key returns the existing job, whatever state it is in; with a different payload it is
@@ -91,8 +92,9 @@ impl Jobs {
     ///
     /// # Errors
     /// [`Error::Config`] when the kind's name, or the queue's, is not one the schema stores
-    /// ([`crate::handler::is_kind_name`]), or the priority is outside
-    /// [`crate::queue::PRIORITY_RANGE`]; [`Error::Rejected`] with `idempotency_key_invalid`,
+    /// ([`crate::handler::is_kind_name`]), the priority is outside
+    /// [`crate::queue::PRIORITY_RANGE`] or the attempt bound outside
+    /// [`enqueue::MAX_ATTEMPTS_RANGE`]; [`Error::Rejected`] with `idempotency_key_invalid`,
     /// `idempotency_key_reused`, `invalid_payload` (the job does not serialize as a JSON
     /// document), or `not_found` /
     /// `conflict` for a `replaces` that names no job of the owner / one that ended; database

@@ -39,23 +39,25 @@ pub(crate) struct DatabaseArgs {
     /// PostgreSQL connection string.
     #[arg(long, env = "DATABASE_URL", default_value = DATABASE_URL_DEFAULT, global = true, hide_env_values = true)]
     pub(crate) database_url: String,
-    /// Largest number of pooled connections.
+    /// Largest number of pooled connections (1 to 1000).
     #[arg(long, env = "DURABLE_ETL_POOL_SIZE", default_value_t = config::POOL_MAX_SIZE_DEFAULT, global = true)]
     pub(crate) pool_size: u32,
-    /// Time allowed to open a database connection.
+    /// Time allowed to open a database connection (at least 10ms).
     #[arg(long, env = "DURABLE_ETL_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
     pub(crate) connect_timeout: Duration,
-    /// Session statement_timeout.
+    /// Session statement_timeout (1ms to 2147483647ms).
     #[arg(long, env = "DURABLE_ETL_STATEMENT_TIMEOUT", default_value = "30s", value_parser = parse_duration, global = true)]
     pub(crate) statement_timeout: Duration,
-    /// Session lock_timeout.
+    /// Session lock_timeout (1ms to 2147483647ms).
     #[arg(long, env = "DURABLE_ETL_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
     pub(crate) lock_timeout: Duration,
-    /// Session idle_in_transaction_session_timeout. Defaults to 10s; for `work`, to the lease when
-    /// --lease is shorter, so a frozen replica's row locks go no later than its leases.
+    /// Session idle_in_transaction_session_timeout (1ms to 2147483647ms). Defaults to 10s; for
+    /// `work`, to the lease when --lease is shorter, so a frozen replica's row locks go no later
+    /// than its leases.
     #[arg(long, env = "DURABLE_ETL_IDLE_IN_TRANSACTION_TIMEOUT", value_parser = parse_duration, global = true)]
     pub(crate) idle_in_transaction_timeout: Option<Duration>,
-    /// Session client_connection_check_interval (PostgreSQL 14+; 0 leaves the server's, as 13 needs).
+    /// Session client_connection_check_interval (PostgreSQL 14+; 1ms to 2147483647ms, or 0 to
+    /// leave the server's, as 13 needs).
     #[arg(long, env = "DURABLE_ETL_CLIENT_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration, global = true)]
     pub(crate) client_check_interval: Duration,
     /// PEM file of the root certificates TLS connections to the database trust (sslmode
@@ -65,7 +67,7 @@ pub(crate) struct DatabaseArgs {
     pub(crate) database_ssl_root_cert: Option<std::path::PathBuf>,
     /// Time start-up may take (connecting, schema and session checks, owner lock, release of a
     /// previous incarnation's jobs); lost connections are retried with backoff within it, and the
-    /// process exits 3 when it is spent.
+    /// process exits 3 when it is spent. At most 365 days.
     #[arg(long, env = "DURABLE_ETL_STARTUP_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
     pub(crate) startup_timeout: Duration,
     /// The pooler on --database-url: none, session or transaction (PgBouncer's pool_mode).
@@ -209,16 +211,16 @@ pub(crate) struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "DURABLE_ETL_LISTEN", default_value = config::API_LISTEN_DEFAULT)]
     pub(crate) listen: SocketAddr,
-    /// Time one request may take.
+    /// Time one request may take (at most 365 days).
     #[arg(long, env = "DURABLE_ETL_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub(crate) request_timeout: Duration,
-    /// Requests served at once (more wait their turn).
+    /// Requests served at once, more wait their turn (1 to 65536).
     #[arg(long, env = "DURABLE_ETL_MAX_CONCURRENCY", default_value_t = config::MAX_CONCURRENCY_DEFAULT)]
     pub(crate) max_concurrency: usize,
-    /// Largest number of records in one request.
+    /// Largest number of records in one request (1 to 1000000).
     #[arg(long, env = "DURABLE_ETL_MAX_RECORDS", default_value_t = durable_etl::intake::MAX_RECORDS_DEFAULT)]
     pub(crate) max_records: usize,
-    /// Largest request body, in bytes.
+    /// Largest request body, in bytes (1 to 1073741824, 1 GiB).
     #[arg(long, env = "DURABLE_ETL_MAX_BYTES", default_value_t = durable_etl::intake::MAX_BYTES_DEFAULT)]
     pub(crate) max_bytes: usize,
     /// Secret key of the keyed digests (at least 16 bytes).
@@ -257,36 +259,37 @@ pub(crate) struct WorkArgs {
     /// This replica's stable lease owner id (for example the pod name); generated when unset.
     #[arg(long, env = "DURABLE_ETL_OWNER_ID")]
     pub(crate) owner_id: Option<String>,
-    /// Jobs this replica runs at once.
+    /// Jobs this replica runs at once (1 to 1024).
     #[arg(long, env = "DURABLE_ETL_SLOTS", default_value_t = config::SLOTS_DEFAULT)]
     pub(crate) slots: usize,
-    /// Jobs this replica may claim ahead of its free slots while a backlog lasts (0: none).
+    /// Jobs this replica may claim ahead of its free slots while a backlog lasts (0: none; at
+    /// most 1024).
     #[arg(long, env = "DURABLE_ETL_PREFETCH", default_value_t = config::PREFETCH_DEFAULT)]
     pub(crate) prefetch: usize,
-    /// Interval of the backstop poll.
+    /// Interval of the backstop poll (10ms to 300s).
     #[arg(long, env = "DURABLE_ETL_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub(crate) poll_interval: Duration,
     /// The least time between two claims that wakes cause (at most the poll interval): wakes
     /// sooner wait and are claimed together, trading pickup latency for database CPU per job.
     #[arg(long, env = "DURABLE_ETL_CLAIM_COOLDOWN", default_value = "0ms", value_parser = parse_duration)]
     pub(crate) claim_cooldown: Duration,
-    /// Lease granted by a claim and renewed by each heartbeat.
+    /// Lease granted by a claim and renewed by each heartbeat (1s to 365 days).
     #[arg(long, env = "DURABLE_ETL_LEASE", default_value = "15s", value_parser = parse_duration)]
     pub(crate) lease: Duration,
-    /// Interval between heartbeats (under a third of the lease). Defaults to 4s, or lease × 4/15
-    /// when --lease is under 15s (800ms for a 3s lease).
+    /// Interval between heartbeats (at least 100ms, and under a third of the lease). Defaults to
+    /// 4s, or lease × 4/15 when --lease is under 15s (800ms for a 3s lease).
     #[arg(long, env = "DURABLE_ETL_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
     pub(crate) heartbeat_interval: Option<Duration>,
-    /// Execution timeout of one attempt.
+    /// Execution timeout of one attempt (10ms to 365 days).
     #[arg(long, env = "DURABLE_ETL_EXECUTION_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub(crate) execution_timeout: Duration,
-    /// Time running jobs get to finish after SIGTERM or SIGINT.
+    /// Time running jobs get to finish after SIGTERM or SIGINT (0 to 365 days).
     #[arg(long, env = "DURABLE_ETL_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub(crate) shutdown_grace: Duration,
-    /// First retry delay after a transient failure.
+    /// First retry delay after a transient failure (more than 0, at most --retry-max-delay).
     #[arg(long, env = "DURABLE_ETL_RETRY_MIN_DELAY", default_value = "500ms", value_parser = parse_duration)]
     pub(crate) retry_min_delay: Duration,
-    /// Longest retry delay.
+    /// Longest retry delay (at most 365 days).
     #[arg(long, env = "DURABLE_ETL_RETRY_MAX_DELAY", default_value = "60s", value_parser = parse_duration)]
     pub(crate) retry_max_delay: Duration,
     /// Address to serve Prometheus metrics on.

@@ -137,7 +137,7 @@ fn derived_defaults_keep_any_lease_valid() {
         derived_idle_in_transaction_timeout(LEASE_DEFAULT),
         IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT
     );
-    for ms in [1, 2, 3, 100, 3_000, 9_999, 15_000, 60_000, 3_600_000] {
+    for ms in [1_000, 1_001, 3_000, 9_999, 15_000, 60_000, 3_600_000] {
         let lease = Duration::from_millis(ms);
         let config = WorkerConfig {
             lease,
@@ -183,6 +183,101 @@ fn absurd_durations_are_refused_not_overflowed() {
         statement.validate(),
         Err(ConfigError::DurationTooLong("statement timeout", _))
     ));
+}
+
+#[test]
+fn durations_and_counts_that_cannot_work_are_refused_naming_the_bound() {
+    let short = |name, limit| Err(ConfigError::DurationTooShort(name, limit));
+    let worker = WorkerConfig::default;
+    let lease = WorkerConfig {
+        lease: Duration::from_millis(999),
+        heartbeat_interval: derived_heartbeat_interval(Duration::from_millis(999)),
+        ..worker()
+    };
+    assert_eq!(lease.validate(), short("lease", "1s"));
+    let heartbeat = WorkerConfig {
+        heartbeat_interval: Duration::from_millis(99),
+        ..worker()
+    };
+    assert_eq!(heartbeat.validate(), short("heartbeat interval", "100ms"));
+    let execution = WorkerConfig {
+        execution_timeout: Duration::from_millis(9),
+        ..worker()
+    };
+    assert_eq!(execution.validate(), short("execution timeout", "10ms"));
+    let at_the_bounds = WorkerConfig {
+        lease: LEASE_MIN,
+        heartbeat_interval: HEARTBEAT_INTERVAL_MIN,
+        execution_timeout: EXECUTION_TIMEOUT_MIN,
+        ..worker()
+    };
+    assert_eq!(at_the_bounds.validate(), Ok(()));
+
+    let db = DatabaseConfig::default;
+    let sub_millisecond = Duration::from_micros(500);
+    for (config, expected) in [
+        (
+            DatabaseConfig {
+                statement_timeout: sub_millisecond,
+                ..db()
+            },
+            short("statement timeout", "1ms"),
+        ),
+        (
+            DatabaseConfig {
+                client_check_interval: sub_millisecond,
+                ..db()
+            },
+            short("client check interval", "1ms"),
+        ),
+        (
+            DatabaseConfig {
+                connect_timeout: Duration::from_millis(1),
+                ..db()
+            },
+            short("connect timeout", "10ms"),
+        ),
+        (
+            DatabaseConfig {
+                pool_max_size: POOL_MAX_SIZE_MAX + 1,
+                ..db()
+            },
+            Err(ConfigError::PoolSize),
+        ),
+    ] {
+        assert_eq!(config.validate(), expected);
+    }
+    let no_check = DatabaseConfig {
+        client_check_interval: Duration::ZERO,
+        pool_max_size: POOL_MAX_SIZE_MAX,
+        ..db()
+    };
+    assert_eq!(no_check.validate(), Ok(()), "0 leaves the server's");
+
+    let api = ApiConfig::default;
+    for config in [
+        ApiConfig {
+            max_concurrency: MAX_CONCURRENCY_MAX + 1,
+            ..api()
+        },
+        ApiConfig {
+            limits: crate::intake::IntakeLimits {
+                max_records: crate::intake::MAX_RECORDS_MAX + 1,
+                ..Default::default()
+            },
+            ..api()
+        },
+        ApiConfig {
+            limits: crate::intake::IntakeLimits {
+                max_bytes: crate::intake::MAX_BYTES_MAX + 1,
+                ..Default::default()
+            },
+            ..api()
+        },
+    ] {
+        assert_eq!(config.validate(), Err(ConfigError::ApiLimits));
+    }
+    assert_eq!(api().validate(), Ok(()));
 }
 
 #[test]

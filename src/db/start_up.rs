@@ -8,6 +8,9 @@
 //!   password, a missing database, an incompatible schema) ends start-up at once.
 //! - Giving up names the target (address, database, role; never the password) and the last
 //!   attempt's cause, never an error's text.
+//! - The first failed attempt is logged at once with the same (target, stable code, SQLSTATE,
+//!   cause); a start-up that keeps failing logs again at most once per
+//!   [`STARTUP_WARN_EVERY`], with the count of failed attempts, never once per attempt.
 
 use crate::error::{Error, Target};
 use std::time::Duration;
@@ -18,6 +21,10 @@ const STARTUP_RETRY_MIN: Duration = Duration::from_millis(100);
 
 /// Longest pause between two start-up attempts.
 const STARTUP_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Least time between two warnings of a start-up that keeps failing: the first failed attempt is
+/// logged at once, then at most one line per this interval.
+const STARTUP_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// When a process must have started: every start-up step (connecting, the schema and session
 /// settings checks, the owner lock, the release of a previous incarnation's jobs) runs before it.
@@ -51,6 +58,8 @@ impl StartUp {
         let deadline = self.deadline;
         let mut pause = STARTUP_RETRY_MIN;
         let mut shutdown = self.shutdown.clone();
+        let mut failures: u32 = 0;
+        let mut warned: Option<tokio::time::Instant> = None;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let error = match tokio::time::timeout(left.min(self.attempt), step()).await {
@@ -59,30 +68,58 @@ impl StartUp {
                 Ok(Err(e)) => e,
                 Err(_) => Error::Unavailable(None),
             };
+            let code = error.code();
+            // Only these are retried (`retried_at_start_up`; a timed-out attempt is the first).
+            let source = match error {
+                Error::Unavailable(source) => source,
+                Error::Database(source) => Some(source),
+                _ => None,
+            };
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left <= pause || shutdown.stage() != crate::shutdown::Stage::Running {
-                let source = match error {
-                    Error::Unavailable(source) => source,
-                    Error::Database(source) => Some(source),
-                    _ => None,
-                };
                 return Err(Error::Unreachable {
                     target: self.target.clone(),
                     source,
                 });
             }
-            tracing::warn!(
-                code = %error.code(),
-                sqlstate = error.db_code().map(SqlState::code),
-                retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
-                "start-up step failed; retrying"
-            );
+            failures = failures.saturating_add(1);
+            let now = tokio::time::Instant::now();
+            if warned.is_none_or(|at| now.duration_since(at) >= STARTUP_WARN_EVERY) {
+                warned = Some(now);
+                self.warn_retrying(code, source.as_ref(), failures, pause);
+            }
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
                 () = shutdown.reached(crate::shutdown::Stage::Draining) => {}
             }
             pause = (pause * 2).min(STARTUP_RETRY_MAX);
         }
+    }
+}
+
+impl StartUp {
+    /// Logs that a start-up step failed with `code` (and the database's `source`, if any: the
+    /// `failures`-th failed attempt) and is tried again after `pause`: where (address, database,
+    /// role; never the password), the stable code, the SQLSTATE if the server answered one, and
+    /// the cause as a fixed phrase, never the error's text.
+    fn warn_retrying(
+        &self,
+        code: crate::codes::Code,
+        source: Option<&tokio_postgres::Error>,
+        failures: u32,
+        pause: Duration,
+    ) {
+        tracing::warn!(
+            address = %self.target.address,
+            database = %self.target.database,
+            role = %self.target.user,
+            code = %code,
+            sqlstate = source.and_then(tokio_postgres::Error::code).map(SqlState::code),
+            cause = crate::error::attempt_cause(source),
+            failures,
+            retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+            "start-up step failed; retrying"
+        );
     }
 }
 

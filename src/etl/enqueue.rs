@@ -26,7 +26,7 @@ pub struct NewJob<'a> {
     pub idempotency_key: &'a str,
     /// The validated request.
     pub request: &'a EtlRequest,
-    /// The attempt bound (1 to 100).
+    /// The attempt bound (1 to 100; another is refused with `ConfigError::MaxAttempts`).
     pub max_attempts: i32,
 }
 
@@ -65,8 +65,8 @@ pub async fn enqueue(
 ///
 /// # Errors
 /// [`Error::Rejected`] with `idempotency_key_invalid`, `idempotency_key_reused`, or `not_found`
-/// / `conflict` for a `replaces` that names no job of the owner / one that ended; database
-/// errors.
+/// / `conflict` for a `replaces` that names no job of the owner / one that ended;
+/// [`Error::Config`] for an attempt bound outside 1 to 100; database errors.
 pub async fn enqueue_many(
     client: &impl GenericClient,
     secret: &Secret,

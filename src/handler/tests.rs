@@ -184,3 +184,19 @@ async fn a_noop_job_pauses_as_its_payload_asks_within_the_bound() {
         assert!(!effects.writes());
     }
 }
+
+#[test]
+fn the_crates_errors_convert_with_a_stable_code_and_their_verdict() {
+    use crate::error::Error;
+    let refused = JobError::from(Error::Config(crate::ConfigError::Priority));
+    match refused {
+        JobError::Permanent { code, source, .. } => {
+            assert_eq!(code, Code::HandlerFailed);
+            assert!(source.is_some(), "the error is kept as the source");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    for transient in [Error::Contended, Error::Unavailable(None)] {
+        assert!(matches!(JobError::from(transient), JobError::Transient(_)));
+    }
+}

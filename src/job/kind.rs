@@ -25,7 +25,7 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     const KIND: &'static str;
     /// The attempt bound of a job of this kind when
     /// [`EnqueueOptions::max_attempts`](crate::EnqueueOptions::max_attempts) is not set (1 to
-    /// 100). Defaults to 5.
+    /// 100: an enqueue is refused with another). Defaults to 5.
     const MAX_ATTEMPTS: i32 = 5;
     /// How long one attempt's compute phase may take, and then its effects; `None` (the
     /// default) is the replica's execution timeout.

@@ -74,6 +74,28 @@ pub trait Perform: Send + Sync + 'static {
 /// The writes of one attempt, applied inside the fenced transaction that also records the job's
 /// success: they commit together or not at all, and never after another claim took the job.
 ///
+/// Effects may enqueue follow-up jobs on `tx`, so that they commit with the job's success or not
+/// at all; the crate's [`Error`](crate::Error) converts into [`JobError`], so one `?` is enough:
+///
+/// ```
+/// use durable_etl::{Apply, EnqueueOptions, Job, JobContext, JobError, Jobs};
+/// use tokio_postgres::Transaction;
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Welcome { user_id: i64 }
+/// impl Job for Welcome { const KIND: &'static str = "welcome"; }
+///
+/// struct Registered { jobs: Jobs, user_id: i64 }
+/// impl Apply for Registered {
+///     async fn apply(self, tx: &Transaction<'_>, _job: &JobContext) -> Result<(), JobError> {
+///         tx.execute("INSERT INTO users (id) VALUES ($1)", &[&self.user_id]).await?;
+///         let welcome = Welcome { user_id: self.user_id };
+///         self.jobs.enqueue(tx, &welcome, EnqueueOptions::default()).await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+///
 /// There is no flag to skip them: only `()` writes nothing, and a type that can write always
 /// has its [`Apply::apply`] run in the transaction (a `const WRITES` of old is refused):
 ///

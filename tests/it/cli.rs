@@ -93,6 +93,34 @@ fn an_unreachable_database_exits_3_naming_the_target_and_the_cause() {
     assert!(!err.contains("canary-password-7d1e"), "{err}");
 }
 
+/// A start-up that keeps failing says where and why on its first retry (address, database,
+/// role, stable code, cause; never the password), then at most once per 10 s, not once per
+/// attempt.
+#[test]
+fn start_up_retries_name_the_target_and_cause_once_not_every_attempt() {
+    let out = run(
+        "postgres://postgres:canary-password-7d1e@127.0.0.1:1/nowhere",
+        &["work", "--owner-id", "x", "--startup-timeout", "5s"],
+    );
+    let err = assert_failed(&out, 3, "database unavailable at 127.0.0.1:1");
+    let retries: Vec<&str> = err
+        .lines()
+        .filter(|line| line.contains("start-up step failed; retrying"))
+        .collect();
+    // 5 s of retries (pauses doubling from 100 ms to 2 s) fit in one 10 s interval: one line.
+    assert_eq!(retries.len(), 1, "{err}");
+    for said in [
+        "127.0.0.1:1",
+        "nowhere",
+        "postgres",
+        "database_unavailable",
+        "connection refused",
+    ] {
+        assert!(retries[0].contains(said), "no {said:?} in: {}", retries[0]);
+    }
+    assert!(!err.contains("canary-password-7d1e"), "{err}");
+}
+
 /// What retrying cannot fix fails at once, naming the target and the server's SQLSTATE: a role
 /// the server does not know (SQLSTATE class 28, as a wrong password or a server that requires
 /// TLS), and a database that does not exist (3D000); a server that does not speak the TLS the
@@ -207,6 +235,59 @@ fn configuration_errors_exit_2_and_name_the_relation() {
     let out = run("not a url at all", &["migrate"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("[config_invalid]"));
+}
+
+/// A duration or a count that cannot work is refused at start (exit 2, `config_invalid`),
+/// naming its bound; the bounds themselves pass validation (and reach the database: exit 3).
+#[test]
+fn options_outside_their_bounds_exit_2_naming_the_bound() {
+    let url = "postgres://postgres@127.0.0.1:1/nowhere";
+    let quick = [("DURABLE_ETL_STARTUP_TIMEOUT", "1s")];
+    for (args, message) in [
+        (&["work", "--lease", "1ms"][..], "lease must be at least 1s"),
+        (
+            &["work", "--heartbeat-interval", "10ms"],
+            "heartbeat interval must be at least 100ms",
+        ),
+        (
+            &["work", "--execution-timeout", "1ms"],
+            "execution timeout must be at least 10ms",
+        ),
+        (
+            &["work", "--statement-timeout", "500us"],
+            "statement timeout must be at least 1ms",
+        ),
+        (
+            &["work", "--connect-timeout", "1ms"],
+            "connect timeout must be at least 10ms",
+        ),
+        (
+            &["work", "--pool-size", "100000"],
+            "pool max size must be between 1 and 1000",
+        ),
+        (
+            &["serve", "--max-concurrency", "18446744073709551615"],
+            "max concurrency must be 1 to 65536",
+        ),
+    ] {
+        let out = run_with(url, args, &quick);
+        let err = assert_failed(&out, 2, message);
+        assert!(err.contains("[config_invalid]"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let at_the_bounds = [
+        "work",
+        "--lease",
+        "1s",
+        "--heartbeat-interval",
+        "100ms",
+        "--execution-timeout",
+        "10ms",
+        "--pool-size",
+        "1000",
+    ];
+    let out = run_with(url, &at_the_bounds, &quick);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
 }
 
 #[test]

@@ -27,6 +27,7 @@ mod execution;
 mod failover;
 mod faults;
 mod fleet;
+mod follow_ups;
 mod handlers;
 mod harness_adapter;
 mod hygiene;

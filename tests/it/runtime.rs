@@ -662,6 +662,56 @@ async fn a_kind_whose_name_the_schema_cannot_store_is_refused_before_any_write()
     ));
 }
 
+/// A kind whose attempt bound cannot be stored: no attempt at all.
+#[derive(Debug, Serialize, Deserialize)]
+struct Unattempted {}
+
+impl Job for Unattempted {
+    const KIND: &'static str = "test.unattempted";
+    const MAX_ATTEMPTS: i32 = 0;
+}
+
+#[tokio::test]
+async fn an_attempt_bound_outside_1_to_100_is_refused_before_any_write() {
+    let (_db, client, jobs) = domain().await;
+    for max_attempts in [0, -1, 101, 1000] {
+        let options = EnqueueOptions {
+            max_attempts: Some(max_attempts),
+            ..EnqueueOptions::default()
+        };
+        match jobs.enqueue(&client, &welcome(1), options).await {
+            Err(e @ Error::Config(durable_etl::ConfigError::MaxAttempts)) => {
+                assert_eq!(e.code(), Code::ConfigInvalid);
+            }
+            other => panic!("max_attempts {max_attempts} was not refused: {other:?}"),
+        }
+    }
+    let kinds_own = jobs
+        .enqueue(&client, &Unattempted {}, EnqueueOptions::default())
+        .await;
+    assert!(
+        matches!(
+            kinds_own,
+            Err(Error::Config(durable_etl::ConfigError::MaxAttempts))
+        ),
+        "{kinds_own:?}"
+    );
+    assert_eq!(count(&client, "etl_job_intake").await, 0);
+    for max_attempts in [1, 100] {
+        let options = EnqueueOptions {
+            max_attempts: Some(max_attempts),
+            ..EnqueueOptions::default()
+        };
+        let id = jobs
+            .enqueue(&client, &welcome(1), options)
+            .await
+            .unwrap()
+            .id;
+        let status = jobs.status(&client, id).await.unwrap().unwrap();
+        assert_eq!(status.max_attempts, max_attempts);
+    }
+}
+
 /// A typed kind whose effects stamp a domain row per committed attempt.
 #[derive(Debug, Serialize, Deserialize)]
 struct Stamp {}
