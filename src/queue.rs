@@ -167,7 +167,9 @@ pub const CAP_RANGE: std::ops::RangeInclusive<i32> = 1..=10_000;
 
 /// Sets queue `$1`'s cap to `$2` (NULL: uncapped): its settings row, and one permit row per slot
 /// from 1 to the cap (the ones it lacks); the free permits above the cap are deleted, and held
-/// ones above it are never taken again once freed. A cap applies to claims made after it commits:
+/// ones above it are never taken again once freed; while they are held, a claim takes no slot
+/// above the cap minus their number, so no claim starts a job while the queue runs as many as
+/// the new cap (`worker::claimer`'s `CLAIM_SQL`). A cap applies to claims made after it commits:
 /// jobs already running without a permit (claimed while the queue was uncapped) finish as they
 /// are. It wakes every replica waiting for the queue at its commit (`q <queue>`, as a resume
 /// does): a raised or lifted cap may have made its due jobs claimable.
@@ -208,7 +210,8 @@ pub async fn set_cap(
 
 /// Sets queue `$1`'s key cap to `$2` (NULL: none): at most that many of its jobs of one
 /// concurrency key run at once. Key permits exist only while held, so nothing else is written; a
-/// lowered cap starts no job of a key until the key's held permits fall below it. It wakes every
+/// lowered cap starts no job of a key until the key's held permits (those above the new cap
+/// included) fall below it. It wakes every
 /// replica waiting for the queue at its commit (`q <queue>`, as a resume does).
 ///
 /// Locks: the queue's settings row; the notify lock at its commit.

@@ -103,6 +103,22 @@ async fn held(client: &tokio_postgres::Client) -> (i64, i64, i64) {
     (row.get(0), row.get(1), row.get(2))
 }
 
+/// The `(permit slot, claim id)` of every running job, by slot.
+async fn running_by_slot(client: &tokio_postgres::Client) -> Vec<(i32, uuid::Uuid)> {
+    let mut slots: Vec<(i32, uuid::Uuid)> = client
+        .query(
+            "SELECT permit_slot, lease_claim_id FROM etl_job_records WHERE status = 'running'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    slots.sort();
+    slots
+}
+
 #[tokio::test]
 async fn a_capped_queue_claims_only_its_free_permits_and_every_exit_frees_its_own() {
     let (_db, client) = capped_queue(10, 2).await;
@@ -191,17 +207,7 @@ async fn a_lowered_cap_is_never_exceeded_once_the_permits_above_it_are_freed() {
     queue::set_cap(&client, "capped", Some(1)).await.unwrap();
     // The held permits stay held; each one freed above the cap is never taken again.
     assert!(claim(&client, who, 5).await.is_empty());
-    let mut slots: Vec<(i32, uuid::Uuid)> = client
-        .query(
-            "SELECT permit_slot, lease_claim_id FROM etl_job_records WHERE status = 'running'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    slots.sort();
+    let slots = running_by_slot(&client).await;
     let job_of = |claim: uuid::Uuid| running.iter().find(|j| j.claim_id() == claim).unwrap();
     // Slot 3 then 2 end: still nothing to claim, slot 1 is held.
     for (_, claim_id) in slots.iter().rev().take(2) {
@@ -237,6 +243,29 @@ async fn a_lowered_cap_is_never_exceeded_once_the_permits_above_it_are_freed() {
             Err(durable_etl::Error::Config(_))
         ));
     }
+}
+
+/// A cap lowered while more jobs run than the new cap claims nothing while the queue's running
+/// jobs are at or above the new cap, whichever of them ends first (here the lowest slots, while
+/// a permit above the new cap stays held); running jobs finish.
+#[tokio::test]
+async fn a_lowered_cap_is_never_exceeded_by_a_claim_while_a_permit_above_it_is_held() {
+    let (_db, client) = capped_queue(10, 3).await;
+    let who = claimant("lowered-under", Duration::from_secs(60));
+    let running = claim(&client, who, 5).await;
+    assert_eq!(running.len(), 3);
+    queue::set_cap(&client, "capped", Some(2)).await.unwrap();
+    let slots = running_by_slot(&client).await;
+    let job_of = |claim: uuid::Uuid| running.iter().find(|j| j.claim_id() == claim).unwrap();
+    for (slot, claim_id) in slots.iter().take(2) {
+        let done = completer::succeed_many(&client, &[(job_of(*claim_id).lease(), None)]).await;
+        assert_eq!(done.unwrap().len(), 1, "slot {slot} ends");
+        let before = held(&client).await.0;
+        let claimed = claim(&client, who, 5).await.len();
+        let after = held(&client).await.0;
+        crate::support::assert_within_lowered_cap(*slot, 2, (before, claimed, after));
+    }
+    assert_eq!(held(&client).await.0, 2, "the new cap, no more");
 }
 
 #[tokio::test]

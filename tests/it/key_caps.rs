@@ -263,6 +263,41 @@ async fn a_lowered_key_cap_starts_nothing_until_the_key_falls_below_it() {
     ));
 }
 
+/// A key cap lowered while more of a key run than the new cap starts no job of the key while its
+/// running jobs are at or above the new cap, whichever of them ends first; running jobs finish.
+#[tokio::test]
+async fn a_lowered_key_cap_is_never_exceeded_by_a_claim_while_a_permit_above_it_is_held() {
+    let (_db, client) = keyed_queue(3).await;
+    enqueue(&client, &[Some("k"); 8]).await;
+    let who = claimant("lowered-under");
+    let running = claim(&client, who, 8).await;
+    assert_eq!(running.len(), 3);
+    queue::set_key_cap(&client, "keyed", Some(2)).await.unwrap();
+    // The lowest slots end first, while slot 3, above the new cap, stays held.
+    let mut by_slot = Vec::new();
+    for job in &running {
+        let slot: i32 = client
+            .query_one(
+                "SELECT slot FROM etl_key_permits WHERE claim_id = $1",
+                &[&job.claim_id()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        by_slot.push((slot, job.lease()));
+    }
+    by_slot.sort_by_key(|(slot, _)| *slot);
+    for (slot, lease) in by_slot.iter().take(2) {
+        let done = completer::succeed_many(&client, &[(*lease, None)]).await;
+        assert_eq!(done.unwrap().len(), 1, "slot {slot} ends");
+        let before = held(&client).await.0;
+        let claimed = claim(&client, who, 8).await.len();
+        let after = held(&client).await.0;
+        crate::support::assert_within_lowered_cap(*slot, 2, (before, claimed, after));
+    }
+    assert_eq!(held(&client).await.0, 2, "the new cap, no more");
+}
+
 #[tokio::test]
 async fn a_hot_key_at_its_cap_never_keeps_a_cold_key_from_being_claimed() {
     let (_db, client) = keyed_queue(1).await;

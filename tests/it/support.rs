@@ -398,6 +398,17 @@ pub async fn job_row(client: &impl tokio_postgres::GenericClient, id: uuid::Uuid
 /// FROM/WHERE tail for [`count`]).
 pub const LEDGERS: &str = "etl_job_outcomes WHERE status = 'succeeded'";
 
+/// Asserts what a claim made once the job in `slot` ended, under a cap lowered to `cap`, given
+/// `(jobs running before it, jobs it claimed, jobs running after it)`: nothing while the running
+/// jobs were at or above the cap, and never more running than the cap (or than before).
+pub fn assert_within_lowered_cap(slot: i32, cap: i64, (before, claimed, after): (i64, usize, i64)) {
+    assert!(
+        claimed == 0 || before < cap,
+        "slot {slot} ended: {claimed} claimed while {before} ran"
+    );
+    assert!(after <= cap.max(before), "slot {slot} ended: {after} run");
+}
+
 /// `SELECT count(*)` of `sql`'s FROM/WHERE tail, e.g. `count(c, LEDGERS)`.
 pub async fn count(client: &impl tokio_postgres::GenericClient, from: &str) -> i64 {
     client

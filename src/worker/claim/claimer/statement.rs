@@ -42,6 +42,42 @@ macro_rules! due_probe {
     };
 }
 
+/// The highest slot a claim may take under cap `$cap` (an int4 expression), given the held
+/// permits of the cap as the rows `x` of `$held` (a table and its condition): the cap itself
+/// while no held permit is above it; else, while a lowered cap drains, the largest `k` with
+/// `k` plus the held permits above `k` at most the cap (0 when none is), found per held permit
+/// in descending slot order: with `i` held permits at or above slot `h`, the next held one
+/// below at `lo` (0 for none), the `k` from `lo` to `h - 1` have `i` held above them, so the
+/// largest of them that fits is `least(h - 1, cap - i)`, if at least `lo`. A claim that takes
+/// only free slots up to that `k` (found in its snapshot) never brings the running claims above
+/// the cap: held permits above `k` are the older claims (a newer one took at most its own `k`),
+/// which are only ever freed, and at most `k` slots lie at or below it. Reads the held permits
+/// by index only while one above the cap is held.
+macro_rules! top_slot {
+    ($held:expr, $cap:expr) => {
+        concat!(
+            "CASE WHEN NOT EXISTS (SELECT 1 FROM ",
+            $held,
+            " AND x.slot > ",
+            $cap,
+            ") THEN ",
+            $cap,
+            "
+                  ELSE (SELECT coalesce(max(least(s.slot - 1, ",
+            $cap,
+            " - s.i)), 0)::int4
+                          FROM (SELECT x.slot, row_number() OVER (ORDER BY x.slot DESC) AS i,
+                                       coalesce(lead(x.slot) OVER (ORDER BY x.slot DESC), 0) AS lo
+                                  FROM ",
+            $held,
+            ") s
+                         WHERE least(s.slot - 1, ",
+            $cap,
+            " - s.i) >= s.lo) END"
+        )
+    };
+}
+
 /// The UPDATE that claims the rows of CTE `paired` (`id`, the ask's position `i`, a fresh
 /// `claim_id`, as `$slot` the queue permit's slot or NULL, and as `$permitted` whether the claim
 /// holds a permit of either kind), with the claimant's values `$2..$6`, returning what
@@ -103,10 +139,17 @@ RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_c
 /// `paired` keeps only the keyed jobs whose permit it inserted: two claimers that pick the same
 /// slot of one key cannot both insert it, so a key never runs more than its cap.
 ///
+/// A cap lowered while more jobs run than it allows is never exceeded by a claim: while a permit
+/// above the cap is held, a claim takes only free slots up to [`top_slot`]'s bound (`top`, for a
+/// queue cap; the end of the `generate_series` of `fitting`, for a key cap), the largest `k`
+/// whose held permits above it leave room for `k` below, so it claims nothing while the running
+/// jobs, old and new, are as many as the cap, and its claims never make them more, whichever of
+/// the older jobs ends first and however claimers race (they contend on the same low slots).
+///
 /// Locks: `asked` reads each asked queue's settings row by primary key, and `room` reads (without
 /// locking) up to the ask's count of its free permits by primary key. `permits` row-locks free
 /// permit rows of each capped queue (`FOR UPDATE SKIP LOCKED`, in slot order, at most the picked
-/// jobs' count; slots above the cap are never taken), after the jobs' row locks, so concurrent
+/// jobs' count; slots above the cap, or above `top`, are never taken), after the jobs' row locks, so concurrent
 /// claimers never wait on each other or take the same permit; a permit another claimer locked or
 /// took since the snapshot is skipped, and the picked jobs beyond the permits locked stay
 /// pending, unlocked at commit. For
@@ -138,15 +181,23 @@ WITH asked AS MATERIALIZED (
       LEFT JOIN etl_queues s ON s.queue = q.queue
      WHERE s.paused IS NOT TRUE
 ), room AS MATERIALIZED (
-    SELECT a.queue, a.i, a.cap, a.key_cap, c.n,
+    SELECT a.queue, a.i, a.cap, a.key_cap, c.n, l.top,
            CASE WHEN a.key_cap IS NULL THEN c.n ELSE 2 * c.n END AS fetch
       FROM asked a
+     CROSS JOIN LATERAL (
+         SELECT CASE WHEN a.cap IS NOT NULL THEN ",
+    top_slot!(
+        "etl_queue_permits x WHERE x.queue = a.queue AND x.claim_id IS NOT NULL",
+        "a.cap"
+    ),
+    " END AS top
+     ) l
      CROSS JOIN LATERAL (
          SELECT CASE WHEN a.cap IS NULL THEN a.n
                      ELSE (SELECT count(*)
                              FROM (SELECT FROM etl_queue_permits x
                                     WHERE x.queue = a.queue AND x.claim_id IS NULL
-                                      AND x.slot <= a.cap
+                                      AND x.slot <= l.top
                                     LIMIT a.n) f) END AS n
      ) c
 ), due AS MATERIALIZED (
@@ -172,7 +223,12 @@ WITH asked AS MATERIALIZED (
               FROM due d) d
       LEFT JOIN LATERAL (
           SELECT g AS slot
-            FROM generate_series(1, d.key_cap) AS g
+            FROM generate_series(1, ",
+    top_slot!(
+        "etl_key_permits x WHERE x.queue = d.queue AND x.concurrency_key = d.concurrency_key",
+        "d.key_cap"
+    ),
+    ") AS g
            WHERE d.concurrency_key IS NOT NULL
              AND NOT EXISTS (SELECT 1 FROM etl_key_permits x
                               WHERE x.queue = d.queue AND x.concurrency_key = d.concurrency_key
@@ -193,7 +249,7 @@ WITH asked AS MATERIALIZED (
      CROSS JOIN LATERAL (
          SELECT x.slot
            FROM etl_queue_permits x
-          WHERE x.queue = r.queue AND x.claim_id IS NULL AND x.slot <= r.cap
+          WHERE x.queue = r.queue AND x.claim_id IS NULL AND x.slot <= r.top
           ORDER BY x.slot
           LIMIT (SELECT count(*) FROM picked k WHERE k.queue = r.queue)
             FOR UPDATE SKIP LOCKED
