@@ -119,13 +119,15 @@ fn assert_no_history_walk(what: &str, plans: &[Value]) {
         // queue and `etl_queue_permits` a row per slot of a capped queue, never a job (empty
         // here: a scan is the right plan, and the examined bound catches one that grows), and
         // `etl_key_permits` a row per running job of a key-capped queue (whose freeing trigger
-        // reads `etl_waiting_replicas`, a row per waiting replica).
+        // reads `etl_waiting_replicas`, a row per waiting replica); recovery reads
+        // `etl_owner_beats`, a row per replica with a session.
         let small = [
             "etl_job_records",
             "etl_queues",
             "etl_queue_permits",
             "etl_key_permits",
             "etl_waiting_replicas",
+            "etl_owner_beats",
         ]
         .contains(&relation);
         assert!(
