@@ -167,6 +167,14 @@ pub enum ConfigError {
     /// A job's concurrency key is empty or longer than 255 bytes.
     #[error("a job's concurrency key must be 1 to 255 bytes")]
     ConcurrencyKey,
+    /// The database URL leads to a pooler in transaction mode (one client's transactions run on
+    /// several server connections) while the configuration says it keeps sessions.
+    #[error(
+        "the database URL leads to a pooler in transaction mode (a client's transactions run on \
+         other server connections, where its prepared statements do not exist): start with \
+         --pooler transaction (and --session-database-url, direct, for LISTEN and the owner lock)"
+    )]
+    TransactionPooler,
     /// The served queues are not a list a replica can claim from.
     #[error(transparent)]
     Queues(#[from] QueuesError),

@@ -17,7 +17,9 @@
 //!   a pooler's permanent 08P01) is [`Error::Refused`], naming the address, database and role
 //!   (never the password).
 //! - `serve` and `work` check at start that the server applies the session limits
-//!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
+//!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options; a replica
+//!   whose URL is not declared a transaction-mode pooler checks that it keeps its server session
+//!   ([`check_sessions_kept`]).
 
 use crate::config::{ConfigError, DatabaseConfig};
 use crate::error::{Error, Target};
@@ -163,8 +165,16 @@ pub fn target(cfg: &DatabaseConfig) -> Result<Target, ConfigError> {
     Ok(Target::of(&cfg.driver_url()?.0))
 }
 
-/// The error of a failed attempt to connect with `pg`, as [`connect_error`].
+/// The error of a failed attempt to connect with `pg`, as [`connect_error`]. A named prepared
+/// statement missing or already there (a claim or commit session preparing its statements
+/// behind a transaction-mode pooler the configuration did not declare) is
+/// [`ConfigError::TransactionPooler`].
 fn refused_or(pg: &tokio_postgres::Config, e: tokio_postgres::Error) -> Error {
+    if e.code()
+        .is_some_and(crate::worker::stats::is_prepared_statement_miss)
+    {
+        return ConfigError::TransactionPooler.into();
+    }
     if crate::error::is_refusal(&e) {
         Error::Refused {
             target: Target::of(pg),
@@ -220,12 +230,40 @@ where
     >,
 {
     for _ in 0..=pool.state().connections {
-        let conn = get().await.map_err(pool_error)?;
+        let conn = prodding(pool, get()).await.map_err(pool_error)?;
         if !conn.is_closed() {
             return Ok(conn);
         }
     }
-    get().await.map_err(pool_error)
+    prodding(pool, get()).await.map_err(pool_error)
+}
+
+/// How long a checkout waits before it asks the pool for a connection again meanwhile.
+const PROD_EVERY: Duration = Duration::from_millis(250);
+
+/// Waits for `get` (a checkout of `pool`), asking the pool for a connection every
+/// [`PROD_EVERY`] meanwhile: `bb8` starts opening a connection only when a checkout begins, and
+/// gives up on it after its own checkout time, so a checkout that began while every opening
+/// under way was about to give up would otherwise wait out its time with none under way (after
+/// an outage, up to the whole checkout time after the server is back). The ask ends at once; a
+/// connection it takes goes straight back.
+async fn prodding<'a, M, Fut>(pool: &bb8::Pool<M>, get: Fut) -> Fut::Output
+where
+    M: bb8::ManageConnection<Error = tokio_postgres::Error>,
+    Fut: std::future::Future<
+        Output = Result<bb8::PooledConnection<'a, M>, bb8::RunError<tokio_postgres::Error>>,
+    >,
+{
+    tokio::pin!(get);
+    loop {
+        tokio::select! {
+            got = &mut get => return got,
+            () = tokio::time::sleep(PROD_EVERY) => {
+                // Polled once, which is when `bb8` starts an opening if it has room for one.
+                let _ = tokio::time::timeout(Duration::ZERO, pool.get()).await;
+            }
+        }
+    }
 }
 
 /// A pooled session whose loss may already be known without a round trip.
@@ -419,10 +457,12 @@ pub fn quote_ident(name: &str) -> String {
 
 mod connect;
 mod dbname;
+mod sessions_kept;
 mod start_up;
 pub mod tls;
-pub use connect::{all_hosts_bound, Connector, Manager, Opened};
+pub use connect::{all_hosts_bound, Connector, Manager, Opened, Pacer, RETRY_PACE};
 pub use dbname::with_dbname;
+pub use sessions_kept::check_sessions_kept;
 pub use start_up::StartUp;
 
 #[cfg(test)]

@@ -15,7 +15,8 @@
 //!   incarnation with the same owner id left `running` before its roles start; a second live
 //!   process with the same owner id refuses to start.
 //! - On shutdown, in this order: the producer stops claiming and gives running jobs the grace
-//!   period (cut to zero by a second signal, or when the owner id was taken); the rescuer stops;
+//!   period (cut to zero by a second signal, when the owner id was taken, or when a claim met a
+//!   transaction-mode pooler the configuration did not declare); the rescuer stops;
 //!   the commits still running are abandoned (their statements cancelled on the server, their
 //!   transactions rolled back); unfinished leases are released at once (attempt not charged; a
 //!   release that cannot finish within [`completer::RELEASE_TIMEOUT`] leaves them to expire);
@@ -47,7 +48,7 @@ pub use complete::completer;
 #[doc(hidden)]
 pub use liveness::{heartbeat, rescuer};
 
-use crate::config::{DatabaseConfig, WorkerConfig};
+use crate::config::{ConfigError, DatabaseConfig, WorkerConfig};
 use crate::db::Pool;
 use crate::error::Error;
 use crate::handler::Registry;
@@ -85,12 +86,14 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// Starts a replica: validates `config`, opens its session (LISTEN and owner lock, unless in
-    /// poll-only mode without a direct session URL), and releases what a previous incarnation
-    /// with the same owner id left `running`.
+    /// Starts a replica: validates `config`, checks that `pool` keeps its server sessions unless
+    /// `db_config` declares a transaction-mode pooler ([`crate::db::check_sessions_kept`]), opens
+    /// its session (LISTEN and owner lock, unless in poll-only mode without a direct session
+    /// URL), and releases what a previous incarnation with the same owner id left `running`.
     ///
     /// # Errors
-    /// [`Error::Config`], [`Error::OwnerIdInUse`], and connection errors.
+    /// [`Error::Config`] (among them [`crate::config::ConfigError::TransactionPooler`]),
+    /// [`Error::OwnerIdInUse`], and connection errors.
     pub async fn start(
         pool: Pool,
         db_config: &DatabaseConfig,
@@ -99,6 +102,7 @@ impl Worker {
     ) -> Result<Worker, Error> {
         config.validate()?;
         registry.validate()?;
+        crate::db::check_sessions_kept(&pool, db_config).await?;
         budget::announce(db_config, &config);
         let stats = Arc::new(WorkerStats::default());
         let session = liveness::direct::open_for(&config, db_config, Arc::clone(&stats)).await?;
@@ -149,8 +153,11 @@ impl Worker {
     ///
     /// # Errors
     /// [`Error::OwnerIdInUse`] when, after a reconnect, another process holds this owner id (the
-    /// replica then stops at once and releases what it holds). Database errors are logged by code
-    /// and retried by the role that met them.
+    /// replica then stops at once and releases what it holds);
+    /// [`ConfigError::TransactionPooler`] when a claim found a named prepared statement missing or
+    /// already there on its server connection although the configuration says the URL keeps
+    /// sessions (the replica stops the same way). Other database errors are logged by code and
+    /// retried by the role that met them.
     #[tracing::instrument(name = "replica", skip_all, fields(owner_id = %self.owner_id()))]
     pub async fn run(self, mut shutdown: Shutdown) -> Result<(), Error> {
         let held = HeldJobs::default();
@@ -176,7 +183,7 @@ impl Worker {
         let shutdown_span = tracing::info_span!("shutdown", running = held.len());
         let stopping = async {
             producer
-                .drain(&mut shutdown, stopped == Stopped::OwnerIdTaken)
+                .drain(&mut shutdown, stopped != Stopped::Draining)
                 .await;
             stop_rescuer.cancel();
             // A commit still running (blocked on a row lock, say) is not waited for: its
@@ -193,6 +200,7 @@ impl Worker {
         tracing::info!("stopped");
         match stopped {
             Stopped::OwnerIdTaken => Err(Error::OwnerIdInUse),
+            Stopped::TransactionPooler => Err(ConfigError::TransactionPooler.into()),
             Stopped::Draining => Ok(()),
         }
     }

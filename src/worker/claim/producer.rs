@@ -140,6 +140,10 @@ pub(crate) enum Stopped {
     Draining,
     /// Another process took the owner id: stop at once.
     OwnerIdTaken,
+    /// A claim met a transaction-mode pooler that the configuration did not declare (a named
+    /// prepared statement missing or already there on its server connection): stop at once,
+    /// since every claim would fail the same way.
+    TransactionPooler,
 }
 
 impl Producer {
@@ -191,6 +195,9 @@ impl Producer {
                 () = wait(signals.as_deref().map(|s| &s.fatal)) => return Stopped::OwnerIdTaken,
                 claimed = in_flight(&mut self.claiming) => {
                     self.claiming = None;
+                    if self.undeclared_transaction_pooler(&claimed) {
+                        return Stopped::TransactionPooler;
+                    }
                     let join = self.take_claimed(claimed).await;
                     reason = self.wake.again.take().or(join);
                 }
@@ -245,6 +252,18 @@ impl Producer {
                 }
             }
         }
+    }
+
+    /// Whether `claimed` failed because a named prepared statement was missing or already there
+    /// on its server connection while the configuration says the URL keeps sessions: a
+    /// transaction-mode pooler the start-up check did not catch. Its jobs (none were claimed)
+    /// are left as they are.
+    fn undeclared_transaction_pooler(&self, claimed: &Claimed) -> bool {
+        self.shared.pooler.keeps_sessions()
+            && claimed.jobs.as_ref().is_err_and(|e| {
+                e.db_code()
+                    .is_some_and(crate::worker::stats::is_prepared_statement_miss)
+            })
     }
 
     /// Backs up the wakes that named other replicas on `signals`' session ([`WakeState::back_up`]).

@@ -248,9 +248,15 @@ pub struct Judgement {
 }
 
 /// How long a replica that regained the database (or a server that restarted) gives every other
-/// owner to reconnect its own connections, beyond two of the owner's heartbeat intervals: the
-/// longest pause between a session's reconnect attempts.
-pub const RECONNECT_GRACE: Duration = crate::notifier::RECONNECT_MAX_DELAY;
+/// owner to reconnect its own connections, beyond two of the owner's heartbeat intervals: ten
+/// times the longest pause between a session's reconnect attempts (its jitter included), for
+/// owners whose reconnects a busy server or network slows.
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(5);
+
+/// [`RECONNECT_GRACE`] outlasts ten of a session's longest pauses between reconnect attempts.
+const _: () = assert!(
+    RECONNECT_GRACE.as_millis() >= 10 * 2 * crate::notifier::RECONNECT_MAX_DELAY.as_millis()
+);
 
 /// The longest reachability [`recover`] passes on (a year; `Duration::MAX` would overflow an
 /// SQL interval).
