@@ -17,7 +17,9 @@
 //!   a pooler's permanent 08P01) is [`Error::Refused`], naming the address, database and role
 //!   (never the password).
 //! - `serve` and `work` check at start that the server applies the session limits
-//!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options.
+//!   ([`check_session_settings`]), since a pooler may refuse or drop start-up options; a replica
+//!   whose URL is not declared a transaction-mode pooler checks that it keeps its server session
+//!   (`worker::liveness::sessions_kept`).
 //! - The tools' throw-away databases (`demo`, `bench`) are dropped only by the tool that created
 //!   them, and never while in use (see `owned`).
 
@@ -165,8 +167,16 @@ pub fn target(cfg: &DatabaseConfig) -> Result<Target, ConfigError> {
     Ok(Target::of(&cfg.driver_url()?.0))
 }
 
-/// The error of a failed attempt to connect with `pg`, as [`connect_error`].
+/// The error of a failed attempt to connect with `pg`, as [`connect_error`]. A named prepared
+/// statement missing or already there (a claim or commit session preparing its statements
+/// behind a transaction-mode pooler the configuration did not declare) is
+/// [`ConfigError::TransactionPooler`].
 fn refused_or(pg: &tokio_postgres::Config, e: tokio_postgres::Error) -> Error {
+    if e.code()
+        .is_some_and(crate::worker::stats::is_prepared_statement_miss)
+    {
+        return ConfigError::TransactionPooler.into();
+    }
     if crate::error::is_refusal(&e) {
         Error::Refused {
             target: Target::of(pg),
@@ -222,12 +232,40 @@ where
     >,
 {
     for _ in 0..=pool.state().connections {
-        let conn = get().await.map_err(pool_error)?;
+        let conn = prodding(pool, get()).await.map_err(pool_error)?;
         if !conn.is_closed() {
             return Ok(conn);
         }
     }
-    get().await.map_err(pool_error)
+    prodding(pool, get()).await.map_err(pool_error)
+}
+
+/// How long a checkout waits before it asks the pool for a connection again meanwhile.
+const PROD_EVERY: Duration = Duration::from_millis(250);
+
+/// Waits for `get` (a checkout of `pool`), asking the pool for a connection every
+/// [`PROD_EVERY`] meanwhile: `bb8` starts opening a connection only when a checkout begins, and
+/// gives up on it after its own checkout time, so a checkout that began while every opening
+/// under way was about to give up would otherwise wait out its time with none under way (after
+/// an outage, up to the whole checkout time after the server is back). The ask ends at once; a
+/// connection it takes goes straight back.
+async fn prodding<'a, M, Fut>(pool: &bb8::Pool<M>, get: Fut) -> Fut::Output
+where
+    M: bb8::ManageConnection<Error = tokio_postgres::Error>,
+    Fut: std::future::Future<
+        Output = Result<bb8::PooledConnection<'a, M>, bb8::RunError<tokio_postgres::Error>>,
+    >,
+{
+    tokio::pin!(get);
+    loop {
+        tokio::select! {
+            got = &mut get => return got,
+            () = tokio::time::sleep(PROD_EVERY) => {
+                // Polled once, which is when `bb8` starts an opening if it has room for one.
+                let _ = tokio::time::timeout(Duration::ZERO, pool.get()).await;
+            }
+        }
+    }
 }
 
 /// A pooled session whose loss may already be known without a round trip.
@@ -376,9 +414,30 @@ async fn maintenance(base: &DatabaseConfig) -> Result<tokio_postgres::Client, Er
     open(&Connector::new(base, maintenance)?).await
 }
 
-/// Quotes an SQL identifier: wraps it in double quotes and doubles any inside.
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
+/// Creates database `name` for `tool` on the server of `base`, marked as the tool's, and opens
+/// the tool's first session in it (application name `durable-etl/<role>`). A database of that
+/// name that the tool created before and that no session uses is dropped first.
+///
+/// # Errors
+/// [`Error::DatabaseTaken`] when a database of that name exists that `tool` did not create, or
+/// that a session uses (another run of the tool, say): nothing is dropped. [`Error::Config`] for
+/// a bad URL; [`Error::Unavailable`] when no server answers; [`Error::Database`] from the server.
+pub async fn recreate_database(
+    base: &DatabaseConfig,
+    name: &str,
+    tool: &'static str,
+    role: &str,
+) -> Result<CreatedDatabase, Error> {
+    owned::recreate_on(maintenance(base).await?, base, name, tool, role).await
+}
+
+/// Drops database `name` on the server of `base` (disconnecting its sessions) if it is still
+/// the one of identity `oid` that [`recreate_database`] created; returns whether it dropped it.
+///
+/// # Errors
+/// As [`recreate_database`].
+pub async fn drop_created(base: &DatabaseConfig, name: &str, oid: u32) -> Result<bool, Error> {
+    owned::drop_created_on(maintenance(base).await?, name, oid).await
 }
 
 mod connect;
@@ -386,9 +445,9 @@ mod dbname;
 mod owned;
 mod start_up;
 pub mod tls;
-pub use connect::{all_hosts_bound, Connector, Manager, Opened};
-pub use dbname::with_dbname;
-pub use owned::{drop_created, marker, recreate_database, CreatedDatabase};
+pub use connect::{all_hosts_bound, Connector, Manager, Opened, Pacer, RETRY_PACE};
+pub use dbname::{quote_ident, with_dbname};
+pub use owned::{marker, CreatedDatabase};
 pub use start_up::StartUp;
 
 #[cfg(test)]

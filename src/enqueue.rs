@@ -246,7 +246,7 @@ impl<'a> Columns<'a> {
 /// # Errors
 /// [`Error::Rejected`] with `idempotency_key_invalid`, `idempotency_key_reused`, or `not_found`
 /// / `conflict` for a `replaces` that names no job of the owner / one that ended;
-/// [`Error::Config`] as [`Columns::of`] says, before anything is written; database errors.
+/// [`Error::Config`] as `Columns::of` says, before anything is written; database errors.
 pub async fn submit(
     client: &impl GenericClient,
     secret: &Secret,

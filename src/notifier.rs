@@ -46,8 +46,11 @@ pub const WINDOW: Duration = Duration::from_millis(1);
 /// session), or retrying what failed on it.
 pub(crate) const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 
-/// Longest pause between two attempts to reopen a dedicated connection.
-pub(crate) const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
+/// Longest pause between two attempts to reopen a dedicated connection, before its jitter (up
+/// to as much again): short, so that a server back after an outage is reached within half a
+/// second; the attempts themselves are paced per process ([`crate::db::Pacer`]), so a dead
+/// server still sees only a few a second.
+pub(crate) const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 
 /// The pauses between attempts to reopen a dedicated connection outside the pool: doubling from
 /// [`RECONNECT_MIN_DELAY`] to [`RECONNECT_MAX_DELAY`], with jitter, without end.

@@ -14,14 +14,25 @@
 //!   returned.
 //! - An attempt that ran out of time fails as an I/O time-out, as the driver's own TCP timeout
 //!   does: a lost connection, retried wherever those are.
+//! - While attempts at a target (its hosts, ports, database and role) fail, a process makes them
+//!   one at a time, each starting [`RETRY_PACE`] to twice that after the last one failed, whichever
+//!   pool or session asks ([`Pacer`]): a few attempts a second at a dead server, however many
+//!   connections wait. The first attempt that succeeds lets every waiting one go at once.
+//! - Once a pool has opened a session, its manager keeps trying (paced) for as long as a
+//!   checkout waits ([`all_hosts_bound`]), so a server that comes back is reached by the next
+//!   paced attempt, not after a pool's own growing pause.
 
 use super::tls::{MakeRustls, RustlsStream};
 use crate::config::{ConfigError, DatabaseConfig};
+use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
 use tokio_postgres::config::{Host, LoadBalanceHosts};
 use tokio_postgres::{Client, Config, Connection, Socket};
 
@@ -35,6 +46,8 @@ pub struct Connector {
     tls: MakeRustls,
     /// How long one attempt at one host may take.
     timeout: Duration,
+    /// Paces the attempts at this connector's target, shared by the whole process.
+    pacer: Arc<Pacer>,
 }
 
 /// A session's client and the connection that drives it (spawn it, or poll its messages).
@@ -51,6 +64,7 @@ impl Connector {
     pub fn new(cfg: &DatabaseConfig, pg: Config) -> Result<Connector, ConfigError> {
         let (_, request) = cfg.driver_url()?;
         Ok(Connector {
+            pacer: Pacer::of(&pg),
             pg,
             tls: MakeRustls::new(&request)?,
             timeout: cfg.connect_timeout,
@@ -76,6 +90,11 @@ impl Connector {
     /// The last host's error: the server's refusal, a lost connection, or a time-out (an I/O
     /// error of kind `TimedOut`).
     pub async fn connect(&self) -> Result<Opened, tokio_postgres::Error> {
+        self.pacer.attempt(self.connect_unpaced()).await
+    }
+
+    /// [`Connector::connect`], whatever the attempts before it did.
+    async fn connect_unpaced(&self) -> Result<Opened, tokio_postgres::Error> {
         let mut last = None;
         for host in hosts(&self.pg) {
             match tokio::time::timeout(self.timeout, host.connect(self.tls.clone())).await {
@@ -228,12 +247,19 @@ impl AsyncWrite for TimedOut {
 pub struct Manager {
     /// Opens the sessions.
     connector: Connector,
+    /// Whether this manager (or a clone) has opened a session: from then on a failed attempt is
+    /// tried again, paced, for as long as a checkout waits (see the module's invariants).
+    /// Before, at start-up, one attempt is made, and start-up's own retries apply.
+    opened: Arc<AtomicBool>,
 }
 
 impl Manager {
     /// A manager opening sessions with `connector`.
     pub fn new(connector: Connector) -> Manager {
-        Manager { connector }
+        Manager {
+            connector,
+            opened: Arc::new(AtomicBool::new(false)),
+        }
     }
 }
 
@@ -242,7 +268,21 @@ impl bb8::ManageConnection for Manager {
     type Error = tokio_postgres::Error;
 
     async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
-        self.connector.client().await
+        if !self.opened.load(Ordering::Relaxed) {
+            let client = self.connector.client().await?;
+            self.opened.store(true, Ordering::Relaxed);
+            return Ok(client);
+        }
+        // As long as a checkout waits: the pool gives up on this attempt then, and its own
+        // pause before another (doubling up to half that time) never runs.
+        let until = Instant::now() + self.connector.timeout.saturating_mul(self.hosts());
+        loop {
+            match self.connector.client().await {
+                Ok(client) => return Ok(client),
+                Err(e) if crate::error::is_refusal(&e) || Instant::now() >= until => return Err(e),
+                Err(_) => {}
+            }
+        }
     }
 
     async fn is_valid(&self, client: &mut Client) -> Result<(), tokio_postgres::Error> {
@@ -251,6 +291,81 @@ impl bb8::ManageConnection for Manager {
 
     fn has_broken(&self, client: &mut Client) -> bool {
         client.is_closed()
+    }
+}
+
+impl Manager {
+    /// How many hosts a session attempt tries (at least one), as [`all_hosts_bound`] counts them.
+    fn hosts(&self) -> u32 {
+        u32::try_from(hosts(&self.connector.pg).len().max(1)).unwrap_or(u32::MAX)
+    }
+}
+
+/// The shortest pause between the end of a failed attempt at a target and the start of the
+/// next; each pause is drawn from this to twice this.
+pub const RETRY_PACE: Duration = Duration::from_millis(250);
+
+/// Paces one process's attempts at one target while they fail (see the module's invariants).
+#[derive(Debug, Default)]
+pub struct Pacer {
+    /// When the next attempt may start, while attempts fail; `None` once one succeeded.
+    failing: Mutex<Option<Instant>>,
+    /// Held by the one attempt under way (or waiting to start) while attempts fail.
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Pacer {
+    /// The process's pacer for the target of `pg`: its hosts, addresses and ports, database and
+    /// role.
+    fn of(pg: &Config) -> Arc<Pacer> {
+        /// Every target's pacer, for the life of the process (a process has a handful).
+        static PACERS: OnceLock<Mutex<HashMap<String, Arc<Pacer>>>> = OnceLock::new();
+        let key = format!(
+            "{:?} {:?} {:?} {:?} {:?}",
+            pg.get_hosts(),
+            pg.get_hostaddrs(),
+            pg.get_ports(),
+            pg.get_dbname(),
+            pg.get_user()
+        );
+        let pacers = PACERS.get_or_init(Mutex::default);
+        let mut pacers = pacers.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(pacers.entry(key).or_default())
+    }
+
+    /// Runs the attempt `connect`: at once while attempts succeed; else after the attempts ahead
+    /// of it, and no sooner than the pause after the last failure, unless one succeeded
+    /// meanwhile.
+    pub async fn attempt<T, E>(
+        &self,
+        connect: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let _turn = match self.failing_until() {
+            None => None,
+            Some(_) => {
+                let turn = self.turn.lock().await;
+                match self.failing_until() {
+                    // One succeeded while this one waited: no more pacing.
+                    None => None,
+                    Some(at) => {
+                        tokio::time::sleep_until(at).await;
+                        Some(turn)
+                    }
+                }
+            }
+        };
+        let result = connect.await;
+        let next = match result {
+            Ok(_) => None,
+            Err(_) => Some(Instant::now() + RETRY_PACE.mul_f64(1.0 + fastrand::f64())),
+        };
+        *self.failing.lock().unwrap_or_else(PoisonError::into_inner) = next;
+        result
+    }
+
+    /// When the next attempt may start, while attempts fail.
+    fn failing_until(&self) -> Option<Instant> {
+        *self.failing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -56,3 +56,8 @@ fn percent_encode(text: &str) -> String {
         })
         .collect()
 }
+
+/// Quotes an SQL identifier: wraps it in double quotes and doubles any inside.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

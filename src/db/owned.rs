@@ -13,9 +13,10 @@
 //!   (taken in the server's `postgres` database, which every run's maintenance session uses), so
 //!   a second run finds the first's database marked and in use, and refuses.
 
-use super::{connect, dbname, maintenance, quote_ident};
+use super::{connect, dbname};
 use crate::config::DatabaseConfig;
 use crate::error::{Error, Taken};
+use dbname::quote_ident;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
@@ -35,11 +36,11 @@ pub struct CreatedDatabase {
     pub config: DatabaseConfig,
     /// The tool's first session in it: opened before any other run may look at the name.
     pub session: Client,
-    /// The database's identity: [`drop_created`] drops it only if the name still has it.
+    /// The database's identity: [`super::drop_created`] drops it only if the name still has it.
     pub oid: u32,
 }
 
-/// Creates database `name` for `tool` on the server of `base`, marked as the tool's, and opens
+/// Creates, through `admin` (a session on the maintenance database), database `name` for `tool` on the server of `base`, marked as the tool's, and opens
 /// the tool's first session in it (application name `durable-etl/<role>`). A database of that
 /// name that the tool created before and that no session uses is dropped first.
 ///
@@ -47,7 +48,8 @@ pub struct CreatedDatabase {
 /// [`Error::DatabaseTaken`] when a database of that name exists that `tool` did not create, or
 /// that a session uses (another run of the tool, say): nothing is dropped. [`Error::Config`] for
 /// a bad URL; [`Error::Unavailable`] when no server answers; [`Error::Database`] from the server.
-pub async fn recreate_database(
+pub(super) async fn recreate_on(
+    admin: Client,
     base: &DatabaseConfig,
     name: &str,
     tool: &'static str,
@@ -57,7 +59,6 @@ pub async fn recreate_database(
         url: dbname::with_dbname(&base.url, name)?,
         ..base.clone()
     };
-    let admin = maintenance(base).await?;
     let taken = |reason| Error::DatabaseTaken {
         name: name.to_owned(),
         tool,
@@ -108,13 +109,12 @@ pub async fn recreate_database(
     })
 }
 
-/// Drops database `name` on the server of `base` (disconnecting its sessions) if it is still
-/// the one of identity `oid` that [`recreate_database`] created; returns whether it dropped it.
+/// Drops, through `admin` (a session on the maintenance database), database `name` (disconnecting its sessions) if it is still
+/// the one of identity `oid` that [`recreate_on`] created; returns whether it dropped it.
 ///
 /// # Errors
-/// As [`recreate_database`].
-pub async fn drop_created(base: &DatabaseConfig, name: &str, oid: u32) -> Result<bool, Error> {
-    let admin = maintenance(base).await?;
+/// As [`recreate_on`].
+pub(super) async fn drop_created_on(admin: Client, name: &str, oid: u32) -> Result<bool, Error> {
     lock_name(&admin, name).await?;
     match look_up(&admin, name).await? {
         Some(found) if found.oid == oid => {

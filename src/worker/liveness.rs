@@ -22,3 +22,4 @@ pub(crate) mod reporter;
 #[doc(hidden)]
 pub mod rescuer;
 pub(crate) mod session;
+pub(crate) mod sessions_kept;

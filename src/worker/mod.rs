@@ -6,25 +6,22 @@
 //! - `run`: each job on a task (`executor`), under the handler guard, in a slot;
 //! - [`complete`]: the fenced writes ([`completer`]), committing in groups (`group_commit`);
 //! - [`liveness`]: [`heartbeat`] renews the leases of the held jobs (`held`), [`rescuer`]
-//!   recovers dead owners' and expired leases' jobs, `session` holds LISTEN and the owner lock
-//!   outside the pool, `presence` says whether it waits for work (enqueues notify only then),
-//!   and `reporter` sends the console's figures.
+//!   recovers dead owners' and expired leases' jobs, `session` holds LISTEN and the owner lock,
+//!   `presence` says whether it waits for work, and `reporter` sends the console's figures.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
 //!   incarnation with the same owner id left `running` before its roles start; a second live
 //!   process with the same owner id refuses to start.
 //! - On shutdown, in this order: the producer stops claiming and gives running jobs the grace
-//!   period (cut to zero by a second signal, or when the owner id was taken); the rescuer stops;
-//!   the commits still running are abandoned (their statements cancelled on the server, their
-//!   transactions rolled back); unfinished leases are released at once (attempt not charged; a
-//!   release that cannot finish within [`completer::RELEASE_TIMEOUT`] leaves them to expire);
-//!   the heartbeat stops; the pool and the session close. Heartbeats run until the release, so
-//!   no held lease lapses while jobs finish within the grace.
+//!   period (cut to zero by a second signal, a taken owner id or an undeclared transaction-mode
+//!   pooler); the rescuer stops; the commits still running are abandoned (statements cancelled,
+//!   transactions rolled back); unfinished leases are released at once (attempt not charged, or
+//!   left to expire after [`completer::RELEASE_TIMEOUT`]); the heartbeat stops; the pool and the
+//!   session close. Heartbeats run until the release: no held lease lapses within the grace.
 
 // The stages, each a folder: claim, run, complete and liveness (see each stage's invariants).
-// The roles the integration suite and the benches drive directly (fencing, plans, recovery
-// races) are public for them, and hidden: not the library's surface (`Worker`, its `stats`).
+// The roles the suite and the benches drive directly are public for them, and hidden.
 pub mod budget;
 #[doc(hidden)]
 pub mod claim;
@@ -47,7 +44,7 @@ pub use complete::completer;
 #[doc(hidden)]
 pub use liveness::{heartbeat, rescuer};
 
-use crate::config::{DatabaseConfig, WorkerConfig};
+use crate::config::{ConfigError, DatabaseConfig, WorkerConfig};
 use crate::db::Pool;
 use crate::error::Error;
 use crate::handler::Registry;
@@ -85,9 +82,9 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// Starts a replica: validates `config`, opens its session (LISTEN and owner lock, unless in
-    /// poll-only mode without a direct session URL), and releases what a previous incarnation
-    /// with the same owner id left `running`.
+    /// Starts a replica: validates `config`, checks that `pool` keeps its server sessions unless
+    /// `db_config` declares a transaction-mode pooler (`liveness::sessions_kept`), opens its
+    /// session, and releases what a previous incarnation with its owner id left `running`.
     ///
     /// # Errors
     /// [`Error::Config`], [`Error::OwnerIdInUse`], and connection errors.
@@ -99,6 +96,7 @@ impl Worker {
     ) -> Result<Worker, Error> {
         config.validate()?;
         registry.validate()?;
+        liveness::sessions_kept::check(&pool, db_config).await?;
         budget::announce(db_config, &config);
         let stats = Arc::new(WorkerStats::default());
         let session =
@@ -150,8 +148,9 @@ impl Worker {
     ///
     /// # Errors
     /// [`Error::OwnerIdInUse`] when, after a reconnect, another process holds this owner id (the
-    /// replica then stops at once and releases what it holds). Database errors are logged by code
-    /// and retried by the role that met them.
+    /// replica then stops at once and releases what it holds); [`ConfigError::TransactionPooler`]
+    /// when a claim met an undeclared transaction-mode pooler (it stops the same way). Other
+    /// database errors are logged by code and retried by the role that met them.
     #[tracing::instrument(name = "replica", skip_all, fields(owner_id = %self.owner_id()))]
     pub async fn run(self, mut shutdown: Shutdown) -> Result<(), Error> {
         let held = HeldJobs::default();
@@ -177,7 +176,7 @@ impl Worker {
         let shutdown_span = tracing::info_span!("shutdown", running = held.len());
         let stopping = async {
             producer
-                .drain(&mut shutdown, stopped == Stopped::OwnerIdTaken)
+                .drain(&mut shutdown, stopped != Stopped::Draining)
                 .await;
             stop_rescuer.cancel();
             // A commit still running (blocked on a row lock, say) is not waited for: its
@@ -194,6 +193,7 @@ impl Worker {
         tracing::info!("stopped");
         match stopped {
             Stopped::OwnerIdTaken => Err(Error::OwnerIdInUse),
+            Stopped::TransactionPooler => Err(ConfigError::TransactionPooler.into()),
             Stopped::Draining => Ok(()),
         }
     }

@@ -10,7 +10,7 @@
 //!   recovery pass, a lost session), so recovery never judges other owners by time during which
 //!   it could not have seen them either.
 
-use crate::config::{DatabaseConfig, WorkerConfig};
+use crate::config::{DatabaseConfig, Pooler, WorkerConfig};
 use crate::db::Pool;
 use crate::error::Error;
 use crate::handler::Registry;
@@ -54,6 +54,8 @@ pub(crate) struct Shared {
     lost_at: StdMutex<Option<Instant>>,
     /// Whether the replica's own connections hold its alive lock ([`WorkerConfig::alive_locked`]).
     alive_locked: bool,
+    /// The pooler the configuration declares on the database URL.
+    pub(crate) pooler: Pooler,
 }
 
 impl Shared {
@@ -97,6 +99,7 @@ impl Shared {
             capped: claimer::CappedQueues::default(),
             lost_at: StdMutex::new(None),
             alive_locked,
+            pooler: db_config.pooler,
         })
     }
 

@@ -338,11 +338,18 @@ impl WorkerStats {
     }
 
     /// Counts a statement of this replica's that failed with `sqlstate`, if that says a prepared
-    /// statement was missing or duplicated on its server connection, and then says how to fix
-    /// it (a transaction-mode pooler behind a URL not declared so).
+    /// statement was missing or duplicated on its server connection, and the first time says
+    /// how to fix it (a transaction-mode pooler behind a URL not declared so); later ones are
+    /// only counted.
     pub(crate) fn record_statement_failure(&self, sqlstate: Option<&SqlState>) {
-        if sqlstate.is_some_and(is_prepared_statement_miss) {
-            bump(&self.prepared_statement_misses);
+        if !sqlstate.is_some_and(is_prepared_statement_miss) {
+            return;
+        }
+        if self
+            .prepared_statement_misses
+            .fetch_add(1, Ordering::Relaxed)
+            == 0
+        {
             tracing::warn!(
                 sqlstate = sqlstate.map_or("", SqlState::code),
                 "a prepared statement was missing or already there on its server connection: \
@@ -421,7 +428,7 @@ impl WorkerStats {
 /// Whether `sqlstate` says a named prepared statement was missing (26000, "prepared statement …
 /// does not exist") or already there (42P05) on the server connection: what a transaction-mode
 /// pooler does to named statements, each transaction landing on another server connection.
-fn is_prepared_statement_miss(sqlstate: &SqlState) -> bool {
+pub(crate) fn is_prepared_statement_miss(sqlstate: &SqlState) -> bool {
     *sqlstate == SqlState::INVALID_SQL_STATEMENT_NAME || *sqlstate == SqlState::DUPLICATE_PSTATEMENT
 }
 

@@ -14,6 +14,27 @@ const JOBS: usize = 120;
 /// Target rows of each job.
 const RECORDS: usize = 5;
 
+/// A migrated test database with docs/operations.md's role-level settings, as written (the role
+/// is the tests' `postgres`, the database this test's own).
+async fn migrated_with_role_settings() -> TestDb {
+    let db = TestDb::empty().await;
+    assert!(binary(&db.config.url, &["migrate"])
+        .status()
+        .unwrap()
+        .success());
+    let q = durable_etl::db::quote_ident(&db.name);
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "ALTER ROLE postgres IN DATABASE {q} SET statement_timeout = '30s';
+             ALTER ROLE postgres IN DATABASE {q} SET lock_timeout = '5s';
+             ALTER ROLE postgres IN DATABASE {q} SET idle_in_transaction_session_timeout = '10s';"
+        ))
+        .await
+        .unwrap();
+    db
+}
+
 /// Runs `serve` and `replicas` replicas through a PgBouncer in `pool_mode` whose pool holds
 /// `server_connections` server connections (a handful, so that clients share them), the
 /// processes started with `pooler_args` (plus, for replicas, `replica_args(direct URL)`);
@@ -26,23 +47,7 @@ async fn jobs_through_pgbouncer(
     pooler_args: &[&str],
     replica_args: impl Fn(&str) -> Vec<String>,
 ) -> Vec<(u64, u64)> {
-    let db = TestDb::empty().await;
-    assert!(binary(&db.config.url, &["migrate"])
-        .status()
-        .unwrap()
-        .success());
-    // docs/operations.md's role-level settings, as written (the role is the tests' `postgres`,
-    // the database this test's own).
-    let q = durable_etl::db::quote_ident(&db.name);
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "ALTER ROLE postgres IN DATABASE {q} SET statement_timeout = '30s';
-             ALTER ROLE postgres IN DATABASE {q} SET lock_timeout = '5s';
-             ALTER ROLE postgres IN DATABASE {q} SET idle_in_transaction_session_timeout = '10s';"
-        ))
-        .await
-        .unwrap();
+    let db = migrated_with_role_settings().await;
     let key = api_key(&db.config.url);
     let pooler = Pooler::start_with(
         pool_mode,
@@ -153,4 +158,86 @@ async fn in_session_mode_every_job_succeeds_once_with_exact_effects() {
         assert_eq!(unnamed, 0, "claims are prepared");
         assert_eq!(misses, 0);
     }
+}
+
+/// How many times [`without_the_flag_a_replica_stops_with_one_message_naming_it`] starts the
+/// replica.
+const MISCONFIGURED_RUNS: usize = 5;
+
+/// A replica started without `--pooler transaction` on a transaction-mode PgBouncer stops, every
+/// time, with exit code 2 and one message that names the flag, within a start-up's time, without
+/// retrying in a loop (a few warnings at most), and without touching a job: the due jobs stay
+/// pending and unclaimed. Some runs start while other clients keep the pooler's server
+/// connections busy, so that its server connections move in every pattern a deployment sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_flag_a_replica_stops_with_one_message_naming_it() {
+    let db = migrated_with_role_settings().await;
+    let client = db.client().await;
+    let payloads = vec![serde_json::json!({}); 20];
+    crate::support::insert_jobs(&client, durable_etl::handler::NOOP_KIND, &payloads, 5).await;
+    let pooler = Pooler::start_with(
+        "transaction",
+        &format!("{} = host=127.0.0.1 port=5432 dbname={}", db.name, db.name),
+        "ignore_startup_parameters = options\ndefault_pool_size = 4",
+    );
+    let pooled = pooler.url("postgres", &db.name);
+    for run in 0..MISCONFIGURED_RUNS {
+        // Odd runs: another client's transactions come and go through the pooler meanwhile.
+        let busy = (run % 2 == 1).then(|| {
+            let pooled = pooled.clone();
+            tokio::spawn(async move {
+                let (other, connection) = tokio_postgres::connect(&pooled, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(connection);
+                loop {
+                    let _ = other.simple_query("SELECT pg_sleep(0.002)").await;
+                }
+            })
+        });
+        let owner = format!("unpooled-{run}");
+        let started = std::time::Instant::now();
+        let mut child = binary(&pooled, &["work", "--owner-id", &owner])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(30) {
+                signal(&child, "KILL");
+                panic!("run {run}: the replica was still running after 30 s");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        if let Some(busy) = busy {
+            busy.abort();
+        }
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(2), "run {run}: exit code\n{stderr}");
+        let exit_messages: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("durable-etl: "))
+            .collect();
+        assert_eq!(exit_messages.len(), 1, "run {run}: one message\n{stderr}");
+        assert!(
+            exit_messages[0].contains("--pooler transaction"),
+            "run {run}: the message names the flag\n{stderr}"
+        );
+        let warnings = stderr.lines().filter(|l| l.contains("WARN")).count();
+        assert!(warnings <= 3, "run {run}: {warnings} warnings\n{stderr}");
+    }
+    assert_eq!(
+        count(
+            &client,
+            "etl_job_records WHERE status = 'pending' AND attempts = 0"
+        )
+        .await,
+        20,
+        "every job still pending, never claimed"
+    );
 }

@@ -1,6 +1,7 @@
 //! A TCP proxy between a replica and PostgreSQL, for network faults. It can pass traffic through,
 //! drop every connection (close both sides), blackhole (hold traffic in both directions without
-//! closing anything, like a silently lost network), and cut the first connection that sends a
+//! closing anything, like a silently lost network), refuse new connections (closed as soon as
+//! their startup packet arrives, like a server that is down, each recorded), and cut the first connection that sends a
 //! `COMMIT` after arming: the COMMIT reaches the server, the server's reply never reaches the
 //! client, and the connection is closed, so the client cannot know the outcome.
 //!
@@ -28,6 +29,10 @@ pub enum Mode {
     Pass,
     /// Bytes are held both ways (nothing is closed); they flow again on [`Mode::Pass`].
     Blackhole,
+    /// A new connection is closed once its startup packet arrived, never reaching the server,
+    /// and recorded ([`Proxy::refused_since`]); open ones are held as by [`Mode::Blackhole`]
+    /// (drop them with [`Proxy::drop_all`]).
+    Refuse,
 }
 
 /// State shared by the accept loop and every connection.
@@ -44,6 +49,8 @@ struct State {
     commits_cut: AtomicUsize,
     /// The `application_name` of every connection's startup packet, in arrival order.
     startups: Mutex<Vec<String>>,
+    /// When each connection refused under [`Mode::Refuse`] arrived, and its `application_name`.
+    refused: Mutex<Vec<(std::time::Instant, String)>>,
 }
 
 /// A running proxy; dropping it closes its listener and every connection.
@@ -68,6 +75,7 @@ impl Proxy {
             commit_armed: AtomicBool::new(false),
             commits_cut: AtomicUsize::new(0),
             startups: Mutex::new(Vec::new()),
+            refused: Mutex::new(Vec::new()),
         });
         let shared = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -124,6 +132,17 @@ impl Proxy {
         self.state.commits_cut.load(Ordering::SeqCst)
     }
 
+    /// The connections refused under [`Mode::Refuse`] that arrived at or after `since`: when,
+    /// and their `application_name`.
+    pub fn refused_since(&self, since: std::time::Instant) -> Vec<(std::time::Instant, String)> {
+        let refused = self.state.refused.lock().unwrap();
+        refused
+            .iter()
+            .filter(|(at, _)| *at >= since)
+            .cloned()
+            .collect()
+    }
+
     /// How many connections so far started with `application_name` = `app`.
     pub fn startups_of(&self, app: &str) -> usize {
         self.state
@@ -154,7 +173,23 @@ struct Cut {
 }
 
 /// Relays one client connection until either side ends, the proxy drops it, or a cut.
-async fn serve(client: TcpStream, state: Arc<State>) {
+async fn serve(mut client: TcpStream, state: Arc<State>) {
+    if *state.mode.borrow() == Mode::Refuse {
+        let arrived = std::time::Instant::now();
+        let mut len = [0u8; 4];
+        if client.read_exact(&mut len).await.is_ok() {
+            let mut startup = len.to_vec();
+            startup.resize(
+                usize::try_from(i32::from_be_bytes(len)).unwrap_or(4).max(8),
+                0,
+            );
+            if client.read_exact(&mut startup[4..]).await.is_ok() {
+                let app = application_name(&startup);
+                state.refused.lock().unwrap().push((arrived, app));
+            }
+        }
+        return;
+    }
     let mut drops = state.drops.subscribe();
     let Ok(server) = TcpStream::connect(state.upstream).await else {
         return;

@@ -47,6 +47,7 @@ mod capped;
 mod next_due;
 mod plan_check;
 mod planner;
+mod rows;
 mod session;
 mod statement;
 
@@ -54,9 +55,10 @@ pub use capped::CappedQueues;
 pub use next_due::{next_due, NEXT_DUE_SQL, NEXT_DUE_WINDOW};
 pub use plan_check::{JUDGED_FROM_PAGES, RECHECK_AFTER};
 pub use planner::{claim_pg_config, CLAIM_POOL_SIZE};
+pub use rows::Claim;
 pub use session::{connect_claim_pool, ClaimPool, ClaimSession, ClaimSessions};
 pub use statement::{
-    claim, claim_from, claim_uncapped, Ask, Claim, Claimant, CLAIM_SQL, CLAIM_UNCAPPED_SQL,
+    claim, claim_from, claim_uncapped, Ask, Claimant, CLAIM_SQL, CLAIM_UNCAPPED_SQL,
 };
 
 #[cfg(test)]

@@ -232,3 +232,16 @@ pub(crate) async fn settle_dead_task(shared: &Shared, lease: Lease) -> Transitio
     .await
     .unwrap_or(Transition::Unwritten)
 }
+
+/// Whether a claim that failed with `failed` met a transaction-mode pooler the configuration did
+/// not declare (a named prepared statement missing or already there on its server connection,
+/// while the configuration says the URL keeps sessions): the start-up check did not catch it,
+/// and every claim would fail the same way, so the replica stops. Its jobs (none were claimed)
+/// are left as they are.
+pub(super) fn undeclared_pooler(shared: &Shared, failed: Option<&Error>) -> bool {
+    shared.pooler.keeps_sessions()
+        && failed.is_some_and(|e| {
+            e.db_code()
+                .is_some_and(crate::worker::stats::is_prepared_statement_miss)
+        })
+}

@@ -114,8 +114,7 @@ pub(crate) struct Producer {
     shared: Arc<Shared>,
     /// The jobs this replica holds.
     held: HeldJobs,
-    /// One task per running job (computing or committing), each ending with its claim id and
-    /// transition.
+    /// One task per running job (computing or committing), ending with its claim and transition.
     tasks: JoinSet<(Uuid, Transition)>,
     /// The jobs in their compute phase.
     slots: Arc<Slots>,
@@ -140,6 +139,8 @@ pub(crate) enum Stopped {
     Draining,
     /// Another process took the owner id: stop at once.
     OwnerIdTaken,
+    /// A claim met an undeclared transaction-mode pooler ([`dispatch::undeclared_pooler`]).
+    TransactionPooler,
 }
 
 impl Producer {
@@ -191,6 +192,9 @@ impl Producer {
                 () = wait(signals.as_deref().map(|s| &s.fatal)) => return Stopped::OwnerIdTaken,
                 claimed = in_flight(&mut self.claiming) => {
                     self.claiming = None;
+                    if dispatch::undeclared_pooler(&self.shared, claimed.jobs.as_ref().err()) {
+                        return Stopped::TransactionPooler;
+                    }
                     let join = self.take_claimed(claimed).await;
                     reason = self.wake.again.take().or(join);
                 }
@@ -300,8 +304,7 @@ impl Producer {
             self.wake_for_freed();
             return;
         }
-        // Only slots freed under a backlog, or permits this replica freed, bring no news of the
-        // other queues.
+        // Only slots freed under a backlog, or permits it freed, bring no news of other queues.
         if why != ClaimReason::Drain && why != ClaimReason::Freed {
             self.shares.refresh();
         }
@@ -373,8 +376,7 @@ impl Producer {
         let jobs = match claimed.jobs {
             Ok(jobs) => jobs,
             Err(e) => {
-                // Claim again soon rather than at the next wake, which may be a whole poll away
-                // (a notification that caused this claim will not come again).
+                // Claim again soon, not at the next wake (the notification will not come again).
                 tracing::warn!(code = %e.code(), "claim failed");
                 let retry = Instant::now() + CLAIM_RETRY_DELAY;
                 self.wake.next_due = Some(self.wake.next_due.map_or(retry, |due| due.min(retry)));
@@ -406,8 +408,7 @@ impl Producer {
         join.then_some(ClaimReason::Presence)
     }
 
-    /// Holds `job`, claimed by a statement sent at `sent` (of `permit_queue` when the claim
-    /// holds a permit), and buffers it until a slot frees.
+    /// Holds `job` (claimed at `sent`; of `permit_queue` if it holds a permit) until a slot frees.
     fn hold(&mut self, job: ClaimedJob, sent: Instant, permit_queue: Option<String>) {
         let lease = job.lease();
         let lost = job.ctx.lease_lost.token();
@@ -490,8 +491,7 @@ impl Producer {
     }
 }
 
-/// The claim in `slot` once it is back; never resolves when none is in flight. Cancel-safe: the
-/// claim stays in `slot` until it is back.
+/// The claim in `slot` once it is back (cancel-safe: it stays there); pending while none is.
 async fn in_flight(slot: &mut Option<InFlight>) -> Claimed {
     match slot {
         Some(claim) => claim.await,

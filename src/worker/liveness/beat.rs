@@ -150,6 +150,28 @@ pub(crate) async fn beat(
     }
 }
 
+/// Beats for `owner_id` through `pool` every [`BEAT_INTERVAL`], for ever: while the session
+/// reconnects, the replica still proves it is alive as long as its pool reaches the database
+/// (a cut of the session's URL alone moves no job). A beat that fails or is slow is left to the
+/// next one.
+pub(crate) async fn beat_through(
+    pool: &crate::db::Pool,
+    owner_id: &str,
+    clock: &BeatClock,
+) -> std::convert::Infallible {
+    let mut beats = tokio::time::interval(BEAT_INTERVAL);
+    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        beats.tick().await;
+        let once = async {
+            let conn = crate::db::checkout(pool).await?;
+            Ok::<_, crate::error::Error>(beat(&conn, owner_id, clock).await?)
+        };
+        // Failing or slow: the next beat is due.
+        let _ = tokio::time::timeout(BEAT_TIMEOUT, once).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{BeatClock, TRUSTED_AFTER_BEAT};

@@ -302,9 +302,15 @@ pub struct Judgement {
 }
 
 /// How long a replica that regained the database (or a server that restarted) gives every other
-/// owner to reconnect its own connections, beyond two of the owner's heartbeat intervals: the
-/// longest pause between a session's reconnect attempts.
-pub const RECONNECT_GRACE: Duration = crate::notifier::RECONNECT_MAX_DELAY;
+/// owner to reconnect its own connections, beyond two of the owner's heartbeat intervals: ten
+/// times the longest pause between a session's reconnect attempts (its jitter included), for
+/// owners whose reconnects a busy server or network slows.
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(5);
+
+/// [`RECONNECT_GRACE`] outlasts ten of a session's longest pauses between reconnect attempts.
+const _: () = assert!(
+    RECONNECT_GRACE.as_millis() >= 10 * 2 * crate::notifier::RECONNECT_MAX_DELAY.as_millis()
+);
 
 /// How long after an owner's silence ends a judgement scheduled for that moment runs: past the
 /// end on the database's clock, whatever the rounding.
@@ -455,98 +461,4 @@ pub(crate) fn rescue_interval(poll_interval: Duration) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::config::WorkerConfig;
-    use crate::handler::Registry;
-    use crate::test_db::TestDb;
-    use crate::worker::liveness::session::Signals;
-    use crate::worker::shared::Shared;
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn recovery_runs_twice_per_poll_interval() {
-        assert_eq!(
-            super::rescue_interval(Duration::from_secs(1)),
-            Duration::from_millis(500)
-        );
-    }
-
-    /// A replica's reachability is whole until a recovery pass of its own fails, and then counts
-    /// from that failure; a pass that succeeds does not reset it (only time does).
-    #[tokio::test]
-    async fn reachability_shrinks_only_when_a_recovery_pass_of_the_replica_fails() {
-        let db = TestDb::migrated().await;
-        let pool = crate::db::connect_pool(&db.config, "test").await.unwrap();
-        let config = WorkerConfig {
-            owner_id: "reachability".into(),
-            poll_only: true,
-            ..WorkerConfig::default()
-        };
-        let shared = Shared::open(
-            pool,
-            &db.config,
-            config,
-            Registry::default(),
-            Arc::default(),
-            None,
-        )
-        .await
-        .unwrap();
-        let now = Instant::now();
-        assert_eq!(shared.reachable_for(now), Duration::MAX);
-        super::pass(&shared).await.unwrap();
-        assert_eq!(shared.reachable_for(Instant::now()), Duration::MAX);
-
-        let client = crate::db::connect(&db.config, "test").await.unwrap();
-        client
-            .batch_execute("ALTER TABLE etl_job_records RENAME TO gone")
-            .await
-            .unwrap();
-        let before = Instant::now();
-        assert!(super::pass(&shared).await.is_err());
-        let after = Instant::now();
-        let later = after + Duration::from_secs(7);
-        let reachable = shared.reachable_for(later);
-        assert!(reachable >= Duration::from_secs(7), "{reachable:?}");
-        assert!(reachable <= later - before, "{reachable:?}");
-
-        client
-            .batch_execute("ALTER TABLE gone RENAME TO etl_job_records")
-            .await
-            .unwrap();
-        super::pass(&shared).await.unwrap();
-        assert!(shared.reachable_for(later) <= later - before);
-    }
-
-    /// The session's loss counts as the replica's own: the later of the two bounds reachability.
-    #[tokio::test]
-    async fn a_lost_session_shrinks_reachability_too() {
-        let db = TestDb::migrated().await;
-        let pool = crate::db::connect_pool(&db.config, "test").await.unwrap();
-        let signals = Arc::new(Signals::default());
-        let shared = Shared::open(
-            pool,
-            &db.config,
-            WorkerConfig::default(),
-            Registry::default(),
-            Arc::default(),
-            Some(Arc::clone(&signals)),
-        )
-        .await
-        .unwrap();
-        assert_eq!(shared.reachable_for(Instant::now()), Duration::MAX);
-        shared.lost_the_database();
-        let own = Instant::now();
-        std::thread::sleep(Duration::from_millis(20));
-        signals.lost_now();
-        let session = Instant::now();
-        let later = session + Duration::from_secs(3);
-        let reachable = shared.reachable_for(later);
-        assert!(
-            reachable <= later - own - Duration::from_millis(20),
-            "{reachable:?}"
-        );
-        assert!(reachable >= Duration::from_secs(3), "{reachable:?}");
-    }
-}
+mod tests;

@@ -251,3 +251,76 @@ async fn a_commit_whose_reply_is_lost_is_resolved_through_the_ledger_and_never_r
     signal(&replicas.0[0], "TERM");
     assert_eq!(replicas.0[0].wait().unwrap().code(), Some(0));
 }
+
+/// How long the server stays away in
+/// [`during_an_outage_a_replica_tries_a_few_times_a_second_and_reconnects_promptly`]: long
+/// enough for any backoff to reach its longest pause.
+const OUTAGE: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// At most this many connection attempts a second reach a dead server from one replica.
+const ATTEMPTS_PER_SECOND: usize = 4;
+
+/// The server behind the proxy goes away (every connection closed, every new one closed once
+/// its startup packet arrives) for [`OUTAGE`]: the replica keeps trying at most
+/// [`ATTEMPTS_PER_SECOND`] times a second, whichever of its pools and its session asks, once the
+/// connections it had in flight when the server went have failed (the first second). The server
+/// comes back right after one of the session's attempts failed (the pause after it is the one
+/// that counts): the session is up again and a job enqueued during the outage is claimed
+/// within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_an_outage_a_replica_tries_a_few_times_a_second_and_reconnects_promptly() {
+    use std::time::{Duration, Instant};
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (proxy, metrics, _replica) = behind_proxy(&db, "outage", &[], Stdio::null()).await;
+    eventually("the session up", || {
+        let metrics = &metrics;
+        async move { metric(metrics, "durable_etl_session_up").await == 1 }
+    })
+    .await;
+    proxy.set_mode(Mode::Refuse);
+    proxy.drop_all();
+    let down = Instant::now();
+    let ids = crate::support::insert_jobs(
+        &client,
+        durable_etl::handler::NOOP_KIND,
+        &[serde_json::json!({})],
+        5,
+    )
+    .await;
+    tokio::time::sleep(OUTAGE).await;
+    let settled = down + Duration::from_secs(1);
+    let attempts = proxy.refused_since(settled);
+    let seconds = usize::try_from((Instant::now() - settled).as_secs()).unwrap() + 1;
+    assert!(
+        !attempts.is_empty() && attempts.len() <= ATTEMPTS_PER_SECOND * seconds,
+        "{} attempts in about {seconds} s: {attempts:?}",
+        attempts.len()
+    );
+    let session = |since| {
+        proxy
+            .refused_since(since)
+            .into_iter()
+            .filter(|(_, app)| app == "durable-etl/session")
+            .count()
+    };
+    let now = Instant::now();
+    while session(now) == 0 {
+        assert!(now.elapsed() < Duration::from_secs(20), "the session tries");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.set_mode(Mode::Pass);
+    let up = Instant::now();
+    loop {
+        let claimed = count(&client, "etl_job_records WHERE status = 'pending'").await == 0;
+        if metric(&metrics, "durable_etl_session_up").await == 1 && claimed {
+            break;
+        }
+        assert!(
+            up.elapsed() < Duration::from_secs(2),
+            "the session up and job {} claimed within 2 s of the server's return",
+            ids[0]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

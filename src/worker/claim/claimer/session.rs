@@ -10,9 +10,9 @@ use super::plan_check::{
     explain_planned, explain_prepared, in_planner_transaction, judged_failure,
     walks_the_pending_index_in_order, RECHECK_AFTER,
 };
+use super::rows::{claimed, refused, Claim};
 use super::statement::{
-    claim_uncapped, claimed, refused, Ask, Claim, ClaimValues, Claimant, CLAIM_PARAMS, CLAIM_SQL,
-    CLAIM_UNCAPPED_SQL,
+    claim_uncapped, Ask, ClaimValues, Claimant, CLAIM_PARAMS, CLAIM_SQL, CLAIM_UNCAPPED_SQL,
 };
 use crate::config::{DatabaseConfig, Pooler};
 use crate::db;

@@ -1,13 +1,12 @@
 //! The claim and next-due statements, their parameters and their rows (see the parent module's
 //! invariants).
 
-use crate::handler::{JobContext, LeaseLost};
+use super::rows::{claimed, refused, Claim};
 use crate::queue::DEFAULT_QUEUE;
 use crate::worker::lease::{millis, ClaimedJob};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{GenericClient, Row};
+use tokio_postgres::GenericClient;
 
 /// The LATERAL probe of one asked queue `r` (its `queue`, and `$limit`, an expression over `r`):
 /// for each kind of `$8`, the queue's due pending jobs of that kind in `(sort_at, id)` order that
@@ -140,7 +139,7 @@ RETURNING j.id, j.kind, j.request_payload, j.attempts, j.max_attempts, j.lease_c
 /// slot of one key cannot both insert it, so a key never runs more than its cap.
 ///
 /// A cap lowered while more jobs run than it allows is never exceeded by a claim: while a permit
-/// above the cap is held, a claim takes only free slots up to [`top_slot`]'s bound (`top`, for a
+/// above the cap is held, a claim takes only free slots up to `top_slot!`'s bound (`top`, for a
 /// queue cap; the end of the `generate_series` of `fitting`, for a key cap), the largest `k`
 /// whose held permits above it leave room for `k` below, so it claims nothing while the running
 /// jobs, old and new, are as many as the cap, and its claims never make them more, whichever of
@@ -329,22 +328,6 @@ SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::int4, NULL::int4, NULL::uuid, 
  WHERE a.capped"
 );
 
-/// What a claim took: the jobs, and what its marker rows (every column NULL but the ask's
-/// position and the last) said of the asks.
-#[derive(Debug, Default)]
-pub struct Claim {
-    /// The claimed jobs.
-    pub jobs: Vec<ClaimedJob>,
-    /// The asks, by position, that [`CLAIM_UNCAPPED_SQL`] refused because their queue is capped.
-    pub capped: Vec<usize>,
-    /// Each capped or key-capped ask of [`CLAIM_SQL`], by position, with whether it left free
-    /// permits of its queue's cap to other claimers: `Some(true)` when it picked fewer due jobs
-    /// (of the replica's kinds, of keys below their cap) than the free permits it saw,
-    /// `Some(false)` when it did not (it took them all, or lost some to claimers that took them
-    /// at the same time), `None` for a queue with a key cap only.
-    pub left_free: Vec<(usize, Option<bool>)>,
-}
-
 /// Claims, of each queue of `asks`, up to as many due jobs as it asks for `claimant`, with
 /// [`CLAIM_UNCAPPED_SQL`] (unnamed, planned for its values): the asks of capped queues claim
 /// nothing and are listed in [`Claim::capped`].
@@ -476,62 +459,5 @@ impl<'a> ClaimValues<'a> {
             &self.queues,
             &self.kinds,
         ]
-    }
-}
-
-/// The claimed jobs of [`CLAIM_SQL`]'s rows and what its markers say of the capped asks.
-pub(super) fn claimed(rows: Vec<Row>) -> Claim {
-    let (jobs, markers) = split(rows);
-    Claim {
-        jobs,
-        capped: Vec::new(),
-        left_free: markers
-            .iter()
-            .map(|row| (asked_of(row), row.get(11)))
-            .collect(),
-    }
-}
-
-/// The claimed jobs of [`CLAIM_UNCAPPED_SQL`]'s rows and the asks its markers refused.
-pub(super) fn refused(rows: Vec<Row>) -> Claim {
-    let (jobs, markers) = split(rows);
-    Claim {
-        jobs,
-        capped: markers.iter().map(asked_of).collect(),
-        left_free: Vec::new(),
-    }
-}
-
-/// The claimed jobs and the marker rows (whose id is NULL) of a claim's rows.
-fn split(rows: Vec<Row>) -> (Vec<ClaimedJob>, Vec<Row>) {
-    let (jobs, markers): (Vec<Row>, Vec<Row>) = rows
-        .into_iter()
-        .partition(|row| row.get::<_, Option<uuid::Uuid>>(0).is_some());
-    (jobs.iter().map(claimed_job).collect(), markers)
-}
-
-/// The position (from 0) of the ask a claim's row filled.
-fn asked_of(row: &Row) -> usize {
-    usize::try_from(row.get::<_, i64>(10) - 1).unwrap_or(0)
-}
-
-/// The claimed job of one of a claim's rows.
-fn claimed_job(row: &Row) -> ClaimedJob {
-    ClaimedJob {
-        ctx: Arc::new(JobContext {
-            id: row.get(0),
-            kind: row.get(1),
-            attempt: row.get(3),
-            max_attempts: row.get(4),
-            lease_claim_id: row.get(5),
-            fencing_token: row.get(8),
-            owner_key: row.get(6),
-            run_at: row.get(9),
-            lease_lost: LeaseLost::default(),
-        }),
-        payload: row.get(2),
-        due_for: row.get(7),
-        asked_of: asked_of(row),
-        held_permit: row.get(11),
     }
 }

@@ -3,7 +3,8 @@
 //! on.
 
 use super::capped::CappedQueues;
-use super::statement::{claim_uncapped, Claim, CLAIM_SQL, CLAIM_UNCAPPED_SQL};
+use super::rows::Claim;
+use super::statement::{claim_uncapped, CLAIM_SQL, CLAIM_UNCAPPED_SQL};
 use super::tests::{enqueue_into, plans_built, session, with_jobs, CLAIMANT};
 use crate::queue;
 use crate::test_db::TestDb;
