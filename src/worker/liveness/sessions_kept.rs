@@ -27,7 +27,7 @@ const ROUNDS: usize = 3;
 /// server's life). Locks: none.
 const BACKEND_SQL: &str = "
 SELECT pg_backend_pid(), backend_start::text
-  FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+  FROM pg_stat_activity WHERE pid = pg_backend_pid() AND datname = current_database()";
 
 /// A server backend, as [`BACKEND_SQL`] names it.
 type Backend = (i32, Option<String>);
