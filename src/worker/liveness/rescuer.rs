@@ -46,7 +46,7 @@ use crate::worker::lease::millis;
 use crate::worker::liveness::presence;
 use crate::worker::liveness::session::Session;
 use crate::worker::shared::Shared;
-use crate::worker::timing::ticker;
+use crate::worker::timing::{sleep_until_opt, ticker};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -387,7 +387,7 @@ pub(crate) async fn run(shared: Arc<Shared>, catch_up: Arc<Notify>, stop: Cancel
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
-            () = at(judge_at) => {}
+            () = sleep_until_opt(judge_at) => {}
         }
         judge_at = None;
         match pass(&shared).await {
@@ -399,14 +399,6 @@ pub(crate) async fn run(shared: Arc<Shared>, catch_up: Arc<Notify>, stop: Cancel
             }
             Err(e) => tracing::warn!(code = %e.code(), "recovery failed"),
         }
-    }
-}
-
-/// Resolves at `instant`; never without one.
-async fn at(instant: Option<tokio::time::Instant>) {
-    match instant {
-        Some(instant) => tokio::time::sleep_until(instant).await,
-        None => std::future::pending().await,
     }
 }
 
