@@ -71,7 +71,10 @@
 //!   the first state it reaches of each class of states equal up to these renamings, so each
 //!   trace it reports is a run, and a shortest one.
 //! - Left out: kinds (one kind), caps and permits, refreshes of a waiting row, reconnects,
-//!   recovery's deletion of stale rows, the claim cooldown (it delays claims, never drops them).
+//!   recovery's deletion of stale rows, the claim cooldown (it delays claims, never drops them),
+//!   and how a replica shares a claim among its queues: a claim here asks every served queue,
+//!   which the real one does within `LEFT_OUT_MAX` of a queue coming back short (tested by
+//!   `wake_cases::a_busy_replica_still_asks_a_queue_it_left_out_while_another_queues_backlog_lasts`).
 //!
 //! # The designs
 //!

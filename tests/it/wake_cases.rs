@@ -620,3 +620,67 @@ async fn enqueues_into_a_capped_queue_with_every_permit_held_wake_nobody() {
     assert_eq!(claim_by_hand(&client, "holder", "chores").await, 1);
     enqueues_of_unclaimable_work_wake_nobody(&db, &client).await;
 }
+
+/// A busy replica is parked: wakes do not reach it, and it claims again by itself as its jobs
+/// end. So a queue its claims left out because it came back short must be asked again while the
+/// backlog of another queue lasts, not only once that backlog is gone. One replica of 2 slots
+/// serves `q1` and `q2`; 40 chores of `q1` arrive at once, so `q2` comes back short and the
+/// replica drains `q1` and parks; a chore of `q2` then wakes nobody. The test lets `q1`'s chores
+/// end one at a time: the `q2` chore must be claimed while most of `q1`'s backlog still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_replica_still_asks_a_queue_it_left_out_while_another_queues_backlog_lasts() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (gate, chores) = Chores::gated();
+    let cfg = WorkerConfig {
+        slots: 2,
+        ..serving("busy", "q1,q2")
+    };
+    let replica = Replica::start_with(&db, cfg, Registry::new().perform(chores.clone())).await;
+    until_waits(&replica, 1).await;
+    let mut producer = db.client().await;
+    let tx = producer.transaction().await.unwrap();
+    for n in 0..40 {
+        jobs()
+            .enqueue(&tx, &Chore { n }, placed("q1", None))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    eventually("both slots busy and the replica parked", || async {
+        chores.started() == 2
+            && count(
+                &client,
+                "etl_waiting_replicas WHERE owner_id = 'busy' AND queues = '{}'",
+            )
+            .await
+                == 1
+    })
+    .await;
+    let left_out = jobs()
+        .enqueue(&client, &Chore { n: 100 }, placed("q2", None))
+        .await
+        .unwrap()
+        .id;
+    let running = "etl_job_records WHERE status = 'running' AND id = ";
+    let mut released = 0;
+    while count(&client, &format!("{running}'{left_out}'")).await == 0 {
+        assert!(released < 40, "the q2 chore was never claimed");
+        gate.add_permits(1);
+        released += 1;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let waiting = count(
+        &client,
+        "etl_job_records WHERE queue = 'q1' AND status = 'pending'",
+    )
+    .await;
+    assert!(
+        waiting >= 20,
+        "the q2 chore was claimed only once q1's backlog was nearly gone ({waiting} left)"
+    );
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.claimed_by_poll, 0, "the poll never fired: {stats:?}");
+    gate.add_permits(1000);
+    replica.stop().await.unwrap();
+}

@@ -304,10 +304,10 @@ impl Producer {
             self.wake_for_freed();
             return;
         }
-        // Only slots freed under a backlog, or permits it freed, bring no news of other queues.
-        if why != ClaimReason::Drain && why != ClaimReason::Freed {
-            self.shares.refresh();
-        }
+        // Only slots freed under a backlog, or permits it freed, bring no news of other queues
+        // (then only those left out for long are asked again: no wake reaches a busy replica).
+        let news = why != ClaimReason::Drain && why != ClaimReason::Freed;
+        self.shares.renew(news, Instant::now());
         let freed = self.freed.take();
         self.presence
             .opened(freed.iter().map(|(queue, _)| queue.as_str()));
@@ -359,7 +359,7 @@ impl Producer {
             |_| Vec::new(),
             |jobs| took_per_ask(claimed.asks.len(), jobs),
         );
-        self.shares.took(&claimed.asks, &took);
+        self.shares.took(&claimed.asks, &took, Instant::now());
         let answered = claimed.jobs.is_ok().then_some(&claimed.left_free[..]);
         if freed::unclaimed(&claimed.freed, &claimed.asks, &took, answered) {
             self.spawn_wake();

@@ -12,11 +12,18 @@
 //! - A queue whose last claim came back short (it had no more due jobs of the replica's kinds)
 //!   is left out of the next claims, and its share goes to the others, until a wake that may
 //!   have brought it work: a notification, the poll, a due deferred job or a catch-up
-//!   ([`QueueShares::refresh`]). So a replica with one busy queue and many empty ones sends one
-//!   probe of the empty ones per such wake, not one per claim. When every queue came back short,
-//!   all are asked again.
+//!   ([`QueueShares::refresh`]), or until it has been left out for [`LEFT_OUT_MAX`]
+//!   ([`QueueShares::expire`]). So a replica with one busy queue and many empty ones sends one
+//!   probe of the empty ones per such wake, or per [`LEFT_OUT_MAX`] of a backlog, not one per
+//!   claim. When every queue came back short, all are asked again.
+//! - A queue is left out only while the replica drains a backlog, and a replica draining a
+//!   backlog is parked (`presence`): wakes do not reach it. So a job enqueued into a queue left
+//!   out, that only this replica serves, is asked for by the first claim at least
+//!   [`LEFT_OUT_MAX`] after the queue came back short, never only once the backlog is gone.
 
 use crate::queue::ServedQueue;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The most queues a claim that keeps draining a backlog asks at once (`asks_of_at_most`): a
 /// replica serving 100 busy queues probes 16 of them per claim, for about 9 jobs each of a
@@ -24,6 +31,12 @@ use crate::queue::ServedQueue;
 /// registered kind). Every other claim (a wake, the poll, freed permits) asks every queue that
 /// may have work.
 pub(crate) const DRAIN_FAN_OUT: usize = 16;
+
+/// The longest a queue that came back short is left out of a backlog's claims: the longest a job
+/// enqueued into it waits past its commit for a busy replica's claim (which no wake reaches)
+/// beyond the backlog's next claim.
+pub(crate) const LEFT_OUT_MAX: Duration = Duration::from_millis(32);
+
 use crate::worker::lease::ClaimedJob;
 
 /// One served queue and what the sharing remembers of it.
@@ -35,8 +48,8 @@ struct Served {
     weight: u64,
     /// What it was owed beyond whole jobs, in units of `1 / total weight` of a job.
     credit: u64,
-    /// Its last claim came back short.
-    short: bool,
+    /// When its last claim came back short, if it did.
+    short: Option<Instant>,
 }
 
 /// The room-sharing state of one replica's claim loop.
@@ -56,7 +69,7 @@ impl QueueShares {
                     name: q.name.clone(),
                     weight: u64::from(q.weight),
                     credit: 0,
-                    short: false,
+                    short: None,
                 })
                 .collect(),
         }
@@ -74,21 +87,21 @@ impl QueueShares {
     /// they are owed the most at a later claim. Over consecutive claims every queue is still
     /// asked for its weighted share; each claim probes fewer queues, for more jobs each.
     pub(crate) fn asks_of_at_most(&mut self, room: usize, fan_out: usize) -> Vec<(&str, usize)> {
-        if self.queues.iter().all(|q| q.short) {
+        if self.queues.iter().all(|q| q.short.is_some()) {
             self.refresh();
         }
         let total: u64 = self
             .queues
             .iter()
-            .filter(|q| !q.short)
+            .filter(|q| q.short.is_none())
             .map(|q| q.weight)
             .sum();
         let room_units = u64::try_from(room).unwrap_or(u64::MAX);
-        for q in self.queues.iter_mut().filter(|q| !q.short) {
+        for q in self.queues.iter_mut().filter(|q| q.short.is_none()) {
             q.credit = q.credit.saturating_add(room_units.saturating_mul(q.weight));
         }
         let mut open: Vec<usize> = (0..self.queues.len())
-            .filter(|&i| !self.queues[i].short)
+            .filter(|&i| self.queues[i].short.is_none())
             .collect();
         let limited = open.len() > fan_out;
         if limited {
@@ -140,12 +153,33 @@ impl QueueShares {
             .collect()
     }
 
-    /// Records what a claim of `asks` took of each: `took[i]` jobs of `asks[i]`. A queue that
-    /// got fewer than it was asked for is short until [`QueueShares::refresh`].
-    pub(crate) fn took(&mut self, asks: &[(String, usize)], took: &[usize]) {
+    /// Records what a claim of `asks`, back at `now`, took of each: `took[i]` jobs of `asks[i]`.
+    /// A queue that got fewer than it was asked for is short from `now` until
+    /// [`QueueShares::refresh`] or [`QueueShares::expire`].
+    pub(crate) fn took(&mut self, asks: &[(String, usize)], took: &[usize], now: Instant) {
         for ((name, asked), got) in asks.iter().zip(took) {
             if let Some(q) = self.queues.iter_mut().find(|q| &q.name == name) {
-                q.short = got < asked;
+                q.short = (got < asked).then_some(now);
+            }
+        }
+    }
+
+    /// Before a claim sent at `now`: forgets which queues came back short when the claim brings
+    /// `news` (a wake), else only those left out for [`LEFT_OUT_MAX`] ([`QueueShares::expire`]).
+    pub(crate) fn renew(&mut self, news: bool, now: Instant) {
+        if news {
+            self.refresh();
+        } else {
+            self.expire(now);
+        }
+    }
+
+    /// Forgets, at `now`, that a queue came back short once it has been left out for
+    /// [`LEFT_OUT_MAX`]: a claim of a backlog asks it again.
+    fn expire(&mut self, now: Instant) {
+        for q in &mut self.queues {
+            if q.short.is_some_and(|at| now >= at + LEFT_OUT_MAX) {
+                q.short = None;
             }
         }
     }
@@ -153,20 +187,20 @@ impl QueueShares {
     /// Whether some queue has not come back short since the last wake: it filled its last ask,
     /// or was not asked since. Until none has, a short claim is no sign that the replica is idle.
     pub(crate) fn may_have_work(&self) -> bool {
-        self.queues.iter().any(|q| !q.short)
+        self.queues.iter().any(|q| q.short.is_none())
     }
 
     /// Forgets that `queue` came back short: this replica just freed permits of it.
     pub(crate) fn reopen(&mut self, queue: &str) {
         if let Some(q) = self.queues.iter_mut().find(|q| q.name == queue) {
-            q.short = false;
+            q.short = None;
         }
     }
 
     /// Forgets which queues came back short: a wake may have brought any of them work.
-    pub(crate) fn refresh(&mut self) {
+    fn refresh(&mut self) {
         for q in &mut self.queues {
-            q.short = false;
+            q.short = None;
         }
     }
 }
@@ -184,8 +218,9 @@ pub(crate) fn took_per_ask(asks: usize, jobs: &[ClaimedJob]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::QueueShares;
+    use super::{QueueShares, LEFT_OUT_MAX};
     use crate::queue::ServedQueue;
+    use tokio::time::Instant;
 
     /// Sharing for queues `a` and `b` with weights `wa` and `wb`.
     fn two(wa: u32, wb: u32) -> QueueShares {
@@ -225,11 +260,11 @@ mod tests {
     fn work_may_remain_until_every_queue_came_back_short_since_the_last_wake() {
         let mut shares = QueueShares::new(&[ServedQueue::new("hot"), ServedQueue::new("empty")]);
         let asks = vec![("hot".to_owned(), 1)];
-        shares.took(&asks, &[1]);
+        shares.took(&asks, &[1], Instant::now());
         assert!(shares.may_have_work(), "hot filled its ask");
-        shares.took(&asks, &[0]);
+        shares.took(&asks, &[0], Instant::now());
         assert!(shares.may_have_work(), "empty was never asked");
-        shares.took(&[("empty".to_owned(), 3)], &[0]);
+        shares.took(&[("empty".to_owned(), 3)], &[0], Instant::now());
         assert!(!shares.may_have_work(), "both came back short");
         shares.refresh();
         assert!(shares.may_have_work());
@@ -239,18 +274,34 @@ mod tests {
     fn a_short_queue_gives_its_share_to_the_others_until_a_refresh() {
         let mut shares = two(1, 1);
         assert_eq!(shares.asks(10), vec![("a", 5), ("b", 5)]);
-        shares.took(&[("a".into(), 5), ("b".into(), 5)], &[2, 5]);
+        shares.took(&[("a".into(), 5), ("b".into(), 5)], &[2, 5], Instant::now());
         assert_eq!(shares.asks(10), vec![("b", 10)], "a came back short");
-        shares.took(&[("b".into(), 10)], &[10]);
+        shares.took(&[("b".into(), 10)], &[10], Instant::now());
         assert_eq!(shares.asks(4), vec![("b", 4)]);
         shares.refresh();
         assert_eq!(count(&shares.asks(10), "a"), 5, "asked again after a wake");
     }
 
     #[test]
+    fn a_queue_left_out_of_a_backlogs_claims_is_asked_again_after_the_longest_wait() {
+        let mut shares = two(1, 1);
+        let at = Instant::now();
+        shares.took(&[("a".into(), 5), ("b".into(), 5)], &[0, 5], at);
+        shares.renew(false, at + LEFT_OUT_MAX / 2);
+        assert_eq!(shares.asks(10), vec![("b", 10)], "a left out");
+        shares.took(&[("b".into(), 10)], &[10], at);
+        shares.renew(false, at + LEFT_OUT_MAX);
+        assert_eq!(count(&shares.asks(10), "a"), 5, "a asked again");
+        assert!(shares.may_have_work());
+        shares.took(&[("a".into(), 5)], &[0], at);
+        shares.renew(true, at);
+        assert_eq!(count(&shares.asks(10), "a"), 5, "a wake asks every queue");
+    }
+
+    #[test]
     fn when_every_queue_came_back_short_all_are_asked_again() {
         let mut shares = two(1, 3);
-        shares.took(&[("a".into(), 1), ("b".into(), 3)], &[0, 0]);
+        shares.took(&[("a".into(), 1), ("b".into(), 3)], &[0, 0], Instant::now());
         let asks = shares.asks(8);
         assert_eq!(asks, vec![("a", 2), ("b", 6)]);
     }
