@@ -75,6 +75,10 @@
 //!   and how a replica shares a claim among its queues: a claim here asks every served queue,
 //!   which the real one does within `LEFT_OUT_MAX` of a queue coming back short (tested by
 //!   `wake_cases::a_busy_replica_still_asks_a_queue_it_left_out_while_another_queues_backlog_lasts`).
+//!   Its retries of held barriers all go alone; the real ones claim too once a barrier stayed
+//!   held for 32 ms, which only adds claims. Property 1 judges quiet states, with every enqueue
+//!   ended, so a job committed while another enqueue still holds the barrier is judged by
+//!   `wake_cases::a_job_committed_while_another_enqueue_holds_the_barrier_runs_at_once`.
 //!
 //! # The designs
 //!

@@ -35,10 +35,11 @@
 //! the seed (printed either way; the timing still varies). The figures also go to
 //! `lost-wakes-figures.txt` in Cargo's target temporary directory, and each round's timeline
 //! (bursts, faults, setting changes, and every job's commit, first claim and longest claimable
-//! stretch) to `lost-wakes-timeline.txt`.
+//! stretch) to `lost-wakes-timeline.txt`. `LOST_WAKES_LOG` sets the replicas' `RUST_LOG`
+//! (default `warn`); their logs are kept when a wake was lost.
 
 use crate::support::{
-    admin_config, api_key, binary, connect, free_port, post_load, signal, spawn_replica,
+    admin_config, api_key, binary, connect, free_port, post_load, signal, spawn_replica_logged,
     until_serving, Processes, TestDb,
 };
 use durable_etl::{Code, EnqueueOptions, Jobs, Secret};
@@ -638,7 +639,8 @@ impl Fleet {
             "--shutdown-grace",
             "2s",
         ];
-        spawn_replica(&self.url, &replica.owner, &args, Stdio::from(log))
+        let level = std::env::var("LOST_WAKES_LOG").unwrap_or_else(|_| "warn".to_owned());
+        spawn_replica_logged(&self.url, &replica.owner, &args, Stdio::from(log), &level)
     }
 
     /// Scrapes replica `i`'s counters into its `last` (left as it was if the scrape fails).

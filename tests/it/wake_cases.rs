@@ -684,3 +684,48 @@ async fn a_busy_replica_still_asks_a_queue_it_left_out_while_another_queues_back
     gate.add_permits(1000);
     replica.stop().await.unwrap();
 }
+
+/// Two enqueues into a paused queue wake nobody and hold its enqueue barrier until they end; the
+/// queue is resumed, so the one waiting replica tries the barrier again and again. One of them
+/// commits while the other stays open: its chore must run at once, not once the other
+/// transaction ends (a retry of a barrier held that long claims each time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_committed_while_another_enqueue_holds_the_barrier_runs_at_once() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (mut t_client, mut e_client) = (db.client().await, db.client().await);
+    let chores = Chores::default();
+    let replica = Replica::start_with(
+        &db,
+        serving("settling", "chores"),
+        Registry::new().perform(chores.clone()),
+    )
+    .await;
+    until_waits(&replica, 1).await;
+    queue::set_paused(&client, "chores", true).await.unwrap();
+    let (t, e) = (
+        t_client.transaction().await.unwrap(),
+        e_client.transaction().await.unwrap(),
+    );
+    for (tx, n) in [(&t, 1), (&e, 2)] {
+        jobs()
+            .enqueue(tx, &Chore { n }, EnqueueOptions::default())
+            .await
+            .unwrap();
+    }
+    queue::set_paused(&client, "chores", false).await.unwrap();
+    e.commit().await.unwrap();
+    promptly("E's chore ran while T is open", 1, || async {
+        succeeded(&client).await
+    })
+    .await;
+    let stats = replica.stats.snapshot();
+    assert_eq!(stats.claimed_by_poll, 0, "the poll never fired: {stats:?}");
+    assert!(stats.barrier_held > 0, "T held the barrier: {stats:?}");
+    t.commit().await.unwrap();
+    promptly("T's chore ran at its commit", 2, || async {
+        succeeded(&client).await
+    })
+    .await;
+    replica.stop().await.unwrap();
+}

@@ -33,9 +33,10 @@ use uuid::Uuid;
 /// transition)` for each, by job id.
 pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>, Error> {
     let asks = owned(QueueShares::new(&shared.config.queues).asks(shared.config.slots));
-    let jobs = claim_with(shared, &asks, ClaimReason::Step, None)
+    let jobs = claim_with(shared, &asks, ClaimReason::Step, None, false)
         .await
-        .0?
+        .0
+        .unwrap_or_else(|| Ok(Claim::default()))?
         .jobs;
     let slots = Arc::new(Slots::default());
     let mut tasks = JoinSet::new();
@@ -68,22 +69,24 @@ pub(crate) fn owned(asks: Vec<(&str, usize)>) -> Vec<(String, usize)> {
 /// presence `change` (if any) pipelined before it on the same connection, in the same round
 /// trip. Returns the claim (its jobs, and what it says of the capped asks) and what the change
 /// answered (`None` when it was not sent); the jobs are returned whatever the change answered,
-/// so a failed presence statement never loses a claim. The one exception is a presence retry
-/// that only tries barriers again (`ClaimReason::Presence` with `Change::Settle`): its tries go
-/// first, alone, and the claim follows only if one succeeded (claiming nothing loses nothing). A replica with no handlers claims nothing.
+/// so a failed presence statement never loses a claim. The one exception is an early retry of
+/// held barriers (`alone`, `presence::retry_alone`: a `Change::Settle`): its tries go first,
+/// alone, and the claim follows only if one succeeded (claiming nothing loses nothing); the
+/// claim is `None` when it did not. A replica with no handlers claims nothing.
 #[tracing::instrument(name = "claim", skip_all, fields(?reason, ?change))]
 pub(crate) async fn claim_with(
     shared: &Shared,
     asks: &[(String, usize)],
     reason: ClaimReason,
     change: Option<&Change>,
-) -> (Result<Claim, Error>, Answer) {
+    alone: bool,
+) -> (Option<Result<Claim, Error>>, Answer) {
     if shared.registry.is_empty() {
-        return (Ok(Claim::default()), None);
+        return (Some(Ok(Claim::default())), None);
     }
     let conn = match db::checkout(&shared.claim_pool).await {
         Ok(conn) => conn,
-        Err(e) => return (Err(e), None),
+        Err(e) => return (Some(Err(e)), None),
     };
     let claimant = Claimant {
         owner_id: shared.owner_id(),
@@ -122,20 +125,19 @@ pub(crate) async fn claim_with(
         shared.capped.forget();
     }
     let claim = conn.claim(claimant, &asks, &shared.capped);
-    let (answer, claim) =
-        if let (ClaimReason::Presence, Some(Change::Settle(tried))) = (reason, change) {
-            // A retry of a held barrier, and nothing else: the claim is worth sending only once
-            // the try succeeds (it then sees every enqueue that held the barrier).
-            let answer = presence.await;
-            // The try's own round trip (a claim sent after it counts its own).
-            shared.stats.record_round_trips(1);
-            if !matches!(&answer, Some(Ok(held)) if held.len() < tried.len()) {
-                return (Ok(Claim::default()), answer);
-            }
-            (answer, db::bounded(bound, claim).await)
-        } else {
-            futures::join!(presence, db::bounded(bound, claim))
-        };
+    let (answer, claim) = if let (true, Some(Change::Settle(tried))) = (alone, change) {
+        // A retry of a held barrier, and nothing else: the claim is worth sending only once
+        // the try succeeds (it then sees every enqueue that held the barrier).
+        let answer = presence.await;
+        // The try's own round trip (a claim sent after it counts its own).
+        shared.stats.record_round_trips(1);
+        if !matches!(&answer, Some(Ok(held)) if held.len() < tried.len()) {
+            return (None, answer);
+        }
+        (answer, db::bounded(bound, claim).await)
+    } else {
+        futures::join!(presence, db::bounded(bound, claim))
+    };
     if claim.as_ref().is_ok_and(|claim| !claim.jobs.is_empty()) {
         // Only after a claim that took jobs: an empty (or failed) one crashing here would leave
         // nothing claimed for the crash test to find.
@@ -153,7 +155,7 @@ pub(crate) async fn claim_with(
             shared.stats.record_pickup(job.due_for);
         }
     }
-    (claim, answer)
+    (Some(claim), answer)
 }
 
 /// Wakes the waiting replicas for permits this replica's completions freed and it will not claim

@@ -38,24 +38,26 @@
 //!   waiting replicas when it cannot answer for the permit ([`freed`](crate::worker::claim::freed),
 //!   `drain`).
 
+mod claimed;
 mod drain;
 mod wake;
 
-use crate::error::Error;
 use crate::shutdown::{Shutdown, Stage};
+use crate::worker::claim::claimer::Claim;
 use crate::worker::claim::dispatch::{self, claim_with, next_due, settle_dead_task, timed_execute};
 use crate::worker::claim::freed::{self, FreedPermits};
 use crate::worker::claim::prefetch::{refill_now, Prefetch};
-use crate::worker::claim::queues::{took_per_ask, QueueShares, DRAIN_FAN_OUT};
+use crate::worker::claim::queues::{QueueShares, DRAIN_FAN_OUT};
 use crate::worker::complete::completer::{release, Transition};
 use crate::worker::lease::{self, ClaimedJob, LeaseClock};
 use crate::worker::liveness::held::{HeldJob, HeldJobs};
-use crate::worker::liveness::presence::{self, Answer, Presence, Ticket};
+use crate::worker::liveness::presence::{self, Presence};
 use crate::worker::liveness::session::Signals;
 use crate::worker::run::slots::Slots;
 use crate::worker::shared::Shared;
 use crate::worker::stats::ClaimReason;
 use crate::worker::timing::{jittered, sleep_until_opt, wait};
+use claimed::Claimed;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -83,26 +85,6 @@ struct Waiting {
     lost: CancellationToken,
     /// Its local lease clock, running from its claim.
     clock: Arc<LeaseClock>,
-}
-
-/// A claim that came back.
-struct Claimed {
-    /// Why it was sent.
-    why: ClaimReason,
-    /// How many jobs it asked of each queue.
-    asks: Vec<(String, usize)>,
-    /// When it was sent (the claimed jobs' lease clocks run from then).
-    sent: Instant,
-    /// The claimed jobs, or why the claim failed.
-    jobs: Result<Vec<ClaimedJob>, Error>,
-    /// The presence change sent before it, if any.
-    ticket: Ticket,
-    /// What that change answered.
-    answer: Answer,
-    /// The permits this replica's completions freed that it answers for ([`freed`]).
-    freed: Vec<(String, usize)>,
-    /// What the claim said of its capped asks ([`crate::worker::claim::claimer::Claim::left_free`]).
-    left_free: Vec<(usize, Option<bool>)>,
 }
 
 /// The claim in flight.
@@ -292,7 +274,7 @@ impl Producer {
     /// wake then claims once it is back) or there is no room.
     fn send_claim(&mut self, why: ClaimReason) {
         if self.claiming.is_some() {
-            self.wake.again.get_or_insert(why);
+            self.wake.join_again(why);
             return;
         }
         self.wake.refill_at = None;
@@ -304,38 +286,42 @@ impl Producer {
             self.wake_for_freed();
             return;
         }
-        // Only slots freed under a backlog, or permits it freed, bring no news of other queues
-        // (then only those left out for long are asked again: no wake reaches a busy replica).
-        let news = why != ClaimReason::Drain && why != ClaimReason::Freed;
-        self.shares.renew(news, Instant::now());
         let freed = self.freed.take();
         self.presence
             .opened(freed.iter().map(|(queue, _)| queue.as_str()));
         let why = wake::reason_carrying(why, !freed.is_empty());
+        let sent = Instant::now();
+        let ticket = self.presence.ticket(self.wake.backlog, sent);
+        // A claim with tries asks every queue (each it settles must be one it asked); without
+        // news, only the queues left out for long are asked again (no wake reaches a busy one).
+        let tries = Presence::tries(&ticket);
+        let news = self.wake.news(why) || tries;
+        self.shares.renew(news, sent);
         for (queue, _) in &freed {
             self.shares.reopen(queue);
         }
-        let asks = dispatch::owned(if why == ClaimReason::Drain {
+        let asks = dispatch::owned(if why == ClaimReason::Drain && !tries {
             self.shares.asks_of_at_most(room, DRAIN_FAN_OUT)
         } else {
             self.shares.asks(room)
         });
         let shared = Arc::clone(&self.shared);
-        let sent = Instant::now();
         self.wake.last_sent = Some(sent);
-        let ticket = self.presence.ticket(self.wake.backlog, sent);
-        self.wake
-            .claim_sent(presence::retry_alone(why, ticket.change.as_ref()));
+        self.wake.claim_sent(presence::retry_alone(why, &ticket));
         self.presence.retrying();
         self.claiming = Some(Box::pin(async move {
-            let (claim, answer) = claim_with(&shared, &asks, why, ticket.change.as_ref()).await;
-            let (jobs, left_free) = match claim {
+            let alone = presence::retry_alone(why, &ticket);
+            let change = ticket.change.as_ref();
+            let (claim, answer) = claim_with(&shared, &asks, why, change, alone).await;
+            let went = claim.is_some();
+            let (jobs, left_free) = match claim.unwrap_or_else(|| Ok(Claim::default())) {
                 Ok(claim) => (Ok(claim.jobs), claim.left_free),
                 Err(e) => (Err(e), Vec::new()),
             };
             Claimed {
                 why,
                 asks,
+                went,
                 sent,
                 jobs,
                 ticket,
@@ -354,21 +340,20 @@ impl Producer {
     /// once every queue came back short found the replica busy, and it registers as waiting on
     /// the next one.
     async fn take_claimed(&mut self, claimed: Claimed) -> Option<ClaimReason> {
-        let asked: usize = claimed.asks.iter().map(|a| a.1).sum();
-        let took = claimed.jobs.as_ref().map_or_else(
-            |_| Vec::new(),
-            |jobs| took_per_ask(claimed.asks.len(), jobs),
-        );
-        self.shares.took(&claimed.asks, &took, Instant::now());
+        let took = claimed.took();
+        if claimed.went {
+            self.shares.took(&claimed.asks, &took, Instant::now());
+        }
         let answered = claimed.jobs.is_ok().then_some(&claimed.left_free[..]);
         if freed::unclaimed(&claimed.freed, &claimed.asks, &took, answered) {
             self.spawn_wake();
         }
-        let full = claimed.jobs.as_ref().map_or(true, |j| j.len() == asked);
-        let more = !full && self.shares.may_have_work();
+        let full = claimed.full();
+        let more = claimed.went && !full && self.shares.may_have_work();
         let join = self.presence.after(
             &claimed.ticket,
             claimed.answer.as_ref(),
+            &claimed.asked_queues(),
             full || more,
             Instant::now(),
             &self.shared.stats,

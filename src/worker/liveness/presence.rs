@@ -31,13 +31,17 @@
 //! - No enqueue, and no other replica, ever locks this replica's row: only the replica writes it
 //!   (recovery deletes it once stale), so no statement here waits for a caller's transaction.
 //! - A replica counts a queue settled only after a try of that queue's barrier succeeded after
-//!   its row committed (or after the event that opened the queue), with a claim after the try:
+//!   its row committed (or after the event that opened the queue), with a claim after the try
+//!   that asked that queue (a claim that failed, or gave the queue no share of its room, leaves
+//!   it owed):
 //!   every enqueue of the queue that notified nobody held the barrier from before its read of the
 //!   waiting table to its commit, so it had ended and that claim saw its jobs; every enqueue that
 //!   read after the row committed saw it and notified. Until then the queue stays unsettled and
 //!   its try is sent again at doubling intervals from [`FIRST_BACKOFF`] to [`SETTLE_BACKOFF_MAX`]
-//!   (the try alone; the claim once one succeeded): a job committed by an enqueue that was open
-//!   while the replica began to wait is claimed at most that long after its commit.
+//!   (the try alone while the pauses are shorter than that; then the try and a claim, every
+//!   time): a job committed by an enqueue that was open while the replica began to wait is
+//!   claimed at most about twice that long after its commit, even while another enqueue that
+//!   notified nobody keeps the barrier held.
 //! - The try never waits: a waiting exclusive request would queue every new enqueue behind it.
 //! - A claim's jobs are taken whatever its presence statements answered: a failed registration
 //!   never loses claimed jobs.
@@ -78,10 +82,14 @@ pub(crate) const SETTLE_BACKOFF_MAX: Duration = Duration::from_millis(32);
 /// queues whose barrier is still held, or the statement's error.
 pub(crate) type Answer = Option<Result<Vec<String>, Error>>;
 
-/// Whether a claim for `why` carrying `change` is a retry of held barriers whose tries go alone,
-/// the claim following only if one succeeds (`dispatch::claim_with`).
-pub(crate) fn retry_alone(why: ClaimReason, change: Option<&Change>) -> bool {
-    why == ClaimReason::Presence && matches!(change, Some(Change::Settle(_)))
+/// Whether a claim for `why` carrying `ticket` is an early retry of held barriers, whose tries
+/// go alone, the claim following only if one succeeds (`dispatch::claim_with`): a retry while
+/// the pauses are still shorter than [`SETTLE_BACKOFF_MAX`]. Once a barrier has stayed held that
+/// long, every retry claims too, so a job that another enqueue committed meanwhile (one that
+/// also notified nobody, and no longer holds the barrier) is claimed within that pause, not
+/// only once the barrier's last holder ends.
+pub(crate) fn retry_alone(why: ClaimReason, ticket: &Ticket) -> bool {
+    why == ClaimReason::Presence && ticket.early_retry
 }
 
 /// The change a claim carries, and the session generation it was decided in.
@@ -94,6 +102,9 @@ pub(crate) struct Ticket {
     /// How many events had opened a queue when it sent the claim: its tries settle no queue
     /// opened again after them.
     openings: u64,
+    /// Its change is a try of held barriers whose pauses are still shorter than
+    /// [`SETTLE_BACKOFF_MAX`] ([`retry_alone`]).
+    early_retry: bool,
 }
 
 /// Where the replica stands (see the module's state machine).
@@ -173,6 +184,8 @@ impl Presence {
             State::Waiting => None,
         };
         Ticket {
+            early_retry: matches!(change, Some(Change::Settle(_)))
+                && self.backoff < SETTLE_BACKOFF_MAX,
             change,
             generation: self.generation,
             openings: self.openings,
@@ -214,18 +227,20 @@ impl Presence {
     }
 
     /// Takes what the claim of `ticket` answered (`None` when its change was not sent) after it
-    /// came back `full` or short; returns whether to claim again at once (a short claim found
-    /// the replica busy: it registers on the next one).
+    /// came back `full` or short, having asked `asked` (no queue when it failed or was not
+    /// sent); returns whether to claim again at once (a short claim found the replica busy: it
+    /// registers on the next one).
     pub(crate) fn after(
         &mut self,
         ticket: &Ticket,
         answer: Option<&Result<Vec<String>, Error>>,
+        asked: &[String],
         full: bool,
         now: Instant,
         stats: &WorkerStats,
     ) -> bool {
         if ticket.generation == self.generation {
-            self.take(ticket, answer, now, stats);
+            self.take(ticket, answer, asked, now, stats);
         }
         if self.listening && !full && self.state == State::Busy {
             self.state = State::Joining;
@@ -234,11 +249,12 @@ impl Presence {
         false
     }
 
-    /// Moves the state machine on what `change` answered.
+    /// Moves the state machine on what `change` answered, its claim having asked `asked`.
     fn take(
         &mut self,
         ticket: &Ticket,
         answer: Option<&Result<Vec<String>, Error>>,
+        asked: &[String],
         now: Instant,
         stats: &WorkerStats,
     ) {
@@ -260,10 +276,10 @@ impl Presence {
                 }
                 self.state = State::Waiting;
                 self.written_at = Some(now);
-                self.settled(sent, held, ticket.openings, now, stats);
+                self.settled(sent, held, asked, ticket.openings, now, stats);
             }
             (Some(Change::Settle(sent)), Some(Ok(held))) => {
-                self.settled(sent, held, ticket.openings, now, stats);
+                self.settled(sent, held, asked, ticket.openings, now, stats);
             }
             // Failed, or not sent: a registration is sent again later; a try stays owed.
             (Some(Change::Register(_)), _) => {
@@ -278,32 +294,47 @@ impl Presence {
     }
 
     /// The tries of `sent`, sent when `openings` events had opened a queue, came back with
-    /// `held` still held: the others are settled (the claim sent with them saw their enqueues)
-    /// unless an event opened them again since; the held ones are tried again later.
+    /// `held` still held, and the claim sent after them asked `asked`: the others that it asked
+    /// are settled (it saw their enqueues) unless an event opened them again since; the held
+    /// ones, and those it did not ask (it failed, or shared its room among other queues), are
+    /// tried again later, each time with a claim.
     fn settled(
         &mut self,
         sent: &[String],
         held: &[String],
+        asked: &[String],
         openings: u64,
         now: Instant,
         stats: &WorkerStats,
     ) {
+        let owed: Vec<&String> = sent
+            .iter()
+            .filter(|q| held.contains(q) || !asked.contains(q))
+            .collect();
         self.unsettled
-            .retain(|(q, opened)| !sent.contains(q) || held.contains(q) || *opened > openings);
-        for queue in held {
-            if !self.unsettled.iter().any(|(q, _)| q == queue) {
-                self.unsettled.push((queue.clone(), openings));
+            .retain(|(q, opened)| !sent.contains(q) || owed.contains(&q) || *opened > openings);
+        for queue in &owed {
+            if !self.unsettled.iter().any(|(q, _)| q == *queue) {
+                self.unsettled.push(((*queue).clone(), openings));
             }
         }
-        if held.is_empty() {
+        if !held.is_empty() {
+            stats.record_barrier_held();
+        }
+        if owed.is_empty() {
             self.backoff = FIRST_BACKOFF;
             if self.unsettled.is_empty() {
                 self.retry_at = None;
             }
         } else {
-            stats.record_barrier_held();
             self.retry_later(now);
         }
+    }
+
+    /// Whether the claim carrying `ticket` tries barriers: it then asks every queue, so that
+    /// each queue its tries settle is one it asked.
+    pub(crate) fn tries(ticket: &Ticket) -> bool {
+        matches!(ticket.change, Some(Change::Register(_) | Change::Settle(_)))
     }
 
     /// Schedules the next try, and doubles the pause after it (up to [`SETTLE_BACKOFF_MAX`]).

@@ -35,7 +35,7 @@ impl Producer {
             let answer = claimed.answer.as_ref();
             let (now, stats) = (Instant::now(), &self.shared.stats);
             self.presence
-                .after(&claimed.ticket, answer, true, now, stats);
+                .after(&claimed.ticket, answer, &[], true, now, stats);
             for job in claimed.jobs.into_iter().flatten() {
                 self.hold(job, claimed.sent, None);
             }

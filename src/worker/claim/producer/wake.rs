@@ -37,8 +37,12 @@ pub(super) struct WakeState {
     pub(super) next_due: Option<Instant>,
     /// When slots freed under a backlog are claimed even if fewer than half are free.
     pub(super) refill_at: Option<Instant>,
-    /// The first wake that arrived while a claim was in flight: it claims once that one is back.
+    /// The wake that arrived while a claim was in flight ([`WakeState::join_again`]): it claims
+    /// once that one is back.
     pub(super) again: Option<ClaimReason>,
+    /// Some wake joined into `again` brought news ([`brings_news`]): the claim it causes asks
+    /// every queue again, whatever its reason.
+    again_news: bool,
     /// When the replica last asked when the next deferred job is due.
     pub(super) next_due_asked_at: Option<Instant>,
     /// When the last claim was sent.
@@ -58,6 +62,24 @@ impl WakeState {
         if !retry_alone {
             self.backup_at = None;
         }
+    }
+
+    /// A wake for `why` arrived while a claim was in flight: one claim follows once that one is
+    /// back, for the first such wake, unless that was a retry of held barriers (which may go
+    /// alone and claim nothing: any other wake replaces it); and if any of them brought news,
+    /// that claim asks every queue ([`WakeState::news`]).
+    pub(super) fn join_again(&mut self, why: ClaimReason) {
+        self.again = match self.again {
+            Some(first) if first != ClaimReason::Presence => Some(first),
+            _ => Some(why),
+        };
+        self.again_news |= brings_news(why);
+    }
+
+    /// Whether a claim for `why`, being sent, asks every queue again: its own reason brings news,
+    /// or a wake joined into it did (forgotten here).
+    pub(super) fn news(&mut self, why: ClaimReason) -> bool {
+        std::mem::take(&mut self.again_news) || brings_news(why)
     }
 
     /// A wake named another replica at `now`: when `ours` (this replica waits for its queue and
@@ -132,6 +154,13 @@ impl WakeState {
     }
 }
 
+/// Whether a claim for `why` may find work in any queue: every reason but slots freed under a
+/// backlog (`Drain`) and permits this replica freed (`Freed`), which bring no news of other
+/// queues.
+fn brings_news(why: ClaimReason) -> bool {
+    why != ClaimReason::Drain && why != ClaimReason::Freed
+}
+
 /// Which of two held wakes a claim is sent for: a registration's (it claims only once its try
 /// succeeds) gives way to a notification's, and both to the clock's or a reconnect's (they also
 /// refresh what the replica caches: the capped queues, the next due time).
@@ -184,6 +213,34 @@ mod tests {
             assert!(wake.next_due_stale(why, soon), "{why:?}");
         }
         assert!(wake.next_due_stale(ClaimReason::Notify, now + NEXT_DUE_REFRESH));
+    }
+
+    #[test]
+    fn a_wake_during_a_claim_is_never_lost_behind_a_barrier_retry_and_keeps_its_news() {
+        let mut wake = WakeState::default();
+        wake.join_again(ClaimReason::Presence);
+        wake.join_again(ClaimReason::Notify);
+        assert_eq!(wake.again, Some(ClaimReason::Notify), "a retry gives way");
+        assert!(wake.news(ClaimReason::Notify));
+        let mut wake = WakeState::default();
+        wake.join_again(ClaimReason::Drain);
+        wake.join_again(ClaimReason::Notify);
+        wake.join_again(ClaimReason::Presence);
+        assert_eq!(
+            wake.again,
+            Some(ClaimReason::Drain),
+            "the first wake claims"
+        );
+        assert!(
+            wake.news(ClaimReason::Drain),
+            "the notification's news is kept"
+        );
+        assert!(!wake.news(ClaimReason::Drain), "and taken once");
+        wake.join_again(ClaimReason::Freed);
+        assert!(
+            !wake.news(ClaimReason::Freed),
+            "freed permits bring no news"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The presence state machine's transitions, without a database.
 use super::{Change, Presence, State, Ticket, SETTLE_BACKOFF_MAX};
 use crate::error::Error;
-use crate::worker::stats::WorkerStats;
+use crate::worker::stats::{ClaimReason, WorkerStats};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -37,7 +37,7 @@ fn claim(
     stats: &WorkerStats,
 ) -> (Ticket, bool) {
     let ticket = p.ticket(false, now);
-    let again = p.after(&ticket, Some(&answer), false, now, stats);
+    let again = p.after(&ticket, Some(&answer), &names(&QUEUES), false, now, stats);
     (ticket, again)
 }
 
@@ -76,10 +76,20 @@ fn a_held_barrier_is_tried_again_alone_at_doubling_intervals_up_to_the_cap() {
     );
     p.retrying();
     assert_eq!(p.retry_at(), None);
+    let presence = ClaimReason::Presence;
     for pause in [2, 4, 8, 16, 32, 32] {
+        // The tries go alone while the pauses are short; once one reached the cap, each retry
+        // claims too (a job another enqueue committed meanwhile waits no longer).
+        let alone = super::retry_alone(presence, &p.ticket(false, now));
+        assert_eq!(alone, pause <= 16, "the retry after a pause of {pause} ms");
         claim(&mut p, held(&["bulk"]), now, &stats);
         assert_eq!(p.retry_at(), Some(now + Duration::from_millis(pause)));
     }
+    assert!(!super::retry_alone(presence, &p.ticket(false, now)));
+    assert!(
+        !super::retry_alone(ClaimReason::Notify, &p.ticket(false, now)),
+        "only a retry goes alone"
+    );
     assert_eq!(p.backoff, SETTLE_BACKOFF_MAX);
     claim(&mut p, held(&[]), now, &stats);
     assert_eq!((p.ticket(false, now).change, p.retry_at()), (None, None));
@@ -100,7 +110,14 @@ fn an_opened_queue_is_settled_by_a_registered_replica_only_when_it_serves_it() {
     // A try of mail that comes back while bulk was opened meanwhile keeps bulk owed.
     let ticket = p.ticket(false, now);
     p.opened(["bulk"]);
-    p.after(&ticket, Some(&held(&[])), false, now, &stats);
+    p.after(
+        &ticket,
+        Some(&held(&[])),
+        &names(&QUEUES),
+        false,
+        now,
+        &stats,
+    );
     assert_eq!(
         p.ticket(false, now).change,
         Some(Change::Settle(names(&["bulk"])))
@@ -108,7 +125,7 @@ fn an_opened_queue_is_settled_by_a_registered_replica_only_when_it_serves_it() {
     // A busy replica settles nothing: it claims again as its jobs end.
     let park = p.ticket(true, now);
     assert_eq!(park.change, Some(Change::Park));
-    p.after(&park, Some(&held(&[])), true, now, &stats);
+    p.after(&park, Some(&held(&[])), &names(&QUEUES), true, now, &stats);
     p.opened(["mail"]);
     assert_eq!((p.state, p.ticket(true, now).change), (State::Busy, None));
 }
@@ -119,7 +136,14 @@ fn a_queue_opened_while_its_try_is_in_flight_stays_owed_after_the_try_succeeds()
     // Registering: its tries are in flight when a resume of mail is heard.
     let registering = p.ticket(false, now);
     p.opened(["mail"]);
-    p.after(&registering, Some(&held(&[])), false, now, &stats);
+    p.after(
+        &registering,
+        Some(&held(&[])),
+        &names(&QUEUES),
+        false,
+        now,
+        &stats,
+    );
     assert_eq!(p.state, State::Waiting);
     assert_eq!(
         p.ticket(false, now).change,
@@ -129,7 +153,14 @@ fn a_queue_opened_while_its_try_is_in_flight_stays_owed_after_the_try_succeeds()
     // Waiting: a try of mail in flight, and mail opened again meanwhile.
     let trying = p.ticket(false, now);
     p.opened(["mail"]);
-    p.after(&trying, Some(&held(&[])), false, now, &stats);
+    p.after(
+        &trying,
+        Some(&held(&[])),
+        &names(&QUEUES),
+        false,
+        now,
+        &stats,
+    );
     assert_eq!(
         p.ticket(false, now).change,
         Some(Change::Settle(names(&["mail"])))
@@ -147,7 +178,7 @@ fn a_failed_registration_is_retried_and_a_failed_try_stays_owed() {
     assert!(p.retry_at().is_some());
     // Not sent (the claim failed first): the same.
     let ticket = p.ticket(false, now);
-    p.after(&ticket, None, false, now, &stats);
+    p.after(&ticket, None, &names(&QUEUES), false, now, &stats);
     assert_eq!(
         p.ticket(false, now).change,
         Some(Change::Register(names(&QUEUES)))
@@ -164,7 +195,14 @@ fn a_failed_registration_is_retried_and_a_failed_try_stays_owed() {
     claim(&mut p, held(&[]), now, &stats);
     let due = now + Duration::from_secs(1);
     let ticket = p.ticket(false, due);
-    p.after(&ticket, Some(&failed()), false, due, &stats);
+    p.after(
+        &ticket,
+        Some(&failed()),
+        &names(&QUEUES),
+        false,
+        due,
+        &stats,
+    );
     assert_eq!(p.state, State::Waiting);
     assert_eq!(
         p.ticket(false, due).change,
@@ -181,19 +219,19 @@ fn a_full_claim_makes_a_registered_replica_park_on_its_next_claim() {
     assert_eq!(ticket.change, Some(Change::Park));
     // Parking ends in Busy, even when the park failed (a row left waiting draws backed-up
     // wakes only), and forgets the tries it owed.
-    assert!(!p.after(&ticket, Some(&failed()), true, now, &stats));
+    assert!(!p.after(&ticket, Some(&failed()), &names(&QUEUES), true, now, &stats));
     assert_eq!((p.state, stats.snapshot().waits_left), (State::Busy, 1));
     assert_eq!(p.retry_at(), None);
     assert!(!p.registered());
     // Busy: claims carry nothing; a short claim makes it join, on a claim sent at once.
     let ticket = p.ticket(true, now);
     assert_eq!(ticket.change, None);
-    assert!(!p.after(&ticket, None, true, now, &stats));
-    assert!(p.after(&ticket, None, false, now, &stats));
+    assert!(!p.after(&ticket, None, &names(&QUEUES), true, now, &stats));
+    assert!(p.after(&ticket, None, &names(&QUEUES), false, now, &stats));
     assert_eq!(p.state, State::Joining);
     // A park from Joining counts no wait left.
     let park = p.ticket(true, now);
-    p.after(&park, None, true, now, &stats);
+    p.after(&park, None, &names(&QUEUES), true, now, &stats);
     assert_eq!(stats.snapshot().waits_left, 1);
 }
 
@@ -206,7 +244,14 @@ fn a_replica_that_cannot_be_woken_never_registers() {
     assert!(!p.registered());
     let ticket = p.ticket(false, now);
     assert_eq!(ticket.change, None);
-    assert!(!p.after(&ticket, None, false, now, &WorkerStats::default()));
+    assert!(!p.after(
+        &ticket,
+        None,
+        &names(&QUEUES),
+        false,
+        now,
+        &WorkerStats::default()
+    ));
     p.reconnected();
     assert_eq!(p.state, State::Busy);
 }
@@ -219,10 +264,58 @@ fn a_reconnect_makes_a_registered_replica_register_again_whatever_claims_in_flig
     p.reconnected();
     // The claim sent before the reconnect settles nothing: the table may have been emptied
     // after its statement ran.
-    p.after(&in_flight, Some(&held(&[])), false, now, &stats);
+    p.after(
+        &in_flight,
+        Some(&held(&[])),
+        &names(&QUEUES),
+        false,
+        now,
+        &stats,
+    );
     assert_eq!(p.state, State::Joining);
     assert_eq!(
         p.ticket(false, now).change,
         Some(Change::Register(names(&QUEUES)))
     );
+}
+
+#[test]
+fn a_try_settles_only_the_queues_its_claim_asked() {
+    let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
+    // Registered: both tries succeed, but the claim gave bulk no share of its room.
+    let registering = p.ticket(false, now);
+    p.after(
+        &registering,
+        Some(&held(&[])),
+        &names(&["mail"]),
+        false,
+        now,
+        &stats,
+    );
+    assert_eq!(p.state, State::Waiting);
+    assert_eq!(
+        p.ticket(false, now).change,
+        Some(Change::Settle(names(&["bulk"]))),
+        "bulk is owed a claim that asks it"
+    );
+    assert_eq!(p.retry_at(), Some(now + Duration::from_millis(1)));
+    // A failed claim (it asked nothing) settles nothing either.
+    let trying = p.ticket(false, now);
+    p.after(&trying, Some(&held(&[])), &[], false, now, &stats);
+    assert_eq!(
+        p.ticket(false, now).change,
+        Some(Change::Settle(names(&["bulk"])))
+    );
+    // A claim that asked it settles it.
+    let trying = p.ticket(false, now);
+    p.after(
+        &trying,
+        Some(&held(&[])),
+        &names(&["bulk"]),
+        false,
+        now,
+        &stats,
+    );
+    assert_eq!((p.ticket(false, now).change, p.retry_at()), (None, None));
+    assert_eq!(stats.snapshot().barrier_held, 0, "no barrier was held");
 }
