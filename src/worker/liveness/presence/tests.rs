@@ -41,6 +41,12 @@ fn claim(
     (ticket, again)
 }
 
+/// Takes the answer of `ticket`'s claim, after a short claim that asked `asked`, its tries all
+/// successful.
+fn tried(p: &mut Presence, ticket: &Ticket, asked: &[String], now: Instant, stats: &WorkerStats) {
+    p.after(ticket, Some(&held(&[])), asked, false, now, stats);
+}
+
 #[test]
 fn a_listening_replica_registers_on_its_first_claim_settling_every_served_queue() {
     let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
@@ -110,14 +116,7 @@ fn an_opened_queue_is_settled_by_a_registered_replica_only_when_it_serves_it() {
     // A try of mail that comes back while bulk was opened meanwhile keeps bulk owed.
     let ticket = p.ticket(false, now);
     p.opened(["bulk"]);
-    p.after(
-        &ticket,
-        Some(&held(&[])),
-        &names(&QUEUES),
-        false,
-        now,
-        &stats,
-    );
+    tried(&mut p, &ticket, &names(&QUEUES), now, &stats);
     assert_eq!(
         p.ticket(false, now).change,
         Some(Change::Settle(names(&["bulk"])))
@@ -136,14 +135,7 @@ fn a_queue_opened_while_its_try_is_in_flight_stays_owed_after_the_try_succeeds()
     // Registering: its tries are in flight when a resume of mail is heard.
     let registering = p.ticket(false, now);
     p.opened(["mail"]);
-    p.after(
-        &registering,
-        Some(&held(&[])),
-        &names(&QUEUES),
-        false,
-        now,
-        &stats,
-    );
+    tried(&mut p, &registering, &names(&QUEUES), now, &stats);
     assert_eq!(p.state, State::Waiting);
     assert_eq!(
         p.ticket(false, now).change,
@@ -153,14 +145,7 @@ fn a_queue_opened_while_its_try_is_in_flight_stays_owed_after_the_try_succeeds()
     // Waiting: a try of mail in flight, and mail opened again meanwhile.
     let trying = p.ticket(false, now);
     p.opened(["mail"]);
-    p.after(
-        &trying,
-        Some(&held(&[])),
-        &names(&QUEUES),
-        false,
-        now,
-        &stats,
-    );
+    tried(&mut p, &trying, &names(&QUEUES), now, &stats);
     assert_eq!(
         p.ticket(false, now).change,
         Some(Change::Settle(names(&["mail"])))
@@ -264,14 +249,7 @@ fn a_reconnect_makes_a_registered_replica_register_again_whatever_claims_in_flig
     p.reconnected();
     // The claim sent before the reconnect settles nothing: the table may have been emptied
     // after its statement ran.
-    p.after(
-        &in_flight,
-        Some(&held(&[])),
-        &names(&QUEUES),
-        false,
-        now,
-        &stats,
-    );
+    tried(&mut p, &in_flight, &names(&QUEUES), now, &stats);
     assert_eq!(p.state, State::Joining);
     assert_eq!(
         p.ticket(false, now).change,
@@ -284,14 +262,7 @@ fn a_try_settles_only_the_queues_its_claim_asked() {
     let (mut p, stats, now) = (presence(), WorkerStats::default(), Instant::now());
     // Registered: both tries succeed, but the claim gave bulk no share of its room.
     let registering = p.ticket(false, now);
-    p.after(
-        &registering,
-        Some(&held(&[])),
-        &names(&["mail"]),
-        false,
-        now,
-        &stats,
-    );
+    tried(&mut p, &registering, &names(&["mail"]), now, &stats);
     assert_eq!(p.state, State::Waiting);
     assert_eq!(
         p.ticket(false, now).change,
@@ -301,21 +272,14 @@ fn a_try_settles_only_the_queues_its_claim_asked() {
     assert_eq!(p.retry_at(), Some(now + Duration::from_millis(1)));
     // A failed claim (it asked nothing) settles nothing either.
     let trying = p.ticket(false, now);
-    p.after(&trying, Some(&held(&[])), &[], false, now, &stats);
+    tried(&mut p, &trying, &[], now, &stats);
     assert_eq!(
         p.ticket(false, now).change,
         Some(Change::Settle(names(&["bulk"])))
     );
     // A claim that asked it settles it.
     let trying = p.ticket(false, now);
-    p.after(
-        &trying,
-        Some(&held(&[])),
-        &names(&["bulk"]),
-        false,
-        now,
-        &stats,
-    );
+    tried(&mut p, &trying, &names(&["bulk"]), now, &stats);
     assert_eq!((p.ticket(false, now).change, p.retry_at()), (None, None));
     assert_eq!(stats.snapshot().barrier_held, 0, "no barrier was held");
 }
