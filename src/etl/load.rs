@@ -172,6 +172,10 @@ impl Effects for Load {
     fn set(&self) -> Option<&'static dyn EffectsSet> {
         (self.bytes <= SET_MEMBER_MAX_BYTES).then_some(&LoadSet)
     }
+
+    fn replay(&self) -> Option<Box<dyn Effects>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 /// The [`EffectsSet`] of ETL loads: the rows of every load of a commit batch upserted together,
