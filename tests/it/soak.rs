@@ -1,24 +1,24 @@
 //! A bounded chaos soak with real processes: [`REPLICAS`] replicas of the binary, [`SLOTS`] slots
-//! each (every other one with a claim cooldown), work through 5,000 ETL jobs spread over three queues capped at 1, 8 and 64 ([`QUEUES`]),
-//! every cap below the replicas' slots, the cap-8 queue's jobs spread over [`KEYS`] concurrency
-//! keys capped at [`KEY_CAP`] each, while the replicas are repeatedly SIGKILLed (and restarted
-//! with their owner id), frozen with SIGSTOP/SIGCONT, have their backends terminated, and, each
-//! behind a TCP proxy of its own, have every connection cut at once, for 1 s and for 10 s
-//! ([`CUTS`]). Each
-//! queue's running jobs are counted twice. The database's count: a sampler counts each queue's
-//! running jobs, each key's, and those running without their permits, every few milliseconds
-//! throughout. The handler's side: a trigger on the target table records, as the handler loads a
-//! job's rows, the window of its effects transaction ([`EFFECTS_RECORD`]), and once the queues
-//! drain the most windows of one queue that overlapped are counted ([`EFFECTS_OVERLAP`]). Once the
-//! faults stop, every invariant is checked from the database, and the replicas' logs are searched
-//! for privacy canaries. No job may end `failed` and no attempt may be charged by its own replica
-//! (`retried`): every fault here is the infrastructure's, and the jobs never fail on their own. In
-//! particular no attempt a cut of at most 1 s caught running may be charged by its own replica: once such a
-//! cut ends, its replica is left alone for [`QUIET_AFTER_CUT`], and then none of those attempts
-//! may have ended `retried`. How many another replica recovered (charged) or their own replica
-//! gave back (uncharged) meanwhile is reported, not asserted: on this shared machine a replica
-//! cut for 1 s does not always beat again within its silence ([`ShortCutAttempts`]). The figures
-//! are printed and written to `soak-figures.txt` in Cargo's target temporary directory.
+//! each (every other one with a claim cooldown), work through 5,000 ETL jobs spread over three
+//! queues capped at 1, 8 and 64 ([`QUEUES`]), every cap below the replicas' slots, the cap-8
+//! queue's jobs spread over [`KEYS`] concurrency keys capped at [`KEY_CAP`] each, while the
+//! replicas are repeatedly SIGKILLed (and restarted with their owner id), frozen with
+//! SIGSTOP/SIGCONT, have their backends terminated, and, each behind a TCP proxy of its own, have
+//! every connection cut at once, for 1 s and for 10 s ([`CUTS`]). Each queue's running jobs are
+//! counted twice. The database's count: a sampler counts each queue's running jobs, each key's,
+//! and those running without their permits, every few milliseconds throughout. The handler's
+//! side: a trigger on the target table records, as the handler loads a job's rows, the window of
+//! its effects transaction ([`EFFECTS_RECORD`]), and once the queues drain the most windows of one
+//! queue that overlapped are counted ([`EFFECTS_OVERLAP`]). Once the faults stop, every invariant
+//! is checked from the database, and the replicas' logs are searched for privacy canaries. No job
+//! may end `failed` and no attempt may be charged by its own replica (`retried`): every fault here
+//! is the infrastructure's, and the jobs never fail on their own. In particular no attempt a cut
+//! of at most 1 s caught running may be charged by its own replica: once such a cut ends, its
+//! replica is left alone for [`QUIET_AFTER_CUT`], and then none of those attempts may have ended
+//! `retried`. How many another replica recovered (charged) or their own replica gave back
+//! (uncharged) meanwhile is reported, not asserted: on this shared machine a replica cut for 1 s
+//! does not always beat again within its silence ([`ShortCutAttempts`]). The figures are printed
+//! and written to `soak-figures.txt` in Cargo's target temporary directory.
 
 use crate::privacy::leak;
 use crate::proxy::{Mode, Proxy};
