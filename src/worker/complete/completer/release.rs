@@ -175,7 +175,11 @@ pub(crate) fn give_back(shared: &Arc<Shared>, lease: Lease, transition: Transiti
     if transition == Transition::LeaseLost {
         tracing::warn!(job_id = %lease.job_id, code = "lease_lost", "abandoned job: lease lost");
     } else {
-        tracing::warn!(job_id = %lease.job_id, code = %Code::TransientDatabase, "giving back a job an infrastructure fault kept from committing");
+        tracing::warn!(
+            job_id = %lease.job_id,
+            code = %Code::TransientDatabase,
+            "giving back a job an infrastructure fault kept from committing"
+        );
     }
     let shared = Arc::clone(shared);
     tokio::spawn(async move {
