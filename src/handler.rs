@@ -266,6 +266,14 @@ pub trait Effects: Send + sealed::Typed {
     fn set(&self) -> Option<&'static dyn EffectsSet> {
         None
     }
+
+    /// A copy of these effects for the worker to apply again, under the same claim, after an
+    /// infrastructure fault (a lost connection, a terminated backend, a failover, a statement
+    /// bound) rolled back the transaction they applied in; `None` (the default): the job is then
+    /// given back, its attempt not charged, and computed again.
+    fn replay(&self) -> Option<Box<dyn Effects>> {
+        None
+    }
 }
 
 /// Applies the effects of several jobs of one type (the type whose [`Effects::set`] returned
@@ -347,6 +355,9 @@ impl Effects for NoEffects {
         _tx: &'a Transaction<'a>,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
         Box::pin(async { Ok(None) })
+    }
+    fn replay(&self) -> Option<Box<dyn Effects>> {
+        Some(Box::new(NoEffects))
     }
 }
 

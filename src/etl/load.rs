@@ -74,8 +74,9 @@ pub struct Load {
     dataset: String,
     /// The job writing them.
     job_id: Uuid,
-    /// Record key → transformed record, sorted by key.
-    rows: BTreeMap<String, Value>,
+    /// Record key → transformed record, sorted by key; shared, so that the copy the worker keeps
+    /// to commit again after an infrastructure fault (`Effects::replay`) copies no record.
+    rows: Arc<BTreeMap<String, Value>>,
     /// The JSON bytes of the records (as the transform's budget charged them).
     bytes: usize,
 }
@@ -116,7 +117,7 @@ pub fn plan(job: &JobContext, payload: &Value) -> Result<Load, JobError> {
         owner_key: job.owner_key.clone(),
         dataset: request.dataset,
         job_id: job.id,
-        rows,
+        rows: Arc::new(rows),
         bytes: budget.output_bytes(),
     })
 }
@@ -125,7 +126,7 @@ impl Load {
     /// SHA-256 over every `(key, record)` in key order.
     pub fn checksum(&self) -> [u8; 32] {
         let mut hasher = Sha256::new();
-        for (key, record) in &self.rows {
+        for (key, record) in self.rows.iter() {
             hasher.update(key.as_bytes());
             hasher.update([0]);
             hasher.update(record.to_string().as_bytes());
@@ -171,6 +172,10 @@ impl Effects for Load {
 
     fn set(&self) -> Option<&'static dyn EffectsSet> {
         (self.bytes <= SET_MEMBER_MAX_BYTES).then_some(&LoadSet)
+    }
+
+    fn replay(&self) -> Option<Box<dyn Effects>> {
+        Some(Box::new(self.clone()))
     }
 }
 

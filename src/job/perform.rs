@@ -119,6 +119,17 @@ pub trait Apply: Send + 'static {
         tx: &Transaction<'_>,
         job: &JobContext,
     ) -> impl Future<Output = Result<(), JobError>> + Send;
+
+    /// A copy of these effects to apply again under the same claim after an infrastructure fault
+    /// rolled back their first application ([`Effects::replay`]); `None` (the default): the job
+    /// is then given back uncharged and computed again. Effects that are `Clone` can return
+    /// `Some(self.clone())`.
+    fn replay(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 impl Apply for () {
@@ -207,5 +218,11 @@ impl<A: Apply> Effects for TypedEffects<A> {
             effects.apply(tx, &job).await?;
             Ok(None)
         })
+    }
+
+    fn replay(&self) -> Option<Box<dyn Effects>> {
+        let effects = self.effects.replay()?;
+        let job = Arc::clone(&self.job);
+        Some(Box::new(TypedEffects { effects, job }))
     }
 }

@@ -152,6 +152,13 @@ counters! {
     lease_lost,
     /// Transitions that could not be written (database unavailable).
     unwritten,
+    /// Jobs given back uncharged (attempt refunded, recorded `released`) after an infrastructure
+    /// fault kept their result from committing, or after the replica stopped trusting their
+    /// lease: counted once the give-back is written.
+    given_back,
+    /// Commits of a job's computed result tried again under the same claim after an
+    /// infrastructure fault rolled the first back.
+    recommits,
     /// Rows recovered because their lease expired.
     recovered_expired,
     /// Rows recovered because their owner was dead.
@@ -274,7 +281,19 @@ impl WorkerStats {
             Transition::Cancelled => bump(&self.cancelled),
             Transition::LeaseLost => bump(&self.lease_lost),
             Transition::Unwritten => bump(&self.unwritten),
+            // Counted once the give-back is written (`given_back`).
+            Transition::GivenBack => {}
         }
+    }
+
+    /// Counts a job given back uncharged.
+    pub(crate) fn record_given_back(&self) {
+        bump(&self.given_back);
+    }
+
+    /// Counts a commit tried again under the same claim.
+    pub(crate) fn record_recommit(&self) {
+        bump(&self.recommits);
     }
 
     /// Jobs that ended `failed`, by stored code.

@@ -12,6 +12,7 @@ mod cancel;
 mod caps;
 mod claim_plan;
 mod cli;
+mod commit_cuts;
 mod console;
 mod console_history;
 mod console_privacy;

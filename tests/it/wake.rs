@@ -63,7 +63,17 @@ impl Replica {
         config: WorkerConfig,
         registry: Registry,
     ) -> Replica {
-        let worker = Worker::start(pool(db).await, db_config, config, registry)
+        Replica::start_pooled((pool(db).await, db_config), config, registry).await
+    }
+
+    /// Starts a replica on `pool`, its own sessions opened with `db_config`, running the
+    /// handlers of `registry`.
+    pub(crate) async fn start_pooled(
+        (pool, db_config): (durable_etl::db::Pool, &durable_etl::DatabaseConfig),
+        config: WorkerConfig,
+        registry: Registry,
+    ) -> Replica {
+        let worker = Worker::start(pool, db_config, config, registry)
             .await
             .unwrap();
         let stats = worker.stats_handle();

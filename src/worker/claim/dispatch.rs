@@ -45,7 +45,11 @@ pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>
         let slot = slots.take();
         tasks.spawn(async move {
             let (id, held_permit) = (job.id(), job.held_permit);
+            let lease = job.lease();
             let transition = timed_execute(&shared, job, CancellationToken::new(), slot).await;
+            if transition == Transition::GivenBack {
+                completer::release::give_back(&shared, lease, transition);
+            }
             shared.stats.record(transition);
             (id, transition, held_permit && transition.frees_permits())
         });

@@ -451,8 +451,8 @@ impl Producer {
         match done {
             Ok((claim, transition)) => {
                 if let Some(job) = self.held.remove(claim) {
-                    if transition == Transition::LeaseLost {
-                        release::give_back_lost(&self.shared, job.lease);
+                    if matches!(transition, Transition::LeaseLost | Transition::GivenBack) {
+                        release::give_back(&self.shared, job.lease, transition);
                     }
                     if let Some(queue) = job.permit_queue.filter(|_| transition.frees_permits()) {
                         self.freed.record(&queue);

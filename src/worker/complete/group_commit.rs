@@ -31,7 +31,8 @@
 //!   commit never overflows PostgreSQL's subtransaction cache: a larger batch that writes commits
 //!   as several transactions.
 //! - A COMMIT whose outcome is unknown (connection lost) is resolved by reading the ledger under
-//!   each job's claim, never by running a job again.
+//!   each job's claim, never by running a job again; a job whose success is not found there
+//!   ends [`Failure::Infrastructure`] (its executor commits its result again, or gives it back).
 //! - Each job's effects have their own budget, counted from when they start applying: time
 //!   queued for a lane, behind the other jobs of the batch or waiting for the fenced row lock is
 //!   never counted against a job. Effects that overrun it are cut: a statement of theirs still
@@ -47,14 +48,16 @@
 //!   unwound into the lane (where a second one, while the first unwound, would abort the
 //!   process). A lane that dies of a panic all the same is restarted.
 //! - A failure of the batch itself (not of one job's effects) fails every job of the batch that
-//!   had not already failed on its own, always transiently (whatever the SQLSTATE: only a
-//!   handler's verdict fails a job for good), and drops the session it failed on: each job then
-//!   takes the ordinary fenced retry path within its attempt bound.
+//!   had not already failed on its own and drops the session it failed on: an infrastructure
+//!   fault (no connection, a lost or terminated session, a statement bound) as
+//!   [`Failure::Infrastructure`], never charged; any other always transiently (whatever the
+//!   SQLSTATE: only a handler's verdict fails a job for good), a fenced retry within its bound.
 
 use crate::codes::Code;
-use crate::error::{is_connection_loss, is_transient};
+use crate::error::is_connection_loss;
 use crate::handler::LedgerEntry;
 use crate::worker::complete::completer::{self, Failure, Fenced};
+use crate::worker::complete::infrastructure::is_infrastructure;
 use crate::worker::lease::Lease;
 use crate::worker::stats::WorkerStats;
 use effects::{apply, roll_back};
@@ -300,7 +303,8 @@ async fn commit_transaction(
     let leases: Vec<Lease> = jobs.iter().map(|j| j.lease).collect();
     let mut steps: Vec<Step> = jobs.into_iter().map(Step::Claimed).collect();
     let end = match crate::db::checkout(pool).await {
-        Err(_) => BatchEnd::Failed(Code::TransientDatabase),
+        // No connection to commit on: the infrastructure's fault, never the jobs'.
+        Err(_) => BatchEnd::Infrastructure,
         Ok(mut conn) => {
             let CommitSession {
                 client,
@@ -330,7 +334,7 @@ async fn commit_transaction(
                 }
                 Err(e) => {
                     *broken = true;
-                    BatchEnd::Failed(batch_failure(stats, &e))
+                    batch_failure(stats, &e)
                 }
             }
         }
@@ -452,22 +456,28 @@ async fn committed_anyway(
     completer::ledger_by_claim(&conn.client, leases).await.ok()
 }
 
-/// The code a failure of the batch statements themselves (not of a job's effects, which end
-/// only their own job) gives each of its jobs: always transient, whatever the SQLSTATE, since
-/// only a handler's own verdict may fail a job for good. A prepared statement gone behind a
-/// pooler, a cached plan a migration changed or a read-only standby is the replica's trouble,
-/// not the job's: each job retries within its attempt bound. Counted and logged by SQLSTATE.
-fn batch_failure(stats: &WorkerStats, e: &tokio_postgres::Error) -> Code {
+/// How a failure of the batch statements themselves (not of a job's effects, which end only
+/// their own job) ends the batch: an infrastructure fault (`infrastructure`) is never the jobs'
+/// (each commits again or is given back, uncharged); any other is always transient, whatever
+/// the SQLSTATE, since only a handler's own verdict may fail a job for good (a prepared
+/// statement gone behind a pooler, a cached plan a migration changed: each job retries within
+/// its attempt bound). Counted and logged by SQLSTATE.
+fn batch_failure(stats: &WorkerStats, e: &tokio_postgres::Error) -> BatchEnd {
     stats.record_commit_failure();
     stats.record_statement_failure(e.code());
     let sqlstate = e.code().map_or("none", |c| c.code());
+    let infrastructure = is_infrastructure(e);
     tracing::warn!(
         code = %Code::TransientDatabase,
         sqlstate,
-        transient = is_transient(e),
-        "a group commit's own statement failed; its jobs retry"
+        infrastructure,
+        "a group commit's own statement failed; its jobs commit again or retry"
     );
-    Code::TransientDatabase
+    if infrastructure {
+        BatchEnd::Infrastructure
+    } else {
+        BatchEnd::Failed(Code::TransientDatabase)
+    }
 }
 
 mod effects;

@@ -2,6 +2,8 @@
 //! an attempt ended without committing ([`Failure`]), before that write.
 //!
 //! Invariants this module keeps:
+//! - An infrastructure fault is never the job's failure ([`Failure::Infrastructure`]): it never
+//!   becomes a charged retry, only a commit again or a give-back ([`Transition::GivenBack`]).
 //! - A [`Transition`] names only stable codes: a kind's own failure code is counted as
 //!   `handler_failed` (`Failed(Code::HandlerFailed)`), so metrics keep to the crate's list.
 
@@ -24,15 +26,20 @@ pub enum Transition {
     /// The transition could not be written (the database did not answer); the lease will expire
     /// and recovery will return the job.
     Unwritten,
+    /// An infrastructure fault kept the job's result from committing while its lease was
+    /// trusted: the job is to be given back under its claim, its attempt not charged (the
+    /// replica's give-back writes that once the database answers).
+    GivenBack,
 }
 
 impl Transition {
     /// Whether the statement that wrote it may have freed its claim's permits (and so woke
     /// nobody, migration 0023): every transition this replica wrote, and an unwritten one whose
     /// statement may have committed unanswered; not a lost lease, whose permits are freed (and
-    /// their waiting replicas woken) by whoever took the job.
+    /// their waiting replicas woken) by whoever took the job, nor a job to give back, whose
+    /// release wakes them itself.
     pub fn frees_permits(self) -> bool {
-        self != Transition::LeaseLost
+        !matches!(self, Transition::LeaseLost | Transition::GivenBack)
     }
 }
 
@@ -48,4 +55,7 @@ pub(crate) enum Failure {
     EffectsOverrun,
     /// The owner asked to cancel the job.
     Cancelled,
+    /// An infrastructure fault (see `infrastructure`), never the job's: its result is committed
+    /// again while its lease is trusted, else the job is given back uncharged.
+    Infrastructure,
 }

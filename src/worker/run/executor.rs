@@ -24,6 +24,11 @@
 //!   [`RETRY_AFTER_MAX`], so every delay is finite.
 //! - A kind's own failure code ([`JobError::KindFailure`]) is stored only if the kind declares
 //!   it and it is a well-formed kind code ([`is_kind_code`]); any other is `handler_failed`.
+//! - An infrastructure fault in the effects phase (a lost connection, a terminated backend, a
+//!   failover, a statement bound) is never the job's failure: its computed result is committed
+//!   again under the same claim while the lease is trusted, else the job is given back, its
+//!   attempt not charged ([`Transition::GivenBack`]). Only the handler's own verdict, or an error
+//!   its effects' writes caused, is charged.
 //! - Only codes leave this module: no error text, SQL or payload is logged or stored.
 
 use crate::codes::Code;
@@ -32,7 +37,7 @@ use crate::handler::{is_kind_code, Effects, Handler, JobError, RETRY_AFTER_MAX};
 use crate::worker::complete::completer::{self, Failure, Transition};
 use crate::worker::complete::group_commit::{OwnedEffects, Ready};
 use crate::worker::guard::{guarded, Guarded};
-use crate::worker::lease::ClaimedJob;
+use crate::worker::lease::{trusted_for, ClaimedJob};
 use crate::worker::run::retry;
 use crate::worker::run::slots::SlotPermit;
 use crate::worker::shared::Shared;
@@ -90,7 +95,7 @@ async fn run(
     // The compute phase is over: the slot goes to the next job while this one commits.
     drop(slot);
     let outcome = match prepared {
-        Ok(effects) => commit(shared, job, effects, budget).await,
+        Ok(effects) => commit(shared, job, effects, (budget, &lost)).await,
         Err(failure) => Err(failure),
     };
     match outcome {
@@ -125,22 +130,54 @@ async fn prepare(
 }
 
 /// The effects phase, group-committed with whatever else this replica finished meanwhile; the
-/// effects get a `budget` of their own, whatever time the compute phase took.
+/// effects get a `budget` of their own, whatever time the compute phase took. After an
+/// infrastructure fault kept them from committing, a copy of them ([`Effects::replay`]) is
+/// committed again under the same claim, every [`COMMIT_AGAIN_EVERY`], until it is not a fault
+/// again or the lease is no longer trusted (`lost`, and at most the lease's trusted part after
+/// the first commit); then, or when the effects keep no copy, the job ends
+/// [`Failure::Infrastructure`] (to be given back uncharged).
 async fn commit(
     shared: &Shared,
     job: &ClaimedJob,
-    effects: Box<dyn Effects>,
-    budget: std::time::Duration,
+    mut effects: Box<dyn Effects>,
+    (budget, lost): (std::time::Duration, &CancellationToken),
 ) -> Result<Transition, Failure> {
-    let ready = Ready {
-        lease: job.lease(),
-        // Read off the effects' type (only `NoEffects` skips the transaction): no handler code.
-        writes: effects.writes(),
-        effects: OwnedEffects::new(effects),
-        budget,
-    };
-    shared.group_commit.commit(ready).await
+    // Bounded on its own as well, for a caller whose lease nobody watches (`Worker::step`).
+    let until = Instant::now() + trusted_for(shared.config.lease);
+    loop {
+        // Handler code: a panic in it keeps no copy (the job is then given back).
+        let again = std::panic::catch_unwind(AssertUnwindSafe(|| effects.replay()))
+            .ok()
+            .flatten();
+        let ready = Ready {
+            lease: job.lease(),
+            // Read off the effects' type (only `NoEffects` skips the transaction): no handler code.
+            writes: effects.writes(),
+            effects: OwnedEffects::new(effects),
+            budget,
+        };
+        match shared.group_commit.commit(ready).await {
+            Err(Failure::Infrastructure) => {}
+            outcome => return outcome,
+        }
+        let Some(again) = again else {
+            return Err(Failure::Infrastructure);
+        };
+        let paced = tokio::time::sleep(COMMIT_AGAIN_EVERY);
+        if lost.is_cancelled()
+            || Instant::now() >= until
+            || lost.run_until_cancelled(paced).await.is_none()
+        {
+            return Err(Failure::Infrastructure);
+        }
+        shared.stats.record_recommit();
+        effects = again;
+    }
 }
+
+/// How long after an infrastructure fault kept a job's result from committing it is committed
+/// again (the pool's own checkout then waits for a connection, within its bound).
+const COMMIT_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Writes the transition a failure calls for: a retry for transient failures (after the delay
 /// the failure asks for, else the one `handler`'s kind asks for, else the replica's policy's),
@@ -155,6 +192,8 @@ async fn settle_failure(
     let mut kind_code = None;
     let (code, record_index, transient) = match failure {
         Failure::LeaseLost => return Transition::LeaseLost,
+        // Never the job's failure: given back uncharged, by its claim, once the database answers.
+        Failure::Infrastructure => return Transition::GivenBack,
         Failure::EffectsOverrun => (Code::ExecutionTimeout, None, true),
         Failure::Cancelled => (Code::Cancelled, None, false),
         Failure::Code(code) => (code, None, code == Code::TransientDatabase),

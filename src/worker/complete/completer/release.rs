@@ -1,6 +1,7 @@
 //! The shutdown release: the jobs a replica still holds when its grace period ends go back to
 //! `pending`, their attempt not charged, in one fenced statement; and the give-back of a job the
-//! replica abandoned because it stopped trusting its lease ([`give_back_lost`]).
+//! replica abandoned because it stopped trusting its lease, or whose result an infrastructure
+//! fault kept from committing ([`give_back`]).
 //!
 //! Invariants this module keeps:
 //! - Only leases still held under their claim are touched; a job whose owner asked to cancel it
@@ -11,10 +12,13 @@
 //! - A job abandoned with its lease lost is given back uncharged only while its claim is still
 //!   the replica's own (the release is fenced): after an outage nobody judged (a server restart,
 //!   where every judge waits out its reconnect grace) it runs again without losing an attempt;
-//!   if another replica took it, nothing changes.
+//!   if another replica took it, nothing changes. The same holds for a job whose computed result
+//!   an infrastructure fault kept from committing: never charged by this replica.
 
+use crate::codes::Code;
 use crate::db;
 use crate::error::Error;
+use crate::worker::complete::transition::Transition;
 use crate::worker::lease::{self, Lease};
 use crate::worker::liveness::held::HeldJobs;
 use crate::worker::shared::Shared;
@@ -159,13 +163,24 @@ pub(crate) async fn release_leases(
 /// How often a replica tries to give back a job it abandoned with its lease lost.
 const GIVE_BACK_EVERY: Duration = Duration::from_millis(250);
 
-/// Logs the abandonment of a job whose lease this replica stopped trusting (its clocks ran out:
-/// a lost database, a cut of every connection; or the heartbeat found the lease gone), and gives
-/// it back uncharged once the database answers, if its claim is still this replica's own: on a
-/// task of its own, every [`GIVE_BACK_EVERY`], until the release answers or the lease has run
-/// out (recovery then returns the job, charged).
-pub(crate) fn give_back_lost(shared: &Arc<Shared>, lease: Lease) {
-    tracing::warn!(job_id = %lease.job_id, code = "lease_lost", "abandoned job: lease lost");
+/// Gives back, uncharged, a job this replica could not finish through no fault of the job's:
+/// one it abandoned because it stopped trusting its lease (`transition` is
+/// [`Transition::LeaseLost`]: its clocks ran out in a lost database or a cut of every
+/// connection, or the heartbeat found the lease gone), or one whose computed result an
+/// infrastructure fault kept from committing ([`Transition::GivenBack`]). Logs it, and, on a
+/// task of its own, tries every [`GIVE_BACK_EVERY`] until the fenced release answers or the
+/// lease has run out (recovery then returns the job, charged): the release changes the job only
+/// while its claim is still this replica's own, and counts it (`given_back`) when it did.
+pub(crate) fn give_back(shared: &Arc<Shared>, lease: Lease, transition: Transition) {
+    if transition == Transition::LeaseLost {
+        tracing::warn!(job_id = %lease.job_id, code = "lease_lost", "abandoned job: lease lost");
+    } else {
+        tracing::warn!(
+            job_id = %lease.job_id,
+            code = %Code::TransientDatabase,
+            "giving back a job an infrastructure fault kept from committing"
+        );
+    }
     let shared = Arc::clone(shared);
     tokio::spawn(async move {
         let until = tokio::time::Instant::now() + shared.config.lease;
@@ -173,7 +188,8 @@ pub(crate) fn give_back_lost(shared: &Arc<Shared>, lease: Lease) {
             match release_leases(&shared, &[lease], &[lease.claim_id]).await {
                 Ok(0) => return,
                 Ok(_) => {
-                    tracing::info!(job_id = %lease.job_id, "gave back an abandoned job uncharged");
+                    shared.stats.record_given_back();
+                    tracing::info!(job_id = %lease.job_id, "gave back a job uncharged");
                     return;
                 }
                 Err(_) => tokio::time::sleep(GIVE_BACK_EVERY).await,

@@ -7,6 +7,9 @@
 //! - Handler code never unwinds into the lane: a panic in `Effects::apply` or in its future is
 //!   the job's failure (`handler_panicked`).
 //! - A set of several jobs' effects (`EffectsSet`) is guarded and budgeted the same way, as one.
+//! - Effects that failed because their session met an infrastructure fault (a lost connection, a
+//!   terminated backend, a statement bound) end [`Failure::Infrastructure`], never the job's own
+//!   failure.
 //! - Effects cut at their budget leave no statement running behind them: the one they were
 //!   running is waited for briefly, then cancelled on the server, before the savepoint (or the
 //!   transaction) is rolled back.
@@ -15,6 +18,7 @@ use super::step::OwnedEffects;
 use crate::codes::Code;
 use crate::handler::{Effects, EffectsSet, JobError, LedgerEntry};
 use crate::worker::complete::completer::Failure;
+use crate::worker::complete::infrastructure::is_infrastructure;
 use crate::worker::guard::{guarded, Guarded};
 use crate::worker::stats::WorkerStats;
 use std::time::Duration;
@@ -73,9 +77,34 @@ async fn within_budget<T>(
             Err(Failure::EffectsOverrun)
         }
         Guarded::Panicked => Err(Failure::Code(Code::HandlerPanicked)),
+        Guarded::Done(Err(e)) if met_infrastructure(&e) => Err(Failure::Infrastructure),
         Guarded::Done(Err(e)) => Err(Failure::Job(e)),
         Guarded::Done(Ok(value)) => Ok(value),
     }
+}
+
+/// Whether effects that failed with `e` met an infrastructure fault (`infrastructure`: their
+/// session lost, a statement bound) rather than failed on their own: a database error of theirs,
+/// or a transient failure caused by one (an enqueue's lost connection). A handler's permanent
+/// verdict is its own, whatever caused it.
+fn met_infrastructure(e: &JobError) -> bool {
+    if !matches!(
+        e,
+        JobError::Database(_) | JobError::Transient(_) | JobError::RetryAfter { .. }
+    ) {
+        return false;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = cause {
+        if error
+            .downcast_ref::<tokio_postgres::Error>()
+            .is_some_and(is_infrastructure)
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Rolls `savepoint` (named `name`) back and releases it, counting the round trip it adds.

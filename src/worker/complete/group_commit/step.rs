@@ -6,7 +6,9 @@
 //!   final: whatever the batch does after, that is the job's outcome.
 //! - A job is reported succeeded only if its success was written and its batch committed, or its
 //!   ledger row is found under its claim after a commit whose outcome is unknown.
-//! - Every other job takes the batch's failure, or a transient one: a fenced retry settles it.
+//! - Every other job takes the batch's failure: [`Failure::Infrastructure`] when the batch did
+//!   not commit for the infrastructure's sake (no connection, a lost session whose ledger shows
+//!   no success of the job), else its code.
 
 use crate::codes::Code;
 use crate::handler::{Effects, LedgerEntry};
@@ -105,6 +107,9 @@ pub(super) enum BatchEnd {
     Unknown(Option<HashSet<Lease>>),
     /// It failed with this code and committed nothing.
     Failed(Code),
+    /// An infrastructure fault ended it (no connection, a statement bound) and it committed
+    /// nothing.
+    Infrastructure,
 }
 
 impl Step {
@@ -136,9 +141,11 @@ impl Step {
                 Ok(Transition::Succeeded)
             }
             (_, BatchEnd::Failed(code)) => Err(Failure::Code(*code)),
+            // Not committed, for the infrastructure's sake: never the job's failure.
+            (_, BatchEnd::Infrastructure | BatchEnd::Unknown(_)) => Err(Failure::Infrastructure),
             // Committed without a success of its own (cannot happen: every fenced job ends
-            // `Succeeded` or `Ended`), or not committed: a fenced retry settles it.
-            _ => Err(Failure::Code(Code::TransientDatabase)),
+            // `Succeeded` or `Ended`): a fenced retry settles it.
+            (_, BatchEnd::Committed) => Err(Failure::Code(Code::TransientDatabase)),
         }
     }
 }
@@ -163,6 +170,7 @@ mod tests {
             Ok(transition) => format!("{transition:?}"),
             Err(Failure::Code(code)) => format!("code: {code}"),
             Err(Failure::LeaseLost) => "lease lost".to_owned(),
+            Err(Failure::Infrastructure) => "infrastructure".to_owned(),
             Err(_) => "other failure".to_owned(),
         }
     }
@@ -189,13 +197,14 @@ mod tests {
             (
                 Step::Succeeded,
                 BatchEnd::Unknown(Some(HashSet::from([other]))),
-                "code: transient_database",
+                "infrastructure",
             ),
             (
                 Step::Applied(None),
                 BatchEnd::Unknown(None),
-                "code: transient_database",
+                "infrastructure",
             ),
+            (Step::Applying, BatchEnd::Infrastructure, "infrastructure"),
             // A failed batch fails every job still open with its code.
             (
                 Step::Succeeded,

@@ -158,6 +158,7 @@ impl Scratch {
                 Err(Failure::LeaseLost) => "lease lost".to_owned(),
                 Err(Failure::EffectsOverrun) => "effects overrun".to_owned(),
                 Err(Failure::Cancelled) => "cancel".to_owned(),
+                Err(Failure::Infrastructure) => "infrastructure".to_owned(),
             })
             .collect()
     }

@@ -1,0 +1,232 @@
+//! Infrastructure faults while a job's computed result commits (a cut of every connection of its
+//! replica, its backends terminated over and over): never the job's failure. The replica commits
+//! the result again under the same claim once it reconnects, or gives the job back uncharged;
+//! the job ends `succeeded`, its effects applied once, no attempt charged.
+
+use crate::proxy::{Mode, Proxy};
+use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
+use durable_etl::config::{DatabaseConfig, WorkerConfig};
+use durable_etl::handler::{Effects, Handler, JobContext, JobError, LedgerEntry, Registry};
+use futures::future::BoxFuture;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio_postgres::Transaction;
+
+/// The kind whose effects wait at a gate.
+const GATED: &str = "test.gated_effects";
+
+/// Where the gated effects write: one row per application that committed.
+const EFFECTS_TABLE: &str = "CREATE TABLE commit_cut_effects (job_id uuid NOT NULL)";
+
+/// Effects that say they are applying (a permit of `applying`), wait until `gate` opens (a
+/// permit, given back: once opened it stays open), then write their job's row. They keep a copy
+/// to commit again.
+#[derive(Clone)]
+struct GatedEffects {
+    /// The job.
+    job: uuid::Uuid,
+    /// One permit per application that started.
+    applying: Arc<Semaphore>,
+    /// Opened by the test.
+    gate: Arc<Semaphore>,
+}
+
+impl Effects for GatedEffects {
+    fn apply<'a>(
+        self: Box<Self>,
+        tx: &'a Transaction<'a>,
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+        Box::pin(async move {
+            self.applying.add_permits(1);
+            drop(self.gate.acquire().await);
+            tx.execute(
+                "INSERT INTO commit_cut_effects (job_id) VALUES ($1)",
+                &[&self.job],
+            )
+            .await?;
+            Ok(None)
+        })
+    }
+
+    fn replay(&self) -> Option<Box<dyn Effects>> {
+        Some(Box::new(self.clone()))
+    }
+}
+
+/// Prepares [`GatedEffects`] at once.
+struct Gated {
+    /// Shared with every effects.
+    applying: Arc<Semaphore>,
+    /// Shared with every effects.
+    gate: Arc<Semaphore>,
+}
+
+impl Handler for Gated {
+    fn kind(&self) -> &'static str {
+        GATED
+    }
+    fn prepare<'a>(
+        &'a self,
+        job: &'a Arc<JobContext>,
+        _payload: serde_json::Value,
+    ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
+        Box::pin(async move {
+            Ok(Box::new(GatedEffects {
+                job: job.id,
+                applying: Arc::clone(&self.applying),
+                gate: Arc::clone(&self.gate),
+            }) as Box<dyn Effects>)
+        })
+    }
+}
+
+/// A replica running [`Gated`], and the handler's semaphores.
+struct Replica {
+    /// The replica.
+    replica: crate::wake::Replica,
+    /// A permit per application of effects that started.
+    applying: Arc<Semaphore>,
+    /// Opens every effects' gate for good.
+    gate: Arc<Semaphore>,
+}
+
+impl Replica {
+    /// Starts a replica with the defaults on `pool` and `config`.
+    async fn start(pooled: (durable_etl::db::Pool, &DatabaseConfig)) -> Replica {
+        let (applying, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+        let handler = Gated {
+            applying: Arc::clone(&applying),
+            gate: Arc::clone(&gate),
+        };
+        let config = WorkerConfig {
+            owner_id: "committer".to_owned(),
+            ..WorkerConfig::default()
+        };
+        let registry = Registry::new().register(handler);
+        Replica {
+            replica: crate::wake::Replica::start_pooled(pooled, config, registry).await,
+            applying,
+            gate,
+        }
+    }
+
+    /// Waits until `n` applications of effects have started.
+    async fn until_applying(&self, n: u32) {
+        let permits = self.applying.acquire_many(n).await.unwrap();
+        permits.forget();
+    }
+
+    /// Its counters now.
+    fn stats(&self) -> durable_etl::worker::stats::StatsSnapshot {
+        self.replica.stats.snapshot()
+    }
+
+    /// Stops it cleanly.
+    async fn stop(self) {
+        self.replica.stop().await.unwrap();
+    }
+}
+
+/// Asserts that every job of `ids` succeeded under one charged attempt, its effects committed
+/// once, and that no attempt of theirs was recorded `retried` (charged).
+async fn assert_committed_uncharged(client: &tokio_postgres::Client, ids: &[uuid::Uuid]) {
+    for &id in ids {
+        let row = job_row(client, id).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.failure_code),
+            ("succeeded", 1, None),
+            "job {id} succeeded without an attempt charged"
+        );
+        let effects = format!("commit_cut_effects WHERE job_id = '{id}'");
+        assert_eq!(count(client, &effects).await, 1, "effects applied once");
+    }
+    let retried = "etl_job_attempts WHERE ending IN ('retried', 'recovered')";
+    assert_eq!(count(client, retried).await, 0, "no attempt charged");
+}
+
+/// Waits until every job of `ids` has ended.
+async fn until_ended(client: &tokio_postgres::Client, ids: &[uuid::Uuid]) {
+    eventually("the jobs to end", || async move {
+        let live = format!(
+            "etl_job_records WHERE id = ANY('{{{}}}'::uuid[])",
+            ids.iter()
+                .map(uuid::Uuid::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        count(client, &live).await == 0
+    })
+    .await;
+}
+
+/// A job on its second-to-last attempt (`max_attempts` 2) whose replica loses every connection
+/// for 4 s while its effects apply (longer than the replica trusts its lease, 1.5 s after its
+/// last beat): the effects' write fails on the cut connection, and yet the job ends `succeeded`,
+/// effects applied once, its one attempt the only one counted. (Before, the write's failure was
+/// a charged retry: attempt 1 `retried`, the job on its last attempt after the cut.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_four_second_cut_in_the_effects_charges_no_attempt() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client.batch_execute(EFFECTS_TABLE).await.unwrap();
+    let ids = insert_jobs(&client, GATED, &[json!({})], 2).await;
+    let proxy = Proxy::in_front_of_test_server().await;
+    let proxied = DatabaseConfig {
+        url: proxy.url_for(&db.config.url),
+        ..db.config.clone()
+    };
+    let replica_pool = durable_etl::db::connect_pool(&proxied, "test")
+        .await
+        .unwrap();
+    let replica = Replica::start((replica_pool, &proxied)).await;
+    replica.until_applying(1).await;
+    proxy.set_mode(Mode::Blackhole);
+    proxy.drop_all();
+    // The effects go on, and write on the connection that is gone.
+    replica.gate.add_permits(1);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    proxy.set_mode(Mode::Pass);
+    until_ended(&client, &ids).await;
+    assert_committed_uncharged(&client, &ids).await;
+    let stats = replica.stats();
+    assert_eq!((stats.retried, stats.failed), (0, 0), "{stats:?}");
+    assert!(
+        stats.recommits + stats.given_back >= 1,
+        "committed again or given back: {stats:?}"
+    );
+    replica.stop().await;
+}
+
+/// Four jobs whose replica's backends are all terminated, over and over, for 3 s while their
+/// effects apply and commit (default attempts, 5): each ends `succeeded`, effects once, no
+/// attempt charged. (Before, every termination that reached a commit charged its jobs an
+/// attempt.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_terminated_for_three_seconds_in_the_commit_charge_nothing() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client.batch_execute(EFFECTS_TABLE).await.unwrap();
+    let ids = insert_jobs(&client, GATED, &vec![json!({}); 4], 5).await;
+    let replica = Replica::start((pool(&db).await, &db.config)).await;
+    replica.until_applying(1).await;
+    let terminating = tokio::time::Instant::now() + Duration::from_secs(3);
+    replica.gate.add_permits(1);
+    while tokio::time::Instant::now() < terminating {
+        client
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name LIKE 'durable-etl/%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until_ended(&client, &ids).await;
+    assert_committed_uncharged(&client, &ids).await;
+    let stats = replica.stats();
+    assert_eq!((stats.retried, stats.failed), (0, 0), "{stats:?}");
+    replica.stop().await;
+}
