@@ -63,6 +63,35 @@ async fn gated_job(
     (id, owner_key.try_into().unwrap(), worker, scripted, gate)
 }
 
+/// The task of a worker's step: it returns the step's transitions.
+type Stepping = tokio::task::JoinHandle<Vec<(Uuid, Transition)>>;
+
+/// A `gated_job` whose handler has started, on a step of its worker's own (its task returns the
+/// step's transitions): the job is running, computing until `gate` lets its handler finish.
+async fn computing_job(
+    db: &TestDb,
+    client: &tokio_postgres::Client,
+    owner: &str,
+    action: &str,
+) -> (Uuid, [u8; 32], Stepping, Arc<Semaphore>) {
+    let (id, owner_key, worker, scripted, gate) = gated_job(db, client, owner, action).await;
+    let step = tokio::spawn(async move { worker.step().await.unwrap() });
+    until_prepared(&scripted, 1).await;
+    (id, owner_key, step, gate)
+}
+
+/// A replica that runs no kind, for its recovery passes.
+async fn rescuer(db: &TestDb) -> Worker {
+    Worker::start(
+        pool(db).await,
+        &db.config,
+        config("rescuer"),
+        Registry::new(),
+    )
+    .await
+    .unwrap()
+}
+
 /// Waits until `scripted` has started `n` handlers.
 async fn until_prepared(scripted: &Scripted, n: usize) {
     eventually("the handler to start", || {
@@ -107,9 +136,7 @@ async fn until_lock_waits(client: &tokio_postgres::Client, n: i64) {
 async fn a_cancel_that_holds_the_job_row_first_wins_over_its_commit() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let (id, owner, worker, scripted, gate) = gated_job(&db, &client, "second", "write").await;
-    let step = tokio::spawn(async move { worker.step().await.unwrap() });
-    until_prepared(&scripted, 1).await;
+    let (id, owner, step, gate) = computing_job(&db, &client, "second", "write").await;
     // The request is recorded in a transaction still open when the job's commit comes.
     let mut canceller = db.client().await;
     let request = canceller.transaction().await.unwrap();
@@ -216,15 +243,7 @@ async fn a_recovered_job_with_a_cancel_request_ends_cancelled() {
         )
         .await
         .unwrap();
-    let rescuer = Worker::start(
-        pool(&db).await,
-        &db.config,
-        config("rescuer"),
-        Registry::new(),
-    )
-    .await
-    .unwrap();
-    let recovered = rescuer.recover().await.unwrap();
+    let recovered = rescuer(&db).await.recover().await.unwrap();
     assert_eq!((recovered.expired, recovered.exhausted), (1, 1));
     assert_cancelled(&client, id).await;
     step.abort();
@@ -327,4 +346,158 @@ async fn a_replacement_that_races_the_commit_of_the_job_it_replaces_is_never_ove
         .get(0);
     assert_eq!(record["v"], "OLD");
     assert_eq!(job_row(&client, replaced).await.status, "succeeded");
+}
+
+/// A job whose commit is under way and held open: its handler returned, its group commit holds
+/// its live row and waits for a target row that the returned session holds in an open
+/// transaction (until the test sends it `ROLLBACK`). The step's task returns its transitions.
+async fn committing_job(
+    db: &TestDb,
+    client: &tokio_postgres::Client,
+    owner: &str,
+    action: &str,
+) -> (Uuid, [u8; 32], Stepping, tokio_postgres::Client) {
+    let (id, owner_key, step, gate) = computing_job(db, client, owner, action).await;
+    let blocker = db.client().await;
+    blocker.batch_execute("BEGIN").await.unwrap();
+    blocker
+        .execute(
+            "INSERT INTO etl_target_rows (owner_key, dataset, record_key, record)
+             VALUES ($1::bytea, 'tests', $2, '{}'::jsonb)",
+            &[&owner_key.to_vec(), &id.to_string()],
+        )
+        .await
+        .unwrap();
+    gate.add_permits(1);
+    until_lock_waits(client, 1).await;
+    (id, owner_key, step, blocker)
+}
+
+/// An owner's cancel of job `id` that must answer within a second (a cancel that waited for the
+/// commit would wait for as long as the test holds it), and how long it took.
+async fn prompt_cancel(
+    client: &tokio_postgres::Client,
+    owner: &[u8; 32],
+    id: Uuid,
+) -> (Cancel, Duration) {
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(1),
+        jobs::cancel(client, owner, id, Code::Cancelled),
+    )
+    .await
+    .expect("the cancel answers without waiting for the commit that holds the job")
+    .unwrap();
+    (answer, started.elapsed())
+}
+
+/// A [`committing_job`] whose owner cancels it while the commit holds it: answered at once,
+/// `Deferred`, and recorded. Returns its id, its step's task and the session holding the commit.
+async fn cancelled_while_committing(
+    db: &TestDb,
+    client: &tokio_postgres::Client,
+    owner: &str,
+    action: &str,
+) -> (Uuid, Stepping, tokio_postgres::Client) {
+    let (id, owner, step, blocker) = committing_job(db, client, owner, action).await;
+    let (answer, took) = prompt_cancel(client, &owner, id).await;
+    eprintln!("deferred cancel answered in {took:?}");
+    assert_eq!(answer, Cancel::Deferred);
+    assert_eq!(count(client, "etl_job_cancel_deferred").await, 1);
+    (id, step, blocker)
+}
+
+/// What the API does after answering `Deferred`: waits for job `id`'s row behind its commit, on
+/// a session of its own; returned once it waits.
+async fn settling(
+    db: &TestDb,
+    client: &tokio_postgres::Client,
+    id: Uuid,
+) -> tokio::task::JoinHandle<jobs::Applied> {
+    let waiter = db.client().await;
+    let settling = tokio::spawn(async move { jobs::await_deferred(&waiter, id).await.unwrap() });
+    until_lock_waits(client, 2).await;
+    settling
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_the_commit_holds_the_job_answers_at_once_and_the_job_may_still_succeed() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, step, blocker) = cancelled_while_committing(&db, &client, "committing", "write").await;
+    let settling = settling(&db, &client, id).await;
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(step.await.unwrap(), vec![(id, Transition::Succeeded)]);
+    let applied = settling.await.unwrap();
+    assert_eq!(
+        (applied.requested, applied.cancelled, applied.cleared),
+        (0, 0, 1),
+        "the commit ended the job: the request is only cleared"
+    );
+    assert_eq!(job_row(&client, id).await.status, "succeeded");
+    assert_eq!(count(&client, "etl_job_cancel_deferred").await, 0);
+    assert_eq!(count(&client, "etl_jobs WHERE cancel_requested").await, 0);
+}
+
+/// A cancel recorded while the commit of a job whose effects then fail transiently holds it.
+/// With the API's wait for the row (`waited`), the retry finds the request on the row; without
+/// it (the API that answered went away), the retry gives the job back and the next rescuer pass
+/// ends it. Either way it ends `cancelled` after its one attempt, and no request is left.
+async fn recorded_cancel_of_a_retried_job(waited: bool) {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, step, blocker) =
+        cancelled_while_committing(&db, &client, "retrying", "write_then_transient").await;
+    if waited {
+        let settling = settling(&db, &client, id).await;
+        blocker.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(step.await.unwrap(), vec![(id, Transition::Cancelled)]);
+        let applied = settling.await.unwrap();
+        assert_eq!((applied.requested, applied.cleared), (1, 1));
+    } else {
+        blocker.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(step.await.unwrap(), vec![(id, Transition::Retried)]);
+        assert_eq!(job_row(&client, id).await.status, "pending");
+        rescuer(&db).await.recover().await.unwrap();
+    }
+    assert_cancelled(&client, id).await;
+    assert_eq!(job_row(&client, id).await.attempts, 1, "never ran again");
+    assert_eq!(count(&client, "etl_job_cancel_deferred").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_recorded_during_a_commit_that_retries_the_job_ends_it_cancelled() {
+    recorded_cancel_of_a_retried_job(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_cancel_that_nobody_waited_for_is_applied_by_the_rescuer_pass() {
+    recorded_cancel_of_a_retried_job(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_cancel_applies_a_recorded_request_once_the_row_is_free() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, owner, step, gate) = computing_job(&db, &client, "again", "write").await;
+    // A session holds the running job's row, as a commit would.
+    let holder = db.client().await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM etl_job_records WHERE id = '{id}' FOR NO KEY UPDATE"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(prompt_cancel(&client, &owner, id).await.0, Cancel::Deferred);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        jobs::cancel(&client, &owner, id, Code::Cancelled)
+            .await
+            .unwrap(),
+        Cancel::Requested
+    );
+    assert_eq!(count(&client, "etl_job_cancel_deferred").await, 0);
+    gate.add_permits(1);
+    assert_eq!(step.await.unwrap(), vec![(id, Transition::Cancelled)]);
+    assert_cancelled(&client, id).await;
 }
