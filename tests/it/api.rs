@@ -2,7 +2,10 @@
 //! replay, key reuse, owner scoping, cancellation, replacement, deferred jobs, and no request
 //! value in any response.
 
-use crate::support::{count, eventually, job_row, pool, register_waiting, Listener, TestDb};
+use crate::support::{
+    count, eventually, hold_job_row, job_row, pool, register_waiting, stalled_claimant, Listener,
+    TestDb,
+};
 use durable_etl::api::{self, AppState};
 use durable_etl::api_keys;
 use durable_etl::config::{ApiConfig, WorkerConfig};
@@ -960,19 +963,6 @@ async fn the_status_listing_reads_one_page_of_the_owner_status_index() {
     assert!(!text.contains("Rows Removed by Filter"), "{plan:#}");
 }
 
-/// A replica `owner_id` that claims jobs and then does nothing: no owner lock, no alive lock, a
-/// lease of a minute.
-fn stalled_claimant(owner_id: &str) -> durable_etl::worker::claimer::Claimant<'_> {
-    durable_etl::worker::claimer::Claimant {
-        owner_id,
-        owner_locked: false,
-        lease: Duration::from_secs(60),
-        heartbeat_interval: std::time::Duration::from_secs(4),
-        alive_locked: false,
-        kinds: crate::support::TEST_KINDS,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_of_pending_running_and_terminal_jobs() {
     let api = Api::start().await;
@@ -1000,7 +990,7 @@ async fn cancellation_of_pending_running_and_terminal_jobs() {
 
     // A running job: claimed by a stalled replica, cancelled, then its commit is refused.
     let running = id_of(&api.submit(&api.alice, "c-2", &small(2)).await.2);
-    let claimant = stalled_claimant("stalled");
+    let claimant = stalled_claimant("stalled", Duration::from_secs(60));
     let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
         .await
         .unwrap();
@@ -1072,17 +1062,15 @@ async fn a_cancel_while_the_commit_holds_the_job_answers_202_at_once_that_it_may
     let api = Api::start().await;
     let client = api.db.client().await;
     let running = id_of(&api.submit(&api.alice, "d-1", &small(1)).await.2);
-    let claimed = durable_etl::worker::claimer::claim(&client, stalled_claimant("committing"), 1)
-        .await
-        .unwrap();
+    let claimed = durable_etl::worker::claimer::claim(
+        &client,
+        stalled_claimant("committing", Duration::from_secs(60)),
+        1,
+    )
+    .await
+    .unwrap();
     assert_eq!(claimed[0].id(), running);
-    let holder = api.db.client().await;
-    holder
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM etl_job_records WHERE id = '{running}' FOR NO KEY UPDATE"
-        ))
-        .await
-        .unwrap();
+    let holder = hold_job_row(&api.db, running).await;
     let started = std::time::Instant::now();
     let (s, h, body) = api
         .delete(&api.alice, &format!("/v1/etl-jobs/{running}"))

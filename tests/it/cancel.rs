@@ -481,13 +481,7 @@ async fn a_second_cancel_applies_a_recorded_request_once_the_row_is_free() {
     let client = db.client().await;
     let (id, owner, step, gate) = computing_job(&db, &client, "again", "write").await;
     // A session holds the running job's row, as a commit would.
-    let holder = db.client().await;
-    holder
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM etl_job_records WHERE id = '{id}' FOR NO KEY UPDATE"
-        ))
-        .await
-        .unwrap();
+    let holder = crate::support::hold_job_row(&db, id).await;
     assert_eq!(prompt_cancel(&client, &owner, id).await.0, Cancel::Deferred);
     holder.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(
