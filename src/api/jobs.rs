@@ -8,6 +8,10 @@
 //!   replacement) in one transaction. With the process's notifier, that transaction skips the
 //!   enqueue trigger's NOTIFY, and the notifier is signalled only after it committed.
 //! - Responses carry only the job's own id, status fields and ledger summary.
+//! - A cancellation never waits for a commit that holds the job: its `202` says whether the job
+//!   may still succeed (`may_still_succeed`), and after `true` the request is applied by a task
+//!   of the process's own (`settle_deferred`), which runs its statements to their end (never
+//!   cut, so its connection goes back to the pool idle).
 
 use super::conn::Conn;
 use super::problem::Problem;
