@@ -397,7 +397,9 @@ static SETTLING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(SETT
 
 /// After a [`Cancel::Deferred`] answer: on a connection of its own, waits (at most the session's
 /// `lock_timeout`) for the commit that holds job `id`'s row and applies the recorded request
-/// (`jobs::await_deferred`), so the commit's own retry or release finds it on the row. Beyond
+/// (`jobs::await_deferred`) as soon as it lets go: on the row of a job that still runs (so the
+/// commit's retry or release, if it comes later, finds it there), or ending `cancelled` a job
+/// that the retry or release gave back to `pending` first. Beyond
 /// [`SETTLING_MAX`] waits at once, or when a wait fails, the request stays recorded and the
 /// replicas' rescuer passes apply it.
 pub(super) fn settle_deferred(pool: &crate::db::Pool, id: Uuid) {

@@ -98,7 +98,8 @@ SELECT t.status, EXISTS (SELECT 1 FROM outcome) OR EXISTS (SELECT 1 FROM request
 ///
 /// Locks: as [`CANCEL_SQL`] for a pending job; for a running one, its live row if free (`FOR NO
 /// KEY UPDATE`, which the request's UPDATE needs, `SKIP LOCKED`), and the deferred request's row
-/// (its foreign key: `FOR KEY SHARE` on the job's intake row, which nothing else conflicts with).
+/// (its foreign key: `FOR KEY SHARE` on the job's intake row, which nothing else conflicts with),
+/// found by primary key.
 pub const CANCEL_NOWAIT_SQL: &str = concat!(
     cancel_target!(),
     ", held AS (
@@ -120,7 +121,8 @@ pub const CANCEL_NOWAIT_SQL: &str = concat!(
         ON CONFLICT (job_id) DO NOTHING
 ), cleared AS (
     DELETE FROM etl_job_cancel_deferred AS d
-     WHERE d.job_id IN (SELECT id FROM requested) OR d.job_id IN (SELECT job_id FROM outcome)
+     WHERE d.job_id = $1
+       AND (EXISTS (SELECT 1 FROM requested) OR EXISTS (SELECT 1 FROM outcome))
 )
 SELECT t.status, EXISTS (SELECT 1 FROM outcome) OR EXISTS (SELECT 1 FROM requested)
   FROM target t"
@@ -133,8 +135,8 @@ SELECT t.status, EXISTS (SELECT 1 FROM outcome) OR EXISTS (SELECT 1 FROM request
 /// whose row `held` could not lock stays for the next pass. Returns how many requests it set on
 /// running jobs, how many pending jobs it ended, and how many requests it cleared. `$lock` is
 /// `SKIP LOCKED` (a sweep never waits) or empty (wait, at most `lock_timeout`, for the commit
-/// holding the row: a statement queued for the row before that commit ends gets it before the
-/// commit's own retry, release or next claim does).
+/// holding the row; after the wait, `j.status` is re-checked on the row's new version, but a job
+/// the snapshot saw running and finds given back to `pending` is left to the next look).
 ///
 /// Locks: the live rows of the requested jobs (`FOR NO KEY UPDATE`; a pending one's DELETE then
 /// takes `FOR UPDATE`, which only a foreign-key check of another session could delay), the
@@ -316,22 +318,31 @@ pub async fn apply_deferred(client: &impl GenericClient) -> Result<Applied, Erro
     }
 }
 
+/// How many times [`await_deferred`] waits for a job's row: a look that waited sees the row's
+/// new version only through its own snapshot's eyes (a job the commit ended, or that its retry
+/// or release gave back meanwhile, is applied by the next look, with a new snapshot).
+const AWAIT_LOOKS: usize = 3;
+
 /// Applies job `id`'s deferred request as soon as the commit that holds its row lets go
-/// (waiting at most the session's `lock_timeout`), then clears it if that commit ended the job.
-/// Sent right after a [`Cancel::Deferred`] answer, it queues for the row before the commit ends,
-/// so it gets the row before the commit's own retry or release does, and the job ends
-/// `cancelled` instead of running again.
+/// (waiting at most the session's `lock_timeout` each time), looking again (at most three looks)
+/// until the request is cleared: set on the row of a job that still runs, ending `cancelled` a
+/// job that the commit's retry or release gave back to `pending` (which a retry's delay keeps
+/// from running meanwhile), or cleared because the commit ended the job. Sent right after a
+/// [`Cancel::Deferred`] answer, it queues for the row behind the commit, and often gets it before
+/// the commit's own retry or release does, which then find the request on the row.
 ///
 /// # Errors
-/// Database errors, `lock_timeout` included (the request stays recorded for the next pass).
+/// Database errors, `lock_timeout` included (the request stays recorded for the rescuer passes).
 pub async fn await_deferred(client: &impl GenericClient, id: Uuid) -> Result<Applied, Error> {
-    let waited = apply(client, AWAIT_DEFERRED_SQL, id).await?;
-    // A commit that ended the job deleted its row while the statement waited, which its snapshot
-    // still saw: a second look, with a new snapshot, clears the request.
-    let cleared = apply(client, APPLY_DEFERRED_SQL, id).await?;
-    Ok(Applied {
-        requested: waited.requested + cleared.requested,
-        cancelled: waited.cancelled + cleared.cancelled,
-        cleared: waited.cleared + cleared.cleared,
-    })
+    let mut total = Applied::default();
+    for _ in 0..AWAIT_LOOKS {
+        let look = apply(client, AWAIT_DEFERRED_SQL, id).await?;
+        total.requested += look.requested;
+        total.cancelled += look.cancelled;
+        total.cleared += look.cleared;
+        if look.cleared > 0 {
+            break;
+        }
+    }
+    Ok(total)
 }
