@@ -385,12 +385,14 @@ pub(super) struct CancelAccepted {
     /// effects. `true`: the job's commit was applying its effects, so the request is recorded
     /// and takes effect only if that commit does not end the job (it would then end `cancelled`
     /// instead of running again); the job may still succeed, or fail, with that commit: poll the
-    /// monitor.
+    /// monitor (its `cancel_requested` turns `true` once the request is on the job).
     may_still_succeed: bool,
 }
 
-/// How many waits for a committing job's row ([`settle_deferred`]) one API process runs at once.
-const SETTLING_MAX: usize = 8;
+/// How many waits for a committing job's row ([`settle_deferred`]) one API process runs at once:
+/// each holds a connection of the API's pool for up to `lock_timeout`, so a burst of such cancels
+/// never takes more than two from the requests; beyond that the rescuer passes apply them.
+const SETTLING_MAX: usize = 2;
 
 /// The permits of [`settle_deferred`]'s waits.
 static SETTLING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(SETTLING_MAX);
