@@ -6,8 +6,9 @@
 -- committing and may still succeed". If that commit ends the job, the request is moot and is
 -- cleared; if it does not (the job is retried, released, recovered or stays running), the request
 -- is applied to the live row (`cancel_code`) or, for a job back in `pending`, ends it `cancelled`:
--- by the API process that answered (it waits for the row right after answering), by every
--- replica's rescuer pass, and by the owner's next cancel of the job.
+-- by the replica's retry or release of the job (each applies it first), by the API process that
+-- answered (it waits for the row right after answering), by every replica's rescuer pass, and by
+-- the owner's next cancel of the job.
 --
 -- Readers: additive. A release before it never records here and ignores what is recorded (its
 -- cancels wait for the row as before); replicas of this release apply what its API records.

@@ -10,9 +10,9 @@
 //!   `etl_job_cancel_deferred` (migration 0031) and answered [`Cancel::Deferred`], which promises
 //!   nothing about the commit: the job may still succeed. A request answered so is never lost:
 //!   it stays recorded until it is applied to the live row (or ends the job if it went back to
-//!   `pending`), or until the job has ended, whichever comes first; [`apply_deferred`] (every
-//!   replica's rescuer pass), [`await_deferred`] (the API, right after answering) and the owner's
-//!   next cancel apply it.
+//!   `pending`), or until the job has ended, whichever comes first; [`apply_deferred`] (a
+//!   replica's retry and release, just before them, and every rescuer pass), [`await_deferred`]
+//!   (the API, right after answering) and the owner's next cancel apply it.
 //! - A replacement's cancel (`replaced`) waits for the job's row, as it must: the replacement is
 //!   refused when the job it names ended meanwhile.
 
@@ -301,15 +301,20 @@ fn applied(row: &Row) -> Applied {
     }
 }
 
-/// Applies every deferred request whose job's row is free now (at most 100), and clears those of
-/// ended jobs; never waits for a row. Every replica's rescuer runs it each pass. A schema before
-/// migration 0031 has none to apply.
+/// Applies the deferred request of job `job` (of every job when `None`, at most 100) if the
+/// job's row is free now, and clears those of ended jobs; never waits for a row. A replica sends
+/// it for one job right before that job's retry (pipelined: the retry then sees the request),
+/// for every job before a release, and in each rescuer pass. A schema before migration 0031 has
+/// none to apply.
 ///
 /// # Errors
 /// Database errors.
-pub async fn apply_deferred(client: &impl GenericClient) -> Result<Applied, Error> {
+pub async fn apply_deferred(
+    client: &impl GenericClient,
+    job: Option<Uuid>,
+) -> Result<Applied, Error> {
     match client
-        .query_typed_one(APPLY_DEFERRED_SQL, &[(&None::<Uuid>, Type::UUID)])
+        .query_typed_one(APPLY_DEFERRED_SQL, &[(&job, Type::UUID)])
         .await
     {
         Ok(row) => Ok(applied(&row)),

@@ -183,25 +183,45 @@ async fn a_running_job_that_is_replaced_ends_replaced() {
     assert_eq!(count(&client, "etl_target_rows").await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_released_at_shutdown_after_a_cancel_request_ends_cancelled() {
+/// A running job whose owner cancels it while its handler computes, then its replica shuts down
+/// with the job unfinished (the handler never returns: the grace runs out and the job is
+/// released). With `recorded`, another session holds the job's row when the cancel comes, so the
+/// request is recorded (`Deferred`) and the release applies it first (the next rescuer pass is
+/// 30 s away). Either way the job ends `cancelled`, its one attempt charged, no request left.
+async fn released_after_a_cancel(recorded: bool) {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let (id, owner, worker, scripted, _gate) = gated_job(&db, &client, "leaving", "write").await;
     let (trigger, shutdown) = shutdown::manual();
     let run = tokio::spawn(worker.run(shutdown));
     until_prepared(&scripted, 1).await;
-    assert_eq!(
-        jobs::cancel(&client, &owner, id, Code::Cancelled)
-            .await
-            .unwrap(),
-        Cancel::Requested
-    );
-    // The handler never finishes: the grace runs out and the lease is released.
+    if recorded {
+        let holder = crate::support::hold_job_row(&db, id).await;
+        assert_eq!(prompt_cancel(&client, &owner, id).await.0, Cancel::Deferred);
+        holder.batch_execute("ROLLBACK").await.unwrap();
+    } else {
+        assert_eq!(
+            jobs::cancel(&client, &owner, id, Code::Cancelled)
+                .await
+                .unwrap(),
+            Cancel::Requested
+        );
+    }
     trigger.request(Stage::Draining);
     run.await.unwrap().unwrap();
     assert_cancelled(&client, id).await;
     assert_eq!(job_row(&client, id).await.attempts, 1);
+    assert_eq!(count(&client, "etl_job_cancel_deferred").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_released_at_shutdown_after_a_cancel_request_ends_cancelled() {
+    released_after_a_cancel(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_released_at_shutdown_after_a_recorded_cancel_ends_cancelled() {
+    released_after_a_cancel(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -440,32 +460,24 @@ async fn a_cancel_while_the_commit_holds_the_job_answers_at_once_and_the_job_may
 }
 
 /// A cancel recorded while the commit of a job whose effects then fail transiently holds it.
-/// With the API's wait for the row (`waited`), the wait gets the row when the commit lets go:
-/// either before the job's retry, which then finds the request on the row, or after it, and then
-/// ends the job that the retry gave back to `pending`; without it (the API that answered went
-/// away), the retry gives the job back and the next rescuer pass ends it. Either way it ends
+/// The job's retry applies the request first (in the same round trip) and ends the job
+/// `cancelled`, whether or not the API's wait for the row (`waited`) got there first; without
+/// that wait (the API that answered went away) nothing else is needed. Either way the job ends
 /// `cancelled` after its one attempt, and no request is left.
 async fn recorded_cancel_of_a_retried_job(waited: bool) {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let (id, step, blocker) =
         cancelled_while_committing(&db, &client, "retrying", "write_then_transient").await;
-    if waited {
-        let settling = settling(&db, &client, id).await;
-        blocker.batch_execute("ROLLBACK").await.unwrap();
-        let applied = settling.await.unwrap();
-        let ended = step.await.unwrap();
-        match ended[..] {
-            [(job, Transition::Cancelled)] if job == id => assert_eq!(applied.requested, 1),
-            [(job, Transition::Retried)] if job == id => assert_eq!(applied.cancelled, 1),
-            _ => panic!("{ended:?}"),
-        }
-        assert_eq!(applied.cleared, 1);
+    let settling = if waited {
+        Some(settling(&db, &client, id).await)
     } else {
-        blocker.batch_execute("ROLLBACK").await.unwrap();
-        assert_eq!(step.await.unwrap(), vec![(id, Transition::Retried)]);
-        assert_eq!(job_row(&client, id).await.status, "pending");
-        rescuer(&db).await.recover().await.unwrap();
+        None
+    };
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(step.await.unwrap(), vec![(id, Transition::Cancelled)]);
+    if let Some(settling) = settling {
+        settling.await.unwrap();
     }
     assert_cancelled(&client, id).await;
     assert_eq!(job_row(&client, id).await.attempts, 1, "never ran again");
@@ -478,8 +490,26 @@ async fn a_cancel_recorded_during_a_commit_that_retries_the_job_ends_it_cancelle
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_recorded_cancel_that_nobody_waited_for_is_applied_by_the_rescuer_pass() {
+async fn a_recorded_cancel_that_nobody_waited_for_is_applied_by_the_retry() {
     recorded_cancel_of_a_retried_job(false).await;
+}
+
+/// A cancel recorded while another session held the running job's row (as a commit does), then
+/// left alone: the next rescuer pass sets it on the row, and the job's commit is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_cancel_is_applied_by_the_rescuer_pass_while_the_job_runs() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, owner, step, gate) = computing_job(&db, &client, "swept", "write").await;
+    let holder = crate::support::hold_job_row(&db, id).await;
+    assert_eq!(prompt_cancel(&client, &owner, id).await.0, Cancel::Deferred);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    rescuer(&db).await.recover().await.unwrap();
+    assert_eq!(count(&client, "etl_job_cancel_deferred").await, 0);
+    assert_eq!(count(&client, "etl_jobs WHERE cancel_requested").await, 1);
+    gate.add_permits(1);
+    assert_eq!(step.await.unwrap(), vec![(id, Transition::Cancelled)]);
+    assert_cancelled(&client, id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -431,7 +431,7 @@ async fn judged_pass(shared: &Shared) -> Result<Recovered, Error> {
     let (forgotten, recovered, deferred) = futures::join!(
         db::bounded(shared.statement_bound, forget_stale_waiters(&*conn)),
         db::bounded(shared.statement_bound, recover(&*conn, judgement)),
-        db::bounded(shared.statement_bound, jobs::apply_deferred(&*conn))
+        db::bounded(shared.statement_bound, jobs::apply_deferred(&*conn, None))
     );
     let recovered = recovered?;
     if let Err(e) = forgotten {

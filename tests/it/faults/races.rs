@@ -78,7 +78,7 @@ async fn commit_against_cancel(cancel_first: bool) {
         assert_eq!(answer, Cancel::Deferred);
         holder.batch_execute("ROLLBACK").await.unwrap();
         assert_eq!(stepping.await.unwrap(), vec![(id, Transition::Succeeded)]);
-        let applied = jobs::apply_deferred(&client).await.unwrap();
+        let applied = jobs::apply_deferred(&client, None).await.unwrap();
         assert_eq!((applied.requested, applied.cleared), (0, 1));
     } else {
         holder.batch_execute("ROLLBACK").await.unwrap();
