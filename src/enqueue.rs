@@ -380,6 +380,9 @@ async fn replace_olds(
         }
         match jobs::cancel(client, owner_key, old, Code::Replaced).await? {
             Cancel::Cancelled | Cancel::Requested => {}
+            // A replacement's cancel waits for the job's row and never answers so; were it to,
+            // the job it names could still commit over the replacement: refused as contended.
+            Cancel::Deferred => return Err(Error::Contended),
             Cancel::NotFound => return Err(Rejection::new(Code::NotFound, "/replaces").into()),
             // Lost the race to a concurrent submission with the same key, which replaced the job
             // and committed while this cancel waited for its row lock: the insert then replays

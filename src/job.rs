@@ -179,7 +179,9 @@ impl Jobs {
     }
 
     /// Cancels job `id` of this handle's owner: a pending job ends `cancelled` at once; a
-    /// running one ends `cancelled` when its worker settles it, and its effects never commit.
+    /// running one ends `cancelled` when its worker settles it, and its effects never commit;
+    /// a running one whose commit holds it (its effects being applied) is answered at once with
+    /// [`Cancel::Deferred`]: recorded, and it may still succeed (see [`jobs::await_deferred`]).
     ///
     /// # Errors
     /// Database errors; [`Error::Contended`] when claims kept taking the job (nothing written).

@@ -6,11 +6,12 @@
 //!   a job that does not exist.
 //! - A status view never contains the request (records, dataset, key) or any stored error text:
 //!   only ids, states, counts, times, the stable failure code and the ledger summary.
-//! - Cancellation is decided under the job's row lock: a pending job ends `cancelled` at once
-//!   (payload cleared); a running job gets a cancel request that its fenced commit honours; a
-//!   terminal job is left alone. A cancel and a commit can never both win.
+//! - Cancellation (`cancel`) is decided under the job's row lock: a pending job ends `cancelled`
+//!   at once (payload cleared); a running job gets a cancel request that its fenced commit
+//!   honours; a terminal job is left alone. A request on the job's row and a commit can never
+//!   both win; an owner's cancel never waits for a commit that holds the row, and says so
+//!   ([`Cancel::Deferred`]: recorded, the job may still succeed).
 
-use crate::codes::Code;
 use crate::error::Error;
 use crate::state::JobState;
 use crate::time::canonical_utc;
@@ -21,6 +22,11 @@ use tokio_postgres::{GenericClient, Row};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+mod cancel;
+pub use cancel::{
+    apply_deferred, await_deferred, cancel, Applied, Cancel, APPLY_DEFERRED_SQL,
+    AWAIT_DEFERRED_SQL, CANCEL_NOWAIT_SQL, CANCEL_SQL,
+};
 mod history;
 pub use history::{
     past_attempts, replaced_by, AttemptEnding, PastAttempt, ATTEMPTS_SQL, REPLACED_BY_SQL,
@@ -345,107 +351,6 @@ pub async fn page(
         None
     };
     Ok(Page { jobs, next })
-}
-
-/// Cancels job `$1` of owner `$2` with code `$3` (`cancelled` or `replaced`): a pending job ends
-/// at once, a running job gets a cancel request (its live row's `cancel_code`; a job asked twice
-/// keeps the first code). Returns the status the job had in the statement's snapshot, and whether
-/// the statement did what that status calls for (cancelled the pending job, or recorded the
-/// running job's request): when it did not, the job changed between the snapshot and the row
-/// lock, and the caller looks again.
-///
-/// Locks: `target` takes none (the job's intake row, and its live row or outcome, by primary
-/// key). `cancelled` (snapshot saw it `pending`) or `requested` (snapshot saw it `running`)
-/// row-locks the live row, waiting for a claim's short transaction or a group commit's effects,
-/// then re-checks its status on the row's current version: a job whose commit held the row is
-/// gone by then (it succeeded, and the request answers so), and a job whose request holds the row
-/// makes the group commit wait and then see the request. So "its effects never commit" is true
-/// of every request this statement records.
-pub const CANCEL_SQL: &str = concat!(
-    "
-WITH target AS (
-    SELECT i.id, coalesce(o.status, j.status) AS status
-      FROM etl_job_intake i
-      LEFT JOIN etl_job_records j ON j.id = i.id
-      LEFT JOIN etl_job_outcomes o ON o.job_id = i.id
-     WHERE i.id = $1 AND i.owner_key = $2
-), cancelled AS (
-    DELETE FROM etl_job_records AS j
-     USING target t
-     WHERE j.id = t.id AND t.status = 'pending' AND j.status = 'pending'
- RETURNING ",
-    ended_columns!(),
-    "
-), outcome AS (
-    ",
-    outcome_of!("cancelled", "'cancelled'", "$3::text", "NULL::int4"),
-    "
-), requested AS (
-    UPDATE etl_job_records AS j
-       SET cancel_code = coalesce(j.cancel_code, $3::text)
-      FROM target t
-     WHERE j.id = t.id AND t.status = 'running' AND j.status = 'running'
- RETURNING j.id
-)
-SELECT t.status, EXISTS (SELECT 1 FROM outcome) OR EXISTS (SELECT 1 FROM requested)
-  FROM target t"
-);
-
-/// How many times a cancellation looks again at a job that stopped being `pending` between its
-/// snapshot and its row lock (claimed meanwhile): each retry sees the claim, so one is enough in
-/// practice; the bound only keeps a pathological loop finite.
-const CANCEL_ATTEMPTS: usize = 3;
-
-/// What a cancellation found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cancel {
-    /// The job was pending and is `cancelled` now.
-    Cancelled,
-    /// The job was running; it will end `cancelled` and its effects will not commit.
-    Requested,
-    /// The job had already ended with this status.
-    AlreadyEnded(String),
-    /// The owner has no such job.
-    NotFound,
-}
-
-/// Cancels job `id` of `owner`; `code` is `cancelled` or `replaced`.
-///
-/// # Errors
-/// Database errors; [`Error::Contended`] when a claim took the job between the snapshot and the
-/// row lock on each of its three tries (nothing was written).
-pub async fn cancel(
-    client: &impl GenericClient,
-    owner: &[u8; 32],
-    id: Uuid,
-    code: Code,
-) -> Result<Cancel, Error> {
-    let owner: &[u8] = owner;
-    let code = code.as_str();
-    for _ in 0..CANCEL_ATTEMPTS {
-        let row = client
-            .query_typed_opt(
-                CANCEL_SQL,
-                &[
-                    (&id, Type::UUID),
-                    (&owner, Type::BYTEA),
-                    (&code, Type::TEXT),
-                ],
-            )
-            .await?;
-        let Some(row) = row else {
-            return Ok(Cancel::NotFound);
-        };
-        let (status, done): (JobState, bool) = (row.try_get(0)?, row.get(1));
-        return Ok(match status {
-            JobState::Pending if done => Cancel::Cancelled,
-            JobState::Running if done => Cancel::Requested,
-            // Claimed, given back or ended between the snapshot and the row lock: look again.
-            JobState::Pending | JobState::Running => continue,
-            ended => Cancel::AlreadyEnded(ended.as_str().to_owned()),
-        });
-    }
-    Err(Error::Contended)
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@
 //!   replacement) in one transaction. With the process's notifier, that transaction skips the
 //!   enqueue trigger's NOTIFY, and the notifier is signalled only after it committed.
 //! - Responses carry only the job's own id, status fields and ledger summary.
+//! - A cancellation never waits for a commit that holds the job: its `202` says whether the job
+//!   may still succeed (`may_still_succeed`), and after `true` the request is applied by a task
+//!   of the process's own (`settle_deferred`), which runs its statements to their end (never
+//!   cut, so its connection goes back to the pool idle).
 
 use super::conn::Conn;
 use super::problem::Problem;
@@ -143,8 +147,14 @@ fn location(id: Uuid) -> String {
 
 /// `202 Accepted` pointing at the status monitor, with the job's status as the body.
 fn accepted(status: JobStatus) -> Response {
-    let mut response = (StatusCode::ACCEPTED, Json(&status)).into_response();
-    if let Ok(location) = HeaderValue::from_str(&location(status.id)) {
+    let id = status.id;
+    accepted_with(id, &status)
+}
+
+/// `202 Accepted` pointing at job `id`'s status monitor, with `body`.
+fn accepted_with(id: Uuid, body: &impl Serialize) -> Response {
+    let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
+    if let Ok(location) = HeaderValue::from_str(&location(id)) {
         response.headers_mut().insert(header::LOCATION, location);
     }
     response
@@ -365,7 +375,53 @@ pub(super) async fn list(
     }))
 }
 
-/// Cancels a job: a pending one at once, a running one by request (its effects never commit).
+/// The answer to a cancel of a running job: its status, and whether it may still succeed.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct CancelAccepted {
+    /// The job's status after the request.
+    #[serde(flatten)]
+    status: JobStatus,
+    /// `false`: the request is on the job, which will end `cancelled` without committing its
+    /// effects. `true`: the job's commit was applying its effects, so the request is recorded
+    /// and takes effect only if that commit does not end the job (it would then end `cancelled`
+    /// instead of running again); the job may still succeed, or fail, with that commit: poll the
+    /// monitor (its `cancel_requested` turns `true` once the request is on the job).
+    may_still_succeed: bool,
+}
+
+/// How many waits for a committing job's row ([`settle_deferred`]) one API process runs at once:
+/// each holds a connection of the API's pool for up to `lock_timeout`, so a burst of such cancels
+/// never takes more than two from the requests; beyond that the rescuer passes apply them.
+const SETTLING_MAX: usize = 2;
+
+/// The permits of [`settle_deferred`]'s waits.
+static SETTLING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(SETTLING_MAX);
+
+/// After a [`Cancel::Deferred`] answer: on a connection of its own, waits (at most the session's
+/// `lock_timeout`) for the commit that holds job `id`'s row and applies the recorded request
+/// (`jobs::await_deferred`) as soon as it lets go: on the row of a job that still runs (so the
+/// commit's retry or release, if it comes later, finds it there), or ending `cancelled` a job
+/// that the retry or release gave back to `pending` first. Beyond
+/// [`SETTLING_MAX`] waits at once, or when a wait fails, the request stays recorded and the
+/// replicas' rescuer passes apply it.
+pub(super) fn settle_deferred(pool: &crate::db::Pool, id: Uuid) {
+    let Ok(permit) = SETTLING.try_acquire() else {
+        return;
+    };
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let settled = async {
+            let conn = crate::db::checkout_owned(&pool).await?;
+            jobs::await_deferred(&*conn, id).await
+        };
+        if let Err(e) = settled.await {
+            tracing::info!(code = %e.code(), "a deferred cancel is left to the rescuer passes");
+        }
+    });
+}
+
+/// Cancels a job: a pending one at once, a running one by request; never waits for a commit.
 #[utoipa::path(
     delete,
     path = "/v1/etl-jobs/{id}",
@@ -373,7 +429,7 @@ pub(super) async fn list(
     params(("id" = String, Path, description = "The job id")),
     responses(
         (status = 200, description = "Cancelled", body = JobStatus),
-        (status = 202, description = "Running: cancel requested; poll the monitor", body = JobStatus,
+        (status = 202, description = "Running: cancel requested; may_still_succeed says whether the job's commit, under way, may still end it succeeded; poll the monitor", body = CancelAccepted,
          headers(("Location" = String, description = "The status monitor"), ("Retry-After" = u32, description = "Seconds before polling"))),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such job for this owner", body = Problem, content_type = "application/problem+json"),
@@ -394,16 +450,29 @@ pub(super) async fn cancel_job(
         .run(|c| async move {
             let outcome = jobs::cancel(&*c, owner, id, Code::Cancelled).await?;
             let status = match outcome {
-                Cancel::Cancelled | Cancel::Requested => jobs::status(&*c, owner, id).await?,
+                Cancel::Cancelled | Cancel::Requested | Cancel::Deferred => {
+                    jobs::status(&*c, owner, id).await?
+                }
                 Cancel::AlreadyEnded(_) | Cancel::NotFound => None,
             };
             Ok::<_, Error>((outcome, status))
         })
         .await?;
     let status = || status.ok_or_else(|| Problem::new(Code::NotFound));
+    let requested = |status, may_still_succeed| {
+        let body = CancelAccepted {
+            status,
+            may_still_succeed,
+        };
+        accepted_with(id, &body)
+    };
     match outcome {
         Cancel::Cancelled => Ok(monitor(status()?)),
-        Cancel::Requested => Ok(accepted(status()?)),
+        Cancel::Requested => Ok(requested(status()?, false)),
+        Cancel::Deferred => {
+            settle_deferred(&state.pool, id);
+            Ok(requested(status()?, true))
+        }
         Cancel::AlreadyEnded(s) => Err(Problem::conflict(s)),
         Cancel::NotFound => Err(Problem::new(Code::NotFound)),
     }

@@ -96,7 +96,7 @@ impl AppState {
     paths(jobs::submit, jobs::list, jobs::get_job, jobs::cancel_job, ops::healthz, ops::readyz, ops::metrics,
           queues::list, queues::get_queue),
     components(schemas(crate::jobs::JobStatus, crate::jobs::JobResult, crate::jobs::JobFailure,
-                       problem::Problem, jobs::JobList, ops::Health, crate::etl::request::EtlRequest,
+                       problem::Problem, jobs::JobList, jobs::CancelAccepted, ops::Health, crate::etl::request::EtlRequest,
                        queues::Queue, queues::QueueList)),
     modifiers(&BearerAuth)
 )]

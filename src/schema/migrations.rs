@@ -290,4 +290,13 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive for readers: a release before it writes no beat and is judged as before.
         min_reader_version: 28,
     },
+    Migration {
+        version: 31,
+        name: "deferred_cancels",
+        up: include_str!("../../migrations/0031_deferred_cancels.up.sql"),
+        down: include_str!("../../migrations/0031_deferred_cancels.down.sql"),
+        // Additive for readers: a release before it never records a deferred cancel, and this
+        // release's replicas and API apply what its own API records.
+        min_reader_version: 28,
+    },
 ];

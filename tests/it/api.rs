@@ -2,7 +2,10 @@
 //! replay, key reuse, owner scoping, cancellation, replacement, deferred jobs, and no request
 //! value in any response.
 
-use crate::support::{count, eventually, job_row, pool, register_waiting, Listener, TestDb};
+use crate::support::{
+    count, eventually, hold_job_row, job_row, pool, register_waiting, stalled_claimant, Listener,
+    TestDb,
+};
 use durable_etl::api::{self, AppState};
 use durable_etl::api_keys;
 use durable_etl::config::{ApiConfig, WorkerConfig};
@@ -987,14 +990,7 @@ async fn cancellation_of_pending_running_and_terminal_jobs() {
 
     // A running job: claimed by a stalled replica, cancelled, then its commit is refused.
     let running = id_of(&api.submit(&api.alice, "c-2", &small(2)).await.2);
-    let claimant = durable_etl::worker::claimer::Claimant {
-        owner_id: "stalled",
-        owner_locked: false,
-        lease: Duration::from_secs(60),
-        heartbeat_interval: std::time::Duration::from_secs(4),
-        alive_locked: false,
-        kinds: crate::support::TEST_KINDS,
-    };
+    let claimant = stalled_claimant("stalled", Duration::from_secs(60));
     let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
         .await
         .unwrap();
@@ -1003,8 +999,12 @@ async fn cancellation_of_pending_running_and_terminal_jobs() {
         .delete(&api.alice, &format!("/v1/etl-jobs/{running}"))
         .await;
     assert_eq!(
-        (s, body["cancel_requested"].as_bool()),
-        (StatusCode::ACCEPTED, Some(true))
+        (
+            s,
+            body["cancel_requested"].as_bool(),
+            body["may_still_succeed"].as_bool()
+        ),
+        (StatusCode::ACCEPTED, Some(true), Some(false))
     );
     assert!(h.get("location").is_some());
     // The stalled replica's lease expires; a live replica recovers the job, which ends cancelled.
@@ -1052,6 +1052,68 @@ async fn cancellation_of_pending_running_and_terminal_jobs() {
         (s, p["job_status"].as_str()),
         (StatusCode::CONFLICT, Some("succeeded"))
     );
+}
+
+/// A session of the test holds a running job's row, as its group commit does while the job's
+/// effects apply: the DELETE answers `202` at once, saying the job may still succeed; the API
+/// then waits for the row behind the holder and sets the request on it the moment it is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_the_commit_holds_the_job_answers_202_at_once_that_it_may_still_succeed() {
+    let api = Api::start().await;
+    let client = api.db.client().await;
+    let running = id_of(&api.submit(&api.alice, "d-1", &small(1)).await.2);
+    let claimed = durable_etl::worker::claimer::claim(
+        &client,
+        stalled_claimant("committing", Duration::from_secs(60)),
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed[0].id(), running);
+    let holder = hold_job_row(&api.db, running).await;
+    let started = std::time::Instant::now();
+    let (s, h, body) = api
+        .delete(&api.alice, &format!("/v1/etl-jobs/{running}"))
+        .await;
+    let took = started.elapsed();
+    eprintln!("DELETE of a committing job answered in {took:?}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert_eq!(
+        (
+            s,
+            body["status"].as_str(),
+            body["may_still_succeed"].as_bool()
+        ),
+        (StatusCode::ACCEPTED, Some("running"), Some(true)),
+        "{body}"
+    );
+    assert_eq!(
+        h.get("location").and_then(|l| l.to_str().ok()),
+        Some(format!("/v1/etl-jobs/{running}").as_str())
+    );
+    assert_eq!(count(&client, "etl_job_cancel_deferred").await, 1);
+    eventually("the API to wait for the job's row", || async {
+        count(
+            &client,
+            "pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .await
+            == 1
+    })
+    .await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    eventually("the request to be set on the job", || async {
+        count(&client, "etl_job_cancel_deferred").await == 0
+    })
+    .await;
+    let (_, _, body) = api
+        .get(&api.alice, &format!("/v1/etl-jobs/{running}"))
+        .await;
+    assert_eq!(
+        (body["status"].as_str(), body["cancel_requested"].as_bool()),
+        (Some("running"), Some(true))
+    );
+    drop(claimed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

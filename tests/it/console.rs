@@ -563,6 +563,46 @@ async fn cancel_needs_the_sessions_token_and_has_the_apis_semantics() {
     assert_eq!(again.status, StatusCode::SEE_OTHER);
 }
 
+/// A cancel of a running job whose row another session holds, as its commit does while the
+/// job's effects apply: the console answers at once and the job's page says that the cancel is
+/// recorded and the job may still succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_the_commit_holds_the_job_says_it_may_still_succeed() {
+    let console = Console::start().await;
+    let job = console.submit(&console.bob, "committing", false).await;
+    let client = console.db.client().await;
+    let claimant = crate::support::stalled_claimant("committing", Duration::from_secs(60));
+    let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
+        .await
+        .unwrap();
+    assert_eq!(claimed[0].id(), job);
+    let holder = crate::support::hold_job_row(&console.db, job).await;
+    let session = console.sign_in(&console.bob).await;
+    let page = console.get(&format!("/console/jobs/{job}"), &session).await;
+    assert!(!page.body.contains("may still succeed"));
+    let done = console
+        .post(
+            &format!("/console/jobs/{job}/cancel"),
+            &session,
+            &format!("csrf={}", page.csrf()),
+        )
+        .await;
+    let shown = format!("/console/jobs/{job}?cancel=deferred");
+    assert_eq!(
+        (done.status, done.location()),
+        (StatusCode::SEE_OTHER, shown.as_str())
+    );
+    let after = console.get(&shown, &session).await;
+    assert!(after.body.contains("status-running"), "{}", after.body);
+    assert!(
+        after.body.contains("which may still succeed"),
+        "{}",
+        after.body
+    );
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    drop(claimed);
+}
+
 #[tokio::test]
 async fn sign_out_needs_the_token_and_clears_the_cookie() {
     let console = Console::start().await;
@@ -713,14 +753,7 @@ async fn the_operator_view_has_empty_states_and_lists_recovery_events() {
     // A replica that died holding a job: its lease has already expired.
     let job = console.submit(&console.bob, "orphan", false).await;
     let client = console.db.client().await;
-    let claimant = durable_etl::worker::claimer::Claimant {
-        owner_id: "gone",
-        owner_locked: false,
-        lease: Duration::from_millis(1),
-        heartbeat_interval: std::time::Duration::from_secs(4),
-        alive_locked: false,
-        kinds: crate::support::TEST_KINDS,
-    };
+    let claimant = crate::support::stalled_claimant("gone", Duration::from_millis(1));
     let claimed = durable_etl::worker::claimer::claim(&client, claimant, 1)
         .await
         .unwrap();

@@ -30,6 +30,35 @@ pub const TEST_KINDS: &[&str] = &[
     "test.welcome",
 ];
 
+/// A replica `owner_id` that claims jobs by hand and then does nothing: no owner lock, no alive
+/// lock, leases of `lease`.
+pub fn stalled_claimant(
+    owner_id: &str,
+    lease: std::time::Duration,
+) -> durable_etl::worker::claimer::Claimant<'_> {
+    durable_etl::worker::claimer::Claimant {
+        owner_id,
+        owner_locked: false,
+        lease,
+        heartbeat_interval: std::time::Duration::from_secs(4),
+        alive_locked: false,
+        kinds: TEST_KINDS,
+    }
+}
+
+/// A session of `db` that holds job `id`'s live row (`FOR NO KEY UPDATE`, as a group commit
+/// holds it while the job's effects apply) in an open transaction, until it is sent `ROLLBACK`.
+pub async fn hold_job_row(db: &TestDb, id: uuid::Uuid) -> Client {
+    let holder = db.client().await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM etl_job_records WHERE id = '{id}' FOR NO KEY UPDATE"
+        ))
+        .await
+        .unwrap();
+    holder
+}
+
 /// The schema of `public`, as sorted text lines: tables and their options, columns, constraints,
 /// indexes, triggers and functions. The migration history table is left out.
 pub async fn catalog_snapshot(client: &Client) -> Vec<String> {

@@ -330,12 +330,25 @@ async fn job_list(
     Ok(page(StatusCode::OK, pages::jobs(shown(&viewer), &view)))
 }
 
+/// The query of a job's page: `cancel=deferred` right after a cancel recorded while the job's
+/// commit held it. Any other query is ignored.
+#[derive(Debug, Deserialize)]
+struct JobNotice {
+    /// What the cancel that led here was answered, if one did.
+    cancel: Option<String>,
+}
+
+/// The value of [`JobNotice::cancel`] after a [`Cancel::Deferred`].
+const DEFERRED: &str = "deferred";
+
 /// One job of the viewer's: `404` when it is not theirs or does not exist.
 async fn job_page(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    notice: Result<Query<JobNotice>, QueryRejection>,
 ) -> Result<Response, Problem> {
+    let cancel_deferred = notice.is_ok_and(|Query(n)| n.cancel.as_deref() == Some(DEFERRED));
     let Some((viewer, mut conn)) = viewer(&state, &headers).await? else {
         return Ok(to_sign_in(&headers));
     };
@@ -362,6 +375,7 @@ async fn job_page(
             let history = pages::JobHistory {
                 attempts: &attempts,
                 replaced_by: &replaced_by,
+                cancel_deferred,
             };
             page(StatusCode::OK, pages::job(shown(&viewer), &job, &history))
         }
@@ -370,7 +384,8 @@ async fn job_page(
 }
 
 /// Cancels one of the viewer's jobs, with the API's semantics (a pending job ends `cancelled`, a
-/// running one gets a cancel request), then shows its page again.
+/// running one gets a cancel request, recorded for later while its commit holds it), then shows
+/// its page again (saying so when the request was recorded for later).
 async fn cancel(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -393,6 +408,10 @@ async fn cancel(
             Cancel::NotFound => not_found(&viewer),
             Cancel::Cancelled | Cancel::Requested | Cancel::AlreadyEnded(_) => {
                 Redirect::to(&format!("/console/jobs/{id}")).into_response()
+            }
+            Cancel::Deferred => {
+                super::jobs::settle_deferred(&state.pool, id);
+                Redirect::to(&format!("/console/jobs/{id}?cancel={DEFERRED}")).into_response()
             }
         },
     )

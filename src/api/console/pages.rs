@@ -305,7 +305,14 @@ pub(crate) struct JobHistory<'a> {
     pub(crate) attempts: &'a [PastAttempt],
     /// The jobs submitted to replace it, oldest first.
     pub(crate) replaced_by: &'a [uuid::Uuid],
+    /// Whether the viewer's cancel was just recorded while the job's commit held it (the page
+    /// says that the job may still succeed).
+    pub(crate) cancel_deferred: bool,
 }
+
+/// What the page of a job says after a cancel recorded while the job's commit held it.
+pub(crate) const CANCEL_DEFERRED: &str = "Cancel recorded while the job was committing its \
+     effects: it takes effect only if that commit does not end the job, which may still succeed.";
 
 /// One job's page: its facts, its timeline, its outcome, and a Cancel button while it may be
 /// cancelled.
@@ -317,6 +324,9 @@ pub(crate) fn job(viewer: (Role, &str), job: &JobStatus, history: &JobHistory<'_
         job.is_active().then_some(JOB_REFRESH),
         html! {
             h1 { "Job " span.id { (job.id) } }
+            @if history.cancel_deferred {
+                p.notice role="status" { (CANCEL_DEFERRED) }
+            }
             dl.facts {
                 dt { "Status" } dd { (status(job.status)) @if job.cancel_requested { " (cancel requested)" } }
                 dt { "Attempts" } dd { (job.attempts) " of " (job.max_attempts) }

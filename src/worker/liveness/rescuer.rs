@@ -39,9 +39,13 @@
 //!   that kills its worker every time still stops at `max_attempts`.
 //! - Where no direct session can hold the lock (a transaction-mode pooler), dead owners are found
 //!   by lease expiry alone.
+//! - Each pass also applies the owners' cancel requests recorded while a commit held their job's
+//!   row (`jobs::apply_deferred`: on the live row, or ending a job back in `pending`), never
+//!   waiting for a row; a schema without them (before migration 0031) has none.
 
 use crate::db;
 use crate::error::Error;
+use crate::jobs;
 use crate::worker::lease::millis;
 use crate::worker::liveness::presence;
 use crate::worker::liveness::session::Session;
@@ -424,13 +428,23 @@ async fn judged_pass(shared: &Shared) -> Result<Recovered, Error> {
         reachable_for: shared.reachable_for(std::time::Instant::now()),
     };
     // Pipelined with the recovery statement, in the same round trip.
-    let (forgotten, recovered) = futures::join!(
+    let (forgotten, recovered, deferred) = futures::join!(
         db::bounded(shared.statement_bound, forget_stale_waiters(&*conn)),
-        db::bounded(shared.statement_bound, recover(&*conn, judgement))
+        db::bounded(shared.statement_bound, recover(&*conn, judgement)),
+        db::bounded(shared.statement_bound, jobs::apply_deferred(&*conn, None))
     );
     let recovered = recovered?;
     if let Err(e) = forgotten {
         tracing::warn!(code = %e.code(), "forgetting stale waiting replicas failed");
+    }
+    match deferred {
+        Err(e) => tracing::warn!(code = %e.code(), "applying deferred cancel requests failed"),
+        Ok(a) if a.requested + a.cancelled > 0 => tracing::info!(
+            requested = a.requested,
+            cancelled = a.cancelled,
+            "applied deferred cancel requests"
+        ),
+        Ok(_) => {}
     }
     shared.stats.record_recovery(recovered);
     if recovered.any() {

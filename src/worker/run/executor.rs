@@ -22,6 +22,8 @@
 //! - A retry is due after the delay the failure asks for ([`JobError::RetryAfter`]), else the
 //!   kind's ([`Handler::retry_delay`]), else the replica's policy; never more than
 //!   [`RETRY_AFTER_MAX`], so every delay is finite.
+//! - A retry is preceded, in the same round trip, by the job's cancel request recorded while its
+//!   commit held it (`jobs::apply_deferred`), so the retry ends such a job `cancelled`.
 //! - A kind's own failure code ([`JobError::KindFailure`]) is stored only if the kind declares
 //!   it and it is a well-formed kind code ([`is_kind_code`]); any other is `handler_failed`.
 //! - An infrastructure fault in the effects phase (a lost connection, a terminated backend, a
@@ -234,7 +236,16 @@ async fn settle_failure(
                 },
                 |asked| asked.min(RETRY_AFTER_MAX),
             );
-        completer::retry(&*conn, job.lease(), delay).await
+        // Pipelined before the retry, in the same round trip: a cancel recorded while this job's
+        // commit held its row is set on the row first, and the retry ends the job `cancelled`.
+        let (applied, retried) = futures::join!(
+            crate::jobs::apply_deferred(&*conn, Some(job.lease().job_id)),
+            completer::retry(&*conn, job.lease(), delay)
+        );
+        if let Err(e) = applied {
+            tracing::warn!(code = %e.code(), "applying a deferred cancel request failed");
+        }
+        retried
     } else if let Some(stored) = kind_code {
         completer::fail_with_kind_code(&*conn, job.lease(), stored).await
     } else {

@@ -5,7 +5,9 @@
 //!
 //! Invariants this module keeps:
 //! - Only leases still held under their claim are touched; a job whose owner asked to cancel it
-//!   ends `cancelled` instead (live row deleted, outcome appended in the same statement).
+//!   ends `cancelled` instead (live row deleted, outcome appended in the same statement),
+//!   including a request recorded while a commit held the job (`jobs::apply_deferred`, sent
+//!   just before the release in the same round trip).
 //! - Released jobs are announced on the replicas' channel once the release committed.
 //! - The release is bounded by [`RELEASE_TIMEOUT`]: a replica never hangs at exit on it; leases
 //!   it could not release expire and recovery returns them.
@@ -18,6 +20,7 @@
 use crate::codes::Code;
 use crate::db;
 use crate::error::Error;
+use crate::jobs;
 use crate::worker::complete::transition::Transition;
 use crate::worker::lease::{self, Lease};
 use crate::worker::liveness::held::HeldJobs;
@@ -155,7 +158,16 @@ pub(crate) async fn release_leases(
 ) -> Result<u64, Error> {
     shared.stats.record_round_trips(1);
     let conn = db::checkout(&shared.pool).await?;
-    let n = db::bounded(shared.statement_bound, release(&*conn, leases, started)).await?;
+    // Pipelined before the release, in the same round trip: cancels recorded while a commit held
+    // their job are set on the rows first, and the release ends those jobs `cancelled`.
+    let (applied, n) = futures::join!(
+        db::bounded(shared.statement_bound, jobs::apply_deferred(&*conn, None)),
+        db::bounded(shared.statement_bound, release(&*conn, leases, started))
+    );
+    if let Err(e) = applied {
+        tracing::warn!(code = %e.code(), "applying deferred cancel requests failed");
+    }
+    let n = n?;
     shared.stats.record_released(n);
     Ok(n)
 }
