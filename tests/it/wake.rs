@@ -316,11 +316,14 @@ async fn four_replicas_share_two_thousand_jobs_each_claimed_once() {
     let mut claimed = 0;
     let mut empty = 0;
     for replica in replicas {
-        let stats = replica.stats.snapshot();
+        // A replica counts a success after its commit returns, so the rows can all read
+        // `succeeded` a moment before its counters do: read them once it has stopped.
+        let handle = Arc::clone(&replica.stats);
+        replica.stop().await.unwrap();
+        let stats = handle.snapshot();
         claimed += stats.claimed;
         empty += stats.empty_claims;
         assert_eq!(stats.succeeded, stats.claimed);
-        replica.stop().await.unwrap();
     }
     assert_eq!(claimed, 2000);
     println!("4 replicas, 2000 jobs: {empty} empty claims");

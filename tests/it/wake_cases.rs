@@ -236,10 +236,12 @@ async fn an_open_enqueue_and_another_producer(then: Then) {
             .await;
         }
     }
-    let stats = replica.stats.snapshot();
+    // Counters move after the commit returns: read them once the replica has stopped.
+    let handle = Arc::clone(&replica.stats);
+    replica.stop().await.unwrap();
+    let stats = handle.snapshot();
     assert_eq!(stats.claimed_by_poll, 0, "the poll never fired: {stats:?}");
     assert_eq!(stats.succeeded, 2);
-    replica.stop().await.unwrap();
 }
 
 /// Defect 1, A rolled back: see [`an_open_enqueue_and_another_producer`].
