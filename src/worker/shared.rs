@@ -6,12 +6,14 @@
 //!   by the producer, the job tasks, the heartbeat, the rescuer and the completer.
 //! - [`Shared::owner_locked`] says whether the session holds the owner lock right now; it is what
 //!   claims and heartbeats stamp into `lease_owner_locked`, never a guess from configuration.
+//! - [`Shared::orphans`] dates the incarnation from the database's clock once its start-up
+//!   released what the previous one left, before any claim of its own.
 //! - [`Shared::reachable_for`] only shrinks on evidence the replica saw itself (a failed
 //!   recovery pass, a lost session), so recovery never judges other owners by time during which
 //!   it could not have seen them either.
 
 use crate::config::{DatabaseConfig, Pooler, WorkerConfig};
-use crate::db::Pool;
+use crate::db::{self, Pool};
 use crate::error::Error;
 use crate::handler::Registry;
 use crate::worker::claim::claimer::{self, ClaimPool};
@@ -56,6 +58,8 @@ pub(crate) struct Shared {
     alive_locked: bool,
     /// The pooler the configuration declares on the database URL.
     pub(crate) pooler: Pooler,
+    /// What adoption tells this incarnation's lost claims by ([`claimer::adopt`]).
+    pub(crate) orphans: claimer::Orphans,
 }
 
 impl Shared {
@@ -73,6 +77,14 @@ impl Shared {
         stats: Arc<WorkerStats>,
         signals: Option<Arc<Signals>>,
     ) -> Result<Shared, Error> {
+        // Every row this incarnation claims starts after this (the start-up release is done).
+        let since = db::checkout(&pool)
+            .await?
+            .query_typed("SELECT now()", &[])
+            .await?
+            .first()
+            .map(|row| row.get(0))
+            .ok_or(Error::Unavailable(None))?;
         let alive_locked = config.alive_locked(db_config);
         let alive = alive_locked.then_some(config.owner_id.as_str());
         let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats), alive).await?;
@@ -100,6 +112,7 @@ impl Shared {
             lost_at: StdMutex::new(None),
             alive_locked,
             pooler: db_config.pooler,
+            orphans: claimer::Orphans::new(since),
         })
     }
 

@@ -159,6 +159,9 @@ counters! {
     /// Commits of a job's computed result tried again under the same claim after an
     /// infrastructure fault rolled the first back.
     recommits,
+    /// Jobs adopted: claimed by a claim whose reply was lost, found and taken into the
+    /// replica's slots by the statement after it (`claimer::adopt`).
+    adopted,
     /// Rows recovered because their lease expired.
     recovered_expired,
     /// Rows recovered because their owner was dead.
@@ -289,6 +292,13 @@ impl WorkerStats {
     /// Counts a job given back uncharged.
     pub(crate) fn record_given_back(&self) {
         bump(&self.given_back);
+    }
+
+    /// Counts `n` jobs adopted (and claimed: their claim took them, its reply was lost).
+    pub(crate) fn record_adopted(&self, n: usize) {
+        let n = n as u64;
+        self.adopted.fetch_add(n, Ordering::Relaxed);
+        self.claimed.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Counts a commit tried again under the same claim.

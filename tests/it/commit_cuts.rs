@@ -1,7 +1,8 @@
 //! Infrastructure faults while a job's computed result commits (a cut of every connection of its
 //! replica, its backends terminated over and over): never the job's failure. The replica commits
 //! the result again under the same claim once it reconnects, or gives the job back uncharged;
-//! the job ends `succeeded`, its effects applied once, no attempt charged.
+//! the job ends `succeeded`, its effects applied once, no attempt charged. And a fault that loses
+//! a claim's reply: the replica adopts what the claim took, under that claim.
 
 use crate::proxy::{Mode, Proxy};
 use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
@@ -95,14 +96,22 @@ struct Replica {
 impl Replica {
     /// Starts a replica with the defaults on `pool` and `config`.
     async fn start(pooled: (durable_etl::db::Pool, &DatabaseConfig)) -> Replica {
+        let config = WorkerConfig {
+            owner_id: "committer".to_owned(),
+            ..WorkerConfig::default()
+        };
+        Replica::start_with(pooled, config).await
+    }
+
+    /// Starts a replica with `config` on `pool` and its database configuration.
+    async fn start_with(
+        pooled: (durable_etl::db::Pool, &DatabaseConfig),
+        config: WorkerConfig,
+    ) -> Replica {
         let (applying, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
         let handler = Gated {
             applying: Arc::clone(&applying),
             gate: Arc::clone(&gate),
-        };
-        let config = WorkerConfig {
-            owner_id: "committer".to_owned(),
-            ..WorkerConfig::default()
         };
         let registry = Registry::new().register(handler);
         Replica {
@@ -228,5 +237,66 @@ async fn backends_terminated_for_three_seconds_in_the_commit_charge_nothing() {
     assert_committed_uncharged(&client, &ids).await;
     let stats = replica.stats();
     assert_eq!((stats.retried, stats.failed), (0, 0), "{stats:?}");
+    replica.stop().await;
+}
+
+/// A claim whose reply is lost: it committed on the server (three jobs `running` under the
+/// replica's owner id and claim ids it never saw), and its connection closed before its rows came
+/// back. The replica adopts them with its next statement and runs them under that claim: each
+/// ends `succeeded` with its one attempt, effects once, nothing recorded `recovered` or
+/// `released`, long before their 15 s lease ends. (Before, nothing renewed them and the replica
+/// beat on, so they waited out the lease and were recovered, charged: the bound below fails.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_is_lost_is_adopted_under_its_claim_and_charges_nothing() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client.batch_execute(EFFECTS_TABLE).await.unwrap();
+    let ids = insert_jobs(&client, GATED, &vec![json!({}); 3], 5).await;
+    let proxy = Proxy::in_front_of_test_server().await;
+    let proxied = DatabaseConfig {
+        url: proxy.url_for(&db.config.url),
+        ..db.config.clone()
+    };
+    // The claim's parameters carry the kinds it claims, and with the poll only (no presence
+    // statements) it is the first statement that carries this one.
+    proxy.cut_next_statement_carrying(GATED.as_bytes());
+    let replica_pool = durable_etl::db::connect_pool(&proxied, "test")
+        .await
+        .unwrap();
+    let config = WorkerConfig {
+        owner_id: "adopter".to_owned(),
+        poll_only: true,
+        poll_interval: Duration::from_secs(60),
+        ..WorkerConfig::default()
+    };
+    let replica = Replica::start_with((replica_pool, &proxied), config).await;
+    replica.gate.add_permits(1);
+    eventually("the claim to be cut after it ran", || async {
+        proxy.commits_cut() == 1
+    })
+    .await;
+    let claimed = "etl_job_records WHERE status = 'running' AND lease_owner_id = 'adopter'";
+    assert_eq!(
+        count(&client, claimed).await,
+        3,
+        "the lost claim took every job"
+    );
+    let bound = tokio::time::Instant::now() + Duration::from_secs(5);
+    while count(&client, "etl_job_records").await > 0 {
+        assert!(
+            tokio::time::Instant::now() < bound,
+            "the claimed jobs ran at once, not after their lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_committed_uncharged(&client, &ids).await;
+    let released = "etl_job_attempts WHERE ending = 'released'";
+    assert_eq!(count(&client, released).await, 0, "none given back");
+    let stats = replica.stats();
+    assert_eq!(
+        (stats.adopted, stats.claimed, stats.succeeded),
+        (3, 3, 3),
+        "{stats:?}"
+    );
     replica.stop().await;
 }

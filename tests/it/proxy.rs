@@ -3,11 +3,13 @@
 //! closing anything, like a silently lost network), refuse new connections (closed as soon as
 //! their startup packet arrives, like a server that is down, each recorded), and cut the first connection that sends a
 //! `COMMIT` after arming: the COMMIT reaches the server, the server's reply never reaches the
-//! client, and the connection is closed, so the client cannot know the outcome.
+//! client, and the connection is closed, so the client cannot know the outcome. It can cut an
+//! extended-protocol statement the same way: the first whose messages carry given bytes (a
+//! parameter's value) after arming runs on the server, up to its `Sync`, and its reply is lost.
 //!
 //! It reads the frontend side of the protocol only as far as it must: message framing, the
-//! startup packet's `application_name`, and the text of simple queries (`Q`), where
-//! tokio-postgres sends `COMMIT`.
+//! startup packet's `application_name`, the text of simple queries (`Q`), where
+//! tokio-postgres sends `COMMIT`, and whether a message carries the armed bytes.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -45,8 +47,10 @@ struct State {
     drops: watch::Sender<u64>,
     /// Whether the next COMMIT cuts its connection.
     commit_armed: AtomicBool,
-    /// How many connections were cut after their COMMIT.
+    /// How many connections were cut after their COMMIT or their marked statement.
     commits_cut: AtomicUsize,
+    /// The bytes whose next statement cuts its connection once it ran, if armed.
+    marker: Mutex<Option<Vec<u8>>>,
     /// The `application_name` of every connection's startup packet, in arrival order.
     startups: Mutex<Vec<String>>,
     /// When each connection refused under [`Mode::Refuse`] arrived, and its `application_name`.
@@ -74,6 +78,7 @@ impl Proxy {
             drops: watch::Sender::new(0),
             commit_armed: AtomicBool::new(false),
             commits_cut: AtomicUsize::new(0),
+            marker: Mutex::new(None),
             startups: Mutex::new(Vec::new()),
             refused: Mutex::new(Vec::new()),
         });
@@ -127,7 +132,14 @@ impl Proxy {
         self.state.commit_armed.store(true, Ordering::SeqCst);
     }
 
-    /// How many connections were cut after their COMMIT.
+    /// Arms the cut of a statement: the next one any connection sends whose messages carry
+    /// `marker` reaches the server up to its `Sync`, and that connection is then closed before
+    /// the server's reply is relayed.
+    pub fn cut_next_statement_carrying(&self, marker: &[u8]) {
+        *self.state.marker.lock().unwrap() = Some(marker.to_vec());
+    }
+
+    /// How many connections were cut after their COMMIT or their marked statement.
     pub fn commits_cut(&self) -> usize {
         self.state.commits_cut.load(Ordering::SeqCst)
     }
@@ -241,16 +253,32 @@ fn is_commit(message: &[u8]) -> bool {
             .eq_ignore_ascii_case("commit")
 }
 
+/// Whether `message` carries the armed marker, which it then disarms.
+fn carries_marker(message: &[u8], state: &State) -> bool {
+    let mut marker = state.marker.lock().unwrap();
+    let found = marker
+        .as_deref()
+        .is_some_and(|m| message.windows(m.len()).any(|w| w == m));
+    if found {
+        *marker = None;
+    }
+    found
+}
+
 /// Client to server, message by message.
 async fn upstream(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, state: &State, cut: &Cut) {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 16 * 1024];
     let mut started = false;
+    // A statement that carried the armed marker: cut at its Sync.
+    let mut marked = false;
     loop {
         while let Some(len) = next_message_len(&buf, started) {
             let message: Vec<u8> = buf.drain(..len).collect();
             let cutting = if started {
-                is_commit(&message) && state.commit_armed.swap(false, Ordering::SeqCst)
+                marked |= carries_marker(&message, state);
+                (marked && message[0] == b'S')
+                    || (is_commit(&message) && state.commit_armed.swap(false, Ordering::SeqCst))
             } else {
                 // An SSL or GSS request is followed by another untyped message; only the
                 // startup packet switches to typed messages.

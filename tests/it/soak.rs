@@ -12,13 +12,16 @@
 //! queue that overlapped are counted ([`EFFECTS_OVERLAP`]). Once the faults stop, every invariant
 //! is checked from the database, and the replicas' logs are searched for privacy canaries. No job
 //! may end `failed` and no attempt may be charged by its own replica (`retried`): every fault here
-//! is the infrastructure's, and the jobs never fail on their own. In particular no attempt a cut
-//! of at most 1 s caught running may be charged by its own replica: once such a cut ends, its
-//! replica is left alone for [`QUIET_AFTER_CUT`], and then none of those attempts may have ended
-//! `retried`. How many another replica recovered (charged) or their own replica gave back
-//! (uncharged) meanwhile is reported, not asserted: on this shared machine a replica cut for 1 s
-//! does not always beat again within its silence ([`ShortCutAttempts`]). The figures are printed
-//! and written to `soak-figures.txt` in Cargo's target temporary directory.
+//! is the infrastructure's, and the jobs never fail on their own. A cut falls on the busiest
+//! live replica, not one just resumed or restarted ([`QUIET_AFTER_RESUME`]), and counts only the
+//! attempts its current incarnation runs. No attempt a cut of at most 1 s caught running may
+//! move: once such a cut ends, its replica is left alone for [`QUIET_AFTER_CUT`], and then none
+//! of those attempts may have ended `retried`, `recovered` or `released` ([`ShortCutAttempts`]).
+//! Every attempt a 10 s cut caught that another replica recovered must have been abandoned by
+//! the cut replica first: its `lease_lost` line for the job is older than the recovery
+//! ([`LongCutAttempts`]: no overlap). The figures are printed
+//! and written to `soak-figures.txt` in Cargo's target temporary directory, beside the replicas'
+//! logs when `SOAK_KEEP_LOGS` is set (else they are removed).
 
 use crate::privacy::leak;
 use crate::proxy::{Mode, Proxy};
@@ -132,6 +135,11 @@ const CUTS: [(u64, Duration); 6] = [
 /// that whatever the cut alone did to its jobs (nothing, by the rule) has happened: past
 /// another replica's silence (1.75 s after the last beat before the cut).
 const QUIET_AFTER_CUT: Duration = Duration::from_secs(3);
+/// How long a resumed or restarted replica is left alone (no kill, freeze or cut): a freeze
+/// longer than its trust window costs it its leases, which it gives back once it runs again, and
+/// a restarted one first releases what its killed incarnation left running; a cut in that moment
+/// would find jobs that were moving already, the replica not live by its own rules.
+const QUIET_AFTER_RESUME: Duration = Duration::from_secs(2);
 
 /// The replicas' flags besides their slots and queues: short leases and transaction timeouts, so
 /// faults heal quickly; a lease (4 s, renewed every second) long enough that a cut of 1 s cannot
@@ -204,6 +212,11 @@ struct Slot {
     log: PathBuf,
     /// When a frozen incarnation is to be resumed.
     thaw_at: Option<Instant>,
+    /// Until when a resumed or restarted incarnation is left alone ([`QUIET_AFTER_RESUME`]).
+    quiet_until: Option<Instant>,
+    /// The database's time just before the current incarnation started: a running row of this
+    /// owner that started before it is its killed predecessor's, left for recovery.
+    born: std::time::SystemTime,
     /// The proxy every incarnation connects through.
     proxy: Arc<Proxy>,
     /// When a cut of every connection ends, and the attempts it caught running if it is a short
@@ -215,21 +228,32 @@ struct Slot {
 /// given back uncharged and claimed again takes the same number, with a later start).
 type Caught = (uuid::Uuid, i32, Option<std::time::SystemTime>);
 
+/// What the database said of a short cut's replica as the cut began: the oldest renewal of the
+/// leases it caught, in ms, and its last beat's age, in ms.
+type AtCut = (i64, i64);
+
 /// A cut of every connection of one replica, under way or in the quiet after it.
 struct Cut {
     /// When the proxy lets traffic through again (a task of its own does it then, whatever
     /// the fault loop is doing).
     ends: Instant,
-    /// The `(job id, attempt, its start)` the replica was running when the cut began; `None`
-    /// for a long cut (its jobs may move, charged).
-    caught: Option<Vec<Caught>>,
+    /// Whether it lasts at most 1 s: its replica rides it out, and nothing it caught may move.
+    short: bool,
+    /// The database's time as the cut began.
+    began: std::time::SystemTime,
+    /// The `(job id, attempt, its start)` the replica was running when the cut began.
+    caught: Vec<Caught>,
+    /// The leases' expiry of the caught attempts, as the cut began, in their order.
+    expiries: Vec<std::time::SystemTime>,
 }
 
 impl Slot {
     /// Whether a fault of this replica is under way (frozen, cut, or in the quiet after a short
     /// cut): it gets no other until then.
     fn faulted(&self) -> bool {
-        self.thaw_at.is_some() || self.cut.is_some()
+        self.thaw_at.is_some()
+            || self.cut.is_some()
+            || self.quiet_until.is_some_and(|t| t > Instant::now())
     }
 }
 
@@ -255,6 +279,21 @@ struct Figures {
     cuts: (u32, u32),
     /// What became of the attempts the short cuts caught running.
     short_cut_attempts: ShortCutAttempts,
+    /// What became of the attempts the long cuts caught running.
+    long_cut_attempts: LongCutAttempts,
+}
+
+/// The attempts the cuts of 10 s caught running: those another replica's recovery took, and of
+/// those, the ones their cut replica had stopped trusting (logged `lease_lost` for the job,
+/// which is when its handler is told) before the recovery. No overlap: they are all of them.
+#[derive(Debug, Default)]
+struct LongCutAttempts {
+    /// Caught running.
+    caught: usize,
+    /// Taken by another replica's recovery.
+    recovered: i64,
+    /// Of those, abandoned by the cut replica first.
+    abandoned_first: i64,
 }
 
 /// The attempts the cuts of 1 s caught running, and how many of them ended, by the end their
@@ -270,6 +309,10 @@ struct ShortCutAttempts {
     recovered: i64,
     /// Given back uncharged by their replica (`released`): it stopped trusting the lease.
     released: i64,
+    /// Of `recovered`, those taken before their lease expired: the cut replica was judged dead.
+    recovered_alive: i64,
+    /// The oldest renewal of a caught lease, and the oldest last beat, as any short cut began.
+    oldest_at_cut: AtCut,
 }
 
 impl Slot {
@@ -347,11 +390,14 @@ async fn chaos_soak_keeps_every_invariant() {
             cooldown: if i % 2 == 1 { "20ms" } else { "0ms" },
             log: dir.join(format!("soak-{}-{i}.log", db.name)),
             thaw_at: None,
+            quiet_until: None,
+            born: std::time::SystemTime::UNIX_EPOCH,
             proxy: Arc::new(Proxy::in_front_of_test_server().await),
             cut: None,
         });
     }
     let mut cuts = CUTS.iter().peekable();
+    let faults = dir.join(format!("soak-{}-faults.log", db.name));
     for q in &QUEUES {
         durable_etl::queue::set_cap(&client, q.name, Some(q.cap))
             .await
@@ -381,12 +427,16 @@ async fn chaos_soak_keeps_every_invariant() {
         for (slot, child) in slots.iter_mut().zip(replicas.0.iter_mut()) {
             if slot.thaw_at.is_some_and(|t| t <= Instant::now()) {
                 signal(child, "CONT");
+                note(&faults, &format!("thaw {}", slot.owner));
                 slot.thaw_at = None;
+                slot.quiet_until = Some(Instant::now() + QUIET_AFTER_RESUME);
             }
             if child.try_wait().unwrap().is_some() {
                 figures.self_exits += 1;
                 figures.restarts += 1;
+                slot.born = db_now(&client).await;
                 *child = slot.start(&db);
+                slot.quiet_until = Some(Instant::now() + QUIET_AFTER_RESUME);
             }
             heal_cut(&client, slot, &mut figures).await;
         }
@@ -395,6 +445,7 @@ async fn chaos_soak_keeps_every_invariant() {
         if let Some(&&(at, length)) = cuts.peek() {
             if chaos_at >= Duration::from_secs(at) {
                 if let Some(j) = busiest_unfaulted(&client, &slots).await {
+                    note(&faults, &format!("cut {} {length:?}", slots[j].owner));
                     cut(&client, &mut slots[j], length, &mut figures).await;
                     cuts.next();
                 }
@@ -403,16 +454,20 @@ async fn chaos_soak_keeps_every_invariant() {
         match rng.u8(..3) {
             0 if !slots[i].faulted() => {
                 signal(&replicas.0[i], "KILL");
+                note(&faults, &format!("kill {}", slots[i].owner));
                 replicas.0[i].wait().unwrap();
                 figures.kills += 1;
                 let claims = claims_of(&client, &slots[i].owner).await;
                 figures.caught += claims.len();
                 watched.push((Instant::now(), claims));
+                slots[i].born = db_now(&client).await;
                 replicas.0[i] = slots[i].start(&db);
+                slots[i].quiet_until = Some(Instant::now() + QUIET_AFTER_RESUME);
                 figures.restarts += 1;
             }
             1 if !slots[i].faulted() => {
                 signal(&replicas.0[i], "STOP");
+                note(&faults, &format!("freeze {}", slots[i].owner));
                 figures.freezes += 1;
                 let claims = claims_of(&client, &slots[i].owner).await;
                 figures.caught += claims.len();
@@ -498,7 +553,12 @@ async fn chaos_soak_keeps_every_invariant() {
         let log = std::fs::read_to_string(&slot.log).unwrap_or_default();
         lines += log.lines().count();
         leaks.extend(log.lines().filter(|l| leak(l).is_some()).map(str::to_owned));
-        let _ = std::fs::remove_file(&slot.log);
+        if std::env::var_os("SOAK_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_file(&slot.log);
+        }
+    }
+    if std::env::var_os("SOAK_KEEP_LOGS").is_none() {
+        let _ = std::fs::remove_file(&faults);
     }
     let report = format!(
         "chaos soak (seed {seed}): {JOBS} jobs, {REPLICAS} replicas × {SLOTS} slots, {:?} of faults\n\
@@ -506,7 +566,10 @@ async fn chaos_soak_keeps_every_invariant() {
          lost {lost}, duplicated {duplicated}, highest attempts {max_attempts_seen} (max {MAX_ATTEMPTS})\n\
          max stuck after a kill or freeze {:?}, all terminal {:?} after the faults stopped\n\
          cuts of every connection of a replica: {} of 1 s, {} of 10 s; attempts the 1 s cuts caught \
-         running {}, of which retried {}, recovered {}, given back {}; jobs failed {failed}, \
+         running {}, of which retried {}, recovered {} ({} before their lease expired), given back {}; \
+         as a short cut began, oldest renewal of a lease it caught {} ms, its replica's last beat {} ms \
+         ago; attempts the 10 s cuts caught running {}, of which another replica recovered {}, \
+         {} of them after their replica logged `lease_lost` for them; jobs failed {failed}, \
          attempts retried {retried}\n\
          {samples} samples of the running jobs; per queue:\n{}\
          log lines {lines}, of which with a canary, SQL or database message: {}\n\
@@ -525,7 +588,13 @@ async fn chaos_soak_keeps_every_invariant() {
         figures.short_cut_attempts.caught,
         figures.short_cut_attempts.retried,
         figures.short_cut_attempts.recovered,
+        figures.short_cut_attempts.recovered_alive,
         figures.short_cut_attempts.released,
+        figures.short_cut_attempts.oldest_at_cut.0,
+        figures.short_cut_attempts.oldest_at_cut.1,
+        figures.long_cut_attempts.caught,
+        figures.long_cut_attempts.recovered,
+        figures.long_cut_attempts.abandoned_first,
         QUEUES.iter().zip(&queues).map(QueueSeen::line).collect::<String>(),
         leaks.len(),
         started.elapsed(),
@@ -548,9 +617,17 @@ async fn chaos_soak_keeps_every_invariant() {
         figures.short_cut_attempts.caught > 0,
         "the short cuts caught attempts running: {report}"
     );
+    let short = &figures.short_cut_attempts;
     assert_eq!(
-        figures.short_cut_attempts.retried, 0,
-        "no attempt a cut of at most 1 s caught was charged by its own replica: {report}"
+        (short.retried, short.recovered, short.released),
+        (0, 0, 0),
+        "a cut of at most 1 s of a live replica moved no job and charged no attempt: {report}"
+    );
+    let long = &figures.long_cut_attempts;
+    assert!(long.recovered > 0, "the long cuts moved jobs: {report}");
+    assert_eq!(
+        long.abandoned_first, long.recovered,
+        "no job moved before its cut replica stopped trusting its lease: {report}"
     );
     assert!(samples > 100, "the sampler sampled throughout: {report}");
     for (q, seen) in QUEUES.iter().zip(&queues) {
@@ -823,25 +900,35 @@ async fn cut(
     slot.proxy.set_mode(Mode::Blackhole);
     slot.proxy.drop_all();
     let short = length <= Duration::from_secs(1);
-    let caught = if short {
-        let rows = client
-            .query(
-                "SELECT id, attempts, started_at FROM etl_job_records
-                  WHERE status = 'running' AND lease_owner_id = $1",
-                &[&slot.owner],
-            )
-            .await
-            .unwrap();
-        figures.cuts.0 += 1;
-        Some(
-            rows.iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
-                .collect(),
+    let began = db_now(client).await;
+    // The attempts of this incarnation only: a killed predecessor's rows are recovery's.
+    let rows = client
+        .query(
+            "SELECT id, attempts, started_at, lease_expires_at,
+                    (extract(epoch FROM now() - lease_renewed_at) * 1000)::int8,
+                    (SELECT (extract(epoch FROM now() - b.beat_at) * 1000)::int8
+                       FROM etl_owner_beats b WHERE b.owner_id = $1)
+               FROM etl_job_records
+              WHERE status = 'running' AND lease_owner_id = $1 AND started_at >= $2",
+            &[&slot.owner, &slot.born],
         )
+        .await
+        .unwrap();
+    if short {
+        figures.cuts.0 += 1;
+        let oldest = &mut figures.short_cut_attempts.oldest_at_cut;
+        for r in &rows {
+            oldest.0 = oldest.0.max(r.get::<_, Option<i64>>(4).unwrap_or(0));
+            oldest.1 = oldest.1.max(r.get::<_, Option<i64>>(5).unwrap_or(0));
+        }
     } else {
         figures.cuts.1 += 1;
-        None
-    };
+    }
+    let expiries = rows.iter().map(|r| r.get(3)).collect();
+    let caught = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
     let proxy = Arc::clone(&slot.proxy);
     tokio::spawn(async move {
         tokio::time::sleep(length).await;
@@ -849,48 +936,113 @@ async fn cut(
     });
     slot.cut = Some(Cut {
         ends: Instant::now() + length,
+        short,
+        began,
         caught,
+        expiries,
     });
 }
 
-/// Once `slot`'s cut is over, and the quiet after it if it is a short one, counts the attempts
-/// it caught and those of them that were charged, and forgets the cut.
+/// Once `slot`'s cut is over, and the quiet after it if it is a short one, counts what became
+/// of the attempts it caught, and forgets the cut.
 async fn heal_cut(client: &tokio_postgres::Client, slot: &mut Slot, figures: &mut Figures) {
     let Some(cut) = &slot.cut else {
         return;
     };
-    let quiet_ends = cut.ends
-        + cut
-            .caught
-            .as_ref()
-            .map_or(Duration::ZERO, |_| QUIET_AFTER_CUT);
-    if quiet_ends > Instant::now() {
+    let quiet = if cut.short {
+        QUIET_AFTER_CUT
+    } else {
+        Duration::ZERO
+    };
+    if cut.ends + quiet > Instant::now() {
         return;
     }
-    if let Some(caught) = &cut.caught {
-        let ids: Vec<uuid::Uuid> = caught.iter().map(|c| c.0).collect();
-        let attempts: Vec<i32> = caught.iter().map(|c| c.1).collect();
-        let starts: Vec<Option<std::time::SystemTime>> = caught.iter().map(|c| c.2).collect();
-        let ended = client
-            .query_one(
-                "SELECT count(*) FILTER (WHERE a.ending = 'retried'),
-                        count(*) FILTER (WHERE a.ending = 'recovered'),
-                        count(*) FILTER (WHERE a.ending = 'released')
-                   FROM etl_job_attempts a
-                   JOIN unnest($1::uuid[], $2::int4[], $3::timestamptz[]) AS c(id, attempt, started)
-                     ON a.job_id = c.id AND a.attempt = c.attempt
-                    AND (c.started IS NULL OR a.started_at = c.started)",
-                &[&ids, &attempts, &starts],
-            )
-            .await
-            .unwrap();
+    let ids: Vec<uuid::Uuid> = cut.caught.iter().map(|c| c.0).collect();
+    let attempts: Vec<i32> = cut.caught.iter().map(|c| c.1).collect();
+    let starts: Vec<Option<std::time::SystemTime>> = cut.caught.iter().map(|c| c.2).collect();
+    // The cut replica's `lease_lost` lines since the cut began: (job id, when).
+    let (lost_ids, lost_at) = lease_lost_lines(&slot.log);
+    let ended = client
+        .query_one(
+            "WITH c AS (
+                 SELECT * FROM unnest($1::uuid[], $2::int4[], $3::timestamptz[], $4::timestamptz[])
+                        AS c(id, attempt, started, expires)),
+             lost AS (
+                 SELECT l.id, l.at::timestamptz AS at
+                   FROM unnest($5::uuid[], $6::text[]) AS l(id, at)
+                  WHERE l.at::timestamptz >= $7),
+             a AS (
+                 SELECT a.*, c.expires FROM etl_job_attempts a
+                   JOIN c ON a.job_id = c.id AND a.attempt = c.attempt
+                         AND (c.started IS NULL OR a.started_at = c.started))
+             SELECT count(*) FILTER (WHERE ending = 'retried'),
+                    count(*) FILTER (WHERE ending = 'recovered'),
+                    count(*) FILTER (WHERE ending = 'released'),
+                    count(*) FILTER (WHERE ending = 'recovered' AND ended_at < expires),
+                    count(*) FILTER (WHERE ending = 'recovered' AND EXISTS (
+                        SELECT 1 FROM lost WHERE lost.id = a.job_id AND lost.at < a.ended_at))
+               FROM a",
+            &[
+                &ids,
+                &attempts,
+                &starts,
+                &cut.expiries,
+                &lost_ids,
+                &lost_at,
+                &cut.began,
+            ],
+        )
+        .await
+        .unwrap();
+    if cut.short {
         let seen = &mut figures.short_cut_attempts;
-        seen.caught += caught.len();
+        seen.caught += cut.caught.len();
         seen.retried += ended.get::<_, i64>(0);
         seen.recovered += ended.get::<_, i64>(1);
         seen.released += ended.get::<_, i64>(2);
+        seen.recovered_alive += ended.get::<_, i64>(3);
+    } else {
+        let seen = &mut figures.long_cut_attempts;
+        seen.caught += cut.caught.len();
+        seen.recovered += ended.get::<_, i64>(1);
+        seen.abandoned_first += ended.get::<_, i64>(4);
     }
     slot.cut = None;
+}
+
+/// The `lease_lost` lines of the log at `path`: each job's id and when its replica stopped
+/// trusting the lease (the line's timestamp, as PostgreSQL reads it).
+fn lease_lost_lines(path: &std::path::Path) -> (Vec<uuid::Uuid>, Vec<String>) {
+    const MARK: &str = "abandoning the job job_id=";
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    log.lines()
+        .filter_map(|line| {
+            let at = line.split_whitespace().next()?;
+            let rest = &line[line.find(MARK)? + MARK.len()..];
+            let id = uuid::Uuid::parse_str(rest.get(..36)?).ok()?;
+            Some((id, at.to_owned()))
+        })
+        .unzip()
+}
+
+/// The database's time now.
+async fn db_now(client: &tokio_postgres::Client) -> std::time::SystemTime {
+    client.query_one("SELECT now()", &[]).await.unwrap().get(0)
+}
+
+/// Appends `what` to the fault log `log` (kept with the replicas' logs under `SOAK_KEEP_LOGS`),
+/// stamped with the wall clock's seconds since the epoch.
+fn note(log: &PathBuf, what: &str) {
+    use std::io::Write;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    writeln!(file, "{:.3} {what}", now.as_secs_f64()).unwrap();
 }
 
 /// The replica of `slots`, not faulted now, that runs the most jobs, if one runs any.

@@ -43,6 +43,7 @@
 //!   replaced after [`RECHECK_AFTER`], and its successor checks again. Elsewhere (tests, tools) [`claim`] sends it unnamed
 //!   with typed parameters (`query_typed`): one round trip either way.
 
+mod adopt;
 mod capped;
 mod next_due;
 mod plan_check;
@@ -51,6 +52,8 @@ mod rows;
 mod session;
 mod statement;
 
+pub use adopt::ADOPT_SQL;
+pub(crate) use adopt::{adopt, Orphans};
 pub use capped::CappedQueues;
 pub use next_due::{next_due, NEXT_DUE_SQL, NEXT_DUE_WINDOW};
 pub use plan_check::{JUDGED_FROM_PAGES, RECHECK_AFTER};
@@ -61,6 +64,8 @@ pub use statement::{
     claim, claim_from, claim_uncapped, Ask, Claimant, CLAIM_SQL, CLAIM_UNCAPPED_SQL,
 };
 
+#[cfg(test)]
+mod adopt_tests;
 #[cfg(test)]
 mod pooled_tests;
 #[cfg(test)]

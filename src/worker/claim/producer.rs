@@ -21,7 +21,8 @@
 //!   waits at most [`HOLD`](crate::worker::claim::prefetch::HOLD): then it is released, attempt not
 //!   charged.
 //! - A claim that fails (a lost connection, a timeout) is tried again after
-//!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll.
+//!   [`CLAIM_RETRY_DELAY`], not only at the next notification or poll, and only after an
+//!   adoption of what it may have claimed with its reply lost ([`adopt`]).
 //! - A wake that names another replica, for a queue this one waits for and a kind it runs, is
 //!   backed up: this replica claims `wake::BACKUP_DELAY` later unless it claims before then.
 //! - A wake's claim sent sooner than `claim_cooldown` after the last claim waits out the rest,
@@ -38,6 +39,7 @@
 //!   waiting replicas when it cannot answer for the permit ([`freed`](crate::worker::claim::freed),
 //!   `drain`).
 
+mod adopt;
 mod claimed;
 mod drain;
 mod wake;
@@ -87,8 +89,8 @@ struct Waiting {
     clock: Arc<LeaseClock>,
 }
 
-/// The claim in flight.
-type InFlight = Pin<Box<dyn Future<Output = Claimed> + Send>>;
+/// A future the loop keeps across its iterations until it is back.
+type Kept<T> = Option<Pin<Box<dyn Future<Output = T> + Send>>>;
 
 /// The claim loop and the job tasks it runs.
 pub(crate) struct Producer {
@@ -103,7 +105,11 @@ pub(crate) struct Producer {
     /// Jobs claimed ahead, waiting for a slot.
     buffer: Prefetch<Waiting>,
     /// The claim in flight, if any.
-    claiming: Option<InFlight>,
+    claiming: Kept<Claimed>,
+    /// A claim failed since the last adoption: its reply may have been lost with jobs it took.
+    orphans: bool,
+    /// The adoption in flight, if any ([`adopt`]).
+    adopting: Kept<adopt::Adopted>,
     /// What the loop remembers between wakes.
     wake: WakeState,
     /// Whether the replica waits for work, as enqueues see it.
@@ -145,6 +151,8 @@ impl Producer {
             tasks: JoinSet::new(),
             slots: Arc::new(Slots::default()),
             claiming: None,
+            orphans: false,
+            adopting: None,
             wake: WakeState::default(),
             presence: Presence::new(listening, queues, poll_interval),
             freed: FreedPermits::default(),
@@ -180,6 +188,7 @@ impl Producer {
                     let join = self.take_claimed(claimed).await;
                     reason = self.wake.again.take().or(join);
                 }
+                adopted = in_flight(&mut self.adopting) => reason = self.adopted(adopted),
                 () = wait(signals.as_deref().map(|s| &s.notified)) => {
                     self.presence.heard(signals.as_deref());
                     self.wake.notified_since_claim = true;
@@ -273,8 +282,12 @@ impl Producer {
     /// Sends a claim for the room (see the module's invariants), unless one is in flight (this
     /// wake then claims once it is back) or there is no room.
     fn send_claim(&mut self, why: ClaimReason) {
-        if self.claiming.is_some() {
+        if self.claiming.is_some() || self.adopting.is_some() {
             self.wake.join_again(why);
+            return;
+        }
+        if self.orphans {
+            self.send_adoption(why);
             return;
         }
         self.wake.refill_at = None;
@@ -361,8 +374,10 @@ impl Producer {
         let jobs = match claimed.jobs {
             Ok(jobs) => jobs,
             Err(e) => {
-                // Claim again soon, not at the next wake (the notification will not come again).
+                // Claim again soon, not at the next wake (the notification will not come again),
+                // after adopting what this one may have taken.
                 tracing::warn!(code = %e.code(), "claim failed");
+                self.orphans = true;
                 let retry = Instant::now() + CLAIM_RETRY_DELAY;
                 self.wake.next_due = Some(self.wake.next_due.map_or(retry, |due| due.min(retry)));
                 return None;
@@ -476,8 +491,8 @@ impl Producer {
     }
 }
 
-/// The claim in `slot` once it is back (cancel-safe: it stays there); pending while none is.
-async fn in_flight(slot: &mut Option<InFlight>) -> Claimed {
+/// The future in `slot` once it is back (cancel-safe: it stays there); pending while none is.
+async fn in_flight<T>(slot: &mut Kept<T>) -> T {
     match slot {
         Some(claim) => claim.await,
         None => std::future::pending().await,

@@ -98,6 +98,11 @@ impl HeldJobs {
             .collect()
     }
 
+    /// The claims held now.
+    pub(crate) fn claims(&self) -> Vec<Uuid> {
+        self.map().keys().copied().collect()
+    }
+
     /// The lease of the job that task `task` runs, if any.
     pub(crate) fn of_task(&self, task: task::Id) -> Option<Lease> {
         self.map()

@@ -62,7 +62,7 @@ fn asked_of(row: &Row) -> usize {
 }
 
 /// The claimed job of one of a claim's rows.
-fn claimed_job(row: &Row) -> ClaimedJob {
+pub(super) fn claimed_job(row: &Row) -> ClaimedJob {
     ClaimedJob {
         ctx: Arc::new(JobContext {
             id: row.get(0),

@@ -40,6 +40,12 @@ impl Producer {
                 self.hold(job, claimed.sent, None);
             }
         }
+        // So is what a lost claim reply left, adopted now to be released.
+        if self.orphans || self.adopting.is_some() {
+            let adoption = self.adopting.take().unwrap_or_else(|| self.adoption());
+            self.orphans = false;
+            self.take_adopted(adoption.await, false);
+        }
         // A replica whose owner id another process took leaves the row alone: it is that
         // process's now.
         if self.presence.registered() && !owner_id_taken {

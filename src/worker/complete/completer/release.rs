@@ -194,18 +194,21 @@ pub(crate) fn give_back(shared: &Arc<Shared>, lease: Lease, transition: Transiti
         );
     }
     let shared = Arc::clone(shared);
+    // Adoption leaves the claim alone meanwhile (`claimer::adopt`).
+    shared.orphans.giving_back(lease.claim_id);
     tokio::spawn(async move {
         let until = tokio::time::Instant::now() + shared.config.lease;
         while tokio::time::Instant::now() < until {
             match release_leases(&shared, &[lease], &[lease.claim_id]).await {
-                Ok(0) => return,
+                Ok(0) => break,
                 Ok(_) => {
                     shared.stats.record_given_back();
                     tracing::info!(job_id = %lease.job_id, "gave back a job uncharged");
-                    return;
+                    break;
                 }
                 Err(_) => tokio::time::sleep(GIVE_BACK_EVERY).await,
             }
         }
+        shared.orphans.given_back(lease.claim_id);
     });
 }
