@@ -19,7 +19,7 @@ pub struct Pooler {
 impl Pooler {
     /// Starts PgBouncer in `pool_mode` with `databases` (lines of its `[databases]` section), trust
     /// authentication, `postgres` the only user it knows, and the startup parameter `options`
-    /// ignored (as durable-etl's README asks); returns once it accepts connections.
+    /// ignored (as docs/operations.md asks); returns once it accepts connections.
     pub fn start(pool_mode: &str, databases: &str) -> Pooler {
         Pooler::start_with(pool_mode, databases, "ignore_startup_parameters = options")
     }
