@@ -134,7 +134,7 @@ RETURNING id"
 /// returned. Same parameters and `run_at` rule as [`INSERT_SQL`]. The insert itself is the body
 /// of `durable_etl_enqueue_unkeyed` (migration 0025), whose plan the session keeps: this, the
 /// statement sent, is only the call, so an enqueue no longer pays for parsing and planning the
-/// whole insert (about a third of a single-job enqueue's server CPU, docs/benchmarks.md).
+/// whole insert (about a third of a single-job enqueue's server CPU when 0025 was measured).
 ///
 /// Locks: inserts new rows and their index entries; a key of its own can never collide, and if
 /// one ever did, the unique index would fail the statement rather than skip the job. The trigger
