@@ -49,7 +49,8 @@ impl StartUp {
     /// # Errors
     /// The first error that is not worth retrying (such as [`Error::Refused`]);
     /// [`Error::Unreachable`], naming the target and the last attempt's cause, when the deadline
-    /// passes or a shutdown is requested while retrying.
+    /// passes or a shutdown is requested while retrying; an attempt the deadline cut short says
+    /// nothing of the database, so the cause is then the one before it.
     pub async fn run<T, F, Fut>(&self, mut step: F) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
@@ -60,8 +61,10 @@ impl StartUp {
         let mut shutdown = self.shutdown.clone();
         let mut failures: u32 = 0;
         let mut warned: Option<tokio::time::Instant> = None;
+        let mut cause: Option<tokio_postgres::Error> = None;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let cut_short = left < self.attempt;
             let error = match tokio::time::timeout(left.min(self.attempt), step()).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(e)) if !retried_at_start_up(&e) => return Err(e),
@@ -74,6 +77,10 @@ impl StartUp {
                 Error::Unavailable(source) => source,
                 Error::Database(source) => Some(source),
                 _ => None,
+            };
+            let source = match source {
+                None if cut_short => cause.take(),
+                source => source,
             };
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left <= pause || shutdown.stage() != crate::shutdown::Stage::Running {
@@ -88,6 +95,7 @@ impl StartUp {
                 warned = Some(now);
                 self.warn_retrying(code, source.as_ref(), failures, pause);
             }
+            cause = source;
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
                 () = shutdown.reached(crate::shutdown::Stage::Draining) => {}
@@ -130,5 +138,46 @@ fn retried_at_start_up(e: &Error) -> bool {
         Error::Unavailable(_) => true,
         Error::Database(db) => crate::error::is_transient(db),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StartUp;
+    use crate::error::{Error, Target};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    /// An attempt refused, then one the deadline cut short: start-up gives up naming the refusal,
+    /// the last thing the database said, not "no answer".
+    #[tokio::test]
+    async fn an_attempt_the_deadline_cut_short_keeps_the_cause_before_it() {
+        let refused = tokio_postgres::connect(
+            "host=127.0.0.1 port=1 connect_timeout=5",
+            tokio_postgres::NoTls,
+        )
+        .await
+        .err();
+        let refused = std::sync::Mutex::new(refused);
+        let (_trigger, shutdown) = crate::shutdown::manual();
+        let start_up = StartUp {
+            deadline: tokio::time::Instant::now() + Duration::from_millis(400),
+            attempt: Duration::from_secs(5),
+            shutdown,
+            target: Target::of(&"host=127.0.0.1 port=1".parse().unwrap()),
+        };
+        let calls = AtomicU32::new(0);
+        let result: Result<(), Error> = start_up
+            .run(|| async {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    Err(Error::Unavailable(refused.lock().unwrap().take()))
+                } else {
+                    std::future::pending().await
+                }
+            })
+            .await;
+        let err = result.unwrap_err();
+        assert!(err.to_string().contains("connection refused"), "{err}");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }
