@@ -288,7 +288,10 @@ struct Figures {
 
 /// The attempts the cuts of 10 s caught running: those another replica's recovery took, and of
 /// those, the ones their cut replica had stopped trusting (logged `lease_lost` for the job,
-/// which is when its handler is told) before the recovery. No overlap: they are all of them.
+/// which is when its handler is told) before the recovery, and the ones claimed as the cut began
+/// (within [`AT_CUT`] before it) with no such line: a claim whose reply the cut lost, which the
+/// replica never ran (it adopts such a claim's jobs only once it reaches the database again). No
+/// overlap: those two make up all of them.
 #[derive(Debug, Default)]
 struct LongCutAttempts {
     /// Caught running.
@@ -297,7 +300,12 @@ struct LongCutAttempts {
     recovered: i64,
     /// Of those, abandoned by the cut replica first.
     abandoned_first: i64,
+    /// Of those, claimed as the cut began and never abandoned: their claim's reply was lost.
+    claimed_at_cut: i64,
 }
+
+/// How long before a cut began a claim whose reply the cut lost may have started.
+const AT_CUT: &str = "100 milliseconds";
 
 /// The attempts the cuts of 1 s caught running, and how many of them ended, by the end their
 /// attempt history records, before the quiet after their cut was over.
@@ -578,7 +586,8 @@ async fn chaos_soak_keeps_every_invariant() {
          running {}, of which retried {}, recovered {} ({} before their lease expired), given back {}; \
          as a short cut began, oldest renewal of a lease it caught {} ms, its replica's last beat {} ms \
          ago; attempts the 10 s cuts caught running {}, of which another replica recovered {}, \
-         {} of them after their replica logged `lease_lost` for them; jobs failed {failed}, \
+         {} of them after their replica logged `lease_lost` for them and {} claimed as the cut began \
+         (reply lost, never run); jobs failed {failed}, \
          attempts retried {retried}\n\
          {samples} samples of the running jobs; per queue:\n{}\
          log lines {lines}, of which with a canary, SQL or database message: {}\n\
@@ -604,6 +613,7 @@ async fn chaos_soak_keeps_every_invariant() {
         figures.long_cut_attempts.caught,
         figures.long_cut_attempts.recovered,
         figures.long_cut_attempts.abandoned_first,
+        figures.long_cut_attempts.claimed_at_cut,
         QUEUES.iter().zip(&queues).map(QueueSeen::line).collect::<String>(),
         leaks.len(),
         started.elapsed(),
@@ -635,7 +645,8 @@ async fn chaos_soak_keeps_every_invariant() {
     let long = &figures.long_cut_attempts;
     assert!(long.recovered > 0, "the long cuts moved jobs: {report}");
     assert_eq!(
-        long.abandoned_first, long.recovered,
+        long.abandoned_first + long.claimed_at_cut,
+        long.recovered,
         "no job moved before its cut replica stopped trusting its lease: {report}"
     );
     assert!(samples > 100, "the sampler sampled throughout: {report}");
@@ -989,7 +1000,10 @@ async fn heal_cut(client: &tokio_postgres::Client, slot: &mut Slot, figures: &mu
                     count(*) FILTER (WHERE ending = 'released'),
                     count(*) FILTER (WHERE ending = 'recovered' AND ended_at < expires),
                     count(*) FILTER (WHERE ending = 'recovered' AND EXISTS (
-                        SELECT 1 FROM lost WHERE lost.id = a.job_id AND lost.at < a.ended_at))
+                        SELECT 1 FROM lost WHERE lost.id = a.job_id AND lost.at < a.ended_at)),
+                    count(*) FILTER (WHERE ending = 'recovered' AND NOT EXISTS (
+                        SELECT 1 FROM lost WHERE lost.id = a.job_id AND lost.at < a.ended_at)
+                        AND a.started_at >= $7 - $8::text::interval)
                FROM a",
             &[
                 &ids,
@@ -999,6 +1013,7 @@ async fn heal_cut(client: &tokio_postgres::Client, slot: &mut Slot, figures: &mu
                 &lost_ids,
                 &lost_at,
                 &cut.began,
+                &AT_CUT,
             ],
         )
         .await
@@ -1015,6 +1030,7 @@ async fn heal_cut(client: &tokio_postgres::Client, slot: &mut Slot, figures: &mu
         seen.caught += cut.caught.len();
         seen.recovered += ended.get::<_, i64>(1);
         seen.abandoned_first += ended.get::<_, i64>(4);
+        seen.claimed_at_cut += ended.get::<_, i64>(5);
     }
     slot.cut = None;
 }
