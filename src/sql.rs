@@ -93,7 +93,9 @@ macro_rules! attempt_columns {
 
 /// Appends one row of attempt history per row of `$source` (a CTE or a parenthesized query that
 /// returned [`attempt_columns`]): the attempt ended now, `$ending` (`retried`, `recovered` or
-/// `released`), and the job is due again at its `run_at` (or now, if that has passed). Only
+/// `released`), and the job is due again at its `run_at` (or now, if that has passed); with a
+/// third argument, an SQL expression over `$source`'s row `s`, the owner the attempt was taken
+/// from (recovery's, migration 0032: what a replica that was only cut off gives back). Only
 /// rows whose job has an intake row are recorded: a live row without one (which no release
 /// writes) must not make the history's foreign key fail the statement that gives jobs back.
 ///
@@ -104,11 +106,16 @@ macro_rules! attempt_columns {
 /// job has no live row to give back.
 macro_rules! attempt_ended {
     ($source:expr, $ending:expr) => {
+        attempt_ended!($source, $ending, "NULL")
+    };
+    ($source:expr, $ending:expr, $owner:expr) => {
         concat!(
-            "INSERT INTO etl_job_attempts (job_id, attempt, started_at, ending, due_at)
+            "INSERT INTO etl_job_attempts (job_id, attempt, started_at, ending, due_at, owner_id)
     SELECT s.id, s.attempts, coalesce(s.started_at, now()), '",
             $ending,
-            "', greatest(s.run_at, now())
+            "', greatest(s.run_at, now()), ",
+            $owner,
+            "
       FROM ",
             $source,
             " s JOIN etl_job_intake i ON i.id = s.id"

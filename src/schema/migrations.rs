@@ -299,4 +299,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // release's replicas and API apply what its own API records.
         min_reader_version: 28,
     },
+    Migration {
+        version: 32,
+        name: "recovered_attempt_owners",
+        up: include_str!("../../migrations/0032_recovered_attempt_owners.up.sql"),
+        down: include_str!("../../migrations/0032_recovered_attempt_owners.down.sql"),
+        // Additive for readers: a release before it records no owner and never reads it.
+        min_reader_version: 28,
+    },
 ];

@@ -18,6 +18,8 @@ pub(crate) mod direct;
 pub mod heartbeat;
 pub(crate) mod held;
 pub(crate) mod presence;
+#[doc(hidden)]
+pub mod refund;
 pub(crate) mod reporter;
 #[doc(hidden)]
 pub mod rescuer;

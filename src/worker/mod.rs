@@ -7,7 +7,8 @@
 //! - [`complete`]: the fenced writes ([`completer`]), committing in groups (`group_commit`);
 //! - [`liveness`]: [`heartbeat`] renews the leases of the held jobs (`held`), [`rescuer`]
 //!   recovers dead owners' and expired leases' jobs, `session` holds LISTEN and the owner lock,
-//!   `presence` says whether it waits for work, and `reporter` sends the console's figures.
+//!   `presence` says whether it waits for work, `reporter` sends the console's figures, and
+//!   `refund` gives back the attempts recovery took from the replica while it was cut off.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
@@ -15,7 +16,7 @@
 //!   process with the same owner id refuses to start.
 //! - On shutdown, in this order: the producer stops claiming and gives running jobs the grace
 //!   period (cut to zero by a second signal, a taken owner id or an undeclared transaction-mode
-//!   pooler); the rescuer stops; the commits still running are abandoned (statements cancelled,
+//!   pooler); the rescuer and the refund stop; the commits still running are abandoned (statements cancelled,
 //!   transactions rolled back); unfinished leases are released at once (attempt not charged, or
 //!   left to expire after [`completer::RELEASE_TIMEOUT`]); the heartbeat stops; the pool and the
 //!   session close. Heartbeats run until the release: no held lease lapses within the grace.
@@ -42,7 +43,7 @@ pub use claim::claimer;
 #[doc(hidden)]
 pub use complete::completer;
 #[doc(hidden)]
-pub use liveness::{heartbeat, rescuer};
+pub use liveness::{heartbeat, refund, rescuer};
 
 use crate::config::{ConfigError, DatabaseConfig, WorkerConfig};
 use crate::db::Pool;
@@ -171,6 +172,8 @@ impl Worker {
         ));
         let (shared, stop) = (Arc::clone(&self.shared), stop_rescuer.clone());
         roles.spawn(reporter::run(shared, held.clone(), stop));
+        let (shared, stop) = (Arc::clone(&self.shared), stop_rescuer.clone());
+        roles.spawn(refund::run(shared, stop));
         let mut producer = Producer::new(Arc::clone(&self.shared), held.clone());
         let stopped = producer.run(&catch_up, &mut shutdown).await;
         let shutdown_span = tracing::info_span!("shutdown", running = held.len());

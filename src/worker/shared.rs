@@ -60,6 +60,9 @@ pub(crate) struct Shared {
     pub(crate) pooler: Pooler,
     /// What adoption tells this incarnation's lost claims by ([`claimer::adopt`]).
     pub(crate) orphans: claimer::Orphans,
+    /// A give-back found its claim gone: recovery may have charged this live replica an attempt
+    /// (`liveness::refund`).
+    pub(crate) refund_due: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -113,6 +116,7 @@ impl Shared {
             alive_locked,
             pooler: db_config.pooler,
             orphans: claimer::Orphans::new(since),
+            refund_due: tokio::sync::Notify::new(),
         })
     }
 

@@ -162,6 +162,9 @@ counters! {
     /// Jobs adopted: claimed by a claim whose reply was lost, found and taken into the
     /// replica's slots by the statement after it (`claimer::adopt`).
     adopted,
+    /// Attempts recovery took from this replica while it was alive (cut off, not dead), given
+    /// back once it reached the database again (`liveness::refund`).
+    refunded,
     /// Rows recovered because their lease expired.
     recovered_expired,
     /// Rows recovered because their owner was dead.
@@ -299,6 +302,11 @@ impl WorkerStats {
         let n = n as u64;
         self.adopted.fetch_add(n, Ordering::Relaxed);
         self.claimed.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts `n` attempts refunded.
+    pub(crate) fn record_refunded(&self, n: u64) {
+        self.refunded.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Counts a commit tried again under the same claim.

@@ -449,6 +449,17 @@ async fn hot_statements_stay_off_the_history(
         1
     );
     check("own recovery", plans);
+    // The refund of what recovery took from a live replica: the expired lease's attempt and the
+    // own recovery's (an incarnation since the epoch).
+    let refunded = durable_etl::worker::refund::refund(
+        &*session,
+        PLANNER.owner_id,
+        std::time::SystemTime::UNIX_EPOCH,
+    )
+    .await
+    .unwrap();
+    assert_eq!(refunded.attempts, 2, "{pass}");
+    check("refund", plans);
 
     // The owner's views.
     let status = jobs::status(&*session, &OWNER, leases[0].job_id)

@@ -201,11 +201,7 @@ async fn watchful(
 /// the cut, as a dead owner's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_replica_cut_off_for_a_second_moves_no_job_and_is_charged_nothing() {
-    let db = TestDb::migrated().await;
-    let client = db.client().await;
-    let [id] = insert_jobs(&client, WATCHFUL, &[json!({})], 5).await[..] else {
-        unreachable!()
-    };
+    let (db, client, id) = one_job(5).await;
     let pair = Pair::start(&db).await;
     pair.cut(Duration::from_secs(1)).await;
     // Twice the silence after the cut ended: every judgement the cut could have caused is done.
@@ -225,26 +221,21 @@ async fn a_live_replica_cut_off_for_a_second_moves_no_job_and_is_charged_nothing
     );
     assert_eq!(pair.b.stats.snapshot().recovered_dead_owner, 0);
     pair.gate.add_permits(1);
-    eventually("the job to succeed", || {
-        let client = &client;
-        async move { job_row(client, id).await.status == "succeeded" }
-    })
-    .await;
+    until_succeeded(&client, id).await;
     assert_eq!(job_row(&client, id).await.attempts, 1);
     assert_eq!(pair.a.stats.snapshot().lease_lost, 0);
     pair.stop().await;
 }
 
 /// A cut of every connection of a live replica for 10 s: its handler is told the lease is lost
-/// before the other replica starts the job, so the two never compute it at once, and the cut
-/// replica, once back, commits nothing of it (the job succeeds once, under the second claim).
+/// before the other replica starts the job, so the two never compute it at once; the cut
+/// replica, once back, commits nothing of it (the job succeeds once, under the second claim),
+/// and gives back the attempt recovery charged it: the job ends with one attempt counted, its
+/// first recorded `released`, taken from `a`. (Before refunds, it ended with two, the first
+/// `recovered`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_for_long_stops_trusting_before_another_takes_its_job() {
-    let db = TestDb::migrated().await;
-    let client = db.client().await;
-    let [id] = insert_jobs(&client, WATCHFUL, &[json!({})], 5).await[..] else {
-        unreachable!()
-    };
+    let (db, client, id) = one_job(5).await;
     let pair = Pair::start(&db).await;
     let cut = pair.cut(Duration::from_secs(10));
     let taken = eventually("b to take the job", || started(&pair.events, "b"));
@@ -265,15 +256,163 @@ async fn a_replica_cut_off_for_long_stops_trusting_before_another_takes_its_job(
         ),
         _ => panic!("a was never told, or b never ran the job: {events:?}"),
     }
+    eventually(
+        "a to refund the attempt b's recovery charged it",
+        || async { pair.a.stats.snapshot().refunded == 1 },
+    )
+    .await;
+    assert_eq!(
+        job_row(&client, id).await.attempts,
+        1,
+        "b's claim alone counts"
+    );
     pair.gate.add_permits(2);
-    eventually("the job to succeed", || {
-        let client = &client;
-        async move { job_row(client, id).await.status == "succeeded" }
+    until_succeeded(&client, id).await;
+    assert_eq!(job_row(&client, id).await.attempts, 1);
+    assert_eq!(
+        history(&client, id).await,
+        [("released".to_owned(), Some("a".to_owned()))]
+    );
+    assert_eq!(pair.a.stats.snapshot().lease_lost, 1);
+    assert_eq!(pair.b.stats.snapshot().recovered_dead_owner, 1);
+    pair.stop().await;
+}
+
+/// A migrated database, a client, and the one watchful job it holds, of `max_attempts`.
+async fn one_job(max_attempts: i32) -> (TestDb, tokio_postgres::Client, uuid::Uuid) {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let ids = insert_jobs(&client, WATCHFUL, &[json!({})], max_attempts).await;
+    (db, client, ids[0])
+}
+
+/// Waits until job `id` succeeded.
+async fn until_succeeded(client: &tokio_postgres::Client, id: uuid::Uuid) {
+    eventually("the job to succeed", || async move {
+        job_row(client, id).await.status == "succeeded"
     })
     .await;
-    assert_eq!(job_row(&client, id).await.attempts, 2);
-    assert_eq!(pair.a.stats.snapshot().lease_lost, 1);
+}
+
+/// A claimant of the watchful kind for `owner_id`, its claims stamped lock-backed (no lock is
+/// held: a judge takes it for dead unless it beats), with a long lease.
+fn claimant(owner_id: &str) -> durable_etl::worker::claimer::Claimant<'_> {
+    durable_etl::worker::claimer::Claimant {
+        owner_id,
+        owner_locked: true,
+        lease: Duration::from_secs(600),
+        heartbeat_interval: Duration::from_secs(4),
+        alive_locked: true,
+        kinds: &[WATCHFUL],
+    }
+}
+
+/// Job `id`'s attempt history: each attempt's ending and the owner it was taken from.
+async fn history(client: &tokio_postgres::Client, id: uuid::Uuid) -> Vec<(String, Option<String>)> {
+    client
+        .query(
+            "SELECT ending, owner_id FROM etl_job_attempts WHERE job_id = $1 ORDER BY ended_at",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// A job on its last attempt whose replica is cut off for 4 s (past its silence, within its
+/// lease) is not taken by the other replica, which judges the owner dead but cannot know it is
+/// not merely cut off; the cut replica abandons it when its trust runs out and gives it back
+/// uncharged once it is back, and the job succeeds. (Before, the other replica ended it at once
+/// `failed`, `lease_expired_exhausted`: an infrastructure fault spent its last attempt.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_its_last_attempt_outlives_a_cut_of_its_replica_longer_than_its_silence() {
+    let (db, client, id) = one_job(1).await;
+    let pair = Pair::start(&db).await;
+    pair.cut(Duration::from_secs(4)).await;
+    eventually("a to give the job back", || async {
+        pair.a.stats.snapshot().given_back == 1
+    })
+    .await;
+    assert_eq!(pair.b.stats.snapshot().recovered_exhausted, 0);
+    pair.gate.add_permits(2);
+    until_succeeded(&client, id).await;
+    assert_eq!(job_row(&client, id).await.attempts, 1);
+    assert_eq!(history(&client, id).await, [("released".to_owned(), None)]);
     pair.stop().await;
+}
+
+/// The refund itself, without timing: it turns into `released` only the attempts recovery took
+/// from this owner's incarnation (started since its start-up), gives each live job its attempt
+/// back, and refunds nothing twice; a previous incarnation's attempt and another owner's stay
+/// `recovered`, charged.
+#[tokio::test]
+async fn a_refund_gives_back_only_what_recovery_took_from_this_incarnation() {
+    use durable_etl::worker::claimer;
+    use durable_etl::worker::refund::{self, Refunded};
+    use durable_etl::worker::rescuer::{self, Judgement};
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let ids = insert_jobs(&client, WATCHFUL, &[json!({}), json!({}), json!({})], 5).await;
+    let claim = |owner_id| {
+        let client = &client;
+        async move {
+            let jobs = claimer::claim(client, claimant(owner_id), 1).await.unwrap();
+            jobs[0].id()
+        }
+    };
+    let before = claim("cut").await;
+    let since: std::time::SystemTime = client.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    let mine = claim("cut").await;
+    let others = claim("other").await;
+    assert_eq!(
+        [before, mine, others]
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
+        ids.len()
+    );
+    // Nobody holds their locks and neither ever beat: all three are taken as dead owners'.
+    let judge = Judgement {
+        heartbeat_interval: Duration::from_secs(4),
+        reachable_for: Duration::MAX,
+    };
+    assert_eq!(
+        rescuer::recover(&client, judge).await.unwrap().dead_owner,
+        3
+    );
+    // Another replica claims all three again: their second attempts run.
+    let again = claimer::claim(&client, claimant("other"), 3).await.unwrap();
+    assert_eq!(again.len(), 3);
+    assert_eq!(job_row(&client, mine).await.attempts, 2);
+    assert_eq!(
+        refund::refund(&client, "cut", since).await.unwrap(),
+        Refunded {
+            attempts: 1,
+            live_jobs: 1
+        }
+    );
+    assert_eq!(job_row(&client, mine).await.attempts, 1);
+    assert_eq!(
+        history(&client, mine).await,
+        [("released".to_owned(), Some("cut".to_owned()))]
+    );
+    assert_eq!(
+        history(&client, before).await,
+        [("recovered".to_owned(), Some("cut".to_owned()))]
+    );
+    assert_eq!(
+        history(&client, others).await,
+        [("recovered".to_owned(), Some("other".to_owned()))]
+    );
+    assert_eq!(job_row(&client, before).await.attempts, 2);
+    assert_eq!(job_row(&client, others).await.attempts, 2);
+    assert_eq!(
+        refund::refund(&client, "cut", since).await.unwrap(),
+        Refunded::default(),
+        "nothing is refunded twice"
+    );
 }
 
 /// The judgement itself, without timing: an owner whose locks are all gone but whose last beat
@@ -282,19 +421,11 @@ async fn a_replica_cut_off_for_long_stops_trusting_before_another_takes_its_job(
 /// beats) is judged by its locks alone.
 #[tokio::test]
 async fn an_owner_without_locks_is_alive_until_its_beats_fall_silent() {
-    use durable_etl::worker::claimer::{self, Claimant};
+    use durable_etl::worker::claimer;
     use durable_etl::worker::rescuer::{self, Judgement};
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let ids = insert_jobs(&client, WATCHFUL, &[json!({}), json!({})], 5).await;
-    let claimant = |owner_id| Claimant {
-        owner_id,
-        owner_locked: true,
-        lease: Duration::from_secs(600),
-        heartbeat_interval: Duration::from_secs(4),
-        alive_locked: true,
-        kinds: &[WATCHFUL],
-    };
     assert_eq!(
         claimer::claim(&client, claimant("beating"), 1)
             .await

@@ -19,7 +19,8 @@
 //! of those attempts may have ended `retried`, `recovered` or `released` ([`ShortCutAttempts`]).
 //! Every attempt a 10 s cut caught that another replica recovered must have been abandoned by
 //! the cut replica first: its `lease_lost` line for the job is older than the recovery
-//! ([`LongCutAttempts`]: no overlap). The figures are printed
+//! ([`LongCutAttempts`]: no overlap), and, the replica left alone for the same quiet once back,
+//! refunded by it (recorded `released`): only a replica that dies is charged by recovery. The figures are printed
 //! and written to `soak-figures.txt` in Cargo's target temporary directory, beside the replicas'
 //! logs when `SOAK_KEEP_LOGS` is set (else they are removed).
 
@@ -131,9 +132,11 @@ const CUTS: [(u64, Duration); 6] = [
     (30, Duration::from_secs(10)),
     (36, Duration::from_secs(1)),
 ];
-/// How long a replica is left alone once a short cut of it ends (no kill, freeze or cut), so
-/// that whatever the cut alone did to its jobs (nothing, by the rule) has happened: past
-/// another replica's silence (1.75 s after the last beat before the cut).
+/// How long a replica is left alone once a cut of it ends (no kill, freeze or cut), so that
+/// whatever the cut alone did to its jobs has happened: after a short cut, past another
+/// replica's silence (1.75 s after the last beat before the cut: nothing moved, by the rule);
+/// after a long one, past the refund the replica makes once back and its second look a silence
+/// later (every attempt recovery took from it refunded).
 const QUIET_AFTER_CUT: Duration = Duration::from_secs(3);
 /// How long the faults may go on past [`CHAOS`] for a cut that found no live replica running
 /// jobs in time.
@@ -302,6 +305,9 @@ struct LongCutAttempts {
     abandoned_first: i64,
     /// Of those, claimed as the cut began and never abandoned: their claim's reply was lost.
     claimed_at_cut: i64,
+    /// Of those, refunded by the cut replica once it was back (recorded `released`, the owner
+    /// they were taken from kept): an infrastructure fault charged nothing.
+    refunded: i64,
 }
 
 /// How long before a cut began a claim whose reply the cut lost may have started.
@@ -587,7 +593,7 @@ async fn chaos_soak_keeps_every_invariant() {
          as a short cut began, oldest renewal of a lease it caught {} ms, its replica's last beat {} ms \
          ago; attempts the 10 s cuts caught running {}, of which another replica recovered {}, \
          {} of them after their replica logged `lease_lost` for them and {} claimed as the cut began \
-         (reply lost, never run); jobs failed {failed}, \
+         (reply lost, never run), {} refunded by their replica once back; jobs failed {failed}, \
          attempts retried {retried}\n\
          {samples} samples of the running jobs; per queue:\n{}\
          log lines {lines}, of which with a canary, SQL or database message: {}\n\
@@ -614,6 +620,7 @@ async fn chaos_soak_keeps_every_invariant() {
         figures.long_cut_attempts.recovered,
         figures.long_cut_attempts.abandoned_first,
         figures.long_cut_attempts.claimed_at_cut,
+        figures.long_cut_attempts.refunded,
         QUEUES.iter().zip(&queues).map(QueueSeen::line).collect::<String>(),
         leaks.len(),
         started.elapsed(),
@@ -648,6 +655,10 @@ async fn chaos_soak_keeps_every_invariant() {
         long.abandoned_first + long.claimed_at_cut,
         long.recovered,
         "no job moved before its cut replica stopped trusting its lease: {report}"
+    );
+    assert_eq!(
+        long.refunded, long.recovered,
+        "every attempt recovery took from a replica that was only cut off was refunded: {report}"
     );
     assert!(samples > 100, "the sampler sampled throughout: {report}");
     for (q, seen) in QUEUES.iter().zip(&queues) {
@@ -969,12 +980,7 @@ async fn heal_cut(client: &tokio_postgres::Client, slot: &mut Slot, figures: &mu
     let Some(cut) = &slot.cut else {
         return;
     };
-    let quiet = if cut.short {
-        QUIET_AFTER_CUT
-    } else {
-        Duration::ZERO
-    };
-    if cut.ends + quiet > Instant::now() {
+    if cut.ends + QUIET_AFTER_CUT > Instant::now() {
         return;
     }
     let ids: Vec<uuid::Uuid> = cut.caught.iter().map(|c| c.0).collect();
@@ -992,18 +998,21 @@ async fn heal_cut(client: &tokio_postgres::Client, slot: &mut Slot, figures: &mu
                    FROM unnest($5::uuid[], $6::text[]) AS l(id, at)
                   WHERE l.at::timestamptz >= $7),
              a AS (
-                 SELECT a.*, c.expires FROM etl_job_attempts a
+                 SELECT a.*, c.expires,
+                        (a.ending = 'recovered' OR a.owner_id IS NOT NULL) AS taken
+                   FROM etl_job_attempts a
                    JOIN c ON a.job_id = c.id AND a.attempt = c.attempt
                          AND (c.started IS NULL OR a.started_at = c.started))
              SELECT count(*) FILTER (WHERE ending = 'retried'),
-                    count(*) FILTER (WHERE ending = 'recovered'),
+                    count(*) FILTER (WHERE taken),
                     count(*) FILTER (WHERE ending = 'released'),
-                    count(*) FILTER (WHERE ending = 'recovered' AND ended_at < expires),
-                    count(*) FILTER (WHERE ending = 'recovered' AND EXISTS (
+                    count(*) FILTER (WHERE taken AND ended_at < expires),
+                    count(*) FILTER (WHERE taken AND EXISTS (
                         SELECT 1 FROM lost WHERE lost.id = a.job_id AND lost.at < a.ended_at)),
-                    count(*) FILTER (WHERE ending = 'recovered' AND NOT EXISTS (
+                    count(*) FILTER (WHERE taken AND NOT EXISTS (
                         SELECT 1 FROM lost WHERE lost.id = a.job_id AND lost.at < a.ended_at)
-                        AND a.started_at >= $7 - $8::text::interval)
+                        AND a.started_at >= $7 - $8::text::interval),
+                    count(*) FILTER (WHERE taken AND ending = 'released')
                FROM a",
             &[
                 &ids,
@@ -1031,6 +1040,7 @@ async fn heal_cut(client: &tokio_postgres::Client, slot: &mut Slot, figures: &mu
         seen.recovered += ended.get::<_, i64>(1);
         seen.abandoned_first += ended.get::<_, i64>(4);
         seen.claimed_at_cut += ended.get::<_, i64>(5);
+        seen.refunded += ended.get::<_, i64>(6);
     }
     slot.cut = None;
 }

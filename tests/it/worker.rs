@@ -518,7 +518,7 @@ async fn a_job_whose_ledger_row_exists_is_never_executed_again() {
 }
 
 #[tokio::test]
-async fn recovery_of_a_job_on_its_last_attempt_ends_it_lease_expired_exhausted() {
+async fn a_job_on_its_last_attempt_waits_for_its_lease_then_ends_lease_expired_exhausted() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let [id] = insert_jobs(&client, NOOP, &[json!({})], 1).await[..] else {
@@ -536,8 +536,19 @@ async fn recovery_of_a_job_on_its_last_attempt_ends_it_lease_expired_exhausted()
         .await
         .unwrap();
     let worker = start(&db, config("rescuer"), Scripted::default()).await;
+    // Its owner is judged dead, but the judgement may be wrong (cut off, not dead): a job on its
+    // last attempt waits for its lease.
+    assert_eq!(worker.recover().await.unwrap(), Default::default());
+    assert_eq!(job_row(&client, id).await.status, "running");
+    client
+        .execute(
+            "UPDATE etl_job_records SET lease_expires_at = now() - interval '1 second'",
+            &[],
+        )
+        .await
+        .unwrap();
     let recovered = worker.recover().await.unwrap();
-    assert_eq!((recovered.dead_owner, recovered.exhausted), (1, 1));
+    assert_eq!((recovered.expired, recovered.exhausted), (1, 1));
     let row = job_row(&client, id).await;
     assert_eq!(row.failure_code.as_deref(), Some("lease_expired_exhausted"));
     assert!(!row.live && row.lease_cleared);

@@ -32,6 +32,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
@@ -68,6 +69,9 @@ pub(crate) struct BeatClock {
     base: Instant,
     /// Milliseconds after `base` until which the leases are trusted; [`u64::MAX`]: no bound.
     trusted_ms: AtomicU64,
+    /// A beat succeeded after the trust had lapsed: a judge may have taken this live replica's
+    /// jobs meanwhile (`refund`).
+    pub(crate) regained: Notify,
 }
 
 impl Default for BeatClock {
@@ -76,24 +80,32 @@ impl Default for BeatClock {
         BeatClock {
             base: Instant::now(),
             trusted_ms: AtomicU64::new(0),
+            regained: Notify::new(),
         }
     }
 }
 
 impl BeatClock {
     /// A beat sent at `sent` succeeded: trust until `sent + TRUSTED_AFTER_BEAT` (never backwards
-    /// while beats are on; a beat after they were off bounds the trust again).
+    /// while beats are on; a beat after they were off bounds the trust again). When the trust it
+    /// had given (since the first beat) ran out before now, signals [`BeatClock::regained`].
     pub(crate) fn beat_sent_at(&self, sent: Instant) {
-        let until = sent + TRUSTED_AFTER_BEAT;
-        let ms = u64::try_from(until.saturating_duration_since(self.base).as_millis())
+        let ms_after_base =
+            |at: Instant| u64::try_from(at.saturating_duration_since(self.base).as_millis());
+        let ms = ms_after_base(sent + TRUSTED_AFTER_BEAT)
             .unwrap_or(u64::MAX - 1)
             .min(u64::MAX - 1);
+        let now = ms_after_base(Instant::now()).unwrap_or(u64::MAX);
         // The closure always answers `Some`, so the update cannot fail.
-        let _ = self
+        let before = self
             .trusted_ms
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
                 Some(if now == u64::MAX { ms } else { now.max(ms) })
-            });
+            })
+            .unwrap_or_else(|before| before);
+        if before != 0 && before != u64::MAX && before < now {
+            self.regained.notify_one();
+        }
     }
 
     /// Beats are off (the schema has no beats table): the leases alone bound the trust.
@@ -200,5 +212,29 @@ mod tests {
             Some(after),
             "a beat after beats were off bounds the trust again"
         );
+    }
+
+    /// Whether `clock` signalled a regained trust (taking the signal).
+    async fn regained(clock: &BeatClock) -> bool {
+        tokio::time::timeout(Duration::from_millis(1), clock.regained.notified())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_beat_after_the_trust_lapsed_signals_a_regain_and_no_other_does() {
+        let clock = BeatClock::default();
+        clock.beat_sent_at(Instant::now());
+        assert!(!regained(&clock).await, "the first beat regains nothing");
+        tokio::time::advance(TRUSTED_AFTER_BEAT / 2).await;
+        clock.beat_sent_at(Instant::now());
+        assert!(!regained(&clock).await, "the trust had not lapsed");
+        tokio::time::advance(TRUSTED_AFTER_BEAT * 2).await;
+        clock.beat_sent_at(Instant::now());
+        assert!(regained(&clock).await, "the trust had lapsed");
+        clock.off();
+        tokio::time::advance(TRUSTED_AFTER_BEAT * 2).await;
+        clock.beat_sent_at(Instant::now());
+        assert!(!regained(&clock).await, "beats were off: nothing lapsed");
     }
 }

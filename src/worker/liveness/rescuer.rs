@@ -36,7 +36,13 @@
 //!   row, payload included, is deleted and its outcome appended in the same statement) and clears
 //!   the whole lease, `lease_owner_locked` included.
 //! - Recovery charges the attempt (it was counted at claim and the job did not finish), so a job
-//!   that kills its worker every time still stops at `max_attempts`.
+//!   that kills its worker every time still stops at `max_attempts`, and records the owner it
+//!   took the attempt from: a replica that was only cut off, not dead, gives the charge back
+//!   when it reaches the database again (`refund`).
+//! - A job on its last attempt is never taken from a dead-judged owner before its lease expires
+//!   (unless its owner asked to cancel it): the judgement may be wrong, and ending it
+//!   `lease_expired_exhausted` could not be undone; a replica that restarts under the owner id
+//!   releases it at once, charged, at start-up.
 //! - Where no direct session can hold the lock (a transaction-mode pooler), dead owners are found
 //!   by lease expiry alone.
 //! - Each pass also applies the owners' cancel requests recorded while a commit held their job's
@@ -78,12 +84,12 @@ macro_rules! recover_stale {
             "
       FROM stale
      WHERE j.id = stale.id AND stale.again AND NOT stale.cancel AND j.status = 'running'
- RETURNING stale.expired, j.status, ",
+ RETURNING stale.expired, j.status, stale.owner_id, ",
             attempt_columns!(),
             "
 ), history AS (
     ",
-            attempt_ended!("recovered", "recovered"),
+            attempt_ended!("recovered", "recovered", "s.owner_id"),
             "
 ), ended AS (
     DELETE FROM etl_job_records AS j
@@ -134,14 +140,26 @@ macro_rules! owner_beating {
     };
 }
 
+/// Whether row `j` may be taken from a dead-judged owner before its lease expires: attempts
+/// remain, or its owner asked to cancel it. A job on its last attempt waits for its lease: the
+/// judgement may be wrong (an owner cut off, not dead), and ending the job
+/// `lease_expired_exhausted` could not be undone when its owner comes back; by the lease's end
+/// the owner has stopped trusting it, and has given it back uncharged if it reached the database.
+macro_rules! judged_before_expiry {
+    () => {
+        concat!("(j.attempts < j.max_attempts OR ", cancel_requested!(), ")")
+    };
+}
+
 /// What a stale row is to recovery, beside its id: whether its owner asked to cancel it, whether
-/// attempts remain, and the permit its claim holds.
+/// attempts remain, the permit its claim holds, and the owner it is taken from (recorded with a
+/// recovered attempt, migration 0032).
 macro_rules! stale_columns {
     () => {
         concat!(
             cancel_requested!(),
             " AS cancel, j.attempts < j.max_attempts AS again, j.queue, j.permit_slot,
-           j.lease_claim_id AS claim_id"
+           j.lease_claim_id AS claim_id, j.lease_owner_id AS owner_id"
         )
     };
 }
@@ -186,6 +204,9 @@ stale AS (
        AND (j.lease_expires_at < now()
             OR ((j.lease_owner_locked OR j.lease_owner_alive_locked)
                 AND ",
+    judged_before_expiry!(),
+    "
+                AND ",
     owner_lockless!(),
     "
                 AND NOT ",
@@ -201,6 +222,9 @@ stale AS (
     SELECT min(b.beat_at + b.silence_ms * interval '1 millisecond') AS judged_at
       FROM etl_job_records j JOIN etl_owner_beats b ON b.owner_id = j.lease_owner_id
      WHERE j.status = 'running' AND (j.lease_owner_locked OR j.lease_owner_alive_locked)
+       AND ",
+    judged_before_expiry!(),
+    "
        AND ",
     owner_lockless!(),
     "

@@ -74,6 +74,11 @@ impl Orphans {
         }
     }
 
+    /// The database's time once the start-up released the previous incarnation's rows.
+    pub(crate) fn since(&self) -> SystemTime {
+        self.since
+    }
+
     /// The set, locked (each operation is one set call, so a panic left it consistent).
     fn set(&self) -> std::sync::MutexGuard<'_, HashSet<Uuid>> {
         self.giving_back

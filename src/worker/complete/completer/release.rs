@@ -200,7 +200,11 @@ pub(crate) fn give_back(shared: &Arc<Shared>, lease: Lease, transition: Transiti
         let until = tokio::time::Instant::now() + shared.config.lease;
         while tokio::time::Instant::now() < until {
             match release_leases(&shared, &[lease], &[lease.claim_id]).await {
-                Ok(0) => break,
+                Ok(0) => {
+                    // Taken by recovery, perhaps from this live replica: refund what it charged.
+                    shared.refund_due.notify_one();
+                    break;
+                }
                 Ok(_) => {
                     shared.stats.record_given_back();
                     tracing::info!(job_id = %lease.job_id, "gave back a job uncharged");
