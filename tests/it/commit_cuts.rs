@@ -248,18 +248,62 @@ async fn backends_terminated_for_three_seconds_in_the_commit_charge_nothing() {
 /// beat on, so they waited out the lease and were recovered, charged: the bound below fails.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_reply_is_lost_is_adopted_under_its_claim_and_charges_nothing() {
+    a_lost_claim_reply_is_adopted(0).await;
+}
+
+/// The same, with the adoption's own reply lost too (it ran on the server, renewing the leases,
+/// and its connection closed): the replica sends the adoption again, before any claim, and
+/// adopts the same jobs under the same claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adoption_whose_reply_is_lost_is_sent_again_and_adopts_the_same_jobs() {
+    a_lost_claim_reply_is_adopted(1).await;
+}
+
+/// A replica asked to stop while a lost claim reply's jobs wait for their adoption (the first
+/// adoption's reply lost too) adopts them as it drains and releases them with what it holds:
+/// each back `pending`, its attempt not charged, nothing left `running` for recovery. (Without
+/// the drain's adoption they stay `running` under the stopped replica's claim.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_stops_after_a_lost_claim_reply_adopts_and_releases_its_jobs() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    client.batch_execute(EFFECTS_TABLE).await.unwrap();
     let ids = insert_jobs(&client, GATED, &vec![json!({}); 3], 5).await;
     let proxy = Proxy::in_front_of_test_server().await;
+    proxy.cut_next_statement_carrying(GATED.as_bytes());
+    proxy.cut_next_statement_carrying(b"WITH orphan AS");
+    let replica = lost_reply_replica(&db, &proxy, Duration::from_millis(100)).await;
+    eventually("the claim and the first adoption to be cut", || async {
+        proxy.commits_cut() == 2
+    })
+    .await;
+    let stats = replica.replica.stats.clone();
+    replica.stop().await;
+    let jobs: Vec<(String, i32)> = client
+        .query(
+            "SELECT status, attempts FROM etl_jobs WHERE id = ANY($1)",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        jobs,
+        vec![("pending".to_owned(), 0); 3],
+        "released uncharged"
+    );
+    let stats = stats.snapshot();
+    assert_eq!((stats.adopted, stats.released), (3, 3), "{stats:?}");
+}
+
+/// A replica through `proxy` to `db` that claims by its poll alone (no presence statements: the
+/// claim is its first statement carrying the kind), with `shutdown_grace`, running [`Gated`].
+async fn lost_reply_replica(db: &TestDb, proxy: &Proxy, shutdown_grace: Duration) -> Replica {
     let proxied = DatabaseConfig {
         url: proxy.url_for(&db.config.url),
         ..db.config.clone()
     };
-    // The claim's parameters carry the kinds it claims, and with the poll only (no presence
-    // statements) it is the first statement that carries this one.
-    proxy.cut_next_statement_carrying(GATED.as_bytes());
     let replica_pool = durable_etl::db::connect_pool(&proxied, "test")
         .await
         .unwrap();
@@ -267,13 +311,33 @@ async fn a_claim_whose_reply_is_lost_is_adopted_under_its_claim_and_charges_noth
         owner_id: "adopter".to_owned(),
         poll_only: true,
         poll_interval: Duration::from_secs(60),
+        shutdown_grace,
         ..WorkerConfig::default()
     };
-    let replica = Replica::start_with((replica_pool, &proxied), config).await;
+    Replica::start_with((replica_pool, &proxied), config).await
+}
+
+/// A claim's reply lost, then `adoptions_lost` adoptions' replies: the three jobs the claim took
+/// still run at once, under that claim, charged nothing.
+async fn a_lost_claim_reply_is_adopted(adoptions_lost: usize) {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client.batch_execute(EFFECTS_TABLE).await.unwrap();
+    let ids = insert_jobs(&client, GATED, &vec![json!({}); 3], 5).await;
+    let proxy = Proxy::in_front_of_test_server().await;
+    // The claim's parameters carry the kinds it claims; the adoption is sent unnamed, its text
+    // with it.
+    proxy.cut_next_statement_carrying(GATED.as_bytes());
+    for _ in 0..adoptions_lost {
+        proxy.cut_next_statement_carrying(b"WITH orphan AS");
+    }
+    let grace = WorkerConfig::default().shutdown_grace;
+    let replica = lost_reply_replica(&db, &proxy, grace).await;
     replica.gate.add_permits(1);
-    eventually("the claim to be cut after it ran", || async {
-        proxy.commits_cut() == 1
-    })
+    eventually(
+        "the claim and the adoptions to be cut after they ran",
+        || async { proxy.commits_cut() == 1 + adoptions_lost },
+    )
     .await;
     let claimed = "etl_job_records WHERE status = 'running' AND lease_owner_id = 'adopter'";
     assert_eq!(

@@ -5,7 +5,8 @@
 //! `COMMIT` after arming: the COMMIT reaches the server, the server's reply never reaches the
 //! client, and the connection is closed, so the client cannot know the outcome. It can cut an
 //! extended-protocol statement the same way: the first whose messages carry given bytes (a
-//! parameter's value) after arming runs on the server, up to its `Sync`, and its reply is lost.
+//! parameter's value, or an unnamed statement's text) after arming runs on the server, up to its
+//! `Sync`, and its reply is lost; markers armed together cut statements in turn.
 //!
 //! It reads the frontend side of the protocol only as far as it must: message framing, the
 //! startup packet's `application_name`, the text of simple queries (`Q`), where
@@ -49,8 +50,9 @@ struct State {
     commit_armed: AtomicBool,
     /// How many connections were cut after their COMMIT or their marked statement.
     commits_cut: AtomicUsize,
-    /// The bytes whose next statement cuts its connection once it ran, if armed.
-    marker: Mutex<Option<Vec<u8>>>,
+    /// The armed markers, in order: the next statement that carries the first one cuts its
+    /// connection once it ran, and the next marker is armed.
+    marker: Mutex<std::collections::VecDeque<Vec<u8>>>,
     /// The `application_name` of every connection's startup packet, in arrival order.
     startups: Mutex<Vec<String>>,
     /// When each connection refused under [`Mode::Refuse`] arrived, and its `application_name`.
@@ -78,7 +80,7 @@ impl Proxy {
             drops: watch::Sender::new(0),
             commit_armed: AtomicBool::new(false),
             commits_cut: AtomicUsize::new(0),
-            marker: Mutex::new(None),
+            marker: Mutex::default(),
             startups: Mutex::new(Vec::new()),
             refused: Mutex::new(Vec::new()),
         });
@@ -134,9 +136,10 @@ impl Proxy {
 
     /// Arms the cut of a statement: the next one any connection sends whose messages carry
     /// `marker` reaches the server up to its `Sync`, and that connection is then closed before
-    /// the server's reply is relayed.
+    /// the server's reply is relayed. Markers armed while one waits are armed after it, in
+    /// order.
     pub fn cut_next_statement_carrying(&self, marker: &[u8]) {
-        *self.state.marker.lock().unwrap() = Some(marker.to_vec());
+        self.state.marker.lock().unwrap().push_back(marker.to_vec());
     }
 
     /// How many connections were cut after their COMMIT or their marked statement.
@@ -253,14 +256,14 @@ fn is_commit(message: &[u8]) -> bool {
             .eq_ignore_ascii_case("commit")
 }
 
-/// Whether `message` carries the armed marker, which it then disarms.
+/// Whether `message` carries the armed marker, which it then disarms (arming the next).
 fn carries_marker(message: &[u8], state: &State) -> bool {
-    let mut marker = state.marker.lock().unwrap();
-    let found = marker
-        .as_deref()
+    let mut markers = state.marker.lock().unwrap();
+    let found = markers
+        .front()
         .is_some_and(|m| message.windows(m.len()).any(|w| w == m));
     if found {
-        *marker = None;
+        markers.pop_front();
     }
     found
 }
