@@ -190,8 +190,9 @@ async fn work(
     }
 }
 
-/// `migrate`: applies or reverses migrations; with `--create-database`, first creates the
-/// database if it does not exist (else a missing database is refused, as by every command).
+/// `migrate`: applies or reverses migrations, printing the version reached and how many changed
+/// (nothing when none did); with `--create-database`, first creates the database if it does not
+/// exist (else a missing database is refused, as by every command).
 async fn migrate(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
@@ -210,16 +211,22 @@ async fn migrate(
         Some(target) => schema::migrate_down_to(&mut client, target).await?,
         None => schema::migrate_up(&mut client).await?,
     };
-    println!(
-        "schema at version {} ({} migration(s) {})",
-        report.version,
-        report.changed.len(),
-        if args.down_to.is_some() {
-            "reversed"
-        } else {
-            "applied"
-        }
-    );
+    // Nothing to do says nothing (at debug only), so a deploy step that migrates on every
+    // start stays quiet.
+    if report.changed.is_empty() {
+        tracing::debug!(version = report.version, "schema already at its version");
+    } else {
+        println!(
+            "schema at version {} ({} migration(s) {})",
+            report.version,
+            report.changed.len(),
+            if args.down_to.is_some() {
+                "reversed"
+            } else {
+                "applied"
+            }
+        );
+    }
     Ok(())
 }
 

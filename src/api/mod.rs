@@ -209,6 +209,18 @@ fn as_problem(response: Response) -> Response {
     }
 }
 
+/// The web console's address on a server listening on `listen`: on this host's loopback when
+/// it listens on every interface.
+fn console_url(listen: std::net::SocketAddr) -> String {
+    let host = match listen.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_owned(),
+        ip if ip.is_unspecified() => "[::1]".to_owned(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+    };
+    format!("http://{host}:{}/console", listen.port())
+}
+
 /// Serves the API of `state` on its `listen` address until `shutdown` asks it to drain.
 ///
 /// # Errors
@@ -220,7 +232,11 @@ pub async fn serve(state: AppState, mut shutdown: Shutdown) -> Result<(), Error>
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| Error::Listen { address, source })?;
-    tracing::info!(listen = %state.config.listen, "serving");
+    tracing::info!(
+        listen = %state.config.listen,
+        console = %console_url(address),
+        "serving"
+    );
     let app = app(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.reached(Stage::Draining).await })
@@ -228,4 +244,18 @@ pub async fn serve(state: AppState, mut shutdown: Shutdown) -> Result<(), Error>
         .map_err(|_| Error::Unavailable(None))?;
     tracing::info!("stopped serving");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::console_url;
+
+    #[test]
+    fn the_console_url_names_a_host_a_browser_can_open() {
+        let url = |listen: &str| console_url(listen.parse().unwrap_or_else(|_| unreachable!()));
+        assert_eq!(url("0.0.0.0:8080"), "http://127.0.0.1:8080/console");
+        assert_eq!(url("[::]:8080"), "http://[::1]:8080/console");
+        assert_eq!(url("10.1.2.3:80"), "http://10.1.2.3:80/console");
+        assert_eq!(url("[fe80::1]:80"), "http://[fe80::1]:80/console");
+    }
 }

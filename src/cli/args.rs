@@ -25,7 +25,8 @@ pub(crate) struct Cli {
         env = "DURABLE_ETL_LOG_FORMAT",
         value_enum,
         default_value = "human",
-        global = true
+        global = true,
+        help_heading = "Logging (every command)"
     )]
     pub(crate) log_format: LogFormat,
     /// The command to run.
@@ -33,8 +34,10 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
-/// Database options shared by every command.
+/// Database options shared by every command, listed after each command's own under their
+/// heading.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Database connection (every command)")]
 pub(crate) struct DatabaseArgs {
     /// PostgreSQL connection string.
     #[arg(long, env = "DATABASE_URL", default_value = DATABASE_URL_DEFAULT, global = true, hide_env_values = true)]

@@ -6,9 +6,9 @@
 //! - `run`: each job on a task (`executor`), under the handler guard, in a slot;
 //! - [`complete`]: the fenced writes ([`completer`]), committing in groups (`group_commit`);
 //! - [`liveness`]: [`heartbeat`] renews the leases of the held jobs (`held`), [`rescuer`]
-//!   recovers dead owners' and expired leases' jobs, `session` holds LISTEN and the owner lock,
-//!   `presence` says whether it waits for work, `reporter` sends the console's figures, and
-//!   `refund` gives back the attempts recovery took from the replica while it was cut off.
+//!   recovers dead owners' and expired leases' jobs, [`refund`] undoes its charge on a live one,
+//!   `session` holds LISTEN and the owner lock, `presence` says whether it waits for work, and
+//!   `reporter` sends the console's figures.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
@@ -16,10 +16,10 @@
 //!   process with the same owner id refuses to start.
 //! - On shutdown, in this order: the producer stops claiming and gives running jobs the grace
 //!   period (cut to zero by a second signal, a taken owner id or an undeclared transaction-mode
-//!   pooler); the rescuer and the refund stop; the commits still running are abandoned (statements cancelled,
-//!   transactions rolled back); unfinished leases are released at once (attempt not charged, or
-//!   left to expire after [`completer::RELEASE_TIMEOUT`]); the heartbeat stops; the pool and the
-//!   session close. Heartbeats run until the release: no held lease lapses within the grace.
+//!   pooler); the rescuer and the refund stop; the commits still running are abandoned
+//!   (statements cancelled, transactions rolled back); unfinished leases are released at once
+//!   (attempt not charged, or left to expire after [`completer::RELEASE_TIMEOUT`]); the heartbeat
+//!   stops; the pool and the session close. No held lease lapses within the grace.
 
 // The stages, each a folder: claim, run, complete and liveness (see each stage's invariants).
 // The roles the suite and the benches drive directly are public for them, and hidden.
@@ -53,10 +53,7 @@ use crate::shutdown::Shutdown;
 use claim::dispatch;
 use claim::producer::{Producer, Stopped};
 use complete::completer::Transition;
-use liveness::held::HeldJobs;
-use liveness::reporter;
-use liveness::rescuer::Recovered;
-use liveness::session::Session;
+use liveness::{held::HeldJobs, reporter, rescuer::Recovered, session::Session};
 use shared::Shared;
 use stats::{StatsSnapshot, WorkerStats};
 use std::sync::Arc;
@@ -106,6 +103,7 @@ impl Worker {
         stats.record_released(previous.await?);
         let signals = session.as_ref().map(Session::signals);
         let shared = Shared::open(pool, db_config, config, registry, stats, signals).await?;
+        shared.announce();
         Ok(Worker {
             shared: Arc::new(shared),
             _session: session,
@@ -172,8 +170,7 @@ impl Worker {
         ));
         let (shared, stop) = (Arc::clone(&self.shared), stop_rescuer.clone());
         roles.spawn(reporter::run(shared, held.clone(), stop));
-        let (shared, stop) = (Arc::clone(&self.shared), stop_rescuer.clone());
-        roles.spawn(refund::run(shared, stop));
+        roles.spawn(refund::run(Arc::clone(&self.shared), stop_rescuer.clone()));
         let mut producer = Producer::new(Arc::clone(&self.shared), held.clone());
         let stopped = producer.run(&catch_up, &mut shutdown).await;
         let shutdown_span = tracing::info_span!("shutdown", running = held.len());

@@ -120,6 +120,25 @@ impl Shared {
         })
     }
 
+    /// Logs, at info, what the replica serves: its queues (with their weights), its kinds, its
+    /// slots and what it claims ahead.
+    pub(crate) fn announce(&self) {
+        let config = &self.config;
+        let queues: Vec<String> = config
+            .queues
+            .iter()
+            .map(|q| format!("{}:{}", q.name, q.weight))
+            .collect();
+        tracing::info!(
+            owner_id = %config.owner_id,
+            queues = %queues.join(","),
+            kinds = %self.kinds.join(","),
+            slots = config.slots,
+            prefetch = config.prefetch,
+            "replica started"
+        );
+    }
+
     /// Whether this replica's own connections hold its alive lock ([`WorkerConfig::alive_locked`]).
     pub(crate) fn holds_alive_locks(&self) -> bool {
         self.alive_locked

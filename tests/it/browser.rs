@@ -5,7 +5,9 @@
 //! cancels a deferred job from the console, checks that the operator view's charts render, checks
 //! each page's accessibility basics (text contrast measured on the rendered page, labelled
 //! controls, headings in order), and saves a screenshot of each page under
-//! `target/console-screenshots/` for review.
+//! `target/console-screenshots/` for review. With `DURABLE_ETL_UPDATE_DOC_IMAGES` set, it also
+//! writes the screenshots the docs show (`docs/images/console-NAME.png`), so the docs' pictures
+//! are always this test's; every such picture must be one it takes.
 
 use crate::console::Console;
 use crate::support::free_port;
@@ -90,7 +92,56 @@ async fn screenshot(browser: &Client, name: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     let png = browser.screenshot().await.unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
-    std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+    std::fs::write(dir.join(format!("{name}.png")), &png).unwrap();
+    let shown = doc_images().join(format!("console-{name}.png"));
+    if std::env::var_os("DURABLE_ETL_UPDATE_DOC_IMAGES").is_some() && shown.exists() {
+        std::fs::write(shown, png).unwrap();
+    }
+}
+
+/// Where the docs keep their pictures.
+fn doc_images() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/images")
+}
+
+/// The pages this test screenshots, by name.
+const SCREENSHOTS: &[&str] = &[
+    "sign-in",
+    "job-pending",
+    "job-succeeded",
+    "job-cancelled",
+    "job-retrying",
+    "jobs",
+    "operator",
+    "queues",
+    "queue",
+    "failures",
+];
+
+/// Every console picture the docs show is one this test takes (and so can regenerate).
+#[test]
+fn every_console_picture_in_the_docs_is_a_page_this_test_screenshots() {
+    let pictures: Vec<String> = std::fs::read_dir(doc_images())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("console-"))
+        .collect();
+    assert!(!pictures.is_empty());
+    for picture in pictures {
+        let name = picture
+            .trim_start_matches("console-")
+            .trim_end_matches(".png");
+        assert!(
+            SCREENSHOTS.contains(&name),
+            "{picture} is no page the test screenshots"
+        );
+    }
+    let source =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file!())).unwrap();
+    for name in SCREENSHOTS {
+        let taken = format!("screenshot(&browser, \"{name}\")");
+        assert!(source.contains(&taken), "{name} is never screenshotted");
+    }
 }
 
 /// Reloads `url` until its page contains one of `texts` (or fails after 30 s).

@@ -14,10 +14,9 @@ fn run(url: &str, args: &[&str]) -> Output {
     run_with(url, args, &[])
 }
 
-/// [`run`] with extra environment variables.
+/// [`run`] with extra environment variables (they win over its own).
 fn run_with(url: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_durable-etl"));
-    command.envs(env.iter().copied());
     for (key, _) in std::env::vars() {
         if key.starts_with("DURABLE_ETL_") {
             command.env_remove(key);
@@ -27,6 +26,7 @@ fn run_with(url: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
         .env("DATABASE_URL", url)
         .env("DURABLE_ETL_SECRET", SECRET)
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .args(args)
         .output()
         .expect("run durable-etl")
@@ -350,6 +350,34 @@ fn help_documents_every_flag_and_its_environment_variable() {
     assert!(!help.contains(SECRET), "secrets are never shown");
 }
 
+/// Each command's help leads with its own flags; the connection flags every command shares come
+/// after them, under their own heading, with the log format last.
+#[test]
+fn each_commands_help_leads_with_its_own_flags() {
+    for (command, own) in [
+        ("work", "--owner-id"),
+        ("serve", "--listen"),
+        ("migrate", "--down-to"),
+        ("demo", "--demo-database"),
+    ] {
+        let out = run("postgres://x@127.0.0.1:1/x", &[command, "--help"]);
+        assert_eq!(out.status.code(), Some(0));
+        let help = String::from_utf8_lossy(&out.stdout);
+        let at = |what: &str| help.find(what).unwrap_or(usize::MAX);
+        let heading = at("Database connection (every command):");
+        assert!(
+            at(own) < heading,
+            "{command}: {own} after the shared flags:\n{help}"
+        );
+        assert!(heading < at("--database-url"), "{command}:\n{help}");
+        assert!(
+            at("--database-url") < at("Logging (every command):"),
+            "{command}:\n{help}"
+        );
+        assert!(heading < usize::MAX, "{command}: no heading:\n{help}");
+    }
+}
+
 /// `migrate` refuses a missing database at once, as every command does (exit 2,
 /// `database_refused`, creating nothing), and creates it only when asked with
 /// `--create-database`; then it applies and reverses the migrations.
@@ -367,8 +395,14 @@ async fn migrate_creates_a_missing_database_only_when_asked_then_reverses_it() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let n = durable_etl::schema::MIGRATIONS.len();
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{n} migration(s) applied")));
-    let again = run(&url, &["migrate"]);
-    assert!(String::from_utf8_lossy(&again.stdout).contains("0 migration(s) applied"));
+    let again = run_with(&url, &["migrate"], &[("RUST_LOG", "info")]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(
+        (again.stdout.len(), again.stderr.len()),
+        (0, 0),
+        "an already migrated database says nothing at info: {}",
+        stderr(&again)
+    );
     // A version this release does not know is refused before anything is touched.
     for version in [n + 1, 99] {
         let out = run(&url, &["migrate", "--down-to", &version.to_string()]);
@@ -474,6 +508,20 @@ async fn work_starts_on_a_compatible_schema_and_exits_0_on_sigterm() {
         .find(|l| l.contains("worker starting"))
         .unwrap();
     assert!(started.contains("cli-test-replica"), "{started}");
+    let serving = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("replica started"))
+        .unwrap();
+    for what in [
+        "queues=default:1",
+        "kinds=",
+        "etl.load",
+        "slots=",
+        "prefetch=",
+    ] {
+        assert!(serving.contains(what), "no {what} in: {serving}");
+    }
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -498,10 +546,13 @@ async fn serve_answers_until_sigterm_and_refuses_bad_configuration() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    assert!(lines
+    let serving = lines
         .by_ref()
         .map_while(Result::ok)
-        .any(|l| l.contains("serving")));
+        .find(|l| l.contains("serving"))
+        .unwrap();
+    let console = format!("console=http://{listen}/console");
+    assert!(serving.contains(&console), "{serving}");
     let health = reqwest::get(format!("http://{listen}/healthz"))
         .await
         .unwrap();

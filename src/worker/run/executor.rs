@@ -49,7 +49,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Runs `job` to a transition in `slot`. `lost` is cancelled when the heartbeat finds the lease
+/// Runs `job` to a transition in `slot`, logged at debug (id, kind, attempt, transition: never
+/// its payload). `lost` is cancelled when the heartbeat finds the lease
 /// gone or the job's local lease clock runs out: the compute phase stops at once; the effects
 /// phase needs no signal, its fence check settles it.
 pub(crate) async fn execute(
@@ -58,7 +59,7 @@ pub(crate) async fn execute(
     lost: CancellationToken,
     slot: SlotPermit,
 ) -> Transition {
-    match AssertUnwindSafe(run(shared, &job, lost, slot))
+    let transition = match AssertUnwindSafe(run(shared, &job, lost, slot))
         .catch_unwind()
         .await
     {
@@ -74,7 +75,15 @@ pub(crate) async fn execute(
                 .await
                 .unwrap_or(Transition::Unwritten)
         }
-    }
+    };
+    tracing::debug!(
+        job_id = %job.ctx.id,
+        kind = %job.ctx.kind,
+        attempt = job.ctx.attempt,
+        ended = ?transition,
+        "job attempt ended"
+    );
+    transition
 }
 
 /// [`execute`], unguarded.
