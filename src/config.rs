@@ -6,7 +6,7 @@
 //!   a lease alive, a poll too slow to be a backstop) and names the broken relation in its error.
 //! - Nothing here reads a file: values come from CLI flags and environment variables (see `cli`).
 
-use crate::queue::{ServedQueue, DEFAULT_QUEUE};
+use crate::queue::served::{ServedQueue, DEFAULT_QUEUE};
 pub use pooler::Pooler;
 
 mod error;
@@ -359,7 +359,7 @@ impl WorkerConfig {
         if !(1..=SLOTS_MAX).contains(&self.slots) {
             return Err(ConfigError::Slots);
         }
-        crate::queue::validate(&self.queues).map_err(ConfigError::Queues)?;
+        crate::queue::served::validate(&self.queues).map_err(ConfigError::Queues)?;
         if self.prefetch > PREFETCH_MAX {
             return Err(ConfigError::Prefetch);
         }

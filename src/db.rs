@@ -172,9 +172,7 @@ pub fn target(cfg: &DatabaseConfig) -> Result<Target, ConfigError> {
 /// behind a transaction-mode pooler the configuration did not declare) is
 /// [`ConfigError::TransactionPooler`].
 fn refused_or(pg: &tokio_postgres::Config, e: tokio_postgres::Error) -> Error {
-    if e.code()
-        .is_some_and(crate::worker::stats::is_prepared_statement_miss)
-    {
+    if e.code().is_some_and(is_prepared_statement_miss) {
         return ConfigError::TransactionPooler.into();
     }
     if crate::error::is_refusal(&e) {
@@ -449,6 +447,14 @@ pub use connect::{all_hosts_bound, Connector, Manager, Opened, Pacer, RETRY_PACE
 pub use dbname::{quote_ident, with_dbname};
 pub use owned::{marker, CreatedDatabase};
 pub use start_up::StartUp;
+
+/// Whether `sqlstate` says a named prepared statement was missing (26000, "prepared statement …
+/// does not exist") or already there (42P05) on the server connection: what a transaction-mode
+/// pooler does to named statements, each transaction landing on another server connection.
+pub(crate) fn is_prepared_statement_miss(sqlstate: &tokio_postgres::error::SqlState) -> bool {
+    use tokio_postgres::error::SqlState;
+    *sqlstate == SqlState::INVALID_SQL_STATEMENT_NAME || *sqlstate == SqlState::DUPLICATE_PSTATEMENT
+}
 
 #[cfg(test)]
 mod tests;

@@ -18,6 +18,8 @@
 //!   only their [`Code`] ever leaves the process.
 
 use crate::codes::Code;
+use crate::names::is_identifier;
+pub use crate::names::is_kind_name;
 use futures::future::BoxFuture;
 use std::any::TypeId;
 use std::collections::HashMap;
@@ -194,27 +196,6 @@ impl From<crate::error::Error> for JobError {
 /// The longest retry delay a kind or a handler's [`JobError::RetryAfter`] may ask for (a
 /// week): every delay stays finite, and inside what a timestamp can hold.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// The longest kind name or kind code the schema stores: PostgreSQL's identifier length.
-const IDENTIFIER_MAX: usize = 63;
-
-/// Whether `s` is a lower-case identifier as the schema stores them: a letter `a-z`, then
-/// letters `a-z`, digits, `_` or one of `also`, at most 63 characters (bytes: every admitted
-/// character is ASCII). The one check behind [`is_kind_name`], [`is_kind_code`] and the ETL
-/// kind's dataset names.
-pub(crate) fn is_identifier(s: &str, also: &[char]) -> bool {
-    let mut chars = s.chars();
-    chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || also.contains(&c))
-        && s.len() <= IDENTIFIER_MAX
-}
-
-/// Whether `name` may be a job kind's name: what the schema stores (`[a-z][a-z0-9_.]*`, at most
-/// 63 characters).
-pub fn is_kind_name(name: &str) -> bool {
-    is_identifier(name, &['.'])
-}
 
 /// Whether `code` may be a kind's own failure code: a lower-case identifier (`[a-z][a-z0-9_]*`,
 /// at most 63 characters; unlike a kind's name, no `.`) that is not one of the crate's codes, so

@@ -76,6 +76,7 @@ pub mod intake;
 pub mod job;
 pub mod jobs;
 pub mod metrics;
+mod names;
 pub mod notifier;
 pub mod queue;
 pub mod replica;

@@ -22,7 +22,7 @@
 //! - The throughput counts the completions within the window (database clock), not the drain of
 //!   the backlog left when the producers stop.
 
-use super::producers::MISSED_BELOW;
+use super::config::MISSED_BELOW;
 use super::saturate::due_jobs;
 use durable_etl::error::Error;
 use serde::Serialize;

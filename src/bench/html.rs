@@ -11,24 +11,9 @@
 //! - Plots are drawn from what the run measured, never interpolated: an empty series draws an
 //!   empty plot with its axes, not a made-up line.
 
-use super::Report;
+use super::report::{Report, Timeline};
 use std::fmt::Write as _;
 use std::path::Path;
-
-/// The time series a run leaves for its report, all in Unix seconds unless said otherwise.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Timeline {
-    /// What the latencies measure (`ack->start`, `enqueue->start`).
-    pub(crate) latency_label: &'static str,
-    /// One latency per job, in milliseconds.
-    pub(crate) latencies_ms: Vec<f64>,
-    /// When each job was accepted.
-    pub(crate) created: Vec<f64>,
-    /// When each succeeded job finished.
-    pub(crate) finished: Vec<f64>,
-    /// Per replica (in start order), when each of its handlers started.
-    pub(crate) starts_by_replica: Vec<Vec<f64>>,
-}
 
 /// Width of a plot's drawing area, in SVG units.
 pub(super) const WIDTH: f64 = 640.0;

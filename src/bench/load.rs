@@ -10,8 +10,9 @@
 //! job for the per-key figures (see `keys`). ETL loads always go through the library's enqueue
 //! ([`insert_loads`]).
 
+use super::config::{BenchHandler, INSERT_CHUNK, RECORDS_PER_ETL_JOB, WAIT_LIMIT};
+use super::replicas::Replicas;
 use super::shape::{Columns, Shape};
-use super::{BenchHandler, Replicas, INSERT_CHUNK, RECORDS_PER_ETL_JOB, WAIT_LIMIT};
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
 use durable_etl::digest::Secret;

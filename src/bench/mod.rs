@@ -36,6 +36,7 @@
 //!   about what the replicas did; the offered rate and lag come from the producers' own clock.
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
+pub(crate) mod config;
 mod depth;
 mod figures;
 pub(crate) mod html;
@@ -53,6 +54,8 @@ pub(crate) mod sweep;
 mod text;
 mod tuples;
 
+use config::WAIT_LIMIT;
+pub(crate) use config::{database_name, BenchConfig, BenchHandler, Mode, DATABASE_PREFIX};
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db;
 use durable_etl::error::Error;
@@ -61,115 +64,9 @@ pub(crate) use percentiles::Percentiles;
 use replicas::Replicas;
 pub(crate) use report::Report;
 use saturate::{saturate, until_done, AgingWatch};
-use serde::Serialize;
 use server_cpu::{Sampler, ServerCpu};
-use shape::Shape;
-use starts::{per_job, JobLatency};
+use starts::per_job;
 use std::time::Duration;
-
-/// The database name every bench database starts with.
-pub(crate) const DATABASE_PREFIX: &str = "durable_etl_bench";
-
-/// A bench database name of this run's own: [`DATABASE_PREFIX`], `_` and 8 random hex digits.
-pub(crate) fn database_name() -> String {
-    let unique = uuid::Uuid::new_v4().simple().to_string();
-    format!("{DATABASE_PREFIX}_{}", &unique[..8])
-}
-
-/// Records per ETL job (each job loads this many distinct rows).
-pub(crate) const RECORDS_PER_ETL_JOB: usize = 10;
-
-/// The longest a bench waits for its jobs to end, or for a replica to come up.
-const WAIT_LIMIT: Duration = Duration::from_secs(600);
-
-/// Jobs inserted per statement when filling the queue.
-const INSERT_CHUNK: usize = 2_000;
-
-/// What the replicas run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum BenchHandler {
-    /// The built-in `noop` kind: no effects, completions only.
-    Noop,
-    /// ETL loads of [`RECORDS_PER_ETL_JOB`] rows each.
-    Etl,
-}
-
-/// What load the bench offers.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "mode")]
-pub(crate) enum Mode {
-    /// Drain `jobs` pre-inserted jobs.
-    BurnDown {
-        /// Jobs inserted before the replicas start.
-        jobs: usize,
-    },
-    /// Insert jobs at `rate` per second for `duration_s` seconds, `batch` per statement, from
-    /// `producers` connections (see `producers`).
-    OfferedLoad {
-        /// Jobs per second.
-        rate: f64,
-        /// Seconds of load.
-        duration_s: f64,
-        /// Producer tasks, each on its own connection.
-        producers: usize,
-        /// Jobs per statement.
-        batch: usize,
-    },
-    /// Keep `depth` due jobs queued for `duration_s` seconds, topped up by `producers`
-    /// connections with at most `batch` jobs per statement (see `depth`).
-    DepthTarget {
-        /// Due jobs kept.
-        depth: usize,
-        /// Seconds the producers keep the backlog.
-        duration_s: f64,
-        /// Producer tasks, each on its own connection.
-        producers: usize,
-        /// The most jobs per statement.
-        batch: usize,
-    },
-    /// `trials` times for each phase: SIGKILL the replica running a job (held inside its
-    /// effects, or computing) and time until a live replica runs it again.
-    Recovery {
-        /// Kills to time, per phase.
-        trials: usize,
-    },
-    /// Keep `backlog` due jobs in every queue that takes jobs for `duration_s` seconds.
-    Saturated {
-        /// Due jobs kept per queue.
-        backlog: usize,
-        /// Seconds of saturation: the window the queue figures count.
-        duration_s: f64,
-    },
-}
-
-/// One bench run's settings.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct BenchConfig {
-    /// The load.
-    #[serde(flatten)]
-    pub(crate) mode: Mode,
-    /// Replica processes.
-    pub(crate) replicas: usize,
-    /// Slots per replica.
-    pub(crate) slots: usize,
-    /// Jobs each replica may claim ahead of its free slots.
-    pub(crate) prefetch: usize,
-    /// The replicas' claim cooldown, in microseconds.
-    pub(crate) claim_cooldown_us: u64,
-    /// What the jobs do.
-    pub(crate) handler: BenchHandler,
-    /// The database the bench creates and drops.
-    pub(crate) database: String,
-    /// Keep the database afterwards.
-    pub(crate) keep: bool,
-    /// Whether the replicas record their handler starts (offered load, for `ack->start`, and
-    /// any run that writes a report, for its per-replica throughput): one push onto an
-    /// in-memory list per job.
-    pub(crate) record_starts: bool,
-    /// The jobs' queues and priorities, and how the replicas serve and cap the queues.
-    pub(crate) shape: Shape,
-}
 
 /// Runs one bench on the server of `base`.
 ///
@@ -415,7 +312,7 @@ async fn measure(
         .flatten()
         .filter_map(|j| j.ack_to_start)
         .collect();
-    let timeline = html::Timeline {
+    let timeline = report::Timeline {
         latency_label: if ack_to_start_ms.is_empty() {
             "enqueue->start"
         } else {

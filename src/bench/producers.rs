@@ -25,11 +25,12 @@
 //!   the asked rate, never more). Below [`MISSED_BELOW`] × the asked rate the run says so
 //!   (`rate_missed`, and [`OfferedFigures::warning`] in the text, on stderr and in the report).
 
+use super::config::{BenchHandler, MISSED_BELOW};
 use super::depth::{DepthFigures, TopUp};
 use super::load::{bench_owner, enqueue_noops, insert_loads, NoopJob, BENCH_PRINCIPAL};
+use super::percentiles::Percentiles;
 use super::server_cpu::PRODUCER_ROLE;
 use super::shape::Shape;
-use super::{BenchHandler, Percentiles};
 use durable_etl::config::DatabaseConfig;
 use durable_etl::db;
 use durable_etl::digest::Secret;
@@ -41,9 +42,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
-
-/// A run whose achieved rate is below this fraction of the asked rate missed it.
-pub(crate) const MISSED_BELOW: f64 = 0.98;
 
 /// How the producers pace their statements.
 #[derive(Debug, Clone, Copy)]

@@ -1,9 +1,9 @@
 //! The replica processes of a run, and what they say about themselves: their metrics endpoints
 //! and their `/proc` entries (the server's CPU is `server_cpu`'s).
 
+use super::config::{BenchConfig, WAIT_LIMIT};
 use super::server_cpu::cpu_seconds;
 use super::starts::{parse, STARTS_FILE_ENV};
-use super::{BenchConfig, WAIT_LIMIT};
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::error::Error;
 use std::collections::HashMap;

@@ -5,9 +5,12 @@
 //! of one mode (the offered load's rate, the depth target's depth, recovery, queues) are `None` in
 //! the others.
 
+use super::config::BenchConfig;
 use super::figures::QueueFigures;
+use super::percentiles::Percentiles;
 use super::server_cpu::ServerCpu;
-use super::{depth, html, keys, producers, BenchConfig, JobLatency, Percentiles};
+use super::starts::JobLatency;
+use super::{depth, keys, producers};
 use serde::Serialize;
 
 /// The figures of one run.
@@ -77,7 +80,7 @@ pub(crate) struct Report {
     pub(crate) keys: Option<keys::KeyFigures>,
     /// The run's time series, for `--report` (not in the JSON figures).
     #[serde(skip)]
-    pub(crate) timeline: html::Timeline,
+    pub(crate) timeline: Timeline,
     /// The server's CPU over the measured window, in microseconds per succeeded job:
     /// `server_cpu_us_per_job` (replicas + producers + aux, the peers' "peer" figure) and its
     /// split (see `server_cpu`; read from `/proc`, so only when the server runs on this host, 0
@@ -92,4 +95,19 @@ impl Report {
         let rate = self.offered.as_ref().and_then(|o| o.warning());
         rate.or_else(|| self.depth.as_ref().and_then(|d| d.warning()))
     }
+}
+
+/// The time series a run leaves for its report, all in Unix seconds unless said otherwise.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Timeline {
+    /// What the latencies measure (`ack->start`, `enqueue->start`).
+    pub(crate) latency_label: &'static str,
+    /// One latency per job, in milliseconds.
+    pub(crate) latencies_ms: Vec<f64>,
+    /// When each job was accepted.
+    pub(crate) created: Vec<f64>,
+    /// When each succeeded job finished.
+    pub(crate) finished: Vec<f64>,
+    /// Per replica (in start order), when each of its handlers started.
+    pub(crate) starts_by_replica: Vec<Vec<f64>>,
 }

@@ -3,7 +3,7 @@
 //! Invariant this module keeps: a message names the setting and its bound, never a secret (a
 //! password, the digest key) or a URL with its password.
 
-use crate::queue::QueuesError;
+use crate::queue::served::QueuesError;
 
 /// A configuration that `validate()` refused. Each variant names the broken relation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

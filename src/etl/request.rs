@@ -203,7 +203,7 @@ fn has_nul(value: &Value) -> bool {
 
 /// Whether `name` is a dataset name: `[a-z][a-z0-9_]{0,62}`.
 pub fn valid_dataset(name: &str) -> bool {
-    crate::handler::is_identifier(name, &[])
+    crate::names::is_identifier(name, &[])
 }
 
 /// Whether `name` is a usable field name: 1 to 128 characters.

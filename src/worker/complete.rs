@@ -1,7 +1,8 @@
 //! The complete stage: every fenced write after the claim. The statements that end, retry,
-//! release and recover a claim ([`completer`]) and the group commit that runs the effects of
-//! every job that finished computing meanwhile in one fenced transaction (`group_commit`), and
-//! what an attempt ended as (`transition`), and which database errors are the infrastructure's
+//! release and recover a claim ([`completer`]); the group commit that runs the effects of
+//! every job that finished computing meanwhile in one fenced transaction (`group_commit`); the
+//! shutdown release and the give-back of abandoned jobs, which run the release (`give_back`);
+//! what an attempt ended as (`transition`); and which database errors are the infrastructure's
 //! fault, never the job's (`infrastructure`).
 //!
 //! Invariants this stage keeps:
@@ -13,6 +14,7 @@
 
 #[doc(hidden)]
 pub mod completer;
+pub(crate) mod give_back;
 pub(crate) mod group_commit;
 pub(crate) mod infrastructure;
 pub(crate) mod transition;

@@ -183,7 +183,7 @@ impl Worker {
             // statement is cancelled and its batch rolled back, so the release does not wait for
             // its locks.
             self.shared.group_commit.abandon().await;
-            completer::release_held(&self.shared, &held).await;
+            complete::give_back::release_held(&self.shared, &held).await;
             stop_heartbeat.cancel();
             // Each role ends at its next await once stopped.
             roles.join_all().await;

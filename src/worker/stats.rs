@@ -9,8 +9,8 @@
 //! - Histograms use the fixed buckets below, so their series are bounded too.
 
 use crate::codes::Code;
-use crate::worker::complete::completer::Transition;
-use crate::worker::liveness::rescuer::Recovered;
+use crate::worker::complete::transition::Transition;
+use crate::worker::liveness::rescuer::recovered::Recovered;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -379,7 +379,7 @@ impl WorkerStats {
     /// how to fix it (a transaction-mode pooler behind a URL not declared so); later ones are
     /// only counted.
     pub(crate) fn record_statement_failure(&self, sqlstate: Option<&SqlState>) {
-        if !sqlstate.is_some_and(is_prepared_statement_miss) {
+        if !sqlstate.is_some_and(crate::db::is_prepared_statement_miss) {
             return;
         }
         if self
@@ -460,13 +460,6 @@ impl WorkerStats {
     pub fn record_released(&self, n: u64) {
         self.released.fetch_add(n, Ordering::Relaxed);
     }
-}
-
-/// Whether `sqlstate` says a named prepared statement was missing (26000, "prepared statement …
-/// does not exist") or already there (42P05) on the server connection: what a transaction-mode
-/// pooler does to named statements, each transaction landing on another server connection.
-pub(crate) fn is_prepared_statement_miss(sqlstate: &SqlState) -> bool {
-    *sqlstate == SqlState::INVALID_SQL_STATEMENT_NAME || *sqlstate == SqlState::DUPLICATE_PSTATEMENT
 }
 
 #[cfg(test)]

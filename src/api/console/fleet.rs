@@ -77,7 +77,7 @@ pub(super) async fn failure_page(
     OperatorViewer(viewer, mut conn): OperatorViewer,
     Path(code): Path<String>,
 ) -> Result<Response, Problem> {
-    if !crate::handler::is_identifier(&code, &[]) {
+    if !crate::names::is_identifier(&code, &[]) {
         return Ok(not_found(&viewer));
     }
     let now = chrono::Utc::now();

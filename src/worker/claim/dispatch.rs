@@ -48,7 +48,7 @@ pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>
             let lease = job.lease();
             let transition = timed_execute(&shared, job, CancellationToken::new(), slot).await;
             if transition == Transition::GivenBack {
-                completer::release::give_back(&shared, lease, transition);
+                crate::worker::complete::give_back::give_back(&shared, lease, transition);
             }
             shared.stats.record(transition);
             (id, transition, held_permit && transition.frees_permits())
@@ -248,6 +248,6 @@ pub(super) fn undeclared_pooler(shared: &Shared, failed: Option<&Error>) -> bool
     shared.pooler.keeps_sessions()
         && failed.is_some_and(|e| {
             e.db_code()
-                .is_some_and(crate::worker::stats::is_prepared_statement_miss)
+                .is_some_and(crate::db::is_prepared_statement_miss)
         })
 }

@@ -50,7 +50,8 @@ use crate::worker::claim::dispatch::{self, claim_with, next_due, settle_dead_tas
 use crate::worker::claim::freed::{self, FreedPermits};
 use crate::worker::claim::prefetch::{refill_now, Prefetch};
 use crate::worker::claim::queues::{QueueShares, DRAIN_FAN_OUT};
-use crate::worker::complete::completer::{release, Transition};
+use crate::worker::complete::completer::Transition;
+use crate::worker::complete::give_back as release;
 use crate::worker::lease::{self, ClaimedJob, LeaseClock};
 use crate::worker::liveness::held::{HeldJob, HeldJobs};
 use crate::worker::liveness::presence::{self, Presence};

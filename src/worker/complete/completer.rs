@@ -492,5 +492,4 @@ pub(crate) async fn ledger_by_claim(
 pub(crate) mod release;
 mod wake;
 pub use release::{release, RELEASE_SQL, RELEASE_TIMEOUT};
-pub(crate) use release::{release_held, release_leases};
 pub use wake::{wake_waiting, WAKE_WAITING_SQL};

@@ -258,28 +258,6 @@ WITH stale AS (
     recover_stale!()
 );
 
-/// What one recovery pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Recovered {
-    /// Rows recovered because their lease expired.
-    pub expired: u64,
-    /// Rows recovered because their owner was dead.
-    pub dead_owner: u64,
-    /// Of those, rows that ended instead of going back to `pending` (`lease_expired_exhausted`,
-    /// or `cancelled` at their owner's request).
-    pub exhausted: u64,
-    /// When the first running row of an owner whose locks are gone but whose beats are not yet
-    /// silent for its silence becomes reclaimable, from now: when to judge again.
-    pub judge_again_in: Option<Duration>,
-}
-
-impl Recovered {
-    /// Whether the pass recovered any row.
-    pub fn any(&self) -> bool {
-        self.expired + self.dead_owner > 0
-    }
-}
-
 /// Releases what a previous incarnation of `owner_id` left `running` (when `took_over`, only what
 /// it no longer trusts; see [`RECOVER_OWN_SQL`]); returns how many rows.
 ///
@@ -489,6 +467,9 @@ async fn judged_pass(shared: &Shared) -> Result<Recovered, Error> {
 pub(crate) fn rescue_interval(poll_interval: Duration) -> Duration {
     poll_interval / 2
 }
+
+pub mod recovered;
+pub use recovered::Recovered;
 
 #[cfg(test)]
 mod tests;

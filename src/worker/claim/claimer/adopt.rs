@@ -61,7 +61,7 @@ pub(crate) struct Orphans {
     /// The database's time once the start-up released the previous incarnation's rows: every
     /// row this incarnation claims starts at or after it.
     since: SystemTime,
-    /// The claims this replica abandoned and is giving back (`completer::release::give_back`).
+    /// The claims this replica abandoned and is giving back (`complete::give_back`).
     giving_back: Mutex<HashSet<Uuid>>,
 }
 

@@ -12,7 +12,7 @@
 use super::Producer;
 use crate::shutdown::{Shutdown, Stage};
 use crate::worker::claim::dispatch::{self, leave};
-use crate::worker::complete::completer;
+use crate::worker::complete::give_back;
 use crate::worker::lease::Lease;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,7 +105,7 @@ impl Producer {
             self.held.remove(lease.claim_id);
         }
         // They waited in the buffer: none started an attempt, so none is recorded.
-        match completer::release_leases(&self.shared, &overdue, &[]).await {
+        match give_back::release_leases(&self.shared, &overdue, &[]).await {
             Ok(n) => tracing::debug!(released = n, "released jobs that waited for a slot"),
             // Unreleased, they are no longer renewed: their leases expire and recovery returns
             // them.
