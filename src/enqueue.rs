@@ -24,6 +24,7 @@
 //!   commits before the insert, and the loser may find neither the job pending nor the key
 //!   (`conflict`).
 
+use crate::backend::{Backend, InsertParams, Pg};
 use crate::codes::Code;
 use crate::config::ConfigError;
 use crate::digest::{DigestKind, Secret};
@@ -33,7 +34,6 @@ use crate::jobs::{self, Cancel};
 use crate::queue::{is_queue_name, QueuesError, DEFAULT_QUEUE, PRIORITY_RANGE};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
-use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
@@ -254,6 +254,18 @@ pub async fn submit(
     kind: &str,
     jobs: Vec<Submission<'_>>,
 ) -> Result<Vec<Enqueued>, Error> {
+    submit_on(&mut Pg(client.client()), secret, owner_key, kind, jobs).await
+}
+
+/// [`submit`] on any client the library takes ([`Backend`]: tokio-postgres, or sqlx with the
+/// `sqlx` feature).
+pub(crate) async fn submit_on(
+    client: &mut impl Backend,
+    secret: &Secret,
+    owner_key: &[u8; 32],
+    kind: &str,
+    jobs: Vec<Submission<'_>>,
+) -> Result<Vec<Enqueued>, Error> {
     let into = Destination {
         secret,
         owner_key,
@@ -285,7 +297,7 @@ impl Destination<'_> {
     /// some keys were taken already.
     async fn submit_chunk(
         &self,
-        client: &impl GenericClient,
+        client: &mut impl Backend,
         jobs: Vec<Submission<'_>>,
     ) -> Result<Vec<Enqueued>, Error> {
         let Destination {
@@ -296,22 +308,22 @@ impl Destination<'_> {
         let count = jobs.len();
         let c = Columns::of(secret, jobs)?;
         let owner: &[u8] = owner_key;
-        let params: [(&(dyn ToSql + Sync), Type); 12] = [
-            (&c.ids, Type::UUID_ARRAY),
-            (&c.key_digests, Type::BYTEA_ARRAY),
-            (&c.fingerprints, Type::BYTEA_ARRAY),
-            (&c.payloads, Type::JSONB_ARRAY),
-            (&c.max_attempts, Type::INT4_ARRAY),
-            (&c.run_ats, Type::TIMESTAMPTZ_ARRAY),
-            (&owner, Type::BYTEA),
-            (&kind, Type::TEXT),
-            (&c.replaces, Type::UUID_ARRAY),
-            (&c.queues, Type::TEXT_ARRAY),
-            (&c.priorities, Type::INT2_ARRAY),
-            (&c.concurrency_keys, Type::TEXT_ARRAY),
-        ];
+        let params = InsertParams {
+            ids: &c.ids,
+            key_digests: &c.key_digests,
+            fingerprints: &c.fingerprints,
+            payloads: &c.payloads,
+            max_attempts: &c.max_attempts,
+            run_ats: &c.run_ats,
+            owner,
+            kind,
+            replaces: &c.replaces,
+            queues: &c.queues,
+            priorities: &c.priorities,
+            concurrency_keys: &c.concurrency_keys,
+        };
         if !c.keyed.contains(&true) && c.replaces.iter().all(Option::is_none) {
-            client.execute_typed(INSERT_UNKEYED_SQL, &params).await?;
+            client.insert(INSERT_UNKEYED_SQL, &params, false).await?;
             return Ok(c
                 .ids
                 .iter()
@@ -323,22 +335,18 @@ impl Destination<'_> {
         }
         replace_olds(client, owner_key, &c.key_digests, &c.replaces).await?;
         let inserted: std::collections::HashSet<Uuid> = client
-            .query_typed(INSERT_SQL, &params)
+            .insert(INSERT_SQL, &params, true)
             .await?
-            .iter()
-            .map(|r| r.get(0))
+            .into_iter()
             .collect();
         let existing: HashMap<Vec<u8>, (Uuid, Vec<u8>)> = if inserted.len() == count {
             HashMap::new()
         } else {
             client
-                .query_typed(
-                    EXISTING_SQL,
-                    &[(&owner, Type::BYTEA), (&c.key_digests, Type::BYTEA_ARRAY)],
-                )
+                .existing(EXISTING_SQL, owner, &c.key_digests)
                 .await?
-                .iter()
-                .map(|r| (r.get(0), (r.get(1), r.get(2))))
+                .into_iter()
+                .map(|(digest, id, stored)| (digest, (id, stored)))
                 .collect()
         };
         let mut out = Vec::with_capacity(count);
@@ -368,7 +376,7 @@ impl Destination<'_> {
 /// (an idempotent replay replaces nothing again). Atomic with the insert when the caller passes a
 /// transaction.
 async fn replace_olds(
-    client: &impl GenericClient,
+    client: &mut impl Backend,
     owner_key: &[u8; 32],
     key_digests: &[Vec<u8>],
     replaces: &[Option<Uuid>],
@@ -378,7 +386,7 @@ async fn replace_olds(
         if key_exists(client, owner_key, digest).await? {
             continue;
         }
-        match jobs::cancel(client, owner_key, old, Code::Replaced).await? {
+        match jobs::cancel::cancel_on(client, owner_key, old, Code::Replaced).await? {
             Cancel::Cancelled | Cancel::Requested => {}
             // A replacement's cancel waits for the job's row and never answers so; were it to,
             // the job it names could still commit over the replacement: refused as contended.
@@ -399,19 +407,14 @@ async fn replace_olds(
 /// Whether owner `owner_key` has a job under the idempotency key digest `digest` (committed, or
 /// inserted earlier in the caller's transaction).
 async fn key_exists(
-    client: &impl GenericClient,
+    client: &mut impl Backend,
     owner_key: &[u8; 32],
     digest: &[u8],
 ) -> Result<bool, Error> {
-    let owner: &[u8] = owner_key;
-    let digests: &[&[u8]] = &[digest];
     let found = client
-        .query_typed_opt(
-            EXISTING_SQL,
-            &[(&owner, Type::BYTEA), (&digests, Type::BYTEA_ARRAY)],
-        )
+        .existing(EXISTING_SQL, owner_key, &[digest.to_vec()])
         .await?;
-    Ok(found.is_some())
+    Ok(!found.is_empty())
 }
 
 /// The key of its own a job enqueued without an idempotency key gets, in place of a key digest

@@ -170,6 +170,12 @@ pub enum Error {
         /// Why the tool may not drop and recreate it.
         reason: Taken,
     },
+    /// A statement on a sqlx connection failed (the `sqlx` feature): a lost connection counts as
+    /// [`Error::Unavailable`] does, a database error by its SQLSTATE as [`Error::Database`]
+    /// does ([`Error::code`]).
+    #[cfg(feature = "sqlx")]
+    #[error("database error")]
+    Sqlx(#[from] sqlx::Error),
     /// A listening socket could not be opened.
     #[error("cannot listen on {address}: {}", listen_cause(.source))]
     Listen {
@@ -402,6 +408,8 @@ impl Error {
             Error::Interrupted => Code::Cancelled,
             Error::Unreachable { .. } => Code::DatabaseUnavailable,
             Error::DatabaseTaken { .. } => Code::DatabaseTaken,
+            #[cfg(feature = "sqlx")]
+            Error::Sqlx(e) => sqlx_code(e),
         }
     }
 
@@ -468,18 +476,43 @@ fn is_connection_class(code: &SqlState) -> bool {
 /// Whether a database error is worth retrying: serialization failure, deadlock, lock not available,
 /// query cancelled (statement or lock timeout), too many connections, or a lost connection.
 pub fn is_transient(e: &tokio_postgres::Error) -> bool {
-    is_connection_loss(e)
-        || e.code().is_some_and(|code| {
-            [
-                SqlState::T_R_SERIALIZATION_FAILURE,
-                SqlState::T_R_DEADLOCK_DETECTED,
-                SqlState::LOCK_NOT_AVAILABLE,
-                SqlState::QUERY_CANCELED,
-                SqlState::TOO_MANY_CONNECTIONS,
-                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-            ]
-            .contains(code)
-        })
+    is_connection_loss(e) || e.code().is_some_and(is_transient_state)
+}
+
+/// Whether a SQLSTATE says trying again may pass: serialization failure, deadlock, lock not
+/// available, query cancelled (statement or lock timeout), too many connections, or a session
+/// ended idle in its transaction.
+fn is_transient_state(code: &SqlState) -> bool {
+    [
+        SqlState::T_R_SERIALIZATION_FAILURE,
+        SqlState::T_R_DEADLOCK_DETECTED,
+        SqlState::LOCK_NOT_AVAILABLE,
+        SqlState::QUERY_CANCELED,
+        SqlState::TOO_MANY_CONNECTIONS,
+        SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+    ]
+    .contains(code)
+}
+
+/// The stable code of a sqlx error, by the rules of a tokio-postgres one: a lost or unopened
+/// connection is `database_unavailable`, a database error `transient_database` or
+/// `database_error` by its SQLSTATE.
+#[cfg(feature = "sqlx")]
+fn sqlx_code(e: &sqlx::Error) -> Code {
+    match e {
+        sqlx::Error::Database(db) => match db.code().map(|c| SqlState::from_code(&c)) {
+            Some(code) if is_connection_class(&code) => Code::DatabaseUnavailable,
+            Some(code) if is_transient_state(&code) => Code::TransientDatabase,
+            _ => Code::DatabaseError,
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Code::DatabaseUnavailable,
+        _ => Code::DatabaseError,
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! - Enqueue inherits [`crate::enqueue`]'s guarantees: atomic with the caller's transaction,
 //!   durable dedup by owner + idempotency key for the job's whole life, one statement per chunk.
 
+use crate::backend::{Backend, Pg};
 use crate::codes::Code;
 use crate::digest::{DigestKind, Secret};
 use crate::enqueue::{self, Enqueued, Submission};
@@ -134,6 +135,59 @@ impl Jobs {
         client: &impl GenericClient,
         jobs: impl IntoIterator<Item = (&'j J, EnqueueOptions<'_>)>,
     ) -> Result<Vec<Enqueued>, Error> {
+        self.submit(&mut Pg(client.client()), jobs).await
+    }
+
+    /// [`Jobs::enqueue`] on a sqlx connection, or a sqlx transaction through it (`&mut *tx`):
+    /// the job commits or rolls back with the caller's transaction, with the same options,
+    /// checks and dedup.
+    ///
+    /// # Errors
+    /// As [`Jobs::enqueue`]; a sqlx database error is [`Error::Sqlx`].
+    #[cfg(feature = "sqlx")]
+    pub async fn enqueue_sqlx<J: Job>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        job: &J,
+        options: EnqueueOptions<'_>,
+    ) -> Result<Enqueued, Error> {
+        let done = self.enqueue_many_sqlx(conn, [(job, options)]).await?;
+        done.into_iter().next().ok_or(Error::Internal)
+    }
+
+    /// [`Jobs::enqueue_many_with`] on a sqlx connection or transaction (`&mut *tx`).
+    ///
+    /// # Errors
+    /// As [`Jobs::enqueue`]; a sqlx database error is [`Error::Sqlx`].
+    #[cfg(feature = "sqlx")]
+    pub async fn enqueue_many_sqlx<'j, J: Job>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        jobs: impl IntoIterator<Item = (&'j J, EnqueueOptions<'_>)>,
+    ) -> Result<Vec<Enqueued>, Error> {
+        self.submit(&mut crate::backend::Sqlx(conn), jobs).await
+    }
+
+    /// [`Jobs::cancel`] on a sqlx connection or transaction (`&mut *tx`).
+    ///
+    /// # Errors
+    /// As [`Jobs::cancel`]; a sqlx database error is [`Error::Sqlx`].
+    #[cfg(feature = "sqlx")]
+    pub async fn cancel_sqlx(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        id: Uuid,
+    ) -> Result<Cancel, Error> {
+        let mut conn = crate::backend::Sqlx(conn);
+        jobs::cancel::cancel_on(&mut conn, &self.owner, id, Code::Cancelled).await
+    }
+
+    /// Enqueues `jobs` on `client`, one statement per chunk of each run of one owner.
+    async fn submit<'j, J: Job>(
+        &self,
+        client: &mut impl Backend,
+        jobs: impl IntoIterator<Item = (&'j J, EnqueueOptions<'_>)>,
+    ) -> Result<Vec<Enqueued>, Error> {
         if !crate::handler::is_kind_name(J::KIND) {
             return Err(Error::Config(crate::ConfigError::KindName));
         }
@@ -161,7 +215,7 @@ impl Jobs {
         }
         let mut out = Vec::new();
         for (owner, run) in runs {
-            out.extend(enqueue::submit(client, &self.secret, &owner, J::KIND, run).await?);
+            out.extend(enqueue::submit_on(client, &self.secret, &owner, J::KIND, run).await?);
         }
         Ok(out)
     }

@@ -22,7 +22,7 @@ use tokio_postgres::{GenericClient, Row};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-mod cancel;
+pub(crate) mod cancel;
 pub use cancel::{
     apply_deferred, await_deferred, cancel, Applied, Cancel, APPLY_DEFERRED_SQL,
     AWAIT_DEFERRED_SQL, CANCEL_NOWAIT_SQL, CANCEL_SQL,

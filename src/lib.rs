@@ -64,6 +64,7 @@ macro_rules! crash_point {
 mod sql;
 pub mod api;
 pub mod api_keys;
+mod backend;
 pub mod codes;
 pub mod config;
 pub mod db;

@@ -12,7 +12,7 @@ use durable_etl::{config, db};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// durable-etl: durable ETL jobs run out of PostgreSQL.
+/// durable-etl: durable jobs run out of PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(name = "durable-etl", version, about, propagate_version = true)]
 pub(crate) struct Cli {

@@ -157,3 +157,20 @@ fn schema_errors_map_to_codes() {
         Code::MigrationChecksumMismatch
     );
 }
+
+#[cfg(feature = "sqlx")]
+#[test]
+fn a_sqlx_error_without_a_sqlstate_is_unavailable_or_a_database_error() {
+    assert_eq!(
+        Error::from(sqlx::Error::PoolTimedOut).code(),
+        Code::DatabaseUnavailable
+    );
+    assert_eq!(
+        Error::from(sqlx::Error::WorkerCrashed).code(),
+        Code::DatabaseUnavailable
+    );
+    assert_eq!(
+        Error::from(sqlx::Error::RowNotFound).code(),
+        Code::DatabaseError
+    );
+}

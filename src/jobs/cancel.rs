@@ -16,12 +16,13 @@
 //! - A replacement's cancel (`replaced`) waits for the job's row, as it must: the replacement is
 //!   refused when the job it names ended meanwhile.
 
+use crate::backend::{Backend, CancelParams, Pg};
 use crate::codes::Code;
 use crate::error::Error;
 use crate::state::JobState;
 use std::time::Duration;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
@@ -234,28 +235,36 @@ pub async fn cancel(
     id: Uuid,
     code: Code,
 ) -> Result<Cancel, Error> {
-    let owner: &[u8] = owner;
+    cancel_on(&mut Pg(client.client()), owner, id, code).await
+}
+
+/// [`cancel`] on any client the library takes ([`Backend`]: tokio-postgres, or sqlx with the
+/// `sqlx` feature).
+pub(crate) async fn cancel_on(
+    client: &mut impl Backend,
+    owner: &[u8; 32],
+    id: Uuid,
+    code: Code,
+) -> Result<Cancel, Error> {
     let waits = code == Code::Replaced;
     let code = code.as_str();
     let mut pause = HELD_PAUSE;
     for attempt in 1..=CANCEL_ATTEMPTS {
         let last = attempt == CANCEL_ATTEMPTS;
-        let params: [(&(dyn ToSql + Sync), Type); 4] = [
-            (&id, Type::UUID),
-            (&owner, Type::BYTEA),
-            (&code, Type::TEXT),
-            (&last, Type::BOOL),
-        ];
-        let (sql, params) = if waits {
-            (CANCEL_SQL, &params[..3])
+        let (sql, last_param) = if waits {
+            (CANCEL_SQL, None)
         } else {
-            (CANCEL_NOWAIT_SQL, &params[..])
+            (CANCEL_NOWAIT_SQL, Some(last))
         };
-        let row = client.query_typed_opt(sql, params).await?;
-        let Some(row) = row else {
+        let params = CancelParams {
+            id,
+            owner,
+            code,
+            last: last_param,
+        };
+        let Some((status, done)) = client.cancel(sql, params).await? else {
             return Ok(Cancel::NotFound);
         };
-        let (status, done): (JobState, bool) = (row.try_get(0)?, row.get(1));
         return Ok(match status {
             JobState::Pending if done => Cancel::Cancelled,
             JobState::Running if done => Cancel::Requested,

@@ -46,6 +46,8 @@ mod queues;
 mod runtime;
 mod schema;
 mod soak;
+#[cfg(feature = "sqlx")]
+mod sqlx_enqueue;
 mod states;
 mod support;
 mod tls;
