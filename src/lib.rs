@@ -9,7 +9,9 @@
 //!
 //! The `durable-etl` binary (`migrate`, `serve`, `work`, `demo`, `bench`, …) is built with the
 //! default `cli` feature; a library user who sets `default-features = false` links only what is
-//! below, without clap, reqwest or humantime.
+//! below, without clap, reqwest or humantime. The `sqlx` feature lets an application on sqlx
+//! enqueue and cancel in its own sqlx transaction (`Jobs::enqueue_sqlx`, `enqueue_many_sqlx`,
+//! `cancel_sqlx`; `examples/sqlx_app.rs`).
 //!
 //! ## Quick start
 //! A job kind is a Rust type ([`Job`]); a typed handler ([`Perform`]) runs it, computing with no
