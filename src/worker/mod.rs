@@ -5,10 +5,11 @@
 //!   (`queues`), claiming with [`claimer`]'s statements;
 //! - `run`: each job on a task (`executor`), under the handler guard, in a slot;
 //! - [`complete`]: the fenced writes ([`completer`]), committing in groups (`group_commit`);
-//! - [`liveness`]: [`heartbeat`] renews the leases of the held jobs (`held`), [`rescuer`]
-//!   recovers dead owners' and expired leases' jobs, [`refund`] undoes its charge on a live one,
-//!   `session` holds LISTEN and the owner lock, `presence` says whether it waits for work, and
-//!   `reporter` sends the console's figures.
+//! - [`liveness`]: [`heartbeat`] renews the leases of the held jobs (`held`), `session` holds
+//!   LISTEN and the owner lock, `presence` says whether it waits for work, `reporter` sends the
+//!   console's figures;
+//! - [`maintain`], the periodic roles: [`rescuer`] recovers dead owners' and expired leases'
+//!   jobs, [`refund`] undoes its charge on a live replica.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
@@ -21,7 +22,7 @@
 //!   (attempt not charged, or left to expire after [`completer::RELEASE_TIMEOUT`]); the heartbeat
 //!   stops; the pool and the session close. No held lease lapses within the grace.
 
-// The stages, each a folder: claim, run, complete and liveness (see each stage's invariants).
+// The stages, each a folder: claim, run, complete, maintain and liveness (see their invariants).
 // The roles the suite and the benches drive directly are public for them, and hidden.
 pub mod budget;
 #[doc(hidden)]
@@ -33,32 +34,31 @@ pub(crate) mod guard;
 pub mod lease;
 #[doc(hidden)]
 pub mod liveness;
+#[doc(hidden)]
+pub mod maintain;
 pub(crate) mod run;
 pub(crate) mod shared;
 pub mod stats;
 pub(crate) mod timing;
 
 #[doc(hidden)]
-pub use claim::claimer;
-#[doc(hidden)]
-pub use complete::completer;
-#[doc(hidden)]
-pub use liveness::{heartbeat, refund, rescuer};
+pub use {
+    claim::claimer,
+    complete::completer,
+    liveness::heartbeat,
+    maintain::{refund, rescuer},
+};
 
 use crate::config::{ConfigError, DatabaseConfig, WorkerConfig};
-use crate::db::Pool;
-use crate::error::Error;
-use crate::handler::Registry;
-use crate::shutdown::Shutdown;
-use claim::dispatch;
-use claim::producer::{Producer, Stopped};
+use crate::{db::Pool, error::Error, handler::Registry, shutdown::Shutdown};
+use claim::{dispatch, producer::Producer, producer::Stopped};
 use complete::completer::Transition;
-use liveness::{held::HeldJobs, reporter, rescuer::Recovered, session::Session};
+use liveness::{held::HeldJobs, reporter, session::Session};
+use maintain::rescuer::Recovered;
 use shared::Shared;
 use stats::{StatsSnapshot, WorkerStats};
 use std::sync::Arc;
-use tokio::sync::Notify;
-use tokio::task::JoinSet;
+use tokio::{sync::Notify, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 

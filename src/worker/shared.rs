@@ -61,7 +61,7 @@ pub(crate) struct Shared {
     /// What adoption tells this incarnation's lost claims by ([`claimer::adopt`]).
     pub(crate) orphans: claimer::Orphans,
     /// A give-back found its claim gone: recovery may have charged this live replica an attempt
-    /// (`liveness::refund`).
+    /// (`maintain::refund`).
     pub(crate) refund_due: tokio::sync::Notify,
 }
 

@@ -10,7 +10,7 @@
 
 use crate::codes::Code;
 use crate::worker::complete::transition::Transition;
-use crate::worker::liveness::rescuer::recovered::Recovered;
+use crate::worker::maintain::rescuer::recovered::Recovered;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -163,7 +163,7 @@ counters! {
     /// replica's slots by the statement after it (`claimer::adopt`).
     adopted,
     /// Attempts recovery took from this replica while it was alive (cut off, not dead), given
-    /// back once it reached the database again (`liveness::refund`).
+    /// back once it reached the database again (`maintain::refund`).
     refunded,
     /// Rows recovered because their lease expired.
     recovered_expired,

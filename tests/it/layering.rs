@@ -12,8 +12,8 @@
 //! - the worker (`worker/`) never imports `metrics`, `etl/` or `api/`;
 //! - no file of the library or the binary is in a circle of imports of any length but those
 //!   [`CIRCLES_ALLOWED`] names (none now; each with its reason);
-//! - the worker's stages ([`STAGES`]: liveness, complete, run, claim) each import only the
-//!   stages below them and the worker's shared files (`worker/*.rs`), their test files aside;
+//! - the worker's stages ([`STAGES`]: liveness, maintain, complete, run, claim) each import only
+//!   the stages below them and the worker's shared files (`worker/*.rs`), test files aside;
 //! - `worker/mod.rs` stays a facade (at most 200 lines); other files are sized by concept.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,10 +48,11 @@ const CORE: &[&str] = &[
 ];
 
 /// The worker's stages, lowest first: each stage's files import only the stages before it here.
-/// Liveness (leases renewed, owners judged) needs no other stage; completing a claim needs
-/// liveness (the held jobs, the alive locks); running a job hands it to completion; and the claim
-/// loop starts runs, releases and joins presence.
-const STAGES: &[&str] = &["liveness", "complete", "run", "claim"];
+/// Liveness (leases renewed, beats, the session) needs no other stage; maintenance (recovery,
+/// refunds) judges owners by liveness's locks and beats; completing a claim needs liveness (the
+/// held jobs, the alive locks); running a job hands it to completion; and the claim loop starts
+/// runs, releases and joins presence.
+const STAGES: &[&str] = &["liveness", "maintain", "complete", "run", "claim"];
 
 /// The position in [`STAGES`] of the stage `file` belongs to, if it is in one.
 fn stage_of(file: &str) -> Option<usize> {

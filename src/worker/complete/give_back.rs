@@ -15,7 +15,7 @@
 //!   the replica's own (the release is fenced): after an outage nobody judged (a server restart,
 //!   where every judge waits out its reconnect grace) it runs again without losing an attempt;
 //!   if another replica took it, nothing changes here, and the refund asks whether recovery
-//!   charged this live replica (`liveness::refund`). The same holds for a job whose computed
+//!   charged this live replica (`maintain::refund`). The same holds for a job whose computed
 //!   result an infrastructure fault kept from committing: never charged by this replica.
 
 use crate::codes::Code;
