@@ -14,7 +14,7 @@ mod common;
 
 use common::BenchDb;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use durable_etl::handler::LedgerEntry;
+use durable_etl::job::handler::Output;
 use durable_etl::worker::claimer::{self, Claimant};
 use durable_etl::worker::completer;
 use durable_etl::worker::lease::Lease;
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 const JOBS: usize = 100;
 
 /// Claims [`JOBS`] fresh jobs and returns their ledger entries.
-async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Lease, Option<LedgerEntry>)> {
+async fn claimed(db: &BenchDb, conn: &tokio_postgres::Client) -> Vec<(Lease, Option<Output>)> {
     db.reset().await;
     db.fill(JOBS).await;
     let claimant = Claimant {

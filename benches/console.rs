@@ -35,11 +35,11 @@ use chrono::DateTime;
 use common::history::{add_owned_history, HISTORY, SPACING_MS};
 use common::BenchDb;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use durable_etl::api::{self, AppState};
-use durable_etl::api_keys::{self, Role};
 use durable_etl::config::ApiConfig;
 use durable_etl::db::Pool;
 use durable_etl::digest::{DigestKind, Secret};
+use durable_etl::service::api_keys::{self, Role};
+use durable_etl::service::{self, AppState};
 use durable_etl::worker::claimer::{self, Claimant};
 use std::time::Duration;
 use tower::ServiceExt;
@@ -302,7 +302,7 @@ fn pages(c: &mut Criterion) {
             owner.await.expect("key").key,
         )
     });
-    let app = api::app(AppState::new(pool.clone(), secret, ApiConfig::default()));
+    let app = service::app(AppState::new(pool.clone(), secret, ApiConfig::default()));
     let operator_cookie = rt.block_on(sign_in(&app, &operator_key));
     let cookie = rt.block_on(sign_in(&app, &key));
     let mut group = c.benchmark_group("console_pages");

@@ -54,7 +54,7 @@ const INSERT_SQL: &str = "WITH intake AS (
 async fn produce(
     client: &tokio_postgres::Client,
     base: i64,
-    notifier: Option<&durable_etl::Notifier>,
+    notifier: Option<&durable_etl::jobs::notifier::Notifier>,
 ) {
     for key in base..base + PER_PRODUCER as i64 {
         let insert = INSERT_SQL.replace("KEY", &key.to_string());
@@ -146,7 +146,7 @@ fn enqueue(c: &mut Criterion) {
     let mut group = c.benchmark_group("enqueue_8_producers");
     group.throughput(Throughput::Elements((PRODUCERS * PER_PRODUCER) as u64));
     let notifier = rt
-        .block_on(async { durable_etl::Notifier::start(&db.config) })
+        .block_on(async { durable_etl::jobs::notifier::Notifier::start(&db.config) })
         .expect("notifier");
     for variant in ["on", "on_waiting", "off", "notifier", "notifier_waiting"] {
         let toggle = if variant == "off" {

@@ -1,357 +1,291 @@
-//! Owner-scoped views and control of jobs: status, listing (with a submission window), history
-//! (`history`: past attempts, replacements), cancellation.
+//! What a user does with jobs: [`Jobs`] enqueues a typed [`Job`] on the caller's own
+//! transaction (or connection) and reads, lists and cancels jobs by id, all scoped to an owner.
 //!
 //! Invariants this module keeps:
-//! - Every query is scoped by the owner digest: a job of another owner is indistinguishable from
-//!   a job that does not exist.
-//! - A status view never contains the request (records, dataset, key) or any stored error text:
-//!   only ids, states, counts, times, the stable failure code and the ledger summary.
+//! - Payloads are typed end to end: what [`Jobs::enqueue`] stores is the job serialized by
+//!   `serde`, and what a [`crate::Perform`] gets is that document decoded as the same type.
+//! - The caller never computes a digest or names an internal table: owners (principals) and
+//!   idempotency keys are digested here under the deployment's secret, and only the digests are
+//!   stored ([`crate::digest`]).
+//! - Every read and control call is owner-scoped: a job of another owner is indistinguishable
+//!   from one that does not exist (`view`, `cancel`).
+//! - Enqueue inherits `enqueue`'s guarantees: atomic with the caller's transaction, durable
+//!   dedup by owner + idempotency key for the job's whole life, one statement per chunk.
 //! - Cancellation (`cancel`) is decided under the job's row lock: a pending job ends `cancelled`
 //!   at once (payload cleared); a running job gets a cancel request that its fenced commit
 //!   honours; a terminal job is left alone. A request on the job's row and a commit can never
 //!   both win; an owner's cancel never waits for a commit that holds the row, and says so
 //!   ([`Cancel::Deferred`]: recorded, the job may still succeed).
 
+use crate::codes::Code;
+use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
-use crate::state::JobState;
-use crate::time::canonical_utc;
+use crate::intake::Rejection;
+use crate::job::Job;
+use backend::{Backend, Pg};
 use chrono::{DateTime, Utc};
-use serde::Serialize;
-use tokio_postgres::types::Type;
-use tokio_postgres::{GenericClient, Row};
-use utoipa::ToSchema;
+use enqueue::Submission;
+use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
-pub(crate) mod cancel;
+mod backend;
+#[doc(hidden)]
+pub mod cancel;
+#[doc(hidden)]
+pub mod enqueue;
+#[doc(hidden)]
+pub mod history;
+#[doc(hidden)]
+pub mod notifier;
+pub mod state;
+#[doc(hidden)]
+pub mod view;
+
+pub use cancel::Cancel;
+pub use enqueue::Enqueued;
+pub use history::{AttemptEnding, PastAttempt};
+pub use state::JobState;
+pub use view::{JobFailure, JobStatus, Page, Window};
+
+// The statements and owner-scoped calls under [`Jobs`], for the service and the test suite.
+#[doc(hidden)]
 pub use cancel::{
-    apply_deferred, await_deferred, cancel, Applied, Cancel, APPLY_DEFERRED_SQL,
-    AWAIT_DEFERRED_SQL, CANCEL_NOWAIT_SQL, CANCEL_SQL,
+    apply_deferred, await_deferred, cancel, Applied, APPLY_DEFERRED_SQL, AWAIT_DEFERRED_SQL,
+    CANCEL_NOWAIT_SQL, CANCEL_SQL,
 };
-mod history;
-pub use history::{
-    past_attempts, replaced_by, AttemptEnding, PastAttempt, ATTEMPTS_SQL, REPLACED_BY_SQL,
-};
+#[doc(hidden)]
+pub use history::{past_attempts, replaced_by, ATTEMPTS_SQL, REPLACED_BY_SQL};
+#[doc(hidden)]
+pub use view::{list, page, status, LIST_ENDED_SQL, LIST_LIVE_SQL, LIST_SQL, STATUS_SQL};
 
-/// The ledger summary of a succeeded job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct JobResult {
-    /// Target rows inserted.
-    pub rows_inserted: i32,
-    /// Target rows changed.
-    pub rows_updated: i32,
-    /// Target rows already as loaded.
-    pub rows_unchanged: i32,
-    /// Hex SHA-256 of the loaded data.
-    pub checksum: String,
-}
-
-/// Why a job failed or was cancelled.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct JobFailure {
-    /// The stable failure code.
-    pub code: String,
-    /// For `record_invalid`: the index of the first bad record.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub record_index: Option<i32>,
-}
-
-/// A job's status: the representation the status monitor serves.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct JobStatus {
-    /// The job id.
-    pub id: Uuid,
-    /// `pending`, `running`, `succeeded`, `failed` or `cancelled`.
-    #[schema(value_type = String)]
-    pub status: JobState,
-    /// Attempts started so far.
-    pub attempts: i32,
-    /// The attempt bound.
-    pub max_attempts: i32,
-    /// When the job is (or was) due, canonical UTC.
-    pub run_at: String,
-    /// When the job was accepted, canonical UTC.
-    pub created_at: String,
-    /// When the job last changed, canonical UTC.
-    pub updated_at: String,
-    /// When the latest attempt started, canonical UTC.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
-    /// When the job ended, canonical UTC.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
-    /// Whether a cancel was requested while the job was running.
-    pub cancel_requested: bool,
-    /// The job this one replaced.
-    #[serde(skip_serializing_if = "Option::is_none")]
+/// How one job is enqueued; every field may be left out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnqueueOptions<'a> {
+    /// When the job is due (UTC); `None` or a past instant means now.
+    pub run_at: Option<DateTime<Utc>>,
+    /// The attempt bound (1 to 100: another is refused with [`crate::ConfigError::MaxAttempts`]);
+    /// `None` is the kind's [`Job::MAX_ATTEMPTS`].
+    pub max_attempts: Option<i32>,
+    /// An idempotency key (1 to 255 characters): a second enqueue of the same owner with the same
+    /// key returns the existing job, whatever state it is in; with a different payload it is
+    /// refused (`idempotency_key_reused`). Stored only as a keyed digest.
+    pub idempotency_key: Option<&'a str>,
+    /// A job of the same owner this one replaces: it is cancelled (`replaced`) in the same
+    /// transaction; if it is running, its effects never commit.
     pub replaces: Option<Uuid>,
-    /// Why it failed or was cancelled.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure: Option<JobFailure>,
-    /// The ledger summary, once succeeded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<JobResult>,
-    /// The job's kind.
-    pub kind: String,
-    /// The queue it waits (or waited) in.
-    pub queue: String,
-    /// Its priority within the queue: 0 (the most urgent) to 9.
-    pub priority: i16,
+    /// The owner (a principal, digested here); `None` is the [`Jobs`] handle's owner.
+    pub owner: Option<&'a str>,
+    /// The queue the job waits in; `None` is the kind's [`Job::QUEUE`].
+    pub queue: Option<&'a str>,
+    /// The job's priority within its queue (0, the most urgent, to 9; see [`crate::queue`]);
+    /// `None` is the kind's [`Job::PRIORITY`].
+    pub priority: Option<i16>,
+    /// The job's concurrency key (1 to 255 bytes, e.g. a customer's id): in a queue with a key
+    /// cap ([`crate::queue::set_key_cap`]), at most that many jobs of one key run at once, across
+    /// all replicas. `None`: the job counts against no key. Stored on the job's live row only;
+    /// never logged, labelled or shown.
+    pub concurrency_key: Option<&'a str>,
 }
 
-impl JobStatus {
-    /// Whether the job is still to run or running.
-    pub fn is_active(&self) -> bool {
-        !self.status.is_terminal()
+/// Enqueues, reads and controls jobs of any kind for one owner: the library's front door.
+///
+/// Cheap to clone; [`Jobs::for_owner`] gives the same handle for another owner.
+#[derive(Debug, Clone)]
+pub struct Jobs {
+    /// The deployment's digest key.
+    secret: Secret,
+    /// The digest of the owner calls act for.
+    owner: [u8; 32],
+}
+
+impl Jobs {
+    /// A handle that digests under `secret` and acts for `owner` (a principal: the name an API
+    /// key of the HTTP API maps to, so the jobs show there too), unless a call names another.
+    pub fn new(secret: Secret, owner: &str) -> Jobs {
+        let owner = secret.digest(DigestKind::Principal, owner.as_bytes());
+        Jobs { secret, owner }
     }
 
-    /// The status from a row of `status_select!`'s columns.
+    /// This handle, acting for `owner` instead.
+    pub fn for_owner(&self, owner: &str) -> Jobs {
+        Jobs::new(self.secret.clone(), owner)
+    }
+
+    /// The owner digest calls act for (what [`crate::job::handler::JobContext::owner_key`] shows).
+    pub fn owner_key(&self) -> [u8; 32] {
+        self.owner
+    }
+
+    /// Enqueues `job` on `client`: the caller's transaction (the job commits or rolls back with
+    /// the caller's writes) or a connection. One round trip, unless `options.replaces` is set.
+    /// The replicas wake when the transaction commits.
     ///
     /// # Errors
-    /// A `status` that is not a [`JobState`] (the table's CHECK constraint admits none).
-    fn from_row(row: &Row) -> Result<JobStatus, tokio_postgres::Error> {
-        let time = |i: usize| canonical_utc(row.get::<_, DateTime<Utc>>(i));
-        let opt_time = |i: usize| row.get::<_, Option<DateTime<Utc>>>(i).map(canonical_utc);
-        let failure = row.get::<_, Option<String>>(9).map(|code| JobFailure {
-            code,
-            record_index: row.get(10),
-        });
-        let status: JobState = row.try_get(1)?;
-        let result = row
-            .get::<_, Option<i32>>(13)
-            .map(|rows_inserted| JobResult {
-                rows_inserted,
-                rows_updated: row.get(14),
-                rows_unchanged: row.get(15),
-                checksum: hex::encode(row.get::<_, Vec<u8>>(16)),
-            });
-        Ok(JobStatus {
-            id: row.get(0),
-            // A retry-waiting pending job keeps no failure; only ended jobs report one.
-            failure: failure.filter(|_| matches!(status, JobState::Failed | JobState::Cancelled)),
-            status,
-            attempts: row.get(2),
-            max_attempts: row.get(3),
-            run_at: time(4),
-            created_at: time(5),
-            updated_at: time(6),
-            started_at: opt_time(7),
-            finished_at: opt_time(8),
-            cancel_requested: row.get(11),
-            replaces: row.get(12),
-            result,
-            kind: row.get(17),
-            queue: row.get(18),
-            priority: row.get(19),
-        })
+    /// [`Error::Config`] when the kind's name, or the queue's, is not one the schema stores
+    /// ([`crate::job::handler::is_kind_name`]), the priority is outside
+    /// [`crate::queue::PRIORITY_RANGE`] or the attempt bound outside
+    /// [`enqueue::MAX_ATTEMPTS_RANGE`]; [`Error::Rejected`] with `idempotency_key_invalid`,
+    /// `idempotency_key_reused`, `invalid_payload` (the job does not serialize as a JSON
+    /// document), or `not_found` /
+    /// `conflict` for a `replaces` that names no job of the owner / one that ended; database
+    /// errors.
+    pub async fn enqueue<J: Job>(
+        &self,
+        client: &impl GenericClient,
+        job: &J,
+        options: EnqueueOptions<'_>,
+    ) -> Result<Enqueued, Error> {
+        let done = self.enqueue_many_with(client, [(job, options)]).await?;
+        done.into_iter().next().ok_or(Error::Internal)
     }
-}
 
-/// The columns of a status view, in [`JobStatus::from_row`] order, read from the `etl_jobs` view
-/// (migrations 0007 and 0008), the one definition of what a job looks like from outside: its
-/// intake, its live row or its outcome (with the ledger summary) and its cancel request, in one
-/// statement's snapshot.
-macro_rules! status_select {
-    () => {
-        "SELECT j.id, j.status, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at,
-                j.started_at, j.finished_at, j.failure_code, j.failure_record_index,
-                j.cancel_requested, j.replaces_job_id,
-                j.rows_inserted, j.rows_updated, j.rows_unchanged, j.data_checksum,
-                j.kind, j.queue, j.priority
-           FROM etl_jobs j"
-    };
-}
+    /// Enqueues `jobs` with the default options on `client`, one statement per chunk of
+    /// [`enqueue::CHUNK`] jobs; returns their ids, in order.
+    ///
+    /// # Errors
+    /// As [`Jobs::enqueue`].
+    pub async fn enqueue_many<'j, J: Job>(
+        &self,
+        client: &impl GenericClient,
+        jobs: impl IntoIterator<Item = &'j J>,
+    ) -> Result<Vec<Uuid>, Error> {
+        let jobs = jobs.into_iter().map(|j| (j, EnqueueOptions::default()));
+        let done = self.enqueue_many_with(client, jobs).await?;
+        Ok(done.into_iter().map(|e| e.id).collect())
+    }
 
-/// One job of one owner (`$1` id, `$2` owner digest). Locks: none.
-pub const STATUS_SQL: &str = concat!(status_select!(), " WHERE j.id = $1 AND j.owner_key = $2");
+    /// Enqueues `jobs`, each with its options, on `client`: one statement per chunk of
+    /// [`enqueue::CHUNK`] jobs of one owner; returns one [`Enqueued`] per job, in order.
+    ///
+    /// # Errors
+    /// As [`Jobs::enqueue`].
+    pub async fn enqueue_many_with<'j, J: Job>(
+        &self,
+        client: &impl GenericClient,
+        jobs: impl IntoIterator<Item = (&'j J, EnqueueOptions<'_>)>,
+    ) -> Result<Vec<Enqueued>, Error> {
+        self.submit(&mut Pg(client.client()), jobs).await
+    }
 
-/// An owner's jobs, newest first, with ids below `$2` and at or above `$5` (a [`Window`]; NULL
-/// is open), optionally of status `$3` (NULL here: a known status has a statement of its own,
-/// and [`list`] answers an unknown one without a statement), at most `$4`. Locks: none; walks
-/// `etl_job_intake_owner_listing_idx` backwards between the two bounds and probes the live row
-/// and the outcome of each job by primary key. The owner is matched as
-/// `= ANY (ARRAY[$1])` and the order is `(owner_key, id)`: an equality with one value, so the
-/// index stops at both id bounds, but no equivalence to a constant, so the planner keeps
-/// `owner_key` in the order, which only the owner's index gives. Written as `owner_key = $1 …
-/// ORDER BY id`, the planner walked the primary key backwards and filtered by owner whenever one
-/// owner held most jobs, reading every newer job of the others first (the `claim_plan` test puts
-/// 5,000 of them above its owner's history); written as row comparisons on `(owner_key, id)`, a
-/// backward scan stopped only at the owner's oldest job (34 ms for a window in the middle of
-/// 1,000,000). [`list`] sends it unnamed, so it is planned with its parameters and the `IS NULL`
-/// tests of open bounds fold away (the widest ids in their place made a never-analyzed table's
-/// plan sort the owner's whole history). Serves the listing of every job; a status picks
-/// [`LIST_LIVE_SQL`] or [`LIST_ENDED_SQL`].
-pub const LIST_SQL: &str = concat!(
-    status_select!(),
-    " WHERE j.owner_key = ANY (ARRAY[$1::bytea])
-        AND ($2::uuid IS NULL OR j.id < $2) AND ($5::uuid IS NULL OR j.id >= $5)
-        AND ($3::text IS NULL OR j.status = $3)
-      ORDER BY j.owner_key DESC, j.id DESC LIMIT $4"
-);
+    /// [`Jobs::enqueue`] on a sqlx connection, or a sqlx transaction through it (`&mut *tx`):
+    /// the job commits or rolls back with the caller's transaction, with the same options,
+    /// checks and dedup.
+    ///
+    /// # Errors
+    /// As [`Jobs::enqueue`]; a sqlx database error is [`Error::Sqlx`].
+    #[cfg(feature = "sqlx")]
+    pub async fn enqueue_sqlx<J: Job>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        job: &J,
+        options: EnqueueOptions<'_>,
+    ) -> Result<Enqueued, Error> {
+        let done = self.enqueue_many_sqlx(conn, [(job, options)]).await?;
+        done.into_iter().next().ok_or(Error::Internal)
+    }
 
-/// An owner's live jobs of status `$3` (`pending` or `running`), newest first, with ids below
-/// `$2` and at or above `$5` (NULL: open), at most `$4`. Locks: none; picks the page's ids
-/// from `etl_job_records`, which holds only live jobs (migration 0008), then reads each job of
-/// the page through the view by primary key, so the owner's ended history is never read: an
-/// empty page reads no intake row and no outcome (filtering the owner's jobs one by one, newest
-/// first, walked the owner's whole history to answer an empty `?status=running` page: 1.1 s and
-/// about 4 M buffer hits at 1,000,000 ended jobs). Pending ids come from
-/// `etl_job_records_pending_owner_idx` (migration 0016) between the two bounds, the owner matched
-/// as in [`LIST_SQL`], whatever backlog other owners have (the primary key walked backwards read
-/// every newer live job of any owner first); running ones through
-/// `etl_job_records_running_owner_idx`, which the replicas' slots bound. The ids are an array
-/// (`= ANY (ARRAY(…))`), not an `IN` subquery: once analyzed, the planner merged an `IN` with
-/// the intake's primary key walked backwards from the newest job of any owner (5,051 rows read
-/// for a page of 50 in the `claim_plan` test).
-pub const LIST_LIVE_SQL: &str = concat!(
-    status_select!(),
-    " WHERE j.id = ANY (ARRAY(SELECT r.id FROM etl_job_records r
-                               WHERE r.owner_key = ANY (ARRAY[$1::bytea]) AND r.status = $3
-                                 AND ($2::uuid IS NULL OR r.id < $2)
-                                 AND ($5::uuid IS NULL OR r.id >= $5)
-                               ORDER BY r.owner_key DESC, r.id DESC LIMIT $4))
-      ORDER BY j.id DESC"
-);
+    /// [`Jobs::enqueue_many_with`] on a sqlx connection or transaction (`&mut *tx`).
+    ///
+    /// # Errors
+    /// As [`Jobs::enqueue`]; a sqlx database error is [`Error::Sqlx`].
+    #[cfg(feature = "sqlx")]
+    pub async fn enqueue_many_sqlx<'j, J: Job>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        jobs: impl IntoIterator<Item = (&'j J, EnqueueOptions<'_>)>,
+    ) -> Result<Vec<Enqueued>, Error> {
+        self.submit(&mut crate::jobs::backend::Sqlx(conn), jobs)
+            .await
+    }
 
-/// An owner's ended jobs of status `$3`, newest first, with ids below `$2` and at or above `$5`
-/// (NULL: open), at most `$4`. Locks: none; walks `etl_job_outcomes_owner_status_listing_idx`
-/// backwards between the two bounds (the owner matched as in [`LIST_SQL`]),
-/// whatever the history holds, then reads each job of the page through the view by primary key.
-pub const LIST_ENDED_SQL: &str = concat!(
-    status_select!(),
-    " WHERE j.id IN (SELECT o.job_id FROM etl_job_outcomes o
-                       WHERE o.owner_key = ANY (ARRAY[$1::bytea]) AND o.status = $3
-                         AND ($2::uuid IS NULL OR o.job_id < $2)
-                         AND ($5::uuid IS NULL OR o.job_id >= $5)
-                       ORDER BY o.owner_key DESC, o.status DESC, o.job_id DESC LIMIT $4)
-      ORDER BY j.id DESC"
-);
+    /// [`Jobs::cancel`] on a sqlx connection or transaction (`&mut *tx`).
+    ///
+    /// # Errors
+    /// As [`Jobs::cancel`]; a sqlx database error is [`Error::Sqlx`].
+    #[cfg(feature = "sqlx")]
+    pub async fn cancel_sqlx(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        id: Uuid,
+    ) -> Result<Cancel, Error> {
+        let mut conn = crate::jobs::backend::Sqlx(conn);
+        cancel::cancel_on(&mut conn, &self.owner, id, Code::Cancelled).await
+    }
 
-/// The status of job `id` for `owner`, if that owner has it.
-///
-/// # Errors
-/// Database errors.
-pub async fn status(
-    client: &impl GenericClient,
-    owner: &[u8; 32],
-    id: Uuid,
-) -> Result<Option<JobStatus>, Error> {
-    let owner: &[u8] = owner;
-    let row = client
-        .query_typed_opt(STATUS_SQL, &[(&id, Type::UUID), (&owner, Type::BYTEA)])
-        .await?;
-    Ok(row.as_ref().map(JobStatus::from_row).transpose()?)
-}
-
-/// Which of an owner's jobs a listing covers, as bounds on their ids. Job ids are UUIDv7, which
-/// begin with the millisecond they were made at intake, so a range of submission times is a
-/// range of ids, and the listing's index serves both bounds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Window {
-    /// Only ids below this one (a page's cursor, or the end of a submission range).
-    pub before: Option<Uuid>,
-    /// Only ids at or above this one (the start of a submission range).
-    pub from: Option<Uuid>,
-}
-
-impl Window {
-    /// The jobs submitted from `from` (inclusive) to `to` (exclusive), either bound open.
-    pub fn submitted(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Window {
-        Window {
-            before: to.map(first_id_at),
-            from: from.map(first_id_at),
+    /// Enqueues `jobs` on `client`, one statement per chunk of each run of one owner.
+    async fn submit<'j, J: Job>(
+        &self,
+        client: &mut impl Backend,
+        jobs: impl IntoIterator<Item = (&'j J, EnqueueOptions<'_>)>,
+    ) -> Result<Vec<Enqueued>, Error> {
+        if !crate::job::handler::is_kind_name(J::KIND) {
+            return Err(Error::Config(crate::ConfigError::KindName));
         }
+        // Runs of consecutive jobs of one owner go in one call; most batches are one run.
+        let mut runs: Vec<([u8; 32], Vec<Submission<'_>>)> = Vec::new();
+        for (job, options) in jobs {
+            let owner = options.owner.map_or(self.owner, |o| {
+                self.secret.digest(DigestKind::Principal, o.as_bytes())
+            });
+            let submission = Submission {
+                payload: serde_json::to_value(job)
+                    .map_err(|_| Error::from(Rejection::new(Code::InvalidPayload, "")))?,
+                idempotency_key: options.idempotency_key,
+                max_attempts: options.max_attempts.unwrap_or(J::MAX_ATTEMPTS),
+                run_at: options.run_at,
+                replaces: options.replaces,
+                queue: Some(options.queue.unwrap_or(J::QUEUE)),
+                priority: options.priority.unwrap_or(J::PRIORITY),
+                concurrency_key: options.concurrency_key,
+            };
+            match runs.last_mut() {
+                Some((last, run)) if *last == owner => run.push(submission),
+                _ => runs.push((owner, vec![submission])),
+            }
+        }
+        let mut out = Vec::new();
+        for (owner, run) in runs {
+            out.extend(enqueue::submit_on(client, &self.secret, &owner, J::KIND, run).await?);
+        }
+        Ok(out)
     }
 
-    /// This window, below `cursor` too (the next page after the job `cursor`).
-    pub fn after(self, cursor: Option<Uuid>) -> Window {
-        let before = match (self.before, cursor) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        Window { before, ..self }
+    /// The status of job `id`, if this handle's owner has it.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn status(
+        &self,
+        client: &impl GenericClient,
+        id: Uuid,
+    ) -> Result<Option<JobStatus>, Error> {
+        view::status(client, &self.owner, id).await
+    }
+
+    /// Cancels job `id` of this handle's owner: a pending job ends `cancelled` at once; a
+    /// running one ends `cancelled` when its worker settles it, and its effects never commit;
+    /// a running one whose commit holds it (its effects being applied) is answered at once with
+    /// [`Cancel::Deferred`]: recorded, and it may still succeed (see [`await_deferred`]).
+    ///
+    /// # Errors
+    /// Database errors; [`Error::Contended`] when claims kept taking the job (nothing written).
+    pub async fn cancel(&self, client: &impl GenericClient, id: Uuid) -> Result<Cancel, Error> {
+        cancel::cancel(client, &self.owner, id, Code::Cancelled).await
+    }
+
+    /// A page of at most `size` of this handle's owner's jobs in `window` (of any kind), newest
+    /// first, only those in `status` if given, and where the next page starts.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn list(
+        &self,
+        client: &impl GenericClient,
+        window: Window,
+        status: Option<crate::jobs::state::JobState>,
+        size: i64,
+    ) -> Result<Page, Error> {
+        let status = status.map(crate::jobs::state::JobState::as_str);
+        view::page(client, &self.owner, window, status, size).await
     }
 }
-
-/// The largest millisecond a UUIDv7 can hold (48 bits: the year 10889).
-const LAST_V7_MILLI: u128 = 0xffff_ffff_ffff;
-
-/// The smallest UUIDv7 of the millisecond `at` (every id made in that millisecond or later is at
-/// least this; every id made before is less). Times before 1970 map to the nil id, times past
-/// what a UUIDv7 holds to the largest millisecond it holds.
-fn first_id_at(at: DateTime<Utc>) -> Uuid {
-    let millis = u128::try_from(at.timestamp_millis()).unwrap_or(0);
-    Uuid::from_u128(millis.min(LAST_V7_MILLI) << 80)
-}
-
-/// A page of `owner`'s jobs in `window`, newest first.
-///
-/// # Errors
-/// Database errors.
-pub async fn list(
-    client: &impl GenericClient,
-    owner: &[u8; 32],
-    window: Window,
-    status: Option<&str>,
-    limit: i64,
-) -> Result<Vec<JobStatus>, Error> {
-    let owner: &[u8] = owner;
-    let Window { before, from } = window;
-    let sql = match status.map(JobState::parse) {
-        None => LIST_SQL,
-        // No job has a status that is no job state.
-        Some(None) => return Ok(Vec::new()),
-        Some(Some(state)) if state.is_terminal() => LIST_ENDED_SQL,
-        Some(Some(_)) => LIST_LIVE_SQL,
-    };
-    let rows = client
-        .query_typed(
-            sql,
-            &[
-                (&owner, Type::BYTEA),
-                (&before, Type::UUID),
-                (&status, Type::TEXT),
-                (&limit, Type::INT8),
-                (&from, Type::UUID),
-            ],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(JobStatus::from_row)
-        .collect::<Result<_, _>>()?)
-}
-
-/// One page of an owner's jobs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Page {
-    /// The jobs of the page, newest first.
-    pub jobs: Vec<JobStatus>,
-    /// The id to continue after (the page's last job), when older jobs follow.
-    pub next: Option<Uuid>,
-}
-
-/// A page of at most `size` of `owner`'s jobs in `window`, newest first, and where the next page
-/// starts: one more job is read to tell whether one follows.
-///
-/// # Errors
-/// Database errors.
-pub async fn page(
-    client: &impl GenericClient,
-    owner: &[u8; 32],
-    window: Window,
-    status: Option<&str>,
-    size: i64,
-) -> Result<Page, Error> {
-    let mut jobs = list(client, owner, window, status, size.saturating_add(1)).await?;
-    let size = usize::try_from(size).unwrap_or(0);
-    let next = if jobs.len() > size {
-        jobs.truncate(size);
-        jobs.last().map(|j| j.id)
-    } else {
-        None
-    };
-    Ok(Page { jobs, next })
-}
-
-#[cfg(test)]
-mod tests;

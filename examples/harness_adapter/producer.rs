@@ -165,7 +165,7 @@ impl Producer {
         let conn = durable_etl::db::checkout(&self.pool)
             .await
             .map_err(|e| e.code().as_str().to_owned())?;
-        durable_etl::metrics::sample_queue(&*conn)
+        durable_etl::service::metrics::sample_queue(&*conn)
             .await
             .map(|q| q.due)
             .map_err(|e| crate::db_code(&e))

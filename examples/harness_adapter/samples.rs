@@ -164,11 +164,11 @@ async fn tick(
 }
 
 /// The queue's depth by state (durable-etl's own sample, one statement).
-async fn depth(pool: &Pool) -> Result<durable_etl::metrics::QueueSample, String> {
+async fn depth(pool: &Pool) -> Result<durable_etl::service::metrics::QueueSample, String> {
     let conn = durable_etl::db::checkout(pool)
         .await
         .map_err(|e| e.code().as_str().to_owned())?;
-    durable_etl::metrics::sample_queue(&*conn)
+    durable_etl::service::metrics::sample_queue(&*conn)
         .await
         .map_err(|e| crate::db_code(&e))
 }

@@ -32,7 +32,7 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     const EXECUTION_TIMEOUT: Option<Duration> = None;
     /// The failure codes of the kind's own, for [`JobError::failed`](crate::JobError::failed):
     /// each a lower-case identifier that is not one of the crate's codes
-    /// ([`is_kind_code`](crate::handler::is_kind_code)). Defaults to none.
+    /// ([`is_kind_code`](crate::job::handler::is_kind_code)). Defaults to none.
     const CODES: &'static [&'static str] = &[];
     /// The queue a job of this kind waits in when
     /// [`EnqueueOptions::queue`](crate::EnqueueOptions::queue) is not set: replicas serving it
@@ -45,7 +45,7 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     const PRIORITY: i16 = 0;
 
     /// The delay before retrying after failed attempt `attempt` (from 1), at most
-    /// [`RETRY_AFTER_MAX`](crate::handler::RETRY_AFTER_MAX); `None` (the default) is the
+    /// [`RETRY_AFTER_MAX`](crate::job::RETRY_AFTER_MAX); `None` (the default) is the
     /// replica's policy. A handler's [`JobError::RetryAfter`](crate::JobError::RetryAfter)
     /// overrides both.
     fn retry_delay(_attempt: i32) -> Option<Duration> {

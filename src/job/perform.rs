@@ -4,7 +4,7 @@
 //! Invariants this module keeps:
 //! - [`Perform::compute`] runs with no connection held; its [`Apply`] value runs inside the
 //!   fenced transaction that also records the job's success, so the effects commit with it or
-//!   not at all ([`crate::handler`]'s contract, unchanged).
+//!   not at all ([`crate::job::handler`]'s contract, unchanged).
 //! - A payload that does not decode as the kind's type fails the job at once with
 //!   `invalid_payload`: retrying cannot change it.
 //! - The [`JobContext`] that [`Apply::apply`] gets is the one [`Perform::compute`] got, shared
@@ -16,7 +16,7 @@
 
 use super::kind::Job;
 use crate::codes::Code;
-use crate::handler::{Effects, Handler, JobContext, JobError, LedgerEntry, NoEffects, Registry};
+use crate::job::handler::{Effects, Handler, JobContext, JobError, NoEffects, Output, Registry};
 use futures::future::BoxFuture;
 use std::any::TypeId;
 use std::future::Future;
@@ -212,7 +212,7 @@ impl<A: Apply> Effects for TypedEffects<A> {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
         Box::pin(async move {
             let TypedEffects { effects, job } = *self;
             effects.apply(tx, &job).await?;

@@ -16,10 +16,10 @@
 //! - A replacement's cancel (`replaced`) waits for the job's row, as it must: the replacement is
 //!   refused when the job it names ended meanwhile.
 
-use crate::backend::{Backend, CancelParams, Pg};
 use crate::codes::Code;
 use crate::error::Error;
-use crate::state::JobState;
+use crate::jobs::backend::{Backend, CancelParams, Pg};
+use crate::jobs::state::JobState;
 use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;

@@ -307,4 +307,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive for readers: a release before it records no owner and never reads it.
         min_reader_version: 28,
     },
+    Migration {
+        version: 33,
+        name: "recorded_output",
+        up: include_str!("../../migrations/0033_recorded_output.up.sql"),
+        down: include_str!("../../migrations/0033_recorded_output.down.sql"),
+        // Succeeded jobs' results move to `output`: a reader before it would show none.
+        min_reader_version: 33,
+    },
 ];

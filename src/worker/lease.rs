@@ -41,7 +41,7 @@
 //! Recovery, like every fenced write, re-checks `status = 'running'` in the statement that
 //! changes the row, and skips rows another session has locked (an executor committing).
 
-use crate::handler::JobContext;
+use crate::job::handler::JobContext;
 use crate::worker::liveness::beat::BeatClock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -50,7 +50,7 @@ pub use {
 };
 
 use crate::config::{ConfigError, DatabaseConfig, WorkerConfig};
-use crate::{db::Pool, error::Error, handler::Registry, shutdown::Shutdown};
+use crate::{db::Pool, error::Error, job::handler::Registry, shutdown::Shutdown};
 use claim::{dispatch, producer::Producer, producer::Stopped};
 use complete::completer::Transition;
 use liveness::{held::HeldJobs, reporter, session::Session};

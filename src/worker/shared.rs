@@ -15,7 +15,7 @@
 use crate::config::{DatabaseConfig, Pooler, WorkerConfig};
 use crate::db::{self, Pool};
 use crate::error::Error;
-use crate::handler::Registry;
+use crate::job::handler::Registry;
 use crate::worker::claim::claimer::{self, ClaimPool};
 use crate::worker::complete::group_commit::{sessions, GroupCommit};
 use crate::worker::liveness::session::Signals;

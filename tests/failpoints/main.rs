@@ -12,9 +12,9 @@
 mod support;
 
 use durable_etl::digest::{DigestKind, Secret};
-use durable_etl::etl::enqueue::{enqueue, NewJob};
-use durable_etl::etl::request;
 use durable_etl::intake::IntakeLimits;
+use durable_etl::kinds::etl::enqueue::{enqueue, NewJob};
+use durable_etl::kinds::etl::request;
 use serde_json::json;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};

@@ -6,16 +6,16 @@ use crate::support::{
     count, eventually, hold_job_row, job_row, pool, register_waiting, stalled_claimant, Listener,
     TestDb,
 };
-use durable_etl::api::{self, AppState};
-use durable_etl::api_keys;
 use durable_etl::config::{ApiConfig, WorkerConfig};
 use durable_etl::digest::Secret;
-use durable_etl::etl::load::EtlLoad;
-use durable_etl::handler::Registry;
 use durable_etl::intake::IntakeLimits;
+use durable_etl::job::handler::Registry;
+use durable_etl::jobs::notifier::Notifier;
+use durable_etl::kinds::etl::load::EtlLoad;
+use durable_etl::service::api_keys;
+use durable_etl::service::{self, AppState};
 use durable_etl::worker::completer::Transition;
 use durable_etl::worker::Worker;
-use durable_etl::Notifier;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -78,7 +78,7 @@ impl Api {
         if notifying {
             state = state.with_notifier(Notifier::start(&db.config).unwrap());
         }
-        let app = api::app(state);
+        let app = service::app(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -475,7 +475,7 @@ async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees(
     let pool = bb8::Pool::builder()
         .connection_timeout(Duration::from_millis(300))
         .build_unchecked(manager);
-    let app = api::app(AppState::new(
+    let app = service::app(AppState::new(
         pool,
         Secret::new(SECRET).unwrap(),
         ApiConfig::default(),
@@ -575,7 +575,7 @@ async fn serve_on_one_connection(db: &TestDb) -> String {
         request_timeout: Duration::from_secs(1),
         ..ApiConfig::default()
     };
-    let app = api::app(AppState::new(pool, Secret::new(SECRET).unwrap(), config));
+    let app = service::app(AppState::new(pool, Secret::new(SECRET).unwrap(), config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -1244,7 +1244,7 @@ async fn the_served_openapi_document_describes_every_route() {
     let (s, _, doc) = api.get(&api.alice, "/openapi.json").await;
     assert_eq!(s, StatusCode::OK);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
-    assert_eq!(doc, api::openapi());
+    assert_eq!(doc, service::openapi());
     assert_eq!(
         doc["components"]["schemas"]["EtlRequest"]["required"],
         json!(["dataset", "key", "records"])
@@ -1369,7 +1369,7 @@ async fn a_metrics_scrape_reads_only_the_active_rows_through_their_indexes() {
         if analyze {
             client.batch_execute("ANALYZE").await.unwrap();
         }
-        let plan = plan_of(&client, durable_etl::metrics::QUEUE_SAMPLE_SQL).await;
+        let plan = plan_of(&client, durable_etl::service::metrics::QUEUE_SAMPLE_SQL).await;
         assert!(
             plan.contains("\"etl_job_records\""),
             "analyzed {analyze}: {plan}"
@@ -1377,7 +1377,9 @@ async fn a_metrics_scrape_reads_only_the_active_rows_through_their_indexes() {
         for history in ["etl_job_outcomes", "etl_job_intake"] {
             assert!(!plan.contains(history), "analyzed {analyze}: {plan}");
         }
-        let sample = durable_etl::metrics::sample_queue(&client).await.unwrap();
+        let sample = durable_etl::service::metrics::sample_queue(&client)
+            .await
+            .unwrap();
         assert_eq!(
             (sample.due, sample.deferred, sample.running),
             (2, 1, 1),

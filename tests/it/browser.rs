@@ -300,7 +300,7 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
         .await
         .unwrap();
     let source = until_live_page_shows(&browser, "status-succeeded").await;
-    assert!(source.contains("Rows inserted"));
+    assert!(source.contains("rows inserted"));
     let mark = browser
         .execute("return window.durableEtlMark;", vec![])
         .await

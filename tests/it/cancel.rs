@@ -7,7 +7,7 @@ use crate::handlers::{Scripted, SCRIPTED};
 use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb, LEDGERS};
 use durable_etl::codes::Code;
 use durable_etl::config::WorkerConfig;
-use durable_etl::handler::Registry;
+use durable_etl::job::handler::Registry;
 use durable_etl::jobs::{self, Cancel};
 use durable_etl::shutdown::{self, Stage};
 use durable_etl::worker::completer::Transition;
@@ -313,7 +313,7 @@ async fn a_pending_job_is_cancelled_at_once_and_an_ended_one_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_that_races_the_commit_of_the_job_it_replaces_is_never_overwritten() {
     use crate::etl::{etl_worker, new_job, owner, req, secret};
-    use durable_etl::etl::enqueue::enqueue;
+    use durable_etl::kinds::etl::enqueue::enqueue;
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let owner = owner("replacing");

@@ -1,9 +1,9 @@
 //! The binary's command-line contract: exit codes, messages, `migrate` and `api-keys`.
 
 use crate::support::{admin_config, connect, Processes, TestDb, TEST_DB_PREFIX};
-use durable_etl::api_keys;
 use durable_etl::db::quote_ident;
 use durable_etl::digest::Secret;
+use durable_etl::service::api_keys;
 use std::process::{Command, Output};
 
 /// A secret for tests.

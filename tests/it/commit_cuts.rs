@@ -7,7 +7,7 @@
 use crate::proxy::{Mode, Proxy};
 use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
-use durable_etl::handler::{Effects, Handler, JobContext, JobError, LedgerEntry, Registry};
+use durable_etl::job::handler::{Effects, Handler, JobContext, JobError, Output, Registry};
 use futures::future::BoxFuture;
 use serde_json::json;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ impl Effects for GatedEffects {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
         Box::pin(async move {
             self.applying.add_permits(1);
             drop(self.gate.acquire().await);

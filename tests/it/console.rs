@@ -3,13 +3,13 @@
 //! pages never show.
 
 use crate::support::{pool, TestDb};
-use durable_etl::api::{self, AppState};
-use durable_etl::api_keys::{self, Role};
 use durable_etl::config::WorkerConfig;
 use durable_etl::config::{ApiConfig, DatabaseConfig};
 use durable_etl::digest::Secret;
-use durable_etl::etl::load::EtlLoad;
-use durable_etl::handler::Registry;
+use durable_etl::job::handler::Registry;
+use durable_etl::kinds::etl::load::EtlLoad;
+use durable_etl::service::api_keys::{self, Role};
+use durable_etl::service::{self, AppState};
 use durable_etl::shutdown;
 use durable_etl::worker::Worker;
 use reqwest::header::{HeaderMap, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
@@ -91,7 +91,7 @@ impl Console {
             .await
             .unwrap();
         let bob = api_keys::create(&client, &secret, "bob").await.unwrap().key;
-        let app = api::app(AppState::new(pool(&db).await, secret, ApiConfig::default()));
+        let app = service::app(AppState::new(pool(&db).await, secret, ApiConfig::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });

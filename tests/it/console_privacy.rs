@@ -7,7 +7,7 @@
 use crate::console::{Console, Page};
 use crate::privacy::leak;
 use crate::support::{count, eventually};
-use durable_etl::api_keys::Role;
+use durable_etl::service::api_keys::Role;
 use durable_etl::worker::completer::{self, Transition};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -163,7 +163,7 @@ async fn no_console_page_or_form_answer_leaks_a_canary_the_key_sql_or_a_database
         "record_invalid",
         "retry scheduled at",
         "status-cancelled",
-        "Rows inserted",
+        "rows inserted",
     ] {
         assert!(bodies.contains(shown), "{shown}");
     }

@@ -5,7 +5,7 @@ use crate::handlers::{Noop, NOOP};
 use crate::support::{count, eventually, first_column, insert_jobs, TestDb};
 use crate::wake::{config, until_succeeded, Replica};
 use durable_etl::config::WorkerConfig;
-use durable_etl::handler::Registry;
+use durable_etl::job::handler::Registry;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;

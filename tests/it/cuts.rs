@@ -8,7 +8,7 @@ use crate::proxy::{Mode, Proxy};
 use crate::support::{eventually, insert_jobs, job_row, pool, TestDb};
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
 use durable_etl::error::Error;
-use durable_etl::handler::{Effects, Handler, JobContext, JobError, NoEffects, Registry};
+use durable_etl::job::handler::{Effects, Handler, JobContext, JobError, NoEffects, Registry};
 use durable_etl::shutdown::{self, Stage, Trigger};
 use durable_etl::worker::stats::WorkerStats;
 use durable_etl::worker::Worker;

@@ -6,11 +6,11 @@ use durable_etl::codes::Code;
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
 use durable_etl::digest::{DigestKind, Secret};
 use durable_etl::error::Error;
-use durable_etl::etl::enqueue::{enqueue, enqueue_many, NewJob};
-use durable_etl::etl::load::EtlLoad;
-use durable_etl::etl::request::{self, EtlRequest};
-use durable_etl::handler::Registry;
 use durable_etl::intake::IntakeLimits;
+use durable_etl::job::handler::Registry;
+use durable_etl::kinds::etl::enqueue::{enqueue, enqueue_many, NewJob};
+use durable_etl::kinds::etl::load::EtlLoad;
+use durable_etl::kinds::etl::request::{self, EtlRequest};
 use durable_etl::worker::completer::Transition;
 use durable_etl::worker::Worker;
 use serde_json::{json, Value};
@@ -94,7 +94,8 @@ async fn dump_jobs(client: &tokio_postgres::Client) -> String {
 async fn ledger(client: &tokio_postgres::Client, id: uuid::Uuid) -> (i32, i32, i32) {
     let row = client
         .query_one(
-            "SELECT rows_inserted, rows_updated, rows_unchanged FROM etl_job_outcomes
+            "SELECT (output ->> 'rows_inserted')::int, (output ->> 'rows_updated')::int,
+                    (output ->> 'rows_unchanged')::int FROM etl_job_outcomes
               WHERE job_id = $1 AND status = 'succeeded'",
             &[&id],
         )
@@ -259,7 +260,9 @@ async fn a_library_enqueue_notifies_through_the_trigger_unless_its_transaction_o
     ] {
         let tx = client.transaction().await.unwrap();
         if opt_out {
-            durable_etl::skip_trigger_notify(&tx).await.unwrap();
+            durable_etl::jobs::notifier::skip_trigger_notify(&tx)
+                .await
+                .unwrap();
         }
         enqueue(&tx, &secret(), &owner("alice"), new_job(key, &request, 5))
             .await

@@ -6,10 +6,10 @@
 use crate::etl::{etl_worker, new_job, owner, req, secret};
 use crate::support::{count, eventually, job_row, TestDb};
 use durable_etl::codes::Code;
-use durable_etl::etl::enqueue::{enqueue, Enqueued};
-use durable_etl::etl::request::{self, EtlRequest};
-use durable_etl::etl::transform::Transform;
 use durable_etl::intake::IntakeLimits;
+use durable_etl::kinds::etl::enqueue::{enqueue, Enqueued};
+use durable_etl::kinds::etl::request::{self, EtlRequest};
+use durable_etl::kinds::etl::transform::Transform;
 use durable_etl::worker::completer::Transition;
 use durable_etl::worker::Worker;
 use serde_json::{json, Map, Value};
@@ -252,7 +252,7 @@ async fn intake_writes_numbers_exactly_as_postgresql_stores_them() {
         .collect();
     let ours: Vec<String> = texts
         .iter()
-        .map(|t| durable_etl::etl::transform::canonical_number(t).unwrap())
+        .map(|t| durable_etl::kinds::etl::transform::canonical_number(t).unwrap())
         .collect();
     assert_eq!(ours, stored);
 }

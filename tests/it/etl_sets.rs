@@ -4,10 +4,10 @@
 
 use crate::etl::{etl_worker, new_job, owner, req, secret};
 use crate::support::{count, first_column_of, insert_jobs, TestDb};
-use durable_etl::etl::enqueue::enqueue_many;
-use durable_etl::etl::load::{plan, Load};
-use durable_etl::etl::KIND;
-use durable_etl::handler::{Effects, JobContext, LedgerEntry, NoEffects};
+use durable_etl::job::handler::{Effects, JobContext, NoEffects, Output};
+use durable_etl::kinds::etl::enqueue::enqueue_many;
+use durable_etl::kinds::etl::load::{plan, Load};
+use durable_etl::kinds::etl::{Ledger, KIND};
 use durable_etl::worker::completer::Transition;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -33,7 +33,7 @@ fn context(id: uuid::Uuid) -> JobContext {
         max_attempts: 5,
         owner_key: owner("alice").to_vec(),
         run_at: chrono::Utc::now(),
-        lease_lost: durable_etl::handler::LeaseLost::default(),
+        lease_lost: durable_etl::job::handler::LeaseLost::default(),
     }
 }
 
@@ -58,10 +58,7 @@ async fn rows(client: &impl tokio_postgres::GenericClient) -> Vec<String> {
 
 /// Applies `loads` one by one, then as one set, each in a transaction rolled back after; returns
 /// (ledgers, rows) of each way.
-async fn both_ways(
-    client: &mut Client,
-    loads: &[Load],
-) -> [(Vec<Option<LedgerEntry>>, Vec<String>); 2] {
+async fn both_ways(client: &mut Client, loads: &[Load]) -> [(Vec<Option<Output>>, Vec<String>); 2] {
     let tx = client.transaction().await.unwrap();
     let mut alone = Vec::new();
     for load in loads {
@@ -116,7 +113,7 @@ async fn loads_applied_together_write_the_same_rows_and_ledgers_as_one_by_one() 
     let counts: Vec<(i32, i32, i32)> = together
         .iter()
         .map(|l| {
-            let l = l.as_ref().unwrap();
+            let l: Ledger = serde_json::from_value(l.clone().unwrap()).unwrap();
             (l.rows_inserted, l.rows_updated, l.rows_unchanged)
         })
         .collect();
@@ -125,7 +122,8 @@ async fn loads_applied_together_write_the_same_rows_and_ledgers_as_one_by_one() 
         [(3, 0, 0), (1, 0, 0), (0, 1, 1), (0, 2, 1), (1, 0, 0)]
     );
     for (ledger, load) in together.iter().zip(&batch) {
-        assert_eq!(ledger.as_ref().unwrap().data_checksum, load.checksum());
+        let ledger: Ledger = serde_json::from_value(ledger.clone().unwrap()).unwrap();
+        assert_eq!(ledger.checksum, hex::encode(load.checksum()));
     }
     // Nothing stayed of either way.
     assert_eq!(count(&client, "etl_target_rows").await, 2);
@@ -234,7 +232,8 @@ async fn a_workers_batch_of_valid_invalid_and_same_key_loads_ends_as_one_by_one(
     );
     let ledgers = client
         .query(
-            "SELECT o.job_id, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.data_checksum
+            "SELECT o.job_id, (o.output ->> 'rows_inserted')::int, (o.output ->> 'rows_updated')::int,
+                    (o.output ->> 'rows_unchanged')::int, decode(o.output ->> 'checksum', 'hex')
                FROM etl_job_outcomes o WHERE o.status = 'succeeded'",
             &[],
         )

@@ -8,7 +8,7 @@ use crate::support::{
     count, insert_jobs, job_row, pool, signal, until_all_terminal, Processes, TestDb, LEDGERS,
 };
 use durable_etl::config::WorkerConfig;
-use durable_etl::handler::Registry;
+use durable_etl::job::handler::Registry;
 use durable_etl::shutdown::{self, Stage};
 use durable_etl::worker::stats::StatsSnapshot;
 use durable_etl::worker::Worker;

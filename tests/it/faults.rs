@@ -17,9 +17,9 @@ use crate::support::{
     LOAD_SECRET,
 };
 use durable_etl::digest::Secret;
-use durable_etl::etl::enqueue::{enqueue, NewJob};
-use durable_etl::etl::request;
 use durable_etl::intake::IntakeLimits;
+use durable_etl::kinds::etl::enqueue::{enqueue, NewJob};
+use durable_etl::kinds::etl::request;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 
@@ -124,7 +124,7 @@ pub async fn assert_done_once(client: &tokio_postgres::Client, id: uuid::Uuid, a
     assert_eq!(
         count(
             client,
-            &format!("{LEDGERS} AND job_id = '{id}' AND rows_updated = 1")
+            &format!("{LEDGERS} AND job_id = '{id}' AND (output ->> 'rows_updated')::int = 1")
         )
         .await,
         1

@@ -1,7 +1,7 @@
 //! Handlers for lifecycle tests: each drives one branch of the executor.
 
 use durable_etl::codes::Code;
-use durable_etl::handler::{Effects, Handler, JobContext, JobError, LedgerEntry, NoEffects};
+use durable_etl::job::handler::{Effects, Handler, JobContext, JobError, NoEffects, Output};
 use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -41,7 +41,7 @@ impl Effects for WriteRow {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
         if self.then == "panic_at_call" {
             panic!("effects panicked before returning their future");
         }
@@ -71,10 +71,7 @@ impl Effects for WriteRow {
                 }
                 "panic" => panic!("effects panicked"),
                 "hang" => std::future::pending().await,
-                _ => Ok(Some(LedgerEntry {
-                    rows_inserted: 1,
-                    ..LedgerEntry::default()
-                })),
+                _ => Ok(Some(serde_json::json!({ "rows_inserted": 1 }))),
             }
         })
     }
@@ -88,7 +85,7 @@ impl Effects for Panicky {
     fn apply<'a>(
         self: Box<Self>,
         _tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
         Box::pin(async { Ok(None) })
     }
 }

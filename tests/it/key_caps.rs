@@ -208,7 +208,9 @@ async fn a_key_cap_of_two_fills_both_slots_in_one_claim_and_reuses_the_freed_one
     assert_eq!(done.unwrap().len(), 1);
     assert_eq!(claim(&client, who, 5).await.len(), 1, "the freed slot only");
     assert_eq!(held(&client).await, (2, 2, 0, 0));
-    let sample = durable_etl::metrics::sample_queues(&client).await.unwrap();
+    let sample = durable_etl::service::metrics::sample_queues(&client)
+        .await
+        .unwrap();
     let keyed = sample.iter().find(|q| q.queue == "keyed").unwrap();
     assert_eq!((keyed.key_cap, keyed.key_permits_held), (Some(2), 2));
 }
@@ -484,8 +486,8 @@ impl durable_etl::Perform for Gauge {
     async fn compute(
         &self,
         job: Keyed,
-        _ctx: &durable_etl::handler::JobContext,
-    ) -> Result<(), durable_etl::handler::JobError> {
+        _ctx: &durable_etl::job::handler::JobContext,
+    ) -> Result<(), durable_etl::job::handler::JobError> {
         let key = job.key.unwrap_or_default();
         self.step(&key, 1);
         tokio::time::sleep(Duration::from_millis(job.ms)).await;
@@ -502,7 +504,7 @@ async fn replicas_run_one_job_per_key_and_a_freed_key_permit_wakes_them() {
     let (db, client) = keyed_queue(1).await;
     let gauge = Gauge::default();
     let replicas = crate::support::start_queue_replicas(&db, "keyed", 2, || {
-        durable_etl::handler::Registry::new().perform(gauge.clone())
+        durable_etl::job::handler::Registry::new().perform(gauge.clone())
     })
     .await;
     let keys: Vec<Option<&str>> = (0..24)

@@ -7,45 +7,62 @@
 //! and so is `lib.rs`, whose re-exports are the public surface, not a dependency.
 //!
 //! Rules:
-//! - the core ([`CORE`]: the job runtime every kind runs on, the worker included) never imports
-//!   `etl/`: the ETL kind is built on it like any user's kind;
-//! - the worker (`worker/`) never imports `metrics`, `etl/` or `api/`;
+//! - the library's parts ([`PARTS`]) stack: the foundation, the contract a kind implements
+//!   (`job`), what a user calls (`jobs`), the engine (`worker`), the shipped kinds (`kinds/`) and
+//!   the shipped service (`service/`); an import from a part into one above it is a back-arrow,
+//!   and only those [`BACK_ARROWS_ALLOWED`] names (at most two, each with its reason) may exist;
+//! - the core (every part below `kinds/`) never imports `kinds/` or `service/`, and the kinds
+//!   never import the engine or the service: the ETL kind is built on the runtime like any
+//!   user's kind;
 //! - no file of the library or the binary is in a circle of imports of any length but those
 //!   [`CIRCLES_ALLOWED`] names (none now; each with its reason);
 //! - the worker's stages ([`STAGES`]: liveness, maintain, complete, run, claim) each import only
 //!   the stages below them and the worker's shared files (`worker/*.rs`), test files aside;
+//! - no file lies more than three folders below its crate's root (`src/`, or the binary's
+//!   `src/bin/durable-etl/`);
 //! - `worker/mod.rs` stays a facade (at most 200 lines); other files are sized by concept.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Imports from the worker into `metrics` still allowed, with the reason (see
-/// [`CIRCLES_ALLOWED`]); the test fails when one no longer exists.
-const WORKER_METRICS_EXCEPTIONS: &[(&str, &str)] = &[];
-
-/// The core: every module of the job runtime, which no kind's module (`etl/`) may be imported by.
-const CORE: &[&str] = &[
-    "codes",
-    "config",
-    "db",
-    "digest",
-    "enqueue",
-    "error",
-    "handler",
-    "intake",
-    "job",
-    "jobs",
-    "notifier",
-    "queue",
-    "replica",
-    "schema",
-    "shutdown",
-    "sql",
-    "state",
-    "telemetry",
-    "time",
-    "worker",
+/// The library's parts, lowest first: each top-level module (a file or a folder) of `src/` by
+/// the part it belongs to. A module no part names fails the test.
+const PARTS: &[(&str, &[&str])] = &[
+    (
+        "foundation",
+        &[
+            "codes",
+            "config",
+            "db",
+            "digest",
+            "error",
+            "intake",
+            "names",
+            "queue",
+            "schema",
+            "shutdown",
+            "sql",
+            "telemetry",
+            "time",
+        ],
+    ),
+    ("contract", &["job"]),
+    ("calls", &["jobs"]),
+    ("engine", &["worker", "replica"]),
+    ("kinds", &["kinds"]),
+    ("service", &["service"]),
 ];
+
+/// Back-arrows (imports from a part into one above it) still allowed, each as `(file, target,
+/// reason)`; the test fails when one no longer exists, so an exception cannot outlive its cause.
+const BACK_ARROWS_ALLOWED: &[(&str, &str, &str)] = &[];
+
+/// The position in [`PARTS`] of the part `file` (relative to `src/`) belongs to.
+fn part_of(file: &str) -> Option<usize> {
+    PARTS
+        .iter()
+        .position(|(_, modules)| modules.iter().any(|m| is_in(file, m)))
+}
 
 /// The worker's stages, lowest first: each stage's files import only the stages before it here.
 /// Liveness (leases renewed, beats, the session) needs no other stage; maintenance (recovery,
@@ -66,14 +83,19 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// Every `.rs` file under `dir`, as paths relative to `src/` with `/` separators.
-fn rust_files(dir: &Path, out: &mut Vec<String>) {
+/// The binary's root directory, `src/bin/durable-etl/`.
+fn binary() -> PathBuf {
+    src().join("bin/durable-etl")
+}
+
+/// Every `.rs` file under `dir`, as paths relative to `root` with `/` separators.
+fn rust_files(root: &Path, dir: &Path, out: &mut Vec<String>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            rust_files(&path, out);
+            rust_files(root, &path, out);
         } else if path.extension().is_some_and(|e| e == "rs") {
-            let relative = path.strip_prefix(src()).unwrap();
+            let relative = path.strip_prefix(root).unwrap();
             out.push(relative.to_string_lossy().replace('\\', "/"));
         }
     }
@@ -293,10 +315,10 @@ fn named_paths(file: &str, code: &str, files: &BTreeSet<String>) -> Vec<Vec<Stri
     paths
 }
 
-/// The top-level modules the crate root `root` (`lib.rs`, or the binary's `main.rs`) declares
-/// (`mod x;`, with any visibility).
-fn crate_modules(root: &str) -> BTreeSet<String> {
-    let lib = strip_comments(&std::fs::read_to_string(src().join(root)).unwrap());
+/// The top-level modules the crate root `root` (`lib.rs`, or the binary's `main.rs`) in `dir`
+/// declares (`mod x;`, with any visibility).
+fn crate_modules(dir: &Path, root: &str) -> BTreeSet<String> {
+    let lib = strip_comments(&std::fs::read_to_string(dir.join(root)).unwrap());
     lib.split(';')
         .filter_map(|statement| {
             let words: Vec<&str> = statement.split_whitespace().collect();
@@ -311,15 +333,16 @@ fn crate_modules(root: &str) -> BTreeSet<String> {
 /// Every file of the library (the modules `lib.rs` declares, not the binary's) with the files
 /// it imports.
 fn imports() -> BTreeMap<String, BTreeSet<String>> {
-    imports_of("lib.rs")
+    imports_of(&src(), "lib.rs")
 }
 
-/// Every file of the crate whose root is `root` (`lib.rs` or `main.rs`: the modules it declares)
-/// with the files of that crate it imports (`crate::…` names its own root).
-fn imports_of(root: &str) -> BTreeMap<String, BTreeSet<String>> {
+/// Every file of the crate whose root is `root` in `dir` (`src/lib.rs`, or the binary's
+/// `main.rs`: the modules it declares), relative to `dir`, with the files of that crate it
+/// imports (`crate::…` names its own root).
+fn imports_of(dir: &Path, root: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut all = Vec::new();
-    rust_files(&src(), &mut all);
-    let modules = crate_modules(root);
+    rust_files(dir, dir, &mut all);
+    let modules = crate_modules(dir, root);
     let files: BTreeSet<String> = all
         .into_iter()
         .filter(|f| modules.iter().any(|m| is_in(f, m)))
@@ -327,7 +350,7 @@ fn imports_of(root: &str) -> BTreeMap<String, BTreeSet<String>> {
     files
         .iter()
         .map(|file| {
-            let text = std::fs::read_to_string(src().join(file)).unwrap();
+            let text = std::fs::read_to_string(dir.join(file)).unwrap();
             let code = strip_comments(&text);
             let targets = named_paths(file, &code, &files)
                 .iter()
@@ -357,8 +380,8 @@ fn the_parser_sees_use_trees_inline_paths_and_child_modules() {
     .map(str::to_owned)
     .into();
     let code = strip_comments(
-        "//! [`crate::api`]\n/* use crate::api; */ use claimer::X;\nuse completer::Transition;\n\
-         use crate::{etl::request::{self, Y}, worker};\nfn f() { let _ = \"crate::metrics\"; \
+        "//! [`crate::service`]\n/* use crate::service; */ use claimer::X;\nuse completer::Transition;\n\
+         use crate::{etl::request::{self, Y}, worker};\nfn f() { let _ = \"crate::service::metrics\"; \
          crate::db::checkout(); }\n",
     );
     let paths = named_paths("worker/mod.rs", &code, &files);
@@ -376,32 +399,107 @@ fn the_parser_sees_use_trees_inline_paths_and_child_modules() {
     );
 }
 
-#[test]
-fn the_core_never_imports_etl_and_the_worker_never_imports_metrics_etl_or_api() {
-    let imports = imports();
-    let mut broken = Vec::new();
-    for (file, targets) in &imports {
+/// The imports of `imports` that break the parts' rules: each as a line saying why, and the
+/// back-arrows (an import from a part into one above it), as `(file, target)`.
+fn part_breaks(
+    imports: &BTreeMap<String, BTreeSet<String>>,
+) -> (Vec<String>, Vec<(String, String)>) {
+    let (mut broken, mut back) = (Vec::new(), Vec::new());
+    let kinds = part_of("kinds.rs").unwrap_or(usize::MAX);
+    for (file, targets) in imports {
+        let Some(from) = part_of(file) else {
+            broken.push(format!("{file} is in no part"));
+            continue;
+        };
         for target in targets {
-            let core = CORE.iter().any(|m| is_in(file, m));
-            if core && is_in(target, "etl") {
-                broken.push(format!("{file} imports {target}"));
+            let to = part_of(target).unwrap_or(usize::MAX);
+            if from < kinds && (is_in(target, "kinds") || is_in(target, "service")) {
+                broken.push(format!("{file} (core) imports {target}"));
             }
-            let worker = is_in(file, "worker");
-            let excepted =
-                target == "metrics.rs" && WORKER_METRICS_EXCEPTIONS.iter().any(|(f, _)| f == file);
-            if worker && !excepted && ["metrics", "etl", "api"].iter().any(|n| is_in(target, n)) {
-                broken.push(format!("{file} imports {target}"));
+            if is_in(file, "kinds") && (is_in(target, "worker") || is_in(target, "service")) {
+                broken.push(format!("{file} (a kind) imports {target}"));
+            }
+            if to > from && to != usize::MAX {
+                back.push((file.clone(), target.clone()));
             }
         }
     }
-    for (file, why) in WORKER_METRICS_EXCEPTIONS {
-        if !imports.get(*file).is_some_and(|t| t.contains("metrics.rs")) {
+    (broken, back)
+}
+
+#[test]
+fn the_parts_stack_and_the_core_never_imports_the_kinds_or_the_service() {
+    let (mut broken, back) = part_breaks(&imports());
+    for (file, target) in &back {
+        if !BACK_ARROWS_ALLOWED
+            .iter()
+            .any(|(f, t, _)| f == file && t == target)
+        {
+            broken.push(format!("back-arrow: {file} -> {target}"));
+        }
+    }
+    for (file, target, why) in BACK_ARROWS_ALLOWED {
+        if !back.iter().any(|(f, t)| f == file && t == target) {
             broken.push(format!(
-                "{file} no longer imports metrics.rs: remove its exception ({why})"
+                "{file} no longer imports {target}: remove its exception ({why})"
             ));
         }
     }
+    assert!(BACK_ARROWS_ALLOWED.len() <= 2);
     assert!(broken.is_empty(), "layering broken:\n{}", broken.join("\n"));
+}
+
+/// The rules see a back-arrow, a core file importing the service, a kind importing the engine
+/// and a file of no part; and let forward imports be.
+#[test]
+fn the_part_rules_see_back_arrows_and_forbidden_imports() {
+    let imports: BTreeMap<String, BTreeSet<String>> = [
+        ("error.rs", &["jobs/view.rs"][..]),
+        (
+            "worker/shared.rs",
+            &["service/metrics.rs", "db.rs", "job/handler.rs"],
+        ),
+        ("kinds/etl/load.rs", &["worker/lease.rs", "job/handler.rs"]),
+        ("stray.rs", &[]),
+    ]
+    .into_iter()
+    .map(|(f, t)| (f.to_owned(), t.iter().map(|t| (*t).to_owned()).collect()))
+    .collect();
+    let (broken, back) = part_breaks(&imports);
+    assert_eq!(
+        broken,
+        [
+            "kinds/etl/load.rs (a kind) imports worker/lease.rs",
+            "stray.rs is in no part",
+            "worker/shared.rs (core) imports service/metrics.rs",
+        ]
+    );
+    assert_eq!(
+        back,
+        [
+            ("error.rs".to_owned(), "jobs/view.rs".to_owned()),
+            (
+                "worker/shared.rs".to_owned(),
+                "service/metrics.rs".to_owned()
+            ),
+        ]
+    );
+}
+
+/// No file lies more than three folders below its crate's root.
+#[test]
+fn no_file_lies_more_than_three_folders_deep() {
+    let mut deep = Vec::new();
+    for dir in [src(), binary()] {
+        let mut files = Vec::new();
+        rust_files(&dir, &dir, &mut files);
+        deep.extend(
+            files
+                .into_iter()
+                .filter(|f| !f.starts_with("bin/") && f.matches('/').count() > 3),
+        );
+    }
+    assert!(deep.is_empty(), "too deep: {deep:?}");
 }
 
 #[test]
@@ -472,7 +570,7 @@ const CIRCLES_ALLOWED: &[(&[&str], &str)] = &[];
 fn no_file_of_the_library_or_the_binary_is_in_an_import_circle() {
     let mut unexpected = Vec::new();
     let mut found = circles(&imports());
-    found.extend(circles(&imports_of("main.rs")));
+    found.extend(circles(&imports_of(&binary(), "main.rs")));
     for circle in &found {
         let allowed = CIRCLES_ALLOWED
             .iter()
@@ -525,7 +623,7 @@ fn the_circle_finder_sees_circles_of_three_and_leaves_chains_alone() {
     let chain = graph(&[("a.rs", "b.rs"), ("b.rs", "c.rs"), ("a.rs", "c.rs")]);
     assert!(circles(&chain).is_empty());
     // The binary's own modules are read from `main.rs`, their `crate::` paths against it.
-    let binary = imports_of("main.rs");
+    let binary = imports_of(&binary(), "main.rs");
     assert!(binary.keys().any(|f| f.starts_with("cli/")), "{binary:?}");
     assert!(
         binary.keys().all(|f| !f.starts_with("worker/")),

@@ -11,7 +11,7 @@ use crate::proxy::{Mode, Proxy};
 use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb, LEDGERS};
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
 use durable_etl::error::Error;
-use durable_etl::handler::{Effects, Handler, JobContext, JobError, Registry};
+use durable_etl::job::handler::{Effects, Handler, JobContext, JobError, Registry};
 use durable_etl::shutdown::{self, Stage, Trigger};
 use durable_etl::worker::stats::WorkerStats;
 use durable_etl::worker::Worker;

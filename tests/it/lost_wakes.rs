@@ -158,7 +158,7 @@ struct Nap {
 }
 
 impl durable_etl::Job for Nap {
-    const KIND: &'static str = durable_etl::handler::NOOP_KIND;
+    const KIND: &'static str = durable_etl::job::handler::NOOP_KIND;
     const MAX_ATTEMPTS: i32 = MAX_ATTEMPTS;
 }
 
@@ -1529,7 +1529,7 @@ async fn drain(client: &tokio_postgres::Client) -> Drained {
             client
                 .execute(
                     "SELECT pg_notify($1, '')",
-                    &[&durable_etl::notifier::CHANNEL],
+                    &[&durable_etl::jobs::notifier::CHANNEL],
                 )
                 .await
                 .unwrap();
@@ -1624,7 +1624,8 @@ async fn invariants(client: &tokio_postgres::Client, produced: &Produced) -> Vec
                         ON o.job_id = t.written_by_job
                       WHERE o.status IS DISTINCT FROM 'succeeded'),
                     (SELECT count(*) FROM etl_job_outcomes
-                      WHERE rows_updated <> 0 OR rows_unchanged <> 0)",
+                      WHERE (output ->> 'rows_updated')::int <> 0
+                         OR (output ->> 'rows_unchanged')::int <> 0)",
             &[],
         )
         .await

@@ -261,7 +261,7 @@ async fn the_queues_api_counts_each_queues_live_jobs_by_state_for_operators_only
 async fn the_queue_listings_stop_at_queues_shown_and_say_so() {
     let console = Console::start().await;
     let client = console.db.client().await;
-    let shown = durable_etl::metrics::QUEUES_SHOWN;
+    let shown = durable_etl::service::metrics::QUEUES_SHOWN;
     client
         .execute(
             "INSERT INTO etl_queues (queue, paused)

@@ -174,7 +174,7 @@ async fn without_the_flag_a_replica_stops_with_one_message_naming_it() {
     let db = migrated_with_role_settings().await;
     let client = db.client().await;
     let payloads = vec![serde_json::json!({}); 20];
-    crate::support::insert_jobs(&client, durable_etl::handler::NOOP_KIND, &payloads, 5).await;
+    crate::support::insert_jobs(&client, durable_etl::job::handler::NOOP_KIND, &payloads, 5).await;
     let pooler = Pooler::start_with(
         "transaction",
         &format!("{} = host=127.0.0.1 port=5432 dbname={}", db.name, db.name),

@@ -8,7 +8,7 @@
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
 use crate::support::{count, eventually, insert_jobs, job_row, pool, TestDb};
 use durable_etl::config::WorkerConfig;
-use durable_etl::handler::Registry;
+use durable_etl::job::handler::Registry;
 use durable_etl::shutdown::{self, Stage};
 use durable_etl::worker::Worker;
 use serde_json::json;
@@ -96,7 +96,7 @@ async fn gated(db: &TestDb, client: &tokio_postgres::Client, owner: &str, action
             let claimed = stats.snapshot().claimed == WARM_UP as u64 + 4;
             if !claimed {
                 client
-                    .batch_execute(&format!("NOTIFY {}", durable_etl::notifier::CHANNEL))
+                    .batch_execute(&format!("NOTIFY {}", durable_etl::jobs::notifier::CHANNEL))
                     .await
                     .unwrap();
             }
@@ -285,7 +285,7 @@ async fn a_claim_in_flight_at_shutdown_is_held_and_released() {
         .await
         .unwrap();
     client
-        .batch_execute(&format!("NOTIFY {}", durable_etl::notifier::CHANNEL))
+        .batch_execute(&format!("NOTIFY {}", durable_etl::jobs::notifier::CHANNEL))
         .await
         .unwrap();
     eventually("the claim to wait for the lock", || {

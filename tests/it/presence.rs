@@ -7,7 +7,7 @@ use crate::proxy::{Mode, Proxy};
 use crate::support::{eventually, insert_jobs, session_pid, TestDb};
 use crate::wake::{config, until_succeeded, Replica};
 use durable_etl::config::WorkerConfig;
-use durable_etl::handler::Registry;
+use durable_etl::job::handler::Registry;
 use durable_etl::worker::stats::StatsSnapshot;
 use serde_json::json;
 use std::time::Duration;

@@ -9,7 +9,7 @@ use crate::support::{
     Processes, TestDb,
 };
 use durable_etl::config::WorkerConfig;
-use durable_etl::handler::Registry;
+use durable_etl::job::handler::Registry;
 use durable_etl::shutdown::{self, Stage};
 use durable_etl::worker::Worker;
 use serde_json::{json, Value};
@@ -491,9 +491,11 @@ async fn a_custom_kinds_payloads_owner_and_keys_never_leak() {
     let stats = worker.stats_handle();
     let replica = worker.spawn();
     until_all_terminal(&client).await;
-    let metrics = durable_etl::metrics::render_worker(&stats);
+    let metrics = durable_etl::service::metrics::render_worker(&stats);
     replica.stop().await.unwrap();
-    let sample = durable_etl::metrics::sample_queues(&client).await.unwrap();
+    let sample = durable_etl::service::metrics::sample_queues(&client)
+        .await
+        .unwrap();
     assert_eq!(sample[0].key_cap, Some(1), "the jobs ran key-capped");
     let sampled = format!("{sample:?}");
 

@@ -5,7 +5,7 @@
 
 use crate::handlers::{Noop, NOOP};
 use crate::support::{count, pool, versions_above, TestDb};
-use durable_etl::handler::{JobContext, JobError, Registry};
+use durable_etl::job::handler::{JobContext, JobError, Registry};
 use durable_etl::queue;
 use durable_etl::schema;
 use durable_etl::worker::completer::Transition;
@@ -465,7 +465,9 @@ async fn the_per_queue_sample_counts_each_queue_and_its_cap_and_pause() {
     .await
     .unwrap();
     assert_eq!(claimed.len(), 2);
-    let sample = durable_etl::metrics::sample_queues(&client).await.unwrap();
+    let sample = durable_etl::service::metrics::sample_queues(&client)
+        .await
+        .unwrap();
     let of = |name: &str| sample.iter().find(|q| q.queue == name).cloned().unwrap();
     let mail = of("mail");
     assert_eq!(
@@ -504,7 +506,9 @@ async fn due_jobs_no_live_replica_serves_are_counted_unserved_per_queue() {
         jobs.enqueue(&client, &Letter { n }, options).await.unwrap();
     }
     let unserved = || async {
-        let sample = durable_etl::metrics::sample_queues(&client).await.unwrap();
+        let sample = durable_etl::service::metrics::sample_queues(&client)
+            .await
+            .unwrap();
         let of = |name: &str| sample.iter().find(|q| q.queue == name).map(|q| q.unserved);
         (of("mail"), of("bulk"))
     };
@@ -538,7 +542,7 @@ async fn due_jobs_no_live_replica_serves_are_counted_unserved_per_queue() {
         .unwrap();
     assert_eq!(unserved().await, (Some(2), Some(0)));
     // It stops reporting: once its last report is older than SERVED_WITHIN, bulk is unserved.
-    let stale = durable_etl::metrics::SERVED_WITHIN.as_secs() + 1;
+    let stale = durable_etl::service::metrics::SERVED_WITHIN.as_secs() + 1;
     client
         .execute(
             "UPDATE etl_replicas SET reported_at = now() - $1 * interval '1 second'

@@ -1269,7 +1269,8 @@ async fn the_jobs_view_shows_every_job_and_nothing_private() {
             "rows_unchanged",
             "data_checksum",
             "queue",
-            "priority"
+            "priority",
+            "output"
         ]
     );
     // A pending job, a running one with a cancel request, and one that ran and succeeded.
@@ -1288,6 +1289,26 @@ async fn the_jobs_view_shows_every_job_and_nothing_private() {
         .await
         .unwrap();
     end_job(&client, succeeded, "succeeded", None, Some((3, 1, 0))).await;
+    // An outcome written in the four ledger columns (as releases before 0033 do) reads as the
+    // same output document the ETL kind records now.
+    let output: serde_json::Value = client
+        .query_one("SELECT output FROM etl_jobs WHERE id = $1", &[&succeeded])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        (
+            &output["rows_inserted"],
+            &output["rows_updated"],
+            &output["rows_unchanged"]
+        ),
+        (
+            &serde_json::json!(3),
+            &serde_json::json!(1),
+            &serde_json::json!(0)
+        )
+    );
+    assert_eq!(output["checksum"].as_str().map(str::len), Some(64));
     let rows = client
         .query(
             "SELECT id, status, cancel_requested, lease_owner_id IS NOT NULL, rows_inserted
@@ -1635,7 +1656,7 @@ async fn enqueued_rows(client: &tokio_postgres::Client) -> (i64, i64) {
 async fn enqueue_unkeyed(client: &tokio_postgres::Client, n: usize, payload: serde_json::Value) {
     let secret = durable_etl::digest::Secret::new(vec![7u8; 32]).unwrap();
     let jobs = (0..n)
-        .map(|_| durable_etl::enqueue::Submission {
+        .map(|_| durable_etl::jobs::enqueue::Submission {
             payload: payload.clone(),
             idempotency_key: None,
             max_attempts: 5,
@@ -1646,7 +1667,7 @@ async fn enqueue_unkeyed(client: &tokio_postgres::Client, n: usize, payload: ser
             concurrency_key: None,
         })
         .collect();
-    let done = durable_etl::enqueue::submit(client, &secret, &[1u8; 32], "test.noop", jobs)
+    let done = durable_etl::jobs::enqueue::submit(client, &secret, &[1u8; 32], "test.noop", jobs)
         .await
         .unwrap();
     assert_eq!(done.len(), n);

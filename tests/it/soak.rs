@@ -561,7 +561,7 @@ async fn chaos_soak_keeps_every_invariant() {
     let duplicated = count(&client, LEDGERS).await - succeeded
         + count(
             &client,
-            &format!("{LEDGERS} AND (rows_updated <> 0 OR rows_unchanged <> 0)"),
+            &format!("{LEDGERS} AND ((output ->> 'rows_updated')::int <> 0 OR (output ->> 'rows_unchanged')::int <> 0)"),
         )
         .await;
     let failed = count(&client, "etl_jobs WHERE status = 'failed'").await;

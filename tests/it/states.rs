@@ -2,7 +2,7 @@
 //! crosses to and from PostgreSQL as text.
 
 use crate::support::{insert_job, TestDb};
-use durable_etl::state::JobState;
+use durable_etl::jobs::state::JobState;
 
 /// The quoted literals of CHECK constraint `name` on `table`, sorted.
 async fn constraint_literals(

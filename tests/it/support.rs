@@ -348,7 +348,7 @@ pub async fn start_queue_replicas(
     db: &TestDb,
     queue: &str,
     count: usize,
-    registry: impl Fn() -> durable_etl::handler::Registry,
+    registry: impl Fn() -> durable_etl::job::handler::Registry,
 ) -> Vec<durable_etl::Replica> {
     let mut replicas = Vec::new();
     for i in 0..count {
@@ -363,7 +363,7 @@ pub async fn start_queue_replica(
     db: &TestDb,
     queue: &str,
     owner_id: &str,
-    registry: durable_etl::handler::Registry,
+    registry: durable_etl::job::handler::Registry,
 ) -> durable_etl::Replica {
     let config = durable_etl::WorkerConfig {
         owner_id: owner_id.to_owned(),
@@ -577,7 +577,7 @@ pub async fn enqueue_loads(
     records: usize,
     max_attempts: i32,
 ) -> Vec<uuid::Uuid> {
-    use durable_etl::etl::enqueue::{enqueue_many, NewJob};
+    use durable_etl::kinds::etl::enqueue::{enqueue_many, NewJob};
     let secret = durable_etl::digest::Secret::new(LOAD_SECRET).unwrap();
     let owner = load_owner();
     let mut ids = Vec::with_capacity(n);
@@ -604,11 +604,15 @@ pub async fn enqueue_loads(
 
 /// The request of load job `i` of `prefix` (see [`enqueue_loads`]): `records` target rows of
 /// dataset `d` keyed `{prefix}-{i}-{r}`, each with a privacy canary as a field name and as a value.
-fn load_request(prefix: &str, i: usize, records: usize) -> durable_etl::etl::request::EtlRequest {
+fn load_request(
+    prefix: &str,
+    i: usize,
+    records: usize,
+) -> durable_etl::kinds::etl::request::EtlRequest {
     let rows: Vec<serde_json::Value> = (0..records)
         .map(|r| serde_json::json!({"id": format!("{prefix}-{i}-{r}"), "canary_field": "canary-load-value"}))
         .collect();
-    durable_etl::etl::request::parse(
+    durable_etl::kinds::etl::request::parse(
         &serde_json::json!({"dataset": "d", "key": "id", "records": rows}),
         durable_etl::intake::IntakeLimits::default(),
     )
@@ -633,7 +637,7 @@ pub async fn enqueue_placed_loads(
         .zip(&keys)
         .zip(&places)
         .map(
-            |((request, key), (queue, concurrency_key))| durable_etl::enqueue::Submission {
+            |((request, key), (queue, concurrency_key))| durable_etl::jobs::enqueue::Submission {
                 payload: request.to_value(),
                 idempotency_key: Some(key),
                 max_attempts,
@@ -646,8 +650,8 @@ pub async fn enqueue_placed_loads(
         )
         .collect();
     let secret = durable_etl::digest::Secret::new(LOAD_SECRET).unwrap();
-    let kind = durable_etl::etl::KIND;
-    let done = durable_etl::enqueue::submit(client, &secret, &load_owner(), kind, jobs).await;
+    let kind = durable_etl::kinds::etl::KIND;
+    let done = durable_etl::jobs::enqueue::submit(client, &secret, &load_owner(), kind, jobs).await;
     done.unwrap().iter().map(|e| e.id).collect()
 }
 
@@ -694,19 +698,19 @@ pub async fn assert_settled_once(client: &Client, targets: i64) {
         (
             "succeeded jobs without a whole ledger",
             "etl_job_outcomes WHERE status = 'succeeded'
-               AND (lease_claim_id IS NULL OR rows_inserted IS NULL OR rows_updated IS NULL
-                    OR rows_unchanged IS NULL OR data_checksum IS NULL)",
+               AND (lease_claim_id IS NULL OR (output IS NULL AND rows_inserted IS NULL)
+                    OR NOT coalesce(output ?& ARRAY['rows_inserted', 'rows_updated',
+                                                    'rows_unchanged', 'checksum'], true))",
         ),
         (
             "ledgers of jobs that did not succeed",
             "etl_job_outcomes WHERE status <> 'succeeded'
-               AND (rows_inserted IS NOT NULL OR rows_updated IS NOT NULL
-                    OR rows_unchanged IS NOT NULL OR data_checksum IS NOT NULL)",
+               AND (output IS NOT NULL OR rows_inserted IS NOT NULL)",
         ),
         (
             "ledgers of a repeated load",
             "etl_job_outcomes WHERE status = 'succeeded'
-               AND (rows_updated <> 0 OR rows_unchanged <> 0)",
+               AND ((output ->> 'rows_updated')::int <> 0 OR (output ->> 'rows_unchanged')::int <> 0)",
         ),
         (
             "target rows not written by a succeeded job",

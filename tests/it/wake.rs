@@ -8,7 +8,7 @@ use crate::support::{
 };
 use durable_etl::config::WorkerConfig;
 use durable_etl::error::Error;
-use durable_etl::handler::Registry;
+use durable_etl::job::handler::Registry;
 use durable_etl::shutdown::{self, Stage, Trigger};
 use durable_etl::worker::stats::WorkerStats;
 use durable_etl::worker::Worker;

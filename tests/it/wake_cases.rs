@@ -18,7 +18,7 @@
 use crate::handlers::{Noop, Scripted, NOOP, SCRIPTED};
 use crate::support::{count, eventually, insert_jobs, Listener, TestDb};
 use crate::wake::{config, Replica};
-use durable_etl::handler::{JobContext, JobError, Registry};
+use durable_etl::job::handler::{JobContext, JobError, Registry};
 use durable_etl::queue;
 use durable_etl::worker::claimer::{self, Claimant};
 use durable_etl::{EnqueueOptions, Job, Jobs, Perform, Secret, WorkerConfig};

@@ -23,8 +23,8 @@
 //!   its caller claims again or calls [`wake_waiting`] after the commit.
 
 use crate::codes::Code;
-use crate::handler::LedgerEntry;
-use crate::state::JobState;
+use crate::job::handler::Output;
+use crate::jobs::state::JobState;
 use crate::worker::lease::{self, millis, Lease};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -35,8 +35,8 @@ pub(crate) use crate::worker::complete::transition::Failure;
 pub use crate::worker::complete::transition::Transition;
 
 /// The statement that ends every job of a group `succeeded`: it deletes each fenced live row and
-/// appends its outcome with its response ledger (`$1` job ids, `$2` claim ids, `$3..$6` the ledger
-/// summaries, pairwise), with `$fence` appended to each job's lease fence. Returns the `(id, claim
+/// appends its outcome with its kind's recorded output (`$1` job ids, `$2` claim ids, `$3` the
+/// outputs, NULL for none, pairwise), with `$fence` appended to each job's lease fence. Returns the `(id, claim
 /// id)` pairs it succeeded.
 ///
 /// The fence is `id = ANY($1) AND lease_claim_id = ANY($2)`, not a join with the pairs: a claim
@@ -45,7 +45,7 @@ pub use crate::worker::complete::transition::Transition;
 /// returned). Every plan of it, custom or generic (the commit sessions prepare it), probes the
 /// primary key with the id array; joined with the pairs instead, the generic plan, which cannot
 /// know the batch's size, hashed the whole live table on every batch (a sixth of the
-/// throughput). The ledger summaries join the deleted rows by claim id, off any table.
+/// throughput). The outputs join the deleted rows by claim id, off any table.
 ///
 /// Locks: the DELETE row-locks each fenced live row (already locked when an execution transaction
 /// checked the fence first) and removes it; no foreign key points at the live table, so the
@@ -60,8 +60,7 @@ macro_rules! succeed_sql {
             "
 WITH held AS (
     SELECT *
-      FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int4[], $5::int4[], $6::bytea[])
-           AS h(id, claim_id, rows_inserted, rows_updated, rows_unchanged, data_checksum)
+      FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS h(id, claim_id, output)
 ), done AS (
     DELETE FROM etl_job_records AS j
      WHERE j.id = ANY($1::uuid[]) AND j.lease_claim_id = ANY($2::uuid[])
@@ -74,10 +73,10 @@ WITH held AS (
             permits_freed!(claimed_by_freer: "SELECT queue, permit_slot, lease_claim_id AS claim_id FROM done"),
             "
 INSERT INTO etl_job_outcomes
-       (job_id, owner_key, status, attempts, run_at, lease_claim_id, rows_inserted, rows_updated,
-        rows_unchanged, data_checksum, started_at, finished_at)
-SELECT d.id, d.owner_key, 'succeeded', d.attempts, d.run_at, d.lease_claim_id, h.rows_inserted,
-       h.rows_updated, h.rows_unchanged, h.data_checksum, d.started_at, statement_timestamp()
+       (job_id, owner_key, status, attempts, run_at, lease_claim_id, output, started_at,
+        finished_at)
+SELECT d.id, d.owner_key, 'succeeded', d.attempts, d.run_at, d.lease_claim_id, h.output,
+       d.started_at, statement_timestamp()
   FROM done d
   JOIN held h ON h.claim_id = d.lease_claim_id
 RETURNING job_id, lease_claim_id"
@@ -119,7 +118,7 @@ pub enum Fenced {
     CancelRequested,
 }
 
-/// Writes the success transition and ledger row of every `(lease, ledger)` entry on its own
+/// Writes the success transition and output of every `(lease, output)` entry on its own
 /// ([`SUCCEED_SQL`]). Returns what became of each lease whose fence held (by lease, not by id:
 /// a stale claim of the same job in the same group must never read as the live one's success);
 /// a lease it does not return is lost. Only when some lease did not succeed does a second
@@ -129,7 +128,7 @@ pub enum Fenced {
 /// The database error of a statement.
 pub async fn succeed_many(
     client: &impl GenericClient,
-    entries: &[(Lease, Option<LedgerEntry>)],
+    entries: &[(Lease, Option<Output>)],
 ) -> Result<HashMap<Lease, Fenced>, tokio_postgres::Error> {
     succeed_many_with(client, None, entries).await
 }
@@ -143,7 +142,7 @@ pub async fn succeed_many(
 pub(crate) async fn succeed_many_with(
     client: &impl GenericClient,
     prepared: Option<&Statement>,
-    entries: &[(Lease, Option<LedgerEntry>)],
+    entries: &[(Lease, Option<Output>)],
 ) -> Result<HashMap<Lease, Fenced>, tokio_postgres::Error> {
     let succeeded = succeed(client, (SUCCEED_SQL, prepared), entries).await?;
     let missing: Vec<Lease> = entries
@@ -167,7 +166,7 @@ pub(crate) async fn succeed_many_with(
         .collect())
 }
 
-/// Writes the success of every `(lease, ledger)` entry inside an execution transaction that
+/// Writes the success of every `(lease, output)` entry inside an execution transaction that
 /// locked the rows and checked their cancel requests first, running [`SUCCEED_LOCKED_SQL`] as
 /// `prepared` (that statement prepared on this connection, [`SUCCESS_PARAMS`] typed); returns
 /// the leases that succeeded (every fenced one).
@@ -177,43 +176,27 @@ pub(crate) async fn succeed_many_with(
 pub(crate) async fn succeed_locked(
     tx: &tokio_postgres::Transaction<'_>,
     prepared: Option<&Statement>,
-    entries: &[(Lease, Option<LedgerEntry>)],
+    entries: &[(Lease, Option<Output>)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     succeed(tx, (SUCCEED_LOCKED_SQL, prepared), entries).await
 }
 
 /// The types of the success statements' parameters, in order.
-pub(crate) const SUCCESS_PARAMS: [Type; 6] = [
-    Type::UUID_ARRAY,
-    Type::UUID_ARRAY,
-    Type::INT4_ARRAY,
-    Type::INT4_ARRAY,
-    Type::INT4_ARRAY,
-    Type::BYTEA_ARRAY,
-];
+pub(crate) const SUCCESS_PARAMS: [Type; 3] =
+    [Type::UUID_ARRAY, Type::UUID_ARRAY, Type::JSONB_ARRAY];
 
 /// Runs success statement `sql` for `entries` (as `prepared`, when given: the same statement
 /// prepared on this connection); returns the leases it succeeded.
 async fn succeed(
     client: &impl GenericClient,
     (sql, prepared): (&str, Option<&Statement>),
-    entries: &[(Lease, Option<LedgerEntry>)],
+    entries: &[(Lease, Option<Output>)],
 ) -> Result<HashSet<Lease>, tokio_postgres::Error> {
     let leases: Vec<Lease> = entries.iter().map(|e| e.0).collect();
     let (ids, claims) = lease::unzip(&leases);
-    // A kind that keeps no ledger stores none: NULL in each of the four columns.
-    let ledger = |f: fn(&LedgerEntry) -> i32| -> Vec<Option<i32>> {
-        entries.iter().map(|e| e.1.as_ref().map(f)).collect()
-    };
-    let inserted = ledger(|l| l.rows_inserted);
-    let updated = ledger(|l| l.rows_updated);
-    let unchanged = ledger(|l| l.rows_unchanged);
-    let checksums: Vec<Option<&[u8]>> = entries
-        .iter()
-        .map(|e| e.1.as_ref().map(|l| &l.data_checksum[..]))
-        .collect();
-    let params: [&(dyn ToSql + Sync); 6] =
-        [&ids, &claims, &inserted, &updated, &unchanged, &checksums];
+    // A kind that records nothing stores NULL.
+    let outputs: Vec<Option<&Output>> = entries.iter().map(|e| e.1.as_ref()).collect();
+    let params: [&(dyn ToSql + Sync); 3] = [&ids, &claims, &outputs];
     let rows = match prepared {
         Some(statement) => client.query(statement, &params).await?,
         None => {
@@ -382,7 +365,7 @@ pub async fn fail(
 }
 
 /// Ends the job `failed` with `stored`, a code its kind declares (see
-/// [`crate::handler::Handler::codes`]); the transition counts it as `handler_failed`.
+/// [`crate::job::handler::Handler::codes`]); the transition counts it as `handler_failed`.
 ///
 /// # Errors
 /// The database error of the statement.

@@ -55,7 +55,7 @@
 
 use crate::codes::Code;
 use crate::error::is_connection_loss;
-use crate::handler::LedgerEntry;
+use crate::job::handler::Output;
 use crate::worker::complete::completer::{self, Failure, Fenced};
 use crate::worker::complete::infrastructure::is_infrastructure;
 use crate::worker::lease::Lease;
@@ -356,7 +356,7 @@ async fn succeed_alone(
     prepared: Option<&Statement>,
 ) -> Result<(), tokio_postgres::Error> {
     stats.record_round_trips(1);
-    let entries: Vec<(Lease, Option<LedgerEntry>)> = leases.iter().map(|&l| (l, None)).collect();
+    let entries: Vec<(Lease, Option<Output>)> = leases.iter().map(|&l| (l, None)).collect();
     let fenced = completer::succeed_many_with(client, prepared, &entries).await?;
     let succeeded = fenced.values().filter(|f| **f == Fenced::Succeeded).count();
     if succeeded < leases.len() {
@@ -420,7 +420,7 @@ async fn write_effects(
         crash_point!("effects.applied");
         *step = applied.map_or_else(Step::Ended, Step::Applied);
     }
-    let entries: Vec<(Lease, Option<LedgerEntry>)> = steps
+    let entries: Vec<(Lease, Option<Output>)> = steps
         .iter()
         .zip(leases)
         .filter_map(|(step, &lease)| match step {

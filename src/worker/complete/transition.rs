@@ -8,7 +8,7 @@
 //!   `handler_failed` (`Failed(Code::HandlerFailed)`), so metrics keep to the crate's list.
 
 use crate::codes::Code;
-use crate::handler::JobError;
+use crate::job::handler::JobError;
 
 /// What a fenced transition did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

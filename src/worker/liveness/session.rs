@@ -33,7 +33,7 @@
 use crate::config::DatabaseConfig;
 use crate::db;
 use crate::error::Error;
-use crate::notifier::{reconnect_delays, CHANNEL, RECONNECT_MAX_DELAY};
+use crate::jobs::notifier::{reconnect_delays, CHANNEL, RECONNECT_MAX_DELAY};
 use crate::worker::liveness::beat::{self, BEAT_INTERVAL, BEAT_TIMEOUT};
 use crate::worker::stats::WorkerStats;
 use futures::StreamExt;

@@ -315,7 +315,7 @@ pub const RECONNECT_GRACE: Duration = Duration::from_secs(5);
 
 /// [`RECONNECT_GRACE`] outlasts ten of a session's longest pauses between reconnect attempts.
 const _: () = assert!(
-    RECONNECT_GRACE.as_millis() >= 10 * 2 * crate::notifier::RECONNECT_MAX_DELAY.as_millis()
+    RECONNECT_GRACE.as_millis() >= 10 * 2 * crate::jobs::notifier::RECONNECT_MAX_DELAY.as_millis()
 );
 
 /// How long after an owner's silence ends a judgement scheduled for that moment runs: past the
@@ -361,7 +361,9 @@ pub async fn recover(
             }
             (None, None) => continue,
         }
-        if row.try_get::<_, crate::state::JobState>(1)? != crate::state::JobState::Pending {
+        if row.try_get::<_, crate::jobs::state::JobState>(1)?
+            != crate::jobs::state::JobState::Pending
+        {
             recovered.exhausted += 1;
         }
     }

@@ -35,7 +35,7 @@
 
 use crate::codes::Code;
 use crate::error::is_transient;
-use crate::handler::{is_kind_code, Effects, Handler, JobError, RETRY_AFTER_MAX};
+use crate::job::handler::{is_kind_code, Effects, Handler, JobError, RETRY_AFTER_MAX};
 use crate::worker::complete::completer::{self, Failure, Transition};
 use crate::worker::complete::group_commit::{OwnedEffects, Ready};
 use crate::worker::guard::{guarded, Guarded};

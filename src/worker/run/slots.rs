@@ -2,7 +2,7 @@
 //! it.
 //!
 //! A job takes a slot when its task starts and gives it back when its compute phase ends
-//! ([`Handler::prepare`](crate::handler::Handler::prepare) returned, failed, timed out or was
+//! ([`Handler::prepare`](crate::job::handler::Handler::prepare) returned, failed, timed out or was
 //! cancelled), not when its transition has committed: a job waiting for its group commit uses
 //! no handler concurrency, and freeing its slot then lets the next job compute while this one
 //! commits. So commit batches are not bounded by the slot count (they gather whatever finished

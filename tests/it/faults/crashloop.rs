@@ -82,7 +82,11 @@ async fn a_job_that_crashes_its_replica_every_time_stops_at_max_attempts() {
         60
     );
     assert_eq!(
-        count(&client, &format!("{LEDGERS} AND rows_inserted = 2")).await,
+        count(
+            &client,
+            &format!("{LEDGERS} AND (output ->> 'rows_inserted')::int = 2")
+        )
+        .await,
         60
     );
     assert_eq!(count(&client, LEDGERS).await, 60);

@@ -117,7 +117,11 @@ async fn a_blackholed_replica_loses_its_job_and_commits_nothing_stale() {
         );
     }
     assert_eq!(
-        count(&client, &format!("{LEDGERS} AND rows_inserted = 2")).await,
+        count(
+            &client,
+            &format!("{LEDGERS} AND (output ->> 'rows_inserted')::int = 2")
+        )
+        .await,
         20
     );
     assert_eq!(
@@ -283,7 +287,7 @@ async fn during_an_outage_a_replica_tries_a_few_times_a_second_and_reconnects_pr
     let down = Instant::now();
     let ids = crate::support::insert_jobs(
         &client,
-        durable_etl::handler::NOOP_KIND,
+        durable_etl::job::handler::NOOP_KIND,
         &[serde_json::json!({})],
         5,
     )

@@ -3,7 +3,7 @@
 
 use super::{replica, until_sessions};
 use crate::support::{count, eventually, insert_jobs, signal, Processes, TestDb};
-use durable_etl::handler::NOOP_KIND;
+use durable_etl::job::handler::NOOP_KIND;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 //! Invariant this module keeps: a row is a marker exactly when its job id is NULL, and every
 //! claimed job keeps the context its claim returned (claim id, fencing token, attempt).
 
-use crate::handler::{JobContext, LeaseLost};
+use crate::job::handler::{JobContext, LeaseLost};
 use crate::worker::lease::ClaimedJob;
 use std::sync::Arc;
 use tokio_postgres::Row;

@@ -330,18 +330,20 @@ pub(super) async fn enqueue_into(
     let secret = crate::digest::Secret::new("claim-tests-secret-0123").unwrap();
     let submissions = jobs
         .iter()
-        .map(|&(queue, priority, run_at)| crate::enqueue::Submission {
-            payload: json!({}),
-            idempotency_key: None,
-            max_attempts: 3,
-            run_at,
-            replaces: None,
-            queue: Some(queue),
-            priority,
-            concurrency_key: None,
-        })
+        .map(
+            |&(queue, priority, run_at)| crate::jobs::enqueue::Submission {
+                payload: json!({}),
+                idempotency_key: None,
+                max_attempts: 3,
+                run_at,
+                replaces: None,
+                queue: Some(queue),
+                priority,
+                concurrency_key: None,
+            },
+        )
         .collect();
-    crate::enqueue::submit(client, &secret, &[7; 32], kind, submissions)
+    crate::jobs::enqueue::submit(client, &secret, &[7; 32], kind, submissions)
         .await
         .unwrap()
         .iter()

@@ -16,7 +16,7 @@
 
 use super::step::OwnedEffects;
 use crate::codes::Code;
-use crate::handler::{Effects, EffectsSet, JobError, LedgerEntry};
+use crate::job::handler::{Effects, EffectsSet, JobError, Output};
 use crate::worker::complete::completer::Failure;
 use crate::worker::complete::infrastructure::is_infrastructure;
 use crate::worker::guard::{guarded, Guarded};
@@ -36,7 +36,7 @@ pub(super) async fn apply(
     mut effects: OwnedEffects,
     budget: Duration,
     cancel: &CancelToken,
-) -> Result<Option<LedgerEntry>, Failure> {
+) -> Result<Option<Output>, Failure> {
     // Taken inside the guard: `apply` consumes them, so a panicking `Drop` runs in its call.
     let applying = async move {
         match effects.take() {
@@ -55,7 +55,7 @@ pub(super) async fn apply_set(
     members: &mut [Box<dyn Effects>],
     budget: Duration,
     cancel: &CancelToken,
-) -> Result<Vec<Option<LedgerEntry>>, Failure> {
+) -> Result<Vec<Option<Output>>, Failure> {
     let applying = async move { set.apply(tx, members).await };
     within_budget(tx, budget, cancel, applying).await
 }

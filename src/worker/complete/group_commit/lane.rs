@@ -117,4 +117,5 @@ impl<T> Gather<T> {
 }
 
 #[cfg(test)]
+#[path = "lane_tests.rs"]
 mod tests;

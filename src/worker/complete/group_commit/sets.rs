@@ -22,7 +22,7 @@
 
 use super::effects::{apply_set, roll_back};
 use super::step::{OwnedEffects, Step};
-use crate::handler::{Effects, EffectsSet};
+use crate::job::handler::{Effects, EffectsSet};
 use crate::worker::stats::WorkerStats;
 use std::any::TypeId;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -132,4 +132,5 @@ pub(super) async fn apply_sets(
 }
 
 #[cfg(test)]
+#[path = "sets_tests.rs"]
 mod tests;

@@ -11,7 +11,7 @@
 //!   no success of the job), else its code.
 
 use crate::codes::Code;
-use crate::handler::{Effects, LedgerEntry};
+use crate::job::handler::{Effects, Output};
 use crate::worker::complete::completer::{Failure, Transition};
 use crate::worker::lease::Lease;
 use std::collections::HashSet;
@@ -85,7 +85,7 @@ pub(super) enum Step {
     /// Its effects are being applied (a batch that fails now fails it with the batch).
     Applying,
     /// Its effects are applied in the transaction; its success is not written yet.
-    Applied(Option<LedgerEntry>),
+    Applied(Option<Output>),
     /// Its success is written; durable once the batch commits.
     Succeeded,
     /// It failed on its own, or its fence failed: final, whatever the batch does.

@@ -2,7 +2,7 @@
 //! each batch's composition is exact (through a replica it depends on timing).
 
 use super::*;
-use crate::handler::{Effects, JobError};
+use crate::job::handler::{Effects, JobError};
 use crate::test_db::TestDb;
 use crate::worker::claim::claimer::{self, Claimant};
 use crate::worker::complete::completer::Transition;
@@ -30,7 +30,7 @@ impl Effects for Scripted {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
         Box::pin(async move {
             let (job, key, fail) = match *self {
                 Scripted::Write(job, key) => (job, key, false),
@@ -50,10 +50,7 @@ impl Effects for Scripted {
             if fail {
                 return Err(JobError::permanent(Code::RecordInvalid));
             }
-            Ok(Some(LedgerEntry {
-                rows_inserted: 1,
-                ..LedgerEntry::default()
-            }))
+            Ok(Some(serde_json::json!({ "rows_inserted": 1 })))
         })
     }
 }
@@ -135,7 +132,7 @@ impl Scratch {
             .map(|&j| {
                 ready(
                     j,
-                    Box::new(crate::handler::NoEffects),
+                    Box::new(crate::job::handler::NoEffects),
                     Duration::from_secs(9),
                 )
             })
@@ -431,7 +428,7 @@ async fn a_stale_claim_beside_the_live_claim_of_the_same_job_is_fenced_out() {
     // The same without effects: the stale claim is not reported as succeeded.
     let (db2, jobs2) = Scratch::with_claimed(1).await;
     let stale2 = (jobs2[0].0, Uuid::new_v4());
-    let none = || -> Box<dyn Effects> { Box::new(crate::handler::NoEffects) };
+    let none = || -> Box<dyn Effects> { Box::new(crate::job::handler::NoEffects) };
     let batch = vec![
         ready(stale2, none(), minute),
         ready(jobs2[0], none(), minute),
@@ -465,7 +462,7 @@ async fn a_failure_of_the_batch_itself_fails_every_job_transiently() {
     // The same for a batch that writes nothing.
     let batch = jobs
         .iter()
-        .map(|&j| ready(j, Box::new(crate::handler::NoEffects), minute))
+        .map(|&j| ready(j, Box::new(crate::job::handler::NoEffects), minute))
         .collect();
     assert_eq!(
         db.commit(batch).await,

@@ -4,7 +4,7 @@
 
 use super::tests::{ready, Scratch, SUCCEEDED};
 use super::*;
-use crate::handler::{Effects, JobError};
+use crate::job::handler::{Effects, JobError};
 use crate::worker::complete::completer::Transition;
 use futures::future::BoxFuture;
 use std::time::Duration;
@@ -65,7 +65,7 @@ impl Effects for Stamped {
     fn apply<'a>(
         self: Box<Self>,
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
         Box::pin(async move {
             tx.execute("SELECT pg_sleep($1)", &[&self.pause.as_secs_f64()])
                 .await?;
@@ -77,10 +77,7 @@ impl Effects for Stamped {
                 &[&self.key, &self.job],
             )
             .await?;
-            Ok(Some(LedgerEntry {
-                rows_inserted: 1,
-                ..LedgerEntry::default()
-            }))
+            Ok(Some(serde_json::json!({ "rows_inserted": 1 })))
         })
     }
 }
@@ -141,7 +138,7 @@ impl Effects for DropPanics {
     fn apply<'a>(
         self: Box<Self>,
         _tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, JobError>> {
+    ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
         Box::pin(async { Err(JobError::transient("applied although its fence failed")) })
     }
 }

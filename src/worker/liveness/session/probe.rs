@@ -12,7 +12,7 @@
 //!   0 are logged, with a stable code and the count: never a query or a backend's identity.
 
 use crate::codes::Code;
-use crate::notifier::CHANNEL;
+use crate::jobs::notifier::CHANNEL;
 use crate::worker::stats::WorkerStats;
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Tests of the rescuer: its cadence, and the reachability it judges by.
 
 use crate::config::WorkerConfig;
-use crate::handler::Registry;
+use crate::job::handler::Registry;
 use crate::test_db::TestDb;
 use crate::worker::liveness::session::Signals;
 use crate::worker::shared::Shared;

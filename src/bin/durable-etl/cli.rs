@@ -1,0 +1,292 @@
+//! The command-line contract: flags, environment variables and what each command does.
+//!
+//! Invariants this module keeps:
+//! - Every flag can also be set by an environment variable `DURABLE_ETL_<FLAG>`; the database URL
+//!   by `DATABASE_URL` and the digest secret by `DURABLE_ETL_SECRET`. Secret values are never shown
+//!   by `--help`.
+//! - Durations read like `500ms`, `2s`, `1m`.
+//! - `serve` and `work` check schema compatibility, and that the server applies the session
+//!   limits, before they touch any job.
+//! - Start-up is bounded by `--startup-timeout`: lost connections are retried with backoff within
+//!   it, and every start-up step has a deadline, so a blackholed server cannot hang a start.
+//! - Unset worker timings are derived from `--lease` (heartbeat interval, idle-in-transaction
+//!   timeout); explicitly set ones are validated as given.
+//! - Start-up fails at once on what retrying cannot fix (a refused role, password or database),
+//!   and every start-up failure names the target (address, database, role; never the password).
+//!   No command creates a missing database but `migrate --create-database`, as asked.
+//! - Exit codes: 0 success, 2 usage or configuration error (a refused role, password or database
+//!   included), 3 database unreachable, 4 schema incompatible, 5 a local resource such as a
+//!   listen address failed (see `error`).
+
+mod args;
+mod bench_args;
+mod queues;
+
+pub(crate) use args::*;
+use durable_etl::config::{DatabaseConfig, WorkerConfig};
+use durable_etl::digest::Secret;
+use durable_etl::error::Error;
+use durable_etl::{config, db, schema, service::api_keys};
+
+/// Runs the parsed command.
+///
+/// # Errors
+/// Any [`Error`]; its `exit_code()` is the process exit code.
+pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
+    // Installed first: a signal during start-up is a graceful request, not a kill.
+    let shutdown = durable_etl::shutdown::signals();
+    let db_config = cli.database.config()?;
+    let start_up = cli.database.start_up(&shutdown)?;
+    match cli.command {
+        Command::Migrate(args) => migrate(&db_config, &start_up, args).await,
+        Command::Demo(args) => {
+            let serve = args.serve.then_some(shutdown);
+            let secret = args.secret.as_deref();
+            crate::demo::run(&db_config, &args.demo_database, secret, serve).await
+        }
+        Command::Bench(command) => {
+            let (configs, output) = command.configs().unwrap_or_else(|e| e.exit());
+            // A signal drops the bench: its replicas are killed with it (`kill_on_drop`), and
+            // the next run recreates its database.
+            let mut stop = shutdown.clone();
+            tokio::select! {
+                done = bench(&db_config, configs, &output) => done,
+                () = stop.reached(durable_etl::shutdown::Stage::Draining) => {
+                    Err(Error::Interrupted)
+                }
+            }
+        }
+        Command::Serve(args) => {
+            let (api_config, secret) = args.config()?;
+            let (pool, version) = start_up.run(|| open_checked(&db_config, "api")).await?;
+            tracing::info!(
+                schema_version = version,
+                pooler = db_config.pooler.as_str(),
+                connections_max = durable_etl::worker::budget::Budget::api(&db_config).total(),
+                "api starting"
+            );
+            let notifier = durable_etl::jobs::notifier::Notifier::start(&db_config)?;
+            let state =
+                durable_etl::AppState::new(pool, secret, api_config).with_notifier(notifier);
+            durable_etl::service::serve(state, shutdown).await
+        }
+        Command::Work(args) => {
+            let worker_config = args.config()?;
+            let db_config = cli.database.config_for_lease(Some(worker_config.lease))?;
+            let starts = args.record_handler_starts;
+            work(&db_config, &start_up, worker_config, starts, shutdown).await
+        }
+        Command::Queues(command) => {
+            let pool = open_admin(&db_config, &start_up).await?;
+            let conn = db::checkout(&pool).await?;
+            queues::run(&*conn, command).await
+        }
+        Command::ApiKeys(command) => {
+            let pool = open_admin(&db_config, &start_up).await?;
+            let conn = db::checkout(&pool).await?;
+            match command {
+                ApiKeysCommand::Create(args) => {
+                    let secret =
+                        Secret::new(args.secret.into_bytes()).ok_or(config::ConfigError::Secret)?;
+                    let role = if args.operator {
+                        api_keys::Role::Operator
+                    } else {
+                        api_keys::Role::Owner
+                    };
+                    let created = api_keys::create_as(&*conn, &secret, &args.owner, role).await?;
+                    println!("id:  {}\nkey: {}", created.id, created.key);
+                    println!("The key is shown once; only its digest is stored.");
+                    Ok(())
+                }
+                ApiKeysCommand::Revoke(args) => {
+                    if !api_keys::revoke(&*conn, args.id).await? {
+                        return Err(Error::NoLiveKey(args.id));
+                    }
+                    println!("revoked {}", args.id);
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// Opens the pool of a one-shot administrative command and checks the schema. One start-up step.
+async fn open_admin(db_config: &DatabaseConfig, start_up: &db::StartUp) -> Result<db::Pool, Error> {
+    start_up
+        .run(|| async {
+            let pool = db::connect_pool(db_config, "admin").await?;
+            schema::check_compatible(&*db::checkout(&pool).await?).await?;
+            Ok(pool)
+        })
+        .await
+}
+
+/// Opens the pool of a long-running role, checks the schema and that the server applies the
+/// session limits; returns the pool and the schema version. One start-up step.
+async fn open_checked(db_config: &DatabaseConfig, role: &str) -> Result<(db::Pool, i32), Error> {
+    let pool = db::connect_pool(db_config, role).await?;
+    let conn = db::checkout(&pool).await?;
+    let version = schema::check_compatible(&conn).await?;
+    db::check_session_settings(&*conn, db_config).await?;
+    drop(conn);
+    Ok((pool, version))
+}
+
+/// `work`: starts a replica within the start-up bounds (each step retried on lost connections),
+/// serves its metrics if asked, and runs it until `shutdown`. With `starts_file` (set only by
+/// `bench offered-load`), it records its handler starts and writes them there once stopped.
+async fn work(
+    db_config: &DatabaseConfig,
+    start_up: &db::StartUp,
+    worker_config: WorkerConfig,
+    starts_file: Option<std::path::PathBuf>,
+    shutdown: durable_etl::shutdown::Shutdown,
+) -> Result<(), Error> {
+    let starts = starts_file.map(|file| (file, crate::bench::starts::StartLog::default()));
+    let metrics = match worker_config.metrics_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|source| Error::Listen { address, source })?,
+        ),
+        None => None,
+    };
+    let (pool, version) = start_up.run(|| open_checked(db_config, "worker")).await?;
+    tracing::info!(
+        schema_version = version,
+        owner_id = %worker_config.owner_id,
+        "worker starting"
+    );
+    let worker = start_up
+        .run(|| {
+            let registry = durable_etl::job::handler::Registry::new()
+                .register(durable_etl::kinds::etl::load::EtlLoad::default())
+                .register(durable_etl::job::handler::Noop);
+            let registry = match &starts {
+                Some((_, log)) => log.wrap(&registry),
+                None => registry,
+            };
+            durable_etl::worker::Worker::start(
+                pool.clone(),
+                db_config,
+                worker_config.clone(),
+                registry,
+            )
+        })
+        .await?;
+    if let Some(listener) = metrics {
+        let stats = worker.stats_handle();
+        let serving =
+            durable_etl::service::metrics::serve_worker(listener, stats, pool, shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::warn!(code = %e.code(), "metrics endpoint stopped");
+            }
+        });
+    }
+    let ran = worker.run(shutdown).await;
+    match starts {
+        Some((file, log)) => ran.and(log.write(&file).map_err(Error::io)),
+        None => ran,
+    }
+}
+
+/// `migrate`: applies or reverses migrations, printing the version reached and how many changed
+/// (nothing when none did); with `--create-database`, first creates the database if it does not
+/// exist (else a missing database is refused, as by every command).
+async fn migrate(
+    db_config: &DatabaseConfig,
+    start_up: &db::StartUp,
+    args: MigrateArgs,
+) -> Result<(), Error> {
+    let latest = schema::latest_version();
+    if let Some(target) = args.down_to.filter(|t| !(0..=latest).contains(t)) {
+        return Err(config::ConfigError::DownTo(target, latest).into());
+    }
+    if args.create_database && start_up.run(|| db::ensure_database(db_config)).await? {
+        tracing::info!("created the database");
+    }
+    // Connecting is a start-up step; migrating is not: it may wait for another run's lock.
+    let mut client = start_up.run(|| db::connect(db_config, "migrate")).await?;
+    let report = match args.down_to {
+        Some(target) => schema::migrate_down_to(&mut client, target).await?,
+        None => schema::migrate_up(&mut client).await?,
+    };
+    // Nothing to do says nothing (at debug only), so a deploy step that migrates on every
+    // start stays quiet.
+    if report.changed.is_empty() {
+        tracing::debug!(version = report.version, "schema already at its version");
+    } else {
+        println!(
+            "schema at version {} ({} migration(s) {})",
+            report.version,
+            report.changed.len(),
+            if args.down_to.is_some() {
+                "reversed"
+            } else {
+                "applied"
+            }
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Runs the bench once per config, in order (one, or one per rate of a sweep), writing each
+/// report as it ends: as text, or as JSON (one object, or an array of them for a sweep), and as
+/// an HTML page (`DIR/index.html`, or `DIR/rate-R/index.html` per rate of a sweep and the
+/// sweep's own `DIR/index.html` across the rates). A run that missed its asked rate (or depth)
+/// also says so on stderr when the figures are JSON.
+///
+/// # Errors
+/// The first run's error, as [`crate::bench::run`]; [`Error::Io`] when a page cannot be written.
+async fn bench(
+    db_config: &DatabaseConfig,
+    configs: Vec<crate::bench::BenchConfig>,
+    output: &bench_args::BenchOutput,
+) -> Result<(), Error> {
+    let sweep = configs.len() > 1;
+    let mut reports = Vec::with_capacity(configs.len());
+    for config in configs {
+        let report = crate::bench::run(db_config, config).await?;
+        if let Some(dir) = &output.report {
+            let dir = match report.config.mode {
+                crate::bench::Mode::OfferedLoad { rate, .. } if sweep => {
+                    dir.join(crate::bench::sweep::rate_dir(rate))
+                }
+                _ => dir.clone(),
+            };
+            crate::bench::html::write(&dir, &report).map_err(Error::io)?;
+        }
+        // The JSON says `rate_missed` (or `depth_missed`); a person watching the terminal should
+        // see it too.
+        if let Some(warning) = report.warning() {
+            if output.json {
+                eprintln!("{warning}");
+            }
+        }
+        if !output.json {
+            if sweep && !reports.is_empty() {
+                println!();
+            }
+            print!("{}", report.to_text());
+        }
+        reports.push(report);
+    }
+    if let (Some(dir), true) = (&output.report, sweep) {
+        crate::bench::sweep::write(dir, &reports).map_err(Error::io)?;
+    }
+    if output.json {
+        let json = if sweep {
+            serde_json::to_string(&reports)
+        } else {
+            reports
+                .first()
+                .map_or(Ok(String::new()), serde_json::to_string)
+        };
+        println!("{}", json.map_err(|_| Error::Internal)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! The operators' pages, as `maud` templates: the operator view, the queues, and the drill-downs
+//! from a queue and from a failure code to the jobs behind them.
+//!
+//! Invariants this module keeps:
+//! - Aggregates and job metadata only: a drill-down shows a job's id, kind, queue, priority,
+//!   state, times, attempts and failure code (what [`drill::JobMeta`] holds), never a payload,
+//!   an owner, a principal or an idempotency key. A job id is shown but not linked: a job's page
+//!   is its owner's.
+//! - Every value is escaped by the template engine, and every link is built from a queue's name
+//!   or a stored failure code, which are identifiers (`[a-z][a-z0-9_.]*`): nothing in a path
+//!   needs escaping.
+//! - Every instant is shown relative to now, keeping the absolute one ([`when`]).
+
+use super::charts;
+use super::drill::{self, JobMeta};
+use super::operator::{Minute, Overview};
+use super::pages::{live_layout, meaning, status};
+use super::when;
+use crate::service::api_keys::Role;
+use crate::service::metrics::{QueueDepth, QUEUES_SHOWN};
+use maud::{html, Markup};
+
+/// How often the operators' pages refresh themselves, in seconds.
+const OPERATOR_REFRESH: u32 = 10;
+
+/// A queue's cap and the permits held of it: `2 of 4 held (50%)`, or `none`.
+fn cap_usage(queue: &QueueDepth) -> String {
+    match queue.cap {
+        Some(cap) => {
+            let percent = queue.permits_held * 100 / i64::from(cap.max(1));
+            format!("{} of {cap} held ({percent}%)", queue.permits_held)
+        }
+        None => "none".to_owned(),
+    }
+}
+
+/// A queue's key cap and the key permits held: `4 per key, 3 held`, or `none`.
+fn key_cap(queue: &QueueDepth) -> String {
+    match queue.key_cap {
+        Some(cap) => format!("{cap} per key, {} held", queue.key_permits_held),
+        None => "none".to_owned(),
+    }
+}
+
+/// The table of `queues`: each queue (linked to its jobs) with its jobs by state (and how many
+/// due jobs no live replica serves), its oldest due job's age, its cap usage, its key cap and
+/// whether it is paused.
+fn queue_table(queues: &[QueueDepth]) -> Markup {
+    html! {
+        @if queues.is_empty() {
+            p.empty { "No queue has a job or a setting." }
+        } @else {
+            table {
+                thead { tr { th { "Queue" } th { "Due" } th { "Unserved" } th { "Deferred" } th { "Running" } th { "Oldest due" } th { "Cap" } th { "Key cap" } th { "State" } } }
+                tbody {
+                    @for queue in queues {
+                        tr {
+                            td { a href={ "/console/queues/" (queue.queue) } { code { (queue.queue) } } }
+                            td { (queue.due) }
+                            @if queue.unserved > 0 { td.unserved { (queue.unserved) } } @else { td { "0" } }
+                            td { (queue.deferred) }
+                            td { (queue.running) }
+                            td { @if queue.due > 0 { (when::span(queue.oldest_due_seconds)) } @else { "none due" } }
+                            td { (cap_usage(queue)) }
+                            td { (key_cap(queue)) }
+                            td { @if queue.paused { "paused" } @else { "served" } }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The table of jobs' metadata; `empty` when there is none.
+fn job_table(jobs: &[JobMeta], empty: &str) -> Markup {
+    html! {
+        @if jobs.is_empty() {
+            p.empty { (empty) }
+        } @else {
+            table {
+                thead { tr { th { "Job" } th { "Kind" } th { "Queue" } th { "Priority" } th { "Status" } th { "Attempts" } th { "Accepted" } th { "Due" } th { "Started" } th { "Finished" } th { "Code" } } }
+                tbody {
+                    @for job in jobs {
+                        tr {
+                            td { span.id { (job.id) } }
+                            td { code { (job.kind) } }
+                            td { code { (job.queue) } }
+                            td { (job.priority) }
+                            td { (status(job.status)) @if job.deferred { " (deferred)" } }
+                            td { (job.attempts) " of " (job.max_attempts) }
+                            td { (when::at(job.created_at)) }
+                            td { (when::at(job.run_at)) }
+                            td { @if let Some(started) = job.started_at { (when::at(started)) } }
+                            td { @if let Some(finished) = job.finished_at { (when::at(finished)) } }
+                            td { @if let Some(code) = &job.failure_code { code { (code) } } }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The operator view: live replicas, the backlog, the queues, and the last hour's charts and
+/// failures (each code linked to its jobs).
+pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
+    let hour = &overview.hour;
+    let series = |f: fn(&Minute) -> f64| -> Vec<f64> { hour.minutes.iter().map(f).collect() };
+    let backlog = &overview.backlog;
+    live_layout(
+        "Operator",
+        Some(viewer),
+        Some(OPERATOR_REFRESH),
+        html! {
+            h1 { "Operator" }
+            h2 { "Replicas" }
+            @if overview.replicas.is_empty() {
+                p.empty { "No replica has reported in the last hour." }
+            } @else {
+                table {
+                    thead { tr { th { "Owner id" } th { "Started" } th { "Last report" } th { "Jobs held" } th { "Claim rate" } } }
+                    tbody {
+                        @for replica in &overview.replicas {
+                            tr {
+                                td { code { (replica.owner_id) } }
+                                td { (when::at(replica.started_at)) }
+                                td { (when::span(replica.silent_for)) " ago" }
+                                td { (replica.held) }
+                                td { (format!("{:.1}", replica.claim_rate)) " jobs/s" }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Backlog" }
+            dl.facts {
+                dt { "Due" } dd { (backlog.due) }
+                dt { "Deferred or waiting to retry" } dd { (backlog.deferred) }
+                dt { "Running" } dd { (backlog.running) }
+                dt { "Oldest due" } dd { (format!("{:.1}", backlog.oldest_due_seconds)) " s" }
+            }
+            h2 { "Queues" }
+            (queue_table(&overview.queues))
+            p { a href="/console/queues" { "All queues, with their jobs" } }
+            h2 { "The last hour" }
+            (charts::bars("Jobs finished per minute", &series(|m| (m.succeeded + m.failed) as f64), "jobs"))
+            (charts::bars("Mean pickup latency per minute", &series(|m| m.mean_pickup_ms().unwrap_or(0.0)), "ms"))
+            (charts::bars("Jobs recovered per minute", &series(|m| m.recovered as f64), "jobs"))
+            h2 { "Failures by code" }
+            @if hour.failures.is_empty() {
+                p.empty { "No job failed in the last hour." }
+            } @else {
+                table {
+                    thead { tr { th { "Code" } th { "Jobs" } th { "Meaning" } } }
+                    tbody {
+                        @for (code, n) in &hour.failures {
+                            tr {
+                                td { a href={ "/console/failures/" (code) } { code { (code) } } }
+                                td { (n) }
+                                td { (meaning(code)) }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Recoveries" }
+            @if hour.recoveries.is_empty() {
+                p.empty { "No job was recovered in the last hour." }
+            } @else {
+                table {
+                    thead { tr { th { "Minute" } th { "Recovered by" } th { "Jobs" } } }
+                    tbody {
+                        @for event in &hour.recoveries {
+                            tr {
+                                td { (when::at(event.minute)) }
+                                td { code { (event.owner_id) } }
+                                td { (event.jobs) }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// The queues page: every queue with live jobs or settings (the [`QUEUES_SHOWN`] deepest), and
+/// whether more were left out.
+pub(crate) fn queues(viewer: (Role, &str), queues: &[QueueDepth], more: bool) -> Markup {
+    live_layout(
+        "Queues",
+        Some(viewer),
+        Some(OPERATOR_REFRESH),
+        html! {
+            h1 { "Queues" }
+            p { "Live jobs by state, cap usage and pause, per queue, the deepest first. A queue's name leads to its jobs." }
+            (queue_table(queues))
+            @if more {
+                p { "Only the " (QUEUES_SHOWN) " deepest queues are shown." }
+            }
+        },
+    )
+}
+
+/// One queue's page: its figures and its live jobs (running, then pending by kind in claim
+/// order, at most [`drill::JOBS_SHOWN`] of each).
+pub(crate) fn queue(viewer: (Role, &str), queue: &QueueDepth, jobs: &[JobMeta]) -> Markup {
+    live_layout(
+        "Queue",
+        Some(viewer),
+        Some(OPERATOR_REFRESH),
+        html! {
+            h1 { "Queue " code { (queue.queue) } }
+            (queue_table(std::slice::from_ref(queue)))
+            h2 { "Its jobs" }
+            p {
+                "Running jobs first, then pending ones by kind, in the order replicas claim them; at most "
+                (drill::JOBS_SHOWN) " of each. Job metadata only."
+            }
+            (job_table(jobs, "No job of this queue is pending or running."))
+        },
+    )
+}
+
+/// A failure code's page: what it means and the newest jobs accepted in the last
+/// [`drill::CODE_WINDOW`] that ended with it.
+pub(crate) fn failure(viewer: (Role, &str), code: &str, jobs: &[JobMeta]) -> Markup {
+    live_layout(
+        "Failures",
+        Some(viewer),
+        Some(OPERATOR_REFRESH),
+        html! {
+            h1 { "Failures " code { (code) } }
+            p { (meaning(code)) }
+            p {
+                "The newest " (drill::JOBS_SHOWN) " jobs accepted in the last "
+                (drill::CODE_WINDOW.num_hours()) " hours that ended with this code. Job metadata only."
+            }
+            (job_table(jobs, &format!("No job accepted in the last {} hours ended with this code.", drill::CODE_WINDOW.num_hours())))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_usage_says_held_of_cap_or_none() {
+        let mut queue = QueueDepth {
+            permits_held: 3,
+            cap: Some(4),
+            ..QueueDepth::default()
+        };
+        assert_eq!(cap_usage(&queue), "3 of 4 held (75%)");
+        queue.cap = None;
+        assert_eq!(cap_usage(&queue), "none");
+        assert_eq!(key_cap(&queue), "none");
+        queue.key_cap = Some(2);
+        queue.key_permits_held = 5;
+        assert_eq!(key_cap(&queue), "2 per key, 5 held");
+    }
+}
