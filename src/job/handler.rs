@@ -60,7 +60,65 @@ pub struct JobContext {
     /// Fires when the replica stops trusting this claim's lease, before recovery may give the
     /// job to another replica (see [`LeaseLost`]).
     pub lease_lost: LeaseLost,
+    /// What the job's effects recorded ([`JobContext::record`]); start it empty
+    /// (`Default::default()`).
+    pub recorded: Recorded,
 }
+
+impl JobContext {
+    /// Records `output` as what this job's kind keeps of its success: one JSON document, stored
+    /// with the job's outcome only if its effects commit, and shown as its `result` (the ETL
+    /// kind records its ledger of rows written). Call it from [`crate::Apply::apply`] (or
+    /// [`crate::Apply::apply_set`]); the last call wins. It must hold nothing a status reader
+    /// may not see: no payload value, no secret.
+    ///
+    /// # Errors
+    /// [`Code::HandlerFailed`] (permanent) if `output` does not serialize to JSON.
+    pub fn record(&self, output: impl serde::Serialize) -> Result<(), JobError> {
+        let value =
+            serde_json::to_value(output).map_err(|_| JobError::permanent(Code::HandlerFailed))?;
+        *self.recorded.slot() = Some(value);
+        Ok(())
+    }
+
+    /// Empties what the job's effects recorded, before they apply (again).
+    pub(crate) fn forget_recorded(&self) {
+        *self.recorded.slot() = None;
+    }
+
+    /// What the job's effects recorded, taken out.
+    pub(crate) fn take_recorded(&self) -> Option<Output> {
+        self.recorded.slot().take()
+    }
+}
+
+/// The slot of what a job's effects recorded ([`JobContext::record`]); shared by the clones of
+/// one context.
+#[derive(Debug, Clone, Default)]
+pub struct Recorded(Arc<std::sync::Mutex<Option<Output>>>);
+
+impl Recorded {
+    /// What has been recorded so far, if anything.
+    pub fn get(&self) -> Option<Output> {
+        self.slot().clone()
+    }
+
+    /// The slot, locked (a panic while it was held left nothing half-written: a store is one
+    /// assignment).
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Output>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl PartialEq for Recorded {
+    fn eq(&self, other: &Recorded) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || *self.slot() == *other.slot()
+    }
+}
+
+impl Eq for Recorded {}
 
 /// What a kind's effects record with its success (the ETL kind: its ledger of rows written and
 /// the data's checksum): one JSON document, stored on the job's outcome and shown as its
@@ -287,6 +345,11 @@ impl dyn Effects {
     pub fn downcast_ref<T: Effects + 'static>(&self) -> Option<&T> {
         sealed::Typed::as_any(self).downcast_ref()
     }
+
+    /// These effects as a mutable `T`, if they are one.
+    pub(crate) fn downcast_mut<T: Effects + 'static>(&mut self) -> Option<&mut T> {
+        sealed::Typed::as_any_mut(self).downcast_mut()
+    }
 }
 
 /// What this crate reads off the type of a value, which no other crate can implement.
@@ -304,6 +367,9 @@ mod sealed {
 
         /// `self`, to downcast.
         fn as_any(&self) -> &dyn Any;
+
+        /// `self`, to downcast mutably.
+        fn as_any_mut(&mut self) -> &mut dyn Any;
     }
 
     impl<T: 'static> Typed for T {
@@ -312,6 +378,10 @@ mod sealed {
         }
 
         fn as_any(&self) -> &dyn Any {
+            self
+        }
+
+        fn as_any_mut(&mut self) -> &mut dyn Any {
             self
         }
     }

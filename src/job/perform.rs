@@ -16,7 +16,9 @@
 
 use super::kind::Job;
 use crate::codes::Code;
-use crate::job::handler::{Effects, Handler, JobContext, JobError, NoEffects, Output, Registry};
+use crate::job::handler::{
+    Effects, EffectsSet, Handler, JobContext, JobError, NoEffects, Output, Registry,
+};
 use futures::future::BoxFuture;
 use std::any::TypeId;
 use std::future::Future;
@@ -130,6 +132,31 @@ pub trait Apply: Send + 'static {
     {
         None
     }
+
+    /// Whether these effects may be applied together with other jobs' effects of this type in
+    /// one batch of the group commit, through [`Apply::apply_set`]; `false` (the default): they
+    /// always apply alone, through [`Apply::apply`].
+    fn in_set(&self) -> bool {
+        false
+    }
+
+    /// Applies the effects of several jobs of this type together on `tx` (set-based statements
+    /// instead of one job at a time), each with its job, in order. Its contract: the rows
+    /// written, and what each job [records](JobContext::record), must be those of applying them
+    /// one by one in that order. The worker runs it under a savepoint of its own: on an error,
+    /// a panic or an overrun of the smallest budget of its jobs, that savepoint is rolled back
+    /// and each job applies alone, so one job's failure fails only that job. The default fails,
+    /// so effects that say they join a set ([`Apply::in_set`]) without one apply alone.
+    fn apply_set<'a>(
+        tx: &'a Transaction<'a>,
+        set: Vec<(&'a mut Self, &'a JobContext)>,
+    ) -> impl Future<Output = Result<(), JobError>> + Send + 'a
+    where
+        Self: Sized,
+    {
+        let _ = (tx, set);
+        async { Err(JobError::permanent(Code::HandlerFailed)) }
+    }
 }
 
 impl Apply for () {
@@ -215,9 +242,16 @@ impl<A: Apply> Effects for TypedEffects<A> {
     ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
         Box::pin(async move {
             let TypedEffects { effects, job } = *self;
+            job.forget_recorded();
             effects.apply(tx, &job).await?;
-            Ok(None)
+            Ok(job.take_recorded())
         })
+    }
+
+    fn set(&self) -> Option<&'static dyn EffectsSet> {
+        self.effects
+            .in_set()
+            .then_some(&TypedSet::<A> { kind: PhantomData })
     }
 
     fn replay(&self) -> Option<Box<dyn Effects>> {
@@ -226,3 +260,39 @@ impl<A: Apply> Effects for TypedEffects<A> {
         Some(Box::new(TypedEffects { effects, job }))
     }
 }
+
+/// The [`EffectsSet`] of the typed effects `A`: [`Apply::apply_set`] over the members.
+struct TypedSet<A> {
+    /// The effects' type.
+    kind: PhantomData<fn() -> A>,
+}
+
+impl<A: Apply> EffectsSet for TypedSet<A> {
+    fn apply<'a>(
+        &'a self,
+        tx: &'a Transaction<'a>,
+        members: &'a mut [Box<dyn Effects>],
+    ) -> BoxFuture<'a, Result<Vec<Option<Output>>, JobError>> {
+        Box::pin(async move {
+            // The worker sets together only effects of one type; were one not, the set fails
+            // and each member applies alone.
+            let mut jobs = Vec::with_capacity(members.len());
+            let mut set = Vec::with_capacity(members.len());
+            for member in members.iter_mut() {
+                let typed = member
+                    .downcast_mut::<TypedEffects<A>>()
+                    .ok_or_else(|| JobError::permanent(Code::HandlerFailed))?;
+                let TypedEffects { effects, job } = typed;
+                job.forget_recorded();
+                jobs.push(Arc::clone(job));
+                set.push((effects, &**job));
+            }
+            A::apply_set(tx, set).await?;
+            Ok(jobs.iter().map(|job| job.take_recorded()).collect())
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "perform_tests.rs"]
+mod tests;

@@ -198,7 +198,7 @@ impl Api {
             pool(&self.db).await,
             &self.db.config,
             config,
-            Registry::new().register(EtlLoad::default()),
+            Registry::new().perform(EtlLoad::default()),
         )
         .await
         .unwrap()

@@ -222,7 +222,7 @@ impl Console {
                 heartbeat_interval: Duration::from_secs(1),
                 ..WorkerConfig::default()
             },
-            Registry::new().register(EtlLoad::default()),
+            Registry::new().perform(EtlLoad::default()),
         )
         .await?;
         let (trigger, shutdown) = shutdown::manual();

@@ -59,7 +59,7 @@ pub(crate) async fn etl_worker(db: &TestDb, owner_id: &str, lock_timeout: Durati
         pool,
         &db_config,
         config,
-        Registry::new().register(EtlLoad::default()),
+        Registry::new().perform(EtlLoad::default()),
     )
     .await
     .unwrap()

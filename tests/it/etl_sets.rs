@@ -1,14 +1,15 @@
-//! ETL loads applied together (the loads' `EffectsSet`) against the same loads one by one: the
+//! ETL loads applied together (`Apply::apply_set`) against the same loads one by one: the
 //! same target rows and the same ledger per job, with jobs that write each other's keys; and a
 //! worker's batch mixing valid loads, an invalid one and two writing the same key.
 
 use crate::etl::{etl_worker, new_job, owner, req, secret};
 use crate::support::{count, first_column_of, insert_jobs, TestDb};
-use durable_etl::job::handler::{Effects, JobContext, NoEffects, Output};
+use durable_etl::job::handler::Output;
 use durable_etl::kinds::etl::enqueue::enqueue_many;
 use durable_etl::kinds::etl::load::{plan, Load};
 use durable_etl::kinds::etl::{Ledger, KIND};
 use durable_etl::worker::completer::Transition;
+use durable_etl::{Apply, JobContext};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio_postgres::Client;
@@ -34,6 +35,7 @@ fn context(id: uuid::Uuid) -> JobContext {
         owner_key: owner("alice").to_vec(),
         run_at: chrono::Utc::now(),
         lease_lost: durable_etl::job::handler::LeaseLost::default(),
+        recorded: Default::default(),
     }
 }
 
@@ -62,20 +64,28 @@ async fn both_ways(client: &mut Client, loads: &[Load]) -> [(Vec<Option<Output>>
     let tx = client.transaction().await.unwrap();
     let mut alone = Vec::new();
     for load in loads {
-        alone.push(Box::new(load.clone()).apply(&tx).await.unwrap());
+        let job = context(uuid::Uuid::nil());
+        load.clone().apply(&tx, &job).await.unwrap();
+        alone.push(job.recorded.get());
     }
     let alone_rows = rows(&tx).await;
     tx.rollback().await.unwrap();
     let tx = client.transaction().await.unwrap();
-    let mut members: Vec<Box<dyn Effects>> = loads
-        .iter()
-        .map(|l| Box::new(l.clone()) as Box<dyn Effects>)
-        .collect();
-    let set = loads[0].set().unwrap();
-    let together = set.apply(&tx, &mut members).await.unwrap();
+    let together = apply_set(&tx, loads).await.unwrap();
     let together_rows = rows(&tx).await;
     tx.rollback().await.unwrap();
     [(alone, alone_rows), (together, together_rows)]
+}
+
+/// Applies `loads` as one set on `tx`; returns what each recorded.
+async fn apply_set(
+    tx: &tokio_postgres::Transaction<'_>,
+    loads: &[Load],
+) -> Result<Vec<Option<Output>>, durable_etl::JobError> {
+    let jobs: Vec<JobContext> = loads.iter().map(|_| context(uuid::Uuid::nil())).collect();
+    let mut copies = loads.to_vec();
+    Load::apply_set(tx, copies.iter_mut().zip(&jobs).collect()).await?;
+    Ok(jobs.iter().map(|job| job.recorded.get()).collect())
 }
 
 #[tokio::test]
@@ -104,7 +114,11 @@ async fn loads_applied_together_write_the_same_rows_and_ledgers_as_one_by_one() 
     )
     .await[0];
     let tx = client.transaction().await.unwrap();
-    Box::new(before.clone()).apply(&tx).await.unwrap();
+    before
+        .clone()
+        .apply(&tx, &context(uuid::Uuid::nil()))
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 
     let [(alone, alone_rows), (together, together_rows)] = both_ways(&mut client, &batch).await;
@@ -130,7 +144,7 @@ async fn loads_applied_together_write_the_same_rows_and_ledgers_as_one_by_one() 
 }
 
 #[tokio::test]
-async fn a_set_fails_whole_on_a_member_that_is_not_a_load_or_a_row_it_cannot_lock() {
+async fn a_set_fails_whole_on_a_row_it_cannot_lock() {
     let db = TestDb::migrated().await;
     let mut client = db.client().await;
     let loads = loads(
@@ -138,16 +152,6 @@ async fn a_set_fails_whole_on_a_member_that_is_not_a_load_or_a_row_it_cannot_loc
         &[payload(json!([{"id": 1}])), payload(json!([{"id": 2}]))],
     )
     .await;
-    let set = loads[0].set().unwrap();
-
-    let tx = client.transaction().await.unwrap();
-    let mut members: Vec<Box<dyn Effects>> = vec![Box::new(loads[0].clone()), Box::new(NoEffects)];
-    let failed = set.apply(&tx, &mut members).await;
-    assert_eq!(
-        failed.unwrap_err().to_string(),
-        "permanent failure: handler_failed"
-    );
-    tx.rollback().await.unwrap();
 
     // Another session holds row 2: the set's statement times out, for the worker's savepoint
     // to take back whole (row 1 included).
@@ -165,11 +169,7 @@ async fn a_set_fails_whole_on_a_member_that_is_not_a_load_or_a_row_it_cannot_loc
     tx.batch_execute("SET LOCAL lock_timeout = '100ms'")
         .await
         .unwrap();
-    let mut members: Vec<Box<dyn Effects>> = loads
-        .iter()
-        .map(|l| Box::new(l.clone()) as Box<dyn Effects>)
-        .collect();
-    let timed_out = set.apply(&tx, &mut members).await;
+    let timed_out = apply_set(&tx, &loads).await;
     assert_eq!(
         timed_out.unwrap_err().to_string(),
         "database error in effects"

@@ -160,7 +160,7 @@ async fn work(
     let worker = start_up
         .run(|| {
             let registry = durable_etl::job::handler::Registry::new()
-                .register(durable_etl::kinds::etl::load::EtlLoad::default())
+                .perform(durable_etl::kinds::etl::load::EtlLoad::default())
                 .register(durable_etl::job::handler::Noop);
             let registry = match &starts {
                 Some((_, log)) => log.wrap(&registry),

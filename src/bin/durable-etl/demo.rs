@@ -170,7 +170,7 @@ pub(crate) async fn run(
             pool,
             &config,
             worker_config,
-            Registry::new().register(EtlLoad::default()),
+            Registry::new().perform(EtlLoad::default()),
         )
         .await?;
         replicas.push(tokio::spawn(worker.run(stop.clone())));

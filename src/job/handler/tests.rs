@@ -163,6 +163,7 @@ fn ctx() -> Arc<JobContext> {
         owner_key: vec![0; 32],
         run_at: chrono::Utc::now(),
         lease_lost: crate::job::handler::LeaseLost::default(),
+        recorded: Default::default(),
     })
 }
 

@@ -1,6 +1,6 @@
 //! The ETL handler: transforms every record with no connection held, then upserts the target
-//! rows inside the fenced execution transaction and reports inserted / updated / unchanged counts
-//! and a checksum of the loaded data for the response ledger.
+//! rows inside the fenced execution transaction and records inserted / updated / unchanged counts
+//! and a checksum of the loaded data (its [`Ledger`]).
 //!
 //! Invariants this module keeps:
 //! - A record that cannot be transformed, has no usable key, or repeats a key fails the job with
@@ -9,8 +9,9 @@
 //!   transform's [`OutputBudget`]: a plan that exceeds it fails its job with `invalid_payload`
 //!   (intake refuses such requests, so only a payload that bypassed intake can), never the
 //!   process. Execution re-applies no intake limit: what one replica accepted, every replica runs.
+//! - The kind is built on the public contract only ([`Perform`], [`Apply`]), as any user's is.
 //! - A job's load alone is one statement ([`UPSERT_SQL`]). In a commit batch, the loads of every
-//!   job apply together (`LoadSet`: one set-based statement per round, see
+//!   job apply together ([`Apply::apply_set`]: one set-based statement per round, see
 //!   `etl::upsert`), each job's ledger (counts and checksum) the one it would have had
 //!   alone, after the batch's jobs before it; should the set fail, the worker rolls it back and
 //!   applies each load alone, so one job's failure leaves none of its rows and takes no other job
@@ -21,13 +22,12 @@
 //! - Loading the same request again yields the same rows and the same checksum.
 
 use crate::codes::Code;
-use crate::job::handler::{Effects, EffectsSet, Handler, JobContext, JobError, Output};
+use crate::job::{Apply, Job, JobContext, JobError, Perform};
 use crate::kinds::etl::request;
 use crate::kinds::etl::transform::OutputBudget;
 use crate::kinds::etl::upsert::{self, Target, Written};
 use crate::kinds::etl::Ledger;
 use crate::kinds::etl::KIND;
-use futures::future::BoxFuture;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -37,32 +37,35 @@ use uuid::Uuid;
 
 pub use crate::kinds::etl::upsert::UPSERT_SQL;
 
-/// The ETL handler (`etl.load`). It has no settings: execution applies no intake limit, only the
-/// fixed bounds of [`crate::kinds::etl::transform`]. Build it with `EtlLoad::default()`.
+/// An ETL load's payload: the normalized request intake stored (validated again by [`plan`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct EtlJob(pub Value);
+
+impl Job for EtlJob {
+    const KIND: &'static str = KIND;
+}
+
+/// The ETL handler (`etl.load`), a [`Perform`] like any kind's. It has no settings: execution
+/// applies no intake limit, only the fixed bounds of [`crate::kinds::etl::transform`]. Register
+/// it with `Registry::new().perform(EtlLoad::default())`.
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct EtlLoad {}
 
-impl Handler for EtlLoad {
-    fn kind(&self) -> &'static str {
-        KIND
-    }
+impl Perform for EtlLoad {
+    type Job = EtlJob;
+    type Effects = Load;
 
-    fn prepare<'a>(
-        &'a self,
-        job: &'a Arc<JobContext>,
-        payload: Value,
-    ) -> BoxFuture<'a, Result<Box<dyn Effects>, JobError>> {
-        let job = Arc::clone(job);
-        Box::pin(async move {
-            match tokio::task::spawn_blocking(move || plan(&job, &payload)).await {
-                Ok(load) => Ok(Box::new(load?) as Box<dyn Effects>),
-                // A panic in the plan is the handler's panic: the executor's guard records it.
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // The runtime is shutting down: the attempt did not run.
-                Err(e) => Err(JobError::transient(e)),
-            }
-        })
+    async fn compute(&self, job: EtlJob, ctx: &JobContext) -> Result<Load, JobError> {
+        let ctx = ctx.clone();
+        match tokio::task::spawn_blocking(move || plan(&ctx, &job.0)).await {
+            Ok(load) => load,
+            // A panic in the plan is the handler's panic: the executor's guard records it.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: the attempt did not run.
+            Err(e) => Err(JobError::transient(e)),
+        }
     }
 }
 
@@ -148,8 +151,8 @@ impl Load {
         }
     }
 
-    /// The ledger of these rows, written as `written` says, as the kind's recorded output.
-    fn ledger(&self, written: Written) -> Output {
+    /// The ledger of these rows, written as `written` says: what the kind records.
+    fn ledger(&self, written: Written) -> Ledger {
         let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         Ledger {
             rows_inserted: count(written.inserted),
@@ -157,58 +160,36 @@ impl Load {
             rows_unchanged: count(written.unchanged),
             checksum: hex::encode(self.checksum()),
         }
-        .into()
     }
 }
 
-impl Effects for Load {
-    fn apply<'a>(
-        self: Box<Self>,
+impl Apply for Load {
+    async fn apply(self, tx: &Transaction<'_>, job: &JobContext) -> Result<(), JobError> {
+        let written = upsert::one(tx, self.target()).await?;
+        job.record(self.ledger(written))
+    }
+
+    fn replay(&self) -> Option<Load> {
+        Some(self.clone())
+    }
+
+    fn in_set(&self) -> bool {
+        self.bytes <= SET_MEMBER_MAX_BYTES
+    }
+
+    /// The rows of every load of a commit batch upserted together, in as few set-based
+    /// statements as their shared keys allow (`upsert::set`), each load's ledger the one it
+    /// would have had alone.
+    async fn apply_set<'a>(
         tx: &'a Transaction<'a>,
-    ) -> BoxFuture<'a, Result<Option<Output>, JobError>> {
-        Box::pin(async move {
-            let written = upsert::one(tx, self.target()).await?;
-            Ok(Some(self.ledger(written)))
-        })
-    }
-
-    fn set(&self) -> Option<&'static dyn EffectsSet> {
-        (self.bytes <= SET_MEMBER_MAX_BYTES).then_some(&LoadSet)
-    }
-
-    fn replay(&self) -> Option<Box<dyn Effects>> {
-        Some(Box::new(self.clone()))
-    }
-}
-
-/// The [`EffectsSet`] of ETL loads: the rows of every load of a commit batch upserted together,
-/// in as few set-based statements as their shared keys allow (`upsert::set`), each load's
-/// ledger the one it would have had alone.
-#[derive(Debug, Clone, Copy)]
-struct LoadSet;
-
-impl EffectsSet for LoadSet {
-    fn apply<'a>(
-        &'a self,
-        tx: &'a Transaction<'a>,
-        members: &'a mut [Box<dyn Effects>],
-    ) -> BoxFuture<'a, Result<Vec<Option<Output>>, JobError>> {
-        Box::pin(async move {
-            // Every member is a load (the worker sets together only effects of one type); were
-            // one not, the set fails and each member applies alone.
-            let loads: Vec<&Load> = members
-                .iter()
-                .map(|m| m.downcast_ref::<Load>())
-                .collect::<Option<_>>()
-                .ok_or_else(|| JobError::permanent(Code::HandlerFailed))?;
-            let targets: Vec<Target<'_>> = loads.iter().map(|l| l.target()).collect();
-            let written = upsert::set(tx, &targets).await?;
-            Ok(loads
-                .iter()
-                .zip(written)
-                .map(|(load, written)| Some(load.ledger(written)))
-                .collect())
-        })
+        set: Vec<(&'a mut Load, &'a JobContext)>,
+    ) -> Result<(), JobError> {
+        let targets: Vec<Target<'_>> = set.iter().map(|(load, _)| load.target()).collect();
+        let written = upsert::set(tx, &targets).await?;
+        for ((load, job), written) in set.iter().zip(written) {
+            job.record(load.ledger(written))?;
+        }
+        Ok(())
     }
 }
 
@@ -230,6 +211,7 @@ mod tests {
             owner_key: vec![1; 32],
             run_at: chrono::Utc::now(),
             lease_lost: crate::job::handler::LeaseLost::default(),
+            recorded: Default::default(),
         }
     }
 
@@ -296,22 +278,24 @@ mod tests {
         };
         let small = load(100);
         assert_eq!(small.bytes, 109, "{{\"id\":\"x…x\"}}");
-        assert!(small.set().is_some());
-        assert!(load(SET_MEMBER_MAX_BYTES).set().is_none());
+        assert!(small.in_set());
+        assert!(!load(SET_MEMBER_MAX_BYTES).in_set());
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn the_plan_runs_off_the_async_thread() {
         let records: Vec<Value> = (0..10_000).map(|i| json!({"id": i, "v": "x"})).collect();
         let payload = json!({"dataset": "d", "key": "id", "records": records});
-        let (job, handler) = (Arc::new(job()), EtlLoad::default());
+        let (job, handler) = (job(), EtlLoad::default());
         // A plan computed inside the poll would be done after the first one; on the blocking
         // pool it is still running (10,000 records take far longer than one poll).
-        let first_poll = handler.prepare(&job, payload.clone()).now_or_never();
+        let first_poll = handler
+            .compute(EtlJob(payload.clone()), &job)
+            .now_or_never();
         assert!(
             first_poll.is_none(),
             "the plan must not hold the runtime's thread"
         );
-        assert!(handler.prepare(&job, payload).await.is_ok());
+        assert!(handler.compute(EtlJob(payload), &job).await.is_ok());
     }
 }

@@ -57,7 +57,7 @@ async fn commit_against_cancel(cancel_first: bool) {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     let (holder, id) = locked_update(&db, &client).await;
-    let worker = Arc::new(worker(&db, Registry::new().register(EtlLoad::default())).await);
+    let worker = Arc::new(worker(&db, Registry::new().perform(EtlLoad::default())).await);
     let stepping = spawn_step(&worker);
     until_load_waits(&client).await;
     let canceller = db.client().await;

@@ -166,6 +166,7 @@ mod tests {
             owner_key: Vec::new(),
             run_at: chrono::Utc::now(),
             lease_lost: durable_etl::job::handler::LeaseLost::default(),
+            recorded: Default::default(),
         })
     }
 

@@ -74,6 +74,7 @@ pub(super) fn claimed_job(row: &Row) -> ClaimedJob {
             owner_key: row.get(6),
             run_at: row.get(9),
             lease_lost: LeaseLost::default(),
+            recorded: Default::default(),
         }),
         payload: row.get(2),
         due_for: row.get(7),
