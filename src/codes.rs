@@ -117,6 +117,9 @@ pub enum Code {
     /// The resource exists but does not serve this HTTP method (the `Allow` header lists those
     /// it serves).
     MethodNotAllowed,
+    /// A schedule's name, cron expression, time zone or policy is not valid (the pointer says
+    /// which).
+    ScheduleInvalid,
 }
 
 impl Code {
@@ -170,6 +173,7 @@ impl Code {
         Code::RequestTimeout,
         Code::QueryInvalid,
         Code::MethodNotAllowed,
+        Code::ScheduleInvalid,
     ];
 
     /// The stable snake_case string of this code.
@@ -223,6 +227,7 @@ impl Code {
             Code::RequestTimeout => "request_timeout",
             Code::QueryInvalid => "query_invalid",
             Code::MethodNotAllowed => "method_not_allowed",
+            Code::ScheduleInvalid => "schedule_invalid",
         }
     }
 

@@ -106,6 +106,11 @@ impl Jobs {
         Jobs { secret, owner }
     }
 
+    /// The schedules of this handle's owner ([`crate::schedule`]).
+    pub fn schedules(&self) -> crate::schedule::Schedules {
+        crate::schedule::Schedules::of(self.owner)
+    }
+
     /// This handle, acting for `owner` instead.
     pub fn for_owner(&self, owner: &str) -> Jobs {
         Jobs::new(self.secret.clone(), owner)

@@ -12,7 +12,8 @@
 //! - **Call** ([`jobs`]): [`Jobs`] enqueues ([`EnqueueOptions`], [`Enqueued`]), reads, lists and
 //!   cancels jobs for one owner; [`JobState`].
 //! - **Run** ([`worker`]): [`Worker`], one replica, or [`Replica`], one spawned on a task; queues,
-//!   weights, priorities and caps ([`queue`]).
+//!   weights, priorities and caps ([`queue`]); recurring [`Schedules`] ([`schedule`]), fired by
+//!   every replica with no leader.
 //! - **Set up**: [`DatabaseConfig`], [`WorkerConfig`] ([`config`]); [`connect_pool`], [`Pool`];
 //!   [`migrate`] ([`schema`]); [`Secret`], the key owners and idempotency keys are digested
 //!   under; [`Shutdown`].
@@ -49,6 +50,7 @@ pub mod job;
 pub mod jobs;
 pub mod queue;
 mod replica;
+pub mod schedule;
 pub mod schema;
 pub mod worker;
 
@@ -93,6 +95,7 @@ pub use error::Error;
 pub use job::{Apply, Job, JobContext, JobError, Perform, Registry};
 pub use jobs::{EnqueueOptions, Enqueued, JobState, Jobs};
 pub use replica::Replica;
+pub use schedule::Schedules;
 pub use schema::migrate;
 #[cfg(feature = "service")]
 pub use service::{app, AppState};

@@ -315,4 +315,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // Succeeded jobs' results move to `output`: a reader before it would show none.
         min_reader_version: 33,
     },
+    Migration {
+        version: 34,
+        name: "schedules",
+        up: include_str!("../../migrations/0034_schedules.up.sql"),
+        down: include_str!("../../migrations/0034_schedules.down.sql"),
+        // Additive: a release before it never reads the new tables.
+        min_reader_version: 33,
+    },
 ];

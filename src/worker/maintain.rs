@@ -1,7 +1,7 @@
 //! The maintenance stage: the replica's periodic roles, which look after every owner's jobs
 //! rather than the replica's own. Recovery ([`rescuer`]) returns dead owners' and expired
 //! leases' jobs; the refund ([`refund`]) gives back what recovery charged this replica while it
-//! was only cut off.
+//! was only cut off; the scheduler ([`scheduler`]) fires every owner's due schedules.
 //!
 //! Invariants this stage keeps:
 //! - Recovery judges an owner dead only on evidence: its locks gone and its beats silent
@@ -12,3 +12,28 @@
 pub mod refund;
 #[doc(hidden)]
 pub mod rescuer;
+#[doc(hidden)]
+pub mod scheduler;
+
+use crate::worker::shared::Shared;
+use std::sync::Arc;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Starts the stage's roles in `roles`, each until `stop`: recovery (`catch_up` asks the claim
+/// loop to look again once it freed jobs), the refund and the scheduler.
+pub(crate) fn spawn(
+    roles: &mut JoinSet<()>,
+    shared: &Arc<Shared>,
+    catch_up: &Arc<Notify>,
+    stop: &CancellationToken,
+) {
+    roles.spawn(rescuer::run(
+        Arc::clone(shared),
+        Arc::clone(catch_up),
+        stop.clone(),
+    ));
+    roles.spawn(refund::run(Arc::clone(shared), stop.clone()));
+    roles.spawn(scheduler::run(Arc::clone(shared), stop.clone()));
+}

@@ -9,7 +9,7 @@
 //!   LISTEN and the owner lock, `presence` says whether it waits for work, `reporter` sends the
 //!   console's figures;
 //! - [`maintain`], the periodic roles: [`rescuer`] recovers dead owners' and expired leases'
-//!   jobs, [`refund`] undoes its charge on a live replica.
+//!   jobs, [`refund`] undoes its charge on a live replica, [`scheduler`] fires schedules.
 //!
 //! Invariants this module keeps:
 //! - A replica opens its session before its first claim, and releases what a previous
@@ -17,13 +17,12 @@
 //!   process with the same owner id refuses to start.
 //! - On shutdown, in this order: the producer stops claiming and gives running jobs the grace
 //!   period (cut to zero by a second signal, a taken owner id or an undeclared transaction-mode
-//!   pooler); the rescuer and the refund stop; the commits still running are abandoned
-//!   (statements cancelled, transactions rolled back); unfinished leases are released at once
+//!   pooler); the periodic roles stop; the commits still running are abandoned (statements
+//!   cancelled, transactions rolled back); unfinished leases are released at once
 //!   (attempt not charged, or left to expire after [`completer::RELEASE_TIMEOUT`]); the heartbeat
 //!   stops; the pool and the session close. No held lease lapses within the grace.
 
-// The stages, each a folder: claim, run, complete, maintain and liveness (see their invariants).
-// The roles the suite and the benches drive directly are public for them, and hidden.
+// The stages, each a folder; what the suite and the benches drive is public for them, hidden.
 pub mod budget;
 #[doc(hidden)]
 pub mod claim;
@@ -46,7 +45,7 @@ pub use {
     claim::claimer,
     complete::completer,
     liveness::heartbeat,
-    maintain::{refund, rescuer},
+    maintain::{refund, rescuer, scheduler},
 };
 
 use crate::config::{ConfigError, DatabaseConfig, WorkerConfig};
@@ -163,14 +162,9 @@ impl Worker {
             held.clone(),
             stop_heartbeat.clone(),
         ));
-        roles.spawn(rescuer::run(
-            Arc::clone(&self.shared),
-            Arc::clone(&catch_up),
-            stop_rescuer.clone(),
-        ));
+        maintain::spawn(&mut roles, &self.shared, &catch_up, &stop_rescuer);
         let (shared, stop) = (Arc::clone(&self.shared), stop_rescuer.clone());
         roles.spawn(reporter::run(shared, held.clone(), stop));
-        roles.spawn(refund::run(Arc::clone(&self.shared), stop_rescuer.clone()));
         let mut producer = Producer::new(Arc::clone(&self.shared), held.clone());
         let stopped = producer.run(&catch_up, &mut shutdown).await;
         let shutdown_span = tracing::info_span!("shutdown", running = held.len());

@@ -47,7 +47,7 @@ const PARTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("contract", &["job"]),
-    ("calls", &["jobs"]),
+    ("calls", &["jobs", "schedule"]),
     ("engine", &["worker", "replica"]),
     ("kinds", &["kinds"]),
     ("service", &["service"]),

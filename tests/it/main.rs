@@ -44,6 +44,7 @@ mod privacy;
 mod proxy;
 mod queues;
 mod runtime;
+mod schedules;
 mod schema;
 mod soak;
 #[cfg(feature = "sqlx")]

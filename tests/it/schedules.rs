@@ -1,0 +1,511 @@
+//! Recurring schedules against PostgreSQL: each fire makes one job whoever evaluates it, racing
+//! evaluators included; missed fires follow their policy; overlap, pause, resume and delete;
+//! declared schedules of two releases side by side; owner scoping; refusals that write nothing;
+//! and a replica that runs what its schedules make without waiting for its poll.
+
+use crate::support::{count, eventually, pool, TestDb};
+use durable_etl::schedule::{Missed, Overlap, ScheduleOptions};
+use durable_etl::worker::scheduler::{self, Fired};
+use durable_etl::{
+    shutdown, Code, Error, Job, JobContext, JobError, Jobs, Perform, Registry, Secret, Worker,
+    WorkerConfig,
+};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tokio_postgres::Client;
+
+/// The test's report kind: what a schedule makes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Report {
+    /// Which report.
+    name: String,
+}
+
+impl Job for Report {
+    const KIND: &'static str = "test.report";
+}
+
+/// Runs reports, writing nothing.
+struct Reporter;
+
+impl Perform for Reporter {
+    type Job = Report;
+    type Effects = ();
+
+    async fn compute(&self, _job: Report, _ctx: &JobContext) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+/// The handle of owner `owner`.
+fn jobs(owner: &str) -> Jobs {
+    Jobs::new(Secret::new("schedules-test-secret").unwrap(), owner)
+}
+
+/// A report named `name`.
+fn report(name: &str) -> Report {
+    Report {
+        name: name.to_owned(),
+    }
+}
+
+/// Moves schedule `name`'s next fire `seconds` whole seconds into the past (as if no replica
+/// evaluated it meanwhile).
+async fn due_since(client: &Client, name: &str, seconds: i32) {
+    client
+        .execute(
+            "UPDATE etl_schedules
+                SET next_fire_at = date_trunc('second', clock_timestamp())
+                                   - make_interval(secs => $2)
+              WHERE name = $1",
+            &[&name, &f64::from(seconds)],
+        )
+        .await
+        .unwrap();
+}
+
+/// One evaluation pass on a connection of its own.
+async fn fire(db: &TestDb) -> Fired {
+    let mut client = db.client().await;
+    scheduler::fire_due(&mut client).await.unwrap()
+}
+
+/// The outcomes recorded for schedule `name`, oldest first.
+async fn outcomes(client: &Client, name: &str) -> Vec<String> {
+    crate::support::first_column(
+        client,
+        &format!("SELECT outcome FROM etl_schedule_fires WHERE name = '{name}' ORDER BY fire_at"),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_due_fire_makes_one_job_and_a_locked_schedule_is_skipped_not_fired_twice() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let schedules = jobs("alice").schedules();
+    schedules
+        .put(
+            &client,
+            "nightly",
+            "* * * * * *",
+            &report("n"),
+            ScheduleOptions::default(),
+        )
+        .await
+        .unwrap();
+    due_since(&client, "nightly", 0).await;
+    // Another evaluator holds the row: this one skips it and fires nothing.
+    let mut holder = db.client().await;
+    let held = holder.transaction().await.unwrap();
+    held.execute(
+        "SELECT FROM etl_schedules WHERE name = 'nightly' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(fire(&db).await.schedules, 0);
+    held.rollback().await.unwrap();
+    let fired = fire(&db).await;
+    assert_eq!((fired.schedules, fired.jobs), (1, 1));
+    // The fire is made: again, nothing is due.
+    assert_eq!(fire(&db).await.schedules, 0);
+    // A fire replayed (its schedule moved back onto it) returns the job it made: no second one.
+    client
+        .execute("UPDATE etl_schedules SET next_fire_at = last_fire_at", &[])
+        .await
+        .unwrap();
+    let replayed = fire(&db).await;
+    assert_eq!((replayed.schedules, replayed.jobs), (1, 0));
+    assert_eq!(
+        count(&client, "etl_jobs WHERE kind = 'test.report'").await,
+        1
+    );
+    let row = client
+        .query_one(
+            "SELECT j.run_at >= f.fire_at AND j.run_at - f.fire_at < interval '1 second',
+                    j.queue, j.max_attempts, s.next_fire_at > f.fire_at,
+                    s.last_job_id = j.id
+               FROM etl_schedule_fires f JOIN etl_jobs j ON j.id = f.job_id
+               JOIN etl_schedules s ON s.name = f.name",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0), "the job is due at once, at its fire");
+    assert_eq!(
+        (row.get::<_, String>(1), row.get::<_, i32>(2)),
+        ("default".to_owned(), 5)
+    );
+    assert!(row.get::<_, bool>(3) && row.get::<_, bool>(4));
+    // The job is the owner's, as one enqueued through the handle would be.
+    let listed = jobs("alice")
+        .list(&client, Default::default(), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(listed.jobs.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_evaluators_make_exactly_one_job_per_fire_and_miss_none() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let schedules = jobs("alice").schedules();
+    for i in 0..20 {
+        let options = ScheduleOptions {
+            missed: Missed::CatchUp(1000),
+            ..ScheduleOptions::default()
+        };
+        schedules
+            .put(
+                &client,
+                &format!("s{i}"),
+                "* * * * * *",
+                &report("r"),
+                options,
+            )
+            .await
+            .unwrap();
+    }
+    // Four evaluators race for 3 seconds, each looping as fast as it can.
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let racers: Vec<_> = (0..4)
+        .map(|_| {
+            let db = &db;
+            async move {
+                let mut client = db.client().await;
+                while tokio::time::Instant::now() < until {
+                    scheduler::fire_due(&mut client).await.unwrap();
+                }
+            }
+        })
+        .collect();
+    futures::future::join_all(racers).await;
+    let fires = count(&client, "etl_schedule_fires WHERE outcome = 'enqueued'").await;
+    let made = count(&client, "etl_jobs WHERE kind = 'test.report'").await;
+    assert!(fires >= 20 * 2, "{fires} fires");
+    assert_eq!(made, fires, "one job per fire");
+    // Per schedule, its fires are every second from its first to its last: none missed.
+    let gaps = count(
+        &client,
+        "(SELECT name, max(fire_at) - min(fire_at) AS span, count(*) AS n
+            FROM etl_schedule_fires GROUP BY name) s
+          WHERE extract(epoch FROM span)::int + 1 <> n",
+    )
+    .await;
+    assert_eq!(gaps, 0, "every second fired once");
+}
+
+#[tokio::test]
+async fn missed_fires_coalesce_catch_up_or_are_skipped_when_an_evaluator_comes_back() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let schedules = jobs("alice").schedules();
+    // Three every second, missed for 10 seconds; a yearly one, missed for 400 days.
+    for (name, cron, missed, since) in [
+        ("coalesced", "* * * * * *", Missed::Coalesce, 10),
+        ("caught_up", "* * * * * *", Missed::CatchUp(4), 10),
+        ("skipped", "* * * * * *", Missed::Skip, 10),
+        ("yearly", "@yearly", Missed::Skip, 400 * 86_400),
+    ] {
+        let options = ScheduleOptions {
+            missed,
+            ..ScheduleOptions::default()
+        };
+        schedules
+            .put(&client, name, cron, &report(name), options)
+            .await
+            .unwrap();
+        due_since(&client, name, since).await;
+    }
+    let fired = fire(&db).await;
+    assert_eq!(fired.schedules, 4);
+    assert_eq!(outcomes(&client, "coalesced").await, ["enqueued"]);
+    assert_eq!(outcomes(&client, "caught_up").await, ["enqueued"; 4]);
+    // Under skip the late fires make nothing; the one on time still runs.
+    assert_eq!(outcomes(&client, "skipped").await, ["enqueued"]);
+    assert_eq!(outcomes(&client, "yearly").await, ["missed"]);
+    assert_eq!(fired.jobs, 6);
+    assert!(fired.without_job >= 10 + 7 + 10 + 1, "{fired:?}");
+    // The oldest fire caught up was some 3 seconds late.
+    assert!(fired.most_late >= Duration::from_secs(3), "{fired:?}");
+}
+
+#[tokio::test]
+async fn under_overlap_skip_a_fire_makes_no_job_while_the_last_one_lives() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let schedules = jobs("alice").schedules();
+    let options = ScheduleOptions {
+        overlap: Overlap::Skip,
+        ..ScheduleOptions::default()
+    };
+    schedules
+        .put(&client, "exclusive", "* * * * * *", &report("x"), options)
+        .await
+        .unwrap();
+    due_since(&client, "exclusive", 0).await;
+    assert_eq!(fire(&db).await.jobs, 1);
+    // Its job is still pending: the next fire, a second later, overlaps it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(fire(&db).await.jobs, 0);
+    assert_eq!(
+        outcomes(&client, "exclusive").await,
+        ["enqueued", "overlapped"]
+    );
+    // Once it ended, the next fire makes one again.
+    client
+        .execute(
+            "DELETE FROM etl_job_records WHERE kind = 'test.report'",
+            &[],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(fire(&db).await.jobs, 1);
+}
+
+#[tokio::test]
+async fn a_paused_schedule_fires_nothing_resumes_from_now_and_is_its_owners_alone() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (alice, bob) = (jobs("alice").schedules(), jobs("bob").schedules());
+    alice
+        .put(
+            &client,
+            "daily",
+            "0 6 * * *",
+            &report("d"),
+            ScheduleOptions::default(),
+        )
+        .await
+        .unwrap();
+    // Bob sees none of Alice's, and can touch none.
+    assert_eq!(bob.get(&client, "daily").await.unwrap(), None);
+    assert!(bob.list(&client).await.unwrap().is_empty());
+    assert!(!bob.pause(&client, "daily").await.unwrap());
+    assert!(!bob.delete(&client, "daily").await.unwrap());
+
+    assert!(alice.pause(&client, "daily").await.unwrap());
+    due_since(&client, "daily", 30).await;
+    assert_eq!(fire(&db).await.schedules, 0, "paused");
+    assert!(alice.resume(&client, "daily").await.unwrap());
+    let resumed = alice.get(&client, "daily").await.unwrap().unwrap();
+    assert!(!resumed.paused);
+    assert!(resumed.next_fire_at > chrono::Utc::now(), "{resumed:?}");
+    assert_eq!(fire(&db).await.jobs, 0, "the passed fires are not missed");
+    assert!(
+        alice.resume(&client, "daily").await.unwrap(),
+        "resumed twice"
+    );
+    assert!(!alice.resume(&client, "nothing").await.unwrap());
+
+    assert!(alice.delete(&client, "daily").await.unwrap());
+    assert_eq!(count(&client, "etl_schedules").await, 0);
+    assert!(!alice.delete(&client, "daily").await.unwrap());
+}
+
+#[tokio::test]
+async fn two_releases_declare_their_schedules_side_by_side_and_a_redeclare_keeps_the_next_fire() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let schedules = jobs("ops").schedules();
+    // Release 1 declares a and b; release 2, rolling out beside it, a (changed) and c.
+    for (name, cron) in [("a", "0 * * * *"), ("b", "0 0 * * *")] {
+        schedules
+            .declare(
+                &client,
+                name,
+                cron,
+                &report("v1"),
+                ScheduleOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let before = schedules.get(&client, "a").await.unwrap().unwrap();
+    for (name, cron) in [("a", "0 * * * *"), ("c", "*/5 * * * *")] {
+        schedules
+            .declare(
+                &client,
+                name,
+                cron,
+                &report("v2"),
+                ScheduleOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let names: Vec<String> = schedules
+        .list(&client)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["a", "b", "c"],
+        "nothing a release does not know is deleted"
+    );
+    let after = schedules.get(&client, "a").await.unwrap().unwrap();
+    assert!(after.declared);
+    assert_eq!(
+        after.next_fire_at, before.next_fire_at,
+        "same expression: same next fire"
+    );
+    let args: serde_json::Value = client
+        .query_one("SELECT args FROM etl_schedules WHERE name = 'a'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(args, serde_json::json!({"name": "v2"}));
+    // A new expression moves the next fire to its own.
+    let options = ScheduleOptions {
+        time_zone: Some("Asia/Kolkata"),
+        ..ScheduleOptions::default()
+    };
+    let moved = schedules
+        .put(&client, "a", "15 * * * *", &report("v2"), options)
+        .await
+        .unwrap();
+    assert_eq!(moved.time_zone, "Asia/Kolkata");
+    assert!(!moved.declared);
+    assert_eq!(
+        chrono::Timelike::minute(&moved.next_fire_at),
+        45,
+        "xx:15 in Kolkata (+05:30) is xx:45 UTC"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_definition_is_refused_with_its_pointer_and_writes_nothing() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let schedules = jobs("alice").schedules();
+    let refused = |e: Error| match e {
+        Error::Rejected(r) => (r.code, r.pointer),
+        other => panic!("unexpected {other:?}"),
+    };
+    let cases: [(&str, &str, ScheduleOptions<'_>, &str); 7] = [
+        ("Bad Name", "* * * * *", ScheduleOptions::default(), "/name"),
+        ("ok", "not cron", ScheduleOptions::default(), "/cron"),
+        ("ok", "0 0 30 2 *", ScheduleOptions::default(), "/cron"),
+        (
+            "ok",
+            "* * * * *",
+            ScheduleOptions {
+                time_zone: Some("Nowhere/Special"),
+                ..ScheduleOptions::default()
+            },
+            "/time_zone",
+        ),
+        (
+            "ok",
+            "* * * * *",
+            ScheduleOptions {
+                queue: Some("Bad Queue"),
+                ..ScheduleOptions::default()
+            },
+            "/queue",
+        ),
+        (
+            "ok",
+            "* * * * *",
+            ScheduleOptions {
+                priority: Some(10),
+                max_attempts: Some(0),
+                ..ScheduleOptions::default()
+            },
+            "/priority",
+        ),
+        (
+            "ok",
+            "* * * * *",
+            ScheduleOptions {
+                missed: Missed::CatchUp(0),
+                ..ScheduleOptions::default()
+            },
+            "/missed",
+        ),
+    ];
+    for (name, cron, options, pointer) in cases {
+        let e = schedules
+            .put(&client, name, cron, &report("r"), options)
+            .await
+            .unwrap_err();
+        assert_eq!(refused(e), (Code::ScheduleInvalid, pointer.to_owned()));
+    }
+    let e = schedules
+        .put(
+            &client,
+            "ok",
+            "* * * * *",
+            &report("r"),
+            ScheduleOptions {
+                max_attempts: Some(0),
+                ..ScheduleOptions::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused(e).1, "/max_attempts");
+    assert_eq!(count(&client, "etl_schedules").await, 0);
+}
+
+/// A replica whose poll is a minute runs each fire's job within moments: the fire's insert wakes
+/// it, and the scheduler sleeps until the next fire, not a poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_fires_and_runs_its_schedules_jobs_without_waiting_for_its_poll() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    jobs("alice")
+        .schedules()
+        .put(
+            &client,
+            "tick",
+            "* * * * * *",
+            &report("t"),
+            ScheduleOptions::default(),
+        )
+        .await
+        .unwrap();
+    let config = WorkerConfig {
+        owner_id: "scheduling".into(),
+        poll_interval: Duration::from_secs(60),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::start(
+        pool(&db).await,
+        &db.config,
+        config,
+        Registry::new().perform(Reporter),
+    )
+    .await
+    .unwrap();
+    let (stop, until) = shutdown::manual();
+    let replica = tokio::spawn(worker.run(until));
+    eventually("three fires run", || async {
+        count(
+            &client,
+            "etl_jobs WHERE kind = 'test.report' AND status = 'succeeded'",
+        )
+        .await
+            >= 3
+    })
+    .await;
+    stop.request(shutdown::Stage::Draining);
+    replica.await.unwrap().unwrap();
+    // Each ran within a second of its fire: neither the fire nor its job waited for a poll.
+    let late = count(
+        &client,
+        "etl_jobs j JOIN etl_schedule_fires f ON f.job_id = j.id
+          WHERE j.status = 'succeeded' AND j.finished_at - f.fire_at > interval '1 second'",
+    )
+    .await;
+    assert_eq!(late, 0);
+    assert_eq!(
+        count(&client, "etl_schedule_fires WHERE outcome <> 'enqueued'").await,
+        0
+    );
+}
