@@ -273,6 +273,13 @@ const COUNTERS: &[Counter] = &[
     ("durable_etl_attempts_refunded",
         "Attempts recovery took from a replica that was cut off, not dead, given back when it returned.",
         |s| s.refunded),
+    ("durable_etl_schedule_jobs", "Jobs made for schedule fires.", |s| s.schedule_jobs),
+    ("durable_etl_schedule_fires_missed",
+        "Schedule fires that made no job of their own (coalesced, beyond a catch-up bound, or too late to skip).",
+        |s| s.schedule_missed),
+    ("durable_etl_schedule_fires_overlapped",
+        "Schedule fires that made no job because the previous one still lived.",
+        |s| s.schedule_overlapped),
     ("durable_etl_commits_again",
         "Commits of a computed result tried again under its claim after an infrastructure fault.",
         |s| s.recommits),
@@ -424,6 +431,11 @@ pub fn render_worker(stats: &WorkerStats) -> String {
             "durable_etl_execution_seconds",
             "Time from claim to the job's transition.",
             &stats.execution,
+        ),
+        (
+            "durable_etl_schedule_lateness_seconds",
+            "Time from a schedule's fire to its job's insert (database clock).",
+            &stats.schedule_lateness,
         ),
     ];
     let mut collectors: Vec<Box<dyn Collector>> = vec![Box::new(replica)];

@@ -81,6 +81,8 @@ macro_rules! counters {
             pub claim_batch: Histogram,
             /// Jobs per group commit.
             pub commit_batch: Histogram,
+            /// Seconds from a schedule's fire to its job's insert (database clock).
+            pub schedule_lateness: Histogram,
         }
 
         impl Default for WorkerStats {
@@ -92,6 +94,7 @@ macro_rules! counters {
                     execution: Histogram::new(LATENCY_BUCKETS),
                     claim_batch: Histogram::new(BATCH_BUCKETS),
                     commit_batch: Histogram::new(BATCH_BUCKETS),
+                    schedule_lateness: Histogram::new(LATENCY_BUCKETS),
                 }
             }
         }
@@ -165,6 +168,13 @@ counters! {
     /// Attempts recovery took from this replica while it was alive (cut off, not dead), given
     /// back once it reached the database again (`maintain::refund`).
     refunded,
+    /// Jobs the replica's scheduler made for schedule fires.
+    schedule_jobs,
+    /// Schedule fires that made no job of their own: coalesced into a later one, beyond a
+    /// catch-up bound, or too late under `skip`.
+    schedule_missed,
+    /// Schedule fires that made no job because the previous one still lived (`overlap: skip`).
+    schedule_overlapped,
     /// Rows recovered because their lease expired.
     recovered_expired,
     /// Rows recovered because their owner was dead.
@@ -302,6 +312,22 @@ impl WorkerStats {
         let n = n as u64;
         self.adopted.fetch_add(n, Ordering::Relaxed);
         self.claimed.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts what one pass of the scheduler did: `jobs` made, fires `missed` and
+    /// `overlapped`, and the lateness of each job's fire.
+    pub(crate) fn record_schedules(
+        &self,
+        (jobs, missed, overlapped): (u64, u64, u64),
+        lateness: &[std::time::Duration],
+    ) {
+        self.schedule_jobs.fetch_add(jobs, Ordering::Relaxed);
+        self.schedule_missed.fetch_add(missed, Ordering::Relaxed);
+        self.schedule_overlapped
+            .fetch_add(overlapped, Ordering::Relaxed);
+        for late in lateness {
+            self.schedule_lateness.observe(late.as_secs_f64());
+        }
     }
 
     /// Counts `n` attempts refunded.

@@ -94,8 +94,11 @@ pub struct Plan {
     pub next: DateTime<Utc>,
     /// The latest fire evaluated.
     pub last: DateTime<Utc>,
-    /// The fires that made no job of their own (coalesced into another, or missed).
+    /// The fires that made no job of their own (coalesced into another, missed or
+    /// overlapped).
     pub without_job: u64,
+    /// Whether the latest fire made no job because the previous one still lived.
+    pub overlapped: bool,
 }
 
 /// What the schedule with expression `recurrence`, first due at `due`, does at `now` under
@@ -128,7 +131,7 @@ pub fn plan(
     };
     let last = *latest.back()?;
     let mut enqueue: Vec<DateTime<Utc>> = latest.into_iter().collect();
-    let mut recorded = None;
+    let (mut recorded, mut overlapped) = (None, false);
     if missed == Missed::Skip
         && (now - last)
             .to_std()
@@ -141,6 +144,7 @@ pub fn plan(
         if overlapping {
             enqueue.clear();
             recorded = Some((last, "overlapped"));
+            overlapped = true;
         } else {
             // Every fire after the first would overlap the first's job.
             enqueue.drain(..enqueue.len() - 1);
@@ -152,20 +156,23 @@ pub fn plan(
         recorded,
         next,
         last,
+        overlapped,
     })
 }
 
 /// What one pass of [`fire_due`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fired {
     /// Schedules evaluated.
     pub schedules: u64,
     /// Jobs made (a replayed fire's job, made before, not counted).
     pub jobs: u64,
-    /// Fires that made no job of their own.
+    /// Fires that made no job of their own, overlapped ones included.
     pub without_job: u64,
-    /// The largest lateness of a fire that made a job (database clock minus fire instant).
-    pub most_late: Duration,
+    /// Fires that made no job because the previous one still lived.
+    pub overlapped: u64,
+    /// The lateness of each fire that made a job (database clock minus fire instant).
+    pub lateness: Vec<Duration>,
 }
 
 /// Fires the due schedules, at most [`DUE_BATCH`], in one transaction on `client` (see the
@@ -181,7 +188,13 @@ pub async fn fire_due(client: &mut Client) -> Result<Fired, Error> {
     for row in &rows {
         fire_one(&tx, &secret, row, &mut fired).await?;
     }
+    if fired.schedules > 0 {
+        crash_point!("schedule.before_commit");
+    }
     tx.commit().await?;
+    if fired.schedules > 0 {
+        crash_point!("schedule.after_commit");
+    }
     Ok(fired)
 }
 
@@ -264,10 +277,13 @@ async fn fire_one(
     // A replayed fire (its job made before) counts no new job.
     fired.jobs += made.iter().filter(|e| !e.replayed).count() as u64;
     fired.without_job += plan.without_job;
-    if let Some(first) = plan.enqueue.first() {
-        let late = (now - *first).to_std().unwrap_or_default();
-        fired.most_late = fired.most_late.max(late);
-    }
+    fired.overlapped += u64::from(plan.overlapped);
+    fired.lateness.extend(
+        made.iter()
+            .zip(&plan.enqueue)
+            .filter(|(e, _)| !e.replayed)
+            .map(|(_, fire)| (now - *fire).to_std().unwrap_or_default()),
+    );
     Ok(())
 }
 
@@ -295,6 +311,10 @@ async fn once(shared: &Shared) -> Result<Option<Duration>, Error> {
     let mut conn = db::checkout(&shared.pool).await?;
     loop {
         let fired = db::bounded(shared.statement_bound, fire_due(&mut conn)).await?;
+        let missed = fired.without_job - fired.overlapped;
+        shared
+            .stats
+            .record_schedules((fired.jobs, missed, fired.overlapped), &fired.lateness);
         if fired.schedules > 0 {
             tracing::debug!(
                 schedules = fired.schedules,
