@@ -38,7 +38,7 @@ use utoipa::{IntoParams, PartialSchema, ToSchema};
 use uuid::Uuid;
 
 /// The owner digest of an authenticated request.
-pub(super) struct Owner([u8; 32]);
+pub(super) struct Owner(pub(super) [u8; 32]);
 
 impl FromRequestParts<AppState> for Owner {
     type Rejection = Problem;

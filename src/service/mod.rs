@@ -27,6 +27,7 @@ mod ops;
 #[doc(hidden)]
 pub mod problem;
 mod queues;
+mod schedules;
 
 use crate::codes::Code;
 use crate::config::ApiConfig;
@@ -40,7 +41,7 @@ use axum::handler::Handler;
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use problem::Problem;
 use std::sync::Arc;
@@ -100,10 +101,14 @@ impl AppState {
 #[openapi(
     info(title = "durable-etl", description = "Owner-scoped ETL jobs with 202 Accepted status monitors."),
     paths(jobs::submit, jobs::list, jobs::get_job, jobs::cancel_job, ops::healthz, ops::readyz, ops::metrics,
-          queues::list, queues::get_queue),
+          queues::list, queues::get_queue, schedules::list, schedules::get_schedule,
+          schedules::put_schedule, schedules::delete_schedule, schedules::pause, schedules::resume,
+          schedules::fires),
     components(schemas(crate::jobs::JobStatus, crate::jobs::JobFailure,
                        problem::Problem, jobs::JobList, jobs::CancelAccepted, ops::Health, crate::kinds::etl::request::EtlRequest,
-                       queues::Queue, queues::QueueList)),
+                       queues::Queue, queues::QueueList, schedules::ScheduleView,
+                       schedules::ScheduleList, schedules::ScheduleBody, schedules::FireView,
+                       schedules::FireList)),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -126,6 +131,7 @@ impl utoipa::Modify for BearerAuth {
 /// else when the body read crosses the limit (the handler answers that rejection itself).
 fn routes(body_limit: usize) -> Router<AppState> {
     let submit = jobs::submit.layer(RequestBodyLimitLayer::new(body_limit));
+    let put_schedule = schedules::put_schedule.layer(RequestBodyLimitLayer::new(body_limit));
     Router::new()
         .route("/v1/etl-jobs", get(jobs::list).post(submit))
         .route(
@@ -137,6 +143,16 @@ fn routes(body_limit: usize) -> Router<AppState> {
         .route("/metrics", get(ops::metrics))
         .route("/v1/queues", get(queues::list))
         .route("/v1/queues/{name}", get(queues::get_queue))
+        .route("/v1/schedules", get(schedules::list))
+        .route(
+            "/v1/schedules/{name}",
+            get(schedules::get_schedule)
+                .put(put_schedule)
+                .delete(schedules::delete_schedule),
+        )
+        .route("/v1/schedules/{name}/pause", post(schedules::pause))
+        .route("/v1/schedules/{name}/resume", post(schedules::resume))
+        .route("/v1/schedules/{name}/fires", get(schedules::fires))
         .merge(console::routes())
 }
 

@@ -59,6 +59,10 @@ fn status_and_title(code: Code) -> (StatusCode, &'static str) {
             "The resource does not serve this method",
         ),
         Code::Conflict => (StatusCode::CONFLICT, "The job has already ended"),
+        Code::ScheduleInvalid => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "The schedule is not valid",
+        ),
         Code::IdempotencyKeyReused => (
             StatusCode::UNPROCESSABLE_ENTITY,
             "The idempotency key was used with a different request",

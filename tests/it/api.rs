@@ -1514,3 +1514,162 @@ async fn the_notifier_reopens_its_terminated_connection() {
     assert_eq!(new.len(), 1);
     assert_ne!(new[0], old);
 }
+
+impl Api {
+    /// Sends `method` to `path` as `key` (none: no credentials), with `body` as JSON if given;
+    /// returns (status, JSON body or Null).
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let (status, _, json) = self.read(request.send().await.unwrap()).await;
+        (status, json)
+    }
+}
+
+/// Schedules of ETL loads through the API: created, read, paused, resumed and deleted by their
+/// owner only; a bad expression, a bad request (with its pointer under `/request`) or a bad
+/// policy is refused and writes nothing.
+#[tokio::test]
+async fn schedules_are_their_owners_and_refused_with_a_pointer_when_invalid() {
+    use reqwest::Method;
+    let api = Api::start().await;
+    let (alice, bob) = (Some(api.alice.as_str()), Some(api.bob.as_str()));
+    let request = json!({"dataset": "d", "key": "id", "records": [{"id": 1}]});
+    let body = json!({"cron": "0 6 * * *", "time_zone": "Europe/London", "request": request,
+                      "missed": "catch_up", "catch_up_limit": 3, "overlap": "skip"});
+    let path = "/v1/schedules/morning";
+    let (status, stored) = api.call(Method::PUT, path, alice, Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{stored}");
+    assert_eq!(
+        (
+            &stored["kind"],
+            &stored["time_zone"],
+            &stored["missed"],
+            &stored["catch_up_limit"]
+        ),
+        (
+            &json!("etl.load"),
+            &json!("Europe/London"),
+            &json!("catch_up"),
+            &json!(3)
+        )
+    );
+    assert_eq!(
+        (&stored["overlap"], &stored["paused"]),
+        (&json!("skip"), &json!(false))
+    );
+    let (_, listed) = api.call(Method::GET, "/v1/schedules", alice, None).await;
+    assert_eq!(listed["schedules"].as_array().map(Vec::len), Some(1));
+
+    // Bob sees and touches none of Alice's.
+    let (_, theirs) = api.call(Method::GET, "/v1/schedules", bob, None).await;
+    assert_eq!(theirs["schedules"], json!([]));
+    for (method, route) in [
+        (Method::GET, path.to_owned()),
+        (Method::DELETE, path.to_owned()),
+        (Method::POST, format!("{path}/pause")),
+        (Method::GET, format!("{path}/fires")),
+    ] {
+        let (status, problem) = api.call(method, &route, bob, None).await;
+        assert_eq!(
+            (status, &problem["code"]),
+            (StatusCode::NOT_FOUND, &json!("not_found"))
+        );
+    }
+    let (status, _) = api.call(Method::GET, "/v1/schedules", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let (_, paused) = api
+        .call(Method::POST, &format!("{path}/pause"), alice, None)
+        .await;
+    assert_eq!(paused["paused"], json!(true));
+    let (_, resumed) = api
+        .call(Method::POST, &format!("{path}/resume"), alice, None)
+        .await;
+    assert_eq!(resumed["paused"], json!(false));
+    let (status, fires) = api
+        .call(Method::GET, &format!("{path}/fires"), alice, None)
+        .await;
+    assert_eq!((status, &fires["fires"]), (StatusCode::OK, &json!([])));
+
+    // Refusals, each with its code and pointer, none written.
+    let refused = [
+        (
+            json!({"cron": "nope", "request": request}),
+            "schedule_invalid",
+            "/cron",
+        ),
+        (
+            json!({"cron": "* * * * *", "time_zone": "Nowhere/Special", "request": request}),
+            "schedule_invalid",
+            "/time_zone",
+        ),
+        (
+            json!({"cron": "* * * * *", "request": {"dataset": "BAD", "key": "id", "records": [{"id": 1}]}}),
+            "dataset_invalid",
+            "/request/dataset",
+        ),
+        (
+            json!({"cron": "* * * * *", "request": {"dataset": "d", "key": "id", "records": [{"id": 1}],
+                                                  "run_at": "2030-01-01T00:00:00Z"}}),
+            "schedule_invalid",
+            "/request",
+        ),
+        (
+            json!({"cron": "* * * * *", "request": request, "missed": "sometimes"}),
+            "schedule_invalid",
+            "/missed",
+        ),
+        (
+            json!({"cron": "* * * * *", "request": request, "overlap": "never"}),
+            "schedule_invalid",
+            "/overlap",
+        ),
+        (
+            json!({"cron": "* * * * *", "request": request, "colour": "red"}),
+            "schedule_invalid",
+            "",
+        ),
+    ];
+    for (body, code, pointer) in refused {
+        let (status, problem) = api
+            .call(Method::PUT, "/v1/schedules/other", alice, Some(body))
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+        assert_eq!(
+            (&problem["code"], &problem["pointer"]),
+            (&json!(code), &json!(pointer))
+        );
+    }
+    let malformed = api
+        .http
+        .put(format!("{}/v1/schedules/other", api.base))
+        .bearer_auth(&api.alice)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
+    let client = api.db.client().await;
+    assert_eq!(count(&client, "etl_schedules").await, 1);
+
+    let (status, _) = api.call(Method::DELETE, path, alice, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = api.call(Method::GET, path, alice, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = api
+        .call(Method::POST, &format!("{path}/resume"), alice, None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

@@ -1,0 +1,385 @@
+//! The owner's schedules of ETL loads: list (`GET /v1/schedules`), one (`GET
+//! /v1/schedules/{name}`), create or replace (`PUT`), delete (`DELETE`), pause and resume
+//! (`POST …/pause`, `…/resume`) and the latest fires (`GET …/fires`).
+//!
+//! Invariants this module keeps:
+//! - Every route authenticates a bearer API key and acts only on the key owner's schedules; one
+//!   of another owner answers exactly like one that does not exist (`404 not_found`).
+//! - A schedule made here makes ETL loads: its `request` is validated as a submitted job's is
+//!   (the same limits, the same codes, pointers under `/request`), and stored normalized; a
+//!   request that names its own `run_at` or `replaces` is refused (a schedule decides when).
+//! - A refusal writes nothing; no request value is ever echoed.
+
+use super::conn::Conn;
+use super::jobs::Owner;
+use super::problem::Problem;
+use super::AppState;
+use crate::codes::Code;
+use crate::error::Error;
+use crate::intake::Rejection;
+use crate::kinds::etl::load::EtlJob;
+use crate::kinds::etl::request;
+use crate::schedule::{Fire, Missed, Overlap, ScheduleInfo, ScheduleOptions, Schedules};
+use crate::time::canonical_utc;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// How many fires `GET …/fires` shows, newest first.
+pub(super) const FIRES_SHOWN: i64 = 50;
+
+/// A schedule, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub(super) struct ScheduleView {
+    /// Its name, unique per owner.
+    name: String,
+    /// Its cron expression (5 or 6 fields, or an alias such as `@hourly`).
+    cron: String,
+    /// The IANA time zone it is read in.
+    time_zone: String,
+    /// The kind of the jobs it makes (`etl.load`, or a library kind).
+    kind: String,
+    /// The queue they wait in.
+    queue: String,
+    /// Their priority.
+    priority: i16,
+    /// Their attempt bound.
+    max_attempts: i32,
+    /// `coalesce`, `catch_up` or `skip`.
+    missed: String,
+    /// The catch-up bound (0 unless `missed` is `catch_up`).
+    catch_up_limit: u16,
+    /// `allow` or `skip`.
+    overlap: String,
+    /// Whether it is paused.
+    paused: bool,
+    /// Whether it was declared in an application's code.
+    declared: bool,
+    /// Its next fire (UTC).
+    next_fire_at: String,
+    /// Its last fire evaluated, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_fire_at: Option<String>,
+    /// The job its last fire made, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_job_id: Option<Uuid>,
+}
+
+impl From<ScheduleInfo> for ScheduleView {
+    fn from(s: ScheduleInfo) -> ScheduleView {
+        let (missed, catch_up_limit) = match s.missed {
+            Missed::Coalesce => ("coalesce", 0),
+            Missed::CatchUp(n) => ("catch_up", n),
+            Missed::Skip => ("skip", 0),
+        };
+        ScheduleView {
+            name: s.name,
+            cron: s.cron,
+            time_zone: s.time_zone,
+            kind: s.kind,
+            queue: s.queue,
+            priority: s.priority,
+            max_attempts: s.max_attempts,
+            missed: missed.to_owned(),
+            catch_up_limit,
+            overlap: match s.overlap {
+                Overlap::Allow => "allow",
+                Overlap::Skip => "skip",
+            }
+            .to_owned(),
+            paused: s.paused,
+            declared: s.declared,
+            next_fire_at: canonical_utc(s.next_fire_at),
+            last_fire_at: s.last_fire_at.map(canonical_utc),
+            last_job_id: s.last_job_id,
+        }
+    }
+}
+
+/// The owner's schedules.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ScheduleList {
+    /// By name.
+    schedules: Vec<ScheduleView>,
+}
+
+/// A fire, as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct FireView {
+    /// The fire instant (UTC).
+    fire_at: String,
+    /// The job it made, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job_id: Option<Uuid>,
+    /// `enqueued`, `missed` or `overlapped`.
+    outcome: String,
+}
+
+/// A schedule's latest fires.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct FireList {
+    /// Newest first, at most [`FIRES_SHOWN`].
+    fires: Vec<FireView>,
+}
+
+/// The body of `PUT /v1/schedules/{name}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScheduleBody {
+    /// The cron expression.
+    cron: String,
+    /// The IANA time zone (default `UTC`).
+    time_zone: Option<String>,
+    /// The ETL request each fire enqueues (no `run_at`, no `replaces`).
+    #[schema(value_type = Object)]
+    request: serde_json::Value,
+    /// `coalesce` (default), `catch_up` or `skip`.
+    missed: Option<String>,
+    /// The catch-up bound, 1 to 1,000 (with `missed: catch_up`; default 100).
+    catch_up_limit: Option<u16>,
+    /// `allow` (default) or `skip`.
+    overlap: Option<String>,
+    /// The jobs' attempt bound (default 5).
+    max_attempts: Option<i32>,
+}
+
+/// A `schedule_invalid` problem at `pointer`.
+fn invalid(pointer: &str) -> Problem {
+    Problem::from(Error::from(Rejection::new(Code::ScheduleInvalid, pointer)))
+}
+
+/// The owner's schedules.
+#[utoipa::path(get, path = "/v1/schedules", tag = "schedules",
+    responses(
+        (status = 200, description = "The owner's schedules, by name", body = ScheduleList),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn list(
+    State(state): State<AppState>,
+    owner: Owner,
+) -> Result<Json<ScheduleList>, Problem> {
+    let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+    let schedules = conn.run(|c| schedules.list(&*c)).await?;
+    Ok(Json(ScheduleList {
+        schedules: schedules.into_iter().map(ScheduleView::from).collect(),
+    }))
+}
+
+/// One of the owner's schedules.
+#[utoipa::path(get, path = "/v1/schedules/{name}", tag = "schedules",
+    params(("name" = String, Path, description = "The schedule's name")),
+    responses(
+        (status = 200, description = "The schedule", body = ScheduleView),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such schedule for this owner", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn get_schedule(
+    State(state): State<AppState>,
+    owner: Owner,
+    Path(name): Path<String>,
+) -> Result<Json<ScheduleView>, Problem> {
+    let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+    conn.run(|c| schedules.get(&*c, &name))
+        .await?
+        .map(|s| Json(s.into()))
+        .ok_or_else(|| Problem::new(Code::NotFound))
+}
+
+/// Creates or replaces one of the owner's schedules of ETL loads.
+#[utoipa::path(put, path = "/v1/schedules/{name}", tag = "schedules",
+    params(("name" = String, Path, description = "The schedule's name (as a kind's: lower case, digits, `_` and `.`)")),
+    request_body(content = ScheduleBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The schedule as stored", body = ScheduleView),
+        (status = 400, description = "Body is not valid JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The schedule or its request is not valid", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn put_schedule(
+    State(state): State<AppState>,
+    owner: Owner,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ScheduleView>, Problem> {
+    let body = body.map_err(|rejection| {
+        Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Code::RequestTooLarge
+        } else {
+            Code::RequestMalformed
+        })
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|_| Problem::new(Code::RequestMalformed))?;
+    let body: ScheduleBody = serde_json::from_value(value).map_err(|_| invalid(""))?;
+    let etl = request::parse(&body.request, state.config.limits).map_err(|r| {
+        Problem::from(Error::from(Rejection {
+            pointer: format!("/request{}", r.pointer),
+            ..r
+        }))
+    })?;
+    if etl.run_at.is_some() || etl.replaces.is_some() {
+        return Err(invalid("/request"));
+    }
+    let missed = match (body.missed.as_deref(), body.catch_up_limit) {
+        (None | Some("coalesce"), None) => Missed::Coalesce,
+        (Some("catch_up"), limit) => Missed::CatchUp(limit.unwrap_or(100)),
+        (Some("skip"), None) => Missed::Skip,
+        _ => return Err(invalid("/missed")),
+    };
+    let overlap = match body.overlap.as_deref() {
+        None | Some("allow") => Overlap::Allow,
+        Some("skip") => Overlap::Skip,
+        Some(_) => return Err(invalid("/overlap")),
+    };
+    let options = ScheduleOptions {
+        time_zone: body.time_zone.as_deref(),
+        max_attempts: body.max_attempts,
+        missed,
+        overlap,
+        ..ScheduleOptions::default()
+    };
+    let job = EtlJob(etl.to_value());
+    let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+    let stored = conn
+        .run(|c| schedules.put(&*c, &name, &body.cron, &job, options))
+        .await?;
+    Ok(Json(stored.into()))
+}
+
+/// Deletes one of the owner's schedules (the jobs it made stay).
+#[utoipa::path(delete, path = "/v1/schedules/{name}", tag = "schedules",
+    params(("name" = String, Path, description = "The schedule's name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such schedule for this owner", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn delete_schedule(
+    State(state): State<AppState>,
+    owner: Owner,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+    if conn.run(|c| schedules.delete(&*c, &name)).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(Problem::new(Code::NotFound))
+    }
+}
+
+/// Pauses one of the owner's schedules.
+#[utoipa::path(post, path = "/v1/schedules/{name}/pause", tag = "schedules",
+    params(("name" = String, Path, description = "The schedule's name")),
+    responses(
+        (status = 200, description = "The schedule, paused", body = ScheduleView),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such schedule for this owner", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn pause(
+    state: State<AppState>,
+    owner: Owner,
+    name: Path<String>,
+) -> Result<Json<ScheduleView>, Problem> {
+    switch(state, owner, name, true).await
+}
+
+/// Resumes one of the owner's schedules: its next fire is the first after now.
+#[utoipa::path(post, path = "/v1/schedules/{name}/resume", tag = "schedules",
+    params(("name" = String, Path, description = "The schedule's name")),
+    responses(
+        (status = 200, description = "The schedule, resumed", body = ScheduleView),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such schedule for this owner", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn resume(
+    state: State<AppState>,
+    owner: Owner,
+    name: Path<String>,
+) -> Result<Json<ScheduleView>, Problem> {
+    switch(state, owner, name, false).await
+}
+
+/// Pauses (`paused`) or resumes schedule `name`; answers it as it then stands.
+async fn switch(
+    State(state): State<AppState>,
+    owner: Owner,
+    Path(name): Path<String>,
+    paused: bool,
+) -> Result<Json<ScheduleView>, Problem> {
+    let schedules = Schedules::of(owner.0);
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let found = conn
+        .run(|c| async {
+            let found = if paused {
+                schedules.pause(&*c, &name).await?
+            } else {
+                schedules.resume(&*c, &name).await?
+            };
+            match found {
+                true => schedules.get(&*c, &name).await,
+                false => Ok(None),
+            }
+        })
+        .await?;
+    found
+        .map(|s| Json(s.into()))
+        .ok_or_else(|| Problem::new(Code::NotFound))
+}
+
+/// The latest fires of one of the owner's schedules, newest first.
+#[utoipa::path(get, path = "/v1/schedules/{name}/fires", tag = "schedules",
+    params(("name" = String, Path, description = "The schedule's name")),
+    responses(
+        (status = 200, description = "Its latest fires", body = FireList),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such schedule for this owner", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn fires(
+    State(state): State<AppState>,
+    owner: Owner,
+    Path(name): Path<String>,
+) -> Result<Json<FireList>, Problem> {
+    let schedules = Schedules::of(owner.0);
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let fires: Option<Vec<Fire>> = conn
+        .run(|c| async {
+            match schedules.get(&*c, &name).await? {
+                Some(_) => schedules.fires(&*c, &name, FIRES_SHOWN).await.map(Some),
+                None => Ok::<_, Error>(None),
+            }
+        })
+        .await?;
+    let fires = fires.ok_or_else(|| Problem::new(Code::NotFound))?;
+    Ok(Json(FireList {
+        fires: fires
+            .into_iter()
+            .map(|f| FireView {
+                fire_at: canonical_utc(f.fire_at),
+                job_id: f.job_id,
+                outcome: f.outcome,
+            })
+            .collect(),
+    }))
+}
