@@ -1,6 +1,6 @@
 //! The binary's command-line contract: exit codes, messages, `migrate` and `api-keys`.
 
-use crate::support::{admin_config, connect, Processes, TestDb, TEST_DB_PREFIX};
+use crate::support::{admin_config, connect, count, Processes, TestDb, TEST_DB_PREFIX};
 use durable_etl::db::quote_ident;
 use durable_etl::digest::Secret;
 use durable_etl::service::api_keys;
@@ -1051,4 +1051,67 @@ async fn queues_caps_pauses_and_resumes_a_queue_and_refuses_a_bad_cap() {
         "cap must be",
     );
     assert_eq!(key_cap().await, None, "nothing changed");
+}
+
+/// `schedules` lists, pauses, resumes and deletes one owner's schedules; another owner's, or
+/// none, is `not_found` (exit 2), and the secret and the owner never show.
+#[tokio::test]
+async fn schedules_are_listed_paused_resumed_and_deleted_for_their_owner() {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Report;
+    impl durable_etl::Job for Report {
+        const KIND: &'static str = "test.report";
+    }
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let jobs = durable_etl::Jobs::new(durable_etl::Secret::new(SECRET).unwrap(), "alice");
+    let options = durable_etl::schedule::ScheduleOptions {
+        missed: durable_etl::schedule::Missed::CatchUp(7),
+        ..Default::default()
+    };
+    jobs.schedules()
+        .put(&client, "nightly", "0 2 * * *", &Report, options)
+        .await
+        .unwrap();
+    let url = db.config.url.as_str();
+    let out = |args: &[&str]| run(url, args);
+    let listed = out(&["schedules", "--owner", "alice", "list"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let text = String::from_utf8(listed.stdout).unwrap();
+    assert!(
+        text.starts_with("nightly\t0 2 * * *\tUTC\tmissed=catch_up(7)\tnext="),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("active"), "{text}");
+    assert!(!text.contains(SECRET) && !text.contains("alice"));
+    let paused = out(&["schedules", "--owner", "alice", "pause", "nightly"]);
+    assert_eq!(String::from_utf8_lossy(&paused.stdout), "paused nightly\n");
+    assert!(
+        jobs.schedules()
+            .get(&client, "nightly")
+            .await
+            .unwrap()
+            .unwrap()
+            .paused
+    );
+    let resumed = out(&["schedules", "--owner", "alice", "resume", "nightly"]);
+    assert_eq!(
+        String::from_utf8_lossy(&resumed.stdout),
+        "resumed nightly\n"
+    );
+    for args in [
+        ["schedules", "--owner", "bob", "pause", "nightly"],
+        ["schedules", "--owner", "bob", "resume", "nightly"],
+        ["schedules", "--owner", "bob", "delete", "nightly"],
+    ] {
+        let refused = out(&args);
+        assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+        assert!(String::from_utf8_lossy(&refused.stderr).contains("not_found"));
+    }
+    let deleted = out(&["schedules", "--owner", "alice", "delete", "nightly"]);
+    assert_eq!(
+        String::from_utf8_lossy(&deleted.stdout),
+        "deleted nightly\n"
+    );
+    assert_eq!(count(&client, "etl_schedules").await, 0);
 }

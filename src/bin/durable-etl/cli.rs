@@ -21,6 +21,7 @@
 mod args;
 mod bench_args;
 mod queues;
+mod schedules;
 
 pub(crate) use args::*;
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
@@ -80,6 +81,11 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
             let pool = open_admin(&db_config, &start_up).await?;
             let conn = db::checkout(&pool).await?;
             queues::run(&*conn, command).await
+        }
+        Command::Schedules(args) => {
+            let pool = open_admin(&db_config, &start_up).await?;
+            let conn = db::checkout(&pool).await?;
+            schedules::run(&*conn, args).await
         }
         Command::ApiKeys(command) => {
             let pool = open_admin(&db_config, &start_up).await?;

@@ -166,6 +166,8 @@ pub(crate) enum Command {
     /// Pause, resume or cap a queue: a paused queue's jobs are not claimed (running ones finish).
     #[command(subcommand)]
     Queues(super::queues::QueuesCommand),
+    /// List, pause, resume or delete an owner's recurring schedules.
+    Schedules(super::schedules::SchedulesArgs),
     /// Run the whole product once on a local database: API, two replicas, sample jobs.
     Demo(DemoArgs),
     /// Measure throughput and latency of real replicas on a throw-away database.

@@ -1,0 +1,96 @@
+//! `durable-etl schedules`: one owner's recurring schedules, listed, paused, resumed or deleted
+//! from the command line (they are created by the library or the HTTP API).
+
+use clap::{Args, Subcommand};
+use durable_etl::codes::Code;
+use durable_etl::config::ConfigError;
+use durable_etl::error::Error;
+use durable_etl::intake::Rejection;
+use durable_etl::schedule::Missed;
+use durable_etl::{Jobs, Secret};
+use tokio_postgres::GenericClient;
+
+/// Options of `schedules`: whose schedules, and what to do with them.
+#[derive(Debug, Args)]
+pub(crate) struct SchedulesArgs {
+    /// The owner (principal) whose schedules these are; digested, never stored or shown.
+    #[arg(long, env = "DURABLE_ETL_OWNER")]
+    pub(crate) owner: String,
+    /// Secret key of the keyed digests (at least 16 bytes).
+    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
+    pub(crate) secret: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) command: SchedulesCommand,
+}
+
+/// The `schedules` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum SchedulesCommand {
+    /// List the owner's schedules: name, expression, zone, policy, next fire, paused.
+    List,
+    /// Pause a schedule: it makes no job until resumed.
+    Pause {
+        /// The schedule.
+        name: String,
+    },
+    /// Resume a schedule: its next fire is the first after now.
+    Resume {
+        /// The schedule.
+        name: String,
+    },
+    /// Delete a schedule (the jobs it made stay).
+    Delete {
+        /// The schedule.
+        name: String,
+    },
+}
+
+/// Runs one `schedules` subcommand on `client`, printing what it did.
+///
+/// # Errors
+/// [`Error::Config`] for a short secret; `not_found` for a schedule the owner does not have;
+/// database errors.
+pub(crate) async fn run(client: &impl GenericClient, args: SchedulesArgs) -> Result<(), Error> {
+    let secret = Secret::new(args.secret.into_bytes()).ok_or(ConfigError::Secret)?;
+    let schedules = Jobs::new(secret, &args.owner).schedules();
+    let not_found = || Error::from(Rejection::new(Code::NotFound, "/name"));
+    match args.command {
+        SchedulesCommand::List => {
+            for s in schedules.list(client).await? {
+                let missed = match s.missed {
+                    Missed::Coalesce => "coalesce".to_owned(),
+                    Missed::CatchUp(n) => format!("catch_up({n})"),
+                    Missed::Skip => "skip".to_owned(),
+                };
+                println!(
+                    "{}\t{}\t{}\tmissed={missed}\tnext={}\t{}",
+                    s.name,
+                    s.cron,
+                    s.time_zone,
+                    s.next_fire_at.to_rfc3339(),
+                    if s.paused { "paused" } else { "active" },
+                );
+            }
+        }
+        SchedulesCommand::Pause { name } => {
+            if !schedules.pause(client, &name).await? {
+                return Err(not_found());
+            }
+            println!("paused {name}");
+        }
+        SchedulesCommand::Resume { name } => {
+            if !schedules.resume(client, &name).await? {
+                return Err(not_found());
+            }
+            println!("resumed {name}");
+        }
+        SchedulesCommand::Delete { name } => {
+            if !schedules.delete(client, &name).await? {
+                return Err(not_found());
+            }
+            println!("deleted {name}");
+        }
+    }
+    Ok(())
+}
