@@ -537,3 +537,81 @@ async fn a_replica_fires_and_runs_its_schedules_jobs_without_waiting_for_its_pol
         0
     );
 }
+
+/// Three replica processes fire 60 schedules every second while one of them is SIGKILLed and
+/// restarted every 1.5 seconds, mid-fire as likely as not; then one replica catches up. Every
+/// second of every schedule makes exactly one job: none twice, none missed (`catch_up`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_killed_mid_fire_make_exactly_one_job_per_fire_and_miss_none() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let schedules = jobs("alice").schedules();
+    for i in 0..60 {
+        let options = ScheduleOptions {
+            missed: Missed::CatchUp(1000),
+            ..ScheduleOptions::default()
+        };
+        schedules
+            .put(
+                &client,
+                &format!("s{i}"),
+                "* * * * * *",
+                &report("r"),
+                options,
+            )
+            .await
+            .unwrap();
+    }
+    let url = db.config.url.clone();
+    let start =
+        |name: &str| crate::support::spawn_replica(&url, name, &[], std::process::Stdio::null());
+    let names = ["r0", "r1", "r2"];
+    let mut replicas: Vec<std::process::Child> = names.iter().map(|n| start(n)).collect();
+    for round in 0..8 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let victim = round % names.len();
+        replicas[victim].kill().unwrap();
+        replicas[victim].wait().unwrap();
+        replicas[victim] = start(names[victim]);
+    }
+    for replica in &mut replicas {
+        replica.kill().unwrap();
+        replica.wait().unwrap();
+    }
+    // One replica catches up what the last kills left due, then stops.
+    let _last = crate::support::Processes(vec![start("closer")]);
+    eventually("every schedule fired up to now", || async {
+        count(
+            &client,
+            "etl_schedules WHERE next_fire_at < clock_timestamp() - interval '1 second'",
+        )
+        .await
+            == 0
+    })
+    .await;
+    drop(_last);
+    let row = client
+        .query_one(
+            "SELECT count(*), count(DISTINCT f.job_id),
+                    (SELECT count(*) FROM etl_jobs WHERE kind = 'test.report'),
+                    (SELECT count(*) FROM etl_schedule_fires WHERE outcome <> 'enqueued'),
+                    (SELECT count(*) FROM (
+                        SELECT name FROM etl_schedule_fires GROUP BY name
+                        HAVING extract(epoch FROM max(fire_at) - min(fire_at))::int8 + 1
+                               <> count(*)) gaps)
+               FROM etl_schedule_fires f",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (fires, distinct_jobs, jobs_made): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert!(fires >= 60 * 10, "{fires} fires in some 12 seconds");
+    assert_eq!(distinct_jobs, fires, "each fire its own job");
+    assert_eq!(jobs_made, fires, "no job without its fire, none twice");
+    assert_eq!(row.get::<_, i64>(3), 0, "none missed or skipped");
+    assert_eq!(
+        row.get::<_, i64>(4),
+        0,
+        "every second of every schedule fired"
+    );
+}
