@@ -815,3 +815,107 @@ async fn the_operator_view_lists_each_queue_with_its_cap_and_pause() {
         "{body}"
     );
 }
+
+/// The schedules pages show the viewer's schedules (and none of another owner's), pause and
+/// resume them only with the session's token, and show a schedule's fires linking to its jobs.
+#[tokio::test]
+async fn the_schedules_pages_show_and_switch_only_the_viewers_schedules() {
+    let console = Console::start().await;
+    let client = console.db.client().await;
+    let alice = console.sign_in(&console.alice).await;
+    let bob = console.sign_in(&console.bob).await;
+    let body = json!({"cron": "0 6 * * *", "request":
+        {"dataset": "d", "key": "id", "records": [{"id": 1, "note": CANARY}]}});
+    let stored = console
+        .http
+        .put(format!("{}/v1/schedules/morning", console.base))
+        .bearer_auth(&console.alice)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stored.status(), StatusCode::OK);
+    // A fire already made, so the page links a job.
+    client
+        .execute(
+            "UPDATE etl_schedules SET next_fire_at = now() - interval '1 second'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut fire = console.db.client().await;
+    assert_eq!(
+        durable_etl::worker::scheduler::fire_due(&mut fire)
+            .await
+            .unwrap()
+            .jobs,
+        1
+    );
+
+    let list = console.get("/console/schedules", &alice).await;
+    assert_eq!(list.status, StatusCode::OK);
+    assert!(list.body.contains("href=\"/console/schedules/morning\""));
+    assert!(list.body.contains("<code>0 6 * * *</code>") && list.body.contains("active"));
+    let page = console.get("/console/schedules/morning", &alice).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("enqueued") && page.body.contains("href=\"/console/jobs/"));
+    for body in [&list.body, &page.body] {
+        assert!(!body.contains(CANARY), "no argument of a schedule is shown");
+    }
+    // Bob sees none of it and can change none of it.
+    let theirs = console.get("/console/schedules", &bob).await;
+    assert!(!theirs.body.contains("morning") && theirs.body.contains("No schedules"));
+    let not_theirs = console.get("/console/schedules/morning", &bob).await;
+    assert_eq!(not_theirs.status, StatusCode::NOT_FOUND);
+    let token = theirs.csrf();
+    let refused = console
+        .post(
+            "/console/schedules/morning/pause",
+            &bob,
+            &format!("csrf={token}"),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    // Without the session's token, nothing changes.
+    let forged = console
+        .post("/console/schedules/morning/pause", &alice, "csrf=forged")
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    assert!(!schedule_paused(&client).await);
+    let token = list.csrf();
+    let done = console
+        .post(
+            "/console/schedules/morning/pause",
+            &alice,
+            &format!("csrf={token}"),
+        )
+        .await;
+    assert_eq!(
+        (done.status, done.location()),
+        (StatusCode::SEE_OTHER, "/console/schedules")
+    );
+    assert!(schedule_paused(&client).await);
+    assert!(console
+        .get("/console/schedules", &alice)
+        .await
+        .body
+        .contains("Resume"));
+    let done = console
+        .post(
+            "/console/schedules/morning/resume",
+            &alice,
+            &format!("csrf={token}"),
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+    assert!(!schedule_paused(&client).await);
+}
+
+/// Whether the one schedule is paused.
+async fn schedule_paused(client: &tokio_postgres::Client) -> bool {
+    client
+        .query_one("SELECT paused FROM etl_schedules", &[])
+        .await
+        .unwrap()
+        .get(0)
+}

@@ -25,6 +25,7 @@ mod fleet;
 mod fleet_pages;
 mod operator;
 mod pages;
+mod schedules;
 pub(crate) mod session;
 mod when;
 
@@ -76,6 +77,10 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/jobs", get(job_list))
         .route("/console/jobs/{id}", get(job_page))
         .route("/console/jobs/{id}/cancel", post(cancel))
+        .route("/console/schedules", get(schedules::schedules_page))
+        .route("/console/schedules/{name}", get(schedules::schedule_page))
+        .route("/console/schedules/{name}/pause", post(schedules::pause))
+        .route("/console/schedules/{name}/resume", post(schedules::resume))
         .route("/console/operator", get(fleet::operator_page))
         .route("/console/queues", get(fleet::queues_page))
         .route("/console/queues/{name}", get(fleet::queue_page))
@@ -169,7 +174,7 @@ struct SignIn {
     /// The API key.
     api_key: String,
     /// The form's token.
-    csrf: String,
+    pub(super) csrf: String,
 }
 
 /// Exchanges an API key for a session cookie. The form must carry the token of the nonce cookie
@@ -209,14 +214,14 @@ async fn sign_in(
 
 /// A form that only carries its token.
 #[derive(Deserialize)]
-struct Token {
+pub(super) struct Token {
     /// The session's anti-forgery token.
     csrf: String,
 }
 
 /// The viewer of a state-changing form, or the answer that refuses it: no session (sign-in) or
 /// no valid token (`403`).
-async fn form_viewer(
+pub(super) async fn form_viewer(
     state: &AppState,
     headers: &HeaderMap,
     token: &str,

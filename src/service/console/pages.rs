@@ -54,6 +54,7 @@ pub(super) fn live_layout(
                     @if let Some((role, csrf)) = viewer {
                         nav aria-label="Console" {
                             a href="/console/jobs" { "Jobs" }
+                            a href="/console/schedules" { "Schedules" }
                             @if role == Role::Operator {
                                 a href="/console/operator" { "Operator" }
                                 a href="/console/queues" { "Queues" }
