@@ -615,3 +615,97 @@ async fn replicas_killed_mid_fire_make_exactly_one_job_per_fire_and_miss_none() 
         "every second of every schedule fired"
     );
 }
+
+/// A replica's look at 10,000 schedules none of which is due costs one probe of the due index:
+/// the due read and the next-due read each read at most one index entry and no table page of
+/// a schedule that is not due, analyzed or not.
+#[tokio::test]
+async fn a_look_at_ten_thousand_schedules_none_due_reads_one_index_entry() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let schedules = jobs("alice").schedules();
+    schedules
+        .put(
+            &client,
+            "template",
+            "0 6 * * *",
+            &report("t"),
+            ScheduleOptions::default(),
+        )
+        .await
+        .unwrap();
+    client
+        .execute(
+            "INSERT INTO etl_schedules (owner_key, name, cron, time_zone, kind, args, queue,
+                    priority, max_attempts, missed, catch_up_limit, overlap, declared,
+                    next_fire_at)
+             SELECT owner_key, 's' || i, cron, time_zone, kind, args, queue, priority,
+                    max_attempts, missed, catch_up_limit, overlap, declared,
+                    now() + make_interval(hours => 1 + i % 24)
+               FROM etl_schedules, generate_series(1, 9999) AS i",
+            &[],
+        )
+        .await
+        .unwrap();
+    for analyzed in [false, true] {
+        if analyzed {
+            client.batch_execute("ANALYZE etl_schedules").await.unwrap();
+        }
+        for (what, sql, params) in [
+            ("due", scheduler::DUE_SQL, "(64)"),
+            ("next due", scheduler::NEXT_DUE_SQL, ""),
+        ] {
+            let name = format!("probe_{}", what.replace(' ', "_"));
+            client
+                .batch_execute(&format!("PREPARE {name} AS {sql}"))
+                .await
+                .unwrap();
+            let plan: serde_json::Value = client
+                .query_one(
+                    &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}{params}"),
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            client
+                .batch_execute(&format!("DEALLOCATE {name}"))
+                .await
+                .unwrap();
+            let text = plan.to_string();
+            assert!(
+                text.contains("etl_schedules_due_idx"),
+                "{what}, analyzed {analyzed}: {text}"
+            );
+            // The schedules are reached by the index, bounded by the clock, not filtered.
+            let scan = node_of(&plan[0]["Plan"], "etl_schedules").expect("a scan of the schedules");
+            let kind = scan["Node Type"].as_str().unwrap_or_default();
+            assert!(kind.starts_with("Index"), "{what}: {text}");
+            assert_eq!(
+                scan["Rows Removed by Filter"].as_f64().unwrap_or_default(),
+                0.0,
+                "{what}: {text}"
+            );
+            let top = &plan[0]["Plan"];
+            let rows = top["Actual Rows"].as_f64().unwrap_or_default();
+            assert!(rows <= 1.0, "{what}: {rows} rows");
+            let pages = top["Shared Hit Blocks"].as_i64().unwrap_or_default()
+                + top["Shared Read Blocks"].as_i64().unwrap_or_default();
+            assert!(
+                pages <= 4,
+                "{what}, analyzed {analyzed}: {pages} pages: {text}"
+            );
+        }
+    }
+}
+
+/// The node of `plan` (or of a plan under it) that scans `relation`.
+fn node_of<'p>(plan: &'p serde_json::Value, relation: &str) -> Option<&'p serde_json::Value> {
+    if plan["Relation Name"] == relation {
+        return Some(plan);
+    }
+    plan["Plans"]
+        .as_array()?
+        .iter()
+        .find_map(|child| node_of(child, relation))
+}

@@ -45,14 +45,17 @@ const WALK_AT_MOST: usize = 100_000;
 /// The due schedules (at most `$1`), oldest fire first, each row-locked, skipping those another
 /// replica holds; with the database's clock and whether the job of the last fire still lives.
 /// Locks: `FOR UPDATE` on the returned schedule rows (only those: the subquery reads the live
-/// job's row without a lock). Reaches them through `etl_schedules_due_idx`.
+/// job's row without a lock). The clock is read once, in a subquery, so it bounds the walk of
+/// `etl_schedules_due_idx` (compared with `clock_timestamp()` itself, volatile, it would only
+/// filter, and a look would read every unpaused schedule's entry).
 pub const DUE_SQL: &str = "
+WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT s.owner_key, s.name, s.cron, s.time_zone, s.kind, s.args, s.queue, s.priority,
        s.max_attempts, s.missed, s.catch_up_limit, s.overlap, s.next_fire_at,
-       clock_timestamp() AS now,
+       (SELECT now FROM clock) AS now,
        EXISTS (SELECT FROM etl_job_records j WHERE j.id = s.last_job_id) AS overlapping
   FROM etl_schedules s
- WHERE NOT s.paused AND s.next_fire_at <= clock_timestamp()
+ WHERE NOT s.paused AND s.next_fire_at <= (SELECT now FROM clock)
  ORDER BY s.next_fire_at
  LIMIT $1
    FOR UPDATE OF s SKIP LOCKED";
