@@ -274,6 +274,10 @@ impl Schedules {
         client: &impl GenericClient,
         name: &str,
     ) -> Result<Option<ScheduleInfo>, Error> {
+        // A name no schedule can have is not looked up (nor sent to the database).
+        if !is_kind_name(name) {
+            return Ok(None);
+        }
         let sql =
             format!("SELECT {INFO_COLUMNS} FROM etl_schedules WHERE owner_key = $1::bytea AND name = $2::text");
         let row = client.query_opt(&sql, &[&&self.owner[..], &name]).await?;
@@ -298,6 +302,9 @@ impl Schedules {
     /// # Errors
     /// A database error.
     pub async fn pause(&self, client: &impl GenericClient, name: &str) -> Result<bool, Error> {
+        if !is_kind_name(name) {
+            return Ok(false);
+        }
         let changed = client
             .execute(
                 "UPDATE etl_schedules SET paused = true, updated_at = now()
@@ -344,6 +351,9 @@ impl Schedules {
     /// # Errors
     /// A database error.
     pub async fn delete(&self, client: &impl GenericClient, name: &str) -> Result<bool, Error> {
+        if !is_kind_name(name) {
+            return Ok(false);
+        }
         let deleted = client
             .query_one(
                 "WITH gone AS (
@@ -370,6 +380,9 @@ impl Schedules {
         name: &str,
         limit: i64,
     ) -> Result<Vec<Fire>, Error> {
+        if !is_kind_name(name) {
+            return Ok(Vec::new());
+        }
         let rows = client
             .query(
                 "SELECT fire_at, job_id, outcome FROM etl_schedule_fires

@@ -316,6 +316,14 @@ async fn a_paused_schedule_fires_nothing_resumes_from_now_and_is_its_owners_alon
     );
     assert!(!alice.resume(&client, "nothing").await.unwrap());
 
+    // A name no schedule can have is nobody's, and never reaches the database.
+    for odd in ["Bad Name", "nul\u{0}byte", ""] {
+        assert_eq!(alice.get(&client, odd).await.unwrap(), None);
+        assert!(!alice.pause(&client, odd).await.unwrap());
+        assert!(!alice.resume(&client, odd).await.unwrap());
+        assert!(!alice.delete(&client, odd).await.unwrap());
+        assert!(alice.fires(&client, odd, 5).await.unwrap().is_empty());
+    }
     assert!(alice.delete(&client, "daily").await.unwrap());
     assert_eq!(count(&client, "etl_schedules").await, 0);
     assert!(!alice.delete(&client, "daily").await.unwrap());
@@ -502,33 +510,32 @@ async fn a_replica_fires_and_runs_its_schedules_jobs_without_waiting_for_its_pol
     let stats = worker.stats_handle();
     let (stop, until) = shutdown::manual();
     let replica = tokio::spawn(worker.run(until));
-    eventually("three fires run", || async {
+    eventually("four fires run", || async {
         count(
             &client,
             "etl_jobs WHERE kind = 'test.report' AND status = 'succeeded'",
         )
         .await
-            >= 3
+            >= 4
     })
     .await;
     stop.request(shutdown::Stage::Draining);
     replica.await.unwrap().unwrap();
     let counted = stats.snapshot();
     assert!(counted.schedule_jobs >= 3, "{counted:?}");
-    assert_eq!(
-        (counted.schedule_missed, counted.schedule_overlapped),
-        (0, 0)
-    );
+    assert_eq!(counted.schedule_overlapped, 0);
     let text = durable_etl::service::metrics::render_worker(&stats);
     assert!(
         text.contains("durable_etl_schedule_lateness_seconds_count"),
         "{text}"
     );
-    // Each ran within a second of its fire: neither the fire nor its job waited for a poll.
+    // Each ran within a second of its fire: neither the fire nor its job waited for a poll. (The
+    // first may not: the replica first looks at the schedules only once it has started.)
     let late = count(
         &client,
         "etl_jobs j JOIN etl_schedule_fires f ON f.job_id = j.id
-          WHERE j.status = 'succeeded' AND j.finished_at - f.fire_at > interval '1 second'",
+          WHERE j.status = 'succeeded' AND j.finished_at - f.fire_at > interval '1 second'
+            AND f.fire_at > (SELECT min(fire_at) FROM etl_schedule_fires)",
     )
     .await;
     assert_eq!(late, 0);
