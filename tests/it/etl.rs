@@ -548,6 +548,19 @@ async fn a_locked_target_row_times_out_retries_with_backoff_and_succeeds_once_re
 async fn a_deadlock_with_another_session_is_retried() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
+    // PostgreSQL looks for a deadlock once per wait, `deadlock_timeout` after it began, and the
+    // session that finds the cycle is its victim. The worker's sessions look after 3 s (so the
+    // other session surely waits by then, however slow the machine) and the other session never
+    // in time: the load is the victim, whatever the scheduling.
+    client
+        .batch_execute(
+            "DO $$ BEGIN
+                 EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = %L',
+                                current_database(), '3s');
+             END $$",
+        )
+        .await
+        .unwrap();
     let worker = etl_worker(&db, "deadlocked", Duration::from_secs(10)).await;
     let seed = req(json!({"dataset": "d", "key": "id", "records": [{"id": "a"}, {"id": "b"}]}));
     enqueue(
@@ -573,6 +586,10 @@ async fn a_deadlock_with_another_session_is_retried() {
     // The other session holds "b"; the load locks "a" (key order), then waits for "b"; then the
     // other session asks for "a": a cycle, and the load, which waited first, is the victim.
     let other = hold_row(&db, "b").await;
+    other
+        .batch_execute("SET deadlock_timeout = '60s'")
+        .await
+        .unwrap();
     let step = tokio::spawn(async move { worker.step().await.unwrap() });
     eventually("the load to wait for row b", || {
         let client = &client;
