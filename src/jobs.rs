@@ -242,6 +242,7 @@ impl Jobs {
                 queue: Some(options.queue.unwrap_or(J::QUEUE)),
                 priority: options.priority.unwrap_or(J::PRIORITY),
                 concurrency_key: options.concurrency_key,
+                dated: false,
             };
             match runs.last_mut() {
                 Some((last, run)) if *last == owner => run.push(submission),

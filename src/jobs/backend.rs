@@ -17,7 +17,8 @@ use futures::future::BoxFuture;
 use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
-/// The columns of one enqueue's INSERT, in its parameters' order (`$1` to `$12`).
+/// The columns of one enqueue's INSERT, in its parameters' order (`$1` to `$12`, and `$13` for
+/// the statement that takes it).
 pub(crate) struct InsertParams<'a> {
     /// `$1`: the new jobs' ids.
     pub(crate) ids: &'a [Uuid],
@@ -43,6 +44,8 @@ pub(crate) struct InsertParams<'a> {
     pub(crate) priorities: &'a [i16],
     /// `$12`: their concurrency keys.
     pub(crate) concurrency_keys: &'a [Option<&'a str>],
+    /// `$13`, only for the statement that takes it: whether each keeps a past `run_at`.
+    pub(crate) dated: Option<&'a [bool]>,
 }
 
 /// The parameters of one cancel statement: `$1` the job, `$2` the owner digest, `$3` the code it
@@ -101,7 +104,8 @@ impl Backend for Pg<'_> {
         returning: bool,
     ) -> BoxFuture<'a, Result<Vec<Uuid>, Error>> {
         Box::pin(async move {
-            let params: [(&(dyn ToSql + Sync), Type); 12] = [
+            let dated = p.dated.unwrap_or_default();
+            let params: [(&(dyn ToSql + Sync), Type); 13] = [
                 (&p.ids, Type::UUID_ARRAY),
                 (&p.key_digests, Type::BYTEA_ARRAY),
                 (&p.fingerprints, Type::BYTEA_ARRAY),
@@ -114,12 +118,18 @@ impl Backend for Pg<'_> {
                 (&p.queues, Type::TEXT_ARRAY),
                 (&p.priorities, Type::INT2_ARRAY),
                 (&p.concurrency_keys, Type::TEXT_ARRAY),
+                (&dated, Type::BOOL_ARRAY),
             ];
+            let params = if p.dated.is_some() {
+                &params[..]
+            } else {
+                &params[..12]
+            };
             if !returning {
-                self.0.execute_typed(sql, &params).await?;
+                self.0.execute_typed(sql, params).await?;
                 return Ok(Vec::new());
             }
-            let rows = self.0.query_typed(sql, &params).await?;
+            let rows = self.0.query_typed(sql, params).await?;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })
     }
@@ -197,6 +207,10 @@ impl Backend for Sqlx<'_> {
                 .bind(p.queues)
                 .bind(p.priorities)
                 .bind(p.concurrency_keys);
+            let query = match p.dated {
+                Some(dated) => query.bind(dated),
+                None => query,
+            };
             if !returning {
                 query.execute(&mut *self.0).await?;
                 return Ok(Vec::new());

@@ -53,8 +53,11 @@ pub struct Submission<'a> {
     pub idempotency_key: Option<&'a str>,
     /// The attempt bound, in [`MAX_ATTEMPTS_RANGE`] (another is refused).
     pub max_attempts: i32,
-    /// When the job is due; `None` or a past instant means now.
+    /// When the job is due; `None` or a past instant means now, unless `dated`.
     pub run_at: Option<DateTime<Utc>>,
+    /// Keep a past `run_at` as given instead of now: the job is dated at the instant it stands
+    /// for (a schedule's fire), and is claimed in that instant's place among the due jobs.
+    pub dated: bool,
     /// A job of the same owner this one replaces (cancelled as `replaced` first).
     pub replaces: Option<Uuid>,
     /// The queue it waits in ([`crate::queue::is_queue_name`]); `None` is
@@ -80,42 +83,34 @@ pub struct Enqueued {
     pub replayed: bool,
 }
 
-/// The head of [`INSERT_SQL`] (and of the unkeyed insert in migration 0025's function): CTE `batch` unnests the parallel arrays `$1..$6`,
-/// `$9..$12` (a `run_at` in the past, or none, becomes `now()`), and CTE `accepted` inserts their
-/// intake rows (owner `$7`, kind `$8`, queue `$10`, priority `$11`; the concurrency key `$12` goes
-/// to the live row only); each statement ends `accepted` its own way.
-macro_rules! insert_intake {
-    () => {
-        "
-WITH batch AS (
-    SELECT b.*, greatest(b.run_at_asked, now()) AS run_at
-      FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[],
-                  $6::timestamptz[], $9::uuid[], $10::text[], $11::int2[], $12::text[])
-           AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces, queue,
-                priority, concurrency_key)
-), accepted AS (
-    INSERT INTO etl_job_intake
-           (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at,
-            replaces_job_id, queue, priority)
-    SELECT id, $7, key_digest, fingerprint, $8, max_attempts, run_at, replaces, queue, priority
-      FROM batch"
-    };
-}
-
 /// Inserts the jobs of one chunk in one statement, skipping any whose owner + idempotency key
 /// exists already: each new job's intake row and its live (`pending`) row with the payload.
-/// `$1..$6` and `$9` are parallel arrays; `$7` is the owner digest, `$8` the kind. A `run_at` in
-/// the past (or none) becomes `now()`: a job cannot be dated before the jobs already due, jump
-/// ahead of them, or skew the enqueue-to-start latency. The live row's virtual deadline is
+/// `$1..$6` and `$9..$13` are parallel arrays; `$7` is the owner digest, `$8` the kind. A
+/// `run_at` in the past (or none) becomes `now()`: a job cannot be dated before the jobs already
+/// due, jump ahead of them, or skew the enqueue-to-start latency; unless it is `dated` (`$13`,
+/// [`Submission::dated`]), a schedule's fire, which keeps its instant. The concurrency key `$12`
+/// goes to the live row only. The live row's virtual deadline is
 /// `durable_etl_sort_at(run_at, priority)` ([`crate::queue`]).
 ///
 /// Locks: inserts new rows (and their unique-index entries). A concurrent insert of the same
 /// owner + key waits for the other transaction, then is skipped if it committed; only the intake
 /// rows actually inserted get a live row. The live table's statement-level trigger notifies
 /// once, and only if a due job was inserted.
-pub const INSERT_SQL: &str = concat!(
-    insert_intake!(),
-    "
+pub const INSERT_SQL: &str = "
+WITH batch AS (
+    SELECT b.*, CASE WHEN b.dated THEN b.run_at_asked
+                     ELSE greatest(b.run_at_asked, now()) END AS run_at
+      FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::jsonb[], $5::int4[],
+                  $6::timestamptz[], $9::uuid[], $10::text[], $11::int2[], $12::text[],
+                  $13::bool[])
+           AS b(id, key_digest, fingerprint, payload, max_attempts, run_at_asked, replaces, queue,
+                priority, concurrency_key, dated)
+), accepted AS (
+    INSERT INTO etl_job_intake
+           (id, owner_key, idempotency_key_digest, request_fingerprint, kind, max_attempts, run_at,
+            replaces_job_id, queue, priority)
+    SELECT id, $7, key_digest, fingerprint, $8, max_attempts, run_at, replaces, queue, priority
+      FROM batch
         ON CONFLICT (owner_key, idempotency_key_digest) DO NOTHING
     RETURNING id
 )
@@ -125,13 +120,14 @@ INSERT INTO etl_job_records
 SELECT b.id, $7, $8, b.payload, b.max_attempts, b.run_at, b.queue, b.priority,
        durable_etl_sort_at(b.run_at, b.priority), b.concurrency_key
   FROM batch b JOIN accepted a ON a.id = b.id
-RETURNING id"
-);
+RETURNING id";
 
-/// [`INSERT_SQL`] for a chunk in which no job has an idempotency key or replaces another: no
+/// [`INSERT_SQL`] for a chunk in which no job has an idempotency key, replaces another or is
+/// dated: no
 /// job can be a replay (each has a key of its own, made of its fresh id: `own_key`), so both
 /// inserts are plain (no speculative insertion, no join of the accepted ids) and nothing is
-/// returned. Same parameters and `run_at` rule as [`INSERT_SQL`]. The insert itself is the body
+/// returned. Same parameters as [`INSERT_SQL`] but `$13` (no job is dated), and the same `run_at`
+/// rule. The insert itself is the body
 /// of `durable_etl_enqueue_unkeyed` (migration 0025), whose plan the session keeps: this, the
 /// statement sent, is only the call, so an enqueue no longer pays for parsing and planning the
 /// whole insert (about a third of a single-job enqueue's server CPU when 0025 was measured).
@@ -173,6 +169,8 @@ struct Columns<'a> {
     priorities: Vec<i16>,
     /// Concurrency keys.
     concurrency_keys: Vec<Option<&'a str>>,
+    /// Whether each keeps a past `run_at` ([`Submission::dated`]).
+    dated: Vec<bool>,
     /// Whether the job came with the caller's key (only those can be replays).
     keyed: Vec<bool>,
 }
@@ -230,6 +228,7 @@ impl<'a> Columns<'a> {
             c.payloads.push(job.payload);
             c.max_attempts.push(job.max_attempts);
             c.run_ats.push(job.run_at);
+            c.dated.push(job.dated);
             c.replaces.push(job.replaces);
         }
         Ok(c)
@@ -321,8 +320,12 @@ impl Destination<'_> {
             queues: &c.queues,
             priorities: &c.priorities,
             concurrency_keys: &c.concurrency_keys,
+            dated: None,
         };
-        if !c.keyed.contains(&true) && c.replaces.iter().all(Option::is_none) {
+        if !c.keyed.contains(&true)
+            && c.replaces.iter().all(Option::is_none)
+            && !c.dated.contains(&true)
+        {
             client.insert(INSERT_UNKEYED_SQL, &params, false).await?;
             return Ok(c
                 .ids
@@ -334,6 +337,10 @@ impl Destination<'_> {
                 .collect());
         }
         replace_olds(client, owner_key, &c.key_digests, &c.replaces).await?;
+        let params = InsertParams {
+            dated: Some(&c.dated),
+            ..params
+        };
         let inserted: std::collections::HashSet<Uuid> = client
             .insert(INSERT_SQL, &params, true)
             .await?

@@ -244,6 +244,80 @@ async fn missed_fires_coalesce_catch_up_or_are_skipped_when_an_evaluator_comes_b
         "{fired:?}"
     );
     assert_eq!(fired.overlapped, 0);
+    // Each job is due at its fire's instant, however late it was made.
+    let dated = "etl_schedule_fires f JOIN etl_jobs j ON j.id = f.job_id";
+    assert_eq!(count(&client, dated).await, 6);
+    assert_eq!(
+        count(&client, &format!("{dated} WHERE j.run_at <> f.fire_at")).await,
+        0
+    );
+}
+
+/// The test's second kind, so one pass fires schedules of two kinds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Digest {
+    /// How many days it sums.
+    days: u32,
+}
+
+impl Job for Digest {
+    const KIND: &'static str = "test.digest";
+}
+
+#[tokio::test]
+async fn one_pass_fires_schedules_of_several_owners_and_kinds_each_job_its_own_schedules() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    for owner in ["alice", "bob"] {
+        let schedules = jobs(owner).schedules();
+        for i in 0..3 {
+            let (report_name, digest_name) = (format!("report_{i}"), format!("digest_{i}"));
+            let options = ScheduleOptions::default;
+            schedules
+                .put(
+                    &client,
+                    &report_name,
+                    "* * * * * *",
+                    &report(owner),
+                    options(),
+                )
+                .await
+                .unwrap();
+            let digest = Digest { days: i };
+            schedules
+                .put(&client, &digest_name, "* * * * * *", &digest, options())
+                .await
+                .unwrap();
+            due_since(&client, &report_name, 2).await;
+            due_since(&client, &digest_name, 2).await;
+        }
+    }
+    let fired = fire(&db).await;
+    assert_eq!((fired.schedules, fired.jobs), (12, 12));
+    // Each job has its schedule's owner, kind and arguments, and is dated at its fire.
+    let own = "etl_schedule_fires f JOIN etl_schedules s USING (owner_key, name)
+               JOIN etl_job_records j ON j.id = f.job_id";
+    assert_eq!(count(&client, own).await, 12);
+    assert_eq!(
+        count(
+            &client,
+            &format!(
+                "{own} WHERE (j.owner_key, j.kind, j.request_payload, j.run_at)
+                         IS DISTINCT FROM (s.owner_key, s.kind, s.args, f.fire_at)"
+            )
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &client,
+            "etl_schedules WHERE next_fire_at <= clock_timestamp() - interval '1 second'"
+        )
+        .await,
+        0,
+        "every schedule moved past its fire"
+    );
 }
 
 #[tokio::test]

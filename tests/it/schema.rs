@@ -1665,6 +1665,7 @@ async fn enqueue_unkeyed(client: &tokio_postgres::Client, n: usize, payload: ser
             queue: None,
             priority: 0,
             concurrency_key: None,
+            dated: false,
         })
         .collect();
     let done = durable_etl::jobs::enqueue::submit(client, &secret, &[1u8; 32], "test.noop", jobs)

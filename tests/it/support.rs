@@ -646,6 +646,7 @@ pub async fn enqueue_placed_loads(
                 queue: Some(queue),
                 priority: 0,
                 concurrency_key: concurrency_key.as_deref(),
+                dated: false,
             },
         )
         .collect();

@@ -42,6 +42,7 @@ impl NewJob<'_> {
             queue: None,
             priority: 0,
             concurrency_key: None,
+            dated: false,
         }
     }
 }

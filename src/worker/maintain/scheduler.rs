@@ -14,6 +14,10 @@
 //!   attempt bound, owned by the schedule's owner.
 //! - Missed fires follow the schedule's policy ([`plan`]), and under [`Overlap::Skip`] a fire
 //!   whose previous job is still pending or running makes none.
+//! - A tick with nothing due costs one statement, one probe of `etl_schedules_due_idx`
+//!   ([`NEXT_DUE_SQL`]), however many schedules there are; a batch of due schedules costs the
+//!   same six statements (begin, take, one insert per owner and kind, record, advance, commit)
+//!   whatever its size.
 
 use crate::codes::Code;
 use crate::db;
@@ -28,7 +32,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::{Client, Row};
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 /// The most schedules one transaction fires.
 pub const DUE_BATCH: i64 = 64;
@@ -66,19 +69,22 @@ pub const NEXT_DUE_SQL: &str = "
 SELECT extract(epoch FROM min(next_fire_at) - clock_timestamp())::float8
   FROM etl_schedules WHERE NOT paused";
 
-/// Moves schedule (`$1`, `$2`) past its evaluated fires: next fire `$3`, last fire `$4`, and
-/// the last job `$5` when one was made. Locks: the row, already held by [`DUE_SQL`].
+/// Moves each evaluated schedule (owner `$1`, name `$2`, pairwise) past its fires: next fire
+/// `$3`, last fire `$4`, and the last job `$5` when one was made. Locks: the rows, already held
+/// by [`DUE_SQL`].
 const ADVANCE_SQL: &str = "
-UPDATE etl_schedules
-   SET next_fire_at = $3, last_fire_at = $4, last_job_id = coalesce($5, last_job_id),
+UPDATE etl_schedules s
+   SET next_fire_at = a.next, last_fire_at = a.last, last_job_id = coalesce(a.job, s.last_job_id),
        updated_at = now()
- WHERE owner_key = $1::bytea AND name = $2::text";
+  FROM unnest($1::bytea[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::uuid[])
+       AS a(owner_key, name, next, last, job)
+ WHERE s.owner_key = a.owner_key AND s.name = a.name";
 
-/// Records fires of schedule (`$1`, `$2`): instants `$3`, jobs `$4`, outcomes `$5`, pairwise.
+/// Records fires (owner `$1`, schedule `$2`, instant `$3`, job `$4`, outcome `$5`, pairwise).
+/// Locks: the new rows only.
 const RECORD_SQL: &str = "
 INSERT INTO etl_schedule_fires (owner_key, name, fire_at, job_id, outcome)
-SELECT $1::bytea, $2::text, f.fire_at, f.job_id, f.outcome
-  FROM unnest($3::timestamptz[], $4::uuid[], $5::text[]) AS f(fire_at, job_id, outcome)
+SELECT * FROM unnest($1::bytea[], $2::text[], $3::timestamptz[], $4::uuid[], $5::text[])
     ON CONFLICT DO NOTHING";
 
 /// The key fire idempotency keys are digested under: fixed, since the worker holds no
@@ -166,7 +172,7 @@ pub fn plan(
 /// What one pass of [`fire_due`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fired {
-    /// Schedules evaluated.
+    /// Schedules taken: evaluated, or paused because they cannot fire again.
     pub schedules: u64,
     /// Jobs made (a replayed fire's job, made before, not counted).
     pub jobs: u64,
@@ -179,7 +185,8 @@ pub struct Fired {
 }
 
 /// Fires the due schedules, at most [`DUE_BATCH`], in one transaction on `client` (see the
-/// module's invariants).
+/// module's invariants): one statement takes them, one insert per owner and kind makes their
+/// jobs, one records their fires and one moves them on, however many there are.
 ///
 /// # Errors
 /// A database error (the transaction is rolled back: no fire is made or lost).
@@ -187,121 +194,233 @@ pub async fn fire_due(client: &mut Client) -> Result<Fired, Error> {
     let secret = Secret::new(FIRE_KEY).ok_or(Error::Internal)?;
     let tx = client.transaction().await?;
     let rows = tx.query(DUE_SQL, &[&DUE_BATCH]).await?;
-    let mut fired = Fired::default();
+    let (mut writes, mut paused) = (Writes::default(), 0);
     for row in &rows {
-        fire_one(&tx, &secret, row, &mut fired).await?;
+        match Evaluated::of(row) {
+            Some(evaluated) => writes.evaluated.push(evaluated),
+            None => {
+                pause_invalid(&tx, row).await?;
+                paused += 1;
+            }
+        }
     }
-    if fired.schedules > 0 {
+    let mut fired = writes.commit_to(&tx, &secret).await?;
+    fired.schedules += paused;
+    if !rows.is_empty() {
         crash_point!("schedule.before_commit");
     }
     tx.commit().await?;
-    if fired.schedules > 0 {
+    if !rows.is_empty() {
         crash_point!("schedule.after_commit");
     }
     Ok(fired)
 }
 
-/// Evaluates the schedule of [`DUE_SQL`] row `row` on `tx`, adding what it did to `fired`.
-async fn fire_one(
-    tx: &tokio_postgres::Transaction<'_>,
-    secret: &Secret,
-    row: &Row,
-    fired: &mut Fired,
-) -> Result<(), Error> {
-    let owner: Vec<u8> = row.get(0);
-    let name: &str = row.get(1);
-    let now: DateTime<Utc> = row.get(13);
-    let policy = (
-        match (row.get::<_, &str>(9), row.get::<_, i32>(10)) {
-            ("catch_up", n) => Missed::CatchUp(u16::try_from(n).unwrap_or(CATCH_UP_MAX)),
-            ("skip", _) => Missed::Skip,
-            _ => Missed::Coalesce,
-        },
-        match row.get::<_, &str>(11) {
-            "skip" => Overlap::Skip,
-            _ => Overlap::Allow,
-        },
-        row.get::<_, bool>(14),
-    );
-    // Stored only once validated: a row that no longer parses (a zone tzdata dropped) pauses.
-    let plan = Recurrence::parse(row.get(2), row.get(3))
-        .ok()
-        .and_then(|r| plan(&r, row.get(12), now, policy));
-    let Some(plan) = plan else {
-        tracing::warn!(code = %Code::ScheduleInvalid, "a schedule that cannot fire again is paused");
-        tx.execute(
-            "UPDATE etl_schedules SET paused = true, updated_at = now()
-              WHERE owner_key = $1::bytea AND name = $2::text",
-            &[&owner, &name],
-        )
-        .await?;
-        return Ok(());
-    };
-    let owner_key: [u8; 32] = owner.as_slice().try_into().map_err(|_| Error::Internal)?;
-    let keys: Vec<String> = plan
-        .enqueue
-        .iter()
-        .map(|fire| format!("schedule:{name}:{}", fire.to_rfc3339()))
-        .collect();
-    let args: serde_json::Value = row.get(5);
-    let submissions = plan
-        .enqueue
-        .iter()
-        .zip(&keys)
-        .map(|(fire, key)| Submission {
-            payload: args.clone(),
-            idempotency_key: Some(key),
-            max_attempts: row.get(8),
-            run_at: Some(*fire),
-            replaces: None,
-            queue: Some(row.get(6)),
-            priority: row.get(7),
-            concurrency_key: None,
-        })
-        .collect();
-    let made = enqueue::submit(tx, secret, &owner_key, row.get(4), submissions).await?;
-    let mut instants: Vec<DateTime<Utc>> = plan.enqueue.clone();
-    let mut jobs: Vec<Option<Uuid>> = made.iter().map(|e| Some(e.id)).collect();
-    let mut outcomes: Vec<&str> = vec!["enqueued"; made.len()];
-    if let Some((fire, outcome)) = plan.recorded {
-        instants.push(fire);
-        jobs.push(None);
-        outcomes.push(outcome);
-    }
-    tx.execute(RECORD_SQL, &[&owner, &name, &instants, &jobs, &outcomes])
-        .await?;
-    let last_job = made.last().map(|e| e.id);
+/// Pauses the schedule of [`DUE_SQL`] row `row`, which cannot fire again: it was stored only
+/// once validated, so its expression or zone no longer parse (a zone tzdata dropped), or it has
+/// no fire left.
+async fn pause_invalid(tx: &tokio_postgres::Transaction<'_>, row: &Row) -> Result<(), Error> {
+    tracing::warn!(code = %Code::ScheduleInvalid, "a schedule that cannot fire again is paused");
     tx.execute(
-        ADVANCE_SQL,
-        &[&owner, &name, &plan.next, &plan.last, &last_job],
+        "UPDATE etl_schedules SET paused = true, updated_at = now()
+          WHERE owner_key = $1::bytea AND name = $2::text",
+        &[&row.get::<_, &[u8]>(0), &row.get::<_, &str>(1)],
     )
     .await?;
-    fired.schedules += 1;
-    // A replayed fire (its job made before) counts no new job.
-    fired.jobs += made.iter().filter(|e| !e.replayed).count() as u64;
-    fired.without_job += plan.without_job;
-    fired.overlapped += u64::from(plan.overlapped);
-    fired.lateness.extend(
-        made.iter()
-            .zip(&plan.enqueue)
-            .filter(|(e, _)| !e.replayed)
-            .map(|(_, fire)| (now - *fire).to_std().unwrap_or_default()),
-    );
     Ok(())
 }
 
-/// The scheduler role: fires what is due, then sleeps until the next fire (by the database's
-/// clock) or [`LOOK_AT_MOST_EVERY`], whichever is sooner, until `stop`.
+/// One due schedule, evaluated: what its fires make.
+struct Evaluated<'r> {
+    /// Its owner's digest.
+    owner: [u8; 32],
+    /// Its name.
+    name: &'r str,
+    /// The kind of its jobs.
+    kind: &'r str,
+    /// Its jobs' arguments.
+    args: serde_json::Value,
+    /// Its jobs' queue.
+    queue: &'r str,
+    /// Its jobs' priority.
+    priority: i16,
+    /// Its jobs' attempt bound.
+    max_attempts: i32,
+    /// What its evaluation does.
+    plan: Plan,
+    /// The database's clock when it was taken.
+    now: DateTime<Utc>,
+}
+
+impl<'r> Evaluated<'r> {
+    /// The evaluation of [`DUE_SQL`] row `row`, or `None` if it cannot fire again.
+    fn of(row: &'r Row) -> Option<Evaluated<'r>> {
+        let policy = (
+            match (row.get::<_, &str>(9), row.get::<_, i32>(10)) {
+                ("catch_up", n) => Missed::CatchUp(u16::try_from(n).unwrap_or(CATCH_UP_MAX)),
+                ("skip", _) => Missed::Skip,
+                _ => Missed::Coalesce,
+            },
+            match row.get::<_, &str>(11) {
+                "skip" => Overlap::Skip,
+                _ => Overlap::Allow,
+            },
+            row.get::<_, bool>(14),
+        );
+        let now: DateTime<Utc> = row.get(13);
+        let recurrence = Recurrence::parse(row.get(2), row.get(3)).ok()?;
+        Some(Evaluated {
+            owner: row.get::<_, &[u8]>(0).try_into().ok()?,
+            name: row.get(1),
+            kind: row.get(4),
+            args: row.get(5),
+            queue: row.get(6),
+            priority: row.get(7),
+            max_attempts: row.get(8),
+            plan: plan(&recurrence, row.get(12), now, policy)?,
+            now,
+        })
+    }
+
+    /// The idempotency key of this schedule's fire at `fire`.
+    fn key(&self, fire: DateTime<Utc>) -> String {
+        format!("schedule:{}:{}", self.name, fire.to_rfc3339())
+    }
+}
+
+/// The schedules whose jobs one enqueue makes: of one owner (its digest) and one kind.
+type Group<'a> = (&'a [u8; 32], &'a str);
+
+/// The writes of one transaction's evaluated schedules, made together.
+#[derive(Default)]
+struct Writes<'r> {
+    /// The schedules, in the order they were taken.
+    evaluated: Vec<Evaluated<'r>>,
+}
+
+impl Writes<'_> {
+    /// Makes the jobs of every evaluated schedule (one enqueue per owner and kind), records
+    /// their fires and moves the schedules on, on `tx`; returns what that did.
+    async fn commit_to(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        secret: &Secret,
+    ) -> Result<Fired, Error> {
+        let mut fired = Fired::default();
+        if self.evaluated.is_empty() {
+            return Ok(fired);
+        }
+        let jobs = self.enqueue(tx, secret).await?;
+        let (mut owners, mut names, mut instants, mut job_ids, mut outcomes) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut next, mut last, mut last_jobs) = (Vec::new(), Vec::new(), Vec::new());
+        for (e, made) in self.evaluated.iter().zip(&jobs) {
+            let recorded = e
+                .plan
+                .recorded
+                .iter()
+                .map(|&(fire, outcome)| (fire, None, outcome));
+            let enqueued = (e.plan.enqueue.iter().zip(made))
+                .map(|(&fire, job)| (fire, Some(job.id), "enqueued"));
+            for (fire, job, outcome) in enqueued.chain(recorded) {
+                owners.push(&e.owner[..]);
+                names.push(e.name);
+                instants.push(fire);
+                job_ids.push(job);
+                outcomes.push(outcome);
+            }
+            next.push(e.plan.next);
+            last.push(e.plan.last);
+            last_jobs.push(made.last().map(|job| job.id));
+            fired.schedules += 1;
+            // A replayed fire (its job made before) counts no new job.
+            fired.jobs += made.iter().filter(|job| !job.replayed).count() as u64;
+            fired.without_job += e.plan.without_job;
+            fired.overlapped += u64::from(e.plan.overlapped);
+            fired.lateness.extend(
+                (made.iter().zip(&e.plan.enqueue))
+                    .filter(|(job, _)| !job.replayed)
+                    .map(|(_, fire)| (e.now - *fire).to_std().unwrap_or_default()),
+            );
+        }
+        tx.execute(
+            RECORD_SQL,
+            &[&owners, &names, &instants, &job_ids, &outcomes],
+        )
+        .await?;
+        let taken: (Vec<&[u8]>, Vec<&str>) = self
+            .evaluated
+            .iter()
+            .map(|e| (&e.owner[..], e.name))
+            .unzip();
+        tx.execute(ADVANCE_SQL, &[&taken.0, &taken.1, &next, &last, &last_jobs])
+            .await?;
+        Ok(fired)
+    }
+
+    /// Enqueues the fires' jobs, one enqueue per owner and kind, each dated at its fire and
+    /// keyed by (schedule, fire); returns each schedule's jobs, in its fires' order.
+    async fn enqueue(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        secret: &Secret,
+    ) -> Result<Vec<Vec<enqueue::Enqueued>>, Error> {
+        let keys: Vec<Vec<String>> = (self.evaluated.iter())
+            .map(|e| e.plan.enqueue.iter().map(|&fire| e.key(fire)).collect())
+            .collect();
+        let mut groups: Vec<(Group<'_>, Vec<usize>)> = Vec::new();
+        for (i, e) in self.evaluated.iter().enumerate() {
+            let group = (&e.owner, e.kind);
+            match groups.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((group, vec![i])),
+            }
+        }
+        let mut jobs: Vec<Vec<enqueue::Enqueued>> = vec![Vec::new(); self.evaluated.len()];
+        for ((owner, kind), members) in groups {
+            let submissions = members
+                .iter()
+                .flat_map(|&i| {
+                    let e = &self.evaluated[i];
+                    (e.plan.enqueue.iter().zip(&keys[i])).map(|(&fire, key)| Submission {
+                        payload: e.args.clone(),
+                        idempotency_key: Some(key),
+                        max_attempts: e.max_attempts,
+                        run_at: Some(fire),
+                        dated: true,
+                        replaces: None,
+                        queue: Some(e.queue),
+                        priority: e.priority,
+                        concurrency_key: None,
+                    })
+                })
+                .collect();
+            let mut made = enqueue::submit(tx, secret, owner, kind, submissions)
+                .await?
+                .into_iter();
+            for &i in &members {
+                jobs[i] = made
+                    .by_ref()
+                    .take(self.evaluated[i].plan.enqueue.len())
+                    .collect();
+            }
+        }
+        Ok(jobs)
+    }
+}
+
+/// How long the role waits before looking again when every due schedule is held by another
+/// replica (firing it: once it commits, none is due).
+const HELD_BACK_OFF: Duration = Duration::from_millis(20);
+
+/// The scheduler role: probes when the next fire is (by the database's clock), sleeps until
+/// then or [`LOOK_AT_MOST_EVERY`], whichever is sooner, and fires what is due, until `stop`.
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        let wait = match once(&shared).await {
-            Ok(Some(until_next)) => until_next.min(LOOK_AT_MOST_EVERY),
-            Ok(None) => LOOK_AT_MOST_EVERY,
-            Err(e) => {
-                tracing::warn!(code = %e.code(), "firing schedules failed; trying again");
-                LOOK_AT_MOST_EVERY
-            }
-        };
+        let wait = once(&shared).await.unwrap_or_else(|e| {
+            tracing::warn!(code = %e.code(), "firing schedules failed; trying again");
+            LOOK_AT_MOST_EVERY
+        });
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
@@ -309,9 +428,17 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Fires every due schedule, a batch a transaction; returns how long until the next fire.
-async fn once(shared: &Shared) -> Result<Option<Duration>, Error> {
+/// One tick: one probe of the next fire ([`NEXT_DUE_SQL`]) and, if one is due, every due
+/// schedule fired, a batch a transaction; returns how long to wait before the next tick.
+async fn once(shared: &Shared) -> Result<Duration, Error> {
     let mut conn = db::checkout(&shared.pool).await?;
+    let until: Option<f64> = conn.query_one(NEXT_DUE_SQL, &[]).await?.get(0);
+    match until {
+        None => return Ok(LOOK_AT_MOST_EVERY),
+        Some(s) if s > 0.0 => return Ok(Duration::from_secs_f64(s).min(LOOK_AT_MOST_EVERY)),
+        Some(_) => {}
+    }
+    let mut any = false;
     loop {
         let fired = db::bounded(shared.statement_bound, fire_due(&mut conn)).await?;
         let missed = fired.without_job - fired.overlapped;
@@ -319,6 +446,7 @@ async fn once(shared: &Shared) -> Result<Option<Duration>, Error> {
             .stats
             .record_schedules((fired.jobs, missed, fired.overlapped), &fired.lateness);
         if fired.schedules > 0 {
+            any = true;
             tracing::debug!(
                 schedules = fired.schedules,
                 jobs = fired.jobs,
@@ -330,8 +458,9 @@ async fn once(shared: &Shared) -> Result<Option<Duration>, Error> {
             break;
         }
     }
-    let until: Option<f64> = conn.query_one(NEXT_DUE_SQL, &[]).await?.get(0);
-    Ok(until.map(|s| Duration::from_secs_f64(s.max(0.0))))
+    // Having fired, probe again at once; having found every due schedule held, let its holder
+    // commit first.
+    Ok(if any { Duration::ZERO } else { HELD_BACK_OFF })
 }
 
 #[cfg(test)]

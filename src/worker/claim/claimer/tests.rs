@@ -340,6 +340,7 @@ pub(super) async fn enqueue_into(
                 queue: Some(queue),
                 priority,
                 concurrency_key: None,
+                dated: false,
             },
         )
         .collect();
