@@ -45,6 +45,7 @@ mod proxy;
 mod queues;
 mod runtime;
 mod schedules;
+mod schedules_soak;
 mod schema;
 mod soak;
 #[cfg(feature = "sqlx")]
