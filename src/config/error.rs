@@ -92,6 +92,10 @@ pub enum ConfigError {
     /// The served queues are not a list a replica can claim from.
     #[error(transparent)]
     Queues(#[from] QueuesError),
+    /// The schedules file of `work --schedules` is not a list of valid schedules; the text says
+    /// which entry (by position, and by name if it is one) and what is wrong, never a value.
+    #[error("the schedules file is not valid: {0}")]
+    SchedulesFile(String),
     /// `bench` was given a database name that is not its own (it drops what it creates).
     #[error("the bench database name must start with durable_etl_bench")]
     BenchDatabase,

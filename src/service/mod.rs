@@ -29,6 +29,8 @@ pub mod problem;
 mod queues;
 mod schedules;
 
+pub use schedules::declare_file as declare_schedules_file;
+
 use crate::codes::Code;
 use crate::config::ApiConfig;
 use crate::db::Pool;

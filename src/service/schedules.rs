@@ -15,10 +15,14 @@ use super::jobs::Owner;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
+use crate::config::ConfigError;
+use crate::digest::Secret;
 use crate::error::Error;
-use crate::intake::Rejection;
+use crate::intake::{IntakeLimits, Rejection};
+use crate::jobs::Jobs;
 use crate::kinds::etl::load::EtlJob;
 use crate::kinds::etl::request;
+use crate::names::is_kind_name;
 use crate::schedule::{Fire, Missed, Overlap, ScheduleInfo, ScheduleOptions, Schedules};
 use crate::time::canonical_utc;
 use axum::body::Bytes;
@@ -28,6 +32,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use tokio_postgres::GenericClient;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -149,9 +154,151 @@ pub(super) struct ScheduleBody {
     max_attempts: Option<i32>,
 }
 
-/// A `schedule_invalid` problem at `pointer`.
-fn invalid(pointer: &str) -> Problem {
-    Problem::from(Error::from(Rejection::new(Code::ScheduleInvalid, pointer)))
+/// A `schedule_invalid` refusal at `pointer`.
+fn invalid(pointer: &str) -> Error {
+    Error::from(Rejection::new(Code::ScheduleInvalid, pointer))
+}
+
+/// A schedule of ETL loads as a [`ScheduleBody`] defines it, validated.
+struct Definition {
+    /// Its cron expression.
+    cron: String,
+    /// Its IANA time zone, if not UTC.
+    time_zone: Option<String>,
+    /// The load each fire enqueues.
+    job: EtlJob,
+    /// Its missed-fire policy.
+    missed: Missed,
+    /// Its overlap policy.
+    overlap: Overlap,
+    /// Its jobs' attempt bound, if not the kind's.
+    max_attempts: Option<i32>,
+}
+
+impl Definition {
+    /// The definition in `body` (a [`ScheduleBody`]), its request checked under `limits`.
+    ///
+    /// # Errors
+    /// [`Error::Rejected`] with `schedule_invalid` and a pointer to the field, or the request's
+    /// own code with a pointer under `/request`.
+    fn of(body: serde_json::Value, limits: IntakeLimits) -> Result<Definition, Error> {
+        let body: ScheduleBody = serde_json::from_value(body).map_err(|_| invalid(""))?;
+        let etl = request::parse(&body.request, limits).map_err(|r| Rejection {
+            pointer: format!("/request{}", r.pointer),
+            ..r
+        })?;
+        if etl.run_at.is_some() || etl.replaces.is_some() {
+            return Err(invalid("/request"));
+        }
+        let missed = match (body.missed.as_deref(), body.catch_up_limit) {
+            (None | Some("coalesce"), None) => Missed::Coalesce,
+            (Some("catch_up"), limit) => Missed::CatchUp(limit.unwrap_or(100)),
+            (Some("skip"), None) => Missed::Skip,
+            _ => return Err(invalid("/missed")),
+        };
+        let overlap = match body.overlap.as_deref() {
+            None | Some("allow") => Overlap::Allow,
+            Some("skip") => Overlap::Skip,
+            Some(_) => return Err(invalid("/overlap")),
+        };
+        Ok(Definition {
+            cron: body.cron,
+            time_zone: body.time_zone,
+            job: EtlJob(etl.to_value()),
+            missed,
+            overlap,
+            max_attempts: body.max_attempts,
+        })
+    }
+
+    /// Stores it as `schedules`' schedule `name` on `client`, declared in configuration
+    /// (`declared`) or put at run time.
+    ///
+    /// # Errors
+    /// As [`Schedules::put`].
+    async fn put(
+        &self,
+        client: &impl GenericClient,
+        schedules: &Schedules,
+        name: &str,
+        declared: bool,
+    ) -> Result<ScheduleInfo, Error> {
+        let options = ScheduleOptions {
+            time_zone: self.time_zone.as_deref(),
+            max_attempts: self.max_attempts,
+            missed: self.missed,
+            overlap: self.overlap,
+            ..ScheduleOptions::default()
+        };
+        if declared {
+            schedules
+                .declare(client, name, &self.cron, &self.job, options)
+                .await
+        } else {
+            schedules
+                .put(client, name, &self.cron, &self.job, options)
+                .await
+        }
+    }
+}
+
+/// `e`, a refusal of the schedules file's entry `at`, as the configuration error that names it
+/// (other errors as they are).
+fn refused(at: &str, e: Error) -> Error {
+    match e {
+        Error::Rejected(r) => {
+            ConfigError::SchedulesFile(format!("{at}: {} at `{}`", r.code, r.pointer)).into()
+        }
+        other => other,
+    }
+}
+
+/// Declares the schedules of ETL loads a configuration file lists (`durable-etl work
+/// --schedules`), for their owners, in one transaction on `client`, with owner digests under
+/// `secret`; returns how many. `text` is a JSON array of objects, each a [`ScheduleBody`] with
+/// two more members: `owner` (the principal, as an API key's) and `name`. Declaring never
+/// deletes a schedule the file does not name, and keeps the next fire of one whose expression
+/// and zone are unchanged.
+///
+/// # Errors
+/// [`ConfigError::SchedulesFile`] naming the entry (by position, and by name if it is one) and
+/// what is wrong with it, never a value; nothing is written then. Database errors.
+pub async fn declare_file(
+    client: &mut tokio_postgres::Client,
+    secret: &Secret,
+    text: &str,
+) -> Result<usize, Error> {
+    let file = |what: String| Error::from(ConfigError::SchedulesFile(what));
+    let entries: Vec<serde_json::Value> = serde_json::from_str(text)
+        .map_err(|_| file("it is not a JSON array of schedules".to_owned()))?;
+    let mut parsed = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.into_iter().enumerate() {
+        let serde_json::Value::Object(mut body) = entry else {
+            return Err(file(format!("entry {i} is not an object")));
+        };
+        let mut take = |member: &str| match body.remove(member) {
+            Some(serde_json::Value::String(text)) => Ok(text),
+            _ => Err(file(format!("entry {i} has no `{member}` string"))),
+        };
+        let (owner, name) = (take("owner")?, take("name")?);
+        let at = match is_kind_name(&name) {
+            true => format!("entry {i} (`{name}`)"),
+            false => format!("entry {i}"),
+        };
+        let definition =
+            Definition::of(body.into(), IntakeLimits::default()).map_err(|e| refused(&at, e))?;
+        parsed.push((owner, name, definition, at));
+    }
+    let tx = client.transaction().await?;
+    for (owner, name, definition, at) in &parsed {
+        let schedules = Jobs::new(secret.clone(), owner).schedules();
+        definition
+            .put(&tx, &schedules, name, true)
+            .await
+            .map_err(|e| refused(at, e))?;
+    }
+    tx.commit().await?;
+    Ok(parsed.len())
 }
 
 /// The owner's schedules.
@@ -224,38 +371,10 @@ pub(super) async fn put_schedule(
     })?;
     let value: serde_json::Value =
         serde_json::from_slice(&body).map_err(|_| Problem::new(Code::RequestMalformed))?;
-    let body: ScheduleBody = serde_json::from_value(value).map_err(|_| invalid(""))?;
-    let etl = request::parse(&body.request, state.config.limits).map_err(|r| {
-        Problem::from(Error::from(Rejection {
-            pointer: format!("/request{}", r.pointer),
-            ..r
-        }))
-    })?;
-    if etl.run_at.is_some() || etl.replaces.is_some() {
-        return Err(invalid("/request"));
-    }
-    let missed = match (body.missed.as_deref(), body.catch_up_limit) {
-        (None | Some("coalesce"), None) => Missed::Coalesce,
-        (Some("catch_up"), limit) => Missed::CatchUp(limit.unwrap_or(100)),
-        (Some("skip"), None) => Missed::Skip,
-        _ => return Err(invalid("/missed")),
-    };
-    let overlap = match body.overlap.as_deref() {
-        None | Some("allow") => Overlap::Allow,
-        Some("skip") => Overlap::Skip,
-        Some(_) => return Err(invalid("/overlap")),
-    };
-    let options = ScheduleOptions {
-        time_zone: body.time_zone.as_deref(),
-        max_attempts: body.max_attempts,
-        missed,
-        overlap,
-        ..ScheduleOptions::default()
-    };
-    let job = EtlJob(etl.to_value());
+    let definition = Definition::of(value, state.config.limits).map_err(Problem::from)?;
     let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
     let stored = conn
-        .run(|c| schedules.put(&*c, &name, &body.cron, &job, options))
+        .run(|c| definition.put(&*c, &schedules, &name, false))
         .await?;
     Ok(Json(stored.into()))
 }

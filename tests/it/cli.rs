@@ -1115,3 +1115,111 @@ async fn schedules_are_listed_paused_resumed_and_deleted_for_their_owner() {
     );
     assert_eq!(count(&client, "etl_schedules").await, 0);
 }
+
+/// `work --schedules FILE` declares the file's schedules of ETL loads for their owners at
+/// start-up, in one transaction: a second release's file with other schedules adds them and
+/// deletes none; a file with one bad entry is refused naming the entry, never a value, and
+/// writes nothing; a file without a secret is refused.
+#[tokio::test]
+async fn work_declares_the_schedules_of_its_file_and_a_bad_file_writes_nothing() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let dir = std::env::temp_dir().join(format!("durable-etl-schedules-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let request = r#"{"dataset": "d", "key": "id", "records": [{"id": "A-1", "n": 1}]}"#;
+    let entry = |owner: &str, name: &str, cron: &str| {
+        format!(
+            r#"{{"owner": "{owner}", "name": "{name}", "cron": "{cron}",
+                 "time_zone": "Europe/London", "missed": "catch_up", "catch_up_limit": 3,
+                 "request": {request}}}"#
+        )
+    };
+    let write = |file: &str, entries: &[String]| {
+        let path = dir.join(file);
+        std::fs::write(&path, format!("[{}]", entries.join(","))).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    // A release declares two schedules, of two owners; another one a third, beside them.
+    let first = write(
+        "first.json",
+        &[
+            entry("tenant-a", "nightly", "0 3 * * *"),
+            entry("tenant-b", "hourly", "@hourly"),
+        ],
+    );
+    let second = write("second.json", &[entry("tenant-a", "weekly", "0 4 * * 1")]);
+    for file in [&first, &second] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+            .env("DATABASE_URL", &db.config.url)
+            .env("DURABLE_ETL_SECRET", SECRET)
+            .env("RUST_LOG", "info")
+            .args(["work", "--owner-id", "declaring", "--schedules", file])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|l| l.contains("replica started"))
+            .unwrap();
+        let _stopped = Processes(vec![child]);
+    }
+    let secret = Secret::new(SECRET).unwrap();
+    let tenant_a = durable_etl::Jobs::new(secret.clone(), "tenant-a").schedules();
+    let tenant_b = durable_etl::Jobs::new(secret, "tenant-b").schedules();
+    let names = |list: Vec<durable_etl::schedule::ScheduleInfo>| {
+        list.into_iter()
+            .map(|s| {
+                assert!(s.declared && s.kind == "etl.load" && s.time_zone == "Europe/London");
+                assert_eq!(s.missed, durable_etl::schedule::Missed::CatchUp(3));
+                s.name
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(tenant_a.list(&client).await.unwrap()),
+        ["nightly", "weekly"]
+    );
+    assert_eq!(names(tenant_b.list(&client).await.unwrap()), ["hourly"]);
+
+    // One bad entry: nothing of the file is written, and the refusal names the entry only.
+    let bad = write(
+        "bad.json",
+        &[
+            entry("tenant-c", "fine", "0 5 * * *"),
+            entry("tenant-c", "broken", "61 * * * *"),
+        ],
+    );
+    let url = db.config.url.as_str();
+    let refused = run(
+        url,
+        &["work", "--owner-id", "declaring", "--schedules", &bad],
+    );
+    let err = assert_failed(
+        &refused,
+        2,
+        "the schedules file is not valid: entry 1 (`broken`): schedule_invalid at `/cron`",
+    );
+    assert!(!err.contains("tenant-c") && !err.contains("61 *"), "{err}");
+    let unreadable = run(url, &["work", "--schedules", "/nonexistent/schedules.json"]);
+    assert_failed(
+        &unreadable,
+        2,
+        "the schedules file is not valid: it cannot be read",
+    );
+    let not_a_list = write("object.json", &[]).replace("object.json", "scalar.json");
+    std::fs::write(&not_a_list, "{}").unwrap();
+    let refused = run(url, &["work", "--schedules", &not_a_list]);
+    assert_failed(&refused, 2, "it is not a JSON array of schedules");
+    let no_secret = run_with(
+        url,
+        &["work", "--schedules", &first],
+        &[("DURABLE_ETL_SECRET", "")],
+    );
+    assert_failed(&no_secret, 2, "DURABLE_ETL_SECRET");
+    assert_eq!(count(&client, "etl_schedules").await, 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

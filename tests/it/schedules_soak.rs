@@ -89,7 +89,11 @@ fn kill(child: &mut Child) {
 async fn replicas_killed_skewed_and_all_down_twice_make_one_job_per_fire_for_two_minutes() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
-    let schedules = Jobs::new(Secret::new("schedules-soak-secret-0123456789").unwrap(), "alice").schedules();
+    let schedules = Jobs::new(
+        Secret::new("schedules-soak-secret-0123456789").unwrap(),
+        "alice",
+    )
+    .schedules();
     for i in 0..PER_POLICY {
         for (name, missed) in [
             (format!("c{i}"), Missed::CatchUp(1000)),

@@ -73,9 +73,15 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Work(args) => {
             let worker_config = args.config()?;
+            let declared = args.schedules_file()?;
             let db_config = cli.database.config_for_lease(Some(worker_config.lease))?;
             let starts = args.record_handler_starts;
-            work(&db_config, &start_up, worker_config, starts, shutdown).await
+            let run = Run {
+                worker_config,
+                declared,
+                starts_file: starts,
+            };
+            work(&db_config, &start_up, run, shutdown).await
         }
         Command::Queues(command) => {
             let pool = open_admin(&db_config, &start_up).await?;
@@ -138,16 +144,32 @@ async fn open_checked(db_config: &DatabaseConfig, role: &str) -> Result<(db::Poo
     Ok((pool, version))
 }
 
+/// What `work` runs: the replica's configuration, the schedules it declares at start-up, and
+/// where it writes its handler starts (bench only).
+struct Run {
+    /// The replica's configuration.
+    worker_config: WorkerConfig,
+    /// The schedules file's text and the secret its owners are digested under, if any.
+    declared: Option<(String, durable_etl::Secret)>,
+    /// Bench only: where to write the handler starts.
+    starts_file: Option<std::path::PathBuf>,
+}
+
 /// `work`: starts a replica within the start-up bounds (each step retried on lost connections),
-/// serves its metrics if asked, and runs it until `shutdown`. With `starts_file` (set only by
-/// `bench offered-load`), it records its handler starts and writes them there once stopped.
+/// declares the schedules of its file (if any) in one transaction, serves its metrics if asked,
+/// and runs it until `shutdown`. With `starts_file` (set only by `bench offered-load`), it
+/// records its handler starts and writes them there once stopped.
 async fn work(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
-    worker_config: WorkerConfig,
-    starts_file: Option<std::path::PathBuf>,
+    run: Run,
     shutdown: durable_etl::shutdown::Shutdown,
 ) -> Result<(), Error> {
+    let Run {
+        worker_config,
+        declared,
+        starts_file,
+    } = run;
     let starts = starts_file.map(|file| (file, crate::bench::starts::StartLog::default()));
     let metrics = match worker_config.metrics_listen {
         Some(address) => Some(
@@ -163,6 +185,15 @@ async fn work(
         owner_id = %worker_config.owner_id,
         "worker starting"
     );
+    if let Some((text, secret)) = &declared {
+        let count = start_up
+            .run(|| async {
+                let mut conn = db::checkout(&pool).await?;
+                durable_etl::service::declare_schedules_file(&mut conn, secret, text).await
+            })
+            .await?;
+        tracing::info!(schedules = count, "schedules declared");
+    }
     let worker = start_up
         .run(|| {
             let registry = durable_etl::job::handler::Registry::new()

@@ -311,6 +311,14 @@ pub(crate) struct WorkArgs {
     /// default 1): when several have work, each claim shares the free slots among them by weight.
     #[arg(long, env = "DURABLE_ETL_QUEUES", default_value = durable_etl::queue::DEFAULT_QUEUE)]
     pub(crate) queues: String,
+    /// A JSON file of schedules of ETL loads to declare at start-up, each an entry with `owner`,
+    /// `name` and the fields of `PUT /v1/schedules/{name}` (docs/schedules.md); needs
+    /// --secret. Declaring never deletes a schedule the file does not name.
+    #[arg(long, env = "DURABLE_ETL_SCHEDULES")]
+    pub(crate) schedules: Option<std::path::PathBuf>,
+    /// The secret owners are digested under (as `serve`'s), for --schedules.
+    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
+    pub(crate) secret: Option<String>,
     /// Bench only (hidden): record each handler start (job id, wall-clock time) in memory and
     /// write them to this file when the replica stops. Unset in production.
     #[arg(long, env = crate::bench::starts::STARTS_FILE_ENV, hide = true)]
@@ -318,6 +326,26 @@ pub(crate) struct WorkArgs {
 }
 
 impl WorkArgs {
+    /// The schedules file's text and the secret its owners are digested under, if `--schedules`
+    /// names one.
+    ///
+    /// # Errors
+    /// [`ConfigError::SchedulesFile`] when the file cannot be read; [`ConfigError::Secret`]
+    /// without a secret of at least 16 bytes.
+    pub(crate) fn schedules_file(&self) -> Result<Option<(String, Secret)>, Error> {
+        let Some(path) = &self.schedules else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|_| config::ConfigError::SchedulesFile("it cannot be read".to_owned()))?;
+        let secret = self
+            .secret
+            .clone()
+            .and_then(|s| Secret::new(s.into_bytes()))
+            .ok_or(config::ConfigError::Secret)?;
+        Ok(Some((text, secret)))
+    }
+
     /// The validated worker configuration.
     ///
     /// # Errors
