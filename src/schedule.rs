@@ -112,6 +112,9 @@ pub struct ScheduleInfo {
 pub struct Fire {
     /// The fire instant (UTC).
     pub fire_at: DateTime<Utc>,
+    /// When a replica evaluated it (its transaction's start, by the database's clock): its
+    /// lateness is `fired_at - fire_at`.
+    pub fired_at: DateTime<Utc>,
     /// The job it made, if it made one.
     pub job_id: Option<Uuid>,
     /// `enqueued`, `missed` (too late under [`Missed::Skip`], or beyond a catch-up bound) or
@@ -385,7 +388,7 @@ impl Schedules {
         }
         let rows = client
             .query(
-                "SELECT fire_at, job_id, outcome FROM etl_schedule_fires
+                "SELECT fire_at, fired_at, job_id, outcome FROM etl_schedule_fires
                   WHERE owner_key = $1::bytea AND name = $2::text ORDER BY fire_at DESC LIMIT $3",
                 &[&&self.owner[..], &name, &limit],
             )
@@ -394,8 +397,9 @@ impl Schedules {
             .iter()
             .map(|r| Fire {
                 fire_at: r.get(0),
-                job_id: r.get(1),
-                outcome: r.get(2),
+                fired_at: r.get(1),
+                job_id: r.get(2),
+                outcome: r.get(3),
             })
             .collect())
     }

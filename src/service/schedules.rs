@@ -119,6 +119,8 @@ pub(super) struct ScheduleList {
 pub(super) struct FireView {
     /// The fire instant (UTC).
     fire_at: String,
+    /// When a replica evaluated it (UTC, the database's clock); minus `fire_at`, its lateness.
+    fired_at: String,
     /// The job it made, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     job_id: Option<Uuid>,
@@ -496,6 +498,7 @@ pub(super) async fn fires(
             .into_iter()
             .map(|f| FireView {
                 fire_at: canonical_utc(f.fire_at),
+                fired_at: canonical_utc(f.fired_at),
                 job_id: f.job_id,
                 outcome: f.outcome,
             })

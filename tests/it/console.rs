@@ -911,6 +911,104 @@ async fn the_schedules_pages_show_and_switch_only_the_viewers_schedules() {
     assert!(!schedule_paused(&client).await);
 }
 
+/// The operators' page lists every owner's schedules, overdue ones first, with each one's last
+/// fire and its lateness, and counts the paused and the overdue; it names no owner, shows no
+/// argument and links to no job, and is no other key's.
+#[tokio::test]
+async fn operators_see_every_owners_schedules_and_which_are_overdue_but_not_whose() {
+    let console = Console::start().await;
+    let client = console.db.client().await;
+    let alice = console.sign_in(&console.alice).await;
+    let bob = console.sign_in(&console.bob).await;
+    let body = json!({"cron": "0 6 * * *", "request":
+        {"dataset": "d", "key": "id", "records": [{"id": 1, "note": CANARY}]}});
+    for (key, name) in [
+        (&console.alice, "morning"),
+        (&console.alice, "quiet"),
+        (&console.bob, "stuck"),
+        (&console.bob, "evening"),
+    ] {
+        let stored = console
+            .http
+            .put(format!("{}/v1/schedules/{name}", console.base))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stored.status(), StatusCode::OK);
+    }
+    client
+        .batch_execute(
+            "UPDATE etl_schedules SET next_fire_at = clock_timestamp() - interval '20 ms'
+              WHERE name = 'morning';
+             UPDATE etl_schedules SET paused = true WHERE name = 'quiet';",
+        )
+        .await
+        .unwrap();
+    let mut fire = console.db.client().await;
+    let fired = durable_etl::worker::scheduler::fire_due(&mut fire)
+        .await
+        .unwrap();
+    assert_eq!(fired.jobs, 1);
+    // Bob's `stuck` should have fired a minute ago: no replica fires it.
+    client
+        .execute(
+            "UPDATE etl_schedules SET next_fire_at = now() - interval '1 minute'
+              WHERE name = 'stuck'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let page = console.get("/console/operator/schedules", &alice).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let body = &page.body;
+    assert!(
+        body.contains("4 schedules of every owner, 1 paused, 1 overdue"),
+        "{body}"
+    );
+    let at = |name: &str| {
+        body.find(&format!("<td>{name}</td>"))
+            .unwrap_or_else(|| panic!("{name}: {body}"))
+    };
+    assert!(at("stuck") < at("morning"), "overdue first: {body}");
+    assert!(at("evening") < at("quiet"), "paused last: {body}");
+    assert!(
+        body.contains("(enqueued)") && body.contains(" ms</td>"),
+        "{body}"
+    );
+    assert!(body.contains("<td>overdue</td>") && body.contains("<td>paused</td>"));
+    assert!(!body.contains(CANARY), "no argument is shown");
+    assert!(
+        !body.contains("href=\"/console/jobs/"),
+        "no owner's job is linked"
+    );
+    let owners: Vec<Vec<u8>> =
+        crate::support::first_column(&client, "SELECT DISTINCT owner_key FROM etl_schedules").await;
+    for owner in owners {
+        let hex: String = owner.iter().map(|b| format!("{b:02x}")).collect();
+        assert!(!body.contains(&hex[..12]), "no owner digest is shown");
+    }
+    assert!(console
+        .get("/console/jobs", &alice)
+        .await
+        .body
+        .contains("href=\"/console/operator/schedules\""));
+    // Not bob's (no operator), and nobody's without a session.
+    let refused = console.get("/console/operator/schedules", &bob).await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    assert!(!refused.body.contains("stuck"));
+    let anonymous = console.get("/console/operator/schedules", "").await;
+    assert_eq!(anonymous.status, StatusCode::SEE_OTHER);
+    // The owner's own page shows each fire's lateness.
+    let own = console.get("/console/schedules/morning", &alice).await;
+    assert!(
+        own.body.contains("Lateness") && own.body.contains(" ms</td>"),
+        "{}",
+        own.body
+    );
+}
+
 /// Whether the one schedule is paused.
 async fn schedule_paused(client: &tokio_postgres::Client) -> bool {
     client

@@ -82,6 +82,10 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/schedules/{name}/pause", post(schedules::pause))
         .route("/console/schedules/{name}/resume", post(schedules::resume))
         .route("/console/operator", get(fleet::operator_page))
+        .route(
+            "/console/operator/schedules",
+            get(schedules::all_schedules_page),
+        )
         .route("/console/queues", get(fleet::queues_page))
         .route("/console/queues/{name}", get(fleet::queue_page))
         .route("/console/failures/{code}", get(fleet::failure_page))

@@ -58,6 +58,7 @@ pub(super) fn live_layout(
                             @if role == Role::Operator {
                                 a href="/console/operator" { "Operator" }
                                 a href="/console/queues" { "Queues" }
+                                a href="/console/operator/schedules" { "All schedules" }
                             }
                         }
                         form.inline method="post" action="/console/sign-out" {

@@ -1,14 +1,18 @@
 //! The console's schedule pages: the viewer's schedules (`/console/schedules`) with pause and
-//! resume, and one schedule with its latest fires and the jobs they made
-//! (`/console/schedules/{name}`).
+//! resume, one schedule with its latest fires, their lateness and the jobs they made
+//! (`/console/schedules/{name}`), and for operators every owner's schedules
+//! (`/console/operator/schedules`).
 //!
 //! Invariants this module keeps:
 //! - A viewer sees and changes only their own owner's schedules; another owner's is the same
 //!   `404` as one that does not exist. A change is a form that needs the session's token.
+//! - The operators' page is for operator keys only ([`OperatorViewer`]) and changes nothing; it
+//!   shows every owner's schedules without saying whose they are, and links to none of their
+//!   jobs (a job's page is its owner's).
 //! - A page shows a schedule's name, expression, zone, policies, state and fires, and links to
 //!   the jobs it made: never its arguments (a job's payload), an owner or a key.
 
-use super::access::{not_found, page, shown, to_sign_in, viewer};
+use super::access::{not_found, page, shown, to_sign_in, viewer, OperatorViewer};
 use super::pages::live_layout;
 use super::when;
 use super::{form_viewer, Token};
@@ -20,7 +24,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
+use chrono::{DateTime, Utc};
 use maud::{html, Markup};
+use tokio_postgres::Row;
 
 /// How many fires a schedule's page shows, newest first.
 const FIRES_SHOWN: i64 = 20;
@@ -130,17 +136,125 @@ fn facts(s: &ScheduleInfo, fires: &[Fire], csrf: &str) -> Markup {
             p { "No fire yet." }
         } @else {
             table {
-                thead { tr { th scope="col" { "Fire" } th scope="col" { "Outcome" } th scope="col" { "Job" } } }
+                thead { tr {
+                    th scope="col" { "Fire" } th scope="col" { "Lateness" }
+                    th scope="col" { "Outcome" } th scope="col" { "Job" }
+                } }
                 tbody {
                     @for f in fires {
                         tr {
                             td { (when::at(f.fire_at)) }
+                            td { (lateness(f.fired_at, f.fire_at)) }
                             td { (f.outcome) }
                             td { @if let Some(id) = f.job_id { a href={ "/console/jobs/" (id) } { (id) } } }
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// How late a fire evaluated at `fired_at` was for its instant `fire_at`: `12 ms`, `1.4 s`.
+fn lateness(fired_at: DateTime<Utc>, fire_at: DateTime<Utc>) -> String {
+    let ms = (fired_at - fire_at).num_milliseconds().max(0);
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
+}
+
+/// How many schedules the operators' page shows: overdue ones first, then by next fire.
+const ALL_SHOWN: i64 = 200;
+
+/// How late an unpaused schedule's next fire may be before the operators' page calls it
+/// overdue: no replica is firing it.
+const OVERDUE_AFTER: &str = "5 seconds";
+
+/// Every owner's schedules (at most `$1`), overdue first, then by next fire; with the outcome
+/// and lateness of each one's last fire and whether it is overdue. Locks: none; one lookup of
+/// the fires' primary key per schedule shown.
+const ALL_SQL: &str = "
+SELECT s.name, s.kind, s.queue, s.cron, s.time_zone, s.paused, s.next_fire_at, s.last_fire_at,
+       f.outcome, f.fired_at,
+       NOT s.paused AND s.next_fire_at < clock_timestamp() - $2::text::interval AS overdue
+  FROM etl_schedules s
+  LEFT JOIN etl_schedule_fires f
+         ON (f.owner_key, f.name, f.fire_at) = (s.owner_key, s.name, s.last_fire_at)
+ ORDER BY overdue DESC, s.paused, s.next_fire_at, s.name
+ LIMIT $1";
+
+/// The operators' counts of schedules: all, paused, and overdue. Locks: none.
+const COUNTS_SQL: &str = "
+SELECT count(*), count(*) FILTER (WHERE paused),
+       count(*) FILTER (WHERE NOT paused
+                          AND next_fire_at < clock_timestamp() - $1::text::interval)
+  FROM etl_schedules";
+
+/// Every owner's schedules, for operators: how many, paused and overdue, and the first
+/// [`ALL_SHOWN`] with their last fire.
+pub(super) async fn all_schedules_page(
+    OperatorViewer(viewer, mut conn): OperatorViewer,
+) -> Result<Response, Problem> {
+    let (counts, rows) = conn
+        .run(|c| async {
+            let counts = c.query_one(COUNTS_SQL, &[&OVERDUE_AFTER]).await?;
+            let rows = c.query(ALL_SQL, &[&ALL_SHOWN, &OVERDUE_AFTER]).await?;
+            Ok::<_, Error>((counts, rows))
+        })
+        .await?;
+    let (all, paused, overdue): (i64, i64, i64) = (counts.get(0), counts.get(1), counts.get(2));
+    let body = html! {
+        h1 { "All schedules" }
+        p {
+            (all) " schedules of every owner, " (paused) " paused, " (overdue) " overdue (a next fire more than "
+            (OVERDUE_AFTER) " past: no replica is firing it)."
+        }
+        @if rows.is_empty() {
+            p { "No schedules." }
+        } @else {
+            table {
+                thead { tr {
+                    th scope="col" { "Name" } th scope="col" { "Makes" } th scope="col" { "Cron" }
+                    th scope="col" { "Next fire" } th scope="col" { "Last fire" }
+                    th scope="col" { "Lateness" } th scope="col" { "State" }
+                } }
+                tbody { @for row in &rows { (all_row(row)) } }
+            }
+            @if all > ALL_SHOWN {
+                p { "Only the first " (ALL_SHOWN) " are shown: overdue ones, then by next fire." }
+            }
+        }
+    };
+    Ok(page(
+        StatusCode::OK,
+        live_layout("All schedules", Some(shown(&viewer)), Some(REFRESH), body),
+    ))
+}
+
+/// One row of [`ALL_SQL`] as a table row.
+fn all_row(row: &Row) -> Markup {
+    let last_fire: Option<DateTime<Utc>> = row.get(7);
+    let outcome: Option<&str> = row.get(8);
+    let fired_at: Option<DateTime<Utc>> = row.get(9);
+    let state = match (row.get::<_, bool>(5), row.get::<_, bool>(10)) {
+        (true, _) => "paused",
+        (false, true) => "overdue",
+        (false, false) => "active",
+    };
+    html! {
+        tr {
+            td { (row.get::<_, &str>(0)) }
+            td { code { (row.get::<_, &str>(1)) } " in " code { (row.get::<_, &str>(2)) } }
+            td { code { (row.get::<_, &str>(3)) } " " (row.get::<_, &str>(4)) }
+            td { (when::at(row.get(6))) }
+            td {
+                @match last_fire { Some(at) => (when::at(at)), None => "never" }
+                @if let Some(outcome) = outcome { " (" (outcome) ")" }
+            }
+            td { @if let (Some(fired), Some(fire)) = (fired_at, last_fire) { (lateness(fired, fire)) } }
+            td { (state) }
         }
     }
 }
