@@ -6,6 +6,7 @@ mod api;
 mod bench;
 mod bench_load;
 mod bench_queues;
+mod bench_schedules;
 mod browser;
 mod budget;
 mod cancel;

@@ -77,6 +77,19 @@ pub(crate) enum Mode {
         /// Kills to time, per phase.
         trials: usize,
     },
+    /// Recurring schedules (see `schedules`): `schedules` firing every second, timed over
+    /// `duration_s` seconds, after a baseline window with none and an idle window with
+    /// `idle_schedules` never due, each `idle_s` seconds long.
+    Schedules {
+        /// Schedules firing every second.
+        schedules: usize,
+        /// Seconds of fires timed (whole seconds, rounded up).
+        duration_s: f64,
+        /// Schedules none of which is due, for the idle window.
+        idle_schedules: usize,
+        /// Seconds of the baseline window and of the idle window, each.
+        idle_s: f64,
+    },
     /// Keep `backlog` due jobs in every queue that takes jobs for `duration_s` seconds.
     Saturated {
         /// Due jobs kept per queue.

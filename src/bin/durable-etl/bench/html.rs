@@ -75,6 +75,15 @@ pub(crate) fn render(report: &Report) -> String {
     if let Some(text) = report.warning() {
         page.push_str(&warning(&text));
     }
+    // A schedules run has its own figures and no job to plot.
+    if let Some(schedules) = &report.schedules {
+        let _ = write!(
+            page,
+            "<table>\n{}</table>\n</body>\n</html>\n",
+            schedules.to_html_rows()
+        );
+        return page;
+    }
     page.push_str(&figures(report));
     let _ = writeln!(
         page,

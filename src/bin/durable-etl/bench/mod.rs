@@ -1,5 +1,5 @@
 //! `durable-etl bench`: end-to-end figures of real replicas (child processes of this binary)
-//! against a throw-away database, in five modes.
+//! against a throw-away database, in six modes.
 //!
 //! - **Burn-down**: `jobs` due jobs are inserted before any replica starts; the replicas then
 //!   drain them. Throughput = jobs / (last `finished_at` − first `started_at`), database clock, so
@@ -16,6 +16,9 @@
 //! - **Saturated**: every queue that takes jobs keeps a backlog of due jobs for `duration`
 //!   (`saturate`); the queue figures count completions within that window.
 //! - **Recovery**: SIGKILLs of the replica running a job, timed until a live one runs it again.
+//! - **Schedules**: recurring schedules firing every second on otherwise idle replicas: fire
+//!   lateness, misses, transactions and rows per fire, and what an idle tick costs beside many
+//!   schedules never due (`schedules`, whose figures replace the job figures).
 //!
 //! Server CPU per job is the CPU of the server's processes over the measured window, sampled every
 //! 100 ms from `/proc` and split into the replicas' backends, the producers' backends and the
@@ -47,6 +50,7 @@ mod producers;
 mod replicas;
 mod report;
 mod saturate;
+mod schedules;
 mod server_cpu;
 pub(crate) mod shape;
 pub(crate) mod starts;
@@ -80,7 +84,12 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
         return Err(ConfigError::BenchDatabase.into());
     }
     let created = db::recreate_database(base, &config.database, "bench", "bench").await?;
-    let outcome = measure(&created.config, created.session, &config).await;
+    let outcome = match config.mode {
+        Mode::Schedules { .. } => {
+            schedules::measure(&created.config, created.session, &config).await
+        }
+        _ => measure(&created.config, created.session, &config).await,
+    };
     if config.keep {
         eprintln!("kept the bench database {}", config.database);
     } else {
@@ -103,7 +112,7 @@ async fn measure(
             rate, duration_s, ..
         } => (rate * duration_s).round() as usize,
         Mode::Recovery { trials } => 2 * trials,
-        Mode::DepthTarget { .. } => 0,
+        Mode::DepthTarget { .. } | Mode::Schedules { .. } => 0,
         Mode::Saturated { backlog, .. } => {
             backlog
                 * if config.shape.hot_queue {
@@ -156,7 +165,7 @@ async fn measure(
     let (mut window, mut offered, mut held) = (None, None, None);
     let mut numbers = std::collections::HashMap::new();
     let (acks, recovery) = match config.mode {
-        Mode::BurnDown { .. } => (None, None),
+        Mode::BurnDown { .. } | Mode::Schedules { .. } => (None, None),
         Mode::Saturated {
             backlog,
             duration_s,
@@ -368,6 +377,7 @@ async fn measure(
         server_cpu: ServerCpu::per_job(server_cpu, succeeded),
         queues,
         keys: keys::figures(&client, &config.shape, &numbered).await?,
+        schedules: None,
         timeline,
     })
 }

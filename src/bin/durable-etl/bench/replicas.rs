@@ -181,6 +181,15 @@ impl Replicas {
         Ok(scraped)
     }
 
+    /// CPU seconds the running replica processes have used so far (`/proc`; no request to
+    /// them, so nothing reaches the database).
+    pub(super) fn cpu_seconds(&self) -> f64 {
+        self.children
+            .iter()
+            .map(|(child, _)| child.id().map_or(0.0, cpu_seconds))
+            .sum()
+    }
+
     /// Stops every replica the way an orchestrator would: SIGTERM, then SIGKILL if it has not
     /// ended within [`STOP_GRACE`].
     pub(super) async fn stop(&mut self) {

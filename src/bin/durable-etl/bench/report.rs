@@ -2,7 +2,7 @@
 //! text (`text`) and the pages (`html`, `sweep`) show.
 //!
 //! Invariant: it holds only what `measure` read (see the parent module's invariants); the figures
-//! of one mode (the offered load's rate, the depth target's depth, recovery, queues) are `None` in
+//! of one mode (the offered load's rate, the depth target's depth, recovery, queues, schedules) are `None` in
 //! the others.
 
 use super::config::BenchConfig;
@@ -10,7 +10,7 @@ use super::figures::QueueFigures;
 use super::percentiles::Percentiles;
 use super::server_cpu::ServerCpu;
 use super::starts::JobLatency;
-use super::{depth, keys, producers};
+use super::{depth, keys, producers, schedules};
 use serde::Serialize;
 
 /// The figures of one run.
@@ -78,6 +78,9 @@ pub(crate) struct Report {
     pub(crate) queues: Option<QueueFigures>,
     /// With `--keys` only: enqueue → claim of the hot key's jobs and of the other keys'.
     pub(crate) keys: Option<keys::KeyFigures>,
+    /// Schedules only: fire lateness, misses, transactions and rows per fire, idle ticks' cost
+    /// (the job figures above are then empty: the fires' jobs are never run).
+    pub(crate) schedules: Option<schedules::ScheduleFigures>,
     /// The run's time series, for `--report` (not in the JSON figures).
     #[serde(skip)]
     pub(crate) timeline: Timeline,

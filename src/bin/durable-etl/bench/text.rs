@@ -2,6 +2,8 @@
 //! rate warning or the depth target's depth warning (if any) right under the run's description
 //! ([`BenchConfig::describe`], also the pages' heading).
 //!
+//! A schedules run prints its own figures (`schedules`) under the description instead.
+//!
 //! Invariant: every line prints a figure of the [`Report`], never one computed here.
 
 use super::{BenchConfig, Mode, Percentiles, Report};
@@ -15,6 +17,9 @@ impl Report {
                 p.p50, p.p95, p.p99, p.p999, p.max
             )
         };
+        if let Some(schedules) = &self.schedules {
+            return format!("{}\n{}", self.config.describe(), schedules.to_text());
+        }
         let mut out = format!(
             "{}\n{}{}\
              succeeded            {} (not succeeded: {})\n\
@@ -113,6 +118,15 @@ impl BenchConfig {
                 backlog,
                 duration_s,
             } => format!("saturated for {duration_s} s (backlog {backlog} per queue)"),
+            Mode::Schedules {
+                schedules,
+                duration_s,
+                idle_schedules,
+                idle_s,
+            } => format!(
+                "{schedules} schedules firing every second for {duration_s} s \
+                 ({idle_schedules} idle schedules and a baseline, {idle_s} s each)"
+            ),
         };
         format!("{load}, {}", self.describe_replicas())
     }

@@ -21,6 +21,12 @@ const DEPTH_BATCH: NonZeroUsize = match NonZeroUsize::new(128) {
     None => NonZeroUsize::MIN,
 };
 
+/// `schedules`' default number of schedules firing every second.
+const SCHEDULES: NonZeroUsize = match NonZeroUsize::new(1_000) {
+    Some(schedules) => schedules,
+    None => NonZeroUsize::MIN,
+};
+
 /// The load `bench` offers.
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
@@ -91,6 +97,28 @@ pub(crate) enum BenchCommand {
         /// Kills to time, per phase.
         #[arg(long, default_value_t = 5)]
         trials: usize,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Time recurring schedules on otherwise idle replicas: --schedules firing every second
+    /// (`* * * * * *`, UTC) for --duration, their jobs left in a queue no replica serves; before
+    /// that, a baseline window with no schedule and an idle window with --idle-schedules never
+    /// due (`0 0 1 1 *`), --idle-duration each. Reports fire lateness, misses, transactions and
+    /// rows per fire, and the scans an idle tick makes.
+    Schedules {
+        /// Schedules firing every second.
+        #[arg(long, value_name = "N", default_value_t = SCHEDULES)]
+        schedules: NonZeroUsize,
+        /// How long the fires are timed (whole seconds, rounded up), after 3 s of warm-up fires.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Schedules none of which is due, in the table during the idle window and after.
+        #[arg(long, value_name = "M", default_value_t = 10_000)]
+        idle_schedules: usize,
+        /// How long the baseline window (no schedule) and the idle window last, each.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        idle_duration: Duration,
         /// The replicas and how they run.
         #[command(flatten)]
         common: BenchArgs,
@@ -258,6 +286,21 @@ impl BenchCommand {
             BenchCommand::Recovery { trials, common } => {
                 (vec![Mode::Recovery { trials: *trials }], common)
             }
+            BenchCommand::Schedules {
+                schedules,
+                duration,
+                idle_schedules,
+                idle_duration,
+                common,
+            } => (
+                vec![Mode::Schedules {
+                    schedules: schedules.get(),
+                    duration_s: duration.as_secs_f64(),
+                    idle_schedules: *idle_schedules,
+                    idle_s: idle_duration.as_secs_f64(),
+                }],
+                common,
+            ),
             BenchCommand::Saturated {
                 backlog,
                 duration,
