@@ -112,8 +112,9 @@ pub struct ScheduleInfo {
 pub struct Fire {
     /// The fire instant (UTC).
     pub fire_at: DateTime<Utc>,
-    /// When a replica evaluated it (its transaction's start, by the database's clock): its
-    /// lateness is `fired_at - fire_at`.
+    /// When a replica fired it: the database's clock once its job was inserted, in the
+    /// transaction that commits it (later than it was found due, so never before `fire_at`).
+    /// Its lateness is `fired_at - fire_at`.
     pub fired_at: DateTime<Utc>,
     /// The job it made, if it made one.
     pub job_id: Option<Uuid>,

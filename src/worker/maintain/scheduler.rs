@@ -30,11 +30,15 @@ use crate::worker::shared::Shared;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 use tokio_util::sync::CancellationToken;
 
-/// The most schedules one transaction fires.
-pub const DUE_BATCH: i64 = 64;
+/// The most schedules one transaction fires. A batch costs the same statements whatever its
+/// size, so a larger one fires a crowded second sooner (`bench schedules`, 1,000 schedules each
+/// second on 3 replicas: fire-to-insert p99 about 120 ms at 64 and at 128, under 100 ms at
+/// 256), while each transaction still holds its rows for tens of milliseconds only.
+pub const DUE_BATCH: i64 = 256;
 
 /// The longest the role sleeps between looks, so a schedule created or resumed meanwhile is
 /// seen within it.
@@ -80,12 +84,20 @@ UPDATE etl_schedules s
        AS a(owner_key, name, next, last, job)
  WHERE s.owner_key = a.owner_key AND s.name = a.name";
 
-/// Records fires (owner `$1`, schedule `$2`, instant `$3`, job `$4`, outcome `$5`, pairwise).
-/// Locks: the new rows only.
+/// Records fires (owner `$1`, schedule `$2`, instant `$3`, job `$4`, outcome `$5`, pairwise),
+/// with the database's clock now, once their jobs are inserted, as when they were fired: later
+/// than [`DUE_SQL`] found them due, so never before their instant. Returns that clock. Locks:
+/// the new rows only.
 const RECORD_SQL: &str = "
-INSERT INTO etl_schedule_fires (owner_key, name, fire_at, job_id, outcome)
-SELECT * FROM unnest($1::bytea[], $2::text[], $3::timestamptz[], $4::uuid[], $5::text[])
-    ON CONFLICT DO NOTHING";
+WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS at),
+recorded AS (
+    INSERT INTO etl_schedule_fires (owner_key, name, fire_at, job_id, outcome, fired_at)
+    SELECT f.*, clock.at
+      FROM unnest($1::bytea[], $2::text[], $3::timestamptz[], $4::uuid[], $5::text[]) AS f,
+           clock
+        ON CONFLICT DO NOTHING
+)
+SELECT at FROM clock";
 
 /// The key fire idempotency keys are digested under: fixed, since the worker holds no
 /// deployment secret, and enough, since a key holds no secret (a schedule's name and an
@@ -180,7 +192,8 @@ pub struct Fired {
     pub without_job: u64,
     /// Fires that made no job because the previous one still lived.
     pub overlapped: u64,
-    /// The lateness of each fire that made a job (database clock minus fire instant).
+    /// The lateness of each fire that made a job: the database's clock once its job was
+    /// inserted, minus its instant.
     pub lateness: Vec<Duration>,
 }
 
@@ -248,8 +261,6 @@ struct Evaluated<'r> {
     max_attempts: i32,
     /// What its evaluation does.
     plan: Plan,
-    /// The database's clock when it was taken.
-    now: DateTime<Utc>,
 }
 
 impl<'r> Evaluated<'r> {
@@ -278,7 +289,6 @@ impl<'r> Evaluated<'r> {
             priority: row.get(7),
             max_attempts: row.get(8),
             plan: plan(&recurrence, row.get(12), now, policy)?,
-            now,
         })
     }
 
@@ -314,6 +324,7 @@ impl Writes<'_> {
         let (mut owners, mut names, mut instants, mut job_ids, mut outcomes) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut next, mut last, mut last_jobs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut made_at = Vec::new();
         for (e, made) in self.evaluated.iter().zip(&jobs) {
             let recorded = e
                 .plan
@@ -337,17 +348,23 @@ impl Writes<'_> {
             fired.jobs += made.iter().filter(|job| !job.replayed).count() as u64;
             fired.without_job += e.plan.without_job;
             fired.overlapped += u64::from(e.plan.overlapped);
-            fired.lateness.extend(
+            made_at.extend(
                 (made.iter().zip(&e.plan.enqueue))
                     .filter(|(job, _)| !job.replayed)
-                    .map(|(_, fire)| (e.now - *fire).to_std().unwrap_or_default()),
+                    .map(|(_, &fire)| fire),
             );
         }
-        tx.execute(
-            RECORD_SQL,
-            &[&owners, &names, &instants, &job_ids, &outcomes],
-        )
-        .await?;
+        let record = [
+            &owners as &(dyn ToSql + Sync),
+            &names,
+            &instants,
+            &job_ids,
+            &outcomes,
+        ];
+        let clock: DateTime<Utc> = tx.query_one(RECORD_SQL, &record).await?.get(0);
+        fired.lateness = (made_at.iter())
+            .map(|&fire| (clock - fire).to_std().unwrap_or_default())
+            .collect();
         let taken: (Vec<&[u8]>, Vec<&str>) = self
             .evaluated
             .iter()
