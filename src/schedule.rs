@@ -15,6 +15,9 @@
 //!   deletes another, so two releases declaring different sets both keep firing.
 
 pub mod recurrence;
+mod set;
+
+pub use set::ScheduleSet;
 
 use crate::codes::Code;
 use crate::error::Error;
@@ -123,6 +126,35 @@ pub struct Fire {
     pub outcome: String,
 }
 
+/// What a schedule makes, whatever its job's type: the kind, the arguments (`None` if they did
+/// not serialize) and the kind's defaults.
+#[derive(Debug, Clone)]
+pub(crate) struct Makes {
+    /// The kind ([`Job::KIND`]).
+    pub(crate) kind: &'static str,
+    /// The job's arguments, as JSON.
+    pub(crate) args: Option<serde_json::Value>,
+    /// The kind's queue ([`Job::QUEUE`]).
+    pub(crate) queue: &'static str,
+    /// The kind's priority ([`Job::PRIORITY`]).
+    pub(crate) priority: i16,
+    /// The kind's attempt bound ([`Job::MAX_ATTEMPTS`]).
+    pub(crate) max_attempts: i32,
+}
+
+impl Makes {
+    /// What a schedule of `job` makes.
+    pub(crate) fn of<J: Job>(job: &J) -> Makes {
+        Makes {
+            kind: J::KIND,
+            args: serde_json::to_value(job).ok(),
+            queue: J::QUEUE,
+            priority: J::PRIORITY,
+            max_attempts: J::MAX_ATTEMPTS,
+        }
+    }
+}
+
 /// Creates, changes, pauses, resumes, deletes and reads the schedules of one owner.
 #[derive(Debug, Clone)]
 pub struct Schedules {
@@ -207,6 +239,21 @@ impl Schedules {
         options: ScheduleOptions<'_>,
         declared: bool,
     ) -> Result<ScheduleInfo, Error> {
+        let makes = Makes::of(job);
+        self.write_erased(client, name, cron, &makes, options, declared)
+            .await
+    }
+
+    /// [`Schedules::write`] for a job of any type, already erased to what it makes.
+    pub(crate) async fn write_erased(
+        &self,
+        client: &impl GenericClient,
+        name: &str,
+        cron: &str,
+        makes: &Makes,
+        options: ScheduleOptions<'_>,
+        declared: bool,
+    ) -> Result<ScheduleInfo, Error> {
         let invalid = |pointer: &str| Error::from(Rejection::new(Code::ScheduleInvalid, pointer));
         if !is_kind_name(name) {
             return Err(invalid("/name"));
@@ -216,15 +263,15 @@ impl Schedules {
             RecurrenceError::TimeZone => invalid("/time_zone"),
             RecurrenceError::Cron | RecurrenceError::Never => invalid("/cron"),
         })?;
-        let queue = options.queue.unwrap_or(J::QUEUE);
+        let queue = options.queue.unwrap_or(makes.queue);
         if !is_queue_name(queue) {
             return Err(invalid("/queue"));
         }
-        let priority = options.priority.unwrap_or(J::PRIORITY);
+        let priority = options.priority.unwrap_or(makes.priority);
         if !PRIORITY_RANGE.contains(&priority) {
             return Err(invalid("/priority"));
         }
-        let max_attempts = options.max_attempts.unwrap_or(J::MAX_ATTEMPTS);
+        let max_attempts = options.max_attempts.unwrap_or(makes.max_attempts);
         if !MAX_ATTEMPTS_RANGE.contains(&max_attempts) {
             return Err(invalid("/max_attempts"));
         }
@@ -238,8 +285,8 @@ impl Schedules {
             Overlap::Allow => "allow",
             Overlap::Skip => "skip",
         };
-        let args = serde_json::to_value(job)
-            .map_err(|_| Error::from(Rejection::new(Code::InvalidPayload, "")))?;
+        let args = (makes.args.as_ref())
+            .ok_or_else(|| Error::from(Rejection::new(Code::InvalidPayload, "")))?;
         let now: DateTime<Utc> = client
             .query_one("SELECT clock_timestamp()", &[])
             .await?
@@ -253,8 +300,8 @@ impl Schedules {
                     &name,
                     &cron,
                     &time_zone,
-                    &J::KIND,
-                    &args,
+                    &makes.kind,
+                    args,
                     &queue,
                     &priority,
                     &max_attempts,

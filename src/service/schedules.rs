@@ -257,8 +257,9 @@ fn refused(at: &str, e: Error) -> Error {
 
 /// Declares the schedules of ETL loads a configuration file lists (`durable-etl work
 /// --schedules`), for their owners, in one transaction on `client`, with owner digests under
-/// `secret`; returns how many. `text` is a JSON array of objects, each a [`ScheduleBody`] with
-/// two more members: `owner` (the principal, as an API key's) and `name`. Declaring never
+/// `secret`; returns how many. `text` is a JSON array of objects, each the body of
+/// `PUT /v1/schedules/{name}` with two more members: `owner` (the principal, as an API key's)
+/// and `name`. Declaring never
 /// deletes a schedule the file does not name, and keeps the next fire of one whose expression
 /// and zone are unchanged.
 ///

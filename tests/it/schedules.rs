@@ -476,6 +476,123 @@ async fn two_releases_declare_their_schedules_side_by_side_and_a_redeclare_keeps
     );
 }
 
+/// A job whose arguments do not serialize (a map with keys that are not strings).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Unserializable {
+    /// Keyed by pairs, which JSON cannot key by.
+    by_pair: std::collections::BTreeMap<(u8, u8), u8>,
+}
+
+impl Job for Unserializable {
+    const KIND: &'static str = "test.unserializable";
+}
+
+#[tokio::test]
+async fn a_schedule_set_is_declared_in_one_transaction_and_a_refusal_writes_none_of_it() {
+    use durable_etl::schedule::ScheduleSet;
+    let db = TestDb::migrated().await;
+    let mut client = db.client().await;
+    let schedules = jobs("alice").schedules();
+    let london = ScheduleOptions {
+        time_zone: Some("Europe/London"),
+        queue: Some("reports"),
+        priority: Some(3),
+        max_attempts: Some(7),
+        missed: Missed::CatchUp(5),
+        overlap: Overlap::Skip,
+    };
+    let release = ScheduleSet::new()
+        .schedule("nightly", "30 1 * * *", &report("n"), london)
+        .schedule(
+            "hourly",
+            "@hourly",
+            &report("h"),
+            ScheduleOptions::default(),
+        );
+    assert_eq!((release.len(), release.is_empty()), (2, false));
+    // One bad schedule refuses the whole set, pointing at it.
+    let refusals = [
+        (
+            release.clone().schedule(
+                "broken",
+                "61 * * * *",
+                &report("b"),
+                ScheduleOptions::default(),
+            ),
+            Code::ScheduleInvalid,
+            "/2/cron",
+        ),
+        (
+            release.clone().schedule(
+                "unserializable",
+                "@daily",
+                &Unserializable {
+                    by_pair: [((1, 2), 3)].into(),
+                },
+                ScheduleOptions::default(),
+            ),
+            Code::InvalidPayload,
+            "/2",
+        ),
+        (
+            release.clone().schedule(
+                "Bad Name",
+                "@daily",
+                &report("b"),
+                ScheduleOptions::default(),
+            ),
+            Code::ScheduleInvalid,
+            "/2/name",
+        ),
+    ];
+    for (set, code, pointer) in refusals {
+        match set.declare(&mut client, &schedules).await {
+            Err(Error::Rejected(r)) => assert_eq!((r.code, r.pointer.as_str()), (code, pointer)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(count(&client, "etl_schedules").await, 0, "none of the set");
+    }
+    let stored = release.declare(&mut client, &schedules).await.unwrap();
+    let names: Vec<&str> = stored.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["nightly", "hourly"]);
+    let nightly = &stored[0];
+    assert!(nightly.declared);
+    assert_eq!(
+        (nightly.time_zone.as_str(), nightly.queue.as_str()),
+        ("Europe/London", "reports")
+    );
+    assert_eq!(
+        (
+            nightly.priority,
+            nightly.max_attempts,
+            nightly.missed,
+            nightly.overlap
+        ),
+        (3, 7, Missed::CatchUp(5), Overlap::Skip)
+    );
+    // The next release declares another set: nothing of the first is deleted, and the one it
+    // declares again keeps its next fire.
+    let next = ScheduleSet::new()
+        .schedule(
+            "hourly",
+            "@hourly",
+            &report("h2"),
+            ScheduleOptions::default(),
+        )
+        .schedule(
+            "weekly",
+            "@weekly",
+            &report("w"),
+            ScheduleOptions::default(),
+        )
+        .declare(&mut client, &schedules)
+        .await
+        .unwrap();
+    assert_eq!(next[0].next_fire_at, stored[1].next_fire_at);
+    assert_eq!(count(&client, "etl_schedules WHERE declared").await, 3);
+    assert!(ScheduleSet::new().is_empty());
+}
+
 #[tokio::test]
 async fn an_invalid_definition_is_refused_with_its_pointer_and_writes_nothing() {
     let db = TestDb::migrated().await;
