@@ -274,9 +274,6 @@ const COUNTERS: &[Counter] = &[
         "Attempts recovery took from a replica that was cut off, not dead, given back when it returned.",
         |s| s.refunded),
     ("durable_etl_schedule_jobs", "Jobs made for schedule fires.", |s| s.schedule_jobs),
-    ("durable_etl_schedule_fires_missed",
-        "Schedule fires that made no job of their own (coalesced, beyond a catch-up bound, or too late to skip).",
-        |s| s.schedule_missed),
     ("durable_etl_schedule_fires_overlapped",
         "Schedule fires that made no job because the previous one still lived.",
         |s| s.schedule_overlapped),
@@ -400,6 +397,19 @@ impl Collector for Replica {
             ("durable_etl_leases_recovered", help, counter),
             "reason",
             &reasons,
+        )?;
+        let policies = [
+            ("coalesce", s.schedule_missed_coalesce),
+            ("catch_up", s.schedule_missed_catch_up),
+            ("skip", s.schedule_missed_skip),
+        ];
+        let help = "Schedule fires that made no job of their own, by the schedule's missed-fire \
+                    policy (coalesced into a later fire, beyond a catch-up bound, too late to skip).";
+        labelled(
+            e,
+            ("durable_etl_schedule_fires_missed", help, counter),
+            "policy",
+            &policies,
         )
     }
 }

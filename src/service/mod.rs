@@ -27,9 +27,8 @@ mod ops;
 #[doc(hidden)]
 pub mod problem;
 mod queues;
-mod schedules;
-
-pub use schedules::declare_file as declare_schedules_file;
+#[doc(hidden)]
+pub mod schedules;
 
 use crate::codes::Code;
 use crate::config::ApiConfig;

@@ -170,9 +170,14 @@ counters! {
     refunded,
     /// Jobs the replica's scheduler made for schedule fires.
     schedule_jobs,
-    /// Schedule fires that made no job of their own: coalesced into a later one, beyond a
-    /// catch-up bound, or too late under `skip`.
-    schedule_missed,
+    /// Schedule fires that made no job of their own, of schedules under `coalesce`: coalesced
+    /// into a later one.
+    schedule_missed_coalesce,
+    /// Schedule fires that made no job of their own, of schedules under `catch_up`: beyond the
+    /// catch-up bound.
+    schedule_missed_catch_up,
+    /// Schedule fires that made no job of their own, of schedules under `skip`: too late.
+    schedule_missed_skip,
     /// Schedule fires that made no job because the previous one still lived (`overlap: skip`).
     schedule_overlapped,
     /// Rows recovered because their lease expired.
@@ -314,15 +319,23 @@ impl WorkerStats {
         self.claimed.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Counts what one pass of the scheduler did: `jobs` made, fires `missed` and
-    /// `overlapped`, and the lateness of each job's fire.
+    /// Counts what one pass of the scheduler did: `jobs` made, fires missed by schedules under
+    /// `coalesce`, `catch_up` and `skip`, fires `overlapped`, and the lateness of each job's
+    /// fire.
     pub(crate) fn record_schedules(
         &self,
-        (jobs, missed, overlapped): (u64, u64, u64),
+        (jobs, [coalesce, catch_up, skip], overlapped): (u64, [u64; 3], u64),
         lateness: &[std::time::Duration],
     ) {
         self.schedule_jobs.fetch_add(jobs, Ordering::Relaxed);
-        self.schedule_missed.fetch_add(missed, Ordering::Relaxed);
+        let by_policy = [
+            (&self.schedule_missed_coalesce, coalesce),
+            (&self.schedule_missed_catch_up, catch_up),
+            (&self.schedule_missed_skip, skip),
+        ];
+        for (counter, n) in by_policy {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
         self.schedule_overlapped
             .fetch_add(overlapped, Ordering::Relaxed);
         for late in lateness {

@@ -17,6 +17,7 @@ fn number(figures: &serde_json::Value, key: &str) -> f64 {
 
 #[tokio::test]
 async fn schedules_records_every_fire_of_its_window_once_and_reports_lateness_and_idle_scans() {
+    let dir = std::env::temp_dir().join(format!("durable-etl-report-{}", uuid::Uuid::new_v4()));
     let (report, name) = bench(
         "schedules",
         &[
@@ -32,7 +33,23 @@ async fn schedules_records_every_fire_of_its_window_once_and_reports_lateness_an
             "--idle-duration",
             "2s",
             "--keep",
+            "--report",
+            dir.to_str().unwrap(),
         ],
+    );
+    // The HTML report: a well-formed page whose table holds the figures, a row each.
+    let page = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let names = crate::bench::elements(&page);
+    assert_eq!(names.iter().filter(|n| *n == "table").count(), 1, "{page}");
+    assert!(names.iter().filter(|n| *n == "tr").count() >= 7, "{page}");
+    assert!(
+        page.contains("<tr><th>fires</th><td>60 expected, 60 recorded"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<tr><th>fire lateness</th><td>p50 "),
+        "{page}"
     );
     assert_eq!(report["config"]["mode"], "schedules", "{report}");
     let figures = &report["schedules"];

@@ -237,6 +237,17 @@ async fn missed_fires_coalesce_catch_up_or_are_skipped_when_an_evaluator_comes_b
     assert_eq!(outcomes(&client, "yearly").await, ["missed"]);
     assert_eq!(fired.jobs, 6);
     assert!(fired.without_job > 10 + 7 + 10, "{fired:?}");
+    // Missed fires by policy: the coalesced ones, those beyond the catch-up bound of 4, and the
+    // late ones skipped (the yearly's among them).
+    let missed = fired.missed;
+    assert!(missed.coalesce >= 10, "{fired:?}");
+    assert_eq!(missed.catch_up, missed.coalesce - 3, "{fired:?}");
+    assert!(missed.skip > missed.coalesce, "{fired:?}");
+    assert_eq!(
+        missed.coalesce + missed.catch_up + missed.skip,
+        fired.without_job,
+        "{fired:?}"
+    );
     // One lateness per job; the oldest fire caught up was some 3 seconds late.
     assert_eq!(fired.lateness.len(), 6);
     assert!(
@@ -720,6 +731,10 @@ async fn a_replica_fires_and_runs_its_schedules_jobs_without_waiting_for_its_pol
         text.contains("durable_etl_schedule_lateness_seconds_count"),
         "{text}"
     );
+    for policy in ["coalesce", "catch_up", "skip"] {
+        let series = format!("durable_etl_schedule_fires_missed_total{{policy=\"{policy}\"}} ");
+        assert!(text.contains(&series), "{series}: {text}");
+    }
     // Each ran within a second of its fire: neither the fire nor its job waited for a poll. (The
     // first may not: the replica first looks at the schedules only once it has started.)
     let late = count(

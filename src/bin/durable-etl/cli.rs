@@ -189,7 +189,7 @@ async fn work(
         let count = start_up
             .run(|| async {
                 let mut conn = db::checkout(&pool).await?;
-                durable_etl::service::declare_schedules_file(&mut conn, secret, text).await
+                durable_etl::service::schedules::declare_file(&mut conn, secret, text).await
             })
             .await?;
         tracing::info!(schedules = count, "schedules declared");

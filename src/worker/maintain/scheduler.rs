@@ -181,6 +181,29 @@ pub fn plan(
     })
 }
 
+/// Fires that made no job of their own, not overlapped, by their schedule's missed-fire policy:
+/// coalesced into a later fire, beyond a catch-up bound, or too late under `skip`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MissedFires {
+    /// Of schedules under [`Missed::Coalesce`].
+    pub coalesce: u64,
+    /// Of schedules under [`Missed::CatchUp`].
+    pub catch_up: u64,
+    /// Of schedules under [`Missed::Skip`].
+    pub skip: u64,
+}
+
+impl MissedFires {
+    /// Counts `n` fires of a schedule under `policy`.
+    fn add(&mut self, policy: Missed, n: u64) {
+        match policy {
+            Missed::Coalesce => self.coalesce += n,
+            Missed::CatchUp(_) => self.catch_up += n,
+            Missed::Skip => self.skip += n,
+        }
+    }
+}
+
 /// What one pass of [`fire_due`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fired {
@@ -190,6 +213,9 @@ pub struct Fired {
     pub jobs: u64,
     /// Fires that made no job of their own, overlapped ones included.
     pub without_job: u64,
+    /// The fires of [`Fired::without_job`] that were not overlapped, by the schedule's
+    /// missed-fire policy.
+    pub missed: MissedFires,
     /// Fires that made no job because the previous one still lived.
     pub overlapped: u64,
     /// The lateness of each fire that made a job: the database's clock once its job was
@@ -259,6 +285,8 @@ struct Evaluated<'r> {
     priority: i16,
     /// Its jobs' attempt bound.
     max_attempts: i32,
+    /// Its missed-fire policy.
+    missed: Missed,
     /// What its evaluation does.
     plan: Plan,
 }
@@ -288,6 +316,7 @@ impl<'r> Evaluated<'r> {
             queue: row.get(6),
             priority: row.get(7),
             max_attempts: row.get(8),
+            missed: policy.0,
             plan: plan(&recurrence, row.get(12), now, policy)?,
         })
     }
@@ -348,6 +377,7 @@ impl Writes<'_> {
             fired.jobs += made.iter().filter(|job| !job.replayed).count() as u64;
             fired.without_job += e.plan.without_job;
             fired.overlapped += u64::from(e.plan.overlapped);
+            (fired.missed).add(e.missed, e.plan.without_job - u64::from(e.plan.overlapped));
             made_at.extend(
                 (made.iter().zip(&e.plan.enqueue))
                     .filter(|(job, _)| !job.replayed)
@@ -458,7 +488,11 @@ async fn once(shared: &Shared) -> Result<Duration, Error> {
     let mut any = false;
     loop {
         let fired = db::bounded(shared.statement_bound, fire_due(&mut conn)).await?;
-        let missed = fired.without_job - fired.overlapped;
+        let missed = [
+            fired.missed.coalesce,
+            fired.missed.catch_up,
+            fired.missed.skip,
+        ];
         shared
             .stats
             .record_schedules((fired.jobs, missed, fired.overlapped), &fired.lateness);

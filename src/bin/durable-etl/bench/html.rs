@@ -80,7 +80,7 @@ pub(crate) fn render(report: &Report) -> String {
         let _ = write!(
             page,
             "<table>\n{}</table>\n</body>\n</html>\n",
-            schedules.to_html_rows()
+            schedule_rows(&schedules.to_text())
         );
         return page;
     }
@@ -364,6 +364,21 @@ pub(super) fn escape(text: &str) -> String {
         .replace('>', "&gt;")
         .replace('"', "&quot;")
         .replace('\'', "&apos;")
+}
+
+/// A schedules run's figures (`text`, aligned lines: a 21-character name, then the value) as the
+/// rows of an HTML table.
+fn schedule_rows(text: &str) -> String {
+    text.lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_at_checked(21)?;
+            Some(format!(
+                "<tr><th>{}</th><td>{}</td></tr>\n",
+                escape(name.trim()),
+                escape(value.trim())
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

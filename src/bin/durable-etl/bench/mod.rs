@@ -85,9 +85,9 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
     }
     let created = db::recreate_database(base, &config.database, "bench", "bench").await?;
     let outcome = match config.mode {
-        Mode::Schedules { .. } => {
-            schedules::measure(&created.config, created.session, &config).await
-        }
+        Mode::Schedules { .. } => schedules::measure(&created.config, created.session, &config)
+            .await
+            .map(|figures| Report::of_schedules(&config, figures)),
         _ => measure(&created.config, created.session, &config).await,
     };
     if config.keep {

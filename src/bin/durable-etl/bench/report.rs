@@ -8,7 +8,7 @@
 use super::config::BenchConfig;
 use super::figures::QueueFigures;
 use super::percentiles::Percentiles;
-use super::server_cpu::ServerCpu;
+use super::server_cpu::{ServerCpu, Split};
 use super::starts::JobLatency;
 use super::{depth, keys, producers, schedules};
 use serde::Serialize;
@@ -113,4 +113,44 @@ pub(crate) struct Timeline {
     pub(crate) finished: Vec<f64>,
     /// Per replica (in start order), when each of its handlers started.
     pub(crate) starts_by_replica: Vec<Vec<f64>>,
+}
+
+impl Report {
+    /// The report of a schedules run: its figures, and the job figures of the other modes empty
+    /// (the fires' jobs wait in a queue no replica serves).
+    pub(super) fn of_schedules(
+        config: &BenchConfig,
+        figures: schedules::ScheduleFigures,
+    ) -> Report {
+        Report {
+            config: config.clone(),
+            succeeded: 0,
+            not_succeeded: 0,
+            elapsed_s: figures.window_s,
+            jobs_per_s: 0.0,
+            enqueue_to_start_ms: Percentiles::default(),
+            ack_to_done_ms: None,
+            ack_to_start_ms: None,
+            offered: None,
+            depth: None,
+            per_job_ms: None,
+            recovery_effects_ms: None,
+            recovery_compute_ms: None,
+            round_trips_per_job: 0.0,
+            claims: 0,
+            empty_claims: 0,
+            commit_batches: 0,
+            claims_per_job: 0.0,
+            empty_claims_per_job: 0.0,
+            commits_per_job: 0.0,
+            wal_bytes_per_job: 0.0,
+            replica_peak_rss_mib: 0.0,
+            replica_cpu_us_per_job: 0.0,
+            queues: None,
+            keys: None,
+            schedules: Some(figures),
+            timeline: Timeline::default(),
+            server_cpu: ServerCpu::per_job(Split::default(), 0),
+        }
+    }
 }

@@ -37,12 +37,9 @@
 //! - Every wait is bounded ([`WAIT_LIMIT`]).
 
 use super::config::{BenchConfig, Mode, WAIT_LIMIT};
-use super::html::escape;
 use super::load::{bench_owner, NoopJob, BENCH_PRINCIPAL};
 use super::percentiles::Percentiles;
 use super::replicas::Replicas;
-use super::report::{Report, Timeline};
-use super::server_cpu::{ServerCpu, Split};
 use chrono::{DateTime, Utc};
 use durable_etl::config::DatabaseConfig;
 use durable_etl::db;
@@ -400,7 +397,7 @@ pub(super) async fn measure(
     db_config: &DatabaseConfig,
     mut client: tokio_postgres::Client,
     config: &BenchConfig,
-) -> Result<Report, Error> {
+) -> Result<ScheduleFigures, Error> {
     durable_etl::schema::migrate_up(&mut client).await?;
     let client = &client;
     let Mode::Schedules {
@@ -424,8 +421,7 @@ pub(super) async fn measure(
     let windows = windows(db_config, client, &replicas, &jobs, plan).await;
     replicas.stop().await;
     let windows = windows?;
-    let figures = figures(client, &jobs, plan, config.replicas, windows).await?;
-    Ok(report(config, figures))
+    figures(client, &jobs, plan, config.replicas, windows).await
 }
 
 /// What the windows read while the replicas ran.
@@ -666,41 +662,6 @@ async fn figures(
     })
 }
 
-/// The report of a schedules run: its figures, and the job figures of the other modes empty
-/// (the fires' jobs wait in a queue no replica serves).
-fn report(config: &BenchConfig, figures: ScheduleFigures) -> Report {
-    Report {
-        config: config.clone(),
-        succeeded: 0,
-        not_succeeded: 0,
-        elapsed_s: figures.window_s,
-        jobs_per_s: 0.0,
-        enqueue_to_start_ms: Percentiles::default(),
-        ack_to_done_ms: None,
-        ack_to_start_ms: None,
-        offered: None,
-        depth: None,
-        per_job_ms: None,
-        recovery_effects_ms: None,
-        recovery_compute_ms: None,
-        round_trips_per_job: 0.0,
-        claims: 0,
-        empty_claims: 0,
-        commit_batches: 0,
-        claims_per_job: 0.0,
-        empty_claims_per_job: 0.0,
-        commits_per_job: 0.0,
-        wal_bytes_per_job: 0.0,
-        replica_peak_rss_mib: 0.0,
-        replica_cpu_us_per_job: 0.0,
-        queues: None,
-        keys: None,
-        schedules: Some(figures),
-        timeline: Timeline::default(),
-        server_cpu: ServerCpu::per_job(Split::default(), 0),
-    }
-}
-
 impl ScheduleFigures {
     /// The figures as aligned lines.
     pub(crate) fn to_text(&self) -> String {
@@ -758,20 +719,5 @@ impl ScheduleFigures {
             ));
         }
         out
-    }
-
-    /// The figures as the rows of an HTML table.
-    pub(crate) fn to_html_rows(&self) -> String {
-        self.to_text()
-            .lines()
-            .filter_map(|line| {
-                let (name, value) = line.split_at_checked(21)?;
-                Some(format!(
-                    "<tr><th>{}</th><td>{}</td></tr>\n",
-                    escape(name.trim()),
-                    escape(value.trim())
-                ))
-            })
-            .collect()
     }
 }
