@@ -244,6 +244,23 @@ impl Definition {
     }
 }
 
+/// Creates or replaces `schedules`' schedule `name` of ETL loads from `body`, the JSON of a
+/// `PUT /v1/schedules/{name}` body, on `client`; returns it as stored (`durable-etl schedules
+/// put`).
+///
+/// # Errors
+/// As the route: [`Error::Rejected`] with `schedule_invalid` and a pointer, or the request's own
+/// code under `/request`, writing nothing; database errors.
+pub async fn put_body(
+    client: &impl GenericClient,
+    schedules: &Schedules,
+    name: &str,
+    body: serde_json::Value,
+) -> Result<ScheduleInfo, Error> {
+    let definition = Definition::of(body, IntakeLimits::default())?;
+    definition.put(client, schedules, name, false).await
+}
+
 /// `e`, a refusal of the schedules file's entry `at`, as the configuration error that names it
 /// (other errors as they are).
 fn refused(at: &str, e: Error) -> Error {

@@ -1223,3 +1223,85 @@ async fn work_declares_the_schedules_of_its_file_and_a_bad_file_writes_nothing()
     assert_eq!(count(&client, "etl_schedules").await, 3);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `schedules put NAME --body FILE` creates or changes an owner's schedule of ETL loads from the
+/// body `PUT /v1/schedules/{name}` takes (from a file or standard input); a body that is not
+/// valid is refused with the route's code and pointer and writes nothing.
+#[tokio::test]
+async fn schedules_are_created_and_changed_from_a_body_and_a_bad_body_writes_nothing() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let url = db.config.url.as_str();
+    let dir = std::env::temp_dir().join(format!("durable-etl-put-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = |cron: &str| {
+        format!(
+            r#"{{"cron": "{cron}", "time_zone": "Asia/Kolkata", "missed": "skip",
+                 "request": {{"dataset": "d", "key": "id", "records": [{{"id": 1}}]}}}}"#
+        )
+    };
+    let file = dir.join("body.json");
+    std::fs::write(&file, body("0 6 * * *")).unwrap();
+    let path = file.to_str().unwrap();
+    /// The arguments that put alice's `morning` from `body`.
+    fn put(body: &str) -> [&str; 7] {
+        [
+            "schedules",
+            "--owner",
+            "alice",
+            "put",
+            "morning",
+            "--body",
+            body,
+        ]
+    }
+    let created = run(url, &put(path));
+    assert!(created.status.success(), "{created:?}");
+    let text = String::from_utf8(created.stdout).unwrap();
+    assert!(
+        text.starts_with("morning\t0 6 * * *\tAsia/Kolkata\tmissed=skip\tnext="),
+        "{text}"
+    );
+    // Changed, from standard input.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_durable-etl"))
+        .env("DATABASE_URL", url)
+        .env("DURABLE_ETL_SECRET", SECRET)
+        .env("RUST_LOG", "warn")
+        .args(put("-"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(body("30 7 * * *").as_bytes()).unwrap();
+    drop(stdin);
+    let changed = child.wait_with_output().unwrap();
+    assert!(changed.status.success(), "{changed:?}");
+    assert!(String::from_utf8_lossy(&changed.stdout).starts_with("morning\t30 7 * * *\t"));
+    // Refused: a bad expression, a body that is no JSON, a missing file.
+    std::fs::write(&file, body("61 * * * *")).unwrap();
+    let missing = dir.join("missing.json");
+    for (body_file, code) in [
+        (path, "schedule_invalid"),
+        (path, "request_malformed"),
+        (missing.to_str().unwrap(), "request_malformed"),
+    ] {
+        let put = [
+            "schedules",
+            "--owner",
+            "alice",
+            "put",
+            "evening",
+            "--body",
+            body_file,
+        ];
+        assert_failed(&run(url, &put), 2, code);
+        std::fs::write(&file, "{not json").unwrap();
+    }
+    let rows =
+        crate::support::first_column::<String>(&client, "SELECT cron FROM etl_schedules").await;
+    assert_eq!(rows, ["30 7 * * *"], "only morning, as changed");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,12 +1,13 @@
-//! `durable-etl schedules`: one owner's recurring schedules, listed, paused, resumed or deleted
-//! from the command line (they are created by the library or the HTTP API).
+//! `durable-etl schedules`: one owner's recurring schedules of ETL loads, created or changed
+//! (from the body the HTTP API's `PUT` takes), listed, paused, resumed or deleted from the
+//! command line.
 
 use clap::{Args, Subcommand};
 use durable_etl::codes::Code;
 use durable_etl::config::ConfigError;
 use durable_etl::error::Error;
 use durable_etl::intake::Rejection;
-use durable_etl::schedule::Missed;
+use durable_etl::schedule::{Missed, ScheduleInfo};
 use durable_etl::{Jobs, Secret};
 use tokio_postgres::GenericClient;
 
@@ -29,6 +30,15 @@ pub(crate) struct SchedulesArgs {
 pub(crate) enum SchedulesCommand {
     /// List the owner's schedules: name, expression, zone, policy, next fire, paused.
     List,
+    /// Create or change a schedule of ETL loads from a JSON body, as `PUT /v1/schedules/{name}`
+    /// takes it (cron, time_zone, request, missed, catch_up_limit, overlap, max_attempts).
+    Put {
+        /// The schedule (as a kind's name: a-z 0-9 _ .).
+        name: String,
+        /// The file holding the JSON body; `-` reads standard input.
+        #[arg(long)]
+        body: std::path::PathBuf,
+    },
     /// Pause a schedule: it makes no job until resumed.
     Pause {
         /// The schedule.
@@ -58,20 +68,21 @@ pub(crate) async fn run(client: &impl GenericClient, args: SchedulesArgs) -> Res
     match args.command {
         SchedulesCommand::List => {
             for s in schedules.list(client).await? {
-                let missed = match s.missed {
-                    Missed::Coalesce => "coalesce".to_owned(),
-                    Missed::CatchUp(n) => format!("catch_up({n})"),
-                    Missed::Skip => "skip".to_owned(),
-                };
-                println!(
-                    "{}\t{}\t{}\tmissed={missed}\tnext={}\t{}",
-                    s.name,
-                    s.cron,
-                    s.time_zone,
-                    s.next_fire_at.to_rfc3339(),
-                    if s.paused { "paused" } else { "active" },
-                );
+                println!("{}", line(&s));
             }
+        }
+        SchedulesCommand::Put { name, body } => {
+            let text = if body.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+            } else {
+                std::fs::read_to_string(&body)
+            };
+            let malformed = || Error::from(Rejection::new(Code::RequestMalformed, ""));
+            let value =
+                serde_json::from_str(&text.map_err(|_| malformed())?).map_err(|_| malformed())?;
+            let stored =
+                durable_etl::service::schedules::put_body(client, &schedules, &name, value).await?;
+            println!("{}", line(&stored));
         }
         SchedulesCommand::Pause { name } => {
             if !schedules.pause(client, &name).await? {
@@ -93,4 +104,22 @@ pub(crate) async fn run(client: &impl GenericClient, args: SchedulesArgs) -> Res
         }
     }
     Ok(())
+}
+
+/// A schedule as `list` and `put` print it: name, expression, zone, missed-fire policy, next
+/// fire and state, tab-separated.
+fn line(s: &ScheduleInfo) -> String {
+    let missed = match s.missed {
+        Missed::Coalesce => "coalesce".to_owned(),
+        Missed::CatchUp(n) => format!("catch_up({n})"),
+        Missed::Skip => "skip".to_owned(),
+    };
+    format!(
+        "{}\t{}\t{}\tmissed={missed}\tnext={}\t{}",
+        s.name,
+        s.cron,
+        s.time_zone,
+        s.next_fire_at.to_rfc3339(),
+        if s.paused { "paused" } else { "active" },
+    )
 }
