@@ -957,6 +957,14 @@ async fn a_second_demo_on_a_running_demos_database_is_refused_and_the_first_goes
         "the first demo's six jobs, still served: {jobs}"
     );
     stop_demo(first).await;
+    // The server ends a closed connection's backend a moment after the client has gone, and a
+    // demo refuses a database any session still uses: wait for the first demo's to end.
+    let admin = connect(&admin_config()).await;
+    let sessions = format!("pg_stat_activity WHERE datname = '{name}'");
+    crate::support::eventually("the first demo's sessions to end", || async {
+        count(&admin, &sessions).await == 0
+    })
+    .await;
     let again = run(
         "postgres://postgres@127.0.0.1:5432/postgres",
         &["demo", "--demo-database", &name],
