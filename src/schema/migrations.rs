@@ -323,4 +323,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: a release before it never reads the new tables.
         min_reader_version: 33,
     },
+    Migration {
+        version: 35,
+        name: "dead_letters",
+        up: include_str!("../../migrations/0035_dead_letters.up.sql"),
+        down: include_str!("../../migrations/0035_dead_letters.down.sql"),
+        // Additive: a release before it never reads the new tables.
+        min_reader_version: 33,
+    },
 ];

@@ -20,6 +20,7 @@ mod console_privacy;
 mod console_replicas;
 mod cooldown;
 mod cuts;
+mod dead_letters;
 mod deploy;
 mod errors;
 mod etl;
