@@ -21,6 +21,7 @@ mod console_replicas;
 mod cooldown;
 mod cuts;
 mod dead_letters;
+mod dead_letters_api;
 mod deploy;
 mod errors;
 mod etl;
