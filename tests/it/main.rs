@@ -4,6 +4,7 @@
 
 mod api;
 mod bench;
+mod bench_dead_letters;
 mod bench_load;
 mod bench_queues;
 mod bench_schedules;

@@ -90,6 +90,22 @@ pub(crate) enum Mode {
         /// Seconds of the baseline window and of the idle window, each.
         idle_s: f64,
     },
+    /// Dead letters (see `dead_letters`): `letters` letters replayed in bulk from their retained
+    /// payloads and `letters` more one by one with their bodies from `connections` connections,
+    /// the jobs they made then run to success; and `pages` pages of `page_size` letters listed
+    /// per filter from a history of `history` ended jobs.
+    DeadLetters {
+        /// Letters of each replay variant.
+        letters: usize,
+        /// Ended jobs in the history the listings page through.
+        history: usize,
+        /// Pages timed per filter and depth.
+        pages: usize,
+        /// Letters per page.
+        page_size: usize,
+        /// Connections the one-by-one replays share.
+        connections: usize,
+    },
     /// Keep `backlog` due jobs in every queue that takes jobs for `duration_s` seconds.
     Saturated {
         /// Due jobs kept per queue.

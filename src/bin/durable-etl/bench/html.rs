@@ -75,12 +75,14 @@ pub(crate) fn render(report: &Report) -> String {
     if let Some(text) = report.warning() {
         page.push_str(&warning(&text));
     }
-    // A schedules run has its own figures and no job to plot.
-    if let Some(schedules) = &report.schedules {
+    // A schedules or dead-letters run has its own figures and no job to plot.
+    let own = (report.schedules.as_ref().map(|s| s.to_text()))
+        .or_else(|| report.dead_letters.as_ref().map(|d| d.to_text()));
+    if let Some(text) = own {
         let _ = write!(
             page,
             "<table>\n{}</table>\n</body>\n</html>\n",
-            schedule_rows(&schedules.to_text())
+            figure_rows(&text)
         );
         return page;
     }
@@ -366,9 +368,9 @@ pub(super) fn escape(text: &str) -> String {
         .replace('\'', "&apos;")
 }
 
-/// A schedules run's figures (`text`, aligned lines: a 21-character name, then the value) as the
-/// rows of an HTML table.
-fn schedule_rows(text: &str) -> String {
+/// A schedules or dead-letters run's figures (`text`, aligned lines: a 21-character name, then
+/// the value) as the rows of an HTML table.
+fn figure_rows(text: &str) -> String {
     text.lines()
         .filter_map(|line| {
             let (name, value) = line.split_at_checked(21)?;

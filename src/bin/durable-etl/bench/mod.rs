@@ -1,5 +1,5 @@
 //! `durable-etl bench`: end-to-end figures of real replicas (child processes of this binary)
-//! against a throw-away database, in six modes.
+//! against a throw-away database, in seven modes.
 //!
 //! - **Burn-down**: `jobs` due jobs are inserted before any replica starts; the replicas then
 //!   drain them. Throughput = jobs / (last `finished_at` − first `started_at`), database clock, so
@@ -19,6 +19,9 @@
 //! - **Schedules**: recurring schedules firing every second on otherwise idle replicas: fire
 //!   lateness, misses, transactions and rows per fire, and what an idle tick costs beside many
 //!   schedules never due (`schedules`, whose figures replace the job figures).
+//! - **Dead letters**: bulk replays of dead letters, from their retained payloads and with their
+//!   bodies sent again, the jobs they made then run to success; and pages of the letters' listing
+//!   over a large history (`dead_letters`, `letter_pages`, whose figures replace the job figures).
 //!
 //! Server CPU per job is the CPU of the server's processes over the measured window, sampled every
 //! 100 ms from `/proc` and split into the replicas' backends, the producers' backends and the
@@ -40,10 +43,12 @@
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
 pub(crate) mod config;
+mod dead_letters;
 mod depth;
 mod figures;
 pub(crate) mod html;
 mod keys;
+mod letter_pages;
 mod load;
 mod percentiles;
 mod producers;
@@ -88,6 +93,11 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
         Mode::Schedules { .. } => schedules::measure(&created.config, created.session, &config)
             .await
             .map(|figures| Report::of_schedules(&config, figures)),
+        Mode::DeadLetters { .. } => {
+            dead_letters::measure(&created.config, created.session, &config)
+                .await
+                .map(|figures| Report::of_dead_letters(&config, figures))
+        }
         _ => measure(&created.config, created.session, &config).await,
     };
     if config.keep {
@@ -112,7 +122,7 @@ async fn measure(
             rate, duration_s, ..
         } => (rate * duration_s).round() as usize,
         Mode::Recovery { trials } => 2 * trials,
-        Mode::DepthTarget { .. } | Mode::Schedules { .. } => 0,
+        Mode::DepthTarget { .. } | Mode::Schedules { .. } | Mode::DeadLetters { .. } => 0,
         Mode::Saturated { backlog, .. } => {
             backlog
                 * if config.shape.hot_queue {
@@ -165,7 +175,7 @@ async fn measure(
     let (mut window, mut offered, mut held) = (None, None, None);
     let mut numbers = std::collections::HashMap::new();
     let (acks, recovery) = match config.mode {
-        Mode::BurnDown { .. } | Mode::Schedules { .. } => (None, None),
+        Mode::BurnDown { .. } | Mode::Schedules { .. } | Mode::DeadLetters { .. } => (None, None),
         Mode::Saturated {
             backlog,
             duration_s,
@@ -378,6 +388,7 @@ async fn measure(
         queues,
         keys: keys::figures(&client, &config.shape, &numbered).await?,
         schedules: None,
+        dead_letters: None,
         timeline,
     })
 }

@@ -2,15 +2,15 @@
 //! text (`text`) and the pages (`html`, `sweep`) show.
 //!
 //! Invariant: it holds only what `measure` read (see the parent module's invariants); the figures
-//! of one mode (the offered load's rate, the depth target's depth, recovery, queues, schedules) are `None` in
-//! the others.
+//! of one mode (the offered load's rate, the depth target's depth, recovery, queues, schedules, dead
+//! letters) are `None` in the others.
 
 use super::config::BenchConfig;
 use super::figures::QueueFigures;
 use super::percentiles::Percentiles;
 use super::server_cpu::{ServerCpu, Split};
 use super::starts::JobLatency;
-use super::{depth, keys, producers, schedules};
+use super::{dead_letters, depth, keys, producers, schedules};
 use serde::Serialize;
 
 /// The figures of one run.
@@ -81,6 +81,9 @@ pub(crate) struct Report {
     /// Schedules only: fire lateness, misses, transactions and rows per fire, idle ticks' cost
     /// (the job figures above are then empty: the fires' jobs are never run).
     pub(crate) schedules: Option<schedules::ScheduleFigures>,
+    /// Dead letters only: replays (retained and resubmitted) and their jobs' run, and the
+    /// listing's page times (the job figures above then describe the replayed jobs' run).
+    pub(crate) dead_letters: Option<dead_letters::DeadLetterFigures>,
     /// The run's time series, for `--report` (not in the JSON figures).
     #[serde(skip)]
     pub(crate) timeline: Timeline,
@@ -123,10 +126,36 @@ impl Report {
         figures: schedules::ScheduleFigures,
     ) -> Report {
         Report {
+            elapsed_s: figures.window_s,
+            schedules: Some(figures),
+            ..Report::without_jobs(config)
+        }
+    }
+
+    /// The report of a dead-letters run: its figures, and of the job figures only those of the
+    /// replayed jobs' run (how many succeeded, over how long).
+    pub(super) fn of_dead_letters(
+        config: &BenchConfig,
+        figures: dead_letters::DeadLetterFigures,
+    ) -> Report {
+        let run = &figures.run;
+        Report {
+            succeeded: run.succeeded,
+            not_succeeded: run.not_succeeded,
+            elapsed_s: run.seconds,
+            jobs_per_s: run.jobs_per_s,
+            dead_letters: Some(figures),
+            ..Report::without_jobs(config)
+        }
+    }
+
+    /// A report of `config` with every job figure empty, for the modes with figures of their own.
+    fn without_jobs(config: &BenchConfig) -> Report {
+        Report {
             config: config.clone(),
             succeeded: 0,
             not_succeeded: 0,
-            elapsed_s: figures.window_s,
+            elapsed_s: 0.0,
             jobs_per_s: 0.0,
             enqueue_to_start_ms: Percentiles::default(),
             ack_to_done_ms: None,
@@ -148,7 +177,8 @@ impl Report {
             replica_cpu_us_per_job: 0.0,
             queues: None,
             keys: None,
-            schedules: Some(figures),
+            schedules: None,
+            dead_letters: None,
             timeline: Timeline::default(),
             server_cpu: ServerCpu::per_job(Split::default(), 0),
         }

@@ -2,7 +2,8 @@
 //! rate warning or the depth target's depth warning (if any) right under the run's description
 //! ([`BenchConfig::describe`], also the pages' heading).
 //!
-//! A schedules run prints its own figures (`schedules`) under the description instead.
+//! A schedules run and a dead-letters run print their own figures (`schedules`, `dead_letters`)
+//! under the description instead.
 //!
 //! Invariant: every line prints a figure of the [`Report`], never one computed here.
 
@@ -19,6 +20,9 @@ impl Report {
         };
         if let Some(schedules) = &self.schedules {
             return format!("{}\n{}", self.config.describe(), schedules.to_text());
+        }
+        if let Some(letters) = &self.dead_letters {
+            return format!("{}\n{}", self.config.describe(), letters.to_text());
         }
         let mut out = format!(
             "{}\n{}{}\
@@ -126,6 +130,17 @@ impl BenchConfig {
             } => format!(
                 "{schedules} schedules firing every second for {duration_s} s \
                  ({idle_schedules} idle schedules and a baseline, {idle_s} s each)"
+            ),
+            Mode::DeadLetters {
+                letters,
+                history,
+                pages,
+                page_size,
+                connections,
+            } => format!(
+                "dead letters: {letters} replayed from retained payloads and {letters} with \
+                 their bodies ({connections} connection(s)), {pages} pages of {page_size} listed \
+                 per filter over {history} ended jobs"
             ),
         };
         format!("{load}, {}", self.describe_replicas())

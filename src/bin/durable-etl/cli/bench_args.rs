@@ -27,6 +27,18 @@ const SCHEDULES: NonZeroUsize = match NonZeroUsize::new(1_000) {
     None => NonZeroUsize::MIN,
 };
 
+/// `dead-letters`' default number of pages timed per filter and depth.
+const PAGES: NonZeroUsize = match NonZeroUsize::new(200) {
+    Some(pages) => pages,
+    None => NonZeroUsize::MIN,
+};
+
+/// `dead-letters`' default number of connections replaying letters one by one.
+const REPLAY_CONNECTIONS: NonZeroUsize = match NonZeroUsize::new(4) {
+    Some(connections) => connections,
+    None => NonZeroUsize::MIN,
+};
+
 /// The load `bench` offers.
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
@@ -119,6 +131,34 @@ pub(crate) enum BenchCommand {
         /// How long the baseline window (no schedule) and the idle window last, each.
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         idle_duration: Duration,
+        /// The replicas and how they run.
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Time dead letters: --letters letters (noop jobs enqueued through the library, then ended
+    /// `failed` with their letters by the statements a failure runs) replayed in bulk from their
+    /// retained payloads, and --letters more replayed one by one with their bodies sent again
+    /// from --connections connections; then the replicas run the jobs the replays made, to
+    /// success. Before that, pages of the letters' listing (first and deep keyset pages, with no
+    /// filter and with an owner, a queue and a code filter) are timed over a history of --history
+    /// ended jobs, one in ten failed.
+    DeadLetters {
+        /// Letters of each replay variant (retained, resubmitted).
+        #[arg(long, value_name = "N", default_value_t = 10_000)]
+        letters: usize,
+        /// Ended jobs in the history the listing pages through (one in ten failed, so a letter).
+        #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+        history: usize,
+        /// Pages timed per filter, for the first page and for the deep ones.
+        #[arg(long, value_name = "N", default_value_t = PAGES)]
+        pages: NonZeroUsize,
+        /// Letters per page (the HTTP API's default is 50).
+        #[arg(long, value_name = "N", default_value_t = 50,
+              value_parser = clap::value_parser!(u16).range(1..=500))]
+        page_size: u16,
+        /// Connections the one-by-one replays (the resubmitted variant) share.
+        #[arg(long, value_name = "N", default_value_t = REPLAY_CONNECTIONS)]
+        connections: NonZeroUsize,
         /// The replicas and how they run.
         #[command(flatten)]
         common: BenchArgs,
@@ -298,6 +338,23 @@ impl BenchCommand {
                     duration_s: duration.as_secs_f64(),
                     idle_schedules: *idle_schedules,
                     idle_s: idle_duration.as_secs_f64(),
+                }],
+                common,
+            ),
+            BenchCommand::DeadLetters {
+                letters,
+                history,
+                pages,
+                page_size,
+                connections,
+                common,
+            } => (
+                vec![Mode::DeadLetters {
+                    letters: *letters,
+                    history: *history,
+                    pages: pages.get(),
+                    page_size: usize::from(*page_size),
+                    connections: connections.get(),
                 }],
                 common,
             ),
