@@ -73,6 +73,15 @@ pub(crate) fn server_cpu(report: &serde_json::Value) -> [f64; 5] {
     fields
 }
 
+/// The figure `key` of `figures`, which must be a finite number.
+pub(crate) fn number(figures: &serde_json::Value, key: &str) -> f64 {
+    let value = figures[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing: {figures}"));
+    assert!(value.is_finite(), "{key}: {figures}");
+    value
+}
+
 /// Whether the test server runs on this host (its backends show in this host's `/proc`), so
 /// that the bench can read its CPU.
 pub(crate) async fn server_is_local() -> bool {

@@ -2,16 +2,7 @@
 //! exactly one job, runs them all to success, times pages of every listing, and drops its
 //! database. Counts are asserted, never timings.
 
-use crate::bench::{bench, elements, exists};
-
-/// The figure `key` of `figures`, which must be a finite number.
-fn number(figures: &serde_json::Value, key: &str) -> f64 {
-    let value = figures[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{key} missing: {figures}"));
-    assert!(value.is_finite(), "{key}: {figures}");
-    value
-}
+use crate::bench::{bench, elements, exists, number};
 
 #[tokio::test]
 async fn dead_letters_replays_each_letter_once_runs_the_jobs_and_times_every_listing() {
@@ -85,8 +76,8 @@ async fn dead_letters_replays_each_letter_once_runs_the_jobs_and_times_every_lis
     assert_eq!(report["succeeded"], 500, "{report}");
 
     // Every listing timed its pages: the 300 letters of the history (the replayed ones are no
-    // longer open), one owner's fifth, one queue's quarter, one code's 80 (four of the 15 runs of 20
-    // letters that codes take in turn).
+    // longer open), one owner's fifth, one queue's quarter, and one code's 80 (the codes take
+    // turns by runs of 20 letters: four of the 15 runs).
     let listing = figures["listing"].as_array().unwrap();
     let filters: Vec<(&str, u64)> = listing
         .iter()

@@ -3,17 +3,8 @@
 //! are asserted, never timings: the schedules catch up, so a slow machine makes fires late, not
 //! missing.
 
-use crate::bench::{bench, exists};
+use crate::bench::{bench, exists, number};
 use crate::support::{admin_config, connect};
-
-/// The figure `key` of `figures`, which must be a finite number.
-fn number(figures: &serde_json::Value, key: &str) -> f64 {
-    let value = figures[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{key} missing: {figures}"));
-    assert!(value.is_finite(), "{key}: {figures}");
-    value
-}
 
 #[tokio::test]
 async fn schedules_records_every_fire_of_its_window_once_and_reports_lateness_and_idle_scans() {

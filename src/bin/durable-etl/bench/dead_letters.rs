@@ -299,10 +299,10 @@ async fn make_letters(
     Ok(ids)
 }
 
-/// Replays `keyed`'s letters `ids` one by one with their bodies (letter `n`'s the payload of job
-/// `n`, as [`make_letters`] enqueued them), from `connections` connections of their own, opened before
-/// the clock starts; returns how many jobs the calls made and the seconds from the first call to
-/// the last answer.
+/// Replays `keyed`'s letters `ids` one by one with their bodies (letter `n`'s is the payload of
+/// job `n`, as [`make_letters`] enqueued them), from `connections` connections of their own,
+/// opened before the clock starts; returns how many jobs the calls made and the seconds from the
+/// first call to the last answer.
 async fn resubmit(
     db_config: &DatabaseConfig,
     keyed: &Jobs,

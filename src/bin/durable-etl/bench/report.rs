@@ -2,8 +2,8 @@
 //! text (`text`) and the pages (`html`, `sweep`) show.
 //!
 //! Invariant: it holds only what `measure` read (see the parent module's invariants); the figures
-//! of one mode (the offered load's rate, the depth target's depth, recovery, queues, schedules, dead
-//! letters) are `None` in the others.
+//! of one mode (the offered load's rate, the depth target's depth, recovery, queues, schedules,
+//! dead letters) are `None` in the others.
 
 use super::config::BenchConfig;
 use super::figures::QueueFigures;

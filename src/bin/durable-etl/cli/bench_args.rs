@@ -15,29 +15,25 @@ use durable_etl::config;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+/// `n` as a default count of a flag that takes at least one (1 for 0).
+const fn at_least_one(n: usize) -> NonZeroUsize {
+    match NonZeroUsize::new(n) {
+        Some(n) => n,
+        None => NonZeroUsize::MIN,
+    }
+}
+
 /// `depth-target`'s default bulk: the public multi-system harness's rows per insert.
-const DEPTH_BATCH: NonZeroUsize = match NonZeroUsize::new(128) {
-    Some(batch) => batch,
-    None => NonZeroUsize::MIN,
-};
+const DEPTH_BATCH: NonZeroUsize = at_least_one(128);
 
 /// `schedules`' default number of schedules firing every second.
-const SCHEDULES: NonZeroUsize = match NonZeroUsize::new(1_000) {
-    Some(schedules) => schedules,
-    None => NonZeroUsize::MIN,
-};
+const SCHEDULES: NonZeroUsize = at_least_one(1_000);
 
 /// `dead-letters`' default number of pages timed per filter and depth.
-const PAGES: NonZeroUsize = match NonZeroUsize::new(200) {
-    Some(pages) => pages,
-    None => NonZeroUsize::MIN,
-};
+const PAGES: NonZeroUsize = at_least_one(200);
 
 /// `dead-letters`' default number of connections replaying letters one by one.
-const REPLAY_CONNECTIONS: NonZeroUsize = match NonZeroUsize::new(4) {
-    Some(connections) => connections,
-    None => NonZeroUsize::MIN,
-};
+const REPLAY_CONNECTIONS: NonZeroUsize = at_least_one(4);
 
 /// The load `bench` offers.
 #[derive(Debug, Subcommand)]
