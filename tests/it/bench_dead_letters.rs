@@ -1,8 +1,8 @@
 //! `durable-etl bench dead-letters`: a small run makes every letter of both variants into
 //! exactly one job, runs them all to success, times pages of every listing, and drops its
-//! database. Counts are asserted, never timings.
+//! database; the queue flags are refused. Counts are asserted, never timings.
 
-use crate::bench::{bench, elements, exists, number};
+use crate::bench::{bench, bench_output, elements, exists, number};
 
 #[tokio::test]
 async fn dead_letters_replays_each_letter_once_runs_the_jobs_and_times_every_listing() {
@@ -110,4 +110,15 @@ async fn dead_letters_replays_each_letter_once_runs_the_jobs_and_times_every_lis
         );
         assert!(!l["index"].as_str().unwrap().is_empty(), "{report}");
     }
+}
+
+#[test]
+fn dead_letters_refuses_the_queue_flags() {
+    // Its letters' jobs keep the default queue, which replicas told to serve others never run.
+    let (out, _) = bench_output("dead_letters_queues", &["dead-letters", "--queues", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("leave out the queue flags"),
+        "{out:?}"
+    );
 }

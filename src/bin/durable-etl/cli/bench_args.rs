@@ -5,7 +5,8 @@
 //! - A flag's value is checked when it is parsed, against the library's own ranges (weights,
 //!   priorities, caps; see `bench::shape`), so a bad value exits 2 before any database is made.
 //! - The queue flags shape `noop` jobs only: with `--handler etl` they are refused (exit 2), not
-//!   silently ignored.
+//!   silently ignored; so they are with `dead-letters`, whose letters' jobs keep the default
+//!   queue.
 
 use super::args::parse_duration;
 use crate::bench::shape::{self, Shape};
@@ -381,13 +382,19 @@ impl BenchCommand {
 /// The settings of one run of `mode` with the `common` flags.
 ///
 /// # Errors
-/// A usage error (exit 2) for queue flags given with `--handler etl`.
+/// A usage error (exit 2) for queue flags given with `--handler etl` or `dead-letters`.
 fn config(mode: Mode, common: &BenchArgs) -> Result<BenchConfig, clap::Error> {
     let shape = common.shape.shape();
     if common.handler != BenchHandler::Noop && !shape.is_default() {
         return Err(clap::Error::raw(
             clap::error::ErrorKind::ArgumentConflict,
             "the queue flags shape noop jobs only: leave out --handler etl\n",
+        ));
+    }
+    if matches!(mode, Mode::DeadLetters { .. }) && !shape.is_default() {
+        return Err(clap::Error::raw(
+            clap::error::ErrorKind::ArgumentConflict,
+            "dead-letters replays its letters into the default queue: leave out the queue flags\n",
         ));
     }
     let replicas = match mode {
