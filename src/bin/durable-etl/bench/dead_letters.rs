@@ -46,10 +46,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 /// The owner of the letters replayed from their retained payloads.
-pub(crate) const RETAINED_OWNER: &str = "bench-retained";
+const RETAINED_OWNER: &str = "bench-retained";
 
 /// The owner of the letters replayed with their bodies sent again.
-pub(crate) const RESUBMITTED_OWNER: &str = "bench-resubmitted";
+const RESUBMITTED_OWNER: &str = "bench-resubmitted";
 
 /// The id of the key the retained payloads are sealed under.
 const KEY_ID: &str = "bench-k1";
@@ -247,10 +247,13 @@ pub(super) async fn measure(
 
     let owners = vec![retaining.owner_key().to_vec(), keyed.owner_key().to_vec()];
     let run = run(db_config, &client, config, &owners).await?;
-    let mut retained = made(&client, &retaining, bulk.made, retained_s).await?;
-    retained.connections = 1;
-    let mut resubmitted = made(&client, &keyed, resubmitted_made, resubmitted_s).await?;
-    resubmitted.connections = plan.connections;
+    let retained = made(&client, &retaining, (bulk.made, retained_s, 1)).await?;
+    let resubmitted = made(
+        &client,
+        &keyed,
+        (resubmitted_made, resubmitted_s, plan.connections),
+    )
+    .await?;
     Ok(DeadLetterFigures {
         failed_by: "sql",
         history,
@@ -369,13 +372,12 @@ async fn run(
     })
 }
 
-/// The figures of the replays of `jobs`' owner's letters, which the calls said made `made` jobs
-/// in `seconds`.
+/// The figures of the replays of `jobs`' owner's letters, which the calls on `connections`
+/// connections said made `made` jobs in `seconds`.
 async fn made(
     client: &tokio_postgres::Client,
     jobs: &Jobs,
-    made: u64,
-    seconds: f64,
+    (made, seconds, connections): (u64, f64, usize),
 ) -> Result<ReplayFigures, Error> {
     let row = client
         .query_one(MADE_SQL, &[&&jobs.owner_key()[..]])
@@ -384,7 +386,7 @@ async fn made(
     Ok(ReplayFigures {
         letters: count(0),
         made,
-        connections: 1,
+        connections,
         seconds,
         jobs_per_s: rate(made, seconds),
         replayed: count(1),
