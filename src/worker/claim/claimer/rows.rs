@@ -79,6 +79,18 @@ pub(super) fn claimed_job(row: &Row) -> ClaimedJob {
         payload: row.get(2),
         due_for: row.get(7),
         asked_of: asked_of(row),
+        // Named by the claim, which knows its asks (`name_queues`).
+        queue: Arc::from(""),
         held_permit: row.get(11),
+    }
+}
+
+/// Names the queue of each of `jobs` after the ask it was claimed for (its position in `asks`).
+pub(super) fn name_queues(jobs: &mut [ClaimedJob], asks: &[(&str, usize)]) {
+    let names: Vec<Arc<str>> = asks.iter().map(|&(queue, _)| Arc::from(queue)).collect();
+    for job in jobs {
+        if let Some(name) = names.get(job.asked_of) {
+            job.queue = Arc::clone(name);
+        }
     }
 }

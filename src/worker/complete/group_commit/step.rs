@@ -28,6 +28,9 @@ pub(crate) struct Ready {
     pub(crate) writes: bool,
     /// How long its effects may take, from when they start applying.
     pub(crate) budget: Duration,
+    /// The job's span (its id, kind, queue and attempt), which its effects apply in, so the
+    /// logs they write are found with the rest of the attempt's.
+    pub(crate) span: tracing::Span,
 }
 
 /// A job's effects, held by the commit lane, whose drop never unwinds into the lane: a handler's

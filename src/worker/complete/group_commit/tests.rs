@@ -218,6 +218,7 @@ pub(super) fn ready(pair: (Uuid, Uuid), effects: Box<dyn Effects>, budget: Durat
         writes: effects.writes(),
         effects: OwnedEffects::new(effects),
         budget,
+        span: tracing::Span::none(),
     }
 }
 
