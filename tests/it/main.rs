@@ -21,6 +21,7 @@ mod console_replicas;
 mod cooldown;
 mod cuts;
 mod deploy;
+mod diagnoses;
 mod errors;
 mod etl;
 mod etl_limits;
