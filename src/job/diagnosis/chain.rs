@@ -6,10 +6,10 @@
 //! - No error's `Display` or `Debug` is read here: the wrapper only forwards them to the error
 //!   it wraps, for the handler's own use, and the probe reads types, enumerated kinds, SQLSTATEs
 //!   and stable codes.
-//! - A chain has at most [`MAX_CHAIN`] links, each name at most [`super::MAX_TYPE_NAME`] bytes.
+//! - A chain has at most [`MAX_CHAIN`] links, each name at most [`super::record::MAX_TYPE_NAME`] bytes.
 
 use super::detail::Detail;
-use super::{Chain, ErrorLink, MAX_CHAIN, UNKNOWN_TYPE};
+use super::record::{Chain, ErrorLink, MAX_CHAIN, UNKNOWN_TYPE};
 use std::error::Error as StdError;
 use std::fmt;
 

@@ -11,9 +11,14 @@
 //!   [`MAX_DETAIL_BYTES`] bytes; a field whose name is not a lower-case identifier or whose tag
 //!   is not a short token is dropped; every dropped field is counted.
 
-use super::{MAX_DETAIL_BYTES, MAX_DETAIL_FIELDS};
 use crate::names::is_identifier;
 use serde_json::{Map, Value};
+
+/// The most fields a kind's [`Detail`] keeps.
+pub const MAX_DETAIL_FIELDS: usize = 16;
+
+/// The largest a kind's [`Detail`] may be, serialized as a JSON object, in bytes.
+pub const MAX_DETAIL_BYTES: usize = 1024;
 
 /// The longest tag a field keeps, in bytes.
 const MAX_TAG: usize = 63;

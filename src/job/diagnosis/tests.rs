@@ -1,6 +1,7 @@
 //! Diagnoses: the chain named by type (probed links, the unknown placeholder, the bound), the
 //! detail bounded deterministically, and no error text anywhere in the JSON.
 
+use super::record::bounded_name;
 use super::*;
 use crate::codes::Code;
 use crate::JobError;
