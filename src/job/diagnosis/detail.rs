@@ -48,7 +48,7 @@ const MAX_TAG: usize = 63;
 /// A `String` is refused at compile time, so no text made at run time (a payload's value, an
 /// error's message) can be stored:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use durable_etl::job::Detail;
 ///
 /// let message = String::from("smtp busy for alice@example.com");
