@@ -6,6 +6,9 @@
 //! - No error's `Display` or `Debug` is read here: the wrapper only forwards them to the error
 //!   it wraps, for the handler's own use, and the probe reads types, enumerated kinds, SQLSTATEs
 //!   and stable codes.
+//! - The wrapper's `source` is the error it wraps, so a walk of a `JobError`'s chain that
+//!   downcasts each link finds the handler's error as before; the chain a diagnosis names counts
+//!   the wrapper and its error as one link.
 //! - A chain has at most [`MAX_CHAIN`] links, each name at most [`super::record::MAX_TYPE_NAME`] bytes.
 
 use super::detail::Detail;
@@ -16,9 +19,9 @@ use std::fmt;
 /// A boxed error, as a `JobError` keeps its source.
 type BoxError = Box<dyn StdError + Send + Sync>;
 
-/// A `JobError`'s source as its constructors keep it: the error the handler gave (`Display`,
-/// `Debug` and `source` forwarded to it, so it reads as that error), the name of its type taken
-/// where it was given, and the detail the kind declared with it.
+/// A `JobError`'s source as its constructors keep it: the error the handler gave (`Display` and
+/// `Debug` forwarded to it, so it reads as that error, and that error its `source`), the name of
+/// its type taken where it was given, and the detail the kind declared with it.
 pub(crate) struct Described {
     /// The name of the source's type (`std::any::type_name`), when a constructor saw it.
     type_name: Option<&'static str>,
@@ -105,8 +108,12 @@ impl fmt::Debug for Described {
 }
 
 impl StdError for Described {
+    /// The error the handler gave itself (not its source), so a walk of a `JobError`'s chain
+    /// that downcasts each link (the group commit's search for a database error) still finds it.
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.inner.as_ref().and_then(|inner| inner.source())
+        self.inner
+            .as_deref()
+            .map(|inner| inner as &(dyn StdError + 'static))
     }
 }
 
@@ -120,8 +127,25 @@ pub(crate) fn chain_of(given: Option<&'static str>, error: &(dyn StdError + 'sta
         if links.len() == MAX_CHAIN {
             return Chain { links, cut: true };
         }
-        links.push(probe(link).unwrap_or_else(|| ErrorLink::named(UNKNOWN_TYPE)));
-        next = link.source();
+        // A `JobError`'s source inside another error's chain stands for the error it wraps: one
+        // link, named as its constructor saw it.
+        let (named, after) = match link.downcast_ref::<Described>() {
+            Some(described) => {
+                let Some(inner) = described.inner() else {
+                    break;
+                };
+                let inner: &(dyn StdError + 'static) = inner;
+                let given = described.type_name.unwrap_or(UNKNOWN_TYPE);
+                let named = probe(inner).unwrap_or_else(|| ErrorLink::named(given));
+                (named, inner.source())
+            }
+            None => {
+                let named = probe(link).unwrap_or_else(|| ErrorLink::named(UNKNOWN_TYPE));
+                (named, link.source())
+            }
+        };
+        links.push(named);
+        next = after;
     }
     Chain { links, cut: false }
 }
@@ -133,13 +157,6 @@ fn probe(error: &(dyn StdError + 'static)) -> Option<ErrorLink> {
         error
             .is::<T>()
             .then(|| ErrorLink::named(std::any::type_name::<T>()))
-    }
-    if let Some(e) = error.downcast_ref::<Described>() {
-        // A `JobError`'s source inside another error's chain: what it wraps.
-        let inner: &(dyn StdError + 'static) = e.inner()?;
-        return Some(
-            probe(inner).unwrap_or_else(|| ErrorLink::named(e.type_name.unwrap_or(UNKNOWN_TYPE))),
-        );
     }
     if let Some(e) = error.downcast_ref::<std::io::Error>() {
         let mut link = ErrorLink::named(std::any::type_name::<std::io::Error>());

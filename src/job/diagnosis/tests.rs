@@ -225,3 +225,28 @@ fn a_stored_diagnosis_reads_back_and_an_unreadable_one_is_absent() {
         None
     );
 }
+
+#[test]
+fn a_walk_of_the_source_chain_still_finds_the_handlers_error() {
+    let error = JobError::transient(std::io::Error::other("CANARY"));
+    let mut link: Option<&(dyn StdError + 'static)> = Some(&error);
+    let mut found = false;
+    while let Some(e) = link {
+        found |= e.is::<std::io::Error>();
+        link = e.source();
+    }
+    assert!(found, "the I/O error is a link of the chain");
+}
+
+#[test]
+fn a_job_error_inside_another_errors_chain_is_one_link_named_by_its_source() {
+    let nested = JobError::transient(std::io::Error::other("CANARY"));
+    let outer = Opaque {
+        text: "CANARY",
+        source: Some(Box::new(nested)),
+    };
+    let chain = chain_of(None, &outer);
+    let names: Vec<&str> = chain.links.iter().map(|l| l.type_name.as_str()).collect();
+    // The outer error, the `JobError` (a type no probe knows), then its source once.
+    assert_eq!(names, [UNKNOWN_TYPE, UNKNOWN_TYPE, "std::io::error::Error"]);
+}
