@@ -26,7 +26,7 @@ mod chain;
 mod detail;
 mod record;
 
-pub(crate) use chain::{chain_of, Described};
+pub(crate) use chain::{chain_of, database_chain, Described};
 pub use detail::{Detail, DetailValue, MAX_DETAIL_BYTES, MAX_DETAIL_FIELDS};
 pub use record::{
     Chain, Decision, Diagnosis, ErrorLink, Phase, MAX_CHAIN, MAX_TYPE_NAME, UNKNOWN_TYPE,

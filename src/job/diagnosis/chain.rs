@@ -234,3 +234,14 @@ fn json_category(category: serde_json::error::Category) -> &'static str {
         Category::Eof => "eof",
     }
 }
+
+/// The chain of a database error known only by its SQLSTATE (the group commit's own statement
+/// failed, for a whole batch): one `tokio_postgres::Error` link.
+pub(crate) fn database_chain(sqlstate: Option<&tokio_postgres::error::SqlState>) -> Chain {
+    let mut link = ErrorLink::named(std::any::type_name::<tokio_postgres::Error>());
+    link.sqlstate = sqlstate.map(|s| s.code().to_owned());
+    Chain {
+        links: vec![link],
+        cut: false,
+    }
+}

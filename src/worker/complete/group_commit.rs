@@ -478,7 +478,7 @@ fn batch_failure(stats: &WorkerStats, e: &tokio_postgres::Error) -> BatchEnd {
     if infrastructure {
         BatchEnd::Infrastructure
     } else {
-        BatchEnd::Failed(Code::TransientDatabase)
+        BatchEnd::Failed(Code::TransientDatabase, e.code().cloned())
     }
 }
 

@@ -33,9 +33,9 @@
 //!   its effects' writes caused, is charged.
 //! - Every attempt that failed (retried or failed) is written with its diagnosis
 //!   (`job::diagnosis`): the phase it failed in (compute: the handler's `prepare`; effects: their
-//!   `apply`, panic or overrun; commit: the batch's own statements), the decision and its delay,
-//!   its duration, its error's type names and the kind's declared detail, in the same fenced
-//!   statement as its transition. A cancellation has none.
+//!   `apply`, panic or overrun; commit: the batch's own statements, named by their SQLSTATE), the
+//!   decision and its delay, its duration, its error's type names and the kind's declared detail,
+//!   in the same fenced statement as its transition. A cancellation has none.
 //! - The end of every attempt is logged (id, kind, queue, attempt, code, phase, duration): at
 //!   info for a failure or a retry, at debug otherwise. The handler runs inside the job's span
 //!   (id, kind, queue, attempt), and so do its effects, in the commit lane.
@@ -44,7 +44,7 @@
 
 use crate::codes::Code;
 use crate::error::is_transient;
-use crate::job::diagnosis::{Chain, Decision, Diagnosis, Phase};
+use crate::job::diagnosis::{database_chain, Chain, Decision, Diagnosis, Phase};
 use crate::job::handler::{is_kind_code, Effects, Handler, JobError, RETRY_AFTER_MAX};
 use crate::worker::complete::completer::{self, Failure, Transition};
 use crate::worker::complete::group_commit::{OwnedEffects, Ready};
@@ -313,9 +313,13 @@ async fn settle_failure(
     let mut kind_code = None;
     let mut chain = Chain::default();
     let mut detail = None;
-    if let Failure::Job(e) = &failure {
-        chain = e.chain();
-        detail = e.detail().cloned();
+    match &failure {
+        Failure::Job(e) => {
+            chain = e.chain();
+            detail = e.detail().cloned();
+        }
+        Failure::Batch(_, sqlstate) => chain = database_chain(sqlstate.as_ref()),
+        _ => {}
     }
     let (code, record_index, transient) = match failure {
         Failure::LeaseLost => return Ended::clean(Transition::LeaseLost),
@@ -323,7 +327,9 @@ async fn settle_failure(
         Failure::Infrastructure => return Ended::clean(Transition::GivenBack),
         Failure::EffectsOverrun => (Code::ExecutionTimeout, None, true),
         Failure::Cancelled => (Code::Cancelled, None, false),
-        Failure::Code(code) => (code, None, code == Code::TransientDatabase),
+        Failure::Code(code) | Failure::Batch(code, _) => {
+            (code, None, code == Code::TransientDatabase)
+        }
         Failure::Job(JobError::Transient(_)) => (Code::HandlerFailed, None, true),
         Failure::Job(JobError::RetryAfter { after: asked, .. }) => {
             after = Some(asked);
