@@ -10,7 +10,7 @@ use super::plan_check::{
     explain_planned, explain_prepared, in_planner_transaction, judged_failure,
     walks_the_pending_index_in_order, RECHECK_AFTER,
 };
-use super::rows::{claimed, name_queues, refused, Claim};
+use super::rows::{claimed, refused, Claim};
 use super::statement::{
     claim_uncapped, Ask, ClaimValues, Claimant, CLAIM_PARAMS, CLAIM_SQL, CLAIM_UNCAPPED_SQL,
 };
@@ -194,9 +194,7 @@ impl ClaimSession {
         capped: &CappedQueues,
     ) -> Result<Claim, tokio_postgres::Error> {
         if capped.any_of(asks) {
-            let mut claim = self.claim_with_permits(claimant, asks).await?;
-            name_queues(&mut claim.jobs, asks);
-            return Ok(claim);
+            return self.claim_with_permits(claimant, asks).await;
         }
         let Claim {
             mut jobs,
@@ -222,7 +220,6 @@ impl ClaimSession {
                 .map(|(i, left)| (of(i), left))
                 .collect();
         }
-        name_queues(&mut jobs, asks);
         Ok(Claim {
             jobs,
             capped: Vec::new(),
@@ -245,7 +242,7 @@ impl ClaimSession {
                     .await?
             }
         };
-        Ok(claimed(rows))
+        Ok(claimed(rows, asks))
     }
 
     /// [`claim_uncapped`] on this session, prepared when it can be.
@@ -264,7 +261,7 @@ impl ClaimSession {
             .client
             .query(&prepared.uncapped, &values.params())
             .await?;
-        Ok(refused(rows))
+        Ok(refused(rows, asks))
     }
 
     /// [`next_due`] on this session, prepared when it can be.
