@@ -17,7 +17,8 @@
 //!
 //! Invariants this module keeps:
 //! - Each letter makes at most one job, however many replays of it run at once, repeat or
-//!   crash ([`replay`]'s module documentation says how).
+//!   crash: [`DeadLetters::replay`] row-locks the letter, and the job it makes carries a key
+//!   derived from the letter.
 //! - Every call is scoped to its handle's owner; an operator's handle sees every owner's.
 //! - Only metadata is shown: queue, kind, stable code, attempts, times and ids. Never a payload,
 //!   an owner or an error message.
