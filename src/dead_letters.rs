@@ -43,7 +43,7 @@ pub use seal::{is_key_id, PayloadKey};
 #[doc(hidden)]
 pub use letters::{COUNTS_SQL, DISCARD_SQL, GET_SQL, LIST_SQL};
 #[doc(hidden)]
-pub use replay::{LOCK_CHUNK_SQL, LOCK_ONE_SQL, MARK_SQL, UNREPLAYABLE_SQL};
+pub use replay::{ELIGIBLE_SQL, LOCK_CHUNK_SQL, LOCK_ONE_SQL, MARK_SQL, UNREPLAYABLE_SQL};
 
 /// The dead letters one owner sees, or all owners' for an operator; with the key that opens
 /// retained payloads, if the deployment retains any.
