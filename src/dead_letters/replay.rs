@@ -80,7 +80,9 @@ SELECT ",
     "
   FROM etl_dead_letters l
   JOIN etl_job_intake i ON i.id = l.job_id
-  LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id
+  LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
+    kept!(),
+    "
  WHERE l.job_id = $1 AND ($2::bytea IS NULL OR l.owner_key = $2)
    FOR UPDATE OF l"
 );
@@ -99,7 +101,9 @@ SELECT ",
     "
   FROM etl_dead_letters l
   JOIN etl_job_intake i ON i.id = l.job_id
-  JOIN etl_retained_payloads r ON r.job_id = l.job_id
+  JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
+    kept!(),
+    "
  WHERE ",
     letters_matching!(),
     "
@@ -118,7 +122,9 @@ pub const ELIGIBLE_SQL: &str = concat!(
 SELECT EXISTS (
     SELECT 1
       FROM etl_dead_letters l
-      JOIN etl_retained_payloads r ON r.job_id = l.job_id
+      JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
+    kept!(),
+    "
      WHERE ",
     letters_matching!(),
     "
@@ -134,7 +140,9 @@ pub const UNREPLAYABLE_SQL: &str = concat!(
 SELECT count(*) FILTER (WHERE r.job_id IS NULL),
        count(*) FILTER (WHERE r.key_id <> $7)
   FROM etl_dead_letters l
-  LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id
+  LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
+    kept!(),
+    "
  WHERE ",
     letters_matching!()
 );

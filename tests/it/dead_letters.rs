@@ -727,15 +727,30 @@ async fn retained_payloads_are_pruned_on_time_and_unreadable_under_another_key()
         .id;
     assert_eq!(count(&client, "etl_retained_payloads").await, 4);
     drain_due(&db, &client).await;
-    // `old` failed longer ago than its hour.
+    // `old` failed longer ago than its hour: its payload is no longer used, even before
+    // maintenance deletes it.
     client
-        .execute(
+        .batch_execute(&format!(
             "UPDATE etl_job_outcomes SET finished_at = now() - interval '61 minutes'
-              WHERE job_id = $1",
-            &[&old],
-        )
+              WHERE job_id = '{old}';
+             UPDATE etl_dead_letters SET failed_at = now() - interval '61 minutes'
+              WHERE job_id = '{old}'"
+        ))
         .await
         .unwrap();
+    let mut conn = db.client().await;
+    let letters = jobs.dead_letters();
+    assert!(!letters.get(&client, old).await.unwrap().unwrap().retained);
+    assert!(
+        letters
+            .get(&client, failed)
+            .await
+            .unwrap()
+            .unwrap()
+            .retained
+    );
+    let expired = letters.replay(&mut conn, old, "t", None).await.unwrap_err();
+    assert_eq!(expired.code().as_str(), "payload_not_retained");
     assert_eq!(
         retention::prune(&client).await.unwrap(),
         2,
@@ -753,7 +768,6 @@ async fn retained_payloads_are_pruned_on_time_and_unreadable_under_another_key()
     assert_eq!(retention::prune(&client).await.unwrap(), 0);
 
     // Rotated key: the payload sealed under k1 does not open under k2.
-    let mut conn = db.client().await;
     let rotated = DeadLetters::for_owner(secret(), "keeper").with_key(key("k2"));
     let refused = rotated
         .replay(&mut conn, failed, "t", None)
