@@ -981,3 +981,22 @@ async fn a_listing_walks_an_index_at_a_million_letters_scale() {
         assert!(!plan.contains("Sort"), "a walk in order, no sort: {plan}");
     }
 }
+
+#[tokio::test]
+async fn a_replica_deletes_the_payloads_no_longer_kept_when_it_starts() {
+    let (db, client) = database().await;
+    let jobs = Jobs::new(secret(), "pruned").retaining(Retention::new(key("k1")).queue("mail"));
+    mail(&client, &jobs, "ok@x", "ok", "k-ok").await;
+    // The job succeeds; its payload is left for maintenance.
+    drain(mailer(&db, "first").await, &client).await;
+    assert_eq!(count(&client, "etl_retained_payloads").await, 1);
+    // A replica deletes it at its first maintenance tick (and then once a minute).
+    let (stop, until) = shutdown::manual();
+    let replica = tokio::spawn(mailer(&db, "pruner").await.run(until));
+    eventually("the replica to delete the payload", || async {
+        count(&client, "etl_retained_payloads").await == 0
+    })
+    .await;
+    stop.request(shutdown::Stage::Draining);
+    replica.await.unwrap().unwrap();
+}
