@@ -120,6 +120,16 @@ pub enum Code {
     /// A schedule's name, cron expression, time zone or policy is not valid (the pointer says
     /// which).
     ScheduleInvalid,
+    /// The body sent to replay a dead letter is not the failed job's payload (its keyed
+    /// fingerprint differs), or the job was enqueued without an idempotency key and kept no
+    /// fingerprint to compare with.
+    ReplayBodyMismatch,
+    /// A dead letter's replay without a body found no retained payload: its kind and queue did
+    /// not retain payloads, or its retained payload outlived its time to keep.
+    PayloadNotRetained,
+    /// A dead letter's retained payload does not open under the key this deployment holds now:
+    /// it was sealed under a key since rotated or destroyed.
+    PayloadUnreadable,
 }
 
 impl Code {
@@ -174,6 +184,9 @@ impl Code {
         Code::QueryInvalid,
         Code::MethodNotAllowed,
         Code::ScheduleInvalid,
+        Code::ReplayBodyMismatch,
+        Code::PayloadNotRetained,
+        Code::PayloadUnreadable,
     ];
 
     /// The stable snake_case string of this code.
@@ -228,6 +241,9 @@ impl Code {
             Code::QueryInvalid => "query_invalid",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::ScheduleInvalid => "schedule_invalid",
+            Code::ReplayBodyMismatch => "replay_body_mismatch",
+            Code::PayloadNotRetained => "payload_not_retained",
+            Code::PayloadUnreadable => "payload_unreadable",
         }
     }
 

@@ -431,7 +431,23 @@ pub struct ApiConfig {
     /// Request size limits (1 to [`crate::intake::MAX_RECORDS_MAX`] records, 1 to
     /// [`crate::intake::MAX_BYTES_MAX`] bytes). Default to 10,000 records and 1 MiB.
     pub limits: crate::intake::IntakeLimits,
+    /// The id of the key retained payloads are sealed under and opened with, derived from the
+    /// secret ([`crate::dead_letters::PayloadKey`]): a new id rotates the key, and payloads
+    /// sealed under the old one no longer open. Defaults to [`PAYLOAD_KEY_ID_DEFAULT`].
+    pub payload_key_id: String,
+    /// Keep each ETL job's request, sealed, this long after the job fails (at most
+    /// [`RETAIN_TTL_MAX`]), so that its dead letter replays without the
+    /// body. `None`, the default: nothing is kept, and a letter replays only with the request
+    /// sent again.
+    pub retain_payloads: Option<Duration>,
 }
+
+/// The longest a retained payload is kept after its job failed: a year (what the schema
+/// admits).
+pub const RETAIN_TTL_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The payload key id a deployment uses unless it names another.
+pub const PAYLOAD_KEY_ID_DEFAULT: &str = "1";
 
 impl Default for ApiConfig {
     fn default() -> Self {
@@ -440,6 +456,8 @@ impl Default for ApiConfig {
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
             max_concurrency: MAX_CONCURRENCY_DEFAULT,
             limits: crate::intake::IntakeLimits::default(),
+            payload_key_id: PAYLOAD_KEY_ID_DEFAULT.to_owned(),
+            retain_payloads: None,
         }
     }
 }
@@ -452,6 +470,15 @@ impl ApiConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.request_timeout.is_zero() {
             return Err(ConfigError::ZeroDuration("request timeout"));
+        }
+        if !crate::names::is_key_id(&self.payload_key_id) {
+            return Err(ConfigError::PayloadKey);
+        }
+        if let Some(keep) = self.retain_payloads {
+            if keep.is_zero() {
+                return Err(ConfigError::ZeroDuration("payload retention"));
+            }
+            at_most("payload retention", keep, RETAIN_TTL_MAX, "365 days")?;
         }
         at_most(
             "request timeout",

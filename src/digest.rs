@@ -40,6 +40,9 @@ pub enum DigestKind {
     ConsoleSession,
     /// A console form's anti-forgery token.
     ConsoleCsrf,
+    /// A payload key's id: the key that seals retained payloads
+    /// ([`crate::dead_letters::PayloadKey`]).
+    PayloadKey,
 }
 
 impl DigestKind {
@@ -52,6 +55,7 @@ impl DigestKind {
             DigestKind::Request => b"durable-etl/request/v1\0",
             DigestKind::ConsoleSession => b"durable-etl/console-session/v1\0",
             DigestKind::ConsoleCsrf => b"durable-etl/console-csrf/v1\0",
+            DigestKind::PayloadKey => b"durable-etl/payload-key/v1\0",
         }
     }
 }

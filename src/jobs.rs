@@ -18,6 +18,7 @@
 //!   ([`Cancel::Deferred`]: recorded, the job may still succeed).
 
 use crate::codes::Code;
+use crate::dead_letters::{DeadLetters, Retention};
 use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
 use crate::intake::Rejection;
@@ -99,6 +100,8 @@ pub struct Jobs {
     secret: Secret,
     /// The digest of the owner calls act for.
     owner: [u8; 32],
+    /// Which jobs keep their payloads, sealed, for a replay (none by default).
+    retention: Option<std::sync::Arc<Retention>>,
 }
 
 impl Jobs {
@@ -106,7 +109,28 @@ impl Jobs {
     /// key of the HTTP API maps to, so the jobs show there too), unless a call names another.
     pub fn new(secret: Secret, owner: &str) -> Jobs {
         let owner = secret.digest(DigestKind::Principal, owner.as_bytes());
-        Jobs { secret, owner }
+        Jobs {
+            secret,
+            owner,
+            retention: None,
+        }
+    }
+
+    /// The same handle, keeping the payloads of the jobs `retention` names, sealed, so that
+    /// their dead letters can be replayed without the body ([`crate::dead_letters`]).
+    pub fn retaining(mut self, retention: Retention) -> Jobs {
+        self.retention = Some(std::sync::Arc::new(retention));
+        self
+    }
+
+    /// The dead letters of this handle's owner, opening retained payloads under the handle's
+    /// retention key, if it has one.
+    pub fn dead_letters(&self) -> DeadLetters {
+        let letters = DeadLetters::of(self.secret.clone(), self.owner);
+        match &self.retention {
+            Some(retention) => letters.with_key(retention.key().clone()),
+            None => letters,
+        }
     }
 
     /// The schedules of this handle's owner ([`crate::schedule`]).
@@ -116,7 +140,10 @@ impl Jobs {
 
     /// This handle, acting for `owner` instead.
     pub fn for_owner(&self, owner: &str) -> Jobs {
-        Jobs::new(self.secret.clone(), owner)
+        Jobs {
+            retention: self.retention.clone(),
+            ..Jobs::new(self.secret.clone(), owner)
+        }
     }
 
     /// The owner digest calls act for (what [`crate::job::handler::JobContext::owner_key`] shows).
@@ -235,6 +262,7 @@ impl Jobs {
             let owner = options.owner.map_or(self.owner, |o| {
                 self.secret.digest(DigestKind::Principal, o.as_bytes())
             });
+            let queue = options.queue.unwrap_or(J::QUEUE);
             let submission = Submission {
                 payload: serde_json::to_value(job)
                     .map_err(|_| Error::from(Rejection::new(Code::InvalidPayload, "")))?,
@@ -242,10 +270,11 @@ impl Jobs {
                 max_attempts: options.max_attempts.unwrap_or(J::MAX_ATTEMPTS),
                 run_at: options.run_at,
                 replaces: options.replaces,
-                queue: Some(options.queue.unwrap_or(J::QUEUE)),
+                queue: Some(queue),
                 priority: options.priority.unwrap_or(J::PRIORITY),
                 concurrency_key: options.concurrency_key,
                 dated: false,
+                retain: self.retention.as_ref().and_then(|r| r.of(J::KIND, queue)),
             };
             match runs.last_mut() {
                 Some((last, run)) if *last == owner => run.push(submission),

@@ -45,6 +45,7 @@ mod sql;
 
 // The runtime: what a user implements, calls and runs.
 pub mod config;
+pub mod dead_letters;
 pub mod error;
 pub mod job;
 pub mod jobs;
@@ -90,6 +91,7 @@ pub(crate) mod test_db;
 pub use codes::Code;
 pub use config::{ConfigError, DatabaseConfig, WorkerConfig};
 pub use db::{connect_pool, Pool};
+pub use dead_letters::DeadLetters;
 pub use digest::Secret;
 pub use error::Error;
 pub use job::{Apply, Job, JobContext, JobError, Perform, Registry};

@@ -24,3 +24,15 @@ pub(crate) fn is_identifier(s: &str, also: &[char]) -> bool {
 pub fn is_kind_name(name: &str) -> bool {
     is_identifier(name, &['.'])
 }
+
+/// The longest payload key id, in bytes.
+pub const KEY_ID_MAX: usize = 64;
+
+/// Whether `id` may name a payload key ([`crate::dead_letters::PayloadKey`]): 1 to
+/// [`KEY_ID_MAX`] ASCII letters, digits, `.`, `_` or `-`.
+pub fn is_key_id(id: &str) -> bool {
+    (1..=KEY_ID_MAX).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}

@@ -13,6 +13,8 @@
 //!   `cancel_requested!()`, the one definition of "the owner asked to cancel", off the live row
 //!   it locked or changed (never off another table), so a request and a commit serialize on the
 //!   row lock and never both win; a cancelled job's code is the row's `cancel_code`.
+//! - Every statement that can end a job `failed` appends its dead letter in the same statement,
+//!   through `dead_letters_of!()`, built only from the outcome rows it appended.
 //! - An outcome's `finished_at` is the time its statement ran (`statement_timestamp()`), not the
 //!   start of its transaction, which a batch of effects may have opened long before.
 //! - Every statement that gives a live row back to `pending` (retry, recovery, release) appends
@@ -62,9 +64,10 @@ macro_rules! ended_columns {
 
 /// Appends one outcome row per row of CTE `$source` (which returned [`ended_columns`]), with
 /// status `$status`, failure code `$code` and record index `$index` (SQL expressions over
-/// `$source`'s columns), returning `job_id, status`. With `diagnosis: $diagnosis`, an SQL
-/// expression of type `jsonb` (NULL for a cancellation), it also writes the failed attempt's
-/// diagnosis (`job::diagnosis`, migration 0035); without it the statement is exactly as before.
+/// `$source`'s columns), returning `job_id, status` and what [`dead_letters_of`] needs. With
+/// `diagnosis: $diagnosis`, an SQL expression of type `jsonb` (NULL for a cancellation), it also
+/// writes the failed attempt's diagnosis (`job::diagnosis`, migration 0036); without it the
+/// statement is exactly as before.
 ///
 /// Locks: inserts new rows and their primary-key entries; a second outcome for a job would
 /// violate the key (none can be built: its live row is deleted once).
@@ -93,7 +96,27 @@ macro_rules! outcome_of {
             " FROM ",
             $source,
             "
- RETURNING job_id, status"
+ RETURNING job_id, status, owner_key, failure_code, attempts, finished_at"
+        )
+    };
+}
+
+/// Appends one dead letter (`etl_dead_letters`, migration 0035) per `failed` row of CTE
+/// `$outcome` (an [`outcome_of`] insert), with the job's queue and kind from its intake row. Only
+/// jobs with an intake row get one (its foreign key), as with [`attempt_ended`].
+///
+/// Locks: reads each job's intake row by primary key; the foreign-key check takes `FOR KEY
+/// SHARE` on it; inserts new rows and their index entries (a second letter for a job would
+/// violate the key: its outcome is written once).
+macro_rules! dead_letters_of {
+    ($outcome:expr) => {
+        concat!(
+            "INSERT INTO etl_dead_letters (job_id, owner_key, queue, kind, code, attempts, failed_at)
+    SELECT o.job_id, o.owner_key, i.queue, i.kind, o.failure_code, o.attempts, o.finished_at
+      FROM ",
+            $outcome,
+            " o JOIN etl_job_intake i ON i.id = o.job_id
+     WHERE o.status = 'failed'"
         )
     };
 }
@@ -113,7 +136,7 @@ macro_rules! attempt_columns {
 /// third argument, an SQL expression over `$source`'s row `s`, the owner the attempt was taken
 /// from (recovery's, migration 0032: what a replica that was only cut off gives back); with a
 /// fourth, `diagnosis: $diagnosis`, an SQL expression of type `jsonb` over `s`, the attempt's
-/// diagnosis (`job::diagnosis`, migration 0035; without it the statement is exactly as before).
+/// diagnosis (`job::diagnosis`, migration 0036; without it the statement is exactly as before).
 /// Only rows whose job has an intake row are recorded: a live row without one (which no release
 /// writes) must not make the history's foreign key fail the statement that gives jobs back.
 ///

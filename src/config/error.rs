@@ -96,6 +96,10 @@ pub enum ConfigError {
     /// which entry (by position, and by name if it is one) and what is wrong, never a value.
     #[error("the schedules file is not valid: {0}")]
     SchedulesFile(String),
+    /// A payload key is needed (to retain or replay retained payloads) and none was given, or
+    /// its id is not 1 to 64 ASCII letters, digits, `.`, `_` or `-`.
+    #[error("the payload key id must be 1 to 64 ASCII letters, digits, '.', '_' or '-'")]
+    PayloadKey,
     /// `bench` was given a database name that is not its own (it drops what it creates).
     #[error("the bench database name must start with durable_etl_bench")]
     BenchDatabase,

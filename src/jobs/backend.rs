@@ -62,6 +62,19 @@ pub(crate) struct CancelParams<'a> {
     pub(crate) last: Option<bool>,
 }
 
+/// The sealed payloads one enqueue keeps, parallel arrays in its statement's order.
+#[derive(Debug, Default)]
+pub(crate) struct Retained<'a> {
+    /// `$1`: the jobs.
+    pub(crate) ids: Vec<Uuid>,
+    /// `$2`: the ids of the keys that sealed them.
+    pub(crate) key_ids: Vec<&'a str>,
+    /// `$3`: the sealed payloads.
+    pub(crate) sealed: Vec<Vec<u8>>,
+    /// `$4`: how long each is kept after its job fails, in seconds.
+    pub(crate) ttls: Vec<i32>,
+}
+
 /// A job found under an idempotency key: the key digest, the job's id and its fingerprint.
 pub(crate) type Existing = (Vec<u8>, Uuid, Vec<u8>);
 
@@ -90,6 +103,13 @@ pub(crate) trait Backend: Send {
         sql: &'static str,
         params: CancelParams<'a>,
     ) -> BoxFuture<'a, Result<Option<(JobState, bool)>, Error>>;
+
+    /// Runs the INSERT of sealed payloads `rows`.
+    fn retain<'a>(
+        &'a mut self,
+        sql: &'static str,
+        rows: &'a Retained<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>>;
 }
 
 /// A tokio-postgres client: a transaction's own (`GenericClient::client`), on whose connection
@@ -176,6 +196,27 @@ impl Backend for Pg<'_> {
             }
         })
     }
+
+    fn retain<'a>(
+        &'a mut self,
+        sql: &'static str,
+        rows: &'a Retained<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.0
+                .execute_typed(
+                    sql,
+                    &[
+                        (&rows.ids, Type::UUID_ARRAY),
+                        (&rows.key_ids, Type::TEXT_ARRAY),
+                        (&rows.sealed, Type::BYTEA_ARRAY),
+                        (&rows.ttls, Type::INT4_ARRAY),
+                    ],
+                )
+                .await?;
+            Ok(())
+        })
+    }
 }
 
 /// A sqlx connection, or a transaction through it (`&mut *tx`).
@@ -260,6 +301,23 @@ impl Backend for Sqlx<'_> {
             let status: String = row.try_get(0)?;
             let status = JobState::parse(&status).ok_or(Error::Internal)?;
             Ok(Some((status, row.try_get(1)?)))
+        })
+    }
+
+    fn retain<'a>(
+        &'a mut self,
+        sql: &'static str,
+        rows: &'a Retained<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            sqlx::query(sql)
+                .bind(&rows.ids)
+                .bind(&rows.key_ids)
+                .bind(&rows.sealed)
+                .bind(&rows.ttls)
+                .execute(&mut *self.0)
+                .await?;
+            Ok(())
         })
     }
 }

@@ -26,10 +26,11 @@
 
 use crate::codes::Code;
 use crate::config::ConfigError;
+use crate::dead_letters::retention::Retain;
 use crate::digest::{DigestKind, Secret};
 use crate::error::Error;
 use crate::intake::Rejection;
-use crate::jobs::backend::{Backend, InsertParams, Pg};
+use crate::jobs::backend::{Backend, InsertParams, Pg, Retained};
 use crate::jobs::cancel::{self, Cancel};
 use crate::queue::{is_queue_name, QueuesError, DEFAULT_QUEUE, PRIORITY_RANGE};
 use chrono::{DateTime, Utc};
@@ -69,6 +70,9 @@ pub struct Submission<'a> {
     /// most that many jobs of one key at once ([`crate::queue::set_key_cap`]). Stored on the live
     /// row only; never logged, labelled or shown.
     pub concurrency_key: Option<&'a str>,
+    /// Keep the payload, sealed, to replay the job if it ends `failed`
+    /// ([`crate::dead_letters`]); `None` (the default): nothing is kept.
+    pub retain: Option<Retain<'a>>,
 }
 
 /// The longest concurrency key, in bytes.
@@ -173,6 +177,8 @@ struct Columns<'a> {
     dated: Vec<bool>,
     /// Whether the job came with the caller's key (only those can be replays).
     keyed: Vec<bool>,
+    /// Whether, and how, each job's payload is retained.
+    retains: Vec<Option<Retain<'a>>>,
 }
 
 impl<'a> Columns<'a> {
@@ -230,6 +236,7 @@ impl<'a> Columns<'a> {
             c.run_ats.push(job.run_at);
             c.dated.push(job.dated);
             c.replaces.push(job.replaces);
+            c.retains.push(job.retain);
         }
         Ok(c)
     }
@@ -327,14 +334,16 @@ impl Destination<'_> {
             && !c.dated.contains(&true)
         {
             client.insert(INSERT_UNKEYED_SQL, &params, false).await?;
-            return Ok(c
+            let out: Vec<Enqueued> = c
                 .ids
                 .iter()
                 .map(|&id| Enqueued {
                     id,
                     replayed: false,
                 })
-                .collect());
+                .collect();
+            retain(client, &c, &out).await?;
+            return Ok(out);
         }
         replace_olds(client, owner_key, &c.key_digests, &c.replaces).await?;
         let params = InsertParams {
@@ -375,9 +384,40 @@ impl Destination<'_> {
                 _ => return Err(Rejection::new(Code::IdempotencyKeyReused, "").into()),
             }
         }
+        retain(client, &c, &out).await?;
         Ok(out)
     }
 }
+
+/// Keeps the payloads of the jobs of `c` that asked for it ([`Submission::retain`]) and were
+/// inserted now (`out`: an idempotent replay keeps what its job kept), sealed: one INSERT, and
+/// none when no job asked.
+async fn retain(client: &mut impl Backend, c: &Columns<'_>, out: &[Enqueued]) -> Result<(), Error> {
+    let mut rows = Retained::default();
+    for (i, done) in out.iter().enumerate() {
+        let Some(retain) = c.retains[i] else { continue };
+        if done.replayed {
+            continue;
+        }
+        rows.ids.push(done.id);
+        rows.key_ids.push(retain.key.id());
+        rows.sealed.push(retain.key.seal(done.id, &c.payloads[i]));
+        rows.ttls.push(retain.ttl_seconds());
+    }
+    if rows.ids.is_empty() {
+        return Ok(());
+    }
+    client.retain(RETAIN_SQL, &rows).await
+}
+
+/// Keeps sealed payloads (`$1` job ids, `$2` key ids, `$3` sealed payloads, `$4` how long after
+/// a failure each is kept, in seconds), parallel arrays.
+///
+/// Locks: inserts new rows; the foreign-key check takes `FOR KEY SHARE` on each job's intake row,
+/// which this transaction inserted.
+pub const RETAIN_SQL: &str = "
+INSERT INTO etl_retained_payloads (job_id, key_id, sealed, ttl_s)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::int4[])";
 
 /// Cancels (as `replaced`) the jobs the batch replaces, unless the replacing job exists already
 /// (an idempotent replay replaces nothing again). Atomic with the insert when the caller passes a

@@ -18,6 +18,7 @@ use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
+use crate::dead_letters::Retain;
 use crate::error::Error;
 use crate::job::Diagnosis;
 use crate::jobs::notifier;
@@ -238,10 +239,12 @@ pub(super) async fn submit(
         .to_str()
         .map_err(|_| invalid_key(IDEMPOTENCY_KEY_NOT_ASCII))?;
     let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
+    let retain = state.config.retain_payloads.zip(state.payload_key.as_ref());
     let job = NewJob {
         idempotency_key: key,
         request: &request,
         max_attempts: MAX_ATTEMPTS_DEFAULT,
+        retain: retain.map(|(ttl, key)| Retain { key, ttl }),
     };
     let (secret, owner, skip_notify) = (&state.secret, &owner.0, state.notifier.is_some());
     let mut conn = Conn::checkout(&state.pool).await?;

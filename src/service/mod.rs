@@ -20,6 +20,7 @@
 pub mod api_keys;
 mod conn;
 mod console;
+mod dead_letters;
 mod jobs;
 #[doc(hidden)]
 pub mod metrics;
@@ -33,6 +34,7 @@ pub mod schedules;
 use crate::codes::Code;
 use crate::config::ApiConfig;
 use crate::db::Pool;
+use crate::dead_letters::PayloadKey;
 use crate::digest::Secret;
 use crate::error::Error;
 use crate::jobs::notifier::Notifier;
@@ -66,6 +68,9 @@ pub struct AppState {
     /// The process's coalescing notifier: when set, submissions skip the enqueue trigger's
     /// NOTIFY and signal it after they commit; when not, the trigger notifies.
     notifier: Option<Notifier>,
+    /// The key retained payloads are sealed under and opened with (`None` only for a key id
+    /// the configuration's validation refuses).
+    payload_key: Option<PayloadKey>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -78,6 +83,7 @@ impl AppState {
     /// The state of an API serving `pool` with `secret` and `config`.
     pub fn new(pool: Pool, secret: Secret, config: ApiConfig) -> AppState {
         AppState {
+            payload_key: PayloadKey::derive(&secret, &config.payload_key_id),
             pool,
             secret,
             config,
@@ -104,7 +110,9 @@ impl AppState {
     paths(jobs::submit, jobs::list, jobs::get_job, jobs::cancel_job, jobs::get_attempts, ops::healthz, ops::readyz, ops::metrics,
           queues::list, queues::get_queue, schedules::list, schedules::get_schedule,
           schedules::put_schedule, schedules::delete_schedule, schedules::pause, schedules::resume,
-          schedules::fires),
+          schedules::fires, dead_letters::list, dead_letters::counts, dead_letters::get_letter,
+          dead_letters::discard_letter, dead_letters::replay_letter, dead_letters::replay_matching,
+          dead_letters::discard_matching),
     components(schemas(crate::jobs::JobStatus, crate::jobs::JobFailure, jobs::AttemptList,
                        jobs::AttemptView, jobs::FailedAttemptView, crate::job::Diagnosis,
                        crate::job::diagnosis::ErrorLink, crate::job::diagnosis::Phase,
@@ -112,7 +120,9 @@ impl AppState {
                        problem::Problem, jobs::JobList, jobs::CancelAccepted, ops::Health, crate::kinds::etl::request::EtlRequest,
                        queues::Queue, queues::QueueList, schedules::ScheduleView,
                        schedules::ScheduleList, schedules::ScheduleBody, schedules::FireView,
-                       schedules::FireList)),
+                       schedules::FireList, dead_letters::LetterView, dead_letters::LetterList,
+                       dead_letters::CountView, dead_letters::CountList, dead_letters::ReplayView,
+                       dead_letters::BulkReplayView, dead_letters::DiscardView, dead_letters::Filter)),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -136,6 +146,7 @@ impl utoipa::Modify for BearerAuth {
 fn routes(body_limit: usize) -> Router<AppState> {
     let submit = jobs::submit.layer(RequestBodyLimitLayer::new(body_limit));
     let put_schedule = schedules::put_schedule.layer(RequestBodyLimitLayer::new(body_limit));
+    let replay = dead_letters::replay_letter.layer(RequestBodyLimitLayer::new(body_limit));
     Router::new()
         .route("/v1/etl-jobs", get(jobs::list).post(submit))
         .route(
@@ -158,6 +169,21 @@ fn routes(body_limit: usize) -> Router<AppState> {
         .route("/v1/schedules/{name}/pause", post(schedules::pause))
         .route("/v1/schedules/{name}/resume", post(schedules::resume))
         .route("/v1/schedules/{name}/fires", get(schedules::fires))
+        .route("/v1/dead-letters", get(dead_letters::list))
+        .route("/v1/dead-letters/counts", get(dead_letters::counts))
+        .route(
+            "/v1/dead-letters/replay",
+            post(dead_letters::replay_matching),
+        )
+        .route(
+            "/v1/dead-letters/discard",
+            post(dead_letters::discard_matching),
+        )
+        .route(
+            "/v1/dead-letters/{id}",
+            get(dead_letters::get_letter).delete(dead_letters::discard_letter),
+        )
+        .route("/v1/dead-letters/{id}/replay", post(replay))
         .merge(console::routes())
 }
 

@@ -63,6 +63,18 @@ fn status_and_title(code: Code) -> (StatusCode, &'static str) {
             StatusCode::UNPROCESSABLE_ENTITY,
             "The schedule is not valid",
         ),
+        Code::ReplayBodyMismatch => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "The body is not the failed job's request",
+        ),
+        Code::PayloadNotRetained => (
+            StatusCode::CONFLICT,
+            "No payload is retained for this letter: send the job's request again",
+        ),
+        Code::PayloadUnreadable => (
+            StatusCode::CONFLICT,
+            "The retained payload was sealed under a key no longer held: send the job's request again",
+        ),
         Code::IdempotencyKeyReused => (
             StatusCode::UNPROCESSABLE_ENTITY,
             "The idempotency key was used with a different request",

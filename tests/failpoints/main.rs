@@ -62,6 +62,7 @@ async fn enqueue_load(client: &Client) -> Uuid {
         idempotency_key: "crash",
         request: &parsed,
         max_attempts: 5,
+        retain: None,
     };
     enqueue(client, &secret, &owner, job).await.unwrap().id
 }

@@ -628,7 +628,7 @@ async fn migration_0023_is_additive_and_round_trips_with_capped_jobs_running() {
         .unwrap();
     assert_eq!((down.changed, down.version), (versions_above(22, true), 22));
     // Ended the way code of that schema ends it, by a failure that frees its permit: this
-    // release's own statements write the columns of 0033 (success) and 0035 (failure), which are
+    // release's own statements write the columns of 0033 (success) and 0036 (failure), which are
     // not there below them.
     let lease = jobs[0].lease();
     let ended = client

@@ -37,6 +37,7 @@ pub(crate) fn new_job<'a>(key: &'a str, request: &'a EtlRequest, max_attempts: i
         idempotency_key: key,
         request,
         max_attempts,
+        retain: None,
     }
 }
 

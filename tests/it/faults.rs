@@ -63,6 +63,7 @@ pub async fn locked_update_with(
             idempotency_key: "seed",
             request: &seed,
             max_attempts: 5,
+            retain: None,
         },
     )
     .await
@@ -90,6 +91,7 @@ pub async fn locked_update_with(
             idempotency_key: "update",
             request: &update,
             max_attempts,
+            retain: None,
         },
     )
     .await

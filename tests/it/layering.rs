@@ -47,7 +47,7 @@ const PARTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("contract", &["job"]),
-    ("calls", &["jobs", "schedule"]),
+    ("calls", &["jobs", "schedule", "dead_letters"]),
     ("engine", &["worker", "replica"]),
     ("kinds", &["kinds"]),
     ("service", &["service"]),

@@ -20,6 +20,8 @@ mod console_privacy;
 mod console_replicas;
 mod cooldown;
 mod cuts;
+mod dead_letters;
+mod dead_letters_api;
 mod deploy;
 mod diagnoses;
 mod errors;

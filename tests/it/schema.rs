@@ -1666,6 +1666,7 @@ async fn enqueue_unkeyed(client: &tokio_postgres::Client, n: usize, payload: ser
             priority: 0,
             concurrency_key: None,
             dated: false,
+            retain: None,
         })
         .collect();
     let done = durable_etl::jobs::enqueue::submit(client, &secret, &[1u8; 32], "test.noop", jobs)

@@ -594,6 +594,7 @@ pub async fn enqueue_loads(
                 idempotency_key: key,
                 request,
                 max_attempts,
+                retain: None,
             })
             .collect();
         let done = enqueue_many(client, &secret, &owner, &jobs).await.unwrap();
@@ -647,6 +648,7 @@ pub async fn enqueue_placed_loads(
                 priority: 0,
                 concurrency_key: concurrency_key.as_deref(),
                 dated: false,
+                retain: None,
             },
         )
         .collect();

@@ -7,6 +7,7 @@
 //!   `idempotency_key_reused` (see [`crate::jobs::enqueue`] for the rest: one statement per chunk,
 //!   replacement, the caller's transaction).
 
+use crate::dead_letters::Retain;
 use crate::digest::Secret;
 use crate::error::Error;
 use crate::jobs::enqueue::{self as core, Submission};
@@ -28,6 +29,8 @@ pub struct NewJob<'a> {
     pub request: &'a EtlRequest,
     /// The attempt bound (1 to 100; another is refused with `ConfigError::MaxAttempts`).
     pub max_attempts: i32,
+    /// Keep the request, sealed, to replay the job if it fails ([`crate::dead_letters`]).
+    pub retain: Option<Retain<'a>>,
 }
 
 impl NewJob<'_> {
@@ -43,6 +46,7 @@ impl NewJob<'_> {
             priority: 0,
             concurrency_key: None,
             dated: false,
+            retain: self.retain,
         }
     }
 }

@@ -295,6 +295,10 @@ WITH decided AS (
             ELSE ($4::jsonb - 'delay_ms') || '{\"decision\": \"fail\"}'::jsonb END"
     ),
     "
+), letter AS (
+    ",
+    dead_letters_of!("outcome"),
+    "
 ), ",
     permits_freed!(
         claimed_by_freer: "SELECT d.queue, d.permit_slot, $2::uuid AS claim_id FROM decided d
@@ -365,15 +369,22 @@ WITH ended AS (
     "
 ), ",
     permits_freed!(claimed_by_freer: "SELECT queue, permit_slot, lease_claim_id AS claim_id FROM ended"),
-    "
-",
+    ", outcome AS (
+    ",
     outcome_of!(
         "ended",
         "CASE WHEN $3::text = 'cancelled' THEN 'cancelled' ELSE 'failed' END",
         "CASE WHEN $3::text = 'cancelled' THEN coalesce(cancel_code, $3::text) ELSE $3::text END",
         "$4::int4",
         diagnosis: "CASE WHEN $3::text = 'cancelled' THEN NULL ELSE $5::jsonb END"
-    )
+    ),
+    "
+), letter AS (
+    ",
+    dead_letters_of!("outcome"),
+    "
+)
+SELECT job_id FROM outcome"
 );
 
 /// Ends the job `failed` with `code` (a stored code) and the optional record index, recording

@@ -435,6 +435,7 @@ impl Writes<'_> {
                         max_attempts: e.max_attempts,
                         run_at: Some(fire),
                         dated: true,
+                        retain: None,
                         replaces: None,
                         queue: Some(e.queue),
                         priority: e.priority,

@@ -141,6 +141,30 @@ impl Cluster {
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
     }
+
+    /// The bytes of the WAL from LSN `from` to LSN `to` (as byte positions), read from the
+    /// segment files of timeline 1 (a fresh cluster's) of the default 16 MiB size. Only what
+    /// the server flushed is on disk: take `to` from `pg_current_wal_flush_lsn()`.
+    pub fn wal_bytes(&self, from: i64, to: i64) -> Vec<u8> {
+        const SEGMENT: i64 = 16 * 1024 * 1024;
+        let mut out = Vec::new();
+        let mut at = from;
+        while at < to {
+            let segment = at / SEGMENT;
+            let name = format!(
+                "{:08X}{:08X}{:08X}",
+                1,
+                segment / (0x1_0000_0000 / SEGMENT),
+                segment % (0x1_0000_0000 / SEGMENT)
+            );
+            let bytes = std::fs::read(self.data.join("pg_wal").join(name)).unwrap();
+            let start = usize::try_from(at % SEGMENT).unwrap();
+            let end = usize::try_from((to - segment * SEGMENT).min(SEGMENT)).unwrap();
+            out.extend_from_slice(&bytes[start..end]);
+            at = (segment + 1) * SEGMENT;
+        }
+        out
+    }
 }
 
 /// Gives `path` to the `postgres` OS user, whom the server runs as.

@@ -215,6 +215,7 @@ pub(super) async fn insert_loads(
             idempotency_key: key,
             request,
             max_attempts: durable_etl::kinds::etl::enqueue::MAX_ATTEMPTS_DEFAULT,
+            retain: None,
         })
         .collect();
     let enqueued = enqueue_many(client, secret, owner, &jobs).await?;

@@ -231,6 +231,14 @@ pub(crate) struct ServeArgs {
     /// Secret key of the keyed digests (at least 16 bytes).
     #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
     pub(crate) secret: Option<String>,
+    /// Id of the key retained payloads are sealed under, derived from the secret; a new id
+    /// rotates the key (payloads sealed under the old one no longer open).
+    #[arg(long, env = "DURABLE_ETL_PAYLOAD_KEY_ID", default_value = config::PAYLOAD_KEY_ID_DEFAULT)]
+    pub(crate) payload_key_id: String,
+    /// Keep each job's request, sealed, this long after the job fails (e.g. `7d`), so its dead
+    /// letter replays without the body; unset, nothing is kept.
+    #[arg(long, env = "DURABLE_ETL_RETAIN_PAYLOADS", value_parser = humantime::parse_duration)]
+    pub(crate) retain_payloads: Option<Duration>,
 }
 
 impl ServeArgs {
@@ -247,6 +255,8 @@ impl ServeArgs {
                 max_records: self.max_records,
                 max_bytes: self.max_bytes,
             },
+            payload_key_id: self.payload_key_id.clone(),
+            retain_payloads: self.retain_payloads,
         };
         api.validate()?;
         let secret = self

@@ -341,6 +341,7 @@ pub(super) async fn enqueue_into(
                 priority,
                 concurrency_key: None,
                 dated: false,
+                retain: None,
             },
         )
         .collect();

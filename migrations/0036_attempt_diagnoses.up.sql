@@ -1,4 +1,4 @@
--- 0035: the diagnosis of every attempt that failed, beside its code.
+-- 0036: the diagnosis of every attempt that failed, beside its code.
 --
 -- A retried or recovered attempt (`etl_job_attempts`) and a failed job's last attempt
 -- (`etl_job_outcomes`) keep one JSON document, `diagnosis`: the phase the attempt failed in

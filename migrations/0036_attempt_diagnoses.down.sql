@@ -1,5 +1,5 @@
--- Reverts 0035: the diagnoses recorded are dropped with their columns. Roll the replicas of a
--- release with 0035 back first: their retries, failures and recoveries write the columns.
+-- Reverts 0036: the diagnoses recorded are dropped with their columns. Roll the replicas of a
+-- release with 0036 back first: their retries, failures and recoveries write the columns.
 -- Locks: DROP COLUMN and DROP CONSTRAINT take each table's ACCESS EXCLUSIVE lock briefly.
 
 ALTER TABLE etl_job_outcomes
