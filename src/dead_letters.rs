@@ -17,7 +17,8 @@
 //!
 //! Invariants this module keeps:
 //! - Each letter makes at most one job, however many replays of it run at once, repeat or
-//!   crash ([`replay`]'s module documentation says how).
+//!   crash: [`DeadLetters::replay`] row-locks the letter, and the job it makes carries a key
+//!   derived from the letter.
 //! - Every call is scoped to its handle's owner; an operator's handle sees every owner's.
 //! - Only metadata is shown: queue, kind, stable code, attempts, times and ids. Never a payload,
 //!   an owner or an error message.
@@ -42,7 +43,7 @@ pub use seal::{is_key_id, PayloadKey};
 #[doc(hidden)]
 pub use letters::{COUNTS_SQL, DISCARD_SQL, GET_SQL, LIST_SQL};
 #[doc(hidden)]
-pub use replay::{LOCK_CHUNK_SQL, LOCK_ONE_SQL, MARK_SQL, UNREPLAYABLE_SQL};
+pub use replay::{ELIGIBLE_SQL, LOCK_CHUNK_SQL, LOCK_ONE_SQL, MARK_SQL, UNREPLAYABLE_SQL};
 
 /// The dead letters one owner sees, or all owners' for an operator; with the key that opens
 /// retained payloads, if the deployment retains any.

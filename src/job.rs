@@ -16,11 +16,13 @@
 //! - A typed kind sees only its own types: the untyped contract underneath (`handler`) is the
 //!   worker's, not the user's.
 
+pub mod diagnosis;
 #[doc(hidden)]
 pub mod handler;
 mod kind;
 mod perform;
 
+pub use diagnosis::{Detail, Diagnosis};
 pub use handler::{JobContext, JobError, LeaseLost, Registry, RETRY_AFTER_MAX};
 pub use kind::Job;
 pub use perform::{Apply, Perform};

@@ -44,7 +44,7 @@ pub mod view;
 
 pub use cancel::Cancel;
 pub use enqueue::Enqueued;
-pub use history::{AttemptEnding, PastAttempt};
+pub use history::{AttemptEnding, Attempts, LastAttempt, PastAttempt};
 pub use state::JobState;
 pub use view::{JobFailure, JobStatus, Page, Window};
 
@@ -55,7 +55,10 @@ pub use cancel::{
     CANCEL_NOWAIT_SQL, CANCEL_SQL,
 };
 #[doc(hidden)]
-pub use history::{past_attempts, replaced_by, ATTEMPTS_SQL, REPLACED_BY_SQL};
+pub use history::{
+    attempts, last_attempt, past_attempts, replaced_by, ATTEMPTS_SQL, LAST_ATTEMPT_SQL,
+    REPLACED_BY_SQL,
+};
 #[doc(hidden)]
 pub use view::{list, page, status, LIST_ENDED_SQL, LIST_LIVE_SQL, LIST_SQL, STATUS_SQL};
 
@@ -295,6 +298,18 @@ impl Jobs {
         id: Uuid,
     ) -> Result<Option<JobStatus>, Error> {
         view::status(client, &self.owner, id).await
+    }
+
+    /// The attempts of job `id` of this handle's owner that ended: those that did not end it
+    /// (retried, recovered, released), oldest first, and the one that ended it `failed`, each
+    /// with its diagnosis ([`crate::job::Diagnosis`]: the phase, the retry decision, the
+    /// duration, the error's type names, the kind's declared detail; never a message). Empty for
+    /// another owner's job.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn attempts(&self, client: &impl GenericClient, id: Uuid) -> Result<Attempts, Error> {
+        history::attempts(client, &self.owner, id).await
     }
 
     /// Cancels job `id` of this handle's owner: a pending job ends `cancelled` at once; a

@@ -21,6 +21,10 @@
 //!   the attempt it ended to `etl_job_attempts` in the same statement, through
 //!   `attempt_ended!()`, built only from the rows its fenced UPDATE returned: a stale claim
 //!   changes no row, so it records no attempt.
+//! - A statement that ends an attempt that failed (a retry, a failure, a recovery) writes that
+//!   attempt's diagnosis in the same row it appends (`attempt_ended!` or `outcome_of!` with
+//!   `diagnosis:`), never in a second statement; the success, cancellation and release
+//!   statements write none and are unchanged by it.
 //! - Every statement that moves a claim out of `running` frees the permits that claim held (a job
 //!   of a capped queue, migration 0021; a job of a key-capped queue, migration 0022) in the same
 //!   statement, through `permits_freed!()`, built only from the rows it moved; `lease_cleared!()`
@@ -60,23 +64,36 @@ macro_rules! ended_columns {
 
 /// Appends one outcome row per row of CTE `$source` (which returned [`ended_columns`]), with
 /// status `$status`, failure code `$code` and record index `$index` (SQL expressions over
-/// `$source`'s columns), returning `job_id, status` and what [`dead_letters_of`] needs.
+/// `$source`'s columns), returning `job_id, status` and what [`dead_letters_of`] needs. With
+/// `diagnosis: $diagnosis`, an SQL expression of type `jsonb` (NULL for a cancellation), it also
+/// writes the failed attempt's diagnosis (`job::diagnosis`, migration 0036); without it the
+/// statement is exactly as before.
 ///
 /// Locks: inserts new rows and their primary-key entries; a second outcome for a job would
 /// violate the key (none can be built: its live row is deleted once).
 macro_rules! outcome_of {
     ($source:expr, $status:expr, $code:expr, $index:expr) => {
+        outcome_of!(@ $source, $status, $code, $index, "", "")
+    };
+    ($source:expr, $status:expr, $code:expr, $index:expr, diagnosis: $diagnosis:expr) => {
+        outcome_of!(@ $source, $status, $code, $index, ", diagnosis", concat!(", ", $diagnosis))
+    };
+    (@ $source:expr, $status:expr, $code:expr, $index:expr, $column:expr, $value:expr) => {
         concat!(
             "INSERT INTO etl_job_outcomes
            (job_id, owner_key, status, attempts, run_at, lease_claim_id, failure_code,
-            failure_record_index, started_at, finished_at)
+            failure_record_index, started_at, finished_at",
+            $column,
+            ")
     SELECT id, owner_key, ",
             $status,
             ", attempts, run_at, lease_claim_id, ",
             $code,
             ", ",
             $index,
-            ", started_at, statement_timestamp() FROM ",
+            ", started_at, statement_timestamp()",
+            $value,
+            " FROM ",
             $source,
             "
  RETURNING job_id, status, owner_key, failure_code, attempts, finished_at"
@@ -117,8 +134,10 @@ macro_rules! attempt_columns {
 /// returned [`attempt_columns`]): the attempt ended now, `$ending` (`retried`, `recovered` or
 /// `released`), and the job is due again at its `run_at` (or now, if that has passed); with a
 /// third argument, an SQL expression over `$source`'s row `s`, the owner the attempt was taken
-/// from (recovery's, migration 0032: what a replica that was only cut off gives back). Only
-/// rows whose job has an intake row are recorded: a live row without one (which no release
+/// from (recovery's, migration 0032: what a replica that was only cut off gives back); with a
+/// fourth, `diagnosis: $diagnosis`, an SQL expression of type `jsonb` over `s`, the attempt's
+/// diagnosis (`job::diagnosis`, migration 0036; without it the statement is exactly as before).
+/// Only rows whose job has an intake row are recorded: a live row without one (which no release
 /// writes) must not make the history's foreign key fail the statement that gives jobs back.
 ///
 /// Locks: reads each job's intake row by primary key (no lock), inserts new rows; the
@@ -131,12 +150,21 @@ macro_rules! attempt_ended {
         attempt_ended!($source, $ending, "NULL")
     };
     ($source:expr, $ending:expr, $owner:expr) => {
+        attempt_ended!(@ $source, $ending, $owner, "", "")
+    };
+    ($source:expr, $ending:expr, $owner:expr, diagnosis: $diagnosis:expr) => {
+        attempt_ended!(@ $source, $ending, $owner, ", diagnosis", concat!(", ", $diagnosis))
+    };
+    (@ $source:expr, $ending:expr, $owner:expr, $column:expr, $value:expr) => {
         concat!(
-            "INSERT INTO etl_job_attempts (job_id, attempt, started_at, ending, due_at, owner_id)
+            "INSERT INTO etl_job_attempts (job_id, attempt, started_at, ending, due_at, owner_id",
+            $column,
+            ")
     SELECT s.id, s.attempts, coalesce(s.started_at, now()), '",
             $ending,
             "', greatest(s.run_at, now()), ",
             $owner,
+            $value,
             "
       FROM ",
             $source,

@@ -108,11 +108,24 @@ pub struct LetterCount {
     pub count: i64,
 }
 
+/// Whether the retained payload `r` of letter `l` is still kept: its time to keep, counted from
+/// the failure, has not passed. A payload past it is never used, whether maintenance deleted it
+/// yet or not.
+macro_rules! kept {
+    () => {
+        "l.failed_at + r.ttl_s * interval '1 second' > now()"
+    };
+}
+
 /// The columns a letter is read from, over `etl_dead_letters l`.
 macro_rules! letter_columns {
     () => {
-        "l.job_id, l.queue, l.kind, l.code, l.attempts, l.failed_at, l.replayed_job_id,
-       l.replayed_at, EXISTS (SELECT 1 FROM etl_retained_payloads r WHERE r.job_id = l.job_id)"
+        concat!(
+            "l.job_id, l.queue, l.kind, l.code, l.attempts, l.failed_at, l.replayed_job_id,
+       l.replayed_at, EXISTS (SELECT 1 FROM etl_retained_payloads r WHERE r.job_id = l.job_id AND ",
+            kept!(),
+            ")"
+        )
     };
 }
 

@@ -80,7 +80,9 @@ SELECT ",
     "
   FROM etl_dead_letters l
   JOIN etl_job_intake i ON i.id = l.job_id
-  LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id
+  LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
+    kept!(),
+    "
  WHERE l.job_id = $1 AND ($2::bytea IS NULL OR l.owner_key = $2)
    FOR UPDATE OF l"
 );
@@ -99,7 +101,9 @@ SELECT ",
     "
   FROM etl_dead_letters l
   JOIN etl_job_intake i ON i.id = l.job_id
-  JOIN etl_retained_payloads r ON r.job_id = l.job_id
+  JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
+    kept!(),
+    "
  WHERE ",
     letters_matching!(),
     "
@@ -107,6 +111,24 @@ SELECT ",
  ORDER BY l.failed_at, l.job_id
  LIMIT $7
    FOR UPDATE OF l"
+);
+
+/// Whether any open letter (the filter, `$1` to `$6`) has a payload retained under key `$7`,
+/// except those in `$8`: what [`LOCK_CHUNK_SQL`] would take, were none held.
+///
+/// Locks: none (a read).
+pub const ELIGIBLE_SQL: &str = concat!(
+    "
+SELECT EXISTS (
+    SELECT 1
+      FROM etl_dead_letters l
+      JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
+    kept!(),
+    "
+     WHERE ",
+    letters_matching!(),
+    "
+       AND r.key_id = $7 AND NOT l.job_id = ANY($8))"
 );
 
 /// How many open letters (the filter, `$1` to `$6`) have no payload retained (`not_retained`),
@@ -118,7 +140,9 @@ pub const UNREPLAYABLE_SQL: &str = concat!(
 SELECT count(*) FILTER (WHERE r.job_id IS NULL),
        count(*) FILTER (WHERE r.key_id <> $7)
   FROM etl_dead_letters l
-  LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id
+  LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
+    kept!(),
+    "
  WHERE ",
     letters_matching!()
 );
@@ -336,6 +360,18 @@ pub(crate) async fn replay_matching(
             .await?;
         if rows.is_empty() {
             tx.commit().await?;
+            // None taken: either none is left, or every one this chunk waited for was replayed
+            // by another bulk replay meanwhile (re-checked after its commit), and more may
+            // follow them.
+            let extra: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&key_id, Type::TEXT), (&unopened, Type::UUID_ARRAY)];
+            let left: bool = client
+                .query_typed_one(ELIGIBLE_SQL, &filtered(&owner, filter, extra))
+                .await?
+                .try_get(0)?;
+            if left {
+                continue;
+            }
             break;
         }
         let mut letters = Vec::with_capacity(rows.len());

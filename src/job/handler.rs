@@ -15,9 +15,13 @@
 //!   savepoint, as before.
 //! - A handler decides retryability by the [`JobError`] it returns; database errors are classified
 //!   by SQLSTATE (see [`crate::error::is_transient`]). Errors keep their source for the caller but
-//!   only their [`Code`] ever leaves the process.
+//!   only their [`Code`] and their diagnosis (`job::diagnosis`: the names of their source's
+//!   types, never its text, and the kind's declared detail) ever leave the process.
 
 use crate::codes::Code;
+#[cfg(doc)]
+use crate::job::diagnosis::Diagnosis;
+use crate::job::diagnosis::{probed_chain, Chain, Described, Detail};
 use crate::names::is_identifier;
 pub use crate::names::is_kind_name;
 use futures::future::BoxFuture;
@@ -28,7 +32,8 @@ use std::time::Duration;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
-/// A boxed error source kept for programmatic inspection (never logged or stored).
+/// A boxed error source kept for programmatic inspection (never logged or stored: a diagnosis
+/// keeps only the names of its types).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a handler learns about the job it runs: one per claim, shared (an [`Arc`]) by the job's
@@ -171,17 +176,19 @@ pub enum JobError {
 }
 
 impl JobError {
-    /// A transient failure with this source.
-    pub fn transient(source: impl Into<BoxError>) -> JobError {
-        JobError::Transient(source.into())
+    /// A transient failure with this source. The name of the source's type is kept for the
+    /// attempt's diagnosis (never its message): see [`Diagnosis`].
+    pub fn transient<E: Into<BoxError>>(source: E) -> JobError {
+        JobError::Transient(Box::new(Described::of(source)))
     }
 
     /// A transient failure to retry after `after` (at most [`RETRY_AFTER_MAX`]), whatever the
-    /// kind's or the replica's retry policy says.
-    pub fn retry_after(after: Duration, source: impl Into<BoxError>) -> JobError {
+    /// kind's or the replica's retry policy says. The name of the source's type is kept for the
+    /// attempt's diagnosis, as by [`JobError::transient`].
+    pub fn retry_after<E: Into<BoxError>>(after: Duration, source: E) -> JobError {
         JobError::RetryAfter {
             after,
-            source: source.into(),
+            source: Box::new(Described::of(source)),
         }
     }
 
@@ -213,6 +220,112 @@ impl JobError {
             source: None,
         }
     }
+
+    /// This failure with `source` as its source (a permanent or a kind's failure has none until
+    /// given one; a transient one's is replaced), its type's name kept for the attempt's
+    /// diagnosis as by [`JobError::transient`], and any detail declared before kept. A
+    /// database error ([`JobError::Database`]) keeps its own.
+    ///
+    /// ```
+    /// use durable_etl::{Code, JobError};
+    ///
+    /// let bad: Result<u32, _> = "x".parse::<u32>();
+    /// let error = JobError::permanent(Code::HandlerFailed).with_source(bad.unwrap_err());
+    /// # drop(error);
+    /// ```
+    #[must_use]
+    pub fn with_source<E: Into<BoxError>>(self, source: E) -> JobError {
+        let mut given = Described::of(source);
+        let detail = self.described().and_then(|d| d.detail().cloned());
+        if let Some(detail) = detail {
+            given = given.with_detail(detail);
+        }
+        self.replace_source(Box::new(given))
+    }
+
+    /// This failure carrying `detail`, the structured detail its kind declares (integers,
+    /// booleans and `&'static str` tags only: see [`Detail`]), stored in the attempt's
+    /// diagnosis; replaces any detail given before. A database error
+    /// ([`JobError::Database`]) carries none.
+    #[must_use]
+    pub fn with_detail(mut self, detail: Detail) -> JobError {
+        let source = match &mut self {
+            JobError::Transient(source) | JobError::RetryAfter { source, .. } => Some(
+                std::mem::replace(source, Box::new(Described::detail_only(Detail::new()))),
+            ),
+            JobError::Permanent { source, .. } | JobError::KindFailure { source, .. } => {
+                source.take()
+            }
+            JobError::Database(_) => return self,
+        };
+        let described = match source {
+            Some(source) => Box::new(Described::from_box(source).with_detail(detail)),
+            None => Box::new(Described::detail_only(detail)),
+        };
+        self.replace_source(described)
+    }
+
+    /// The error the handler gave as this failure's source, as it gave it (its `source()` chain
+    /// is this error's), if any: the database error of [`JobError::Database`].
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        if let JobError::Database(e) = self {
+            return Some(e);
+        }
+        let source = self.source_box()?;
+        match source.downcast_ref::<Described>() {
+            Some(described) => described.inner(),
+            None => Some(source.as_ref()),
+        }
+    }
+
+    /// The chain a diagnosis names for this failure: its source's type and the types of that
+    /// source's sources (see [`Diagnosis`]); empty when it has no source.
+    pub(crate) fn chain(&self) -> Chain {
+        match self {
+            JobError::Database(e) => probed_chain(e),
+            _ => match self.source_box() {
+                None => Chain::default(),
+                Some(source) => match source.downcast_ref::<Described>() {
+                    Some(described) => described.chain(),
+                    None => probed_chain(source.as_ref()),
+                },
+            },
+        }
+    }
+
+    /// The detail the kind declared with this failure ([`JobError::with_detail`]).
+    pub(crate) fn detail(&self) -> Option<&Detail> {
+        self.described()?.detail()
+    }
+
+    /// The source as its constructors keep it, if it is kept that way.
+    fn described(&self) -> Option<&Described> {
+        self.source_box()?.downcast_ref::<Described>()
+    }
+
+    /// The boxed source of every variant but [`JobError::Database`].
+    fn source_box(&self) -> Option<&BoxError> {
+        match self {
+            JobError::Transient(source) | JobError::RetryAfter { source, .. } => Some(source),
+            JobError::Permanent { source, .. } | JobError::KindFailure { source, .. } => {
+                source.as_ref()
+            }
+            JobError::Database(_) => None,
+        }
+    }
+
+    /// This failure with its source set to `given` (not for [`JobError::Database`], which keeps
+    /// its own).
+    fn replace_source(mut self, given: Box<Described>) -> JobError {
+        match &mut self {
+            JobError::Transient(source) | JobError::RetryAfter { source, .. } => *source = given,
+            JobError::Permanent { source, .. } | JobError::KindFailure { source, .. } => {
+                *source = Some(given);
+            }
+            JobError::Database(_) => {}
+        }
+        self
+    }
 }
 
 impl From<crate::error::Error> for JobError {
@@ -236,7 +349,7 @@ impl From<crate::error::Error> for JobError {
             e => JobError::Permanent {
                 code: Code::HandlerFailed,
                 record_index: None,
-                source: Some(Box::new(e)),
+                source: Some(Box::new(Described::of(e))),
             },
         }
     }

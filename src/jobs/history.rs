@@ -4,9 +4,13 @@
 //! Invariants this module keeps:
 //! - Every read is scoped by the owner digest through the job's intake row: another owner's job
 //!   has no history to read.
-//! - An attempt shows numbers, times and how it ended, never an error message.
+//! - An attempt shows numbers, times, how it ended and its diagnosis (`job::diagnosis`: the
+//!   phase, the decision, type names, the kind's declared detail), never an error message.
+//! - A stored diagnosis this release cannot read (a newer release's) is shown as absent, never
+//!   fails the read.
 
 use crate::error::Error;
+use crate::job::diagnosis::Diagnosis;
 use crate::time::canonical_utc;
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
@@ -25,6 +29,15 @@ pub enum AttemptEnding {
 }
 
 impl AttemptEnding {
+    /// The ending as stored and shown.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AttemptEnding::Retried => "retried",
+            AttemptEnding::Recovered => "recovered",
+            AttemptEnding::Released => "released",
+        }
+    }
+
     /// The ending stored as `s` (the table's CHECK constraint admits these three only).
     fn parse(s: &str) -> Option<AttemptEnding> {
         match s {
@@ -51,12 +64,35 @@ pub struct PastAttempt {
     /// When the job was due again, canonical UTC: the retry's scheduled time, or the moment it
     /// was given back.
     pub due_at: String,
+    /// Why it failed, for a retried or recovered attempt (none for a released one, or one ended
+    /// by a release before diagnoses).
+    pub diagnosis: Option<Diagnosis>,
+}
+
+/// The attempt that ended a failed job, with its diagnosis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastAttempt {
+    /// The attempt's number.
+    pub attempt: i32,
+    /// Why it failed.
+    pub diagnosis: Diagnosis,
+}
+
+/// A job's attempts: those that did not end it, oldest first, and, for a failed job, the one
+/// that did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Attempts {
+    /// The attempts that did not end the job, oldest first.
+    pub past: Vec<PastAttempt>,
+    /// The attempt that ended it `failed`, with its diagnosis (none for a job not failed, or
+    /// failed by a release before diagnoses).
+    pub last: Option<LastAttempt>,
 }
 
 /// The attempt history of job `$1` of owner `$2`, oldest first. Locks: none; probes the
 /// intake's primary key and walks `etl_job_attempts_job_idx` for the one job.
 pub const ATTEMPTS_SQL: &str = "
-SELECT a.attempt, a.started_at, a.ended_at, a.ending, a.due_at
+SELECT a.attempt, a.started_at, a.ended_at, a.ending, a.due_at, a.diagnosis
   FROM etl_job_intake i
   JOIN etl_job_attempts a ON a.job_id = i.id
  WHERE i.id = $1 AND i.owner_key = $2
@@ -86,9 +122,66 @@ pub async fn past_attempts(
                 ended_at: time(row, 2),
                 ending: AttemptEnding::parse(row.get(3))?,
                 due_at: time(row, 4),
+                diagnosis: diagnosis(row, 5),
             })
         })
         .collect())
+}
+
+/// The diagnosis in column `i` of `row`, if there is one this release can read.
+fn diagnosis(row: &Row, i: usize) -> Option<Diagnosis> {
+    Diagnosis::from_json(row.get::<_, Option<serde_json::Value>>(i)?)
+}
+
+/// The attempt that ended job `$1` of owner `$2` `failed`, with its diagnosis (no row when the
+/// job has not failed, or failed without one). Locks: none; probes the intake's and the
+/// outcomes' primary keys.
+pub const LAST_ATTEMPT_SQL: &str = "
+SELECT o.attempts, o.diagnosis
+  FROM etl_job_intake i
+  JOIN etl_job_outcomes o ON o.job_id = i.id
+ WHERE i.id = $1 AND i.owner_key = $2 AND o.diagnosis IS NOT NULL";
+
+/// The attempt that ended job `id` of `owner` `failed`, with its diagnosis (none for another
+/// owner's job).
+///
+/// # Errors
+/// Database errors.
+pub async fn last_attempt(
+    client: &impl GenericClient,
+    owner: &[u8; 32],
+    id: Uuid,
+) -> Result<Option<LastAttempt>, Error> {
+    let owner: &[u8] = owner;
+    let row = client
+        .query_typed_opt(
+            LAST_ATTEMPT_SQL,
+            &[(&id, Type::UUID), (&owner, Type::BYTEA)],
+        )
+        .await?;
+    Ok(row.and_then(|row| {
+        Some(LastAttempt {
+            attempt: row.get(0),
+            diagnosis: diagnosis(&row, 1)?,
+        })
+    }))
+}
+
+/// Every attempt of job `id` of `owner` that ended ([`Attempts`]), read in one round trip (the
+/// two statements pipelined; on a snapshot, they see the same state).
+///
+/// # Errors
+/// Database errors.
+pub async fn attempts(
+    client: &impl GenericClient,
+    owner: &[u8; 32],
+    id: Uuid,
+) -> Result<Attempts, Error> {
+    let (past, last) = tokio::try_join!(
+        past_attempts(client, owner, id),
+        last_attempt(client, owner, id)
+    )?;
+    Ok(Attempts { past, last })
 }
 
 /// The jobs of owner `$2` submitted to replace job `$1`, oldest first. Locks: none; reads the

@@ -331,4 +331,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: a release before it never reads the new tables.
         min_reader_version: 33,
     },
+    Migration {
+        version: 36,
+        name: "attempt_diagnoses",
+        up: include_str!("../../migrations/0036_attempt_diagnoses.up.sql"),
+        down: include_str!("../../migrations/0036_attempt_diagnoses.down.sql"),
+        // Additive: a release before it neither writes nor reads the new columns.
+        min_reader_version: 33,
+    },
 ];

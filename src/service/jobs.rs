@@ -1,13 +1,14 @@
 //! The job resources: submit (`POST /v1/etl-jobs`), the status monitor (`GET
-//! /v1/etl-jobs/{id}`), the owner's listing (`GET /v1/etl-jobs`) and cancellation (`DELETE
-//! /v1/etl-jobs/{id}`).
+//! /v1/etl-jobs/{id}`), its attempts with their diagnoses (`GET /v1/etl-jobs/{id}/attempts`),
+//! the owner's listing (`GET /v1/etl-jobs`) and cancellation (`DELETE /v1/etl-jobs/{id}`).
 //!
 //! Invariants this module keeps:
 //! - Authentication happens before anything else is looked at; every query is owner-scoped.
 //! - A submission is validated completely before anything is written, then enqueued (with any
 //!   replacement) in one transaction. With the process's notifier, that transaction skips the
 //!   enqueue trigger's NOTIFY, and the notifier is signalled only after it committed.
-//! - Responses carry only the job's own id, status fields and ledger summary.
+//! - Responses carry only the job's own id, status fields, ledger summary and its attempts'
+//!   diagnoses (metadata: phases, decisions, durations, type names, a kind's declared detail).
 //! - A cancellation never waits for a commit that holds the job: its `202` says whether the job
 //!   may still succeed (`may_still_succeed`), and after `true` the request is applied by a task
 //!   of the process's own (`settle_deferred`), which runs its statements to their end (never
@@ -19,6 +20,7 @@ use super::AppState;
 use crate::codes::Code;
 use crate::dead_letters::Retain;
 use crate::error::Error;
+use crate::job::Diagnosis;
 use crate::jobs::notifier;
 use crate::jobs::state::JobState;
 use crate::jobs::{self, Cancel, JobStatus};
@@ -293,6 +295,102 @@ pub(super) async fn get_job(
         .await?
         .map(monitor)
         .ok_or_else(|| Problem::new(Code::NotFound))
+}
+
+/// One attempt of a job that did not end it, as the attempts resource shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct AttemptView {
+    /// The attempt's number (a released attempt's number is used again by the next one).
+    attempt: i32,
+    /// When it started, canonical UTC.
+    started_at: String,
+    /// When it ended, canonical UTC.
+    ended_at: String,
+    /// `retried` (a transient failure), `recovered` (its lease expired or its replica stopped)
+    /// or `released` (its replica shut down; not charged).
+    #[schema(value_type = String)]
+    ending: &'static str,
+    /// When the job was due again, canonical UTC.
+    due_at: String,
+    /// Why it failed (metadata only: never an error message); absent for a released attempt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    diagnosis: Option<Diagnosis>,
+}
+
+/// The attempt that ended a job `failed`, with its diagnosis.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct FailedAttemptView {
+    /// The attempt's number.
+    attempt: i32,
+    /// Why it failed (metadata only: never an error message).
+    diagnosis: Diagnosis,
+}
+
+/// A job's attempts that ended, with their diagnoses.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct AttemptList {
+    /// The attempts that did not end the job, oldest first.
+    attempts: Vec<AttemptView>,
+    /// The attempt that ended it `failed`; absent while it runs, once it succeeded or was
+    /// cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failed: Option<FailedAttemptView>,
+}
+
+impl From<jobs::Attempts> for AttemptList {
+    fn from(attempts: jobs::Attempts) -> AttemptList {
+        AttemptList {
+            attempts: attempts
+                .past
+                .into_iter()
+                .map(|a| AttemptView {
+                    attempt: a.attempt,
+                    started_at: a.started_at,
+                    ended_at: a.ended_at,
+                    ending: a.ending.as_str(),
+                    due_at: a.due_at,
+                    diagnosis: a.diagnosis,
+                })
+                .collect(),
+            failed: attempts.last.map(|l| FailedAttemptView {
+                attempt: l.attempt,
+                diagnosis: l.diagnosis,
+            }),
+        }
+    }
+}
+
+/// The attempts of one job that ended, each with its diagnosis.
+#[utoipa::path(
+    get,
+    path = "/v1/etl-jobs/{id}/attempts",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses(
+        (status = 200, description = "The job's ended attempts, oldest first, with their diagnoses", body = AttemptList),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job for this owner", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn get_attempts(
+    State(state): State<AppState>,
+    owner: Owner,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, Problem> {
+    let id = job_id(id)?;
+    let mut conn = Conn::checkout(&state.pool).await?;
+    let owner = &owner.0;
+    let (status, attempts) = conn
+        .run(|c| async move {
+            tokio::try_join!(jobs::status(&*c, owner, id), jobs::attempts(&*c, owner, id))
+        })
+        .await?;
+    match status {
+        Some(_) => Ok(Json(AttemptList::from(attempts)).into_response()),
+        None => Err(Problem::new(Code::NotFound)),
+    }
 }
 
 /// Query parameters of the listing (read as text, validated by `list` with precise codes); any

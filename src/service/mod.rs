@@ -107,13 +107,16 @@ impl AppState {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "durable-etl", description = "Owner-scoped ETL jobs with 202 Accepted status monitors."),
-    paths(jobs::submit, jobs::list, jobs::get_job, jobs::cancel_job, ops::healthz, ops::readyz, ops::metrics,
+    paths(jobs::submit, jobs::list, jobs::get_job, jobs::cancel_job, jobs::get_attempts, ops::healthz, ops::readyz, ops::metrics,
           queues::list, queues::get_queue, schedules::list, schedules::get_schedule,
           schedules::put_schedule, schedules::delete_schedule, schedules::pause, schedules::resume,
           schedules::fires, dead_letters::list, dead_letters::counts, dead_letters::get_letter,
           dead_letters::discard_letter, dead_letters::replay_letter, dead_letters::replay_matching,
           dead_letters::discard_matching),
-    components(schemas(crate::jobs::JobStatus, crate::jobs::JobFailure,
+    components(schemas(crate::jobs::JobStatus, crate::jobs::JobFailure, jobs::AttemptList,
+                       jobs::AttemptView, jobs::FailedAttemptView, crate::job::Diagnosis,
+                       crate::job::diagnosis::ErrorLink, crate::job::diagnosis::Phase,
+                       crate::job::diagnosis::Decision,
                        problem::Problem, jobs::JobList, jobs::CancelAccepted, ops::Health, crate::kinds::etl::request::EtlRequest,
                        queues::Queue, queues::QueueList, schedules::ScheduleView,
                        schedules::ScheduleList, schedules::ScheduleBody, schedules::FireView,
@@ -150,6 +153,7 @@ fn routes(body_limit: usize) -> Router<AppState> {
             "/v1/etl-jobs/{id}",
             get(jobs::get_job).delete(jobs::cancel_job),
         )
+        .route("/v1/etl-jobs/{id}/attempts", get(jobs::get_attempts))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -107,6 +107,8 @@ pub struct ClaimedJob {
     pub due_for: f64,
     /// Which of the claim's asks (by position) it was claimed for: the queue it came from.
     pub asked_of: usize,
+    /// The name of that queue (the claim's ask), for the job's tracing span and logs.
+    pub queue: Arc<str>,
     /// Whether the claim holds a permit of its queue's cap or of its key's: its completion
     /// frees it and wakes nobody, so the completer claims again or wakes the waiting replicas
     /// (`worker::completer::wake_waiting`).

@@ -587,6 +587,27 @@ async fn a_draining_replica_wakes_the_waiting_for_the_permits_its_last_jobs_free
 /// Migration 0023 is additive for readers (release 22 never marks its completions) and round
 /// trips: below it, a completion's freed permit wakes the waiting replicas again; above it, it
 /// wakes nobody.
+/// A fenced failure as a release at schema 22 wrote it (`$1` job id, `$2` claim id): the live
+/// row deleted, its queue permit freed, its outcome appended, without the columns of later
+/// migrations.
+const FAIL_AT_22_SQL: &str = "
+WITH ended AS (
+    DELETE FROM etl_job_records AS j
+     WHERE j.id = $1 AND j.lease_claim_id = $2 AND j.status = 'running'
+ RETURNING j.id, j.owner_key, j.attempts, j.run_at, j.started_at, j.lease_claim_id, j.queue,
+           j.permit_slot
+), freed AS (
+    UPDATE etl_queue_permits AS x SET claim_id = NULL
+      FROM ended AS e
+     WHERE x.queue = e.queue AND x.slot = e.permit_slot AND x.claim_id = e.lease_claim_id
+)
+INSERT INTO etl_job_outcomes
+       (job_id, owner_key, status, attempts, run_at, lease_claim_id, failure_code, started_at,
+        finished_at)
+SELECT id, owner_key, 'failed', attempts, run_at, lease_claim_id, 'handler_failed', started_at,
+       statement_timestamp()
+  FROM ended";
+
 #[tokio::test]
 async fn migration_0023_is_additive_and_round_trips_with_capped_jobs_running() {
     let (db, mut client) = capped_queue(4, 4).await;
@@ -606,11 +627,15 @@ async fn migration_0023_is_additive_and_round_trips_with_capped_jobs_running() {
         .await
         .unwrap();
     assert_eq!((down.changed, down.version), (versions_above(22, true), 22));
-    // Ended the way code of that schema can end it, by a failure: this release's success writes
-    // the output column of 0033, which is not there below it.
-    completer::fail(&client, jobs[0].lease(), Code::HandlerFailed, None)
+    // Ended the way code of that schema ends it, by a failure that frees its permit: this
+    // release's own statements write the columns of 0033 (success) and 0036 (failure), which are
+    // not there below them.
+    let lease = jobs[0].lease();
+    let ended = client
+        .execute(FAIL_AT_22_SQL, &[&lease.job_id, &lease.claim_id])
         .await
         .unwrap();
+    assert_eq!(ended, 1);
     assert_eq!(
         wakes(&client, &mut listener).await,
         vec![("durable_etl_jobs".to_owned(), String::new())],

@@ -20,7 +20,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// The secret of these tests.
-const SECRET: &str = "console-test-secret-0123456789";
+pub(crate) const SECRET: &str = "console-test-secret-0123456789";
 
 /// A canary in every payload: no page may show it.
 const CANARY: &str = "canary-payload-7c1e";

@@ -727,15 +727,30 @@ async fn retained_payloads_are_pruned_on_time_and_unreadable_under_another_key()
         .id;
     assert_eq!(count(&client, "etl_retained_payloads").await, 4);
     drain_due(&db, &client).await;
-    // `old` failed longer ago than its hour.
+    // `old` failed longer ago than its hour: its payload is no longer used, even before
+    // maintenance deletes it.
     client
-        .execute(
+        .batch_execute(&format!(
             "UPDATE etl_job_outcomes SET finished_at = now() - interval '61 minutes'
-              WHERE job_id = $1",
-            &[&old],
-        )
+              WHERE job_id = '{old}';
+             UPDATE etl_dead_letters SET failed_at = now() - interval '61 minutes'
+              WHERE job_id = '{old}'"
+        ))
         .await
         .unwrap();
+    let mut conn = db.client().await;
+    let letters = jobs.dead_letters();
+    assert!(!letters.get(&client, old).await.unwrap().unwrap().retained);
+    assert!(
+        letters
+            .get(&client, failed)
+            .await
+            .unwrap()
+            .unwrap()
+            .retained
+    );
+    let expired = letters.replay(&mut conn, old, "t", None).await.unwrap_err();
+    assert_eq!(expired.code().as_str(), "payload_not_retained");
     assert_eq!(
         retention::prune(&client).await.unwrap(),
         2,
@@ -753,7 +768,6 @@ async fn retained_payloads_are_pruned_on_time_and_unreadable_under_another_key()
     assert_eq!(retention::prune(&client).await.unwrap(), 0);
 
     // Rotated key: the payload sealed under k1 does not open under k2.
-    let mut conn = db.client().await;
     let rotated = DeadLetters::for_owner(secret(), "keeper").with_key(key("k2"));
     let refused = rotated
         .replay(&mut conn, failed, "t", None)
@@ -966,4 +980,23 @@ async fn a_listing_walks_an_index_at_a_million_letters_scale() {
         assert!(!plan.contains("Seq Scan on etl_dead_letters"), "{plan}");
         assert!(!plan.contains("Sort"), "a walk in order, no sort: {plan}");
     }
+}
+
+#[tokio::test]
+async fn a_replica_deletes_the_payloads_no_longer_kept_when_it_starts() {
+    let (db, client) = database().await;
+    let jobs = Jobs::new(secret(), "pruned").retaining(Retention::new(key("k1")).queue("mail"));
+    mail(&client, &jobs, "ok@x", "ok", "k-ok").await;
+    // The job succeeds; its payload is left for maintenance.
+    drain(mailer(&db, "first").await, &client).await;
+    assert_eq!(count(&client, "etl_retained_payloads").await, 1);
+    // A replica deletes it at its first maintenance tick (and then once a minute).
+    let (stop, until) = shutdown::manual();
+    let replica = tokio::spawn(mailer(&db, "pruner").await.run(until));
+    eventually("the replica to delete the payload", || async {
+        count(&client, "etl_retained_payloads").await == 0
+    })
+    .await;
+    stop.request(shutdown::Stage::Draining);
+    replica.await.unwrap().unwrap();
 }

@@ -24,6 +24,7 @@ mod cuts;
 mod dead_letters;
 mod dead_letters_api;
 mod deploy;
+mod diagnoses;
 mod errors;
 mod etl;
 mod etl_limits;

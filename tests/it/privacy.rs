@@ -302,7 +302,7 @@ async fn no_canary_sql_or_database_message_leaks_from_the_binaries() {
 
 /// A log sink for the in-process test.
 #[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Sink(pub(crate) Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -314,13 +314,15 @@ impl std::io::Write for Sink {
     }
 }
 
-/// Sends this process's logs, at every level, and its panic reports to the returned sink.
-fn capture_logs() -> Sink {
+/// Sends this process's logs, at every level and without colours, and its panic reports to the
+/// returned sink.
+pub(crate) fn capture_logs() -> Sink {
     let sink = Sink::default();
     let writer = sink.clone();
     tracing_subscriber::fmt()
         .with_env_filter(durable_etl::telemetry::filter(Some("trace")))
         .with_writer(move || writer.clone())
+        .with_ansi(false)
         .init();
     durable_etl::telemetry::install_panic_hook();
     sink

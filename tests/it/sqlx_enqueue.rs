@@ -221,3 +221,38 @@ async fn a_sqlx_error_has_a_stable_code_by_its_sqlstate_and_no_message() {
     tx.rollback().await.unwrap();
     holder.rollback().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_retaining_handle_on_sqlx_seals_the_payloads_of_new_jobs_only() {
+    let (_db, mut conn, client, jobs) = setup().await;
+    let secret = Secret::new(b"sqlx-enqueue-secret-0123456789".to_vec()).unwrap();
+    let key = durable_etl::dead_letters::PayloadKey::derive(&secret, "k1").unwrap();
+    let jobs =
+        jobs.retaining(durable_etl::dead_letters::Retention::new(key.clone()).kind(Welcome::KIND));
+    let keyed = EnqueueOptions {
+        idempotency_key: Some("welcome-canary"),
+        ..EnqueueOptions::default()
+    };
+    let first = jobs
+        .enqueue_sqlx(&mut conn, &Welcome { user_id: 4242 }, keyed)
+        .await
+        .unwrap();
+    // An idempotent replay seals nothing again.
+    jobs.enqueue_sqlx(&mut conn, &Welcome { user_id: 4242 }, keyed)
+        .await
+        .unwrap();
+    let row = client
+        .query_one(
+            "SELECT job_id, key_id, sealed FROM etl_retained_payloads",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (job, key_id, sealed): (uuid::Uuid, String, Vec<u8>) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!((job, key_id.as_str()), (first.id, "k1"));
+    assert!(!String::from_utf8_lossy(&sealed).contains("4242"));
+    assert_eq!(
+        key.open(job, "k1", &sealed),
+        Some(serde_json::json!({"user_id": 4242}))
+    );
+}

@@ -20,6 +20,7 @@
 
 mod access;
 mod charts;
+mod diagnosis;
 mod drill;
 mod fleet;
 mod fleet_pages;
@@ -372,7 +373,7 @@ async fn job_page(
             let snapshot = access::snapshot(c).await?;
             let read = tokio::try_join!(
                 jobs::status(&snapshot, owner, id),
-                jobs::past_attempts(&snapshot, owner, id),
+                jobs::attempts(&snapshot, owner, id),
                 jobs::replaced_by(&snapshot, owner, id)
             )?;
             snapshot.commit().await?;
@@ -382,7 +383,8 @@ async fn job_page(
     Ok(match job {
         Some(job) => {
             let history = pages::JobHistory {
-                attempts: &attempts,
+                attempts: &attempts.past,
+                last: attempts.last.as_ref(),
                 replaced_by: &replaced_by,
                 cancel_deferred,
             };

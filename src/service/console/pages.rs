@@ -4,16 +4,16 @@
 //! - Every value is escaped by the template engine; nothing is inserted unescaped.
 //! - Every instant is shown relative to now, with the absolute UTC instant kept in its `<time>`
 //!   element ([`when`]).
-//! - A page shows a job's id, status, times, attempt counts, stored failure code (with its meaning)
-//!   and ledger summary only: never a payload, a principal, an idempotency key, SQL or an error
+//! - A page shows a job's id, status, times, attempt counts, stored failure code (with its meaning),
+//!   its attempts' diagnoses (metadata: `diagnosis`) and ledger summary only: never a payload, a principal, an idempotency key, SQL or an error
 //!   message, and never an API key (the sign-in form posts it in the body, and no page echoes it).
 //! - Forms are labelled, headings go in order (one `h1` per page), and every page works without
 //!   JavaScript (the live-refresh script only swaps in a fresh `main`).
 
-use super::when;
+use super::{diagnosis, when};
 use crate::codes::Code;
 use crate::jobs::state::JobState;
-use crate::jobs::{AttemptEnding, JobStatus, PastAttempt};
+use crate::jobs::{AttemptEnding, JobStatus, LastAttempt, PastAttempt};
 use crate::service::api_keys::Role;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
@@ -270,6 +270,7 @@ fn ended(attempt: &PastAttempt) -> Markup {
         li {
             "Attempt " (attempt.attempt) " " (what) " " (when::at_text(&attempt.ended_at)) "; "
             (next) " " (when::at_text(&attempt.due_at))
+            @if let Some(diagnosis) = &attempt.diagnosis { br; (diagnosis::line(diagnosis)) }
         }
     }
 }
@@ -305,6 +306,8 @@ fn timeline(job: &JobStatus, attempts: &[PastAttempt]) -> Markup {
 pub(crate) struct JobHistory<'a> {
     /// The attempts that did not end it, oldest first.
     pub(crate) attempts: &'a [PastAttempt],
+    /// The attempt that ended it `failed`, with its diagnosis.
+    pub(crate) last: Option<&'a LastAttempt>,
     /// The jobs submitted to replace it, oldest first.
     pub(crate) replaced_by: &'a [uuid::Uuid],
     /// Whether the viewer's cancel was just recorded while the job's commit held it (the page
@@ -348,6 +351,9 @@ pub(crate) fn job(viewer: (Role, &str), job: &JobStatus, history: &JobHistory<'_
                 p {
                     code { (failure.code) } " — " (meaning(&failure.code))
                     @if let Some(index) = failure.record_index { " (record " (index) ")" }
+                }
+                @if let Some(last) = history.last {
+                    p { "Attempt " (last.attempt) ": " (diagnosis::line(&last.diagnosis)) }
                 }
             }
             @if let Some(result) = &job.result {

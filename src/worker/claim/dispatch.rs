@@ -204,7 +204,8 @@ pub(crate) async fn next_due(shared: &Shared) -> Result<Option<Duration>, Error>
     db::bounded(shared.statement_bound, next).await
 }
 
-/// Executes `job` in `slot` inside a span with its safe fields, recording its duration.
+/// Executes `job` in `slot` inside its span (its id, kind, queue and attempt: never its
+/// payload), which the handler's own logs carry, recording its duration.
 pub(crate) async fn timed_execute(
     shared: &Shared,
     job: ClaimedJob,
@@ -212,7 +213,13 @@ pub(crate) async fn timed_execute(
     slot: SlotPermit,
 ) -> Transition {
     let started = Instant::now();
-    let span = tracing::info_span!("execute", job_id = %job.id(), attempt = job.ctx.attempt);
+    let span = tracing::info_span!(
+        "execute",
+        job_id = %job.id(),
+        kind = %job.ctx.kind,
+        queue = %job.queue,
+        attempt = job.ctx.attempt
+    );
     let transition =
         tracing::Instrument::instrument(executor::execute(shared, job, lost, slot), span.clone())
             .await;

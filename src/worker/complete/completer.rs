@@ -18,11 +18,13 @@
 //!   re-checks the fence under the row lock, not on what the worker remembers.
 //! - A release (shutdown, or a prefetched job that waited too long for a slot) gives the attempt
 //!   back: `attempts - 1`, since the job never ran to an end.
-//! - Only stored codes from [`Code`] are written; never error text.
+//! - Only stored codes from [`Code`] are written, with the attempt's diagnosis (type names,
+//!   enumerated values and numbers: `job::diagnosis`) in the same statement; never error text.
 //! - A completion of a capped queue's job frees its permits and wakes nobody (migration 0023):
 //!   its caller claims again or calls [`wake_waiting`] after the commit.
 
 use crate::codes::Code;
+use crate::job::diagnosis::Diagnosis;
 use crate::job::handler::Output;
 use crate::jobs::state::JobState;
 use crate::worker::lease::{self, millis, Lease};
@@ -235,7 +237,9 @@ async fn leases_returned(
 /// After a transient failure: back to `pending` due in `$3` ms while attempts remain, else
 /// ended `failed` with `attempts_exhausted` (`$1` id, `$2` claim id). A job whose owner asked to
 /// cancel it ends `cancelled` instead of retrying. A retried attempt is appended to the job's
-/// attempt history (`retried`, with the time it is due again). The retried row's virtual deadline
+/// attempt history (`retried`, with the time it is due again) with its diagnosis `$4` (NULL for
+/// none); a job that ends `failed` keeps that diagnosis on its outcome, its decision `fail` and
+/// without a delay (the database decides, on the row's attempts); a cancelled one keeps none. The retried row's virtual deadline
 /// moves with its due time (`durable_etl_sort_at`, [`crate::queue`]), keeping its priority.
 /// Returns the job's new status.
 ///
@@ -271,7 +275,7 @@ WITH decided AS (
     "
 ), history AS (
     ",
-    attempt_ended!("retried", "retried"),
+    attempt_ended!("retried", "retried", "NULL", diagnosis: "$4::jsonb"),
     "
 ), ended AS (
     DELETE FROM etl_job_records AS j
@@ -286,7 +290,9 @@ WITH decided AS (
         "ended",
         "CASE WHEN cancel THEN 'cancelled' ELSE 'failed' END",
         "CASE WHEN cancel THEN cancel_code ELSE 'attempts_exhausted' END",
-        "NULL::int4"
+        "NULL::int4",
+        diagnosis: "CASE WHEN cancel THEN NULL
+            ELSE ($4::jsonb - 'delay_ms') || '{\"decision\": \"fail\"}'::jsonb END"
     ),
     "
 ), letter AS (
@@ -302,7 +308,8 @@ WITH decided AS (
 SELECT status FROM retried UNION ALL SELECT status FROM outcome"
 );
 
-/// Schedules a retry after `delay` (or ends the job `attempts_exhausted`).
+/// Schedules a retry after `delay` (or ends the job `attempts_exhausted`), recording no
+/// diagnosis.
 ///
 /// # Errors
 /// The database error of the statement.
@@ -311,6 +318,21 @@ pub async fn retry(
     lease: Lease,
     delay: Duration,
 ) -> Result<Transition, tokio_postgres::Error> {
+    retry_diagnosed(client, lease, delay, None).await
+}
+
+/// [`retry`], recording `diagnosis` with the attempt (or with the outcome, when the job ends
+/// `attempts_exhausted`).
+///
+/// # Errors
+/// The database error of the statement.
+pub(crate) async fn retry_diagnosed(
+    client: &impl GenericClient,
+    lease: Lease,
+    delay: Duration,
+    diagnosis: Option<&Diagnosis>,
+) -> Result<Transition, tokio_postgres::Error> {
+    let diagnosis = diagnosis.map(Diagnosis::to_json);
     let row = client
         .query_typed_opt(
             RETRY_SQL,
@@ -318,6 +340,7 @@ pub async fn retry(
                 (&lease.job_id, Type::UUID),
                 (&lease.claim_id, Type::UUID),
                 (&millis(delay), Type::INT8),
+                (&diagnosis, Type::JSONB),
             ],
         )
         .await?;
@@ -330,9 +353,10 @@ pub async fn retry(
     })
 }
 
-/// Ends the job `failed` with code `$3` (and record index `$4`) — or `cancelled` when `$3` is
-/// `cancelled`, with the code its owner's request gave (`cancelled`, or `replaced` for a job a
-/// newer one replaced) — deleting its fenced live row and appending its outcome.
+/// Ends the job `failed` with code `$3` (and record index `$4`, diagnosis `$5`, each NULL for
+/// none) — or `cancelled` when `$3` is `cancelled`, with the code its owner's request gave
+/// (`cancelled`, or `replaced` for a job a newer one replaced), and no diagnosis — deleting its
+/// fenced live row and appending its outcome.
 ///
 /// Locks: row-locks and deletes the one fenced live row.
 pub const FAIL_SQL: &str = concat!(
@@ -351,7 +375,8 @@ WITH ended AS (
         "ended",
         "CASE WHEN $3::text = 'cancelled' THEN 'cancelled' ELSE 'failed' END",
         "CASE WHEN $3::text = 'cancelled' THEN coalesce(cancel_code, $3::text) ELSE $3::text END",
-        "$4::int4"
+        "$4::int4",
+        diagnosis: "CASE WHEN $3::text = 'cancelled' THEN NULL ELSE $5::jsonb END"
     ),
     "
 ), letter AS (
@@ -362,7 +387,8 @@ WITH ended AS (
 SELECT job_id FROM outcome"
 );
 
-/// Ends the job `failed` with `code` (a stored code) and the optional record index.
+/// Ends the job `failed` with `code` (a stored code) and the optional record index, recording
+/// no diagnosis.
 ///
 /// # Errors
 /// The database error of the statement.
@@ -372,11 +398,31 @@ pub async fn fail(
     code: Code,
     record_index: Option<i32>,
 ) -> Result<Transition, tokio_postgres::Error> {
-    fail_stored(client, lease, (code, code.as_str()), record_index).await
+    fail_stored(client, lease, (code, code.as_str()), (record_index, None)).await
+}
+
+/// [`fail`], recording `diagnosis` with the outcome.
+///
+/// # Errors
+/// The database error of the statement.
+pub(crate) async fn fail_diagnosed(
+    client: &impl GenericClient,
+    lease: Lease,
+    (code, record_index): (Code, Option<i32>),
+    diagnosis: Option<&Diagnosis>,
+) -> Result<Transition, tokio_postgres::Error> {
+    fail_stored(
+        client,
+        lease,
+        (code, code.as_str()),
+        (record_index, diagnosis),
+    )
+    .await
 }
 
 /// Ends the job `failed` with `stored`, a code its kind declares (see
-/// [`crate::job::handler::Handler::codes`]); the transition counts it as `handler_failed`.
+/// [`crate::job::handler::Handler::codes`]), recording `diagnosis` with the outcome; the
+/// transition counts it as `handler_failed`.
 ///
 /// # Errors
 /// The database error of the statement.
@@ -384,17 +430,26 @@ pub(crate) async fn fail_with_kind_code(
     client: &impl GenericClient,
     lease: Lease,
     stored: &str,
+    diagnosis: Option<&Diagnosis>,
 ) -> Result<Transition, tokio_postgres::Error> {
-    fail_stored(client, lease, (Code::HandlerFailed, stored), None).await
+    fail_stored(
+        client,
+        lease,
+        (Code::HandlerFailed, stored),
+        (None, diagnosis),
+    )
+    .await
 }
 
-/// Ends the job `failed`, storing `stored` and counting the transition as `code`.
+/// Ends the job `failed`, storing `stored` (with the record index and the diagnosis given) and
+/// counting the transition as `code`.
 async fn fail_stored(
     client: &impl GenericClient,
     lease: Lease,
     (code, code_str): (Code, &str),
-    record_index: Option<i32>,
+    (record_index, diagnosis): (Option<i32>, Option<&Diagnosis>),
 ) -> Result<Transition, tokio_postgres::Error> {
+    let diagnosis = diagnosis.map(Diagnosis::to_json);
     let n = client
         .execute_typed(
             FAIL_SQL,
@@ -403,6 +458,7 @@ async fn fail_stored(
                 (&lease.claim_id, Type::UUID),
                 (&code_str, Type::TEXT),
                 (&record_index, Type::INT4),
+                (&diagnosis, Type::JSONB),
             ],
         )
         .await?;

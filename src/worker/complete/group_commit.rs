@@ -407,7 +407,8 @@ async fn write_effects(
         let applied = if isolate {
             stats.record_round_trips(2);
             let savepoint = tx.savepoint(JOB_SAVEPOINT).await?;
-            let applied = apply(&savepoint, ready.effects, ready.budget, &cancel).await;
+            let applying = apply(&savepoint, ready.effects, ready.budget, &cancel);
+            let applied = tracing::Instrument::instrument(applying, ready.span).await;
             if applied.is_ok() {
                 savepoint.commit().await?;
             } else {
@@ -415,7 +416,8 @@ async fn write_effects(
             }
             applied
         } else {
-            apply(&tx, ready.effects, ready.budget, &cancel).await
+            let applying = apply(&tx, ready.effects, ready.budget, &cancel);
+            tracing::Instrument::instrument(applying, ready.span).await
         };
         crash_point!("effects.applied");
         *step = applied.map_or_else(Step::Ended, Step::Applied);
@@ -476,7 +478,7 @@ fn batch_failure(stats: &WorkerStats, e: &tokio_postgres::Error) -> BatchEnd {
     if infrastructure {
         BatchEnd::Infrastructure
     } else {
-        BatchEnd::Failed(Code::TransientDatabase)
+        BatchEnd::Failed(Code::TransientDatabase, e.code().cloned())
     }
 }
 

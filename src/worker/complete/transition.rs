@@ -49,6 +49,9 @@ pub(crate) enum Failure {
     Job(JobError),
     /// A stored code decided by the executor or the group commit itself.
     Code(Code),
+    /// The group commit's own statement (or its COMMIT) failed with this code, and this SQLSTATE
+    /// if the database gave one: the job's effects applied, but nothing of the batch committed.
+    Batch(Code, Option<tokio_postgres::error::SqlState>),
     /// The lease was gone when the effects transaction checked it.
     LeaseLost,
     /// The effects overran their own budget; cut and rolled back, they are tried again.

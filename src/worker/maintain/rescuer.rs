@@ -65,11 +65,33 @@ use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
+/// The diagnosis of an attempt recovery took back (`job::diagnosis`), built from the row
+/// `$row` (a prefix: `s.`, or empty for an unqualified row) of a CTE with columns `started_at`
+/// and `expired`: phase `recovery`, decision `$decision` (`$delay`: its `delay_ms` item, or
+/// empty), how long the attempt ran until now, and whether its lease had expired (else its
+/// replica was judged dead). No error: recovery knows none.
+macro_rules! recovery_diagnosis {
+    ($decision:expr, $delay:expr, $row:expr) => {
+        concat!(
+            "jsonb_build_object('phase', 'recovery', 'decision', '",
+            $decision,
+            "'",
+            $delay,
+            ", 'duration_ms', floor(extract(epoch FROM now() - coalesce(",
+            $row,
+            "started_at, now())) * 1000)::int8, 'lease_expired', ",
+            $row,
+            "expired)"
+        )
+    };
+}
+
 /// The tail of a recovery statement over CTE `stale` (columns `id`, `expired`, `cancel`, `again`,
 /// its rows locked): each stale row goes back to `pending` with its lease cleared while attempts
 /// remain and no cancel was asked; otherwise its live row is deleted and its outcome appended
 /// (`cancelled`, or `failed` with `lease_expired_exhausted`). A row given back is appended to its
-/// job's attempt history (`recovered`). The permits of the claims recovered are freed (`freed`). Returns, per recovered row, whether its lease had expired
+/// job's attempt history (`recovered`) with its diagnosis (`recovery_diagnosis`), and so is the
+/// outcome of a job ended `failed` (a cancelled one's keeps none). The permits of the claims recovered are freed (`freed`). Returns, per recovered row, whether its lease had expired
 /// and its new status.
 ///
 /// Locks: none beyond `stale`'s row locks (and `history`'s `FOR KEY SHARE` on the intake rows of
@@ -90,7 +112,12 @@ macro_rules! recover_stale {
             "
 ), history AS (
     ",
-            attempt_ended!("recovered", "recovered", "s.owner_id"),
+            attempt_ended!(
+                "recovered",
+                "recovered",
+                "s.owner_id",
+                diagnosis: recovery_diagnosis!("retry", ", 'delay_ms', 0", "s.")
+            ),
             "
 ), ended AS (
     DELETE FROM etl_job_records AS j
@@ -105,7 +132,12 @@ macro_rules! recover_stale {
                 "ended",
                 "CASE WHEN cancel THEN 'cancelled' ELSE 'failed' END",
                 "CASE WHEN cancel THEN cancel_code ELSE 'lease_expired_exhausted' END",
-                "NULL::int4"
+                "NULL::int4",
+                diagnosis: concat!(
+                    "CASE WHEN cancel THEN NULL ELSE ",
+                    recovery_diagnosis!("fail", "", ""),
+                    " END"
+                )
             ),
             "
 ), letter AS (

@@ -31,15 +31,25 @@
 //!   again under the same claim while the lease is trusted, else the job is given back, its
 //!   attempt not charged ([`Transition::GivenBack`]). Only the handler's own verdict, or an error
 //!   its effects' writes caused, is charged.
-//! - Only codes leave this module: no error text, SQL or payload is logged or stored.
+//! - Every attempt that failed (retried or failed) is written with its diagnosis
+//!   (`job::diagnosis`): the phase it failed in (compute: the handler's `prepare`; effects: their
+//!   `apply`, panic or overrun; commit: the batch's own statements, named by their SQLSTATE), the
+//!   decision and its delay, its duration, its error's type names and the kind's declared detail,
+//!   in the same fenced statement as its transition. A cancellation has none.
+//! - The end of every attempt is logged (id, kind, queue, attempt, code, phase, duration): at
+//!   info for a failure or a retry, at debug otherwise. The handler runs inside the job's span
+//!   (id, kind, queue, attempt), and so do its effects, in the commit lane.
+//! - Only codes, type names and numbers leave this module: no error text, SQL or payload is
+//!   logged or stored.
 
 use crate::codes::Code;
 use crate::error::is_transient;
+use crate::job::diagnosis::{database_chain, Chain, Decision, Diagnosis, Phase};
 use crate::job::handler::{is_kind_code, Effects, Handler, JobError, RETRY_AFTER_MAX};
 use crate::worker::complete::completer::{self, Failure, Transition};
 use crate::worker::complete::group_commit::{OwnedEffects, Ready};
 use crate::worker::guard::{guarded, Guarded};
-use crate::worker::lease::{trusted_for, ClaimedJob};
+use crate::worker::lease::{millis, trusted_for, ClaimedJob};
 use crate::worker::run::retry;
 use crate::worker::run::slots::SlotPermit;
 use crate::worker::shared::Shared;
@@ -49,50 +59,128 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Runs `job` to a transition in `slot`, logged at debug (id, kind, attempt, transition: never
-/// its payload). `lost` is cancelled when the heartbeat finds the lease
-/// gone or the job's local lease clock runs out: the compute phase stops at once; the effects
-/// phase needs no signal, its fence check settles it.
+/// Runs `job` to a transition in `slot`, and logs the attempt's end (id, kind, queue, attempt,
+/// code, phase, duration: never its payload, never an error's text) at info when it failed or
+/// was retried, else at debug. `lost` is cancelled when the heartbeat finds the lease gone or the
+/// job's local lease clock runs out: the compute phase stops at once; the effects phase needs no
+/// signal, its fence check settles it. The caller runs it inside the job's span (`dispatch`).
 pub(crate) async fn execute(
     shared: &Shared,
     job: ClaimedJob,
     lost: CancellationToken,
     slot: SlotPermit,
 ) -> Transition {
-    let transition = match AssertUnwindSafe(run(shared, &job, lost, slot))
+    let started = Instant::now();
+    let ended = match AssertUnwindSafe(run(shared, &job, lost, slot, started))
         .catch_unwind()
         .await
     {
-        Ok(transition) => transition,
+        Ok(ended) => ended,
         // Whatever panicked, the job's fenced failure is written, so its claim does not stay
         // held (renewed, then released with its attempt refunded, to run again) for ever. Should
         // even that panic, the task still ends: the lease expires and recovery returns the job.
+        // No phase is known (the panic was not the handler's, which its guard catches), so no
+        // diagnosis is written.
         Err(_panic) => {
             let panicked = Failure::Code(Code::HandlerPanicked);
-            let failed = settle_failure(shared, &job, panicked, None);
+            let failed = settle_failure(shared, &job, panicked, None, (None, started));
             AssertUnwindSafe(failed)
                 .catch_unwind()
                 .await
-                .unwrap_or(Transition::Unwritten)
+                .unwrap_or(Ended::unwritten(Code::HandlerPanicked.as_str(), None))
         }
     };
-    tracing::debug!(
-        job_id = %job.ctx.id,
-        kind = %job.ctx.kind,
-        attempt = job.ctx.attempt,
-        ended = ?transition,
-        "job attempt ended"
-    );
-    transition
+    log_end(&job, &ended, started.elapsed());
+    ended.transition
 }
 
-/// [`execute`], unguarded.
+/// How an attempt ended: its transition, and for a failure the code it was written with (a
+/// kind's own, or a stable code) and the phase it failed in.
+struct Ended {
+    /// The transition written.
+    transition: Transition,
+    /// The failure's stored code, when the attempt failed.
+    code: Option<&'static str>,
+    /// Where it failed, when known.
+    phase: Option<Phase>,
+}
+
+impl Ended {
+    /// An attempt that ended with `transition` and no failure of its own.
+    fn clean(transition: Transition) -> Ended {
+        Ended {
+            transition,
+            code: None,
+            phase: None,
+        }
+    }
+
+    /// A failure with `code` in `phase` whose transition could not be written.
+    fn unwritten(code: &'static str, phase: Option<Phase>) -> Ended {
+        Ended {
+            transition: Transition::Unwritten,
+            code: Some(code),
+            phase,
+        }
+    }
+}
+
+/// Logs the end of `job`'s attempt, which took `took`: at info when it failed (retried, failed or
+/// unwritten), else at debug; only ids, names, codes, the phase and the duration.
+fn log_end(job: &ClaimedJob, ended: &Ended, took: std::time::Duration) {
+    let transition = transition_name(ended.transition);
+    let code = ended.code.unwrap_or("");
+    let phase = ended.phase.map_or("", Phase::as_str);
+    let duration_ms = millis(took);
+    let ctx = &job.ctx;
+    if ended.code.is_some() && ended.transition != Transition::Cancelled {
+        tracing::info!(
+            job_id = %ctx.id,
+            kind = %ctx.kind,
+            queue = %job.queue,
+            attempt = ctx.attempt,
+            code,
+            phase,
+            duration_ms,
+            transition,
+            "job attempt ended"
+        );
+    } else {
+        tracing::debug!(
+            job_id = %ctx.id,
+            kind = %ctx.kind,
+            queue = %job.queue,
+            attempt = ctx.attempt,
+            code,
+            phase,
+            duration_ms,
+            transition,
+            "job attempt ended"
+        );
+    }
+}
+
+/// The name a log gives `transition`.
+fn transition_name(transition: Transition) -> &'static str {
+    match transition {
+        Transition::Succeeded => "succeeded",
+        Transition::Retried => "retried",
+        Transition::Failed(_) => "failed",
+        Transition::Cancelled => "cancelled",
+        Transition::LeaseLost => "lease_lost",
+        Transition::Unwritten => "unwritten",
+        Transition::GivenBack => "given_back",
+    }
+}
+
+/// [`execute`], unguarded; the attempt started at `started`.
 async fn run(
     shared: &Shared,
     job: &ClaimedJob,
     lost: CancellationToken,
     slot: SlotPermit,
-) -> Transition {
+    started: Instant,
+) -> Ended {
     let handler = shared.registry.get(&job.ctx.kind);
     let budget = handler
         .as_ref()
@@ -106,12 +194,31 @@ async fn run(
     // The compute phase is over: the slot goes to the next job while this one commits.
     drop(slot);
     let outcome = match prepared {
-        Ok(effects) => commit(shared, job, effects, (budget, &lost)).await,
-        Err(failure) => Err(failure),
+        Ok(effects) => commit(shared, job, effects, (budget, &lost))
+            .await
+            .map_err(|failure| {
+                let phase = committed_phase(&failure);
+                (failure, phase)
+            }),
+        Err(failure) => Err((failure, Phase::Compute)),
     };
     match outcome {
-        Ok(transition) => transition,
-        Err(failure) => settle_failure(shared, job, failure, handler.as_deref()).await,
+        Ok(transition) => Ended::clean(transition),
+        Err((failure, phase)) => {
+            let handler = handler.as_deref();
+            settle_failure(shared, job, failure, handler, (Some(phase), started)).await
+        }
+    }
+}
+
+/// The phase a failure of the commit stage happened in: the effects' own (their error, their
+/// panic, their overrun), else the fenced commit's (the batch's statements or its COMMIT).
+fn committed_phase(failure: &Failure) -> Phase {
+    match failure {
+        Failure::Job(_) | Failure::EffectsOverrun | Failure::Code(Code::HandlerPanicked) => {
+            Phase::Effects
+        }
+        _ => Phase::Commit,
     }
 }
 
@@ -166,6 +273,7 @@ async fn commit(
             writes: effects.writes(),
             effects: OwnedEffects::new(effects),
             budget,
+            span: tracing::Span::current(),
         };
         match shared.group_commit.commit(ready).await {
             Err(Failure::Infrastructure) => {}
@@ -192,22 +300,36 @@ const COMMIT_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis
 
 /// Writes the transition a failure calls for: a retry for transient failures (after the delay
 /// the failure asks for, else the one `handler`'s kind asks for, else the replica's policy's),
-/// `failed` for the rest. Lease loss is written nowhere (the job is no longer ours).
+/// `failed` for the rest, each with the attempt's diagnosis when its phase is known (the attempt
+/// started at `started`). Lease loss is written nowhere (the job is no longer ours).
 async fn settle_failure(
     shared: &Shared,
     job: &ClaimedJob,
     failure: Failure,
     handler: Option<&dyn Handler>,
-) -> Transition {
+    (phase, started): (Option<Phase>, Instant),
+) -> Ended {
     let mut after = None;
     let mut kind_code = None;
+    let mut chain = Chain::default();
+    let mut detail = None;
+    match &failure {
+        Failure::Job(e) => {
+            chain = e.chain();
+            detail = e.detail().cloned();
+        }
+        Failure::Batch(_, sqlstate) => chain = database_chain(sqlstate.as_ref()),
+        _ => {}
+    }
     let (code, record_index, transient) = match failure {
-        Failure::LeaseLost => return Transition::LeaseLost,
+        Failure::LeaseLost => return Ended::clean(Transition::LeaseLost),
         // Never the job's failure: given back uncharged, by its claim, once the database answers.
-        Failure::Infrastructure => return Transition::GivenBack,
+        Failure::Infrastructure => return Ended::clean(Transition::GivenBack),
         Failure::EffectsOverrun => (Code::ExecutionTimeout, None, true),
         Failure::Cancelled => (Code::Cancelled, None, false),
-        Failure::Code(code) => (code, None, code == Code::TransientDatabase),
+        Failure::Code(code) | Failure::Batch(code, _) => {
+            (code, None, code == Code::TransientDatabase)
+        }
         Failure::Job(JobError::Transient(_)) => (Code::HandlerFailed, None, true),
         Failure::Job(JobError::RetryAfter { after: asked, .. }) => {
             after = Some(asked);
@@ -229,8 +351,21 @@ async fn settle_failure(
     } else {
         Code::HandlerFailed
     };
+    let stored = kind_code.unwrap_or(code.as_str());
+    // A cancellation is no failure of the attempt: no diagnosis.
+    let phase = phase.filter(|_| code != Code::Cancelled);
+    let diagnose = |decision: Decision, delay: Option<i64>| {
+        phase.map(|phase| {
+            let diagnosis = Diagnosis::new(phase, decision, delay, millis(started.elapsed()))
+                .with_chain(chain.clone());
+            match &detail {
+                Some(detail) => diagnosis.with_detail(detail),
+                None => diagnosis,
+            }
+        })
+    };
     let Ok(conn) = crate::db::checkout(&shared.pool).await else {
-        return Transition::Unwritten;
+        return Ended::unwritten(stored, phase);
     };
     shared.stats.record_round_trips(1);
     let written = if transient {
@@ -245,20 +380,39 @@ async fn settle_failure(
                 },
                 |asked| asked.min(RETRY_AFTER_MAX),
             );
+        let diagnosis = diagnose(Decision::Retry, Some(millis(delay)));
         // Pipelined before the retry, in the same round trip: a cancel recorded while this job's
         // commit held its row is set on the row first, and the retry ends the job `cancelled`.
         let (applied, retried) = futures::join!(
             crate::jobs::apply_deferred(&*conn, Some(job.lease().job_id)),
-            completer::retry(&*conn, job.lease(), delay)
+            completer::retry_diagnosed(&*conn, job.lease(), delay, diagnosis.as_ref())
         );
         if let Err(e) = applied {
             tracing::warn!(code = %e.code(), "applying a deferred cancel request failed");
         }
         retried
-    } else if let Some(stored) = kind_code {
-        completer::fail_with_kind_code(&*conn, job.lease(), stored).await
     } else {
-        completer::fail(&*conn, job.lease(), code, record_index).await
+        let diagnosis = diagnose(Decision::Fail, None);
+        match kind_code {
+            Some(stored) => {
+                completer::fail_with_kind_code(&*conn, job.lease(), stored, diagnosis.as_ref())
+                    .await
+            }
+            None => {
+                let failed = (code, record_index);
+                completer::fail_diagnosed(&*conn, job.lease(), failed, diagnosis.as_ref()).await
+            }
+        }
     };
-    written.unwrap_or(Transition::Unwritten)
+    match written {
+        Ok(transition) => Ended {
+            transition,
+            code: Some(match transition {
+                Transition::Failed(Code::AttemptsExhausted) => Code::AttemptsExhausted.as_str(),
+                _ => stored,
+            }),
+            phase,
+        },
+        Err(_) => Ended::unwritten(stored, phase),
+    }
 }

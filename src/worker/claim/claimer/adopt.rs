@@ -23,7 +23,7 @@
 use super::rows::claimed_job;
 use crate::worker::lease::{millis, ClaimedJob};
 use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
@@ -130,6 +130,11 @@ pub(crate) async fn adopt(
         .await?;
     Ok(rows
         .iter()
-        .map(|row| (claimed_job(row), row.get(12)))
+        .map(|row| {
+            let mut job = claimed_job(row);
+            let queue: String = row.get(12);
+            job.queue = Arc::from(queue.as_str());
+            (job, queue)
+        })
         .collect())
 }

@@ -2,7 +2,8 @@
 //! capped ask's permits (see [`super::CLAIM_SQL`]).
 //!
 //! Invariant this module keeps: a row is a marker exactly when its job id is NULL, and every
-//! claimed job keeps the context its claim returned (claim id, fencing token, attempt).
+//! claimed job keeps the context its claim returned (claim id, fencing token, attempt) and the
+//! name of the queue it was asked of.
 
 use crate::job::handler::{JobContext, LeaseLost};
 use crate::worker::lease::ClaimedJob;
@@ -25,9 +26,10 @@ pub struct Claim {
     pub left_free: Vec<(usize, Option<bool>)>,
 }
 
-/// The claimed jobs of [`super::CLAIM_SQL`]'s rows and what its markers say of the capped asks.
-pub(super) fn claimed(rows: Vec<Row>) -> Claim {
-    let (jobs, markers) = split(rows);
+/// The claimed jobs of [`super::CLAIM_SQL`]'s rows for `asks` and what its markers say of the
+/// capped asks.
+pub(super) fn claimed(rows: Vec<Row>, asks: &[(&str, usize)]) -> Claim {
+    let (jobs, markers) = split(rows, asks);
     Claim {
         jobs,
         capped: Vec::new(),
@@ -38,9 +40,9 @@ pub(super) fn claimed(rows: Vec<Row>) -> Claim {
     }
 }
 
-/// The claimed jobs of [`CLAIM_UNCAPPED_SQL`]'s rows and the asks its markers refused.
-pub(super) fn refused(rows: Vec<Row>) -> Claim {
-    let (jobs, markers) = split(rows);
+/// The claimed jobs of [`CLAIM_UNCAPPED_SQL`]'s rows for `asks` and the asks its markers refused.
+pub(super) fn refused(rows: Vec<Row>, asks: &[(&str, usize)]) -> Claim {
+    let (jobs, markers) = split(rows, asks);
     Claim {
         jobs,
         capped: markers.iter().map(asked_of).collect(),
@@ -48,12 +50,24 @@ pub(super) fn refused(rows: Vec<Row>) -> Claim {
     }
 }
 
-/// The claimed jobs and the marker rows (whose id is NULL) of a claim's rows.
-fn split(rows: Vec<Row>) -> (Vec<ClaimedJob>, Vec<Row>) {
+/// The claimed jobs (each named after the queue of its ask in `asks`) and the marker rows (whose
+/// id is NULL) of a claim's rows.
+fn split(rows: Vec<Row>, asks: &[(&str, usize)]) -> (Vec<ClaimedJob>, Vec<Row>) {
     let (jobs, markers): (Vec<Row>, Vec<Row>) = rows
         .into_iter()
         .partition(|row| row.get::<_, Option<uuid::Uuid>>(0).is_some());
-    (jobs.iter().map(claimed_job).collect(), markers)
+    let queues: Vec<Arc<str>> = asks.iter().map(|&(queue, _)| Arc::from(queue)).collect();
+    let jobs = jobs
+        .iter()
+        .map(|row| {
+            let mut job = claimed_job(row);
+            if let Some(queue) = queues.get(job.asked_of) {
+                job.queue = Arc::clone(queue);
+            }
+            job
+        })
+        .collect();
+    (jobs, markers)
 }
 
 /// The position (from 0) of the ask a claim's row filled.
@@ -79,6 +93,8 @@ pub(super) fn claimed_job(row: &Row) -> ClaimedJob {
         payload: row.get(2),
         due_for: row.get(7),
         asked_of: asked_of(row),
+        // Named by the caller, which knows the claim's asks (`split`) or the row's queue.
+        queue: Arc::from(""),
         held_permit: row.get(11),
     }
 }

@@ -242,7 +242,7 @@ impl ClaimSession {
                     .await?
             }
         };
-        Ok(claimed(rows))
+        Ok(claimed(rows, asks))
     }
 
     /// [`claim_uncapped`] on this session, prepared when it can be.
@@ -261,7 +261,7 @@ impl ClaimSession {
             .client
             .query(&prepared.uncapped, &values.params())
             .await?;
-        Ok(refused(rows))
+        Ok(refused(rows, asks))
     }
 
     /// [`next_due`] on this session, prepared when it can be.

@@ -343,6 +343,7 @@ pub async fn claim_uncapped(
     let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
     Ok(refused(
         client.query_typed(CLAIM_UNCAPPED_SQL, &typed).await?,
+        asks,
     ))
 }
 
@@ -404,7 +405,7 @@ pub async fn claim_from(
 ) -> Result<Vec<ClaimedJob>, tokio_postgres::Error> {
     let values = ClaimValues::of(claimant, asks);
     let typed: Vec<_> = values.params().into_iter().zip(CLAIM_PARAMS).collect();
-    Ok(claimed(client.query_typed(CLAIM_SQL, &typed).await?).jobs)
+    Ok(claimed(client.query_typed(CLAIM_SQL, &typed).await?, asks).jobs)
 }
 
 /// The parameter values of [`CLAIM_SQL`] for a claim of `asks` for a claimant.

@@ -379,6 +379,10 @@ async fn a_claim_takes_only_the_queues_it_asks_and_the_kinds_it_runs() {
         ],
         "each queue gave at most its count, oldest first, and said which ask it filled"
     );
+    // Each job is named after the queue of its ask (its span and logs carry it).
+    assert!(claimed
+        .iter()
+        .all(|j| &*j.queue == ["mail", "reports"][j.asked_of]));
     let runs_both = Claimant {
         kinds: &["test", "test.other"],
         ..CLAIMANT

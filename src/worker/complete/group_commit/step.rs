@@ -16,6 +16,7 @@ use crate::worker::complete::completer::{Failure, Transition};
 use crate::worker::lease::Lease;
 use std::collections::HashSet;
 use std::time::Duration;
+use tokio_postgres::error::SqlState;
 
 /// One job whose compute phase is done, waiting for its effects to commit.
 pub(crate) struct Ready {
@@ -28,6 +29,9 @@ pub(crate) struct Ready {
     pub(crate) writes: bool,
     /// How long its effects may take, from when they start applying.
     pub(crate) budget: Duration,
+    /// The job's span (its id, kind, queue and attempt), which its effects apply in, so the
+    /// logs they write are found with the rest of the attempt's.
+    pub(crate) span: tracing::Span,
 }
 
 /// A job's effects, held by the commit lane, whose drop never unwinds into the lane: a handler's
@@ -105,8 +109,9 @@ pub(super) enum BatchEnd {
     /// The connection was lost, perhaps during COMMIT: the leases whose success (outcome and
     /// ledger) exists under their claim committed (`None`: the outcomes could not be read either).
     Unknown(Option<HashSet<Lease>>),
-    /// It failed with this code and committed nothing.
-    Failed(Code),
+    /// It failed with this code (and the SQLSTATE of the statement that failed, if the database
+    /// gave one) and committed nothing.
+    Failed(Code, Option<SqlState>),
     /// An infrastructure fault ended it (no connection, a statement bound) and it committed
     /// nothing.
     Infrastructure,
@@ -140,7 +145,7 @@ impl Step {
             (_, BatchEnd::Unknown(Some(committed))) if committed.contains(lease) => {
                 Ok(Transition::Succeeded)
             }
-            (_, BatchEnd::Failed(code)) => Err(Failure::Code(*code)),
+            (_, BatchEnd::Failed(code, sqlstate)) => Err(Failure::Batch(*code, sqlstate.clone())),
             // Not committed, for the infrastructure's sake: never the job's failure.
             (_, BatchEnd::Infrastructure | BatchEnd::Unknown(_)) => Err(Failure::Infrastructure),
             // Committed without a success of its own (cannot happen: every fenced job ends
@@ -168,7 +173,7 @@ mod tests {
     fn settled(step: Step, lease: &Lease, end: &BatchEnd) -> String {
         match step.settle(lease, end) {
             Ok(transition) => format!("{transition:?}"),
-            Err(Failure::Code(code)) => format!("code: {code}"),
+            Err(Failure::Code(code) | Failure::Batch(code, _)) => format!("code: {code}"),
             Err(Failure::LeaseLost) => "lease lost".to_owned(),
             Err(Failure::Infrastructure) => "infrastructure".to_owned(),
             Err(_) => "other failure".to_owned(),
@@ -188,7 +193,7 @@ mod tests {
             ),
             (
                 Step::Ended(Failure::LeaseLost),
-                BatchEnd::Failed(Code::HandlerFailed),
+                BatchEnd::Failed(Code::HandlerFailed, None),
                 "lease lost",
             ),
             (Step::Succeeded, BatchEnd::Committed, "Succeeded"),
@@ -208,12 +213,12 @@ mod tests {
             // A failed batch fails every job still open with its code.
             (
                 Step::Succeeded,
-                BatchEnd::Failed(Code::HandlerFailed),
+                BatchEnd::Failed(Code::HandlerFailed, None),
                 "code: handler_failed",
             ),
             (
                 Step::Applying,
-                BatchEnd::Failed(Code::TransientDatabase),
+                BatchEnd::Failed(Code::TransientDatabase, None),
                 "code: transient_database",
             ),
             // Committed, yet without a success of its own: never read as success.

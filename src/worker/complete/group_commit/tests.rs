@@ -151,7 +151,7 @@ impl Scratch {
             .map(|o| match o {
                 Ok(t) => format!("{t:?}"),
                 Err(Failure::Job(e)) => format!("job error: {e}"),
-                Err(Failure::Code(code)) => format!("code: {code}"),
+                Err(Failure::Code(code) | Failure::Batch(code, _)) => format!("code: {code}"),
                 Err(Failure::LeaseLost) => "lease lost".to_owned(),
                 Err(Failure::EffectsOverrun) => "effects overrun".to_owned(),
                 Err(Failure::Cancelled) => "cancel".to_owned(),
@@ -218,6 +218,7 @@ pub(super) fn ready(pair: (Uuid, Uuid), effects: Box<dyn Effects>, budget: Durat
         writes: effects.writes(),
         effects: OwnedEffects::new(effects),
         budget,
+        span: tracing::Span::none(),
     }
 }
 
