@@ -239,9 +239,39 @@ fn check_by(by: &str) -> Result<(), Error> {
     }
 }
 
+/// The submission of `letter`'s replay with `payload`, under the idempotency key `key_text`
+/// ([`Locked::replay_key`]), its payload retained under `key` if the letter's was.
+fn replay_of<'a>(
+    letter: &'a Locked,
+    payload: &serde_json::Value,
+    key_text: &'a str,
+    key: Option<&'a PayloadKey>,
+) -> Submission<'a> {
+    let retain = match (&letter.retained, key) {
+        (Some((_, _, ttl)), Some(key)) => Some(Retain {
+            key,
+            ttl: Duration::from_secs(u64::try_from(*ttl).unwrap_or(1)),
+        }),
+        _ => None,
+    };
+    Submission {
+        payload: payload.clone(),
+        idempotency_key: Some(key_text),
+        max_attempts: letter.max_attempts,
+        run_at: None,
+        dated: false,
+        replaces: None,
+        queue: Some(&letter.queue),
+        priority: letter.priority,
+        concurrency_key: None,
+        retain,
+    }
+}
+
 /// Enqueues the replays of `letters` (with their payloads) on `tx`, each for its letter's
 /// owner in its job's queue, priority and attempt bound, and marks the letters replayed by
-/// `by`. A letter whose payload was retained has its new job's retained too, under `key`.
+/// `by`. A letter whose payload was retained has its new job's retained too, under `key`. The
+/// letters of one owner and kind go in one enqueue (one statement per chunk of them).
 async fn enqueue_replays(
     tx: &tokio_postgres::Transaction<'_>,
     secret: &Secret,
@@ -249,31 +279,31 @@ async fn enqueue_replays(
     letters: &[(Locked, serde_json::Value)],
     by: &str,
 ) -> Result<Vec<Uuid>, Error> {
-    let mut made = Vec::with_capacity(letters.len());
-    for (letter, payload) in letters {
-        let key_text = letter.replay_key();
-        let retain = match (&letter.retained, key) {
-            (Some((_, _, ttl)), Some(key)) => Some(Retain {
-                key,
-                ttl: Duration::from_secs(u64::try_from(*ttl).unwrap_or(1)),
-            }),
-            _ => None,
-        };
-        let submission = Submission {
-            payload: payload.clone(),
-            idempotency_key: Some(&key_text),
-            max_attempts: letter.max_attempts,
-            run_at: None,
-            dated: false,
-            replaces: None,
-            queue: Some(&letter.queue),
-            priority: letter.priority,
-            concurrency_key: None,
-            retain,
-        };
-        let done =
-            enqueue::submit(tx, secret, &letter.owner, &letter.kind, vec![submission]).await?;
-        made.push(done.first().ok_or(Error::Internal)?.id);
+    let keys: Vec<String> = letters.iter().map(|(l, _)| l.replay_key()).collect();
+    // The letters' positions by (owner, kind), in the order each pair first comes.
+    let mut groups: Vec<(&[u8; 32], &str, Vec<usize>)> = Vec::new();
+    for (i, (letter, _)) in letters.iter().enumerate() {
+        match groups
+            .iter_mut()
+            .find(|(owner, kind, _)| **owner == letter.owner && *kind == letter.kind)
+        {
+            Some((_, _, members)) => members.push(i),
+            None => groups.push((&letter.owner, &letter.kind, vec![i])),
+        }
+    }
+    let mut made = vec![Uuid::nil(); letters.len()];
+    for (owner, kind, members) in &groups {
+        let submissions = members
+            .iter()
+            .map(|&i| replay_of(&letters[i].0, &letters[i].1, &keys[i], key))
+            .collect();
+        let done = enqueue::submit(tx, secret, owner, kind, submissions).await?;
+        if done.len() != members.len() {
+            return Err(Error::Internal);
+        }
+        for (&i, job) in members.iter().zip(done) {
+            made[i] = job.id;
+        }
     }
     let ids: Vec<Uuid> = letters.iter().map(|(l, _)| l.id).collect();
     tx.execute_typed(

@@ -567,22 +567,9 @@ async fn racing_replays_of_one_letter_make_one_job() {
     assert_eq!(count(&client, "etl_job_records").await, 1);
 }
 
-#[tokio::test]
-async fn racing_and_cut_bulk_replays_make_exactly_one_job_per_letter() {
-    let (db, client) = database().await;
-    let jobs = Jobs::new(secret(), "bulk").retaining(Retention::new(key("k1")).kind(Idle::KIND));
-    let letters_wanted = 3 * REPLAY_CHUNK + 17;
-    let batch: Vec<(Idle, EnqueueOptions)> = (0..letters_wanted)
-        .map(|n| (Idle { n }, EnqueueOptions::default()))
-        .collect();
-    let ids: Vec<Uuid> = jobs
-        .enqueue_many_with(&client, batch.iter().map(|(j, o)| (j, *o)))
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.id)
-        .collect();
-    // Fail them all by hand, the way the fenced failure does (its outcome and letter).
+/// Ends every live job `failed` (`attempts_exhausted`) by hand, the way the fenced failure
+/// does: its outcome and its letter, in one statement.
+async fn fail_all_by_hand(client: &Client) {
     client
         .execute(
             &format!(
@@ -603,6 +590,92 @@ async fn racing_and_cut_bulk_replays_make_exactly_one_job_per_letter() {
         )
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_bulk_replay_keeps_each_letters_owner_kind_queue_priority_and_bound() {
+    let (db, client) = database().await;
+    let policy = Retention::new(key("k1")).kind(Idle::KIND).kind(Mail::KIND);
+    let (a, b) = (
+        Jobs::new(secret(), "owner-a").retaining(policy.clone()),
+        Jobs::new(secret(), "owner-b").retaining(policy),
+    );
+    let urgent = EnqueueOptions {
+        priority: Some(1),
+        max_attempts: Some(7),
+        ..EnqueueOptions::default()
+    };
+    for n in 0..3 {
+        a.enqueue(&client, &Idle { n }, EnqueueOptions::default())
+            .await
+            .unwrap();
+        b.enqueue(&client, &Idle { n }, urgent).await.unwrap();
+        let to = format!("m{n}@x");
+        b.enqueue(
+            &client,
+            &Mail {
+                to,
+                fail: "ok".into(),
+            },
+            EnqueueOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let shape = "SELECT owner_key, kind, queue, priority, max_attempts FROM etl_job_intake";
+    let before: Vec<String> = first_column(
+        &client,
+        &format!("SELECT string_agg(t::text, ';' ORDER BY t::text) FROM ({shape}) t"),
+    )
+    .await;
+    fail_all_by_hand(&client).await;
+    let done = DeadLetters::all_owners(secret())
+        .with_key(key("k1"))
+        .replay_matching(&mut db.client().await, &LetterFilter::default(), "ops")
+        .await
+        .unwrap();
+    assert_eq!(done.made, 9);
+    // The new jobs, each as its letter's job was.
+    let after: Vec<String> = first_column(
+        &client,
+        &format!(
+            "SELECT string_agg(t::text, ';' ORDER BY t::text) FROM ({shape}
+              WHERE id IN (SELECT replayed_job_id FROM etl_dead_letters)) t"
+        ),
+    )
+    .await;
+    assert_eq!(after, before);
+    let pairs: i64 = client
+        .query_one(
+            "SELECT count(*) FROM etl_dead_letters l
+               JOIN etl_job_intake o ON o.id = l.job_id
+               JOIN etl_job_intake n ON n.id = l.replayed_job_id
+              WHERE (o.owner_key, o.kind, o.queue, o.priority, o.max_attempts)
+                  = (n.owner_key, n.kind, n.queue, n.priority, n.max_attempts)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pairs, 9, "each new job is its own letter's");
+}
+
+#[tokio::test]
+async fn racing_and_cut_bulk_replays_make_exactly_one_job_per_letter() {
+    let (db, client) = database().await;
+    let jobs = Jobs::new(secret(), "bulk").retaining(Retention::new(key("k1")).kind(Idle::KIND));
+    let letters_wanted = 3 * REPLAY_CHUNK + 17;
+    let batch: Vec<(Idle, EnqueueOptions)> = (0..letters_wanted)
+        .map(|n| (Idle { n }, EnqueueOptions::default()))
+        .collect();
+    let ids: Vec<Uuid> = jobs
+        .enqueue_many_with(&client, batch.iter().map(|(j, o)| (j, *o)))
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    fail_all_by_hand(&client).await;
     assert_eq!(count(&client, "etl_dead_letters").await, letters_wanted);
 
     // A bulk replay cut mid-way (its backend terminated once some chunks committed).
