@@ -109,6 +109,7 @@ const SCREENSHOTS: &[&str] = &[
     "sign-in",
     "job-pending",
     "job-succeeded",
+    "cancel-confirm",
     "job-cancelled",
     "job-retrying",
     "jobs",
@@ -116,6 +117,9 @@ const SCREENSHOTS: &[&str] = &[
     "queues",
     "queue",
     "failures",
+    "dead-letters",
+    "bulk-confirm",
+    "letter-job",
 ];
 
 /// Every console picture the docs show is one this test takes (and so can regenerate).
@@ -308,12 +312,15 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     assert_eq!(mark, "not reloaded", "the page was refreshed in place");
     screenshot(&browser, "job-succeeded").await;
 
-    // A deferred job is cancelled from the console.
+    // A deferred job is cancelled from the console, once the cancel is confirmed.
     let deferred = console.submit(&console.alice, "browser-2", true).await;
     let page = format!("{}/console/jobs/{deferred}", console.base);
     browser.goto(&page).await.unwrap();
+    let heading = follow(&browser, Locator::Css("button.danger")).await;
+    assert_eq!(heading, "Cancel job");
+    screenshot(&browser, "cancel-confirm").await;
     browser
-        .find(Locator::Css("button.danger"))
+        .find(Locator::Css("button#confirm"))
         .await
         .unwrap()
         .click()
@@ -492,6 +499,91 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     assert_eq!(shown[0].text().await.unwrap(), failed.to_string());
     assert_relative_times(&browser).await;
     screenshot(&browser, "failures").await;
+    browser.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_filters_dead_letters_and_replays_and_discards_them_once_confirmed() {
+    let console = Console::start().await;
+    let client = console.db.client().await;
+    let by_hand = crate::console_letters::letters_by_hand;
+    let gone = by_hand(&client, "bob", 3, "mail", "mailbox_gone", false).await;
+    let kept = by_hand(&client, "bob", 2, "bills", "attempts_exhausted", true).await;
+    let (_driver, browser) = browser().await;
+    browser
+        .goto(&format!("{}/console/sign-in", console.base))
+        .await
+        .unwrap();
+    sign_in_by_keyboard(&browser, &console.bob).await;
+
+    // From the navigation to the letters, their counts and their times.
+    let heading = follow(&browser, Locator::LinkText("Dead letters")).await;
+    assert_eq!(heading, "Dead letters");
+    let source = browser.source().await.unwrap();
+    assert!(source.contains("5 open letters match."), "{source}");
+    assert_relative_times(&browser).await;
+    screenshot(&browser, "dead-letters").await;
+
+    // The filter form narrows them to one queue.
+    browser
+        .find(Locator::Id("queue"))
+        .await
+        .unwrap()
+        .send_keys("mail")
+        .await
+        .unwrap();
+    let heading = follow(&browser, Locator::Css("form.filters button")).await;
+    assert_eq!(heading, "Dead letters");
+    let source = browser.source().await.unwrap();
+    assert!(source.contains("3 open letters match."), "{source}");
+    assert!(!source.contains(&kept[0].to_string()));
+
+    // Discarding the matching letters shows how many first; confirmed, it discards them.
+    let heading = follow(
+        &browser,
+        Locator::Css("main form[action='/console/dead-letters/discard'] button"),
+    )
+    .await;
+    assert_eq!(heading, "Discard letters");
+    assert!(browser.source().await.unwrap().contains("3 letters"));
+    screenshot(&browser, "bulk-confirm").await;
+    let heading = follow(&browser, Locator::Css("button#confirm")).await;
+    assert_eq!(heading, "Dead letters");
+    let source = browser.source().await.unwrap();
+    assert!(source.contains("Discarded 3 letters."), "{source}");
+    assert!(source.contains("No open letter matches."));
+    for id in &gone {
+        assert!(!source.contains(&id.to_string()));
+    }
+
+    // A retained letter's job page replays it, once confirmed, into a new job.
+    browser
+        .goto(&format!("{}/console/dead-letters", console.base))
+        .await
+        .unwrap();
+    let link = format!("a[href='/console/jobs/{}']", kept[0]);
+    let heading = follow(&browser, Locator::Css(&link)).await;
+    assert!(heading.starts_with("Job "), "{heading}");
+    assert!(browser
+        .source()
+        .await
+        .unwrap()
+        .contains("Its payload is retained"));
+    screenshot(&browser, "letter-job").await;
+    let heading = follow(
+        &browser,
+        Locator::Css("main form[action$='/replay'] button"),
+    )
+    .await;
+    assert_eq!(heading, "Replay letter");
+    let heading = follow(&browser, Locator::Css("button#confirm")).await;
+    assert!(heading.starts_with("Job "), "{heading}");
+    let url = browser.current_url().await.unwrap();
+    assert!(
+        !url.path().ends_with(&kept[0].to_string()),
+        "a new job: {url}"
+    );
+    assert!(browser.source().await.unwrap().contains("status-pending"));
     browser.close().await.unwrap();
 }
 

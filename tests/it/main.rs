@@ -17,6 +17,7 @@ mod cli;
 mod commit_cuts;
 mod console;
 mod console_history;
+mod console_letters;
 mod console_privacy;
 mod console_replicas;
 mod cooldown;

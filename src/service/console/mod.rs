@@ -24,6 +24,9 @@ mod diagnosis;
 mod drill;
 mod fleet;
 mod fleet_pages;
+mod letter_forms;
+mod letter_pages;
+mod letters;
 mod operator;
 mod pages;
 mod schedules;
@@ -45,7 +48,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
-use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
 use session::Viewer;
 use uuid::Uuid;
@@ -78,6 +80,23 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/jobs", get(job_list))
         .route("/console/jobs/{id}", get(job_page))
         .route("/console/jobs/{id}/cancel", post(cancel))
+        .route("/console/dead-letters", get(letters::letters_page))
+        .route(
+            "/console/dead-letters/replay",
+            post(letters::replay_matching),
+        )
+        .route(
+            "/console/dead-letters/discard",
+            post(letters::discard_matching),
+        )
+        .route(
+            "/console/dead-letters/{id}/replay",
+            post(letters::replay_one),
+        )
+        .route(
+            "/console/dead-letters/{id}/discard",
+            post(letters::discard_one),
+        )
         .route("/console/schedules", get(schedules::schedules_page))
         .route("/console/schedules/{name}", get(schedules::schedule_page))
         .route("/console/schedules/{name}/pause", post(schedules::pause))
@@ -278,19 +297,6 @@ struct ListQuery {
     to: String,
 }
 
-/// A `datetime-local` field's value, read as UTC: `None` when empty, `Err` when not a time.
-fn utc_field(value: &str) -> Result<Option<DateTime<Utc>>, ()> {
-    let value = value.trim();
-    if value.is_empty() {
-        return Ok(None);
-    }
-    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
-        .iter()
-        .find_map(|format| NaiveDateTime::parse_from_str(value, format).ok())
-        .map(|at| Some(at.and_utc()))
-        .ok_or(())
-}
-
 /// The viewer's jobs, newest first, a page at a time, optionally of one status and submitted
 /// between two times; a job id goes to that job's page, and a time that is not one answers `400`
 /// with the form and a hint.
@@ -312,7 +318,7 @@ async fn job_list(
         });
     }
     let status = JobState::parse(&query.status);
-    let (Ok(from), Ok(to)) = (utc_field(&query.from), utc_field(&query.to)) else {
+    let (Ok(from), Ok(to)) = (when::utc_field(&query.from), when::utc_field(&query.to)) else {
         let view = pages::ListView {
             status,
             bad_time: true,
@@ -365,16 +371,22 @@ async fn job_page(
     let Ok(id) = Uuid::parse_str(&id) else {
         return Ok(not_found(&viewer));
     };
-    let owner = &viewer.holder.owner_key;
-    // One snapshot for the three reads (a retry committing between them would otherwise show an
+    let Some(owner) = conn.run(|c| access::job_owner(&*c, &viewer, id)).await? else {
+        return Ok(not_found(&viewer));
+    };
+    let owner = &owner;
+    let letters = crate::dead_letters::DeadLetters::of(state.secret.clone(), *owner);
+    let letters = &letters;
+    // One snapshot for the reads (a retry committing between them would otherwise show an
     // attempt the status does not count): they are pipelined between its BEGIN and COMMIT.
-    let (job, attempts, replaced_by) = conn
+    let (job, attempts, replaced_by, letter) = conn
         .run(|c| async move {
             let snapshot = access::snapshot(c).await?;
             let read = tokio::try_join!(
                 jobs::status(&snapshot, owner, id),
                 jobs::attempts(&snapshot, owner, id),
-                jobs::replaced_by(&snapshot, owner, id)
+                jobs::replaced_by(&snapshot, owner, id),
+                letters.get(&snapshot, id)
             )?;
             snapshot.commit().await?;
             Ok::<_, Error>(read)
@@ -387,6 +399,8 @@ async fn job_page(
                 last: attempts.last.as_ref(),
                 replaced_by: &replaced_by,
                 cancel_deferred,
+                letter: letter.as_ref(),
+                own: *owner == viewer.holder.owner_key,
             };
             page(StatusCode::OK, pages::job(shown(&viewer), &job, &history))
         }
@@ -394,14 +408,25 @@ async fn job_page(
     })
 }
 
-/// Cancels one of the viewer's jobs, with the API's semantics (a pending job ends `cancelled`, a
-/// running one gets a cancel request, recorded for later while its commit holds it), then shows
-/// its page again (saying so when the request was recorded for later).
+/// A form that carries its token and whether it is an action's confirmation.
+#[derive(Deserialize)]
+pub(super) struct Confirmed {
+    /// The session's anti-forgery token.
+    csrf: String,
+    /// `yes` on the confirmation's `POST` (empty: ask to confirm).
+    #[serde(default)]
+    confirm: String,
+}
+
+/// Cancels one of the viewer's jobs (any owner's for an operator), with the API's semantics (a
+/// pending job ends `cancelled`, a running one gets a cancel request, recorded for later while
+/// its commit holds it), then shows its page again (saying so when the request was recorded for
+/// later). The first `POST` asks to confirm; only the confirmed one cancels.
 async fn cancel(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(form): Form<Token>,
+    Form(form): Form<Confirmed>,
 ) -> Result<Response, Problem> {
     let (viewer, mut conn) = match form_viewer(&state, &headers, &form.csrf).await? {
         Ok(signed_in) => signed_in,
@@ -410,7 +435,20 @@ async fn cancel(
     let Ok(id) = Uuid::parse_str(&id) else {
         return Ok(not_found(&viewer));
     };
-    let owner = &viewer.holder.owner_key;
+    let Some(owner) = conn.run(|c| access::job_owner(&*c, &viewer, id)).await? else {
+        return Ok(not_found(&viewer));
+    };
+    let owner = &owner;
+    if form.confirm != pages::CONFIRMED {
+        let job = conn.run(|c| jobs::status(&*c, owner, id)).await?;
+        return Ok(match job {
+            Some(_) => page(
+                StatusCode::OK,
+                pages::confirm(shown(&viewer), &pages::cancel_confirm(id)),
+            ),
+            None => not_found(&viewer),
+        });
+    }
     Ok(
         match conn
             .run(|c| jobs::cancel(&*c, owner, id, Code::Cancelled))
