@@ -117,6 +117,7 @@ const SCREENSHOTS: &[&str] = &[
     "queues",
     "queue",
     "failures",
+    "audit",
     "dead-letters",
     "bulk-confirm",
     "letter-job",
@@ -499,6 +500,11 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     assert_eq!(shown[0].text().await.unwrap(), failed.to_string());
     assert_relative_times(&browser).await;
     screenshot(&browser, "failures").await;
+
+    // The audit log, from the header.
+    let heading = follow(&browser, Locator::LinkText("Audit")).await;
+    assert_eq!(heading, "Audit");
+    screenshot(&browser, "audit").await;
     browser.close().await.unwrap();
 }
 

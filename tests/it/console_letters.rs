@@ -416,3 +416,107 @@ async fn console_an_owner_replays_or_discards_one_failed_job_from_its_page() {
         .await;
     assert_eq!(again.status, StatusCode::NOT_FOUND);
 }
+
+/// The audit log's entries, oldest first: key id, action, target, how many.
+async fn audit_log(client: &Client) -> Vec<(Uuid, String, String, i64)> {
+    client
+        .query(
+            "SELECT key_id, action, target, affected FROM etl_audit_log ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect()
+}
+
+#[tokio::test]
+async fn console_every_action_writes_one_audit_entry_that_only_operators_read() {
+    let console = Console::start().await;
+    let client = console.db.client().await;
+    let gone = letters_by_hand(&client, "bob", 2, "mail", "mailbox_gone", false).await;
+    let kept = letters_by_hand(&client, "bob", 2, "bills", "attempts_exhausted", true).await;
+    let job = console.submit(&console.bob, "audited", true).await;
+    let bob = console.sign_in(&console.bob).await;
+    let csrf = console.get("/console/dead-letters", &bob).await.csrf();
+    let bob_id: Uuid = client
+        .query_one(
+            "SELECT id FROM etl_api_clients WHERE NOT operator ORDER BY id LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let post = |path: String, fields: &'static str| {
+        let (console, bob, csrf) = (&console, &bob, &csrf);
+        async move {
+            let answer = console
+                .post(&path, bob, &format!("csrf={csrf}{fields}"))
+                .await;
+            assert!(
+                answer.status.is_success() || answer.status.is_redirection(),
+                "{path}"
+            );
+        }
+    };
+    // Previews write nothing.
+    post(format!("/console/dead-letters/{}/discard", gone[0]), "").await;
+    post("/console/dead-letters/replay".to_owned(), "").await;
+    post(format!("/console/jobs/{job}/cancel"), "").await;
+    assert!(audit_log(&client).await.is_empty());
+    // Each confirmed action writes one entry, with the key's id and no owner.
+    post(
+        format!("/console/dead-letters/{}/discard", gone[0]),
+        "&confirm=yes",
+    )
+    .await;
+    post(
+        format!("/console/dead-letters/{}/replay", kept[0]),
+        "&confirm=yes",
+    )
+    .await;
+    post("/console/dead-letters/replay".to_owned(), "&confirm=yes").await;
+    post(
+        "/console/dead-letters/discard".to_owned(),
+        "&queue=mail&confirm=yes",
+    )
+    .await;
+    post(format!("/console/jobs/{job}/cancel"), "&confirm=yes").await;
+    let entry = |action: &str, target: String, n: i64| (bob_id, action.to_owned(), target, n);
+    assert_eq!(
+        audit_log(&client).await,
+        [
+            entry("letter_discard", gone[0].to_string(), 1),
+            entry("letter_replay", kept[0].to_string(), 1),
+            entry("letters_replay", "all letters".to_owned(), 1),
+            entry("letters_discard", "queue=mail".to_owned(), 1),
+            entry("job_cancel", job.to_string(), 1),
+        ]
+    );
+
+    // The audit page is the operators': another key's session finds no such page.
+    assert_eq!(
+        console.get("/console/operator/audit", &bob).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let alice = console.sign_in(&console.alice).await;
+    let page = console.get("/console/operator/audit", &alice).await;
+    assert_eq!(page.status, StatusCode::OK);
+    for shown in [
+        "letter_discard",
+        "letters_replay",
+        "queue=mail",
+        "job_cancel",
+        &bob_id.to_string(),
+        &format!("href=\"/console/jobs/{job}\""),
+    ] {
+        assert!(page.body.contains(shown), "{shown}: {}", page.body);
+    }
+    assert!(!page.body.contains("bob"), "no principal");
+    assert!(console
+        .get("/console/jobs", &alice)
+        .await
+        .body
+        .contains("href=\"/console/operator/audit\""));
+}

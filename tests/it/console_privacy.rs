@@ -207,6 +207,11 @@ async fn no_console_page_or_form_answer_leaks_a_canary_the_key_sql_or_a_database
         pages.push(("letter action preview", answer));
     }
 
+    let audit = console.get("/console/operator/audit", &session).await;
+    assert_eq!(audit.status, StatusCode::OK);
+    assert!(audit.body.contains("job_cancel"), "{}", audit.body);
+    pages.push(("audit", audit));
+
     let signed_out = console
         .post("/console/sign-out", &session, &format!("csrf={token}"))
         .await;

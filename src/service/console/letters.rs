@@ -15,8 +15,11 @@
 //!   read without it. The first `POST` only reads (the letter, or how many letters match) and
 //!   asks to confirm; only a `POST` with `confirm=yes` acts.
 //! - A replay records who asked as `console:<key id>`, the signed-in key's id, never an owner.
+//! - Every action that acts writes one audit entry ([`audit`]), in the action's own transaction
+//!   but for a bulk replay's, which commits in chunks and is logged after its last.
 
 use super::access::{self, not_found, page, shown, to_sign_in, viewer};
+use super::audit::{self, Action};
 use super::letter_forms::{Bulk, Chosen, FilterFields};
 use super::pages::CONFIRMED;
 use super::{form_viewer, letter_pages};
@@ -245,10 +248,15 @@ async fn bulk(
         ));
     }
     let by = asked_by(&viewer);
+    let (key_id, summary) = (viewer.holder.id, chosen.summary());
+    let (letters, filter, summary) = (&letters, &filter, summary.as_str());
     let done = match what {
         Bulk::Replay => {
+            // A bulk replay commits chunk by chunk: its audit entry follows the last chunk.
             let done = conn
-                .run(|c| letters.replay_matching(c, &filter, &by))
+                .run(|c| letters.replay_matching(c, filter, &by))
+                .await?;
+            conn.run(|c| audit::record(&*c, key_id, Action::LettersReplay, summary, done.made))
                 .await?;
             format!(
                 "done=replayed&n={}&left={}",
@@ -257,7 +265,15 @@ async fn bulk(
             )
         }
         Bulk::Discard => {
-            let n = conn.run(|c| letters.discard_matching(&*c, &filter)).await?;
+            let n = conn
+                .run(|c| async move {
+                    let tx = c.transaction().await?;
+                    let n = letters.discard_matching(&tx, filter).await?;
+                    audit::record(&tx, key_id, Action::LettersDiscard, summary, n).await?;
+                    tx.commit().await?;
+                    Ok::<_, Error>(n)
+                })
+                .await?;
             format!("done=discarded&n={n}")
         }
     };
@@ -317,8 +333,21 @@ pub(super) async fn replay_one(
             super::pages::confirm(shown(&viewer), &confirm),
         ));
     }
-    let by = asked_by(&viewer);
-    match conn.run(|c| letters.replay(c, id, &by, None)).await {
+    let (by, key_id, letters) = (asked_by(&viewer), viewer.holder.id, &letters);
+    let by = by.as_str();
+    // The replay and its audit entry commit together (the replay runs in a savepoint).
+    let replayed = conn
+        .run(|c| async move {
+            let mut tx = c.transaction().await?;
+            let done = letters.replay(&mut tx, id, by, None).await?;
+            if done.made {
+                audit::record(&tx, key_id, Action::LetterReplay, &id.to_string(), 1).await?;
+            }
+            tx.commit().await?;
+            Ok::<_, Error>(done)
+        })
+        .await;
+    match replayed {
         Ok(done) => Ok(Redirect::to(&format!("/console/jobs/{}", done.job_id)).into_response()),
         Err(Error::Rejected(r)) if r.code == Code::NotFound => Ok(not_found(&viewer)),
         Err(Error::Rejected(r))
@@ -358,7 +387,20 @@ pub(super) async fn discard_one(
             None => not_found(&viewer),
         });
     }
-    Ok(if conn.run(|c| letters.discard(&*c, id)).await? {
+    let (key_id, letters) = (viewer.holder.id, &letters);
+    // The discard and its audit entry commit together.
+    let discarded = conn
+        .run(|c| async move {
+            let tx = c.transaction().await?;
+            let discarded = letters.discard(&tx, id).await?;
+            if discarded {
+                audit::record(&tx, key_id, Action::LetterDiscard, &id.to_string(), 1).await?;
+            }
+            tx.commit().await?;
+            Ok::<_, Error>(discarded)
+        })
+        .await?;
+    Ok(if discarded {
         Redirect::to("/console/dead-letters?done=discarded&n=1").into_response()
     } else {
         not_found(&viewer)

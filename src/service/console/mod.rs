@@ -19,6 +19,7 @@
 //!   page reads and works the same without it.
 
 mod access;
+mod audit;
 mod charts;
 mod diagnosis;
 mod drill;
@@ -102,6 +103,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/schedules/{name}/pause", post(schedules::pause))
         .route("/console/schedules/{name}/resume", post(schedules::resume))
         .route("/console/operator", get(fleet::operator_page))
+        .route("/console/operator/audit", get(audit::audit_page))
         .route(
             "/console/operator/schedules",
             get(schedules::all_schedules_page),
@@ -449,19 +451,30 @@ async fn cancel(
             None => not_found(&viewer),
         });
     }
-    Ok(
-        match conn
-            .run(|c| jobs::cancel(&*c, owner, id, Code::Cancelled))
-            .await?
-        {
-            Cancel::NotFound => not_found(&viewer),
-            Cancel::Cancelled | Cancel::Requested | Cancel::AlreadyEnded(_) => {
-                Redirect::to(&format!("/console/jobs/{id}")).into_response()
+    let key_id = viewer.holder.id;
+    // The cancel and its audit entry commit together.
+    let done = conn
+        .run(|c| async move {
+            let tx = c.transaction().await?;
+            let done = jobs::cancel(&tx, owner, id, Code::Cancelled).await?;
+            if matches!(
+                done,
+                Cancel::Cancelled | Cancel::Requested | Cancel::Deferred
+            ) {
+                audit::record(&tx, key_id, audit::Action::JobCancel, &id.to_string(), 1).await?;
             }
-            Cancel::Deferred => {
-                super::jobs::settle_deferred(&state.pool, id);
-                Redirect::to(&format!("/console/jobs/{id}?cancel={DEFERRED}")).into_response()
-            }
-        },
-    )
+            tx.commit().await?;
+            Ok::<_, Error>(done)
+        })
+        .await?;
+    Ok(match done {
+        Cancel::NotFound => not_found(&viewer),
+        Cancel::Cancelled | Cancel::Requested | Cancel::AlreadyEnded(_) => {
+            Redirect::to(&format!("/console/jobs/{id}")).into_response()
+        }
+        Cancel::Deferred => {
+            super::jobs::settle_deferred(&state.pool, id);
+            Redirect::to(&format!("/console/jobs/{id}?cancel={DEFERRED}")).into_response()
+        }
+    })
 }

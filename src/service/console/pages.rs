@@ -61,6 +61,7 @@ pub(super) fn live_layout(
                                 a href="/console/operator" { "Operator" }
                                 a href="/console/queues" { "Queues" }
                                 a href="/console/operator/schedules" { "All schedules" }
+                                a href="/console/operator/audit" { "Audit" }
                             }
                         }
                         form.inline method="post" action="/console/sign-out" {
