@@ -478,7 +478,7 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     // From a queue to its jobs: metadata only, every time relative with its instant kept.
     let link = Locator::Css("a[href='/console/queues/default']");
     assert_eq!(follow(&browser, link).await, "Queue default");
-    let jobs = browser.find_all(Locator::Css("span.id")).await.unwrap();
+    let jobs = browser.find_all(Locator::Css("main a.id")).await.unwrap();
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].text().await.unwrap(), deferred.to_string());
     let source = browser.source().await.unwrap();
@@ -490,12 +490,30 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     assert_relative_times(&browser).await;
     screenshot(&browser, "queue").await;
 
+    // The queue's controls: pause it, then cap it at 2, from its page.
+    let pause = Locator::Css("main form[action$='/pause'] button");
+    browser.find(pause).await.unwrap().click().await.unwrap();
+    let source = until_live_page_shows(&browser, "Resume queue").await;
+    assert!(source.contains("<td>paused</td>"));
+    let cap = browser.find(Locator::Id("cap")).await.unwrap();
+    cap.clear().await.unwrap();
+    cap.send_keys("2").await.unwrap();
+    let set = Locator::Css("main form[action$='/cap'] button");
+    browser.find(set).await.unwrap().click().await.unwrap();
+    until_live_page_shows(&browser, "0 of 2 held (0%)").await;
+
+    // An operator opens another owner's job from the queue's jobs.
+    let link = format!("main a[href='/console/jobs/{deferred}']");
+    let heading = follow(&browser, Locator::Css(&link)).await;
+    assert_eq!(heading, format!("Job {deferred}"));
+    browser.back().await.unwrap();
+
     // From a failure code to the jobs that ended with it.
     browser
         .goto(&format!("{}/console/failures/handler_failed", console.base))
         .await
         .unwrap();
-    let shown = browser.find_all(Locator::Css("span.id")).await.unwrap();
+    let shown = browser.find_all(Locator::Css("main a.id")).await.unwrap();
     assert_eq!(shown.len(), 1);
     assert_eq!(shown[0].text().await.unwrap(), failed.to_string());
     assert_relative_times(&browser).await;
@@ -504,6 +522,11 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     // The audit log, from the header.
     let heading = follow(&browser, Locator::LinkText("Audit")).await;
     assert_eq!(heading, "Audit");
+    let source = browser.source().await.unwrap();
+    assert!(
+        source.contains("queue_pause") && source.contains("default cap=2"),
+        "{source}"
+    );
     screenshot(&browser, "audit").await;
     browser.close().await.unwrap();
 }

@@ -16,6 +16,7 @@ mod claim_plan;
 mod cli;
 mod commit_cuts;
 mod console;
+mod console_actions;
 mod console_history;
 mod console_letters;
 mod console_privacy;

@@ -56,6 +56,14 @@ pub(crate) enum Action {
     LettersDiscard,
     /// A job cancelled (or its cancel requested).
     JobCancel,
+    /// A queue paused.
+    QueuePause,
+    /// A queue resumed.
+    QueueResume,
+    /// A queue's cap set or lifted.
+    QueueCap,
+    /// A queue's key cap set or lifted.
+    QueueKeyCap,
 }
 
 impl Action {
@@ -67,6 +75,10 @@ impl Action {
             Action::LettersReplay => "letters_replay",
             Action::LettersDiscard => "letters_discard",
             Action::JobCancel => "job_cancel",
+            Action::QueuePause => "queue_pause",
+            Action::QueueResume => "queue_resume",
+            Action::QueueCap => "queue_cap",
+            Action::QueueKeyCap => "queue_key_cap",
         }
     }
 }

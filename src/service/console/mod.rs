@@ -30,6 +30,7 @@ mod letter_pages;
 mod letters;
 mod operator;
 mod pages;
+mod queue_actions;
 mod schedules;
 pub(crate) mod session;
 mod when;
@@ -110,6 +111,10 @@ pub(super) fn routes() -> Router<AppState> {
         )
         .route("/console/queues", get(fleet::queues_page))
         .route("/console/queues/{name}", get(fleet::queue_page))
+        .route(
+            "/console/queues/{name}/{control}",
+            post(queue_actions::apply),
+        )
         .route("/console/failures/{code}", get(fleet::failure_page))
         .route("/console/console.css", get(stylesheet))
         .route("/console/console.js", get(script))
