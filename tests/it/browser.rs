@@ -383,13 +383,18 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     // reported the job it ran: in this minute's bar, or the last one's when the minute turned
     // since the job ran.
     let operator = format!("{}/console/operator", console.base);
-    let ran = ["this minute: 1.0 jobs", "1 minute ago: 1.0 jobs"];
+    let ran = ["succeeded 1 in the hour, at most 1 jobs a minute"];
     until_page_shows(&browser, &operator, &ran).await;
     let charts = browser
         .find_all(Locator::Css("svg[role=img]"))
         .await
         .unwrap();
-    assert_eq!(charts.len(), 3);
+    assert_eq!(charts.len(), 4);
+    let lines = browser
+        .find_all(Locator::Css("svg polyline"))
+        .await
+        .unwrap();
+    assert!(!lines.is_empty(), "the finished jobs' time series is drawn");
     for chart in charts {
         let (_, _, width, height) = chart.rectangle().await.unwrap();
         assert!(width > 100.0 && height > 50.0, "{width} x {height}");

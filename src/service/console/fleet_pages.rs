@@ -15,7 +15,7 @@
 
 use super::charts;
 use super::drill::{self, JobMeta};
-use super::operator::{Minute, Overview};
+use super::operator::{LastHour, Minute, Overview};
 use super::pages::{live_layout, meaning, status};
 use super::when;
 use crate::service::api_keys::Role;
@@ -104,6 +104,24 @@ fn job_table(jobs: &[JobMeta], empty: &str) -> Markup {
     }
 }
 
+/// The last hour's failures per minute, one series per code that failed a job in it.
+fn by_code(hour: &LastHour) -> Vec<(String, Vec<f64>)> {
+    if hour.failures.is_empty() {
+        return vec![("failed".to_owned(), vec![0.0; hour.minutes.len()])];
+    }
+    hour.failures
+        .keys()
+        .map(|code| {
+            let values = hour
+                .minutes
+                .iter()
+                .map(|m| m.failed_by_code.get(code).copied().unwrap_or(0) as f64)
+                .collect();
+            (code.clone(), values)
+        })
+        .collect()
+}
+
 /// The operator view: live replicas, the backlog, the queues, and the last hour's charts and
 /// failures (each code linked to its jobs).
 pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
@@ -146,7 +164,11 @@ pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
             (queue_table(&overview.queues))
             p { a href="/console/queues" { "All queues, with their jobs" } }
             h2 { "The last hour" }
-            (charts::bars("Jobs finished per minute", &series(|m| (m.succeeded + m.failed) as f64), "jobs"))
+            (charts::lines("Jobs finished and failed per minute", &[
+                ("succeeded".to_owned(), series(|m| m.succeeded as f64)),
+                ("failed".to_owned(), series(|m| m.failed as f64)),
+            ], "jobs"))
+            (charts::lines("Failures per minute by code", &by_code(hour), "jobs"))
             (charts::bars("Mean pickup latency per minute", &series(|m| m.mean_pickup_ms().unwrap_or(0.0)), "ms"))
             (charts::bars("Jobs recovered per minute", &series(|m| m.recovered as f64), "jobs"))
             h2 { "Failures by code" }
