@@ -35,7 +35,7 @@ pub mod retention;
 pub mod seal;
 
 pub use letters::{Letter, LetterCount, LetterCursor, LetterFilter, LetterPage, PAGE_MAX};
-pub use replay::{BulkReplay, Replayed, REPLAYED_BY_MAX, REPLAY_CHUNK};
+pub use replay::{BulkReplay, ReplayPreview, Replayed, REPLAYED_BY_MAX, REPLAY_CHUNK};
 pub use retention::{Retain, Retention, RETAIN_TTL_DEFAULT, RETAIN_TTL_MAX};
 pub use seal::{is_key_id, PayloadKey};
 
@@ -184,6 +184,23 @@ impl DeadLetters {
     ) -> Result<Replayed, Error> {
         let owner = self.owner.as_ref();
         replay::replay(client, &self.secret, self.key.as_ref(), owner, id, by, body).await
+    }
+
+    /// What [`DeadLetters::replay_matching`] would take and leave of the open letters matching
+    /// `filter`, counted now (a preview to confirm a bulk replay with).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the handle holds no key; database errors.
+    pub async fn replay_preview(
+        &self,
+        client: &impl GenericClient,
+        filter: &LetterFilter<'_>,
+    ) -> Result<ReplayPreview, Error> {
+        let key = self
+            .key
+            .as_ref()
+            .ok_or(Error::Config(crate::ConfigError::PayloadKey))?;
+        replay::preview(client, key, self.owner.as_ref(), filter).await
     }
 
     /// Replays every open letter matching `filter` whose payload is retained under this

@@ -48,6 +48,18 @@ pub struct Replayed {
     pub made: bool,
 }
 
+/// What a bulk replay of the letters matching a filter would do, read before it runs (a count
+/// preview: letters failing or replayed meanwhile change it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayPreview {
+    /// Matching letters whose payload is retained under the current key: the replay takes them.
+    pub replayable: u64,
+    /// Matching letters with no payload retained: the replay leaves them.
+    pub not_retained: u64,
+    /// Matching letters whose payload was sealed under another key: the replay leaves them.
+    pub unreadable: u64,
+}
+
 /// What a bulk replay did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BulkReplay {
@@ -132,13 +144,15 @@ SELECT EXISTS (
 );
 
 /// How many open letters (the filter, `$1` to `$6`) have no payload retained (`not_retained`),
-/// and how many have one under a key other than `$7` (`other_key`).
+/// how many have one under a key other than `$7` (`other_key`), and how many have one under key
+/// `$7` (`replayable`: what a bulk replay under that key takes).
 ///
 /// Locks: none (a read).
 pub const UNREPLAYABLE_SQL: &str = concat!(
     "
 SELECT count(*) FILTER (WHERE r.job_id IS NULL),
-       count(*) FILTER (WHERE r.key_id <> $7)
+       count(*) FILTER (WHERE r.key_id <> $7),
+       count(*) FILTER (WHERE r.key_id = $7)
   FROM etl_dead_letters l
   LEFT JOIN etl_retained_payloads r ON r.job_id = l.job_id AND ",
     kept!(),
@@ -424,4 +438,32 @@ pub(crate) async fn replay_matching(
     done.not_retained = u64::try_from(not_retained).unwrap_or(0);
     done.unreadable = u64::try_from(other_key).unwrap_or(0) + unopened.len() as u64;
     Ok(done)
+}
+
+/// What a bulk replay of `owner`'s (every owner's when `None`) open letters matching `filter`
+/// under `key` would take and leave, counted now.
+///
+/// # Errors
+/// Database errors.
+pub(crate) async fn preview(
+    client: &impl GenericClient,
+    key: &PayloadKey,
+    owner: Option<&[u8; 32]>,
+    filter: &LetterFilter<'_>,
+) -> Result<ReplayPreview, Error> {
+    let owner: Option<&[u8]> = owner.map(|o| &o[..]);
+    let key_id = key.id();
+    let extra: [(&(dyn ToSql + Sync), Type); 1] = [(&key_id, Type::TEXT)];
+    let row = client
+        .query_typed_one(UNREPLAYABLE_SQL, &filtered(&owner, filter, extra))
+        .await?;
+    let count = |i: usize| -> Result<u64, Error> {
+        let n: i64 = row.try_get(i)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    Ok(ReplayPreview {
+        not_retained: count(0)?,
+        unreadable: count(1)?,
+        replayable: count(2)?,
+    })
 }

@@ -339,4 +339,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: a release before it neither writes nor reads the new columns.
         min_reader_version: 33,
     },
+    Migration {
+        version: 37,
+        name: "audit_log",
+        up: include_str!("../../migrations/0037_audit_log.up.sql"),
+        down: include_str!("../../migrations/0037_audit_log.down.sql"),
+        // Additive: a release before it never reads the new table.
+        min_reader_version: 33,
+    },
 ];

@@ -109,6 +109,7 @@ const SCREENSHOTS: &[&str] = &[
     "sign-in",
     "job-pending",
     "job-succeeded",
+    "cancel-confirm",
     "job-cancelled",
     "job-retrying",
     "jobs",
@@ -116,6 +117,10 @@ const SCREENSHOTS: &[&str] = &[
     "queues",
     "queue",
     "failures",
+    "audit",
+    "dead-letters",
+    "bulk-confirm",
+    "letter-job",
 ];
 
 /// Every console picture the docs show is one this test takes (and so can regenerate).
@@ -308,12 +313,15 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     assert_eq!(mark, "not reloaded", "the page was refreshed in place");
     screenshot(&browser, "job-succeeded").await;
 
-    // A deferred job is cancelled from the console.
+    // A deferred job is cancelled from the console, once the cancel is confirmed.
     let deferred = console.submit(&console.alice, "browser-2", true).await;
     let page = format!("{}/console/jobs/{deferred}", console.base);
     browser.goto(&page).await.unwrap();
+    let heading = follow(&browser, Locator::Css("button.danger")).await;
+    assert_eq!(heading, "Cancel job");
+    screenshot(&browser, "cancel-confirm").await;
     browser
-        .find(Locator::Css("button.danger"))
+        .find(Locator::Css("button#confirm"))
         .await
         .unwrap()
         .click()
@@ -375,13 +383,18 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     // reported the job it ran: in this minute's bar, or the last one's when the minute turned
     // since the job ran.
     let operator = format!("{}/console/operator", console.base);
-    let ran = ["this minute: 1.0 jobs", "1 minute ago: 1.0 jobs"];
+    let ran = ["succeeded 1 in the hour, at most 1 jobs a minute"];
     until_page_shows(&browser, &operator, &ran).await;
     let charts = browser
         .find_all(Locator::Css("svg[role=img]"))
         .await
         .unwrap();
-    assert_eq!(charts.len(), 3);
+    assert_eq!(charts.len(), 4);
+    let lines = browser
+        .find_all(Locator::Css("svg polyline"))
+        .await
+        .unwrap();
+    assert!(!lines.is_empty(), "the finished jobs' time series is drawn");
     for chart in charts {
         let (_, _, width, height) = chart.rectangle().await.unwrap();
         assert!(width > 100.0 && height > 50.0, "{width} x {height}");
@@ -470,7 +483,7 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     // From a queue to its jobs: metadata only, every time relative with its instant kept.
     let link = Locator::Css("a[href='/console/queues/default']");
     assert_eq!(follow(&browser, link).await, "Queue default");
-    let jobs = browser.find_all(Locator::Css("span.id")).await.unwrap();
+    let jobs = browser.find_all(Locator::Css("main a.id")).await.unwrap();
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].text().await.unwrap(), deferred.to_string());
     let source = browser.source().await.unwrap();
@@ -482,16 +495,129 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     assert_relative_times(&browser).await;
     screenshot(&browser, "queue").await;
 
+    // The queue's controls: pause it, then cap it at 2, from its page.
+    let pause = Locator::Css("main form[action$='/pause'] button");
+    browser.find(pause).await.unwrap().click().await.unwrap();
+    let source = until_live_page_shows(&browser, "Resume queue").await;
+    assert!(source.contains("<td>paused</td>"));
+    let cap = browser.find(Locator::Id("cap")).await.unwrap();
+    cap.clear().await.unwrap();
+    cap.send_keys("2").await.unwrap();
+    let set = Locator::Css("main form[action$='/cap'] button");
+    browser.find(set).await.unwrap().click().await.unwrap();
+    until_live_page_shows(&browser, "0 of 2 held (0%)").await;
+
+    // An operator opens another owner's job from the queue's jobs.
+    let link = format!("main a[href='/console/jobs/{deferred}']");
+    let heading = follow(&browser, Locator::Css(&link)).await;
+    assert_eq!(heading, format!("Job {deferred}"));
+    browser.back().await.unwrap();
+
     // From a failure code to the jobs that ended with it.
     browser
         .goto(&format!("{}/console/failures/handler_failed", console.base))
         .await
         .unwrap();
-    let shown = browser.find_all(Locator::Css("span.id")).await.unwrap();
+    let shown = browser.find_all(Locator::Css("main a.id")).await.unwrap();
     assert_eq!(shown.len(), 1);
     assert_eq!(shown[0].text().await.unwrap(), failed.to_string());
     assert_relative_times(&browser).await;
     screenshot(&browser, "failures").await;
+
+    // The audit log, from the header.
+    let heading = follow(&browser, Locator::LinkText("Audit")).await;
+    assert_eq!(heading, "Audit");
+    let source = browser.source().await.unwrap();
+    assert!(
+        source.contains("queue_pause") && source.contains("default cap=2"),
+        "{source}"
+    );
+    screenshot(&browser, "audit").await;
+    browser.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_filters_dead_letters_and_replays_and_discards_them_once_confirmed() {
+    let console = Console::start().await;
+    let client = console.db.client().await;
+    let by_hand = crate::console_letters::letters_by_hand;
+    let gone = by_hand(&client, "bob", 3, "mail", "mailbox_gone", false).await;
+    let kept = by_hand(&client, "bob", 2, "bills", "attempts_exhausted", true).await;
+    let (_driver, browser) = browser().await;
+    browser
+        .goto(&format!("{}/console/sign-in", console.base))
+        .await
+        .unwrap();
+    sign_in_by_keyboard(&browser, &console.bob).await;
+
+    // From the navigation to the letters, their counts and their times.
+    let heading = follow(&browser, Locator::LinkText("Dead letters")).await;
+    assert_eq!(heading, "Dead letters");
+    let source = browser.source().await.unwrap();
+    assert!(source.contains("5 open letters match."), "{source}");
+    assert_relative_times(&browser).await;
+    screenshot(&browser, "dead-letters").await;
+
+    // The filter form narrows them to one queue.
+    browser
+        .find(Locator::Id("queue"))
+        .await
+        .unwrap()
+        .send_keys("mail")
+        .await
+        .unwrap();
+    let heading = follow(&browser, Locator::Css("form.filters button")).await;
+    assert_eq!(heading, "Dead letters");
+    let source = browser.source().await.unwrap();
+    assert!(source.contains("3 open letters match."), "{source}");
+    assert!(!source.contains(&kept[0].to_string()));
+
+    // Discarding the matching letters shows how many first; confirmed, it discards them.
+    let heading = follow(
+        &browser,
+        Locator::Css("main form[action='/console/dead-letters/discard'] button"),
+    )
+    .await;
+    assert_eq!(heading, "Discard letters");
+    assert!(browser.source().await.unwrap().contains("3 letters"));
+    screenshot(&browser, "bulk-confirm").await;
+    let heading = follow(&browser, Locator::Css("button#confirm")).await;
+    assert_eq!(heading, "Dead letters");
+    let source = browser.source().await.unwrap();
+    assert!(source.contains("Discarded 3 letters."), "{source}");
+    assert!(source.contains("No open letter matches."));
+    for id in &gone {
+        assert!(!source.contains(&id.to_string()));
+    }
+
+    // A retained letter's job page replays it, once confirmed, into a new job.
+    browser
+        .goto(&format!("{}/console/dead-letters", console.base))
+        .await
+        .unwrap();
+    let link = format!("a[href='/console/jobs/{}']", kept[0]);
+    let heading = follow(&browser, Locator::Css(&link)).await;
+    assert!(heading.starts_with("Job "), "{heading}");
+    assert!(browser
+        .source()
+        .await
+        .unwrap()
+        .contains("Its payload is retained"));
+    screenshot(&browser, "letter-job").await;
+    let heading = follow(
+        &browser,
+        Locator::Css("main form[action$='/replay'] button"),
+    )
+    .await;
+    assert_eq!(heading, "Replay letter");
+    let heading = follow(&browser, Locator::Css("button#confirm")).await;
+    assert!(heading.starts_with("Job "), "{heading}");
+    let url = browser.current_url().await.unwrap();
+    assert!(
+        !url.path().ends_with(&kept[0].to_string()),
+        "a new job: {url}"
+    );
+    assert!(browser.source().await.unwrap().contains("status-pending"));
     browser.close().await.unwrap();
 }
 

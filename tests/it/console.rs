@@ -73,7 +73,7 @@ impl Page {
     }
 
     /// Where it redirects.
-    fn location(&self) -> &str {
+    pub(crate) fn location(&self) -> &str {
         self.headers
             .get(LOCATION)
             .and_then(|v| v.to_str().ok())
@@ -532,18 +532,43 @@ async fn cancel_needs_the_sessions_token_and_has_the_apis_semantics() {
         .post(&cancel, "", &format!("csrf={alice_token}"))
         .await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
-    // Alice's own session and token: bob's job is not hers.
-    let not_hers = console
-        .post(&cancel, &alice, &format!("csrf={alice_token}"))
+    // Carol's own session and token: bob's job is not hers, confirmed or not.
+    let carol = console
+        .sign_in(
+            &console
+                .key_for("carol", durable_etl::service::api_keys::Role::Owner)
+                .await,
+        )
         .await;
-    assert_eq!(not_hers.status, StatusCode::NOT_FOUND);
+    let carol_token = console.get("/console/jobs", &carol).await.csrf();
+    for confirm in ["", "&confirm=yes"] {
+        let not_hers = console
+            .post(&cancel, &carol, &format!("csrf={carol_token}{confirm}"))
+            .await;
+        assert_eq!(not_hers.status, StatusCode::NOT_FOUND);
+    }
+    // The first POST asks to confirm and changes nothing.
+    let asked = console
+        .post(&cancel, &session, &format!("csrf={}", page.csrf()))
+        .await;
+    assert_eq!(asked.status, StatusCode::OK);
+    assert!(
+        asked.body.contains("This will cancel job"),
+        "{}",
+        asked.body
+    );
+    assert!(asked.body.contains("name=\"confirm\" value=\"yes\""));
     assert!(console
         .get(&format!("/console/jobs/{job}"), &session)
         .await
         .body
         .contains("pending"));
     let done = console
-        .post(&cancel, &session, &format!("csrf={}", page.csrf()))
+        .post(
+            &cancel,
+            &session,
+            &format!("csrf={}&confirm=yes", page.csrf()),
+        )
         .await;
     assert_eq!(
         (done.status, done.location()),
@@ -558,7 +583,11 @@ async fn cancel_needs_the_sessions_token_and_has_the_apis_semantics() {
     assert!(!after.body.contains("Cancel job"));
     // Cancelling again changes nothing.
     let again = console
-        .post(&cancel, &session, &format!("csrf={}", page.csrf()))
+        .post(
+            &cancel,
+            &session,
+            &format!("csrf={}&confirm=yes", page.csrf()),
+        )
         .await;
     assert_eq!(again.status, StatusCode::SEE_OTHER);
 }
@@ -584,7 +613,7 @@ async fn a_cancel_while_the_commit_holds_the_job_says_it_may_still_succeed() {
         .post(
             &format!("/console/jobs/{job}/cancel"),
             &session,
-            &format!("csrf={}", page.csrf()),
+            &format!("csrf={}&confirm=yes", page.csrf()),
         )
         .await;
     let shown = format!("/console/jobs/{job}?cancel=deferred");
@@ -707,8 +736,16 @@ async fn the_operator_view_shows_reporting_replicas_and_the_last_hour_to_operato
     assert_eq!(view.status, StatusCode::OK);
     assert_secured(&view);
     assert!(view.body.contains("<code>rep-1</code>"));
-    assert_eq!(view.body.matches("<svg").count(), 3);
-    assert!(view.body.contains("this minute: 4.0 jobs"), "{}", view.body);
+    assert_eq!(view.body.matches("<svg").count(), 4);
+    // Per-minute time series: finished and failed, and failures by code.
+    for legend in [
+        "succeeded 3 in the hour, at most 3 jobs a minute",
+        "failed 1 in the hour, at most 1 jobs a minute",
+        "record_invalid 1 in the hour, at most 1 jobs a minute",
+    ] {
+        assert!(view.body.contains(legend), "{legend}: {}", view.body);
+    }
+    assert!(view.body.contains(">now</text>") && view.body.contains(">59 minutes ago</text>"));
     assert!(view.body.contains("<code>record_invalid</code>"));
     assert!(
         view.body
@@ -748,7 +785,8 @@ async fn the_operator_view_has_empty_states_and_lists_recovery_events() {
     ] {
         assert!(empty.body.contains(state), "{state}");
     }
-    assert_eq!(empty.body.matches("<svg").count(), 3, "empty charts");
+    assert_eq!(empty.body.matches("<svg").count(), 4, "empty charts");
+    assert_eq!(empty.body.matches("nothing in this hour").count(), 4);
 
     // A replica that died holding a job: its lease has already expired.
     let job = console.submit(&console.bob, "orphan", false).await;

@@ -161,11 +161,21 @@ async fn each_attempt_that_did_not_end_its_job_is_recorded_under_its_fence_and_s
     }
     assert!(page.body.contains("handler_failed"));
 
-    // Another owner's job shows no timeline: it is not found.
-    let alice = console.sign_in(&console.alice).await;
-    let theirs = console.get(&format!("/console/jobs/{job}"), &alice).await;
+    // To another owner's key the job shows no timeline: it is not found. An operator's key
+    // opens it, timeline and all.
+    let carol = console
+        .key_for("carol", durable_etl::service::api_keys::Role::Owner)
+        .await;
+    let carol = console.sign_in(&carol).await;
+    let theirs = console.get(&format!("/console/jobs/{job}"), &carol).await;
     assert_eq!(theirs.status, StatusCode::NOT_FOUND);
     assert!(!theirs.body.contains("Attempt"));
+    let alice = console.sign_in(&console.alice).await;
+    let operator = console.get(&format!("/console/jobs/{job}"), &alice).await;
+    assert_eq!(operator.status, StatusCode::OK);
+    assert!(operator
+        .body
+        .contains("Attempt 3 released as its replica shut down"));
 }
 
 #[tokio::test]

@@ -100,8 +100,13 @@ async fn no_console_page_or_form_answer_leaks_a_canary_the_key_sql_or_a_database
     let forged = console.post(&cancel, &session, "csrf=canary-token").await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
     pages.push(("forged cancel", forged));
-    let done = console
+    let asked = console
         .post(&cancel, &session, &format!("csrf={token}"))
+        .await;
+    assert_eq!(asked.status, StatusCode::OK);
+    pages.push(("cancel confirmation", asked));
+    let done = console
+        .post(&cancel, &session, &format!("csrf={token}&confirm=yes"))
         .await;
     assert_eq!(done.status, StatusCode::SEE_OTHER);
     pages.push(("cancel", done));
@@ -148,6 +153,65 @@ async fn no_console_page_or_form_answer_leaks_a_canary_the_key_sql_or_a_database
         assert_eq!(page.status, status, "{path}");
         pages.push(("page", page));
     }
+    // The dead-letter pages and the previews of their actions, as the canary owner's operator
+    // key sees them: the owner filter, typed as the principal, is answered by its digest.
+    for path in [
+        "/console/dead-letters".to_owned(),
+        "/console/dead-letters?code=record_invalid&since=2000-01-01T00:00".to_owned(),
+        format!("/console/dead-letters?owner={PRINCIPAL}"),
+        "/console/dead-letters?queue=Canary%20Queue".to_owned(),
+    ] {
+        let page = console.get(&path, &session).await;
+        assert_ne!(page.status, StatusCode::NOT_FOUND, "{path}");
+        if let Some(location) = page.headers.get("location") {
+            let narrowed = console.get(location.to_str().unwrap(), &session).await;
+            assert_eq!(narrowed.status, StatusCode::OK);
+            assert!(
+                narrowed.body.contains(&failed.to_string()),
+                "{}",
+                narrowed.body
+            );
+            pages.push(("narrowed letters", narrowed));
+        }
+        pages.push(("letters", page));
+    }
+    for (path, fields, status) in [
+        (
+            format!("/console/dead-letters/{failed}/discard"),
+            format!("csrf={token}"),
+            StatusCode::OK,
+        ),
+        (
+            format!("/console/dead-letters/{failed}/replay"),
+            format!("csrf={token}"),
+            StatusCode::CONFLICT,
+        ),
+        (
+            "/console/dead-letters/replay".to_owned(),
+            format!("csrf={token}&code=record_invalid"),
+            StatusCode::OK,
+        ),
+        (
+            "/console/dead-letters/discard".to_owned(),
+            format!("csrf={token}&owner_key={}", "ab".repeat(32)),
+            StatusCode::OK,
+        ),
+        (
+            "/console/dead-letters/discard".to_owned(),
+            "csrf=canary-token".to_owned(),
+            StatusCode::FORBIDDEN,
+        ),
+    ] {
+        let answer = console.post(&path, &session, &fields).await;
+        assert_eq!(answer.status, status, "{path} {fields}");
+        pages.push(("letter action preview", answer));
+    }
+
+    let audit = console.get("/console/operator/audit", &session).await;
+    assert_eq!(audit.status, StatusCode::OK);
+    assert!(audit.body.contains("job_cancel"), "{}", audit.body);
+    pages.push(("audit", audit));
+
     let signed_out = console
         .post("/console/sign-out", &session, &format!("csrf={token}"))
         .await;
@@ -161,6 +225,8 @@ async fn no_console_page_or_form_answer_leaks_a_canary_the_key_sql_or_a_database
     }
     for shown in [
         "record_invalid",
+        "This will discard",
+        "<h2>Dead letter</h2>",
         "retry scheduled at",
         "status-cancelled",
         "rows inserted",

@@ -7,9 +7,13 @@
 //! - A request without a live session goes to sign-in (clearing a cookie that no longer opens
 //!   one); the operators' pages answer any other key's session exactly like a page that does not
 //!   exist (`404`), never `403`, so they do not say that they exist.
+//! - A job page or a job action is scoped to the job's owner: an owner's session reaches its own
+//!   owner's jobs only; an operator's reaches any owner's, through the owner digest of the job's
+//!   intake row ([`job_owner`]), which stays on the server.
 
 use super::pages;
 use super::session::{self, Viewer};
+use crate::error::Error;
 use crate::service::api_keys::Role;
 use crate::service::conn::Conn;
 use crate::service::problem::Problem;
@@ -19,7 +23,9 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use maud::Markup;
-use tokio_postgres::{Client, IsolationLevel, Transaction};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, GenericClient, IsolationLevel, Transaction};
+use uuid::Uuid;
 
 /// A page with `status`.
 pub(super) fn page(status: StatusCode, markup: Markup) -> Response {
@@ -82,6 +88,33 @@ impl FromRequestParts<AppState> for OperatorViewer {
             Ok(Some((viewer, conn))) => Ok(OperatorViewer(viewer, conn)),
         }
     }
+}
+
+/// The owner digest of job `$1`. Locks: none (a primary-key read of the intake).
+const JOB_OWNER_SQL: &str = "SELECT owner_key FROM etl_job_intake WHERE id = $1";
+
+/// The owner whose job `id` the viewer may open or act on: the viewer's own owner for an owner's
+/// session (its reads then find only its jobs), the job's owner for an operator's (`None` when
+/// there is no such job).
+///
+/// # Errors
+/// Database errors.
+pub(super) async fn job_owner(
+    client: &impl GenericClient,
+    viewer: &Viewer,
+    id: Uuid,
+) -> Result<Option<[u8; 32]>, Error> {
+    if viewer.holder.role != Role::Operator {
+        return Ok(Some(viewer.holder.owner_key));
+    }
+    let row = client
+        .query_typed_opt(JOB_OWNER_SQL, &[(&id, Type::UUID)])
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let owner: Vec<u8> = row.try_get(0)?;
+    Ok(<[u8; 32]>::try_from(owner).ok())
 }
 
 /// Opens a read-only snapshot on `client`: the reads of one page pipelined in it agree with one

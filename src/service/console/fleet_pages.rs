@@ -4,8 +4,10 @@
 //! Invariants this module keeps:
 //! - Aggregates and job metadata only: a drill-down shows a job's id, kind, queue, priority,
 //!   state, times, attempts and failure code (what [`drill::JobMeta`] holds), never a payload,
-//!   an owner, a principal or an idempotency key. A job id is shown but not linked: a job's page
-//!   is its owner's.
+//!   an owner, a principal or an idempotency key. A job id links to the job's page, which an
+//!   operator may open for any owner's job.
+//! - A queue's page carries its controls (pause or resume, cap, key cap): forms with the
+//!   session's token, posted to `queue_actions`.
 //! - Every value is escaped by the template engine, and every link is built from a queue's name
 //!   or a stored failure code, which are identifiers (`[a-z][a-z0-9_.]*`): nothing in a path
 //!   needs escaping.
@@ -13,7 +15,7 @@
 
 use super::charts;
 use super::drill::{self, JobMeta};
-use super::operator::{Minute, Overview};
+use super::operator::{LastHour, Minute, Overview};
 use super::pages::{live_layout, meaning, status};
 use super::when;
 use crate::service::api_keys::Role;
@@ -83,7 +85,7 @@ fn job_table(jobs: &[JobMeta], empty: &str) -> Markup {
                 tbody {
                     @for job in jobs {
                         tr {
-                            td { span.id { (job.id) } }
+                            td { a.id href={ "/console/jobs/" (job.id) } { (job.id) } }
                             td { code { (job.kind) } }
                             td { code { (job.queue) } }
                             td { (job.priority) }
@@ -100,6 +102,24 @@ fn job_table(jobs: &[JobMeta], empty: &str) -> Markup {
             }
         }
     }
+}
+
+/// The last hour's failures per minute, one series per code that failed a job in it.
+fn by_code(hour: &LastHour) -> Vec<(String, Vec<f64>)> {
+    if hour.failures.is_empty() {
+        return vec![("failed".to_owned(), vec![0.0; hour.minutes.len()])];
+    }
+    hour.failures
+        .keys()
+        .map(|code| {
+            let values = hour
+                .minutes
+                .iter()
+                .map(|m| m.failed_by_code.get(code).copied().unwrap_or(0) as f64)
+                .collect();
+            (code.clone(), values)
+        })
+        .collect()
 }
 
 /// The operator view: live replicas, the backlog, the queues, and the last hour's charts and
@@ -144,7 +164,11 @@ pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
             (queue_table(&overview.queues))
             p { a href="/console/queues" { "All queues, with their jobs" } }
             h2 { "The last hour" }
-            (charts::bars("Jobs finished per minute", &series(|m| (m.succeeded + m.failed) as f64), "jobs"))
+            (charts::lines("Jobs finished and failed per minute", &[
+                ("succeeded".to_owned(), series(|m| m.succeeded as f64)),
+                ("failed".to_owned(), series(|m| m.failed as f64)),
+            ], "jobs"))
+            (charts::lines("Failures per minute by code", &by_code(hour), "jobs"))
             (charts::bars("Mean pickup latency per minute", &series(|m| m.mean_pickup_ms().unwrap_or(0.0)), "ms"))
             (charts::bars("Jobs recovered per minute", &series(|m| m.recovered as f64), "jobs"))
             h2 { "Failures by code" }
@@ -203,6 +227,45 @@ pub(crate) fn queues(viewer: (Role, &str), queues: &[QueueDepth], more: bool) ->
     )
 }
 
+/// A queue's controls, each a form with the session's token `csrf`: pause or resume, its cap
+/// and its key cap (a number; empty lifts it). Every change is written to the audit log.
+fn controls(queue: &QueueDepth, csrf: &str) -> Markup {
+    let path = format!("/console/queues/{}", queue.queue);
+    html! {
+        h2 { "Controls" }
+        p { "Each change applies at once, wakes the replicas, and is written to the audit log." }
+        div.controls {
+            form.inline method="post" action={ (path) (if queue.paused { "/resume" } else { "/pause" }) } {
+                input type="hidden" name="csrf" value=(csrf);
+                @if queue.paused {
+                    button type="submit" { "Resume queue" }
+                } @else {
+                    button.danger type="submit" { "Pause queue" }
+                }
+            }
+            (cap_form(&path, "cap", "Cap (running jobs; empty: none)", queue.cap, csrf))
+            (cap_form(&path, "key-cap", "Key cap (per concurrency key; empty: none)", queue.key_cap, csrf))
+        }
+    }
+}
+
+/// A form of the queue at `path` that sets its `setting` (`cap` or `key-cap`, the control's
+/// path), labelled `label`, now `now` (empty: none).
+fn cap_form(path: &str, setting: &str, label: &str, now: Option<i32>, csrf: &str) -> Markup {
+    let id = setting.replace('-', "_");
+    html! {
+        form.filters method="post" action={ (path) "/" (setting) } {
+            input type="hidden" name="csrf" value=(csrf);
+            div {
+                label for=(id) { (label) }
+                input id=(id) name="cap" type="number" min="1" max="10000"
+                      value=(now.map(|c| c.to_string()).unwrap_or_default());
+            }
+            button type="submit" { "Set " (setting.replace('-', " ")) }
+        }
+    }
+}
+
 /// One queue's page: its figures and its live jobs (running, then pending by kind in claim
 /// order, at most [`drill::JOBS_SHOWN`] of each).
 pub(crate) fn queue(viewer: (Role, &str), queue: &QueueDepth, jobs: &[JobMeta]) -> Markup {
@@ -213,6 +276,7 @@ pub(crate) fn queue(viewer: (Role, &str), queue: &QueueDepth, jobs: &[JobMeta]) 
         html! {
             h1 { "Queue " code { (queue.queue) } }
             (queue_table(std::slice::from_ref(queue)))
+            (controls(queue, viewer.1))
             h2 { "Its jobs" }
             p {
                 "Running jobs first, then pending ones by kind, in the order replicas claim them; at most "

@@ -19,13 +19,18 @@
 //!   page reads and works the same without it.
 
 mod access;
+mod audit;
 mod charts;
 mod diagnosis;
 mod drill;
 mod fleet;
 mod fleet_pages;
+mod letter_forms;
+mod letter_pages;
+mod letters;
 mod operator;
 mod pages;
+mod queue_actions;
 mod schedules;
 pub(crate) mod session;
 mod when;
@@ -45,7 +50,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
-use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
 use session::Viewer;
 use uuid::Uuid;
@@ -78,17 +82,39 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/console/jobs", get(job_list))
         .route("/console/jobs/{id}", get(job_page))
         .route("/console/jobs/{id}/cancel", post(cancel))
+        .route("/console/dead-letters", get(letters::letters_page))
+        .route(
+            "/console/dead-letters/replay",
+            post(letters::replay_matching),
+        )
+        .route(
+            "/console/dead-letters/discard",
+            post(letters::discard_matching),
+        )
+        .route(
+            "/console/dead-letters/{id}/replay",
+            post(letters::replay_one),
+        )
+        .route(
+            "/console/dead-letters/{id}/discard",
+            post(letters::discard_one),
+        )
         .route("/console/schedules", get(schedules::schedules_page))
         .route("/console/schedules/{name}", get(schedules::schedule_page))
         .route("/console/schedules/{name}/pause", post(schedules::pause))
         .route("/console/schedules/{name}/resume", post(schedules::resume))
         .route("/console/operator", get(fleet::operator_page))
+        .route("/console/operator/audit", get(audit::audit_page))
         .route(
             "/console/operator/schedules",
             get(schedules::all_schedules_page),
         )
         .route("/console/queues", get(fleet::queues_page))
         .route("/console/queues/{name}", get(fleet::queue_page))
+        .route(
+            "/console/queues/{name}/{control}",
+            post(queue_actions::apply),
+        )
         .route("/console/failures/{code}", get(fleet::failure_page))
         .route("/console/console.css", get(stylesheet))
         .route("/console/console.js", get(script))
@@ -278,19 +304,6 @@ struct ListQuery {
     to: String,
 }
 
-/// A `datetime-local` field's value, read as UTC: `None` when empty, `Err` when not a time.
-fn utc_field(value: &str) -> Result<Option<DateTime<Utc>>, ()> {
-    let value = value.trim();
-    if value.is_empty() {
-        return Ok(None);
-    }
-    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
-        .iter()
-        .find_map(|format| NaiveDateTime::parse_from_str(value, format).ok())
-        .map(|at| Some(at.and_utc()))
-        .ok_or(())
-}
-
 /// The viewer's jobs, newest first, a page at a time, optionally of one status and submitted
 /// between two times; a job id goes to that job's page, and a time that is not one answers `400`
 /// with the form and a hint.
@@ -312,7 +325,7 @@ async fn job_list(
         });
     }
     let status = JobState::parse(&query.status);
-    let (Ok(from), Ok(to)) = (utc_field(&query.from), utc_field(&query.to)) else {
+    let (Ok(from), Ok(to)) = (when::utc_field(&query.from), when::utc_field(&query.to)) else {
         let view = pages::ListView {
             status,
             bad_time: true,
@@ -365,16 +378,22 @@ async fn job_page(
     let Ok(id) = Uuid::parse_str(&id) else {
         return Ok(not_found(&viewer));
     };
-    let owner = &viewer.holder.owner_key;
-    // One snapshot for the three reads (a retry committing between them would otherwise show an
+    let Some(owner) = conn.run(|c| access::job_owner(&*c, &viewer, id)).await? else {
+        return Ok(not_found(&viewer));
+    };
+    let owner = &owner;
+    let letters = crate::dead_letters::DeadLetters::of(state.secret.clone(), *owner);
+    let letters = &letters;
+    // One snapshot for the reads (a retry committing between them would otherwise show an
     // attempt the status does not count): they are pipelined between its BEGIN and COMMIT.
-    let (job, attempts, replaced_by) = conn
+    let (job, attempts, replaced_by, letter) = conn
         .run(|c| async move {
             let snapshot = access::snapshot(c).await?;
             let read = tokio::try_join!(
                 jobs::status(&snapshot, owner, id),
                 jobs::attempts(&snapshot, owner, id),
-                jobs::replaced_by(&snapshot, owner, id)
+                jobs::replaced_by(&snapshot, owner, id),
+                letters.get(&snapshot, id)
             )?;
             snapshot.commit().await?;
             Ok::<_, Error>(read)
@@ -387,6 +406,8 @@ async fn job_page(
                 last: attempts.last.as_ref(),
                 replaced_by: &replaced_by,
                 cancel_deferred,
+                letter: letter.as_ref(),
+                own: *owner == viewer.holder.owner_key,
             };
             page(StatusCode::OK, pages::job(shown(&viewer), &job, &history))
         }
@@ -394,14 +415,25 @@ async fn job_page(
     })
 }
 
-/// Cancels one of the viewer's jobs, with the API's semantics (a pending job ends `cancelled`, a
-/// running one gets a cancel request, recorded for later while its commit holds it), then shows
-/// its page again (saying so when the request was recorded for later).
+/// A form that carries its token and whether it is an action's confirmation.
+#[derive(Deserialize)]
+pub(super) struct Confirmed {
+    /// The session's anti-forgery token.
+    csrf: String,
+    /// `yes` on the confirmation's `POST` (empty: ask to confirm).
+    #[serde(default)]
+    confirm: String,
+}
+
+/// Cancels one of the viewer's jobs (any owner's for an operator), with the API's semantics (a
+/// pending job ends `cancelled`, a running one gets a cancel request, recorded for later while
+/// its commit holds it), then shows its page again (saying so when the request was recorded for
+/// later). The first `POST` asks to confirm; only the confirmed one cancels.
 async fn cancel(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(form): Form<Token>,
+    Form(form): Form<Confirmed>,
 ) -> Result<Response, Problem> {
     let (viewer, mut conn) = match form_viewer(&state, &headers, &form.csrf).await? {
         Ok(signed_in) => signed_in,
@@ -410,20 +442,44 @@ async fn cancel(
     let Ok(id) = Uuid::parse_str(&id) else {
         return Ok(not_found(&viewer));
     };
-    let owner = &viewer.holder.owner_key;
-    Ok(
-        match conn
-            .run(|c| jobs::cancel(&*c, owner, id, Code::Cancelled))
-            .await?
-        {
-            Cancel::NotFound => not_found(&viewer),
-            Cancel::Cancelled | Cancel::Requested | Cancel::AlreadyEnded(_) => {
-                Redirect::to(&format!("/console/jobs/{id}")).into_response()
+    let Some(owner) = conn.run(|c| access::job_owner(&*c, &viewer, id)).await? else {
+        return Ok(not_found(&viewer));
+    };
+    let owner = &owner;
+    if form.confirm != pages::CONFIRMED {
+        let job = conn.run(|c| jobs::status(&*c, owner, id)).await?;
+        return Ok(match job {
+            Some(_) => page(
+                StatusCode::OK,
+                pages::confirm(shown(&viewer), &pages::cancel_confirm(id)),
+            ),
+            None => not_found(&viewer),
+        });
+    }
+    let key_id = viewer.holder.id;
+    // The cancel and its audit entry commit together.
+    let done = conn
+        .run(|c| async move {
+            let tx = c.transaction().await?;
+            let done = jobs::cancel(&tx, owner, id, Code::Cancelled).await?;
+            if matches!(
+                done,
+                Cancel::Cancelled | Cancel::Requested | Cancel::Deferred
+            ) {
+                audit::record(&tx, key_id, audit::Action::JobCancel, &id.to_string(), 1).await?;
             }
-            Cancel::Deferred => {
-                super::jobs::settle_deferred(&state.pool, id);
-                Redirect::to(&format!("/console/jobs/{id}?cancel={DEFERRED}")).into_response()
-            }
-        },
-    )
+            tx.commit().await?;
+            Ok::<_, Error>(done)
+        })
+        .await?;
+    Ok(match done {
+        Cancel::NotFound => not_found(&viewer),
+        Cancel::Cancelled | Cancel::Requested | Cancel::AlreadyEnded(_) => {
+            Redirect::to(&format!("/console/jobs/{id}")).into_response()
+        }
+        Cancel::Deferred => {
+            super::jobs::settle_deferred(&state.pool, id);
+            Redirect::to(&format!("/console/jobs/{id}?cancel={DEFERRED}")).into_response()
+        }
+    })
 }

@@ -98,6 +98,8 @@ pub(crate) struct Minute {
     pub(crate) pickups: i64,
     /// Their pickup latencies, summed, in seconds.
     pub(crate) pickup_seconds: f64,
+    /// Jobs that ended failed, by stored code.
+    pub(crate) failed_by_code: BTreeMap<String, i64>,
 }
 
 impl Minute {
@@ -249,6 +251,7 @@ pub(crate) fn per_minute(totals: &[Totals], now: DateTime<Utc>) -> LastHour {
             let added = (n - was.unwrap_or(0)).max(0);
             if added > 0 {
                 *failures.entry(code.clone()).or_insert(0) += added;
+                *minute.failed_by_code.entry(code.clone()).or_insert(0) += added;
             }
         }
     }
@@ -317,6 +320,10 @@ mod tests {
         assert_eq!(minutes[57].succeeded, 7, "98: b's first minute");
         assert_eq!(minutes[59].succeeded, 2);
         assert_eq!(minutes[59].failed, 2);
+        assert_eq!(
+            minutes[59].failed_by_code,
+            BTreeMap::from([("invalid_payload".to_owned(), 2)])
+        );
         let total: i64 = minutes.iter().map(|m| m.succeeded).sum();
         assert_eq!(total, 44);
         assert_eq!(

@@ -12,6 +12,7 @@
 
 use super::{diagnosis, when};
 use crate::codes::Code;
+use crate::dead_letters::Letter;
 use crate::jobs::state::JobState;
 use crate::jobs::{AttemptEnding, JobStatus, LastAttempt, PastAttempt};
 use crate::service::api_keys::Role;
@@ -55,10 +56,12 @@ pub(super) fn live_layout(
                         nav aria-label="Console" {
                             a href="/console/jobs" { "Jobs" }
                             a href="/console/schedules" { "Schedules" }
+                            a href="/console/dead-letters" { "Dead letters" }
                             @if role == Role::Operator {
                                 a href="/console/operator" { "Operator" }
                                 a href="/console/queues" { "Queues" }
                                 a href="/console/operator/schedules" { "All schedules" }
+                                a href="/console/operator/audit" { "Audit" }
                             }
                         }
                         form.inline method="post" action="/console/sign-out" {
@@ -131,11 +134,6 @@ pub(crate) struct ListView<'a> {
     pub(crate) next: Option<uuid::Uuid>,
 }
 
-/// A time as a `datetime-local` field shows it (UTC, to the second).
-fn field_time(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%dT%H:%M:%S").to_string()
-}
-
 /// The list's query for the page after job `next`, keeping the filters. Every part is an id, a
 /// status or a formatted time: nothing needs escaping beyond what the template does.
 fn next_page(view: &ListView<'_>, next: uuid::Uuid) -> String {
@@ -144,10 +142,10 @@ fn next_page(view: &ListView<'_>, next: uuid::Uuid) -> String {
         query.push_str(&format!("&status={}", status.as_str()));
     }
     if let Some(from) = view.from {
-        query.push_str(&format!("&from={}", field_time(from)));
+        query.push_str(&format!("&from={}", when::field_time(from)));
     }
     if let Some(to) = view.to {
-        query.push_str(&format!("&to={}", field_time(to)));
+        query.push_str(&format!("&to={}", when::field_time(to)));
     }
     query
 }
@@ -155,8 +153,8 @@ fn next_page(view: &ListView<'_>, next: uuid::Uuid) -> String {
 /// The owner's job list.
 pub(crate) fn jobs(viewer: (Role, &str), view: &ListView<'_>) -> Markup {
     let filter = view.status.map(JobState::as_str);
-    let from = view.from.map(field_time).unwrap_or_default();
-    let to = view.to.map(field_time).unwrap_or_default();
+    let from = view.from.map(when::field_time).unwrap_or_default();
+    let to = view.to.map(when::field_time).unwrap_or_default();
     live_layout(
         "Jobs",
         Some(viewer),
@@ -313,6 +311,11 @@ pub(crate) struct JobHistory<'a> {
     /// Whether the viewer's cancel was just recorded while the job's commit held it (the page
     /// says that the job may still succeed).
     pub(crate) cancel_deferred: bool,
+    /// The job's dead letter, when it ended `failed` and the letter was not discarded.
+    pub(crate) letter: Option<&'a Letter>,
+    /// Whether the job is the viewer's own owner's (an operator may open any owner's job: what
+    /// its kind recorded is shown to its owner only).
+    pub(crate) own: bool,
 }
 
 /// What the page of a job says after a cancel recorded while the job's commit held it.
@@ -356,18 +359,114 @@ pub(crate) fn job(viewer: (Role, &str), job: &JobStatus, history: &JobHistory<'_
                     p { "Attempt " (last.attempt) ": " (diagnosis::line(&last.diagnosis)) }
                 }
             }
-            @if let Some(result) = &job.result {
+            @if let Some(letter) = history.letter {
+                (letter_section(letter, csrf))
+            }
+            @if let (Some(result), true) = (&job.result, history.own) {
                 h2 { "Result" }
                 (recorded(result))
             }
             @if job.is_active() && !job.cancel_requested {
                 form method="post" action={ "/console/jobs/" (job.id) "/cancel" } {
                     input type="hidden" name="csrf" value=(csrf);
-                    button.danger type="submit" { "Cancel job" }
+                    button.danger type="submit" { "Cancel job…" }
                 }
             }
         },
     )
+}
+
+/// What a confirmation's form sends to say that the viewer confirmed the action.
+pub(crate) const CONFIRMED: &str = "yes";
+
+/// A confirmation: what an action will do, and the form that does it.
+#[derive(Debug)]
+pub(crate) struct Confirm {
+    /// The page's heading.
+    pub(crate) title: String,
+    /// What the action will do, with the counts read for it.
+    pub(crate) what: Markup,
+    /// Where the confirmed form posts.
+    pub(crate) action: String,
+    /// The form's hidden fields (besides the token), `confirm=yes` among them.
+    pub(crate) fields: Vec<(&'static str, String)>,
+    /// The confirming button's text.
+    pub(crate) button: String,
+    /// Whether the action destroys something (its button is styled so).
+    pub(crate) danger: bool,
+    /// Where "Go back" leads.
+    pub(crate) back: String,
+}
+
+/// A confirmation page: what the action will do, a button that does it, and a way back.
+pub(crate) fn confirm(viewer: (Role, &str), confirm: &Confirm) -> Markup {
+    let csrf = viewer.1;
+    layout(
+        &confirm.title,
+        Some(viewer),
+        html! {
+            h1 { (confirm.title) }
+            (confirm.what)
+            form method="post" action=(confirm.action) {
+                input type="hidden" name="csrf" value=(csrf);
+                @for (name, value) in &confirm.fields {
+                    input type="hidden" name=(name) value=(value);
+                }
+                button #confirm type="submit" class=[confirm.danger.then_some("danger")] { (confirm.button) }
+                " "
+                a href=(confirm.back) { "Go back" }
+            }
+        },
+    )
+}
+
+/// The confirmation of cancelling job `id`.
+pub(crate) fn cancel_confirm(id: uuid::Uuid) -> Confirm {
+    Confirm {
+        title: "Cancel job".to_owned(),
+        what: html! {
+            p { "This will cancel job " span.id { (id) } ": a pending job ends cancelled; a running one is asked to stop, and its effects are not committed." }
+        },
+        action: format!("/console/jobs/{id}/cancel"),
+        fields: vec![("confirm", CONFIRMED.to_owned())],
+        button: "Cancel the job".to_owned(),
+        danger: true,
+        back: format!("/console/jobs/{id}"),
+    }
+}
+
+/// The dead-letter section of a failed job's page: the letter's state and the forms that act on
+/// it (with `csrf`), or where its replay went.
+pub(crate) fn letter_section(letter: &Letter, csrf: &str) -> Markup {
+    let id = letter.job_id;
+    html! {
+        h2 { "Dead letter" }
+        @if let Some(made) = letter.replayed_job_id {
+            p {
+                "Replayed "
+                @if let Some(at) = letter.replayed_at { (when::at(at)) " " }
+                "as job " a.id href={ "/console/jobs/" (made) } { (made) } "."
+            }
+        } @else {
+            @if letter.retained {
+                p { "Its payload is retained (sealed), so it can be replayed as it is." }
+                form.inline method="post" action={ "/console/dead-letters/" (id) "/replay" } {
+                    input type="hidden" name="csrf" value=(csrf);
+                    button type="submit" { "Replay…" }
+                }
+                " "
+            } @else {
+                p {
+                    "Its payload was not retained: replay it by sending the job's request again through the API, "
+                    code { "POST /v1/dead-letters/" (id) "/replay" } "."
+                }
+            }
+            form.inline method="post" action={ "/console/dead-letters/" (id) "/discard" } {
+                input type="hidden" name="csrf" value=(csrf);
+                button.danger type="submit" { "Discard…" }
+            }
+        }
+    }
 }
 
 /// A page for what is not there (or not the viewer's: the two look alike).

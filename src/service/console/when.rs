@@ -11,7 +11,7 @@
 //!   again.
 
 use crate::time::canonical_utc;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use maud::{html, Markup};
 
 /// A span of `seconds` in the largest unit that fits, rounded towards zero: `3 s`, `2 min`,
@@ -59,6 +59,24 @@ pub(super) fn at_text(text: &str) -> Markup {
         Ok(parsed) => at(parsed.with_timezone(&Utc)),
         Err(_) => html! { (text) },
     }
+}
+
+/// A time as a `datetime-local` field shows it (UTC, to the second).
+pub(super) fn field_time(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S").to_string()
+}
+
+/// A `datetime-local` field's value, read as UTC: `None` when empty, `Err` when not a time.
+pub(super) fn utc_field(value: &str) -> Result<Option<DateTime<Utc>>, ()> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
+        .iter()
+        .find_map(|format| NaiveDateTime::parse_from_str(value, format).ok())
+        .map(|at| Some(at.and_utc()))
+        .ok_or(())
 }
 
 #[cfg(test)]
