@@ -167,7 +167,7 @@ fn assert_no_marker(text: &str) {
 /// The job ids a drill-down page shows, in order.
 fn shown_ids(page: &Page) -> Vec<Uuid> {
     page.body
-        .split("<span class=\"id\">")
+        .split("<a class=\"id\" href=\"/console/jobs/")
         .skip(1)
         .map(|rest| Uuid::parse_str(&rest[..36]).unwrap())
         .collect()
