@@ -467,7 +467,13 @@ pub(super) async fn replay_letter(
 
 /// The filter of a bulk action's JSON body (an empty body: every open letter the key sees).
 fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
-    let body = body.map_err(|_| Problem::new(Code::RequestMalformed))?;
+    let body = body.map_err(|rejection| {
+        Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Code::RequestTooLarge
+        } else {
+            Code::RequestMalformed
+        })
+    })?;
     if body.is_empty() {
         return Ok(Filter::default());
     }
@@ -486,8 +492,10 @@ fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
         description = "Which letters: queue, kind, code, since, until, owner (operators); empty: all"),
     responses(
         (status = 200, description = "What the replay did", body = BulkReplayView),
-        (status = 400, description = "A filter member is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A filter member is not valid, or the body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The body is not a filter (request_invalid)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -515,8 +523,10 @@ pub(super) async fn replay_matching(
         description = "Which letters: queue, kind, code, since, until, owner (operators); empty: all"),
     responses(
         (status = 200, description = "How many were discarded", body = DiscardView),
-        (status = 400, description = "A filter member is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A filter member is not valid, or the body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The body is not a filter (request_invalid)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

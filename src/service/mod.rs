@@ -147,6 +147,10 @@ fn routes(body_limit: usize) -> Router<AppState> {
     let submit = jobs::submit.layer(RequestBodyLimitLayer::new(body_limit));
     let put_schedule = schedules::put_schedule.layer(RequestBodyLimitLayer::new(body_limit));
     let replay = dead_letters::replay_letter.layer(RequestBodyLimitLayer::new(body_limit));
+    let replay_matching =
+        dead_letters::replay_matching.layer(RequestBodyLimitLayer::new(body_limit));
+    let discard_matching =
+        dead_letters::discard_matching.layer(RequestBodyLimitLayer::new(body_limit));
     Router::new()
         .route("/v1/etl-jobs", get(jobs::list).post(submit))
         .route(
@@ -171,14 +175,8 @@ fn routes(body_limit: usize) -> Router<AppState> {
         .route("/v1/schedules/{name}/fires", get(schedules::fires))
         .route("/v1/dead-letters", get(dead_letters::list))
         .route("/v1/dead-letters/counts", get(dead_letters::counts))
-        .route(
-            "/v1/dead-letters/replay",
-            post(dead_letters::replay_matching),
-        )
-        .route(
-            "/v1/dead-letters/discard",
-            post(dead_letters::discard_matching),
-        )
+        .route("/v1/dead-letters/replay", post(replay_matching))
+        .route("/v1/dead-letters/discard", post(discard_matching))
         .route(
             "/v1/dead-letters/{id}",
             get(dead_letters::get_letter).delete(dead_letters::discard_letter),
