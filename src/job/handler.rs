@@ -527,8 +527,10 @@ pub const NOOP_PAUSE_MAX: Duration = Duration::from_secs(3600);
 
 /// The handler of [`NOOP_KIND`]: writes nothing. Its compute phase first waits the payload's
 /// `pause_ms` milliseconds, if it has that member (at most [`NOOP_PAUSE_MAX`]), holding no
-/// connection, so that a test or a bench can catch a job computing (a crash, a restart); every
-/// other payload is ignored.
+/// connection, so that a test or a bench can catch a job computing (a crash, a restart). A
+/// payload whose `fail` member is `true` then fails the job permanently (`handler_failed`, with
+/// an I/O error as its source and the detail `asked = true`), so a deployment's dead-letter path
+/// and a bench of failing jobs need no kind of their own; every other payload is ignored.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Noop;
 
@@ -548,9 +550,15 @@ impl Handler for Noop {
             .map_or(Duration::ZERO, |ms| {
                 Duration::from_millis(ms).min(NOOP_PAUSE_MAX)
             });
+        let fail = payload.get("fail") == Some(&serde_json::Value::Bool(true));
         Box::pin(async move {
             if !pause.is_zero() {
                 tokio::time::sleep(pause).await;
+            }
+            if fail {
+                return Err(JobError::permanent(Code::HandlerFailed)
+                    .with_source(std::io::Error::other("the noop job was asked to fail"))
+                    .with_detail(Detail::new().field("asked", true)));
             }
             Ok(Box::new(NoEffects) as Box<dyn Effects>)
         })

@@ -298,6 +298,10 @@ fn query(params: Result<Query<Filter>, QueryRejection>) -> Result<Filter, Proble
 const FILTER_ONLY: &str = "The filter takes only queue, kind, code, since, until and owner \
      (operators), and listings limit and cursor, each at most once";
 
+/// What a bulk action without a body is told.
+const FILTER_REQUIRED: &str = "A bulk action takes its filter as a JSON body; {} takes every \
+     open letter the key sees";
+
 /// The letter id of a path, or `404 not_found`.
 fn letter_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Problem> {
     let Path(id) = path.map_err(|_| Problem::new(Code::NotFound))?;
@@ -337,7 +341,7 @@ pub(super) async fn list(
     params(Filter),
     responses(
         (status = 200, description = "Open letters per queue and code", body = CountList),
-        (status = 400, description = "A query parameter is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A query parameter is not valid, or is a listing's (limit, cursor)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -348,6 +352,9 @@ pub(super) async fn counts(
     params: Result<Query<Filter>, QueryRejection>,
 ) -> Result<Json<CountList>, Problem> {
     let params = query(params)?;
+    if params.limit.is_some() || params.cursor.is_some() {
+        return Err(Problem::new(Code::QueryInvalid).because(FILTER_ONLY));
+    }
     let filter = params.parse()?;
     let letters = caller.letters(&state, params.owner.as_deref())?;
     let mut conn = Conn::checkout(&state.pool).await?;
@@ -465,7 +472,8 @@ pub(super) async fn replay_letter(
     Ok(response)
 }
 
-/// The filter of a bulk action's JSON body (an empty body: every open letter the key sees).
+/// The filter of a bulk action's JSON body (`{}`: every open letter the key sees). A bulk
+/// action always names its filter: a missing or empty body is `request_malformed`, never "all".
 fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
     let body = body.map_err(|rejection| {
         Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -475,7 +483,7 @@ fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
         })
     })?;
     if body.is_empty() {
-        return Ok(Filter::default());
+        return Err(Problem::new(Code::RequestMalformed).because(FILTER_REQUIRED));
     }
     let filter: Filter = serde_json::from_slice(&body)
         .map_err(|_| Problem::new(Code::RequestInvalid).because(FILTER_ONLY))?;
@@ -489,10 +497,10 @@ fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
 /// how many it made and how many it left, and why.
 #[utoipa::path(post, path = "/v1/dead-letters/replay", tag = "dead-letters",
     request_body(content = Filter, content_type = "application/json",
-        description = "Which letters: queue, kind, code, since, until, owner (operators); empty: all"),
+        description = "Which letters: queue, kind, code, since, until, owner (operators); `{}`: all"),
     responses(
         (status = 200, description = "What the replay did", body = BulkReplayView),
-        (status = 400, description = "A filter member is not valid, or the body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A filter member is not valid, or the body is missing or not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a filter (request_invalid)", body = Problem, content_type = "application/problem+json"),
@@ -520,10 +528,10 @@ pub(super) async fn replay_matching(
 /// Discards every open letter matching the filter.
 #[utoipa::path(post, path = "/v1/dead-letters/discard", tag = "dead-letters",
     request_body(content = Filter, content_type = "application/json",
-        description = "Which letters: queue, kind, code, since, until, owner (operators); empty: all"),
+        description = "Which letters: queue, kind, code, since, until, owner (operators); `{}`: all"),
     responses(
         (status = 200, description = "How many were discarded", body = DiscardView),
-        (status = 400, description = "A filter member is not valid, or the body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A filter member is not valid, or the body is missing or not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a filter (request_invalid)", body = Problem, content_type = "application/problem+json"),

@@ -1,13 +1,16 @@
 //! The maintenance stage: the replica's periodic roles, which look after every owner's jobs
 //! rather than the replica's own. Recovery ([`rescuer`]) returns dead owners' and expired
 //! leases' jobs; the refund ([`refund`]) gives back what recovery charged this replica while it
-//! was only cut off; the scheduler ([`scheduler`]) fires every owner's due schedules.
+//! was only cut off; the scheduler ([`scheduler`]) fires every owner's due schedules; the
+//! pruner ([`prune`]) deletes what is kept only for a time.
 //!
 //! Invariants this stage keeps:
 //! - Recovery judges an owner dead only on evidence: its locks gone and its beats silent
 //!   (`liveness::beat`), or its leases expired; what it charged a live replica is refunded.
 //! - Its roles use the liveness stage (sessions, beats, presence) and nothing above it.
 
+#[doc(hidden)]
+pub mod prune;
 #[doc(hidden)]
 pub mod refund;
 #[doc(hidden)]
@@ -22,7 +25,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// Starts the stage's roles in `roles`, each until `stop`: recovery (`catch_up` asks the claim
-/// loop to look again once it freed jobs), the refund and the scheduler.
+/// loop to look again once it freed jobs), the refund, the scheduler and the pruner.
 pub(crate) fn spawn(
     roles: &mut JoinSet<()>,
     shared: &Arc<Shared>,
@@ -35,5 +38,6 @@ pub(crate) fn spawn(
         stop.clone(),
     ));
     roles.spawn(refund::run(Arc::clone(shared), stop.clone()));
+    roles.spawn(prune::run(Arc::clone(shared), stop.clone()));
     roles.spawn(scheduler::run(Arc::clone(shared), stop.clone()));
 }

@@ -238,9 +238,7 @@ async fn offered_load_reports_pickup_latency_of_etl_jobs_and_can_keep_its_databa
     }
     // The kept database holds the loaded rows: 10 records per offered job, each applied once.
     assert!(exists(&name).await);
-    let mut config = admin_config();
-    config.dbname(&name);
-    let client = connect(&config).await;
+    let client = crate::bench_queues::kept(&name).await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM etl_target_rows", &[])
         .await
@@ -248,11 +246,57 @@ async fn offered_load_reports_pickup_latency_of_etl_jobs_and_can_keep_its_databa
         .get(0);
     assert_eq!(rows as u64, 10 * offered);
     drop(client);
-    connect(&admin_config())
-        .await
-        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+    crate::bench_queues::drop_kept(&name).await;
+}
+
+/// `--fail`: a burn-down of failing jobs. Every job ends `failed` after one attempt with its
+/// diagnosis and its dead letter, and the per-job figures are per job ended, not per success.
+#[tokio::test]
+async fn a_burn_down_of_failing_jobs_ends_each_once_with_its_diagnosis_and_letter() {
+    let (report, name) = bench(
+        "fail",
+        &[
+            "burn-down",
+            "--jobs",
+            "60",
+            "--replicas",
+            "1",
+            "--fail",
+            "--keep",
+        ],
+    );
+    assert_eq!(report["config"]["shape"]["fail"], true, "{report}");
+    assert_eq!(report["succeeded"], 0, "{report}");
+    assert_eq!(report["not_succeeded"], 60, "{report}");
+    assert!(
+        report["wal_bytes_per_job"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(
+        report["round_trips_per_job"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    if server_is_local().await {
+        assert!(server_cpu(&report)[1] > 0.0, "{report}");
+    }
+    let client = crate::bench_queues::kept(&name).await;
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE o.status = 'failed' AND o.failure_code = 'handler_failed'
+                                       AND o.attempts = 1
+                                       AND o.diagnosis #>> '{chain,0,type}' = 'std::io::error::Error'
+                                       AND o.diagnosis #> '{detail,asked}' = 'true'),
+                    count(*),
+                    (SELECT count(*) FROM etl_dead_letters WHERE code = 'handler_failed')
+               FROM etl_job_outcomes o",
+            &[],
+        )
         .await
         .unwrap();
+    let (failed, ended, letters): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!((failed, ended, letters), (60, 60, 60));
+    drop(client);
+    crate::bench_queues::drop_kept(&name).await;
 }
 
 /// The offered load's server CPU counts the producers' backends (their inserts, the enqueue

@@ -4,7 +4,6 @@
 //! missing.
 
 use crate::bench::{bench, exists, number};
-use crate::support::{admin_config, connect};
 
 #[tokio::test]
 async fn schedules_records_every_fire_of_its_window_once_and_reports_lateness_and_idle_scans() {
@@ -79,9 +78,7 @@ async fn schedules_records_every_fire_of_its_window_once_and_reports_lateness_an
     // The kept database, read directly: every firing schedule fired at every second from its
     // first fire to its last, once each (no gap, no repeat), and made one job per fire.
     assert!(exists(&name).await);
-    let mut config = admin_config();
-    config.dbname(&name);
-    let client = connect(&config).await;
+    let client = crate::bench_queues::kept(&name).await;
     let gaps: i64 = client
         .query_one(
             "SELECT count(*) FROM (
@@ -113,9 +110,5 @@ async fn schedules_records_every_fire_of_its_window_once_and_reports_lateness_an
     assert!(fires >= 60);
     assert_eq!(jobs, fires, "one job per fire");
     drop(client);
-    connect(&admin_config())
-        .await
-        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
-        .await
-        .unwrap();
+    crate::bench_queues::drop_kept(&name).await;
 }

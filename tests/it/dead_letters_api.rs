@@ -206,12 +206,24 @@ async fn the_routes_are_owner_scoped_replay_once_and_show_no_payload() {
         ("/v1/dead-letters?queue=Not%20a%20queue", Some("/queue")),
         ("/v1/dead-letters?since=yesterday", Some("/since")),
         ("/v1/dead-letters?status=failed", None),
+        // A listing's page parameters are not a count's.
+        ("/v1/dead-letters/counts?limit=5", None),
+        ("/v1/dead-letters/counts?cursor=nope", None),
     ] {
         let (status, problem) = api.get(path, &api.alice).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
         assert_eq!(problem["code"], "query_invalid", "{path}");
         assert_eq!(problem["pointer"].as_str(), pointer, "{path}");
     }
+
+    // A bulk action names its filter: without a body it takes nothing, never every letter.
+    for path in ["/v1/dead-letters/replay", "/v1/dead-letters/discard"] {
+        let (status, _, problem) = api.send(Method::POST, path, &api.ops, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(problem["code"], "request_malformed", "{path}");
+    }
+    let (_, counts) = api.get("/v1/dead-letters/counts", &api.ops).await;
+    assert_eq!(counts["total"], 2, "{counts}");
 
     // Bob cannot see, discard or replay alice's letter.
     let alice_path = format!("/v1/dead-letters/{alice_letter}");

@@ -844,3 +844,92 @@ fn node_of<'p>(plan: &'p serde_json::Value, relation: &str) -> Option<&'p serde_
         .iter()
         .find_map(|child| node_of(child, relation))
 }
+
+/// The pruner deletes fire records older than their time to keep, through the primary key, a
+/// bounded batch per statement, skipping a record another transaction holds; it keeps younger
+/// ones and never fires a pruned instant again.
+#[tokio::test]
+async fn fire_records_past_their_time_to_keep_are_pruned_in_bounded_batches() {
+    use durable_etl::worker::maintain::prune::{prune_fires, FIRES_BATCH, FIRES_KEPT};
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    for (owner, name) in [("alice", "hourly"), ("bob", "minutely")] {
+        jobs(owner)
+            .schedules()
+            .put(
+                &client,
+                name,
+                "0 * * * *",
+                &report(name),
+                ScheduleOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+    // Alice's schedule: a full batch and five more records older than 7 days, and three
+    // younger. Bob's: two old records and one young.
+    let kept_s = i64::try_from(FIRES_KEPT.as_secs()).unwrap();
+    let seed = |name: &str, ages: std::ops::Range<i64>, offset_s: i64| {
+        format!(
+            "INSERT INTO etl_schedule_fires (owner_key, name, fire_at, outcome)
+             SELECT s.owner_key, s.name, now() - make_interval(secs => {offset_s} + g), 'missed'
+               FROM etl_schedules s, generate_series({}, {}) g WHERE s.name = '{name}'",
+            ages.start,
+            ages.end - 1
+        )
+    };
+    let old = FIRES_BATCH + 5;
+    for statement in [
+        seed("hourly", 1..old + 1, kept_s + 60),
+        seed("hourly", 1..4, 0),
+        seed("minutely", 1..3, kept_s + 60),
+        seed("minutely", 1..2, 0),
+    ] {
+        client.batch_execute(&statement).await.unwrap();
+    }
+    let next_before: Vec<String> = crate::support::first_column(
+        &client,
+        "SELECT next_fire_at::text FROM etl_schedules ORDER BY name",
+    )
+    .await;
+    // Another transaction holds one of bob's old records: it is skipped, not waited for.
+    let mut holder = db.client().await;
+    let held = holder.transaction().await.unwrap();
+    held.execute(
+        "SELECT FROM etl_schedule_fires WHERE name = 'minutely' AND fire_at < now() - interval '7 days'
+          ORDER BY fire_at LIMIT 1 FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let first = prune_fires(&client, FIRES_KEPT).await.unwrap();
+    assert_eq!(first, u64::try_from(FIRES_BATCH).unwrap(), "one full batch");
+    let second = prune_fires(&client, FIRES_KEPT).await.unwrap();
+    assert_eq!(second, u64::try_from(old + 2 - 1 - FIRES_BATCH).unwrap());
+    assert_eq!(prune_fires(&client, FIRES_KEPT).await.unwrap(), 0);
+    held.rollback().await.unwrap();
+    assert_eq!(prune_fires(&client, FIRES_KEPT).await.unwrap(), 1);
+    assert_eq!(
+        count(&client, "etl_schedule_fires").await,
+        4,
+        "the young ones stay"
+    );
+    let old_left: i64 = client
+        .query_one(
+            "SELECT count(*) FROM etl_schedule_fires WHERE fire_at < now() - interval '7 days'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(old_left, 0);
+    // The schedules are untouched: no next fire moved back, nothing fired.
+    let next_after: Vec<String> = crate::support::first_column(
+        &client,
+        "SELECT next_fire_at::text FROM etl_schedules ORDER BY name",
+    )
+    .await;
+    assert_eq!(next_before, next_after);
+    assert_eq!(count(&client, "etl_job_records").await, 0);
+}

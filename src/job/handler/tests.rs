@@ -186,6 +186,35 @@ async fn a_noop_job_pauses_as_its_payload_asks_within_the_bound() {
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_noop_job_asked_to_fail_fails_permanently_with_a_source_and_a_detail() {
+    let ctx = ctx();
+    let error = match Noop
+        .prepare(&ctx, serde_json::json!({"fail": true, "pause_ms": 10}))
+        .await
+    {
+        Err(error) => error,
+        Ok(_) => panic!("a noop job asked to fail succeeded"),
+    };
+    assert!(matches!(
+        error,
+        JobError::Permanent {
+            code: Code::HandlerFailed,
+            ..
+        }
+    ));
+    assert_eq!(error.chain().links.len(), 1, "{:?}", error.chain());
+    assert_eq!(error.chain().links[0].type_name, "std::io::error::Error");
+    assert_eq!(error.detail(), Some(&Detail::new().field("asked", true)));
+    for not_asked in [
+        serde_json::json!({"fail": false}),
+        serde_json::json!({"fail": "yes"}),
+        serde_json::json!({"fail": 1}),
+    ] {
+        assert!(Noop.prepare(&ctx, not_asked).await.is_ok());
+    }
+}
+
 #[test]
 fn the_crates_errors_convert_with_a_stable_code_and_their_verdict() {
     use crate::error::Error;

@@ -50,7 +50,6 @@
 //!   waiting for a row; a schema without them (before migration 0031) has none.
 
 use crate::db;
-use crate::dead_letters::retention;
 use crate::error::Error;
 use crate::jobs;
 use crate::worker::lease::millis;
@@ -428,7 +427,6 @@ pub async fn forget_stale_waiters(
 pub(crate) async fn run(shared: Arc<Shared>, catch_up: Arc<Notify>, stop: CancellationToken) {
     let mut tick = ticker(rescue_interval(shared.config.poll_interval));
     let mut judge_at: Option<tokio::time::Instant> = None;
-    let mut pruned_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -436,10 +434,6 @@ pub(crate) async fn run(shared: Arc<Shared>, catch_up: Arc<Notify>, stop: Cancel
             () = sleep_until_opt(judge_at) => {}
         }
         judge_at = None;
-        if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
-            pruned_at = Some(tokio::time::Instant::now());
-            prune_retained(&shared).await;
-        }
         match pass(&shared).await {
             Ok(r) => {
                 if r.expired + r.dead_owner > r.exhausted {
@@ -449,23 +443,6 @@ pub(crate) async fn run(shared: Arc<Shared>, catch_up: Arc<Notify>, stop: Cancel
             }
             Err(e) => tracing::warn!(code = %e.code(), "recovery failed"),
         }
-    }
-}
-
-/// How often a replica deletes the retained payloads no longer kept.
-pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
-
-/// Deletes the retained payloads no longer kept ([`retention::prune`]), logging how many (or
-/// the failure's code).
-pub(crate) async fn prune_retained(shared: &Shared) {
-    let pruned = match db::checkout(&shared.pool).await {
-        Ok(conn) => db::bounded(shared.statement_bound, retention::prune(&*conn)).await,
-        Err(e) => Err(e),
-    };
-    match pruned {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(deleted = n, "deleted retained payloads no longer kept"),
-        Err(e) => tracing::warn!(code = %e.code(), "deleting retained payloads failed"),
     }
 }
 

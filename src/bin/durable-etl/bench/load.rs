@@ -79,12 +79,16 @@ pub(super) async fn fill(
 }
 
 /// The built-in `noop` kind as a typed [`Job`], as a library user would enqueue it: its payload
-/// is `{}`, or `{"pause_ms": n}` for jobs that pause (see [`durable_etl::job::handler::Noop`]).
+/// is `{}`, with `"pause_ms": n` for jobs that pause and `"fail": true` for jobs that fail (see
+/// [`durable_etl::job::handler::Noop`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct NoopJob {
     /// How long the job's compute phase pauses, in milliseconds (none when absent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) pause_ms: Option<u64>,
+    /// Whether the job fails after its pause (absent: it does not).
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub(super) fail: bool,
 }
 
 impl Job for NoopJob {
@@ -98,6 +102,7 @@ impl NoopJob {
     pub(super) fn of(shape: &Shape) -> NoopJob {
         NoopJob {
             pause_ms: (shape.job_ms > 0).then_some(shape.job_ms),
+            fail: shape.fail,
         }
     }
 }

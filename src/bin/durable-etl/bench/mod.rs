@@ -26,7 +26,8 @@
 //! Server CPU per job is the CPU of the server's processes over the measured window, sampled every
 //! 100 ms from `/proc` and split into the replicas' backends, the producers' backends and the
 //! server's own processes (`server_cpu`): from just before the replicas start draining (after the
-//! fill) or the producers' schedule starts, until the jobs are done.
+//! fill) or the producers' schedule starts, until the jobs are done. It and every other per-job
+//! figure are per job ended: succeeded, or failed in a burn-down of failing jobs (`--fail`).
 //!
 //! Every mode spreads its `noop` jobs over the queues and priorities of its [`shape::Shape`]
 //! (`--queues`, `--hot-queue`, `--weights`, `--priority-mix`, `--cap`, `--job-ms`), and
@@ -260,14 +261,17 @@ async fn measure(
         .query_one(
             "SELECT count(*) FILTER (WHERE status = 'succeeded'),
                     count(*) FILTER (WHERE status <> 'succeeded'),
-                    coalesce(extract(epoch FROM max(finished_at) - min(started_at))::float8, 0)
+                    coalesce(extract(epoch FROM max(finished_at) - min(started_at))::float8, 0),
+                    count(*) FILTER (WHERE status = 'failed')
                FROM etl_jobs",
             &[],
         )
         .await?;
-    let (succeeded, not_succeeded, elapsed_s): (i64, i64, f64) =
-        (row.get(0), row.get(1), row.get(2));
+    let (succeeded, not_succeeded, elapsed_s, failed): (i64, i64, f64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
     let succeeded = u64::try_from(succeeded).unwrap_or(0);
+    // The per-job figures are per job ended: succeeded, or failed (a burn-down of `--fail` jobs).
+    let ended = succeeded + u64::try_from(failed).unwrap_or(0);
     let latencies = client
         .query(
             "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000,
@@ -350,10 +354,10 @@ async fn measure(
             .collect(),
     };
     let per_job = |v: f64| {
-        if succeeded == 0 {
+        if ended == 0 {
             0.0
         } else {
-            v / succeeded as f64
+            v / ended as f64
         }
     };
     Ok(Report {
@@ -384,7 +388,7 @@ async fn measure(
         wal_bytes_per_job: per_job(wal_bytes),
         replica_peak_rss_mib: scraped.peak_rss_kib as f64 / 1024.0,
         replica_cpu_us_per_job: per_job(scraped.cpu_seconds * 1e6),
-        server_cpu: ServerCpu::per_job(server_cpu, succeeded),
+        server_cpu: ServerCpu::per_job(server_cpu, ended),
         queues,
         keys: keys::figures(&client, &config.shape, &numbered).await?,
         schedules: None,

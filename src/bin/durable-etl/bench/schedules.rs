@@ -509,7 +509,10 @@ async fn put(
         missed: Missed::CatchUp(CATCH_UP_MAX),
         ..ScheduleOptions::default()
     };
-    let job = NoopJob { pause_ms: None };
+    let job = NoopJob {
+        pause_ms: None,
+        fail: false,
+    };
     let mut next = Utc::now();
     if count > 0 {
         let info = jobs

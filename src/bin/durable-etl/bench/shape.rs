@@ -37,6 +37,9 @@ pub(crate) struct Shape {
     pub(crate) cap: Option<i32>,
     /// How long each `noop` job pauses in its compute phase, in milliseconds (0: none).
     pub(crate) job_ms: u64,
+    /// Every `noop` job then fails permanently (its payload's `fail`): a burn-down of failing
+    /// jobs, each leaving its diagnosis and its dead letter.
+    pub(crate) fail: bool,
     /// Concurrency keys the jobs are spread over, Zipf-distributed (0: none).
     pub(crate) keys: usize,
     /// The key cap set on every queue before the replicas start (`None`: none).
@@ -52,6 +55,7 @@ impl Default for Shape {
             priority_mix: Vec::new(),
             cap: None,
             job_ms: 0,
+            fail: false,
             keys: 0,
             key_cap: None,
         }
@@ -157,16 +161,23 @@ impl Shape {
         if self.job_ms > 0 {
             text.push_str(&format!(", jobs of {} ms", self.job_ms));
         }
+        if self.fail {
+            text.push_str(", every job failing");
+        }
         text
     }
 
-    /// The `noop` payload of every job: `{}`, or a pause of [`Shape::job_ms`].
+    /// The `noop` payload of every job: `{}`, with a pause of [`Shape::job_ms`] if any, and
+    /// asking the job to fail if [`Shape::fail`].
     pub(crate) fn payload(&self) -> serde_json::Value {
-        if self.job_ms == 0 {
-            serde_json::json!({})
-        } else {
-            serde_json::json!({ "pause_ms": self.job_ms })
+        let mut payload = serde_json::Map::new();
+        if self.job_ms > 0 {
+            payload.insert("pause_ms".into(), self.job_ms.into());
         }
+        if self.fail {
+            payload.insert("fail".into(), true.into());
+        }
+        serde_json::Value::Object(payload)
     }
 
     /// The queues, priorities and concurrency keys of jobs `first..first + n`, as the insert

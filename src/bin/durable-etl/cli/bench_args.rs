@@ -239,6 +239,11 @@ pub(crate) struct ShapeArgs {
     /// Each `noop` job pauses this many milliseconds in its compute phase (no connection held).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub(crate) job_ms: u64,
+    /// Each `noop` job fails permanently after its pause (`handler_failed`, one attempt): a
+    /// burn-down of failing jobs, whose server CPU per job includes each failure's diagnosis
+    /// and dead letter.
+    #[arg(long)]
+    pub(crate) fail: bool,
     /// Give each job one of N concurrency keys (k0, k1, …), Zipf-distributed (exponent 1): k0
     /// is the hot key.
     #[arg(long, value_name = "N", value_parser = shape::parse_keys)]
@@ -264,6 +269,7 @@ impl ShapeArgs {
             priority_mix: self.priority_mix.clone().map(|m| m.0).unwrap_or_default(),
             cap: self.cap,
             job_ms: self.job_ms,
+            fail: self.fail,
             keys: self.keys.unwrap_or(0),
             key_cap: self.key_cap,
         }
