@@ -8,6 +8,7 @@
 //!   the fleet or of the backlog. The replica table holds one row per live replica; the minute
 //!   table holds two hours per replica and is read over its last 61 minutes (about half of it, so
 //!   the planner rightly scans it whole: its primary key's range would read as many pages); the
+//!   backlog table holds a row per minute, read over the last 60 along its primary key; the
 //!   backlog sample reads the live table of active jobs only, through its partial indexes or a
 //!   scan, whichever the planner prefers. `benches/console.rs` measures the page with 1,000,000
 //!   ended jobs.
