@@ -4,8 +4,8 @@
 //! signed-in owner's own (UUIDv7 ids, one every 20 ms, two days old). Timed pages:
 //!
 //! - `operator`: the operator page (`GET /console/operator`), as an operator key. It reads the
-//!   replicas' reports (migration 0011) and the active-job sample, never the history. Target
-//!   (#17): under 50 ms with 1,000,000 ended jobs.
+//!   replicas' reports and backlog rows (migrations 0011 and 0038) and the active-job sample,
+//!   never the history. Target (#17): under 50 ms with 1,000,000 ended jobs.
 //! - `list`: the owner's job list, first page (`/console/jobs`, 50 jobs and a next-page link).
 //! - `succeeded`: the list of one ended status (`/console/jobs?status=succeeded`).
 //! - `window`: a one-second submission window around the middle job of the history
@@ -15,9 +15,10 @@
 //! Each owner page shows the same at both sizes: its time should not grow with the history.
 //! Both sizes also hold the same recent activity, filled outside the timed region: a backlog of
 //! due, deferred and running jobs, failed jobs that ended within the last hour, and
-//! [`REPLICAS`] live replicas with two hours of minute reports (all the reporter keeps). Every
-//! request carries the session cookie of its key, signed in once through the sign-in form; each
-//! page is checked once, before it is timed, to answer `200` and show what it should.
+//! [`REPLICAS`] live replicas with two hours of minute reports and backlog rows (all the reports
+//! keep). Every request carries the session cookie of its key, signed in once through the
+//! sign-in form; each page is checked once, before it is timed, to answer `200` and show what it
+//! should.
 // `criterion_group!` and `criterion_main!` generate functions that cannot carry doc comments.
 // A bench aborts on a failed setup step: `expect` names the step.
 #![allow(
@@ -264,7 +265,7 @@ async fn add_activity(db: &BenchDb, pool: &Pool) {
                     now() - g * interval '1 minute', now() - g * interval '1 minute' + interval '1 second'
                FROM ids;
 
-             TRUNCATE etl_replicas, etl_replica_minutes;
+             TRUNCATE etl_replicas, etl_replica_minutes, etl_backlog_minutes;
              INSERT INTO etl_replicas
                     (owner_id, incarnation, started_at, reported_at, held, claimed, claim_rate)
              SELECT 'console-bench-' || r, md5('console-bench-' || r)::uuid,
@@ -272,15 +273,23 @@ async fn add_activity(db: &BenchDb, pool: &Pool) {
                FROM generate_series(0, {REPLICAS} - 1) r;
              INSERT INTO etl_replica_minutes
                     (minute, owner_id, incarnation, started_at, succeeded, failed, failed_by_code,
-                     recovered, pickups, pickup_seconds)
+                     recovered, pickups, pickup_seconds, by_queue, pickup_buckets)
              SELECT date_trunc('minute', now()) - m * interval '1 minute', 'console-bench-' || r,
                     md5('console-bench-' || r)::uuid, now() - interval '3 hours', (120 - m) * 600, (120 - m) * 2,
                     jsonb_build_object('handler_failed', 120 - m, 'record_invalid', 120 - m),
-                    (120 - m) / 10, (120 - m) * 600, (120 - m) * 600 * 0.0007
+                    (120 - m) / 10, (120 - m) * 600, (120 - m) * 600 * 0.0007,
+                    (SELECT jsonb_object_agg('queue_' || q, jsonb_build_array((120 - m) * 100, 120 - m))
+                       FROM generate_series(1, 6) q),
+                    (SELECT array_agg((120 - m) * 40 * (b % 4)) FROM generate_series(0, 14) b)
                FROM generate_series(0, {REPLICAS} - 1) r, generate_series(0, 119) m;
+             INSERT INTO etl_backlog_minutes (minute, due, deferred, running, by_queue)
+             SELECT date_trunc('minute', now()) - m * interval '1 minute', 1000 + m, 100, 25,
+                    (SELECT jsonb_object_agg('queue_' || q, jsonb_build_array(100, 10, 4))
+                       FROM generate_series(1, 20) q)
+               FROM generate_series(0, 119) m;
 
              ANALYZE etl_job_intake, etl_job_outcomes, etl_job_records, etl_job_attempts,
-                     etl_replicas, etl_replica_minutes",
+                     etl_replicas, etl_replica_minutes, etl_backlog_minutes",
             deferred = LIVE / 10,
         ))
         .await

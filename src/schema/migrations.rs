@@ -347,4 +347,13 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: a release before it never reads the new table.
         min_reader_version: 33,
     },
+    Migration {
+        version: 38,
+        name: "minute_series",
+        up: include_str!("../../migrations/0038_minute_series.up.sql"),
+        down: include_str!("../../migrations/0038_minute_series.down.sql"),
+        // Additive: a release before it writes NULL in the new columns and never reads the new
+        // table.
+        min_reader_version: 33,
+    },
 ];

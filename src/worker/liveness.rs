@@ -3,13 +3,14 @@
 //! session beats (`beat`), which is what recovery (`worker::maintain`) judges owners by; the
 //! session LISTENs and holds the owner lock (`session`); presence says whether the replica
 //! waits for work (`presence`); the reporter tells the console how the replica fares
-//! (`reporter`).
+//! (`reporter`), and once a minute how the backlog does (`backlog`).
 //!
 //! Invariants this stage keeps:
 //! - A replica stops trusting a lease before the database expires it, and before recovery may
 //!   judge it dead by its beats (`beat`).
 
 pub(crate) mod alive;
+pub(crate) mod backlog;
 pub(crate) mod beat;
 pub(crate) mod direct;
 #[doc(hidden)]

@@ -7,16 +7,23 @@
 //!   and tests.
 //! - No counter is labelled by a job id, a principal or any request value.
 //! - Histograms use the fixed buckets below, so their series are bounded too.
+//! - The jobs ended per queue are counted for the queues the replica claimed from, which its
+//!   configuration names: the map is bounded by it. Its lock is taken once per ended job, for a
+//!   map lookup and two additions.
 
 use crate::codes::Code;
 use crate::worker::complete::transition::Transition;
 use crate::worker::maintain::rescuer::recovered::Recovered;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio_postgres::error::SqlState;
 
-/// Bucket upper bounds, in seconds, of the latency histograms.
+/// Bucket upper bounds, in seconds, of the latency histograms, and of the pickup counts per
+/// bucket the reporter sends (`etl_replica_minutes.pickup_buckets`, migration 0038, which lists
+/// them: changing them changes what the minute rows mean).
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
 ];
@@ -75,6 +82,11 @@ macro_rules! counters {
             failed_by_code: Vec<AtomicU64>,
             /// Seconds from a job becoming due to its claim (database clock).
             pub pickup_latency: Histogram,
+            /// Pickups per [`LATENCY_BUCKETS`] bucket (a pickup in the first whose bound it does
+            /// not exceed), then those slower than the last bound.
+            pickup_buckets: Vec<AtomicU64>,
+            /// Jobs that ended `succeeded` and `failed`, by queue.
+            ended_by_queue: Mutex<BTreeMap<Arc<str>, [u64; 2]>>,
             /// Seconds from claim to transition.
             pub execution: Histogram,
             /// Jobs per non-empty claim.
@@ -91,6 +103,8 @@ macro_rules! counters {
                     $($name: AtomicU64::new(0),)*
                     failed_by_code: stored_codes().map(|_| AtomicU64::new(0)).collect(),
                     pickup_latency: Histogram::new(LATENCY_BUCKETS),
+                    pickup_buckets: (0..=LATENCY_BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
+                    ended_by_queue: Mutex::default(),
                     execution: Histogram::new(LATENCY_BUCKETS),
                     claim_batch: Histogram::new(BATCH_BUCKETS),
                     commit_batch: Histogram::new(BATCH_BUCKETS),
@@ -307,6 +321,48 @@ impl WorkerStats {
         }
     }
 
+    /// Counts one job's final transition on this replica, of a job of `queue`: as [`record`]
+    /// does, and its success or failure under its queue too.
+    ///
+    /// [`record`]: WorkerStats::record
+    pub fn record_in(&self, queue: &str, transition: Transition) {
+        self.record(transition);
+        let column = match transition {
+            Transition::Succeeded => 0,
+            Transition::Failed(_) => 1,
+            _ => return,
+        };
+        let mut by_queue = self
+            .ended_by_queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(counts) = by_queue.get_mut(queue) {
+            counts[column] += 1;
+        } else {
+            let mut counts = [0; 2];
+            counts[column] = 1;
+            by_queue.insert(Arc::from(queue), counts);
+        }
+    }
+
+    /// Jobs that ended `succeeded` and `failed` on this replica, by queue (those recorded with
+    /// [`WorkerStats::record_in`]), by name.
+    pub fn ended_by_queue(&self) -> Vec<(Arc<str>, [u64; 2])> {
+        let by_queue = self
+            .ended_by_queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        by_queue.iter().map(|(q, n)| (Arc::clone(q), *n)).collect()
+    }
+
+    /// Pickups per [`LATENCY_BUCKETS`] bucket, then those slower than its last bound.
+    pub fn pickup_buckets(&self) -> Vec<u64> {
+        self.pickup_buckets
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect()
+    }
+
     /// Counts a job given back uncharged.
     pub(crate) fn record_given_back(&self) {
         bump(&self.given_back);
@@ -439,6 +495,10 @@ impl WorkerStats {
     pub(crate) fn record_pickup(&self, seconds: f64) {
         self.pickup_latency.observe(seconds);
         bump(&self.pickups);
+        let bucket = LATENCY_BUCKETS.partition_point(|bound| *bound < seconds);
+        if let Some(counter) = self.pickup_buckets.get(bucket) {
+            bump(counter);
+        }
         // Whole microseconds; a negative latency (clock skew) counts as 0.
         let micros = (seconds * 1e6).max(0.0) as u64;
         self.pickup_micros.fetch_add(micros, Ordering::Relaxed);
@@ -514,5 +574,45 @@ mod tests {
         stats.record_statement_failure(Some(&SqlState::INVALID_SQL_STATEMENT_NAME));
         stats.record_statement_failure(Some(&SqlState::DUPLICATE_PSTATEMENT));
         assert_eq!(stats.snapshot().prepared_statement_misses, 2);
+    }
+
+    #[test]
+    fn pickups_fall_in_the_first_bucket_whose_bound_they_do_not_exceed() {
+        let stats = WorkerStats::default();
+        for seconds in [-1.0, 0.0005, 0.0006, 0.001, 60.0, 61.0, 3600.0] {
+            stats.record_pickup(seconds);
+        }
+        let buckets = stats.pickup_buckets();
+        assert_eq!(buckets.len(), LATENCY_BUCKETS.len() + 1);
+        assert_eq!(&buckets[..2], &[2, 2], "<= 0.5 ms, then <= 1 ms");
+        assert_eq!(buckets[LATENCY_BUCKETS.len() - 1], 1, "<= 60 s");
+        assert_eq!(buckets[LATENCY_BUCKETS.len()], 2, "slower than 60 s");
+        assert_eq!(buckets.iter().sum::<u64>(), stats.snapshot().pickups);
+    }
+
+    #[test]
+    fn successes_and_failures_are_counted_by_queue_too() {
+        let stats = WorkerStats::default();
+        stats.record_in("mail", Transition::Succeeded);
+        stats.record_in("mail", Transition::Succeeded);
+        stats.record_in("mail", Transition::Failed(Code::HandlerPanicked));
+        stats.record_in("etl", Transition::Failed(Code::ExecutionTimeout));
+        stats.record_in("etl", Transition::Retried);
+        stats.record_in("idle", Transition::Retried);
+        let by_queue: Vec<(String, [u64; 2])> = stats
+            .ended_by_queue()
+            .into_iter()
+            .map(|(q, n)| (q.to_string(), n))
+            .collect();
+        assert_eq!(
+            by_queue,
+            [("etl".to_owned(), [0, 1]), ("mail".to_owned(), [2, 1])],
+            "a queue appears once a job of it ends succeeded or failed"
+        );
+        let snapshot = stats.snapshot();
+        assert_eq!(
+            (snapshot.succeeded, snapshot.failed, snapshot.retried),
+            (2, 2, 2)
+        );
     }
 }

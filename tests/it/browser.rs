@@ -383,18 +383,25 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
     // reported the job it ran: in this minute's bar, or the last one's when the minute turned
     // since the job ran.
     let operator = format!("{}/console/operator", console.base);
-    let ran = ["succeeded 1 in the hour, at most 1 jobs a minute"];
+    let ran = [
+        "default 1 in the hour, at most 1 jobs a minute",
+        "p50 last ",
+        "due last ",
+    ];
     until_page_shows(&browser, &operator, &ran).await;
     let charts = browser
         .find_all(Locator::Css("svg[role=img]"))
         .await
         .unwrap();
-    assert_eq!(charts.len(), 4);
+    assert_eq!(charts.len(), 6);
     let lines = browser
-        .find_all(Locator::Css("svg polyline"))
+        .find_all(Locator::Css("svg polyline, svg circle"))
         .await
         .unwrap();
-    assert!(!lines.is_empty(), "the finished jobs' time series is drawn");
+    assert!(
+        lines.len() >= 3,
+        "the finished jobs', the pickup latency's and the backlog's time series are drawn"
+    );
     for chart in charts {
         let (_, _, width, height) = chart.rectangle().await.unwrap();
         assert!(width > 100.0 && height > 50.0, "{width} x {height}");

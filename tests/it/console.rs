@@ -736,11 +736,11 @@ async fn the_operator_view_shows_reporting_replicas_and_the_last_hour_to_operato
     assert_eq!(view.status, StatusCode::OK);
     assert_secured(&view);
     assert!(view.body.contains("<code>rep-1</code>"));
-    assert_eq!(view.body.matches("<svg").count(), 4);
-    // Per-minute time series: finished and failed, and failures by code.
+    assert_eq!(view.body.matches("<svg").count(), 6);
+    // Per-minute time series: succeeded and failed by queue, and failures by code.
     for legend in [
-        "succeeded 3 in the hour, at most 3 jobs a minute",
-        "failed 1 in the hour, at most 1 jobs a minute",
+        "Jobs succeeded per minute by queue: <span class=\"series series-0\">default 3 in the hour, at most 3 jobs a minute",
+        "Jobs failed per minute by queue: <span class=\"series series-0\">default 1 in the hour, at most 1 jobs a minute",
         "record_invalid 1 in the hour, at most 1 jobs a minute",
     ] {
         assert!(view.body.contains(legend), "{legend}: {}", view.body);
@@ -785,8 +785,13 @@ async fn the_operator_view_has_empty_states_and_lists_recovery_events() {
     ] {
         assert!(empty.body.contains(state), "{state}");
     }
-    assert_eq!(empty.body.matches("<svg").count(), 4, "empty charts");
+    assert_eq!(empty.body.matches("<svg").count(), 6, "empty charts");
     assert_eq!(empty.body.matches("nothing in this hour").count(), 4);
+    assert_eq!(
+        empty.body.matches("no data in this hour").count(),
+        2,
+        "no latency and no backlog without a report, not zeros"
+    );
 
     // A replica that died holding a job: its lease has already expired.
     let job = console.submit(&console.bob, "orphan", false).await;

@@ -96,6 +96,11 @@ async fn two_incarnations_of_one_owner_id_add_up_in_the_operator_view() {
         "both incarnations' failures: {}",
         view.body
     );
+    assert_eq!(
+        view.body.matches("default 2 in the hour").count(),
+        2,
+        "both incarnations' jobs by queue, succeeded and failed"
+    );
     second.stop().await;
 }
 

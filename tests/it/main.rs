@@ -21,6 +21,7 @@ mod console_history;
 mod console_letters;
 mod console_privacy;
 mod console_replicas;
+mod console_series;
 mod cooldown;
 mod cuts;
 mod dead_letters;

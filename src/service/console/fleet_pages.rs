@@ -122,6 +122,78 @@ fn by_code(hour: &LastHour) -> Vec<(String, Vec<f64>)> {
         .collect()
 }
 
+/// The most queues the charts by queue draw a line of: the busiest in the hour, the rest summed
+/// as one line.
+const QUEUE_LINES: usize = 5;
+
+/// The last hour's jobs per minute by queue, `column` 0 for those that succeeded and 1 for those
+/// that failed: a series per queue, the [`QUEUE_LINES`] with the most jobs ended in the hour
+/// (then by name), and the others summed as `other queues`.
+fn by_queue(hour: &LastHour, column: usize) -> Vec<(String, Vec<f64>)> {
+    let mut volume: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+    for minute in &hour.minutes {
+        for (queue, counts) in &minute.by_queue {
+            *volume.entry(queue.as_str()).or_insert(0) += counts.iter().sum::<i64>();
+        }
+    }
+    let mut queues: Vec<(&str, i64)> = volume.into_iter().collect();
+    queues.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let shown: Vec<&str> = queues.iter().take(QUEUE_LINES).map(|q| q.0).collect();
+    let count = |minute: &Minute, queue: &str| {
+        minute
+            .by_queue
+            .get(queue)
+            .map_or(0, |counts| counts[column]) as f64
+    };
+    let mut series: Vec<(String, Vec<f64>)> = shown
+        .iter()
+        .map(|queue| {
+            let values = hour.minutes.iter().map(|m| count(m, queue)).collect();
+            ((*queue).to_owned(), values)
+        })
+        .collect();
+    if queues.len() > QUEUE_LINES {
+        let others = hour.minutes.iter().map(|m| {
+            let all: i64 = m.by_queue.values().map(|counts| counts[column]).sum();
+            all as f64 - shown.iter().map(|queue| count(m, queue)).sum::<f64>()
+        });
+        series.push(("other queues".to_owned(), others.collect()));
+    }
+    if series.is_empty() {
+        series.push(("all queues".to_owned(), vec![0.0; hour.minutes.len()]));
+    }
+    series
+}
+
+/// The last hour's pickup latency per minute, in milliseconds: p50 and p99 (`None` in a minute
+/// nobody reported a pickup's bucket in), and the mean (`None` in a minute without a pickup).
+fn pickup_latency(hour: &LastHour) -> Vec<(String, Vec<Option<f64>>)> {
+    let of = |f: &dyn Fn(&Minute) -> Option<f64>| hour.minutes.iter().map(f).collect();
+    vec![
+        ("p50".to_owned(), of(&|m| m.pickup_percentile_ms(0.5))),
+        ("p99".to_owned(), of(&|m| m.pickup_percentile_ms(0.99))),
+        ("mean".to_owned(), of(&|m| m.mean_pickup_ms())),
+    ]
+}
+
+/// The last hour's backlog per minute: due, deferred or waiting to retry, and running (`None`
+/// in a minute without a backlog row).
+fn backlog_levels(hour: &LastHour) -> Vec<(String, Vec<Option<f64>>)> {
+    let states = ["due", "deferred or retrying", "running"];
+    states
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let values = hour
+                .backlog
+                .iter()
+                .map(|b| b.map(|b| [b.due, b.deferred, b.running][i] as f64))
+                .collect();
+            (name.to_owned(), values)
+        })
+        .collect()
+}
+
 /// The operator view: live replicas, the backlog, the queues, and the last hour's charts and
 /// failures (each code linked to its jobs).
 pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
@@ -164,12 +236,11 @@ pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
             (queue_table(&overview.queues))
             p { a href="/console/queues" { "All queues, with their jobs" } }
             h2 { "The last hour" }
-            (charts::lines("Jobs finished and failed per minute", &[
-                ("succeeded".to_owned(), series(|m| m.succeeded as f64)),
-                ("failed".to_owned(), series(|m| m.failed as f64)),
-            ], "jobs"))
+            (charts::lines("Jobs succeeded per minute by queue", &by_queue(hour, 0), "jobs"))
+            (charts::lines("Jobs failed per minute by queue", &by_queue(hour, 1), "jobs"))
             (charts::lines("Failures per minute by code", &by_code(hour), "jobs"))
-            (charts::bars("Mean pickup latency per minute", &series(|m| m.mean_pickup_ms().unwrap_or(0.0)), "ms"))
+            (charts::levels("Pickup latency per minute: p50 and p99 (bucket bounds) and mean", &pickup_latency(hour), "ms"))
+            (charts::levels("Backlog per minute", &backlog_levels(hour), "jobs"))
             (charts::bars("Jobs recovered per minute", &series(|m| m.recovered as f64), "jobs"))
             h2 { "Failures by code" }
             @if hour.failures.is_empty() {

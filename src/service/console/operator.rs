@@ -1,12 +1,14 @@
 //! The operator view's figures: live replicas, the backlog, and the last hour minute by minute
-//! (throughput, pickup latency, recoveries, failures by code), all from aggregates the replicas
-//! report (migration 0011) and the active-job sample; never a job, an owner or a payload.
+//! (jobs ended by queue, pickup latency percentiles, recoveries, failures by code, the backlog),
+//! all from aggregates the replicas report (migrations 0011 and 0038) and the active-job sample;
+//! never a job, an owner or a payload.
 //!
 //! Invariants this module keeps:
 //! - No query reads the history (intake rows, outcomes, attempts): each is bounded by the size of
 //!   the fleet or of the backlog. The replica table holds one row per live replica; the minute
 //!   table holds two hours per replica and is read over its last 61 minutes (about half of it, so
 //!   the planner rightly scans it whole: its primary key's range would read as many pages); the
+//!   backlog table holds a row per minute, read over the last 60 along its primary key; the
 //!   backlog sample reads the live table of active jobs only, through its partial indexes or a
 //!   scan, whichever the planner prefers. `benches/console.rs` measures the page with 1,000,000
 //!   ended jobs.
@@ -15,9 +17,19 @@
 //!   the difference from the incarnation's previous row (the same owner id, incarnation and
 //!   `started_at`), or the total itself in the minute it started. Two incarnations of one owner
 //!   id in one minute (a restart after `kill -9`) add up. A difference across a gap in its
-//!   reports is counted in the minute that ends the gap.
+//!   reports is counted in the minute that ends the gap. The same holds of each queue's totals
+//!   and each pickup latency bucket's.
+//! - A minute row without per-queue totals or pickup buckets (NULL: written by a release before
+//!   migration 0038, or without a previous row that has them) is no data, never zero: its jobs
+//!   count under [`NOT_REPORTED`] instead of a queue, and its pickups in no percentile.
+//! - A percentile is the upper bound of the latency bucket it falls in (`stats::LATENCY_BUCKETS`,
+//!   in milliseconds): the true figure is at most that; one beyond the last bound is shown at
+//!   it. A minute nobody picked a job up in has no percentile.
+//! - The backlog is one row per minute (`worker::liveness::backlog`); a minute without one is
+//!   unknown (no replica of a release with 0038 reported in it), never zero.
 
 use crate::service::metrics::{sample_queue, sample_queues, QueueDepth, QueueSample};
+use crate::worker::stats::LATENCY_BUCKETS;
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use tokio_postgres::GenericClient;
@@ -25,6 +37,9 @@ use uuid::Uuid;
 
 /// Minutes shown.
 pub(crate) const MINUTES: i64 = 60;
+
+/// The name the jobs ended per queue go under when their minute row has no per-queue totals.
+pub(crate) const NOT_REPORTED: &str = "queue not reported";
 
 /// The live replicas, by owner id.
 ///
@@ -40,10 +55,19 @@ SELECT owner_id, started_at, extract(epoch FROM now() - reported_at)::float8, he
 /// of the primary key `(minute, owner_id, incarnation)`).
 const MINUTES_SQL: &str = "
 SELECT minute, owner_id, started_at, succeeded, failed, failed_by_code, recovered, pickups,
-       pickup_seconds, date_trunc('minute', now()), incarnation
+       pickup_seconds, date_trunc('minute', now()), incarnation, by_queue, pickup_buckets
   FROM etl_replica_minutes
  WHERE minute >= date_trunc('minute', now()) - interval '61 minutes'
  ORDER BY owner_id, started_at, incarnation, minute";
+
+/// The backlog rows of the last [`MINUTES`] minutes, and the database's current minute.
+///
+/// Locks: none (at most 60 rows, a range of the primary key).
+const BACKLOG_SQL: &str = "
+SELECT minute, due, deferred, running, date_trunc('minute', now())
+  FROM etl_backlog_minutes
+ WHERE minute > date_trunc('minute', now()) - interval '60 minutes'
+ ORDER BY minute";
 
 /// A live replica.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +107,10 @@ pub(crate) struct Totals {
     pub(crate) pickups: i64,
     /// Their pickup latencies, summed, in seconds.
     pub(crate) pickup_seconds: f64,
+    /// Jobs succeeded and failed since it started, by queue (`None`: not reported).
+    pub(crate) by_queue: Option<BTreeMap<String, [i64; 2]>>,
+    /// Its pickups since it started, per latency bucket (`None`: not reported).
+    pub(crate) pickup_buckets: Option<Vec<i64>>,
 }
 
 /// One minute of the fleet.
@@ -100,6 +128,10 @@ pub(crate) struct Minute {
     pub(crate) pickup_seconds: f64,
     /// Jobs that ended failed, by stored code.
     pub(crate) failed_by_code: BTreeMap<String, i64>,
+    /// Jobs that ended succeeded and failed, by queue (or [`NOT_REPORTED`]).
+    pub(crate) by_queue: BTreeMap<String, [i64; 2]>,
+    /// Pickups per latency bucket, of the rows that reported them (empty: none did).
+    pub(crate) pickup_buckets: Vec<i64>,
 }
 
 impl Minute {
@@ -107,6 +139,38 @@ impl Minute {
     pub(crate) fn mean_pickup_ms(&self) -> Option<f64> {
         (self.pickups > 0).then(|| self.pickup_seconds * 1000.0 / self.pickups as f64)
     }
+
+    /// The pickup latency percentile `q` (0 to 1) in milliseconds: the upper bound of the
+    /// bucket it falls in (the last bound for one beyond it), if a pickup was counted in a
+    /// bucket.
+    pub(crate) fn pickup_percentile_ms(&self, q: f64) -> Option<f64> {
+        let total: i64 = self.pickup_buckets.iter().sum();
+        if total <= 0 {
+            return None;
+        }
+        // The rank of the percentile's pickup, from 1.
+        let rank = ((q * total as f64).ceil() as i64).clamp(1, total);
+        let mut seen = 0;
+        let bucket = self.pickup_buckets.iter().position(|n| {
+            seen += n;
+            seen >= rank
+        })?;
+        let last = LATENCY_BUCKETS.len() - 1;
+        LATENCY_BUCKETS
+            .get(bucket.min(last))
+            .map(|seconds| seconds * 1000.0)
+    }
+}
+
+/// The active jobs at one minute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Backlog {
+    /// Due.
+    pub(crate) due: i64,
+    /// Deferred or waiting to retry.
+    pub(crate) deferred: i64,
+    /// Running.
+    pub(crate) running: i64,
 }
 
 /// A recovery event: jobs one replica's recovery gave back (or ended) in one minute.
@@ -129,6 +193,8 @@ pub(crate) struct LastHour {
     pub(crate) failures: BTreeMap<String, i64>,
     /// Recovery events in those minutes, newest first.
     pub(crate) recoveries: Vec<Recovery>,
+    /// The backlog at each of those minutes, oldest first (`None`: unknown).
+    pub(crate) backlog: Vec<Option<Backlog>>,
 }
 
 /// The operator view's figures.
@@ -152,10 +218,11 @@ pub(crate) struct Overview {
 pub(crate) async fn overview(
     client: &impl GenericClient,
 ) -> Result<Overview, tokio_postgres::Error> {
-    // The four reads are pipelined on the one connection, each in one round trip.
-    let (replica_rows, rows, backlog, queues) = tokio::try_join!(
+    // The five reads are pipelined on the one connection, each in one round trip.
+    let (replica_rows, rows, backlog_rows, backlog, queues) = tokio::try_join!(
         client.query_typed(REPLICAS_SQL, &[]),
         client.query_typed(MINUTES_SQL, &[]),
+        client.query_typed(BACKLOG_SQL, &[]),
         sample_queue(client),
         sample_queues(client)
     )?;
@@ -169,11 +236,15 @@ pub(crate) async fn overview(
             claim_rate: r.get(4),
         })
         .collect();
-    let now: Option<DateTime<Utc>> = rows.first().map(|r| r.get(9));
+    let now: Option<DateTime<Utc>> = rows
+        .first()
+        .map(|r| r.get(9))
+        .or_else(|| backlog_rows.first().map(|r| r.get(4)));
     let totals: Vec<Totals> = rows
         .iter()
         .map(|r| {
             let by_code: serde_json::Value = r.get(5);
+            let by_queue: Option<serde_json::Value> = r.get(11);
             Totals {
                 minute: r.get(0),
                 owner_id: r.get(1),
@@ -192,6 +263,8 @@ pub(crate) async fn overview(
                 recovered: r.get(6),
                 pickups: r.get(7),
                 pickup_seconds: r.get(8),
+                by_queue: by_queue.as_ref().and_then(queue_totals),
+                pickup_buckets: r.get(12),
             }
         })
         .collect();
@@ -199,12 +272,92 @@ pub(crate) async fn overview(
     if hour.minutes.is_empty() {
         hour.minutes = vec![Minute::default(); MINUTES as usize];
     }
+    hour.backlog = vec![None; MINUTES as usize];
+    if let Some(now) = now {
+        let first = now - chrono::Duration::minutes(MINUTES - 1);
+        for r in &backlog_rows {
+            let minute: DateTime<Utc> = r.get(0);
+            let index = usize::try_from((minute - first).num_minutes()).ok();
+            if let Some(slot) = index.and_then(|i| hour.backlog.get_mut(i)) {
+                *slot = Some(Backlog {
+                    due: r.get(1),
+                    deferred: r.get(2),
+                    running: r.get(3),
+                });
+            }
+        }
+    }
     Ok(Overview {
         replicas,
         backlog,
         queues,
         hour,
     })
+}
+
+/// A minute row's per-queue totals, `{"queue": [succeeded, failed]}`; `None` if it is not that
+/// shape.
+fn queue_totals(value: &serde_json::Value) -> Option<BTreeMap<String, [i64; 2]>> {
+    value
+        .as_object()?
+        .iter()
+        .map(|(queue, counts)| {
+            let counts = counts.as_array()?;
+            let at = |i: usize| counts.get(i).and_then(serde_json::Value::as_i64);
+            Some((queue.clone(), [at(0)?, at(1)?]))
+        })
+        .collect()
+}
+
+/// Adds to `minute` the jobs `row` ended by queue since `before` (its incarnation's previous
+/// row; none when it started in the minute), or, when either has no per-queue totals, its
+/// fleet-wide differences under [`NOT_REPORTED`].
+fn add_by_queue(minute: &mut Minute, row: &Totals, before: Option<&Totals>, fleet: [i64; 2]) {
+    let nothing = BTreeMap::new();
+    let then = match before {
+        Some(before) => before.by_queue.as_ref(),
+        None => Some(&nothing),
+    };
+    let (Some(now), Some(then)) = (row.by_queue.as_ref(), then) else {
+        let counts = minute.by_queue.entry(NOT_REPORTED.to_owned()).or_default();
+        counts[0] += fleet[0];
+        counts[1] += fleet[1];
+        return;
+    };
+    for (queue, [ok, failed]) in now {
+        let [ok_then, failed_then] = then.get(queue).copied().unwrap_or_default();
+        let added = [(ok - ok_then).max(0), (failed - failed_then).max(0)];
+        if added != [0, 0] {
+            let counts = minute.by_queue.entry(queue.clone()).or_default();
+            counts[0] += added[0];
+            counts[1] += added[1];
+        }
+    }
+}
+
+/// Adds to `minute` the pickups `row` counted per latency bucket since `before` (as
+/// [`add_by_queue`]), if both have buckets, and as many as the minute's.
+fn add_buckets(minute: &mut Minute, row: &Totals, before: Option<&Totals>) {
+    let Some(now) = row.pickup_buckets.as_ref() else {
+        return;
+    };
+    let zeros = vec![0; now.len()];
+    let then = match before {
+        Some(before) => before.pickup_buckets.as_ref(),
+        None => Some(&zeros),
+    };
+    let Some(then) = then.filter(|then| then.len() == now.len()) else {
+        return;
+    };
+    if minute.pickup_buckets.is_empty() {
+        minute.pickup_buckets = zeros.clone();
+    }
+    if minute.pickup_buckets.len() != now.len() {
+        return;
+    }
+    for ((sum, n), was) in minute.pickup_buckets.iter_mut().zip(now).zip(then) {
+        *sum += (n - was).max(0);
+    }
 }
 
 /// The fleet's last [`MINUTES`] minutes up to `now` (oldest first), their failures by code and
@@ -232,8 +385,14 @@ pub(crate) fn per_minute(totals: &[Totals], now: DateTime<Utc>) -> LastHour {
             continue;
         };
         let delta = |now: i64, then: fn(&Totals) -> i64| (now - before.map_or(0, then)).max(0);
-        minute.succeeded += delta(row.succeeded, |t| t.succeeded);
-        minute.failed += delta(row.failed, |t| t.failed);
+        let ended = [
+            delta(row.succeeded, |t| t.succeeded),
+            delta(row.failed, |t| t.failed),
+        ];
+        minute.succeeded += ended[0];
+        minute.failed += ended[1];
+        add_by_queue(minute, row, before, ended);
+        add_buckets(minute, row, before);
         let recovered = delta(row.recovered, |t| t.recovered);
         minute.recovered += recovered;
         if recovered > 0 {
@@ -260,6 +419,7 @@ pub(crate) fn per_minute(totals: &[Totals], now: DateTime<Utc>) -> LastHour {
         minutes,
         failures,
         recoveries,
+        backlog: vec![None; MINUTES as usize],
     }
 }
 
@@ -290,6 +450,8 @@ mod tests {
             recovered: failed_total,
             pickups: succeeded,
             pickup_seconds: succeeded as f64 * 0.001,
+            by_queue: None,
+            pickup_buckets: None,
         }
     }
 
@@ -311,6 +473,7 @@ mod tests {
             minutes,
             failures,
             recoveries,
+            ..
         } = per_minute(&totals, now);
         assert_eq!(minutes.len(), 60);
         // The window is 41..=100.
@@ -362,5 +525,136 @@ mod tests {
         assert_eq!(minutes[58].succeeded, 57);
         assert_eq!(minutes[58].failed, 7);
         assert_eq!(failures, BTreeMap::from([("record_invalid".to_owned(), 7)]));
+    }
+
+    /// `row` with per-queue totals `by_queue` and pickup buckets `buckets` (15 counts).
+    fn reported(
+        mut row: Totals,
+        by_queue: &[(&str, [i64; 2])],
+        buckets: &[(usize, i64)],
+    ) -> Totals {
+        row.by_queue = Some(
+            by_queue
+                .iter()
+                .map(|(q, n)| ((*q).to_owned(), *n))
+                .collect(),
+        );
+        let mut counts = vec![0; LATENCY_BUCKETS.len() + 1];
+        for (bucket, n) in buckets {
+            counts[*bucket] = *n;
+        }
+        row.pickup_buckets = Some(counts);
+        row
+    }
+
+    #[test]
+    fn each_queues_minutes_are_differences_within_an_incarnation_and_add_up_across_them() {
+        let now = at(100);
+        let totals = [
+            // Long running: a baseline at 98, then 4 more in mail and 1 failed in etl.
+            reported(row("a", 98, 0, 10, &[]), &[("mail", [10, 0])], &[]),
+            reported(
+                row("a", 99, 0, 14, &[("handler_failed", 1)]),
+                &[("mail", [14, 0]), ("etl", [0, 1])],
+                &[],
+            ),
+            // Killed at 100 after 3 in mail; restarted in the same minute: 2 more in mail.
+            reported(row("b", 100, 100, 3, &[]), &[("mail", [3, 0])], &[]),
+            {
+                let mut second = reported(row("b", 100, 100, 2, &[]), &[("mail", [2, 0])], &[]);
+                second.incarnation = Uuid::from_u128(7);
+                second.started_at = at(100) + chrono::Duration::seconds(30);
+                second
+            },
+        ];
+        let LastHour { minutes, .. } = per_minute(&totals, now);
+        assert_eq!(minutes[57].by_queue, BTreeMap::new(), "98: a baseline only");
+        assert_eq!(
+            minutes[58].by_queue,
+            BTreeMap::from([("etl".to_owned(), [0, 1]), ("mail".to_owned(), [4, 0])])
+        );
+        assert_eq!(
+            minutes[59].by_queue,
+            BTreeMap::from([("mail".to_owned(), [5, 0])]),
+            "both incarnations of b"
+        );
+        for minute in &minutes {
+            let by_queue: i64 = minute
+                .by_queue
+                .values()
+                .map(|[ok, failed]| ok + failed)
+                .sum();
+            assert_eq!(by_queue, minute.succeeded + minute.failed);
+        }
+    }
+
+    #[test]
+    fn percentiles_are_the_bounds_of_the_buckets_they_fall_in() {
+        let now = at(100);
+        // 100 pickups in minute 100 across two replicas: 60 within 1 ms (bucket 1), 39 within
+        // 25 ms (bucket 5), 1 slower than 60 s (the last bucket).
+        let last = LATENCY_BUCKETS.len();
+        let totals = [
+            reported(row("a", 99, 0, 0, &[]), &[], &[(1, 500)]),
+            reported(row("a", 100, 0, 0, &[]), &[], &[(1, 540), (5, 39)]),
+            reported(row("b", 100, 100, 0, &[]), &[], &[(1, 20), (last, 1)]),
+        ];
+        let LastHour { minutes, .. } = per_minute(&totals, now);
+        let minute = &minutes[59];
+        assert_eq!(minute.pickup_buckets.iter().sum::<i64>(), 100);
+        assert_eq!(minute.pickup_percentile_ms(0.5), Some(1.0));
+        assert_eq!(minute.pickup_percentile_ms(0.55), Some(1.0));
+        assert_eq!(minute.pickup_percentile_ms(0.61), Some(25.0));
+        assert_eq!(minute.pickup_percentile_ms(0.99), Some(25.0));
+        assert_eq!(
+            minute.pickup_percentile_ms(1.0),
+            Some(60_000.0),
+            "beyond: the last bound"
+        );
+        assert_eq!(
+            minutes[58].pickup_percentile_ms(0.5),
+            None,
+            "a baseline only"
+        );
+        assert_eq!(Minute::default().pickup_percentile_ms(0.99), None);
+    }
+
+    #[test]
+    fn rows_of_a_release_before_0038_are_no_data_not_zero() {
+        let now = at(100);
+        let totals = [
+            // An old replica: no per-queue totals, no buckets.
+            row("old", 99, 0, 10, &[]),
+            row("old", 100, 0, 13, &[("handler_failed", 1)]),
+            // A new one beside it.
+            reported(row("new", 100, 100, 2, &[]), &[("mail", [2, 0])], &[(0, 2)]),
+        ];
+        let LastHour { minutes, .. } = per_minute(&totals, now);
+        assert_eq!(
+            minutes[59].by_queue,
+            BTreeMap::from([
+                ("mail".to_owned(), [2, 0]),
+                (NOT_REPORTED.to_owned(), [3, 1])
+            ])
+        );
+        assert_eq!(
+            minutes[59].pickup_buckets.iter().sum::<i64>(),
+            2,
+            "the new one's only"
+        );
+        assert_eq!(minutes[59].pickup_percentile_ms(0.99), Some(0.5));
+        let old_only = per_minute(&totals[..2], now);
+        assert!(old_only.minutes[59].pickup_buckets.is_empty());
+        assert_eq!(old_only.minutes[59].pickup_percentile_ms(0.5), None);
+        assert_eq!(
+            old_only.minutes[59].mean_pickup_ms().map(f64::round),
+            Some(1.0)
+        );
+        assert!(old_only.backlog.iter().all(Option::is_none));
+        assert_eq!(queue_totals(&serde_json::json!({"mail": [1]})), None);
+        assert_eq!(
+            queue_totals(&serde_json::json!({"mail": [1, 2]})),
+            Some(BTreeMap::from([("mail".to_owned(), [1, 2])]))
+        );
     }
 }

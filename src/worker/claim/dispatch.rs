@@ -44,13 +44,13 @@ pub(crate) async fn step(shared: &Arc<Shared>) -> Result<Vec<(Uuid, Transition)>
         let shared = Arc::clone(shared);
         let slot = slots.take();
         tasks.spawn(async move {
-            let (id, held_permit) = (job.id(), job.held_permit);
+            let (id, held_permit, queue) = (job.id(), job.held_permit, Arc::clone(&job.queue));
             let lease = job.lease();
             let transition = timed_execute(&shared, job, CancellationToken::new(), slot).await;
             if transition == Transition::GivenBack {
                 crate::worker::complete::give_back::give_back(&shared, lease, transition);
             }
-            shared.stats.record(transition);
+            shared.stats.record_in(&queue, transition);
             (id, transition, held_permit && transition.frees_permits())
         });
     }

@@ -411,7 +411,7 @@ impl Producer {
 
     /// Holds `job` (claimed at `sent`; of `permit_queue` if it holds a permit) until a slot frees.
     fn hold(&mut self, job: ClaimedJob, sent: Instant, permit_queue: Option<String>) {
-        let lease = job.lease();
+        let (lease, queue) = (job.lease(), Arc::clone(&job.queue));
         let lost = job.ctx.lease_lost.token();
         let trusted = sent + lease::trusted_for(self.shared.config.lease);
         let clock = Arc::new(LeaseClock::new(trusted));
@@ -422,6 +422,7 @@ impl Producer {
                 lost: lost.clone(),
                 clock: Arc::clone(&clock),
                 task: None,
+                queue,
                 permit_queue,
             },
         );
@@ -466,15 +467,17 @@ impl Producer {
     fn finish_task(&mut self, done: Result<(Uuid, Transition), JoinError>) {
         match done {
             Ok((claim, transition)) => {
-                if let Some(job) = self.held.remove(claim) {
-                    if matches!(transition, Transition::LeaseLost | Transition::GivenBack) {
-                        release::give_back(&self.shared, job.lease, transition);
-                    }
-                    if let Some(queue) = job.permit_queue.filter(|_| transition.frees_permits()) {
-                        self.freed.record(&queue);
-                    }
+                let Some(job) = self.held.remove(claim) else {
+                    self.shared.stats.record(transition);
+                    return;
+                };
+                if matches!(transition, Transition::LeaseLost | Transition::GivenBack) {
+                    release::give_back(&self.shared, job.lease, transition);
                 }
-                self.shared.stats.record(transition);
+                self.shared.stats.record_in(&job.queue, transition);
+                if let Some(queue) = job.permit_queue.filter(|_| transition.frees_permits()) {
+                    self.freed.record(&queue);
+                }
             }
             Err(died) if died.is_panic() => {
                 let Some(lease) = self.held.of_task(died.id()) else {

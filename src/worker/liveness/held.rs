@@ -28,6 +28,8 @@ pub(crate) struct HeldJob {
     /// The task that runs it, so a task that dies is matched to its claim; `None` while the job
     /// waits in the prefetch buffer.
     pub(crate) task: Option<task::Id>,
+    /// The job's queue, for the jobs ended by queue.
+    pub(crate) queue: Arc<str>,
     /// The job's queue, when its claim holds a permit of the queue's cap or its key's.
     pub(crate) permit_queue: Option<String>,
 }
@@ -137,6 +139,7 @@ mod tests {
             lost: tokio_util::sync::CancellationToken::new(),
             clock: Arc::new(LeaseClock::new(tokio::time::Instant::now())),
             task: Some(task.id()),
+            queue: Arc::from("default"),
             permit_queue: None,
         }
     }
