@@ -114,6 +114,7 @@ const SCREENSHOTS: &[&str] = &[
     "job-retrying",
     "jobs",
     "operator",
+    "operator-charts",
     "queues",
     "queue",
     "failures",
@@ -407,6 +408,16 @@ async fn a_browser_signs_in_by_keyboard_watches_a_job_succeed_and_cancels_a_defe
         assert!(width > 100.0 && height > 50.0, "{width} x {height}");
     }
     screenshot(&browser, "operator").await;
+    // The charts, below the fold: the page scrolled to "The last hour".
+    browser
+        .execute(
+            "[...document.querySelectorAll('h2')].find(h => h.textContent === 'The last hour')\
+             .scrollIntoView()",
+            vec![],
+        )
+        .await
+        .unwrap();
+    screenshot(&browser, "operator-charts").await;
     browser.close().await.unwrap();
     replica.stop().await;
 }
