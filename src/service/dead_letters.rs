@@ -13,8 +13,7 @@
 //!   as the new job's payload.
 //! - Answers carry metadata only: ids, queue, kind, stable code, attempts, times, counts.
 
-use super::conn::Conn;
-use super::jobs::bearer_key;
+use super::caller::Caller;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
@@ -26,11 +25,10 @@ use crate::error::Error;
 use crate::kinds::etl::request;
 use crate::names::is_kind_name;
 use crate::queue::is_queue_name;
-use crate::service::api_keys::{self, KeyHolder, Role};
+use crate::service::api_keys::{KeyHolder, Role};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{FromRequestParts, Path, Query, State};
-use axum::http::request::Parts;
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -45,43 +43,29 @@ const PAGE_DEFAULT: i64 = 50;
 /// The largest page the API serves.
 const PAGE_LIMIT: i64 = 200;
 
-/// The key holder of an authenticated request: its key's id, owner and role.
-pub(super) struct Caller(pub(super) KeyHolder);
-
-impl FromRequestParts<AppState> for Caller {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, Problem> {
-        let key = bearer_key(&parts.headers)?;
-        let mut conn = Conn::checkout(&state.pool).await?;
-        conn.run(|c| api_keys::holder_of_key(&*c, &state.secret, key))
-            .await?
-            .map(Caller)
-            .ok_or_else(|| Problem::new(Code::Unauthorized))
-    }
+/// The letters `holder` sees: its owner's, or every owner's for an operator (narrowed to
+/// `owner`, a principal, when an operator names one), with the deployment's payload key.
+fn letters_of(
+    holder: &KeyHolder,
+    state: &AppState,
+    owner: Option<&str>,
+) -> Result<DeadLetters, Problem> {
+    let letters = match (holder.role, owner) {
+        (Role::Operator, None) => DeadLetters::all_owners(state.secret.clone()),
+        (Role::Operator, Some(owner)) => DeadLetters::all_owners(state.secret.clone())
+            .narrowed_to(state.secret.digest(DigestKind::Principal, owner.as_bytes())),
+        (_, Some(_)) => return Err(invalid("owner")),
+        (_, None) => DeadLetters::of(state.secret.clone(), holder.owner_key),
+    };
+    Ok(match &state.payload_key {
+        Some(key) => letters.with_key(key.clone()),
+        None => letters,
+    })
 }
 
-impl Caller {
-    /// The letters this caller sees: its owner's, or every owner's for an operator (narrowed
-    /// to `owner`, a principal, when an operator names one), with the deployment's payload key.
-    fn letters(&self, state: &AppState, owner: Option<&str>) -> Result<DeadLetters, Problem> {
-        let letters = match (self.0.role, owner) {
-            (Role::Operator, None) => DeadLetters::all_owners(state.secret.clone()),
-            (Role::Operator, Some(owner)) => DeadLetters::all_owners(state.secret.clone())
-                .narrowed_to(state.secret.digest(DigestKind::Principal, owner.as_bytes())),
-            (_, Some(_)) => return Err(invalid("owner")),
-            (_, None) => DeadLetters::of(state.secret.clone(), self.0.owner_key),
-        };
-        Ok(match &state.payload_key {
-            Some(key) => letters.with_key(key.clone()),
-            None => letters,
-        })
-    }
-
-    /// Who asked, as a replay records it: the key's id.
-    fn by(&self) -> String {
-        format!("key:{}", self.0.id)
-    }
+/// Who asked, as a replay records it: the key's id.
+fn asked_by(holder: &KeyHolder) -> String {
+    format!("key:{}", holder.id)
 }
 
 /// A refused query parameter or filter member `name`.
@@ -316,13 +300,12 @@ fn letter_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Problem>
 )]
 pub(super) async fn list(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     params: Result<Query<Filter>, QueryRejection>,
 ) -> Result<Json<LetterList>, Problem> {
     let params = query(params)?;
     let (filter, limit, cursor) = (params.parse()?, params.limit()?, params.cursor()?);
-    let letters = caller.letters(&state, params.owner.as_deref())?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let letters = letters_of(&holder, &state, params.owner.as_deref())?;
     let page = conn
         .run(|c| letters.list(&*c, &filter, cursor, limit))
         .await?;
@@ -344,13 +327,12 @@ pub(super) async fn list(
 )]
 pub(super) async fn counts(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     params: Result<Query<Filter>, QueryRejection>,
 ) -> Result<Json<CountList>, Problem> {
     let params = query(params)?;
     let filter = params.parse()?;
-    let letters = caller.letters(&state, params.owner.as_deref())?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let letters = letters_of(&holder, &state, params.owner.as_deref())?;
     let counts = conn.run(|c| letters.counts(&*c, &filter)).await?;
     Ok(Json(CountList {
         total: counts.iter().map(|c| c.count).sum(),
@@ -370,12 +352,11 @@ pub(super) async fn counts(
 )]
 pub(super) async fn get_letter(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<LetterView>, Problem> {
     let id = letter_id(id)?;
-    let letters = caller.letters(&state, None)?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let letters = letters_of(&holder, &state, None)?;
     conn.run(|c| letters.get(&*c, id))
         .await?
         .map(|l| Json(l.into()))
@@ -394,12 +375,11 @@ pub(super) async fn get_letter(
 )]
 pub(super) async fn discard_letter(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, Problem> {
     let id = letter_id(id)?;
-    let letters = caller.letters(&state, None)?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let letters = letters_of(&holder, &state, None)?;
     if conn.run(|c| letters.discard(&*c, id)).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -427,7 +407,7 @@ pub(super) async fn discard_letter(
 )]
 pub(super) async fn replay_letter(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     id: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
@@ -445,8 +425,7 @@ pub(super) async fn replay_letter(
         let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
         Some(request.to_value())
     };
-    let (letters, by) = (caller.letters(&state, None)?, caller.by());
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let (letters, by) = (letters_of(&holder, &state, None)?, asked_by(&holder));
     let done = conn
         .run(|c| letters.replay(c, id, &by, payload.as_ref()))
         .await?;
@@ -501,16 +480,15 @@ fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
 )]
 pub(super) async fn replay_matching(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<BulkReplayView>, Problem> {
     let params = body_filter(body)?;
     let filter = params.parse()?;
     let (letters, by) = (
-        caller.letters(&state, params.owner.as_deref())?,
-        caller.by(),
+        letters_of(&holder, &state, params.owner.as_deref())?,
+        asked_by(&holder),
     );
-    let mut conn = Conn::checkout(&state.pool).await?;
     let done = conn
         .run(|c| letters.replay_matching(c, &filter, &by))
         .await?;
@@ -532,13 +510,12 @@ pub(super) async fn replay_matching(
 )]
 pub(super) async fn discard_matching(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DiscardView>, Problem> {
     let params = body_filter(body)?;
     let filter = params.parse()?;
-    let letters = caller.letters(&state, params.owner.as_deref())?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let letters = letters_of(&holder, &state, params.owner.as_deref())?;
     let discarded = conn.run(|c| letters.discard_matching(&*c, &filter)).await?;
     Ok(Json(DiscardView { discarded }))
 }

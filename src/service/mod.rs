@@ -18,6 +18,7 @@
 //!   that serve the routes.
 
 pub mod api_keys;
+mod caller;
 mod conn;
 mod console;
 mod dead_letters;
