@@ -412,13 +412,7 @@ pub(super) async fn replay_letter(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let id = letter_id(id)?;
-    let body = body.map_err(|rejection| {
-        Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Code::RequestTooLarge
-        } else {
-            Code::RequestMalformed
-        })
-    })?;
+    let body = body.map_err(body_refused)?;
     let payload = if body.is_empty() {
         None
     } else {
@@ -444,15 +438,19 @@ pub(super) async fn replay_letter(
     Ok(response)
 }
 
+/// The problem of a body that could not be read: `request_too_large` over the body limit, else
+/// `request_malformed`.
+fn body_refused(rejection: BytesRejection) -> Problem {
+    Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        Code::RequestTooLarge
+    } else {
+        Code::RequestMalformed
+    })
+}
+
 /// The filter of a bulk action's JSON body (an empty body: every open letter the key sees).
 fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
-    let body = body.map_err(|rejection| {
-        Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Code::RequestTooLarge
-        } else {
-            Code::RequestMalformed
-        })
-    })?;
+    let body = body.map_err(body_refused)?;
     if body.is_empty() {
         return Ok(Filter::default());
     }
@@ -480,19 +478,10 @@ fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
 )]
 pub(super) async fn replay_matching(
     State(state): State<AppState>,
-    Caller { holder, mut conn }: Caller,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<BulkReplayView>, Problem> {
-    let params = body_filter(body)?;
-    let filter = params.parse()?;
-    let (letters, by) = (
-        letters_of(&holder, &state, params.owner.as_deref())?,
-        asked_by(&holder),
-    );
-    let done = conn
-        .run(|c| letters.replay_matching(c, &filter, &by))
-        .await?;
-    Ok(Json(done.into()))
+) -> Result<Response, Problem> {
+    bulk(&state, caller, body, Bulk::Replay).await
 }
 
 /// Discards every open letter matching the filter.
@@ -510,12 +499,44 @@ pub(super) async fn replay_matching(
 )]
 pub(super) async fn discard_matching(
     State(state): State<AppState>,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    bulk(&state, caller, body, Bulk::Discard).await
+}
+
+/// A bulk action over the open letters matching a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bulk {
+    /// Replays those whose payload is retained.
+    Replay,
+    /// Discards them.
+    Discard,
+}
+
+/// Takes bulk action `what` on the letters of `caller` that match the filter of `body`, and
+/// answers what it did.
+async fn bulk(
+    state: &AppState,
     Caller { holder, mut conn }: Caller,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<DiscardView>, Problem> {
+    what: Bulk,
+) -> Result<Response, Problem> {
     let params = body_filter(body)?;
     let filter = params.parse()?;
-    let letters = letters_of(&holder, &state, params.owner.as_deref())?;
-    let discarded = conn.run(|c| letters.discard_matching(&*c, &filter)).await?;
-    Ok(Json(DiscardView { discarded }))
+    let letters = letters_of(&holder, state, params.owner.as_deref())?;
+    let (letters, filter) = (&letters, &filter);
+    Ok(match what {
+        Bulk::Replay => {
+            let by = asked_by(&holder);
+            let done = conn
+                .run(|c| letters.replay_matching(c, filter, &by))
+                .await?;
+            Json(BulkReplayView::from(done)).into_response()
+        }
+        Bulk::Discard => {
+            let discarded = conn.run(|c| letters.discard_matching(&*c, filter)).await?;
+            Json(DiscardView { discarded }).into_response()
+        }
+    })
 }
