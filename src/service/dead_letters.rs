@@ -8,17 +8,23 @@
 //!   owner's letters only (another owner's answers as one that does not exist, `404
 //!   not_found`); an operator's key sees and acts on every owner's, and may filter by owner.
 //! - A replay records who asked as the key's id, never the owner.
+//! - Every action an operator's key takes (a replay that makes a job, a discard that discards, a
+//!   bulk replay or discard) writes one audit entry from source `api` ([`audit`]): in the
+//!   action's transaction, but for a bulk replay's, which commits in chunks and is logged after
+//!   its last. An owner's key acting on its own letters writes none, nor does a refusal.
 //! - A replay's body, when sent, is validated as a submission's is, then accepted only when it
 //!   is the failed job's request (its keyed fingerprint); nothing of it is echoed or stored but
 //!   as the new job's payload.
 //! - Answers carry metadata only: ids, queue, kind, stable code, attempts, times, counts.
 
+use super::audit::{self, Action, Source};
 use super::caller::Caller;
+use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
 use crate::dead_letters::{
-    BulkReplay, DeadLetters, Letter, LetterCount, LetterCursor, LetterFilter,
+    BulkReplay, DeadLetters, Letter, LetterCount, LetterCursor, LetterFilter, Replayed,
 };
 use crate::digest::DigestKind;
 use crate::error::Error;
@@ -61,11 +67,6 @@ fn letters_of(
         Some(key) => letters.with_key(key.clone()),
         None => letters,
     })
-}
-
-/// Who asked, as a replay records it: the key's id.
-fn asked_by(holder: &KeyHolder) -> String {
-    format!("key:{}", holder.id)
 }
 
 /// A refused query parameter or filter member `name`.
@@ -295,6 +296,7 @@ fn letter_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Problem>
         (status = 200, description = "A page of open letters, newest first", body = LetterList),
         (status = 400, description = "A query parameter is not valid", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -322,6 +324,7 @@ pub(super) async fn list(
         (status = 200, description = "Open letters per queue and code", body = CountList),
         (status = 400, description = "A query parameter is not valid", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -347,6 +350,7 @@ pub(super) async fn counts(
         (status = 200, description = "The letter", body = LetterView),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such letter for this key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -370,6 +374,7 @@ pub(super) async fn get_letter(
         (status = 204, description = "Discarded"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such open letter for this key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -380,7 +385,8 @@ pub(super) async fn discard_letter(
 ) -> Result<StatusCode, Problem> {
     let id = letter_id(id)?;
     let letters = letters_of(&holder, &state, None)?;
-    if conn.run(|c| letters.discard(&*c, id)).await? {
+    let discarded = discard_audited(&mut conn, &letters, id, &holder, Source::Api).await?;
+    if discarded {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(Problem::new(Code::NotFound))
@@ -402,6 +408,7 @@ pub(super) async fn discard_letter(
         (status = 409, description = "No body, and no payload retained or readable (payload_not_retained, payload_unreadable)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The body is not the failed job's request (replay_body_mismatch), or not a valid request", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -419,10 +426,9 @@ pub(super) async fn replay_letter(
         let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
         Some(request.to_value())
     };
-    let (letters, by) = (letters_of(&holder, &state, None)?, asked_by(&holder));
-    let done = conn
-        .run(|c| letters.replay(c, id, &by, payload.as_ref()))
-        .await?;
+    let letters = letters_of(&holder, &state, None)?;
+    let payload = payload.as_ref();
+    let done = replay_audited(&mut conn, &letters, id, &holder, Source::Api, payload).await?;
     let mut response = (
         StatusCode::ACCEPTED,
         Json(ReplayView {
@@ -473,6 +479,7 @@ fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a filter (request_invalid)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -494,6 +501,7 @@ pub(super) async fn replay_matching(
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a filter (request_invalid)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -507,15 +515,130 @@ pub(super) async fn discard_matching(
 
 /// A bulk action over the open letters matching a filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Bulk {
+pub(super) enum Bulk {
     /// Replays those whose payload is retained.
     Replay,
     /// Discards them.
     Discard,
 }
 
-/// Takes bulk action `what` on the letters of `caller` that match the filter of `body`, and
-/// answers what it did.
+/// What a bulk action did.
+pub(super) enum BulkDone {
+    /// The replay's counts.
+    Replayed(BulkReplay),
+    /// How many letters were discarded.
+    Discarded(u64),
+}
+
+/// Who asked for a replay, as the letter records it: the key's id, with where it asked from
+/// (`key:` for the API, `console:` for the console), never its owner.
+pub(super) fn asked_by(by: &KeyHolder, source: Source) -> String {
+    match source {
+        Source::Api => format!("key:{}", by.id),
+        Source::Console => format!("console:{}", by.id),
+    }
+}
+
+/// Discards the open letter `id` of `letters` on `conn`, as the key of `by` from `source`,
+/// with its audit entry ([`audit::record`]) in the same transaction when it was discarded.
+/// Returns whether it was.
+///
+/// # Errors
+/// Database errors.
+pub(super) async fn discard_audited(
+    conn: &mut Conn,
+    letters: &DeadLetters,
+    id: Uuid,
+    by: &KeyHolder,
+    source: Source,
+) -> Result<bool, Error> {
+    conn.run(|c| async move {
+        let tx = c.transaction().await?;
+        let discarded = letters.discard(&tx, id).await?;
+        if discarded {
+            let target = id.to_string();
+            audit::record(&tx, by, source, Action::LetterDiscard, &target, 1).await?;
+        }
+        tx.commit().await?;
+        Ok::<_, Error>(discarded)
+    })
+    .await
+}
+
+/// Replays the letter `id` of `letters` on `conn` (from `body`, or its retained payload), as
+/// the key of `by` from `source`, with its audit entry ([`audit::record`]) in the same
+/// transaction when this replay made the job (the replay runs in a savepoint).
+///
+/// # Errors
+/// As [`DeadLetters::replay`]: `not_found`, `payload_not_retained`, `payload_unreadable`,
+/// `replay_body_mismatch`; database errors. Nothing is written then.
+pub(super) async fn replay_audited(
+    conn: &mut Conn,
+    letters: &DeadLetters,
+    id: Uuid,
+    by: &KeyHolder,
+    source: Source,
+    body: Option<&serde_json::Value>,
+) -> Result<Replayed, Error> {
+    let asked = asked_by(by, source);
+    let asked = asked.as_str();
+    conn.run(|c| async move {
+        let mut tx = c.transaction().await?;
+        let done = letters.replay(&mut tx, id, asked, body).await?;
+        if done.made {
+            let target = id.to_string();
+            audit::record(&tx, by, source, Action::LetterReplay, &target, 1).await?;
+        }
+        tx.commit().await?;
+        Ok::<_, Error>(done)
+    })
+    .await
+}
+
+/// Takes bulk action `what` on the open `letters` matching `filter` on `conn`, as the key of
+/// `by` from `source`, and hands its audit entry (`target`, the filter in words) to
+/// [`audit::record`]: a discard's in its transaction, a replay's (which commits chunk by chunk)
+/// after its last chunk.
+///
+/// # Errors
+/// As the action: database errors.
+pub(super) async fn act_in_bulk(
+    conn: &mut Conn,
+    letters: &DeadLetters,
+    filter: &LetterFilter<'_>,
+    by: &KeyHolder,
+    source: Source,
+    target: &str,
+    what: Bulk,
+) -> Result<BulkDone, Error> {
+    Ok(match what {
+        Bulk::Replay => {
+            let asked = asked_by(by, source);
+            let done = conn
+                .run(|c| letters.replay_matching(c, filter, &asked))
+                .await?;
+            let (action, made) = (Action::LettersReplay, done.made);
+            conn.run(|c| audit::record(&*c, by, source, action, target, made))
+                .await?;
+            BulkDone::Replayed(done)
+        }
+        Bulk::Discard => {
+            let discarded = conn
+                .run(|c| async move {
+                    let tx = c.transaction().await?;
+                    let n = letters.discard_matching(&tx, filter).await?;
+                    audit::record(&tx, by, source, Action::LettersDiscard, target, n).await?;
+                    tx.commit().await?;
+                    Ok::<_, Error>(n)
+                })
+                .await?;
+            BulkDone::Discarded(discarded)
+        }
+    })
+}
+
+/// Takes bulk action `what` on the letters of `caller` that match the filter of `body`, with
+/// its audit entry from the API, and answers what it did.
 async fn bulk(
     state: &AppState,
     Caller { holder, mut conn }: Caller,
@@ -525,18 +648,19 @@ async fn bulk(
     let params = body_filter(body)?;
     let filter = params.parse()?;
     let letters = letters_of(&holder, state, params.owner.as_deref())?;
-    let (letters, filter) = (&letters, &filter);
-    Ok(match what {
-        Bulk::Replay => {
-            let by = asked_by(&holder);
-            let done = conn
-                .run(|c| letters.replay_matching(c, filter, &by))
-                .await?;
-            Json(BulkReplayView::from(done)).into_response()
-        }
-        Bulk::Discard => {
-            let discarded = conn.run(|c| letters.discard_matching(&*c, filter)).await?;
-            Json(DiscardView { discarded }).into_response()
-        }
+    let target = audit::filter_target(&filter, params.owner.is_some());
+    let done = act_in_bulk(
+        &mut conn,
+        &letters,
+        &filter,
+        &holder,
+        Source::Api,
+        &target,
+        what,
+    )
+    .await?;
+    Ok(match done {
+        BulkDone::Replayed(done) => Json(BulkReplayView::from(done)).into_response(),
+        BulkDone::Discarded(discarded) => Json(DiscardView { discarded }).into_response(),
     })
 }
