@@ -43,7 +43,7 @@ use crate::error::Error;
 use crate::jobs::state::JobState;
 use crate::jobs::{self, Cancel};
 use crate::service::api_keys::{self, KeyHolder};
-use crate::service::audit as log;
+use crate::service::audit as audit_log;
 use access::{not_found, page, shown, to_sign_in, viewer};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -467,8 +467,9 @@ async fn cancel(
                 done,
                 Cancel::Cancelled | Cancel::Requested | Cancel::Deferred
             ) {
-                let (action, target) = (log::Action::JobCancel, id.to_string());
-                log::record(&tx, by_key, log::Source::Console, action, &target, 1).await?;
+                let (action, target) = (audit_log::Action::JobCancel, id.to_string());
+                audit_log::record(&tx, by_key, audit_log::Source::Console, action, &target, 1)
+                    .await?;
             }
             tx.commit().await?;
             Ok::<_, Error>(done)
