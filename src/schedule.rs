@@ -209,7 +209,8 @@ impl Schedules {
         job: &J,
         options: ScheduleOptions<'_>,
     ) -> Result<ScheduleInfo, Error> {
-        self.write(client, name, cron, job, options, false).await
+        self.write(client, name, cron, &Makes::of(job), options, false)
+            .await
     }
 
     /// [`Schedules::put`] for a schedule the application declares in its code at start-up:
@@ -226,26 +227,13 @@ impl Schedules {
         job: &J,
         options: ScheduleOptions<'_>,
     ) -> Result<ScheduleInfo, Error> {
-        self.write(client, name, cron, job, options, true).await
-    }
-
-    /// Validates and stores one schedule (see [`Schedules::put`]).
-    async fn write<J: Job>(
-        &self,
-        client: &impl GenericClient,
-        name: &str,
-        cron: &str,
-        job: &J,
-        options: ScheduleOptions<'_>,
-        declared: bool,
-    ) -> Result<ScheduleInfo, Error> {
-        let makes = Makes::of(job);
-        self.write_erased(client, name, cron, &makes, options, declared)
+        self.write(client, name, cron, &Makes::of(job), options, true)
             .await
     }
 
-    /// [`Schedules::write`] for a job of any type, already erased to what it makes.
-    pub(crate) async fn write_erased(
+    /// Validates and stores one schedule of a job of any type, erased to what it `makes`,
+    /// declared in code (`declared`) or put at run time (see [`Schedules::put`]).
+    pub(crate) async fn write(
         &self,
         client: &impl GenericClient,
         name: &str,
@@ -594,7 +582,7 @@ impl ScheduleSet {
                 overlap: e.overlap,
             };
             let info = schedules
-                .write_erased(&tx, &e.name, &e.cron, &e.makes, options, true)
+                .write(&tx, &e.name, &e.cron, &e.makes, options, true)
                 .await
                 .map_err(|error| match error {
                     Error::Rejected(mut refusal) => {

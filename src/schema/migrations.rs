@@ -356,4 +356,13 @@ pub static MIGRATIONS: &[Migration] = &[
         // table.
         min_reader_version: 33,
     },
+    Migration {
+        version: 39,
+        name: "audit_sources",
+        up: include_str!("../../migrations/0039_audit_sources.up.sql"),
+        down: include_str!("../../migrations/0039_audit_sources.down.sql"),
+        // Additive: a release before it never reads the new column, and its console's entries
+        // take the column's default (`console`).
+        min_reader_version: 33,
+    },
 ];

@@ -8,29 +8,33 @@
 //!   owner's letters only (another owner's answers as one that does not exist, `404
 //!   not_found`); an operator's key sees and acts on every owner's, and may filter by owner.
 //! - A replay records who asked as the key's id, never the owner.
+//! - Every action an operator's key takes (a replay that makes a job, a discard that discards, a
+//!   bulk replay or discard) writes one audit entry from source `api` ([`audit`]): in the
+//!   action's transaction, but for a bulk replay's, which commits in chunks and is logged after
+//!   its last. An owner's key acting on its own letters writes none, nor does a refusal.
 //! - A replay's body, when sent, is validated as a submission's is, then accepted only when it
 //!   is the failed job's request (its keyed fingerprint); nothing of it is echoed or stored but
 //!   as the new job's payload.
 //! - Answers carry metadata only: ids, queue, kind, stable code, attempts, times, counts.
 
+use super::audit::{self, Action, Source};
+use super::caller::Caller;
 use super::conn::Conn;
-use super::jobs::bearer_key;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
 use crate::dead_letters::{
-    BulkReplay, DeadLetters, Letter, LetterCount, LetterCursor, LetterFilter,
+    BulkReplay, DeadLetters, Letter, LetterCount, LetterCursor, LetterFilter, Replayed,
 };
 use crate::digest::DigestKind;
 use crate::error::Error;
 use crate::kinds::etl::request;
 use crate::names::is_kind_name;
 use crate::queue::is_queue_name;
-use crate::service::api_keys::{self, KeyHolder, Role};
+use crate::service::api_keys::{KeyHolder, Role};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{FromRequestParts, Path, Query, State};
-use axum::http::request::Parts;
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -45,43 +49,24 @@ const PAGE_DEFAULT: i64 = 50;
 /// The largest page the API serves.
 const PAGE_LIMIT: i64 = 200;
 
-/// The key holder of an authenticated request: its key's id, owner and role.
-pub(super) struct Caller(pub(super) KeyHolder);
-
-impl FromRequestParts<AppState> for Caller {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, Problem> {
-        let key = bearer_key(&parts.headers)?;
-        let mut conn = Conn::checkout(&state.pool).await?;
-        conn.run(|c| api_keys::holder_of_key(&*c, &state.secret, key))
-            .await?
-            .map(Caller)
-            .ok_or_else(|| Problem::new(Code::Unauthorized))
-    }
-}
-
-impl Caller {
-    /// The letters this caller sees: its owner's, or every owner's for an operator (narrowed
-    /// to `owner`, a principal, when an operator names one), with the deployment's payload key.
-    fn letters(&self, state: &AppState, owner: Option<&str>) -> Result<DeadLetters, Problem> {
-        let letters = match (self.0.role, owner) {
-            (Role::Operator, None) => DeadLetters::all_owners(state.secret.clone()),
-            (Role::Operator, Some(owner)) => DeadLetters::all_owners(state.secret.clone())
-                .narrowed_to(state.secret.digest(DigestKind::Principal, owner.as_bytes())),
-            (_, Some(_)) => return Err(invalid("owner")),
-            (_, None) => DeadLetters::of(state.secret.clone(), self.0.owner_key),
-        };
-        Ok(match &state.payload_key {
-            Some(key) => letters.with_key(key.clone()),
-            None => letters,
-        })
-    }
-
-    /// Who asked, as a replay records it: the key's id.
-    fn by(&self) -> String {
-        format!("key:{}", self.0.id)
-    }
+/// The letters `holder` sees: its owner's, or every owner's for an operator (narrowed to
+/// `owner`, a principal, when an operator names one), with the deployment's payload key.
+fn letters_of(
+    holder: &KeyHolder,
+    state: &AppState,
+    owner: Option<&str>,
+) -> Result<DeadLetters, Problem> {
+    let letters = match (holder.role, owner) {
+        (Role::Operator, None) => DeadLetters::all_owners(state.secret.clone()),
+        (Role::Operator, Some(owner)) => DeadLetters::all_owners(state.secret.clone())
+            .narrowed_to(state.secret.digest(DigestKind::Principal, owner.as_bytes())),
+        (_, Some(_)) => return Err(invalid("owner")),
+        (_, None) => DeadLetters::of(state.secret.clone(), holder.owner_key),
+    };
+    Ok(match &state.payload_key {
+        Some(key) => letters.with_key(key.clone()),
+        None => letters,
+    })
 }
 
 /// A refused query parameter or filter member `name`.
@@ -315,18 +300,18 @@ fn letter_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Problem>
         (status = 200, description = "A page of open letters, newest first", body = LetterList),
         (status = 400, description = "A query parameter is not valid", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub(super) async fn list(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     params: Result<Query<Filter>, QueryRejection>,
 ) -> Result<Json<LetterList>, Problem> {
     let params = query(params)?;
     let (filter, limit, cursor) = (params.parse()?, params.limit()?, params.cursor()?);
-    let letters = caller.letters(&state, params.owner.as_deref())?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let letters = letters_of(&holder, &state, params.owner.as_deref())?;
     let page = conn
         .run(|c| letters.list(&*c, &filter, cursor, limit))
         .await?;
@@ -343,12 +328,13 @@ pub(super) async fn list(
         (status = 200, description = "Open letters per queue and code", body = CountList),
         (status = 400, description = "A query parameter is not valid, or is a listing's (limit, cursor)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub(super) async fn counts(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     params: Result<Query<Filter>, QueryRejection>,
 ) -> Result<Json<CountList>, Problem> {
     let params = query(params)?;
@@ -356,8 +342,7 @@ pub(super) async fn counts(
         return Err(Problem::new(Code::QueryInvalid).because(FILTER_ONLY));
     }
     let filter = params.parse()?;
-    let letters = caller.letters(&state, params.owner.as_deref())?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let letters = letters_of(&holder, &state, params.owner.as_deref())?;
     let counts = conn.run(|c| letters.counts(&*c, &filter)).await?;
     Ok(Json(CountList {
         total: counts.iter().map(|c| c.count).sum(),
@@ -372,17 +357,17 @@ pub(super) async fn counts(
         (status = 200, description = "The letter", body = LetterView),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such letter for this key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub(super) async fn get_letter(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<LetterView>, Problem> {
     let id = letter_id(id)?;
-    let letters = caller.letters(&state, None)?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let letters = letters_of(&holder, &state, None)?;
     conn.run(|c| letters.get(&*c, id))
         .await?
         .map(|l| Json(l.into()))
@@ -396,18 +381,19 @@ pub(super) async fn get_letter(
         (status = 204, description = "Discarded"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such open letter for this key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub(super) async fn discard_letter(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, Problem> {
     let id = letter_id(id)?;
-    let letters = caller.letters(&state, None)?;
-    let mut conn = Conn::checkout(&state.pool).await?;
-    if conn.run(|c| letters.discard(&*c, id)).await? {
+    let letters = letters_of(&holder, &state, None)?;
+    let discarded = discard_audited(&mut conn, &letters, id, &holder, Source::Api).await?;
+    if discarded {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(Problem::new(Code::NotFound))
@@ -429,34 +415,27 @@ pub(super) async fn discard_letter(
         (status = 409, description = "No body, and no payload retained or readable (payload_not_retained, payload_unreadable)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The body is not the failed job's request (replay_body_mismatch), or not a valid request", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub(super) async fn replay_letter(
     State(state): State<AppState>,
-    caller: Caller,
+    Caller { holder, mut conn }: Caller,
     id: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let id = letter_id(id)?;
-    let body = body.map_err(|rejection| {
-        Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Code::RequestTooLarge
-        } else {
-            Code::RequestMalformed
-        })
-    })?;
+    let body = body.map_err(body_refused)?;
     let payload = if body.is_empty() {
         None
     } else {
         let request = request::parse_bytes(&body, state.config.limits).map_err(Error::from)?;
         Some(request.to_value())
     };
-    let (letters, by) = (caller.letters(&state, None)?, caller.by());
-    let mut conn = Conn::checkout(&state.pool).await?;
-    let done = conn
-        .run(|c| letters.replay(c, id, &by, payload.as_ref()))
-        .await?;
+    let letters = letters_of(&holder, &state, None)?;
+    let payload = payload.as_ref();
+    let done = replay_audited(&mut conn, &letters, id, &holder, Source::Api, payload).await?;
     let mut response = (
         StatusCode::ACCEPTED,
         Json(ReplayView {
@@ -472,16 +451,20 @@ pub(super) async fn replay_letter(
     Ok(response)
 }
 
+/// The problem of a body that could not be read: `request_too_large` over the body limit, else
+/// `request_malformed`.
+fn body_refused(rejection: BytesRejection) -> Problem {
+    Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        Code::RequestTooLarge
+    } else {
+        Code::RequestMalformed
+    })
+}
+
 /// The filter of a bulk action's JSON body (`{}`: every open letter the key sees). A bulk
 /// action always names its filter: a missing or empty body is `request_malformed`, never "all".
 fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
-    let body = body.map_err(|rejection| {
-        Problem::new(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Code::RequestTooLarge
-        } else {
-            Code::RequestMalformed
-        })
-    })?;
+    let body = body.map_err(body_refused)?;
     if body.is_empty() {
         return Err(Problem::new(Code::RequestMalformed).because(FILTER_REQUIRED));
     }
@@ -504,6 +487,7 @@ fn body_filter(body: Result<Bytes, BytesRejection>) -> Result<Filter, Problem> {
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a filter (request_invalid)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -511,18 +495,8 @@ pub(super) async fn replay_matching(
     State(state): State<AppState>,
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<BulkReplayView>, Problem> {
-    let params = body_filter(body)?;
-    let filter = params.parse()?;
-    let (letters, by) = (
-        caller.letters(&state, params.owner.as_deref())?,
-        caller.by(),
-    );
-    let mut conn = Conn::checkout(&state.pool).await?;
-    let done = conn
-        .run(|c| letters.replay_matching(c, &filter, &by))
-        .await?;
-    Ok(Json(done.into()))
+) -> Result<Response, Problem> {
+    bulk(&state, caller, body, Bulk::Replay).await
 }
 
 /// Discards every open letter matching the filter.
@@ -535,6 +509,7 @@ pub(super) async fn replay_matching(
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The body is not a filter (request_invalid)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -542,11 +517,158 @@ pub(super) async fn discard_matching(
     State(state): State<AppState>,
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<DiscardView>, Problem> {
+) -> Result<Response, Problem> {
+    bulk(&state, caller, body, Bulk::Discard).await
+}
+
+/// A bulk action over the open letters matching a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Bulk {
+    /// Replays those whose payload is retained.
+    Replay,
+    /// Discards them.
+    Discard,
+}
+
+/// What a bulk action did.
+pub(super) enum BulkDone {
+    /// The replay's counts.
+    Replayed(BulkReplay),
+    /// How many letters were discarded.
+    Discarded(u64),
+}
+
+/// Who asked for a replay, as the letter records it: the key's id, with where it asked from
+/// (`key:` for the API, `console:` for the console), never its owner.
+pub(super) fn asked_by(by: &KeyHolder, source: Source) -> String {
+    match source {
+        Source::Api => format!("key:{}", by.id),
+        Source::Console => format!("console:{}", by.id),
+    }
+}
+
+/// Discards the open letter `id` of `letters` on `conn`, as the key of `by` from `source`,
+/// with its audit entry ([`audit::record`]) in the same transaction when it was discarded.
+/// Returns whether it was.
+///
+/// # Errors
+/// Database errors.
+pub(super) async fn discard_audited(
+    conn: &mut Conn,
+    letters: &DeadLetters,
+    id: Uuid,
+    by: &KeyHolder,
+    source: Source,
+) -> Result<bool, Error> {
+    conn.run(|c| async move {
+        let tx = c.transaction().await?;
+        let discarded = letters.discard(&tx, id).await?;
+        if discarded {
+            let target = id.to_string();
+            audit::record(&tx, by, source, Action::LetterDiscard, &target, 1).await?;
+        }
+        tx.commit().await?;
+        Ok::<_, Error>(discarded)
+    })
+    .await
+}
+
+/// Replays the letter `id` of `letters` on `conn` (from `body`, or its retained payload), as
+/// the key of `by` from `source`, with its audit entry ([`audit::record`]) in the same
+/// transaction when this replay made the job (the replay runs in a savepoint).
+///
+/// # Errors
+/// As [`DeadLetters::replay`]: `not_found`, `payload_not_retained`, `payload_unreadable`,
+/// `replay_body_mismatch`; database errors. Nothing is written then.
+pub(super) async fn replay_audited(
+    conn: &mut Conn,
+    letters: &DeadLetters,
+    id: Uuid,
+    by: &KeyHolder,
+    source: Source,
+    body: Option<&serde_json::Value>,
+) -> Result<Replayed, Error> {
+    let asked = asked_by(by, source);
+    let asked = asked.as_str();
+    conn.run(|c| async move {
+        let mut tx = c.transaction().await?;
+        let done = letters.replay(&mut tx, id, asked, body).await?;
+        if done.made {
+            let target = id.to_string();
+            audit::record(&tx, by, source, Action::LetterReplay, &target, 1).await?;
+        }
+        tx.commit().await?;
+        Ok::<_, Error>(done)
+    })
+    .await
+}
+
+/// Takes bulk action `what` on the open `letters` matching `filter` on `conn`, as the key of
+/// `by` from `source`, and hands its audit entry (`target`, the filter in words) to
+/// [`audit::record`]: a discard's in its transaction, a replay's (which commits chunk by chunk)
+/// after its last chunk.
+///
+/// # Errors
+/// As the action: database errors.
+pub(super) async fn act_in_bulk(
+    conn: &mut Conn,
+    letters: &DeadLetters,
+    filter: &LetterFilter<'_>,
+    by: &KeyHolder,
+    source: Source,
+    target: &str,
+    what: Bulk,
+) -> Result<BulkDone, Error> {
+    Ok(match what {
+        Bulk::Replay => {
+            let asked = asked_by(by, source);
+            let done = conn
+                .run(|c| letters.replay_matching(c, filter, &asked))
+                .await?;
+            let (action, made) = (Action::LettersReplay, done.made);
+            conn.run(|c| audit::record(&*c, by, source, action, target, made))
+                .await?;
+            BulkDone::Replayed(done)
+        }
+        Bulk::Discard => {
+            let discarded = conn
+                .run(|c| async move {
+                    let tx = c.transaction().await?;
+                    let n = letters.discard_matching(&tx, filter).await?;
+                    audit::record(&tx, by, source, Action::LettersDiscard, target, n).await?;
+                    tx.commit().await?;
+                    Ok::<_, Error>(n)
+                })
+                .await?;
+            BulkDone::Discarded(discarded)
+        }
+    })
+}
+
+/// Takes bulk action `what` on the letters of `caller` that match the filter of `body`, with
+/// its audit entry from the API, and answers what it did.
+async fn bulk(
+    state: &AppState,
+    Caller { holder, mut conn }: Caller,
+    body: Result<Bytes, BytesRejection>,
+    what: Bulk,
+) -> Result<Response, Problem> {
     let params = body_filter(body)?;
     let filter = params.parse()?;
-    let letters = caller.letters(&state, params.owner.as_deref())?;
-    let mut conn = Conn::checkout(&state.pool).await?;
-    let discarded = conn.run(|c| letters.discard_matching(&*c, &filter)).await?;
-    Ok(Json(DiscardView { discarded }))
+    let letters = letters_of(&holder, state, params.owner.as_deref())?;
+    let target = audit::filter_target(&filter, params.owner.is_some());
+    let done = act_in_bulk(
+        &mut conn,
+        &letters,
+        &filter,
+        &holder,
+        Source::Api,
+        &target,
+        what,
+    )
+    .await?;
+    Ok(match done {
+        BulkDone::Replayed(done) => Json(BulkReplayView::from(done)).into_response(),
+        BulkDone::Discarded(discarded) => Json(DiscardView { discarded }).into_response(),
+    })
 }

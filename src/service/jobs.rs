@@ -14,6 +14,7 @@
 //!   of the process's own (`settle_deferred`), which runs its statements to their end (never
 //!   cut, so its connection goes back to the pool idle).
 
+use super::caller::Caller;
 use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
@@ -26,7 +27,6 @@ use crate::jobs::state::JobState;
 use crate::jobs::{self, Cancel, JobStatus};
 use crate::kinds::etl::enqueue::{self, NewJob, MAX_ATTEMPTS_DEFAULT};
 use crate::kinds::etl::request::{self, EtlRequest};
-use crate::service::api_keys;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, State};
@@ -40,40 +40,16 @@ use utoipa::openapi::{RefOr, Schema};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 use uuid::Uuid;
 
-/// The owner digest of an authenticated request.
+/// The owner digest of an authenticated request (its [`Caller`]'s key's owner).
 pub(super) struct Owner(pub(super) [u8; 32]);
 
 impl FromRequestParts<AppState> for Owner {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Owner, Problem> {
-        let key = bearer_key(&parts.headers)?;
-        let mut conn = Conn::checkout(&state.pool).await?;
-        conn.run(|c| api_keys::authenticate(&*c, &state.secret, key))
-            .await?
-            .map(Owner)
-            .ok_or_else(|| Problem::new(Code::Unauthorized))
+        let caller = Caller::from_request_parts(parts, state).await?;
+        Ok(Owner(caller.holder.owner_key))
     }
-}
-
-/// The API key of a request's `Authorization: Bearer` header, or `unauthorized` when there is
-/// none (or an empty one).
-pub(super) fn bearer_key(headers: &HeaderMap) -> Result<&str, Problem> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token)
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| Problem::new(Code::Unauthorized))
-}
-
-/// The token of an `Authorization` value whose scheme is `Bearer`, in any case (RFC 9110 §11.1:
-/// scheme names are case-insensitive).
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim_start().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then_some(token.trim())
 }
 
 /// The id of a job path, or `not_found`: a segment that does not decode (say `%FF`) names no job.

@@ -8,6 +8,9 @@
 //!   of another owner answers exactly like a job that does not exist (`404`).
 //! - The queue routes (`queues`) serve operator keys only, aggregates only; to any other live
 //!   key they do not exist (`404 no_such_route`).
+//! - Every action an operator's key takes, through the API or the console, writes one entry to
+//!   the audit log (`audit`) with the key's id and its source; an owner's key acting on its own
+//!   owner's jobs and letters writes none.
 //! - Accepting a job answers `202` with `Location` (the status monitor) and `Retry-After`; the
 //!   monitor answers `200` with the job's status, and `Retry-After` while it is not over.
 //! - Errors are RFC 9457 problems with stable codes (see `problem`); no request value, SQL or
@@ -18,6 +21,8 @@
 //!   that serve the routes.
 
 pub mod api_keys;
+mod audit;
+mod caller;
 mod conn;
 mod console;
 mod dead_letters;

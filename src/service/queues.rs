@@ -14,12 +14,12 @@
 //!   with neither live jobs nor settings, is `404 no_such_route`, and a name is only sent to the
 //!   database once it is a valid queue name.
 
+use super::caller::Caller;
 use super::conn::Conn;
-use super::jobs::bearer_key;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
-use crate::service::api_keys::{self, Role};
+use crate::service::api_keys::Role;
 use crate::service::metrics::{listed_queues, sample_some_queues, QueueDepth};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path};
@@ -36,16 +36,11 @@ impl FromRequestParts<AppState> for Operator {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Operator, Problem> {
-        let key = bearer_key(&parts.headers)?;
-        let mut conn = Conn::checkout(&state.pool).await?;
-        let holder = conn
-            .run(|c| api_keys::holder_of_key(&*c, &state.secret, key))
-            .await?
-            .ok_or_else(|| Problem::new(Code::Unauthorized))?;
-        if holder.role != Role::Operator {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        if caller.holder.role != Role::Operator {
             return Err(Problem::new(Code::NoSuchRoute));
         }
-        Ok(Operator(conn))
+        Ok(Operator(caller.conn))
     }
 }
 

@@ -245,8 +245,8 @@ impl Definition {
 }
 
 /// Creates or replaces `schedules`' schedule `name` of ETL loads from `body`, the JSON of a
-/// `PUT /v1/schedules/{name}` body, on `client`; returns it as stored (`durable-etl schedules
-/// put`).
+/// `PUT /v1/schedules/{name}` body whose request is checked under `limits`, on `client`;
+/// returns it as stored (the route, and `durable-etl schedules put` with the default limits).
 ///
 /// # Errors
 /// As the route: [`Error::Rejected`] with `schedule_invalid` and a pointer, or the request's own
@@ -256,8 +256,9 @@ pub async fn put_body(
     schedules: &Schedules,
     name: &str,
     body: serde_json::Value,
+    limits: IntakeLimits,
 ) -> Result<ScheduleInfo, Error> {
-    let definition = Definition::of(body, IntakeLimits::default())?;
+    let definition = Definition::of(body, limits)?;
     definition.put(client, schedules, name, false).await
 }
 
@@ -391,10 +392,10 @@ pub(super) async fn put_schedule(
     })?;
     let value: serde_json::Value =
         serde_json::from_slice(&body).map_err(|_| Problem::new(Code::RequestMalformed))?;
-    let definition = Definition::of(value, state.config.limits).map_err(Problem::from)?;
     let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+    let limits = state.config.limits;
     let stored = conn
-        .run(|c| definition.put(&*c, &schedules, &name, false))
+        .run(|c| put_body(&*c, &schedules, &name, value, limits))
         .await?;
     Ok(Json(stored.into()))
 }

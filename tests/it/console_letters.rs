@@ -431,59 +431,85 @@ async fn audit_log(client: &Client) -> Vec<(Uuid, String, String, i64)> {
         .collect()
 }
 
+/// Posts the form `fields` (after the session's token `csrf`) to `path` as `session`, and checks
+/// that it was taken.
+async fn post_taken(console: &Console, path: &str, session: &str, csrf: &str, fields: &str) {
+    let answer = console
+        .post(path, session, &format!("csrf={csrf}{fields}"))
+        .await;
+    assert!(
+        answer.status.is_success() || answer.status.is_redirection(),
+        "{path}"
+    );
+}
+
+/// Takes every console action on new letters and a new job of bob's as `session` (whose token
+/// is `csrf`): previews first (checked to write nothing), then each confirmed. Returns the
+/// letters and the job.
+async fn act_all(
+    console: &Console,
+    client: &Client,
+    session: &str,
+    csrf: &str,
+) -> (Vec<Uuid>, Vec<Uuid>, Uuid) {
+    let gone = letters_by_hand(client, "bob", 2, "mail", "mailbox_gone", false).await;
+    let kept = letters_by_hand(client, "bob", 2, "bills", "attempts_exhausted", true).await;
+    let job = console
+        .submit(&console.bob, &Uuid::now_v7().to_string(), true)
+        .await;
+    let (discard, replay, cancel) = (
+        format!("/console/dead-letters/{}/discard", gone[0]),
+        format!("/console/dead-letters/{}/replay", kept[0]),
+        format!("/console/jobs/{job}/cancel"),
+    );
+    let before = audit_log(client).await;
+    post_taken(console, &discard, session, csrf, "").await;
+    post_taken(console, "/console/dead-letters/replay", session, csrf, "").await;
+    post_taken(console, &cancel, session, csrf, "").await;
+    assert_eq!(audit_log(client).await, before, "previews write nothing");
+    let confirmed = "&confirm=yes";
+    post_taken(console, &discard, session, csrf, confirmed).await;
+    post_taken(console, &replay, session, csrf, confirmed).await;
+    post_taken(
+        console,
+        "/console/dead-letters/replay",
+        session,
+        csrf,
+        confirmed,
+    )
+    .await;
+    let queue_mail = "&queue=mail&confirm=yes";
+    post_taken(
+        console,
+        "/console/dead-letters/discard",
+        session,
+        csrf,
+        queue_mail,
+    )
+    .await;
+    post_taken(console, &cancel, session, csrf, confirmed).await;
+    (gone, kept, job)
+}
+
 #[tokio::test]
-async fn console_every_action_writes_one_audit_entry_that_only_operators_read() {
+async fn console_every_operator_action_writes_one_audit_entry_that_only_operators_read() {
     let console = Console::start().await;
     let client = console.db.client().await;
-    let gone = letters_by_hand(&client, "bob", 2, "mail", "mailbox_gone", false).await;
-    let kept = letters_by_hand(&client, "bob", 2, "bills", "attempts_exhausted", true).await;
-    let job = console.submit(&console.bob, "audited", true).await;
-    let bob = console.sign_in(&console.bob).await;
-    let csrf = console.get("/console/dead-letters", &bob).await.csrf();
-    let bob_id: Uuid = client
-        .query_one(
-            "SELECT id FROM etl_api_clients WHERE NOT operator ORDER BY id LIMIT 1",
-            &[],
-        )
+    let alice_id: Uuid = client
+        .query_one("SELECT id FROM etl_api_clients WHERE operator", &[])
         .await
         .unwrap()
         .get(0);
-    let post = |path: String, fields: &'static str| {
-        let (console, bob, csrf) = (&console, &bob, &csrf);
-        async move {
-            let answer = console
-                .post(&path, bob, &format!("csrf={csrf}{fields}"))
-                .await;
-            assert!(
-                answer.status.is_success() || answer.status.is_redirection(),
-                "{path}"
-            );
-        }
-    };
-    // Previews write nothing.
-    post(format!("/console/dead-letters/{}/discard", gone[0]), "").await;
-    post("/console/dead-letters/replay".to_owned(), "").await;
-    post(format!("/console/jobs/{job}/cancel"), "").await;
+    let bob = console.sign_in(&console.bob).await;
+    let alice = console.sign_in(&console.alice).await;
+    let bob_csrf = console.get("/console/dead-letters", &bob).await.csrf();
+    let alice_csrf = console.get("/console/dead-letters", &alice).await.csrf();
+    // An owner's session acting on its own letters and job takes no operator action.
+    act_all(&console, &client, &bob, &bob_csrf).await;
     assert!(audit_log(&client).await.is_empty());
-    // Each confirmed action writes one entry, with the key's id and no owner.
-    post(
-        format!("/console/dead-letters/{}/discard", gone[0]),
-        "&confirm=yes",
-    )
-    .await;
-    post(
-        format!("/console/dead-letters/{}/replay", kept[0]),
-        "&confirm=yes",
-    )
-    .await;
-    post("/console/dead-letters/replay".to_owned(), "&confirm=yes").await;
-    post(
-        "/console/dead-letters/discard".to_owned(),
-        "&queue=mail&confirm=yes",
-    )
-    .await;
-    post(format!("/console/jobs/{job}/cancel"), "&confirm=yes").await;
-    let entry = |action: &str, target: String, n: i64| (bob_id, action.to_owned(), target, n);
+    // Each of an operator's confirmed actions writes one entry, with the key's id and no owner.
+    let (gone, kept, job) = act_all(&console, &client, &alice, &alice_csrf).await;
+    let entry = |action: &str, target: String, n: i64| (alice_id, action.to_owned(), target, n);
     assert_eq!(
         audit_log(&client).await,
         [
@@ -494,13 +520,31 @@ async fn console_every_action_writes_one_audit_entry_that_only_operators_read() 
             entry("job_cancel", job.to_string(), 1),
         ]
     );
+    // An operator's action through the API is logged beside them, from its source.
+    let through_api = letters_by_hand(&client, "bob", 1, "mail", "mailbox_gone", false).await;
+    let discarded = console
+        .http
+        .delete(format!(
+            "{}/v1/dead-letters/{}",
+            console.base, through_api[0]
+        ))
+        .bearer_auth(&console.alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(discarded.status(), StatusCode::NO_CONTENT);
+    let sources: Vec<String> =
+        crate::support::first_column(&client, "SELECT source FROM etl_audit_log ORDER BY id").await;
+    assert_eq!(
+        sources,
+        ["console", "console", "console", "console", "console", "api"]
+    );
 
     // The audit page is the operators': another key's session finds no such page.
     assert_eq!(
         console.get("/console/operator/audit", &bob).await.status,
         StatusCode::NOT_FOUND
     );
-    let alice = console.sign_in(&console.alice).await;
     let page = console.get("/console/operator/audit", &alice).await;
     assert_eq!(page.status, StatusCode::OK);
     for shown in [
@@ -508,8 +552,10 @@ async fn console_every_action_writes_one_audit_entry_that_only_operators_read() 
         "letters_replay",
         "queue=mail",
         "job_cancel",
-        &bob_id.to_string(),
+        &alice_id.to_string(),
         &format!("href=\"/console/jobs/{job}\""),
+        "<td>console</td>",
+        "<td>api</td>",
     ] {
         assert!(page.body.contains(shown), "{shown}: {}", page.body);
     }

@@ -14,32 +14,32 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// The tests' secret.
-const SECRET: &str = "dead-letter-api-secret-0123456789";
+pub(crate) const SECRET: &str = "dead-letter-api-secret-0123456789";
 
 /// A value only the failing requests carry: no answer may show it.
-const CANARY: &str = "CANARY-dl-api-93ab";
+pub(crate) const CANARY: &str = "CANARY-dl-api-93ab";
 
 /// The API on a fresh database, its keys, and every body it answered.
-struct Api {
+pub(crate) struct Api {
     /// The database.
-    db: TestDb,
+    pub(crate) db: TestDb,
     /// `http://127.0.0.1:PORT`.
-    base: String,
+    pub(crate) base: String,
     /// Alice's key (an owner's).
-    alice: String,
+    pub(crate) alice: String,
     /// Bob's key (an owner's).
-    bob: String,
+    pub(crate) bob: String,
     /// An operator's key.
-    ops: String,
+    pub(crate) ops: String,
     /// The client.
-    http: Client,
+    pub(crate) http: Client,
     /// Every body answered, for the privacy check.
-    seen: std::sync::Mutex<Vec<String>>,
+    pub(crate) seen: std::sync::Mutex<Vec<String>>,
 }
 
 impl Api {
     /// Starts the API, retaining payloads for an hour.
-    async fn start() -> Api {
+    pub(crate) async fn start() -> Api {
         let db = TestDb::migrated().await;
         let secret = Secret::new(SECRET).unwrap();
         let client = db.client().await;
@@ -79,7 +79,7 @@ impl Api {
 
     /// Sends `method` to `path` as `key`, with `body` as JSON if given; returns the status, the
     /// `Location` header and the JSON body (or null).
-    async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         path: &str,
@@ -108,15 +108,32 @@ impl Api {
         )
     }
 
+    /// Submits `body` through the API as `key` with idempotency key `idem`; returns the job's
+    /// id (the last segment of its monitor's `Location`).
+    pub(crate) async fn submit(&self, key: &str, idem: &str, body: &Value) -> String {
+        let response = self
+            .http
+            .post(format!("{}/v1/etl-jobs", self.base))
+            .bearer_auth(key)
+            .header("Idempotency-Key", idem)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        let location = response.headers()["location"].to_str().unwrap();
+        location.rsplit('/').next().unwrap().to_owned()
+    }
+
     /// GETs `path` as `key`.
-    async fn get(&self, path: &str, key: &str) -> (StatusCode, Value) {
+    pub(crate) async fn get(&self, path: &str, key: &str) -> (StatusCode, Value) {
         let (status, _, body) = self.send(Method::GET, path, key, None).await;
         (status, body)
     }
 }
 
 /// A request whose second record fails its cast: the job ends `record_invalid`.
-fn failing(tag: &str) -> Value {
+pub(crate) fn failing(tag: &str) -> Value {
     json!({
         "dataset": "d", "key": "id",
         "records": [{"id": 1, "n": "5"}, {"id": 2, "n": format!("{CANARY}-{tag}")}],
@@ -130,16 +147,7 @@ async fn the_routes_are_owner_scoped_replay_once_and_show_no_payload() {
     let client = api.db.client().await;
     // Alice's failing job comes through the API, which retains its request; bob's through the
     // library without retention.
-    let response = api
-        .http
-        .post(format!("{}/v1/etl-jobs", api.base))
-        .bearer_auth(&api.alice)
-        .header("Idempotency-Key", "a-1")
-        .json(&failing("alice"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    api.submit(&api.alice, "a-1", &failing("alice")).await;
     let secret = Secret::new(SECRET).unwrap();
     let bob_owner = secret.digest(durable_etl::digest::DigestKind::Principal, b"bob");
     let bob_request = req(failing("bob"));

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
 
 mod api;
+mod audit_api;
 mod bench;
 mod bench_dead_letters;
 mod bench_load;

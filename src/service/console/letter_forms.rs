@@ -14,6 +14,7 @@ use crate::dead_letters::LetterFilter;
 use crate::names::{is_identifier, is_kind_name};
 use crate::queue::is_queue_name;
 use crate::service::api_keys::Role;
+use crate::service::audit;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
@@ -136,33 +137,11 @@ impl Chosen {
             .join("&")
     }
 
-    /// The filter in words for the audit log: its fields, the owner as "one owner" (never a
-    /// principal, nor its digest); `all letters` for none.
+    /// The filter in words for the audit log ([`audit::filter_target`]): its fields, the owner
+    /// as "one owner" (never a principal, nor its digest); `all letters` for none.
     pub(crate) fn summary(&self) -> String {
-        let mut parts: Vec<String> = self
-            .fields()
-            .into_iter()
-            .filter(|(name, _)| *name != "owner_key")
-            .map(|(name, value)| format!("{name}={value}"))
-            .collect();
-        if self.owner.is_some() {
-            parts.push("one owner".to_owned());
-        }
-        if parts.is_empty() {
-            "all letters".to_owned()
-        } else {
-            parts.join(" ")
-        }
+        audit::filter_target(&self.filter(), self.owner.is_some())
     }
-}
-
-/// What a bulk action does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Bulk {
-    /// Replays the matching letters whose payload is retained.
-    Replay,
-    /// Discards the matching letters.
-    Discard,
 }
 
 #[cfg(test)]

@@ -11,11 +11,12 @@
 //! - An action's first form only previews it; its confirmation form says what it will do, with
 //!   the count read for the preview, and carries `confirm=yes`.
 
-use super::letter_forms::{Bulk, Chosen};
+use super::letter_forms::Chosen;
 use super::pages::{layout, meaning, Confirm, CONFIRMED};
 use super::when::{self, field_time};
 use crate::dead_letters::{Letter, LetterCount, ReplayPreview};
 use crate::service::api_keys::Role;
+use crate::service::dead_letters::Bulk;
 use maud::{html, Markup};
 use uuid::Uuid;
 

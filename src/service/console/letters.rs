@@ -15,12 +15,12 @@
 //!   read without it. The first `POST` only reads (the letter, or how many letters match) and
 //!   asks to confirm; only a `POST` with `confirm=yes` acts.
 //! - A replay records who asked as `console:<key id>`, the signed-in key's id, never an owner.
-//! - Every action that acts writes one audit entry ([`audit`]), in the action's own transaction
-//!   but for a bulk replay's, which commits in chunks and is logged after its last.
+//! - Every action that acts hands its audit entry to [`crate::service::audit::record`]
+//!   (written for an operator's key only), in the action's own transaction but for a bulk
+//!   replay's, which commits in chunks and is logged after its last.
 
 use super::access::{self, not_found, page, shown, to_sign_in, viewer};
-use super::audit::{self, Action};
-use super::letter_forms::{Bulk, Chosen, FilterFields};
+use super::letter_forms::{Chosen, FilterFields};
 use super::pages::CONFIRMED;
 use super::{form_viewer, letter_pages};
 use crate::codes::Code;
@@ -28,7 +28,9 @@ use crate::dead_letters::{DeadLetters, LetterCursor};
 use crate::digest::DigestKind;
 use crate::error::Error;
 use crate::service::api_keys::Role;
+use crate::service::audit::Source;
 use crate::service::conn::Conn;
+use crate::service::dead_letters::{self, act_in_bulk, Bulk, BulkDone};
 use crate::service::problem::Problem;
 use crate::service::AppState;
 use axum::extract::rejection::QueryRejection;
@@ -85,11 +87,6 @@ pub(super) fn letters_of(
         Some(key) => letters.with_key(key.clone()),
         None => letters,
     }
-}
-
-/// Who asked, as a console replay records it: the signed-in key's id.
-pub(super) fn asked_by(viewer: &Viewer) -> String {
-    format!("console:{}", viewer.holder.id)
 }
 
 /// What the action that led to the page did, parsed from its query.
@@ -247,35 +244,24 @@ async fn bulk(
             super::pages::confirm(shown(&viewer), &confirm),
         ));
     }
-    let by = asked_by(&viewer);
-    let (key_id, summary) = (viewer.holder.id, chosen.summary());
-    let (letters, filter, summary) = (&letters, &filter, summary.as_str());
-    let done = match what {
-        Bulk::Replay => {
-            // A bulk replay commits chunk by chunk: its audit entry follows the last chunk.
-            let done = conn
-                .run(|c| letters.replay_matching(c, filter, &by))
-                .await?;
-            conn.run(|c| audit::record(&*c, key_id, Action::LettersReplay, summary, done.made))
-                .await?;
-            format!(
-                "done=replayed&n={}&left={}",
-                done.made,
-                done.not_retained + done.unreadable
-            )
-        }
-        Bulk::Discard => {
-            let n = conn
-                .run(|c| async move {
-                    let tx = c.transaction().await?;
-                    let n = letters.discard_matching(&tx, filter).await?;
-                    audit::record(&tx, key_id, Action::LettersDiscard, summary, n).await?;
-                    tx.commit().await?;
-                    Ok::<_, Error>(n)
-                })
-                .await?;
-            format!("done=discarded&n={n}")
-        }
+    let (by, summary) = (&viewer.holder, chosen.summary());
+    let done = act_in_bulk(
+        &mut conn,
+        &letters,
+        &filter,
+        by,
+        Source::Console,
+        &summary,
+        what,
+    )
+    .await?;
+    let done = match done {
+        BulkDone::Replayed(done) => format!(
+            "done=replayed&n={}&left={}",
+            done.made,
+            done.not_retained + done.unreadable
+        ),
+        BulkDone::Discarded(n) => format!("done=discarded&n={n}"),
     };
     let sep = if chosen.query().is_empty() { "" } else { "&" };
     Ok(Redirect::to(&format!("{back}{sep}{done}")).into_response())
@@ -333,20 +319,9 @@ pub(super) async fn replay_one(
             super::pages::confirm(shown(&viewer), &confirm),
         ));
     }
-    let (by, key_id, letters) = (asked_by(&viewer), viewer.holder.id, &letters);
-    let by = by.as_str();
-    // The replay and its audit entry commit together (the replay runs in a savepoint).
-    let replayed = conn
-        .run(|c| async move {
-            let mut tx = c.transaction().await?;
-            let done = letters.replay(&mut tx, id, by, None).await?;
-            if done.made {
-                audit::record(&tx, key_id, Action::LetterReplay, &id.to_string(), 1).await?;
-            }
-            tx.commit().await?;
-            Ok::<_, Error>(done)
-        })
-        .await;
+    let by = &viewer.holder;
+    let replayed =
+        dead_letters::replay_audited(&mut conn, &letters, id, by, Source::Console, None).await;
     match replayed {
         Ok(done) => Ok(Redirect::to(&format!("/console/jobs/{}", done.job_id)).into_response()),
         Err(Error::Rejected(r)) if r.code == Code::NotFound => Ok(not_found(&viewer)),
@@ -387,19 +362,9 @@ pub(super) async fn discard_one(
             None => not_found(&viewer),
         });
     }
-    let (key_id, letters) = (viewer.holder.id, &letters);
-    // The discard and its audit entry commit together.
-    let discarded = conn
-        .run(|c| async move {
-            let tx = c.transaction().await?;
-            let discarded = letters.discard(&tx, id).await?;
-            if discarded {
-                audit::record(&tx, key_id, Action::LetterDiscard, &id.to_string(), 1).await?;
-            }
-            tx.commit().await?;
-            Ok::<_, Error>(discarded)
-        })
-        .await?;
+    let by = &viewer.holder;
+    let discarded =
+        dead_letters::discard_audited(&mut conn, &letters, id, by, Source::Console).await?;
     Ok(if discarded {
         Redirect::to("/console/dead-letters?done=discarded&n=1").into_response()
     } else {

@@ -43,6 +43,7 @@ use crate::error::Error;
 use crate::jobs::state::JobState;
 use crate::jobs::{self, Cancel};
 use crate::service::api_keys::{self, KeyHolder};
+use crate::service::audit as audit_log;
 use access::{not_found, page, shown, to_sign_in, viewer};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -456,8 +457,8 @@ async fn cancel(
             None => not_found(&viewer),
         });
     }
-    let key_id = viewer.holder.id;
-    // The cancel and its audit entry commit together.
+    let by_key = &viewer.holder;
+    // The cancel and its audit entry commit together (written for an operator's key only).
     let done = conn
         .run(|c| async move {
             let tx = c.transaction().await?;
@@ -466,7 +467,9 @@ async fn cancel(
                 done,
                 Cancel::Cancelled | Cancel::Requested | Cancel::Deferred
             ) {
-                audit::record(&tx, key_id, audit::Action::JobCancel, &id.to_string(), 1).await?;
+                let (action, target) = (audit_log::Action::JobCancel, id.to_string());
+                audit_log::record(&tx, by_key, audit_log::Source::Console, action, &target, 1)
+                    .await?;
             }
             tx.commit().await?;
             Ok::<_, Error>(done)

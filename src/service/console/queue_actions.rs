@@ -11,12 +11,12 @@
 //!   ([`crate::queue`]) wakes the replicas at its commit.
 
 use super::access::{not_found, page};
-use super::audit::{self, Action};
 use super::form_viewer;
 use super::pages::layout;
 use crate::error::Error;
 use crate::queue::{self, CAP_RANGE};
 use crate::service::api_keys::Role;
+use crate::service::audit::{self, Action, Source};
 use crate::service::conn::Conn;
 use crate::service::metrics::sample_some_queues;
 use crate::service::problem::Problem;
@@ -126,7 +126,7 @@ async fn control_queue(
         ));
     };
     let name = name.as_str();
-    let key_id = viewer.holder.id;
+    let by_key = &viewer.holder;
     let (action, target) = match what {
         Control::Pause => (Action::QueuePause, name.to_owned()),
         Control::Resume => (Action::QueueResume, name.to_owned()),
@@ -146,7 +146,7 @@ async fn control_queue(
                 Control::Cap => queue::set_cap(&tx, name, cap).await?,
                 Control::KeyCap => queue::set_key_cap(&tx, name, cap).await?,
             }
-            audit::record(&tx, key_id, action, target, 1).await?;
+            audit::record(&tx, by_key, Source::Console, action, target, 1).await?;
             tx.commit().await?;
             Ok(true)
         })

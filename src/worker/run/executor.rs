@@ -133,30 +133,28 @@ fn log_end(job: &ClaimedJob, ended: &Ended, took: std::time::Duration) {
     let phase = ended.phase.map_or("", Phase::as_str);
     let duration_ms = millis(took);
     let ctx = &job.ctx;
+    // The one `job attempt ended` event, at the level given: `tracing` fixes an event's level
+    // where it is written, so each level below is one arm of this event with the same fields.
+    macro_rules! attempt_ended {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                job_id = %ctx.id,
+                kind = %ctx.kind,
+                queue = %job.queue,
+                attempt = ctx.attempt,
+                code,
+                phase,
+                duration_ms,
+                transition,
+                "job attempt ended"
+            )
+        };
+    }
     if ended.code.is_some() && ended.transition != Transition::Cancelled {
-        tracing::info!(
-            job_id = %ctx.id,
-            kind = %ctx.kind,
-            queue = %job.queue,
-            attempt = ctx.attempt,
-            code,
-            phase,
-            duration_ms,
-            transition,
-            "job attempt ended"
-        );
+        attempt_ended!(tracing::Level::INFO);
     } else {
-        tracing::debug!(
-            job_id = %ctx.id,
-            kind = %ctx.kind,
-            queue = %job.queue,
-            attempt = ctx.attempt,
-            code,
-            phase,
-            duration_ms,
-            transition,
-            "job attempt ended"
-        );
+        attempt_ended!(tracing::Level::DEBUG);
     }
 }
 

@@ -80,8 +80,14 @@ pub(crate) async fn run(client: &impl GenericClient, args: SchedulesArgs) -> Res
             let malformed = || Error::from(Rejection::new(Code::RequestMalformed, ""));
             let value =
                 serde_json::from_str(&text.map_err(|_| malformed())?).map_err(|_| malformed())?;
-            let stored =
-                durable_etl::service::schedules::put_body(client, &schedules, &name, value).await?;
+            let stored = durable_etl::service::schedules::put_body(
+                client,
+                &schedules,
+                &name,
+                value,
+                durable_etl::intake::IntakeLimits::default(),
+            )
+            .await?;
             println!("{}", line(&stored));
         }
         SchedulesCommand::Pause { name } => {
