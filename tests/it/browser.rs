@@ -222,6 +222,17 @@ async fn until_live_page_shows(browser: &Client, text: &str) -> String {
     panic!("the open page never showed {text}");
 }
 
+/// Waits until the open page (which reloads itself) no longer shows `text` (or fails after 30 s).
+async fn until_live_page_drops(browser: &Client, text: &str) {
+    for _ in 0..150 {
+        if !browser.source().await.unwrap().contains(text) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the open page kept showing {text}");
+}
+
 /// Signs in on the open sign-in page with the keyboard only: the key field has focus, typing
 /// `key` and Enter submits it; waits for the next page's heading.
 async fn sign_in_by_keyboard(browser: &Client, key: &str) {
@@ -524,6 +535,26 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     let set = Locator::Css("main form[action$='/cap'] button");
     browser.find(set).await.unwrap().click().await.unwrap();
     until_live_page_shows(&browser, "0 of 2 held (0%)").await;
+    // A key cap of 1; then the cap lifted (an empty value) and the queue resumed.
+    let key_cap = browser.find(Locator::Id("key_cap")).await.unwrap();
+    key_cap.clear().await.unwrap();
+    key_cap.send_keys("1").await.unwrap();
+    let set_key = Locator::Css("main form[action$='/key-cap'] button");
+    browser.find(set_key).await.unwrap().click().await.unwrap();
+    until_live_page_shows(&browser, "1 per key, 0 held").await;
+    browser
+        .find(Locator::Id("cap"))
+        .await
+        .unwrap()
+        .clear()
+        .await
+        .unwrap();
+    browser.find(set).await.unwrap().click().await.unwrap();
+    until_live_page_drops(&browser, "of 2 held").await;
+    let resume = Locator::Css("main form[action$='/resume'] button");
+    browser.find(resume).await.unwrap().click().await.unwrap();
+    let source = until_live_page_shows(&browser, "Pause queue").await;
+    assert!(!source.contains("<td>paused</td>"), "{source}");
 
     // An operator opens another owner's job from the queue's jobs.
     let link = format!("main a[href='/console/jobs/{deferred}']");
@@ -547,7 +578,15 @@ async fn a_browser_goes_from_the_operator_view_to_the_queues_and_the_jobs_behind
     assert_eq!(heading, "Audit");
     let source = browser.source().await.unwrap();
     assert!(
-        source.contains("queue_pause") && source.contains("default cap=2"),
+        [
+            "queue_pause",
+            "default cap=2",
+            "default key_cap=1",
+            "default cap=none",
+            "queue_resume"
+        ]
+        .iter()
+        .all(|entry| source.contains(entry)),
         "{source}"
     );
     screenshot(&browser, "audit").await;
@@ -636,6 +675,40 @@ async fn a_browser_filters_dead_letters_and_replays_and_discards_them_once_confi
         "a new job: {url}"
     );
     assert!(browser.source().await.unwrap().contains("status-pending"));
+
+    // A letter not retained is discarded from its job's page, once confirmed.
+    let extra = by_hand(&client, "bob", 1, "misc", "handler_failed", false).await;
+    browser
+        .goto(&format!("{}/console/jobs/{}", console.base, extra[0]))
+        .await
+        .unwrap();
+    let heading = follow(
+        &browser,
+        Locator::Css("main form[action$='/discard'] button"),
+    )
+    .await;
+    assert_eq!(heading, "Discard letter");
+    follow(&browser, Locator::Css("button#confirm")).await;
+    browser
+        .goto(&format!("{}/console/dead-letters", console.base))
+        .await
+        .unwrap();
+    let source = browser.source().await.unwrap();
+    assert!(!source.contains(&extra[0].to_string()), "{source}");
+    assert!(source.contains("1 open letter matches."), "{source}");
+
+    // The last one, retained, is replayed by the bulk replay, once confirmed.
+    let heading = follow(
+        &browser,
+        Locator::Css("main form[action='/console/dead-letters/replay'] button"),
+    )
+    .await;
+    assert_eq!(heading, "Replay letters");
+    let heading = follow(&browser, Locator::Css("button#confirm")).await;
+    assert_eq!(heading, "Dead letters");
+    let source = browser.source().await.unwrap();
+    assert!(source.contains("Replayed 1 letter."), "{source}");
+    assert!(source.contains("No open letter matches."), "{source}");
     browser.close().await.unwrap();
 }
 

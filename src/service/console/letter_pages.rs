@@ -128,9 +128,10 @@ fn filter_form(role: Role, chosen: &Chosen) -> Markup {
 /// The counts per queue and code, each pair linked to its letters.
 fn count_table(counts: &[LetterCount]) -> Markup {
     let total: i64 = counts.iter().map(|c| c.count).sum();
+    let total = u64::try_from(total).unwrap_or(0);
     html! {
         h2 { "Counts" }
-        p { (total) " open letters match." }
+        p { (counted(total, "open letter matches", "open letters match")) "." }
         @if !counts.is_empty() {
             table {
                 thead { tr { th { "Queue" } th { "Code" } th { "Letters" } } }
