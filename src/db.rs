@@ -215,6 +215,25 @@ where
     first_live(pool, || pool.get_owned()).await
 }
 
+/// Opens sessions of `pool` until it holds at least `n` (at most its size), each proven by
+/// its manager's `connect`, and leaves them idle in the pool: a role that needs several
+/// sessions at once from its first moment (the commit lanes) then finds them open, instead of
+/// paying a connection's start-up inside its first batch.
+///
+/// # Errors
+/// The database's error when a session cannot be opened (the pool keeps those it opened).
+pub async fn open_sessions<M>(pool: &bb8::Pool<M>, n: u32) -> Result<(), tokio_postgres::Error>
+where
+    M: bb8::ManageConnection<Error = tokio_postgres::Error>,
+{
+    for _ in pool.state().connections..n {
+        let session = pool.dedicated_connection().await?;
+        // A pool that filled meanwhile (a checkout opened one) drops the extra session.
+        let _ = pool.add(session);
+    }
+    Ok(())
+}
+
 /// The first connection `get` hands out that is not known to be closed, trying once per
 /// connection of `pool` (then whatever `get` gives).
 async fn first_live<'a, M, F, Fut>(

@@ -462,8 +462,8 @@ pub fn render_worker(stats: &WorkerStats) -> String {
     out
 }
 
-/// The replica's `/metrics` endpoint: its counters, its pool, and a queue sample per scrape.
-/// Serves on `listener` until `shutdown` asks it to drain.
+/// The replica's `/metrics` endpoint (its counters, its pool, and a queue sample per scrape) and
+/// its `/readyz` ([`worker_ready`]). Serves on `listener` until `shutdown` asks it to drain.
 ///
 /// # Errors
 /// [`crate::Error::Unavailable`] if the server stops abnormally.
@@ -473,23 +473,43 @@ pub async fn serve_worker(
     pool: Pool,
     mut shutdown: crate::shutdown::Shutdown,
 ) -> Result<(), crate::Error> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let (stats, pool) = (std::sync::Arc::clone(&stats), pool.clone());
-            async move {
-                let mut out = render_worker(&stats);
-                render_shared(&mut out, &pool).await;
-                ([(axum::http::header::CONTENT_TYPE, TEXT_FORMAT)], out)
-            }
-        }),
-    );
+    let ready = std::sync::Arc::clone(&stats);
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let (stats, pool) = (std::sync::Arc::clone(&stats), pool.clone());
+                async move {
+                    let mut out = render_worker(&stats);
+                    render_shared(&mut out, &pool).await;
+                    ([(axum::http::header::CONTENT_TYPE, TEXT_FORMAT)], out)
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            axum::routing::get(move || std::future::ready(worker_ready(&ready))),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.reached(crate::shutdown::Stage::Draining).await;
         })
         .await
         .map_err(|_| crate::Error::Unavailable(None))
+}
+
+/// A replica's readiness, for a probe: `200 {"status": "ready"}` while its session is up (it
+/// holds its owner lock and listens for wakes), else `503` with the problem
+/// `database_unavailable`. Reads the replica's own gauge and sends no statement, so a probe
+/// every few milliseconds costs the database nothing (a `/metrics` scrape counts the queue).
+pub fn worker_ready(stats: &WorkerStats) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if stats.session_up.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+        axum::Json(serde_json::json!({"status": "ready"})).into_response()
+    } else {
+        crate::service::problem::Problem::new(crate::codes::Code::DatabaseUnavailable)
+            .into_response()
+    }
 }
 
 /// The content type of the Prometheus text exposition format.

@@ -31,6 +31,26 @@ fn histograms_count_into_cumulative_buckets() {
     assert!(out.contains("x_count 5\n"), "{out}");
 }
 
+#[tokio::test]
+async fn a_replica_is_ready_while_its_session_is_up_and_only_then() {
+    let stats = WorkerStats::default();
+    let down = worker_ready(&stats);
+    assert_eq!(down.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+    let body = axum::body::to_bytes(down.into_body(), 4096).await.unwrap();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["code"], "database_unavailable", "{problem}");
+    stats.session_up.store(1, Ordering::Relaxed);
+    let up = worker_ready(&stats);
+    assert_eq!(up.status(), axum::http::StatusCode::OK);
+    let body = axum::body::to_bytes(up.into_body(), 4096).await.unwrap();
+    assert_eq!(&body[..], br#"{"status":"ready"}"#);
+    stats.session_up.store(0, Ordering::Relaxed);
+    assert_eq!(
+        worker_ready(&stats).status(),
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
 #[test]
 fn a_scrape_between_two_counter_bumps_does_not_underflow() {
     // A snapshot reads `claims` first and `claims_by_notify` later: a claim counted in

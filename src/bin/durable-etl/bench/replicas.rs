@@ -134,9 +134,13 @@ impl Replicas {
             .map(|c| c.1.as_str())
             .unwrap_or_default();
         loop {
-            let up = metrics_of(&http, addr)
+            // `/readyz` reads the replica's gauge only: polling `/metrics` here counted the
+            // backlog on the server every 20 ms while the replicas already up ran jobs.
+            let up = http
+                .get(format!("http://{addr}/readyz"))
+                .send()
                 .await
-                .is_some_and(|m| value(&m, "durable_etl_session_up") == 1);
+                .is_ok_and(|r| r.status().is_success());
             if up {
                 return Ok(());
             }

@@ -96,10 +96,12 @@ pub(crate) type CommitPool = bb8::Pool<CommitSessions>;
 pub(crate) const COMMIT_POOL_SIZE: u32 = super::COMMIT_LANES as u32 + 1;
 
 /// Opens a replica's commit pool ([`COMMIT_POOL_SIZE`] sessions, the replica's usual session
-/// settings, each holding `alive`'s alive lock when given), proving the database answers.
+/// settings, each holding `alive`'s alive lock when given), proving the database answers, with
+/// one session per lane open from the start: a lane's first batch never waits for a connection
+/// to open (under a backlog that wait held a replica's first jobs about 20 ms).
 ///
 /// # Errors
-/// As [`db::connect_pool`].
+/// As [`db::connect_pool`]; the database's error when a lane's session cannot be opened.
 pub(crate) async fn connect_commit_pool(
     cfg: &DatabaseConfig,
     alive: Option<&str>,
@@ -109,7 +111,11 @@ pub(crate) async fn connect_commit_pool(
         alive: alive.map(str::to_owned),
         prepare: cfg.pooler.keeps_sessions(),
     };
-    db::build_pool_of(sessions, cfg, COMMIT_POOL_SIZE).await
+    let pool = db::build_pool_of(sessions, cfg, COMMIT_POOL_SIZE).await?;
+    db::open_sessions(&pool, super::COMMIT_LANES as u32)
+        .await
+        .map_err(|e| db::connect_error(cfg, e))?;
+    Ok(pool)
 }
 
 #[cfg(test)]
@@ -155,6 +161,35 @@ mod tests {
             Some(1)
         );
         assert!(!db::Session::is_closed(&*session));
+    }
+
+    /// Both lanes' sessions are open (and counted by the server) before the pool is handed
+    /// over, so a lane's first batch never opens a connection; the third session, for reading
+    /// a lost batch's outcome, opens only when needed.
+    #[tokio::test]
+    async fn a_commit_pool_opens_one_session_per_lane_from_the_start() {
+        let db = TestDb::migrated().await;
+        let pool = connect_commit_pool(&db.config, None).await.unwrap();
+        assert_eq!(pool.state().connections, super::super::COMMIT_LANES as u32);
+        assert_eq!(
+            pool.state().idle_connections,
+            super::super::COMMIT_LANES as u32
+        );
+        let backends: i64 = db
+            .client()
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(backends, i64::from(super::super::COMMIT_LANES as u32));
+        // A pool already at the count opens nothing more.
+        db::open_sessions(&pool, 1).await.unwrap();
+        assert_eq!(pool.state().connections, super::super::COMMIT_LANES as u32);
     }
 
     #[tokio::test]
