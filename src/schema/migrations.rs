@@ -365,4 +365,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // take the column's default (`console`).
         min_reader_version: 33,
     },
+    Migration {
+        version: 40,
+        name: "live_table_never_truncated",
+        up: include_str!("../../migrations/0040_live_table_never_truncated.up.sql"),
+        down: include_str!("../../migrations/0040_live_table_never_truncated.down.sql"),
+        // A storage parameter: no release reads it.
+        min_reader_version: 33,
+    },
 ];

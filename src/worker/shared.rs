@@ -185,3 +185,27 @@ impl Shared {
         self.config.queues.iter().map(|q| q.name.as_str()).collect()
     }
 }
+
+/// What the roles of a poll-only replica with owner id `owner` share, on `config`'s database,
+/// with no kind registered and no session: for tests of one role at a time.
+#[cfg(test)]
+pub(crate) async fn for_tests(config: &DatabaseConfig, owner: &str) -> Shared {
+    let pool = db::connect_pool(config, "test")
+        .await
+        .expect("the test database answers");
+    let worker = WorkerConfig {
+        owner_id: owner.into(),
+        poll_only: true,
+        ..WorkerConfig::default()
+    };
+    Shared::open(
+        pool,
+        config,
+        worker,
+        Registry::default(),
+        Arc::default(),
+        None,
+    )
+    .await
+    .expect("the test database answers")
+}

@@ -15,7 +15,7 @@ pub use binary::{api_key, binary, counter, post_load, submit_load, text_of, unti
 pub use cluster::{Cluster, Replicated, Replication};
 use futures::StreamExt;
 pub use pooler::Pooler;
-pub use test_db::{admin_config, connect, TestDb, TEST_DB_PREFIX};
+pub use test_db::{admin_config, connect, insert_jobs, TestDb, TEST_DB_PREFIX};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
@@ -199,37 +199,6 @@ pub async fn insert_job(
         .await
         .unwrap();
     id
-}
-
-/// Inserts one due pending job per payload, of `kind`, with `max_attempts` (intake rows and live
-/// rows, in one statement); returns their ids in insertion order.
-pub async fn insert_jobs(
-    client: &impl tokio_postgres::GenericClient,
-    kind: &str,
-    payloads: &[serde_json::Value],
-    max_attempts: i32,
-) -> Vec<uuid::Uuid> {
-    let ids: Vec<uuid::Uuid> = payloads.iter().map(|_| uuid::Uuid::now_v7()).collect();
-    client
-        .execute(
-            "WITH intake AS (
-                 INSERT INTO etl_job_intake
-                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
-                      max_attempts, run_at)
-                 SELECT t.id, decode(repeat('ab', 32), 'hex'), sha256(t.id::text::bytea),
-                        sha256(t.id::text::bytea), $2::text, $4::int4, now() - interval '1 second'
-                   FROM unnest($1::uuid[]) AS t(id)
-             )
-             INSERT INTO etl_job_records
-                 (id, owner_key, kind, request_payload, max_attempts, run_at)
-             SELECT t.id, decode(repeat('ab', 32), 'hex'), $2::text, t.payload, $4::int4,
-                    now() - interval '1 second'
-               FROM unnest($1::uuid[], $3::jsonb[]) AS t(id, payload)",
-            &[&ids, &kind, &payloads, &max_attempts],
-        )
-        .await
-        .unwrap();
-    ids
 }
 
 /// Inserts ended jobs of kind `test.noop`, in one statement: an intake row and an outcome row

@@ -202,3 +202,34 @@ impl Drop for TestDb {
         let _ = dropper.join();
     }
 }
+
+/// Inserts one due pending job per payload, of `kind`, with `max_attempts` (intake rows and live
+/// rows, in one statement); returns their ids in insertion order.
+pub async fn insert_jobs(
+    client: &impl tokio_postgres::GenericClient,
+    kind: &str,
+    payloads: &[serde_json::Value],
+    max_attempts: i32,
+) -> Vec<uuid::Uuid> {
+    let ids: Vec<uuid::Uuid> = payloads.iter().map(|_| uuid::Uuid::now_v7()).collect();
+    client
+        .execute(
+            "WITH intake AS (
+                 INSERT INTO etl_job_intake
+                     (id, owner_key, idempotency_key_digest, request_fingerprint, kind,
+                      max_attempts, run_at)
+                 SELECT t.id, decode(repeat('ab', 32), 'hex'), sha256(t.id::text::bytea),
+                        sha256(t.id::text::bytea), $2::text, $4::int4, now() - interval '1 second'
+                   FROM unnest($1::uuid[]) AS t(id)
+             )
+             INSERT INTO etl_job_records
+                 (id, owner_key, kind, request_payload, max_attempts, run_at)
+             SELECT t.id, decode(repeat('ab', 32), 'hex'), $2::text, t.payload, $4::int4,
+                    now() - interval '1 second'
+               FROM unnest($1::uuid[], $3::jsonb[]) AS t(id, payload)",
+            &[&ids, &kind, &payloads, &max_attempts],
+        )
+        .await
+        .unwrap();
+    ids
+}

@@ -21,22 +21,7 @@ fn recovery_runs_twice_per_poll_interval() {
 #[tokio::test]
 async fn reachability_shrinks_only_when_a_recovery_pass_of_the_replica_fails() {
     let db = TestDb::migrated().await;
-    let pool = crate::db::connect_pool(&db.config, "test").await.unwrap();
-    let config = WorkerConfig {
-        owner_id: "reachability".into(),
-        poll_only: true,
-        ..WorkerConfig::default()
-    };
-    let shared = Shared::open(
-        pool,
-        &db.config,
-        config,
-        Registry::default(),
-        Arc::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let shared = crate::worker::shared::for_tests(&db.config, "reachability").await;
     let now = Instant::now();
     assert_eq!(shared.reachable_for(now), Duration::MAX);
     super::pass(&shared).await.unwrap();
