@@ -19,7 +19,8 @@
 //! - It never waits for a lock: `SKIP_LOCKED` skips the table while another replica's VACUUM
 //!   or autovacuum holds it (they take the same lock), and `TRUNCATE false` never takes the
 //!   exclusive lock that shrinking the file needs, which would hold claims and enqueues up (the
-//!   space is reused instead; autovacuum still shrinks the file).
+//!   space is reused instead; migration 0040 keeps autovacuum from shrinking it too, and says
+//!   how to give the space back at a quiet time).
 //! - Its statements are bounded like every other; a failure is logged by its code and the next
 //!   look tries again. A role that does not own the table is refused by the server with a
 //!   warning and nothing done: autovacuum alone then looks after the table.
