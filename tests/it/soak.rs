@@ -141,6 +141,12 @@ const QUIET_AFTER_CUT: Duration = Duration::from_secs(3);
 /// How long the faults may go on past [`CHAOS`] for a cut that found no live replica running
 /// jobs in time.
 const CUT_GRACE: Duration = Duration::from_secs(15);
+/// How long a due cut looks for a live replica running jobs, each time round the loop: the
+/// looks start right after a batch is enqueued, and a batch's jobs run for a fraction of the
+/// time between batches, so a single look phase-locked to the loop could miss them every time.
+const CUT_LOOK: Duration = Duration::from_millis(500);
+/// The pause between two looks of a due cut.
+const CUT_LOOK_EVERY: Duration = Duration::from_millis(10);
 /// How long a resumed or restarted replica is left alone (no kill, freeze or cut): a freeze
 /// longer than its trust window costs it its leases, which it gives back once it runs again, and
 /// a restarted one first releases what its killed incarnation left running; a cut in that moment
@@ -461,7 +467,7 @@ async fn chaos_soak_keeps_every_invariant() {
         let chaos_at = (chaos_ends - CHAOS).elapsed();
         if let Some(&&(at, length)) = cuts.peek() {
             if chaos_at >= Duration::from_secs(at) {
-                if let Some(j) = busiest_unfaulted(&client, &slots).await {
+                if let Some(j) = busiest_unfaulted_within(&client, &slots, CUT_LOOK).await {
                     note(&faults, &format!("cut {} {length:?}", slots[j].owner));
                     cut(&client, &mut slots[j], length, &mut figures).await;
                     cuts.next();
@@ -1087,6 +1093,22 @@ fn note(log: &PathBuf, what: &str) {
         .open(log)
         .unwrap();
     writeln!(file, "{:.3} {what}", now.as_secs_f64()).unwrap();
+}
+
+/// [`busiest_unfaulted`], asked every [`CUT_LOOK_EVERY`] until it finds one or `within` has passed.
+async fn busiest_unfaulted_within(
+    client: &tokio_postgres::Client,
+    slots: &[Slot],
+    within: Duration,
+) -> Option<usize> {
+    let until = Instant::now() + within;
+    loop {
+        let found = busiest_unfaulted(client, slots).await;
+        if found.is_some() || Instant::now() >= until {
+            return found;
+        }
+        tokio::time::sleep(CUT_LOOK_EVERY).await;
+    }
 }
 
 /// The replica of `slots`, not faulted now, that runs the most jobs, if one runs any.
