@@ -387,14 +387,18 @@ async fn a_replica_that_dies_with_jobs_in_its_buffer_leaves_each_to_run_once_els
         gate,
         ids,
         stats,
+        trigger,
         run,
         ..
     } = gated(&db, &client, "doomed", "write").await;
     // One write job computes (held at its gate); the other three wait in the buffer.
     assert_eq!(stats.snapshot().claimed, WARM_UP as u64 + 4);
-    // The replica dies: its tasks, heartbeats, session and owner lock go at once.
+    // The replica dies: its tasks, heartbeats, session and owner lock go at once. Its trigger
+    // lives on until then: a replica whose every trigger is gone starts a graceful shutdown,
+    // which would give the jobs back itself, racing the abort.
     run.abort();
     assert!(run.await.unwrap_err().is_cancelled());
+    drop(trigger);
     let heir = start(
         &db,
         WorkerConfig {
