@@ -377,12 +377,12 @@ async fn harness_tokens_are_enqueued_exactly_in_bulk_inserts() {
     assert!(running.iter().all(|s| s["instance_id"] == 3));
     let (ledger, _) = finish(adapter, &db).await;
     assert_eq!(ledger["enqueued"], 907);
-    // No batch above 128: the ledger's sequence numbers were drawn per insert, so the jobs of
-    // one insert share its enqueue time; at least ceil(300 / 128) = 3 inserts per 300 token.
+    // No batch above 128: the jobs of one insert share its transaction id (`xmin` of the
+    // insert-only intake rows); at least ceil(300 / 128) = 3 inserts per 300 token.
     let largest: i64 = client
         .query_one(
-            "SELECT max(n) FROM (SELECT count(*) AS n FROM etl_jobs
-                                  WHERE kind = 'harness_adapter.job' GROUP BY created_at) b",
+            "SELECT max(n) FROM (SELECT count(*) AS n FROM etl_job_intake
+                                  WHERE kind = 'harness_adapter.job' GROUP BY xmin::text) b",
             &[],
         )
         .await
