@@ -172,6 +172,25 @@ pub struct DatabaseConfig {
     /// The PEM file of root certificates that TLS connections trust when the URL names none
     /// (`sslrootcert`, which wins); see [`tls::TlsRequest`]. Defaults to none: the system's.
     pub ssl_root_cert: Option<std::path::PathBuf>,
+    /// The cell this process runs in: the schema its tables live in, alone in it with its own
+    /// wake channel and lock keys, so that several cells may share one database (see
+    /// [`cell_name_ok`]). Sessions put it first on their `search_path`. Defaults to none: the
+    /// session's own `search_path` (one deployment per database, as before cells).
+    pub cell: Option<String>,
+}
+
+/// Longest cell name: the wake channel `durable_etl_jobs.<cell>` must fit PostgreSQL's 63
+/// bytes.
+pub const CELL_NAME_MAX: usize = 40;
+
+/// Whether `name` can name a cell's schema: 1 to [`CELL_NAME_MAX`] characters of `a-z 0-9 _`,
+/// starting with a letter, and not `pg_…` (reserved by PostgreSQL).
+pub fn cell_name_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && name.len() <= CELL_NAME_MAX
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !name.starts_with("pg_")
 }
 
 impl Default for DatabaseConfig {
@@ -187,6 +206,7 @@ impl Default for DatabaseConfig {
             client_check_interval: CLIENT_CHECK_INTERVAL_DEFAULT,
             pooler: Pooler::None,
             ssl_root_cert: None,
+            cell: None,
         }
     }
 }
@@ -221,6 +241,9 @@ impl DatabaseConfig {
     /// The first broken rule, as a [`ConfigError`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.driver_url()?;
+        if self.cell.as_deref().is_some_and(|cell| !cell_name_ok(cell)) {
+            return Err(ConfigError::CellName);
+        }
         if !(1..=POOL_MAX_SIZE_MAX).contains(&self.pool_max_size) {
             return Err(ConfigError::PoolSize);
         }

@@ -89,6 +89,11 @@ fn options(cfg: &DatabaseConfig) -> String {
             cfg.client_check_interval.as_millis()
         ));
     }
+    // A cell's schema alone: a statement finds its own cell's objects or fails, never another's.
+    // Cell names need no quoting (`config::cell_name_ok`).
+    if let Some(cell) = &cfg.cell {
+        options.push_str(&format!(" -c search_path={cell}"));
+    }
     options
 }
 
@@ -389,7 +394,30 @@ pub async fn check_session_settings(
             return Err(ConfigError::SessionSetting(name).into());
         }
     }
-    Ok(())
+    check_cell(client, cfg).await
+}
+
+/// Checks that a cell's session creates and finds objects in the cell's schema (the first of
+/// its `search_path` that exists). Nothing to check outside a cell.
+///
+/// # Errors
+/// [`ConfigError::CellSchema`] when it does not; database errors.
+pub async fn check_cell(
+    client: &impl tokio_postgres::GenericClient,
+    cfg: &DatabaseConfig,
+) -> Result<(), Error> {
+    let Some(cell) = &cfg.cell else {
+        return Ok(());
+    };
+    let current: Option<String> = client
+        .query_typed_one("SELECT current_schema()::text", &[])
+        .await?
+        .get(0);
+    if current.as_deref() == Some(cell.as_str()) {
+        Ok(())
+    } else {
+        Err(ConfigError::CellSchema.into())
+    }
 }
 
 /// Creates the configured database if it does not exist, connecting to the `postgres` maintenance

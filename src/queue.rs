@@ -53,7 +53,7 @@ WITH settings AS (
         ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = now()
     RETURNING queue, paused
 )
-SELECT pg_notify('durable_etl_jobs', 'q ' || s.queue) FROM settings s WHERE NOT s.paused";
+SELECT pg_notify(durable_etl_channel(), 'q ' || s.queue) FROM settings s WHERE NOT s.paused";
 
 /// Pauses queue `name` (see [`SET_PAUSED_SQL`]), or resumes it when `paused` is false.
 ///
@@ -97,7 +97,7 @@ WITH settings AS (
      USING settings s
      WHERE p.queue = s.queue AND p.slot > coalesce(s.cap, 0) AND p.claim_id IS NULL
 )
-SELECT pg_notify('durable_etl_jobs', 'q ' || s.queue) FROM settings s";
+SELECT pg_notify(durable_etl_channel(), 'q ' || s.queue) FROM settings s";
 
 /// Caps queue `name` at `cap` running jobs across all replicas (`None`: uncapped); see
 /// [`SET_CAP_SQL`].
@@ -127,7 +127,7 @@ WITH settings AS (
         ON CONFLICT (queue) DO UPDATE SET key_cap = excluded.key_cap, updated_at = now()
     RETURNING queue
 )
-SELECT pg_notify('durable_etl_jobs', 'q ' || s.queue) FROM settings s";
+SELECT pg_notify(durable_etl_channel(), 'q ' || s.queue) FROM settings s";
 
 /// Caps queue `name`'s running jobs of any one concurrency key at `cap` across all replicas
 /// (`None`: no key cap); see [`SET_KEY_CAP_SQL`].

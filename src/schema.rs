@@ -99,7 +99,39 @@ async fn current_version(tx: &tokio_postgres::Transaction<'_>) -> Result<i32, Er
 /// other connection errors.
 pub async fn migrate(db: &crate::config::DatabaseConfig) -> Result<MigrateReport, Error> {
     let mut client = crate::db::connect(db, "migrate").await?;
+    enter_cell(&client, db).await?;
     migrate_up(&mut client).await
+}
+
+/// Readies a migrating session for `db`'s cell, if it names one: creates the cell's schema if it
+/// does not exist, checks that the session creates its objects there, and tells the migrations
+/// (setting `durable_etl.cell` for the session) to give the cell its own wake channel and lock
+/// keys (migration 0041). Nothing outside a cell. Call it before [`migrate_up`] on a session of
+/// a cell's configuration.
+///
+/// # Errors
+/// [`crate::config::ConfigError::CellSchema`] when the session's search path is not the cell's
+/// schema alone (a pooler dropped the start-up option), before anything is created; database
+/// errors.
+pub async fn enter_cell(client: &Client, db: &crate::config::DatabaseConfig) -> Result<(), Error> {
+    let Some(cell) = &db.cell else {
+        return Ok(());
+    };
+    // Only a session whose search path is the cell's alone creates anything.
+    let path: String = client
+        .query_typed_one("SELECT current_setting('search_path')", &[])
+        .await?
+        .get(0);
+    if path != *cell {
+        return Err(crate::config::ConfigError::CellSchema.into());
+    }
+    // Cell names need no quoting (`config::cell_name_ok`).
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {cell}; SET durable_etl.cell = '{cell}'"
+        ))
+        .await?;
+    crate::db::check_cell(client, db).await
 }
 
 /// Applies every embedded migration the database lacks, one transaction each, and verifies the

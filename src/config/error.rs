@@ -100,6 +100,14 @@ pub enum ConfigError {
     /// its id is not 1 to 64 ASCII letters, digits, `.`, `_` or `-`.
     #[error("the payload key id must be 1 to 64 ASCII letters, digits, '.', '_' or '-'")]
     PayloadKey,
+    /// The cell's schema name is not 1 to 40 characters of a-z 0-9 _ starting with a letter, or
+    /// starts with `pg_`.
+    #[error("a cell's schema name must be 1 to 40 characters of a-z 0-9 _ starting with a letter, and not start with pg_")]
+    CellName,
+    /// The session does not create and find objects in the configured cell's schema (behind a
+    /// pooler that drops start-up options, set `search_path` on the role).
+    #[error("the session's schema is not the configured cell's; behind a pooler, set it on the role (ALTER ROLE ... SET search_path = ...)")]
+    CellSchema,
     /// `bench` was given a database name that is not its own (it drops what it creates).
     #[error("the bench database name must start with durable_etl_bench")]
     BenchDatabase,

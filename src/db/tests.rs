@@ -65,6 +65,20 @@ fn pg_config_sets_session_safety_options() {
         options.contains("client_connection_check_interval=1000"),
         "{options}"
     );
+    // Outside a cell the session's search path is the server's; a cell's is its schema alone.
+    assert!(!options.contains("search_path"), "{options}");
+    let cell = DatabaseConfig {
+        cell: Some("cell_a".to_owned()),
+        ..DatabaseConfig::default()
+    };
+    let cell_options = pg_config(&cell, "worker").unwrap();
+    assert!(
+        cell_options
+            .get_options()
+            .unwrap()
+            .ends_with(" -c search_path=cell_a"),
+        "{cell_options:?}"
+    );
     let pg13 = DatabaseConfig {
         client_check_interval: Duration::ZERO,
         ..DatabaseConfig::default()

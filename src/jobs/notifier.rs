@@ -36,7 +36,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_postgres::{Client, Transaction};
 
-/// The channel the enqueue trigger and the notifier notify, and the workers LISTEN on.
+/// The channel the enqueue trigger and the notifier notify, and the workers LISTEN on, outside a
+/// cell; a cell's is `durable_etl_jobs.<cell>`. Statements name it `durable_etl_channel()`
+/// (migration 0041), which answers the deployment's own.
 pub const CHANNEL: &str = "durable_etl_jobs";
 
 /// The shortest time between the starts of two NOTIFYs of one notifier.
@@ -73,7 +75,7 @@ pub(crate) fn reconnect_delays() -> impl Iterator<Item = Duration> {
 /// Locks: PostgreSQL's notify queue lock, from the NOTIFY through the commit, only when a replica
 /// waits; otherwise none.
 pub(crate) const WAKE_WAITING_SQL: &str = "
-SELECT pg_notify('durable_etl_jobs', '')
+SELECT pg_notify(durable_etl_channel(), '')
   FROM (SELECT 1 FROM etl_waiting_replicas w WHERE w.queues IS DISTINCT FROM '{}' LIMIT 1)
        AS waiting";
 

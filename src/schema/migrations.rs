@@ -373,4 +373,12 @@ pub static MIGRATIONS: &[Migration] = &[
         // A storage parameter: no release reads it.
         min_reader_version: 33,
     },
+    Migration {
+        version: 41,
+        name: "cells",
+        up: include_str!("../../migrations/0041_cells.up.sql"),
+        down: include_str!("../../migrations/0041_cells.down.sql"),
+        // Additive: outside a cell every name stays the previous release's.
+        min_reader_version: 33,
+    },
 ];

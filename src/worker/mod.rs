@@ -93,6 +93,7 @@ impl Worker {
     ) -> Result<Worker, Error> {
         config.validate()?;
         registry.validate()?;
+        crate::db::check_cell(&*crate::db::checkout(&pool).await?, db_config).await?;
         liveness::sessions_kept::check(&pool, db_config).await?;
         budget::announce(db_config, &config);
         let stats = Arc::new(WorkerStats::default());

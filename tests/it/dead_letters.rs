@@ -223,17 +223,7 @@ async fn every_failed_ending_writes_one_letter_and_no_other_ending_does() {
     // A lease that expires on the last attempt: `lease_expired_exhausted`, by recovery.
     let stuck =
         crate::support::insert_jobs(&client, "test.dl_stuck", &[serde_json::json!({})], 1).await[0];
-    client
-        .execute(
-            "UPDATE etl_job_records
-                SET status = 'running', attempts = 1, lease_owner_id = 'gone',
-                    lease_claim_id = gen_random_uuid(), lease_expires_at = now(),
-                    lease_renewed_at = now(), started_at = now()
-              WHERE id = $1",
-            &[&stuck],
-        )
-        .await
-        .unwrap();
+    crate::support::running_under(&client, stuck, "gone").await;
     assert_eq!(expire_and_recover(&client).await, 1);
 
     let letters: Vec<(Uuid, String, String, String, i32)> = client

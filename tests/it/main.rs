@@ -13,6 +13,7 @@ mod browser;
 mod budget;
 mod cancel;
 mod caps;
+mod cells;
 mod claim_plan;
 mod cli;
 mod commit_cuts;

@@ -407,6 +407,23 @@ pub fn assert_within_lowered_cap(slot: i32, cap: i64, (before, claimed, after): 
     assert!(after <= cap.max(before), "slot {slot} ended: {after} run");
 }
 
+/// Makes pending job `id` running on its first attempt under owner `owner`, its lease expiring
+/// now, as if that owner had claimed it and gone silent.
+pub async fn running_under(client: &Client, id: uuid::Uuid, owner: &str) {
+    client
+        .execute(
+            "UPDATE etl_job_records
+                SET status = 'running', attempts = 1, lease_owner_id = $2::text,
+                    lease_claim_id = gen_random_uuid(), lease_expires_at = now(),
+                    lease_renewed_at = now(), started_at = now()
+              WHERE id = $1 AND status = 'pending'",
+            &[&id, &owner],
+        )
+        .await
+        .map(|n| assert_eq!(n, 1, "job {id} was not pending"))
+        .unwrap();
+}
+
 /// `SELECT count(*)` of `sql`'s FROM/WHERE tail, e.g. `count(c, LEDGERS)`.
 pub async fn count(client: &impl tokio_postgres::GenericClient, from: &str) -> i64 {
     client

@@ -127,7 +127,10 @@ async fn open_admin(db_config: &DatabaseConfig, start_up: &db::StartUp) -> Resul
     start_up
         .run(|| async {
             let pool = db::connect_pool(db_config, "admin").await?;
-            schema::check_compatible(&*db::checkout(&pool).await?).await?;
+            let conn = db::checkout(&pool).await?;
+            db::check_cell(&*conn, db_config).await?;
+            schema::check_compatible(&conn).await?;
+            drop(conn);
             Ok(pool)
         })
         .await
@@ -245,6 +248,7 @@ async fn migrate(
     }
     // Connecting is a start-up step; migrating is not: it may wait for another run's lock.
     let mut client = start_up.run(|| db::connect(db_config, "migrate")).await?;
+    schema::enter_cell(&client, db_config).await?;
     let report = match args.down_to {
         Some(target) => schema::migrate_down_to(&mut client, target).await?,
         None => schema::migrate_up(&mut client).await?,

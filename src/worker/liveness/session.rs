@@ -33,7 +33,7 @@
 use crate::config::DatabaseConfig;
 use crate::db;
 use crate::error::Error;
-use crate::jobs::notifier::{reconnect_delays, CHANNEL, RECONNECT_MAX_DELAY};
+use crate::jobs::notifier::{reconnect_delays, RECONNECT_MAX_DELAY};
 use crate::worker::liveness::beat::{self, BEAT_INTERVAL, BEAT_TIMEOUT};
 use crate::worker::stats::WorkerStats;
 use futures::StreamExt;
@@ -219,7 +219,14 @@ async fn connect(
         let _ = ended_tx.send(());
     });
     if config.listen {
-        client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+        // The deployment's own channel (a cell's is its own); its names need quoting (a dot).
+        let channel: String = client
+            .query_typed_one("SELECT durable_etl_channel()", &[])
+            .await?
+            .get(0);
+        client
+            .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
+            .await?;
     }
     let backend_pid = client
         .query_typed_one("SELECT pg_backend_pid()", &[])

@@ -84,6 +84,11 @@ pub(crate) struct DatabaseArgs {
         global = true
     )]
     pub(crate) pooler: config::Pooler,
+    /// The cell to run in: the schema (1 to 40 characters of a-z 0-9 _) that holds its tables,
+    /// with its own wake channel and lock keys, so several cells share one database. `migrate`
+    /// creates it. Without it, the session's search_path (one deployment per database).
+    #[arg(long, env = "DURABLE_ETL_CELL", global = true)]
+    pub(crate) cell: Option<String>,
 }
 
 impl DatabaseArgs {
@@ -120,6 +125,7 @@ impl DatabaseArgs {
             client_check_interval: self.client_check_interval,
             pooler: self.pooler,
             ssl_root_cert: self.database_ssl_root_cert.clone(),
+            cell: self.cell.clone(),
             ..DatabaseConfig::default()
         };
         cfg.validate()?;

@@ -112,3 +112,23 @@ fn the_command_line_is_well_formed() {
     use clap::CommandFactory;
     Cli::command().debug_assert();
 }
+
+#[test]
+fn the_cell_flag_reaches_the_database_config_and_a_bad_name_is_refused() {
+    let cell = |args: &[&str]| {
+        Cli::try_parse_from(args)
+            .unwrap()
+            .database
+            .config()
+            .map(|c| c.cell)
+    };
+    assert_eq!(cell(&["durable-etl", "work"]).unwrap(), None);
+    assert_eq!(
+        cell(&["durable-etl", "migrate", "--cell", "cell_7"]).unwrap(),
+        Some("cell_7".to_owned())
+    );
+    assert!(matches!(
+        cell(&["durable-etl", "serve", "--cell", "Cell-7"]),
+        Err(Error::Config(config::ConfigError::CellName))
+    ));
+}

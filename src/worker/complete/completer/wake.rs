@@ -17,7 +17,7 @@ use tokio_postgres::GenericClient;
 ///
 /// Locks: none (the notify lock, for the commit of this one statement).
 pub const WAKE_WAITING_SQL: &str =
-    "SELECT pg_notify('durable_etl_jobs', 'q ' || q) FROM unnest($1::text[]) AS q";
+    "SELECT pg_notify(durable_etl_channel(), 'q ' || q) FROM unnest($1::text[]) AS q";
 
 /// Wakes the replicas waiting for `queues` ([`WAKE_WAITING_SQL`]): for a caller that completed
 /// jobs of a capped queue ([`super::succeed_many`], [`super::retry`], [`super::fail`]) and will

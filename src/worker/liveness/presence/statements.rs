@@ -26,14 +26,14 @@ INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token) VALUES ($
    SET refreshed_at = now(), queues = excluded.queues, kinds = excluded.kinds,
        wake_token = excluded.wake_token";
 
-/// Tries the enqueue barrier ('detl', hashtext(queue)) of each queue of `$1` in exclusive mode,
+/// Tries the enqueue barrier (`durable_etl_lock_space()`, hashtext(queue)) of each queue of `$1` in exclusive mode,
 /// and releases them at once (its implicit transaction ends with the statement); answers the
 /// queues whose barrier an enqueue transaction holds.
 ///
 /// Locks: none held after the statement; a try never waits, so it never queues an enqueue.
 pub(crate) const SETTLE_SQL: &str = "
 SELECT coalesce(array_agg(q), '{}') FROM unnest($1::text[]) AS q
- WHERE NOT pg_try_advisory_xact_lock(1684370540, hashtext(q))";
+ WHERE NOT pg_try_advisory_xact_lock(durable_etl_lock_space(), hashtext(q))";
 
 /// Parks owner `$1`'s row, unless it is parked already: the replica no longer waits, and its
 /// next registration updates the same row (migration 0027).

@@ -12,28 +12,27 @@
 //!   0 are logged, with a stable code and the count: never a query or a backend's identity.
 
 use crate::codes::Code;
-use crate::jobs::notifier::CHANNEL;
 use crate::worker::stats::WorkerStats;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-/// Whether the session listens on [`CHANNEL`] (`$1`), and how many backends of its database have
-/// waited for a synchronous standby at their commit in a statement started more than `$2`
-/// seconds ago.
+/// Whether the session listens on the deployment's channel (`durable_etl_channel()`), and how
+/// many backends of its database have waited for a synchronous standby at their commit in a
+/// statement started more than `$1` seconds ago.
 ///
 /// Locks: none (reads `pg_listening_channels()` and `pg_stat_activity`).
 pub(crate) const PROBE_SQL: &str = "
-SELECT EXISTS (SELECT 1 FROM pg_listening_channels() AS c WHERE c = $1),
+SELECT EXISTS (SELECT 1 FROM pg_listening_channels() AS c WHERE c = durable_etl_channel()),
        (SELECT count(*) FROM pg_stat_activity
          WHERE datname = current_database() AND wait_event = 'SyncRep'
-           AND query_start < clock_timestamp() - make_interval(secs => $2))";
+           AND query_start < clock_timestamp() - make_interval(secs => $1))";
 
 /// What one probe saw.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Seen {
-    /// Whether the session listens on [`CHANNEL`].
+    /// Whether the session listens on the deployment's channel.
     pub(super) listening: bool,
     /// Commits of the database stuck waiting for a synchronous standby.
     pub(super) waiting_for_standby: u64,
@@ -48,13 +47,7 @@ pub(super) async fn look(
     stuck_after: Duration,
 ) -> Result<Seen, tokio_postgres::Error> {
     let row = client
-        .query_typed_one(
-            PROBE_SQL,
-            &[
-                (&CHANNEL, Type::TEXT),
-                (&stuck_after.as_secs_f64(), Type::FLOAT8),
-            ],
-        )
+        .query_typed_one(PROBE_SQL, &[(&stuck_after.as_secs_f64(), Type::FLOAT8)])
         .await?;
     Ok(Seen {
         listening: row.get(0),
