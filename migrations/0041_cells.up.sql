@@ -31,11 +31,14 @@ BEGIN
         $f$CREATE FUNCTION durable_etl_channel() RETURNS text
                LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $b$SELECT %L::text$b$$f$,
         CASE WHEN cell IS NULL THEN 'durable_etl_jobs' ELSE 'durable_etl_jobs.' || cell END);
-    -- The first key of the queues' enqueue barriers ('detl' in ASCII outside a cell).
+    -- The first key of the queues' enqueue barriers ('detl' in ASCII outside a cell; a hash of
+    -- the cell's name in one, the name spelled out in the body so that a cell made from the
+    -- baseline script, `migrations/cell_baseline.sql`, is this one with another name).
     EXECUTE format(
         $f$CREATE FUNCTION durable_etl_lock_space() RETURNS integer
                LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $b$SELECT %s$b$$f$,
-        CASE WHEN cell IS NULL THEN 1684370540 ELSE hashtext('durable_etl.' || cell) END);
+        CASE WHEN cell IS NULL THEN '1684370540'
+             ELSE format('hashtext(%L)', 'durable_etl.' || cell) END);
     -- A cell's owner-lock key: the first 64 bits of SHA-256 of `<schema>/<owner id>`.
     IF cell IS NOT NULL THEN
         EXECUTE format(

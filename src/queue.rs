@@ -49,8 +49,9 @@ pub const PRIORITY_STEP: Duration = Duration::from_secs(10);
 /// caller's transaction; claims only read it. A resume takes the notify lock at its commit.
 pub const SET_PAUSED_SQL: &str = "
 WITH settings AS (
-    INSERT INTO etl_queues (queue, paused) VALUES ($1, $2)
-        ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = now()
+    INSERT INTO etl_queues (queue, paused, updated_at) VALUES ($1, $2, now())
+        ON CONFLICT (queue) DO UPDATE
+       SET paused = excluded.paused, updated_at = excluded.updated_at
     RETURNING queue, paused
 )
 SELECT pg_notify(durable_etl_channel(), 'q ' || s.queue) FROM settings s WHERE NOT s.paused";
@@ -85,8 +86,8 @@ pub const CAP_RANGE: std::ops::RangeInclusive<i32> = 1..=10_000;
 /// lock at its commit.
 pub const SET_CAP_SQL: &str = "
 WITH settings AS (
-    INSERT INTO etl_queues (queue, cap) VALUES ($1, $2)
-        ON CONFLICT (queue) DO UPDATE SET cap = excluded.cap, updated_at = now()
+    INSERT INTO etl_queues (queue, cap, updated_at) VALUES ($1, $2, now())
+        ON CONFLICT (queue) DO UPDATE SET cap = excluded.cap, updated_at = excluded.updated_at
     RETURNING queue, cap
 ), added AS (
     INSERT INTO etl_queue_permits (queue, slot)
@@ -123,8 +124,9 @@ pub async fn set_cap(
 /// Locks: the queue's settings row; the notify lock at its commit.
 pub const SET_KEY_CAP_SQL: &str = "
 WITH settings AS (
-    INSERT INTO etl_queues (queue, key_cap) VALUES ($1, $2)
-        ON CONFLICT (queue) DO UPDATE SET key_cap = excluded.key_cap, updated_at = now()
+    INSERT INTO etl_queues (queue, key_cap, updated_at) VALUES ($1, $2, now())
+        ON CONFLICT (queue) DO UPDATE
+       SET key_cap = excluded.key_cap, updated_at = excluded.updated_at
     RETURNING queue
 )
 SELECT pg_notify(durable_etl_channel(), 'q ' || s.queue) FROM settings s";

@@ -14,6 +14,9 @@
 //! - [`check_compatible`] refuses a database that is unmigrated, older than this release, or
 //!   migrated by a newer release whose schema this release cannot read, before any job is touched.
 //! - `down` undoes exactly what `up` did; a test compares the catalog after up → down → up.
+//! - A new cell is built from [`CELL_BASELINE`] in one transaction and ends exactly as the
+//!   migrations build it (a test compares the two cells' `pg_dump`), its history recording every
+//!   migration; a cell already migrated applies what it lacks, as any deployment does.
 
 use crate::error::{Error, SchemaError};
 use tokio_postgres::{types::Type, Client};
@@ -31,6 +34,20 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6475_7261_626c_6501;
 pub fn latest_version() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
+
+/// Every migration's schema at once, as a script that builds a new cell in one transaction:
+/// what the migrations leave in a cell, dumped by `pg_dump` and written in statements Citus's
+/// schema-based sharding runs (an identity column declared with its table, not added after).
+/// [`CELL_TEMPLATE`] stands for the cell's name. A test rebuilds it from the migrations and
+/// checks that a cell built from it dumps as one built by the migrations.
+pub const CELL_BASELINE: &str = include_str!("../migrations/cell_baseline.sql");
+
+/// The line between two statements of [`CELL_BASELINE`]: each is sent alone, since Citus
+/// forwards a DDL statement's whole query string to the worker, which refuses several commands.
+pub const CELL_BASELINE_BREAK: &str = "-- ;";
+
+/// The cell name [`CELL_BASELINE`] is written with.
+pub const CELL_TEMPLATE: &str = "durable_etl_cell_template";
 
 /// The history table. Created by the first migration transaction, under the migration lock.
 const CREATE_HISTORY: &str = "
@@ -100,7 +117,10 @@ async fn current_version(tx: &tokio_postgres::Transaction<'_>) -> Result<i32, Er
 pub async fn migrate(db: &crate::config::DatabaseConfig) -> Result<MigrateReport, Error> {
     let mut client = crate::db::connect(db, "migrate").await?;
     enter_cell(&client, db).await?;
-    migrate_up(&mut client).await
+    match &db.cell {
+        Some(cell) => migrate_cell(&mut client, cell).await,
+        None => migrate_up(&mut client).await,
+    }
 }
 
 /// Readies a migrating session for `db`'s cell, if it names one: creates the cell's schema if it
@@ -165,19 +185,7 @@ pub async fn migrate_up(client: &mut Client) -> Result<MigrateReport, Error> {
                         version: migration.version,
                         source,
                     })?;
-                tx.execute_typed(
-                    "INSERT INTO durable_etl_schema_history
-                         (version, name, checksum, min_reader_version, applied_by_release)
-                     VALUES ($1, $2, $3, $4, $5)",
-                    &[
-                        (&migration.version, Type::INT4),
-                        (&migration.name, Type::TEXT),
-                        (&migration.checksum(), Type::TEXT),
-                        (&migration.min_reader_version, Type::INT4),
-                        (&RELEASE, Type::TEXT),
-                    ],
-                )
-                .await?;
+                record(&tx, migration).await?;
                 changed.push(migration.version);
             }
         }
@@ -187,6 +195,56 @@ pub async fn migrate_up(client: &mut Client) -> Result<MigrateReport, Error> {
     let version = current_version(&tx).await?;
     tx.commit().await?;
     Ok(MigrateReport { changed, version })
+}
+
+/// Records `migration` as applied, by this release, in the history table.
+async fn record(tx: &tokio_postgres::Transaction<'_>, migration: &Migration) -> Result<(), Error> {
+    tx.execute_typed(
+        "INSERT INTO durable_etl_schema_history
+             (version, name, checksum, min_reader_version, applied_by_release)
+         VALUES ($1, $2, $3, $4, $5)",
+        &[
+            (&migration.version, Type::INT4),
+            (&migration.name, Type::TEXT),
+            (&migration.checksum(), Type::TEXT),
+            (&migration.min_reader_version, Type::INT4),
+            (&RELEASE, Type::TEXT),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Migrates cell `cell` on `client`, a session [`enter_cell`] readied: a cell with no migration
+/// applied is built from [`CELL_BASELINE`] in one transaction (every migration recorded as
+/// applied), whose statements Citus's schema-based sharding also runs through its coordinator;
+/// a cell already migrated applies what it lacks, as [`migrate_up`] does.
+///
+/// # Errors
+/// As [`migrate_up`]; [`SchemaError::Failed`] (naming the newest version) when the baseline fails.
+pub async fn migrate_cell(client: &mut Client, cell: &str) -> Result<MigrateReport, Error> {
+    let tx = begin_locked(client).await?;
+    if current_version(&tx).await? > 0 {
+        tx.commit().await?;
+        return migrate_up(client).await;
+    }
+    let baseline = CELL_BASELINE.replace(CELL_TEMPLATE, cell);
+    for statement in baseline.split(&format!("\n{CELL_BASELINE_BREAK}\n")) {
+        tx.batch_execute(statement)
+            .await
+            .map_err(|source| SchemaError::Failed {
+                version: latest_version(),
+                source,
+            })?;
+    }
+    for migration in MIGRATIONS {
+        record(&tx, migration).await?;
+    }
+    tx.commit().await?;
+    Ok(MigrateReport {
+        changed: MIGRATIONS.iter().map(|m| m.version).collect(),
+        version: latest_version(),
+    })
 }
 
 /// Reverses applied migrations, newest first, until the database is at version `target`.

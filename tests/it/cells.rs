@@ -262,3 +262,176 @@ async fn the_command_line_migrates_a_cell_and_its_admin_commands_stay_in_it() {
         0
     );
 }
+
+/// The schema-only dump of schema `schema` of `db` (no owners, no privileges), without its
+/// migration history table when `history` is false.
+fn dump(db: &TestDb, schema: &str, history: bool) -> String {
+    let url: tokio_postgres::Config = db.config.url.parse().unwrap();
+    let host = match url.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let mut command = std::process::Command::new("pg_dump");
+    command
+        .args(["-h", &host, "-p"])
+        .arg(url.get_ports().first().copied().unwrap_or(5432).to_string())
+        .args(["-U", url.get_user().unwrap_or("postgres"), "-d", &db.name])
+        .args([
+            "--schema-only",
+            "--no-owner",
+            "--no-privileges",
+            "-n",
+            schema,
+        ]);
+    if !history {
+        command
+            .arg("-T")
+            .arg(format!("{schema}.durable_etl_schema_history"));
+    }
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The baseline script of a dump of cell [`schema::CELL_TEMPLATE`]: its statements without the
+/// dump's comments, settings and schema, names unqualified (the cell's session finds them on
+/// its search path), each identity column declared with its table (Citus refuses to add one
+/// to a distributed table), and a [`schema::CELL_BASELINE_BREAK`] line between two statements
+/// (Citus sends a statement's whole query string to the worker).
+fn baseline_of(dump: &str) -> String {
+    let qualifier = format!("{}.", schema::CELL_TEMPLATE);
+    let mut lines: Vec<String> = Vec::new();
+    let mut identity: Vec<(String, String, String)> = Vec::new();
+    let mut skipping_identity = false;
+    for line in dump.lines() {
+        if skipping_identity {
+            skipping_identity = line != ");";
+            continue;
+        }
+        // Each object of the dump is one statement, after its header.
+        if line.starts_with("-- Name: ") {
+            while lines.last().is_some_and(String::is_empty) {
+                lines.pop();
+            }
+            if !lines.is_empty() {
+                lines.push(schema::CELL_BASELINE_BREAK.to_owned());
+            }
+            continue;
+        }
+        if line.starts_with("--")
+            || line.starts_with("SET ")
+            || line.starts_with("SELECT pg_catalog.set_config")
+            || line.starts_with("CREATE SCHEMA ")
+            || line.starts_with("\\restrict")
+            || line.starts_with("\\unrestrict")
+        {
+            continue;
+        }
+        let line = line.replace(&qualifier, "");
+        // `ALTER TABLE t ALTER COLUMN c ADD GENERATED ALWAYS AS IDENTITY (` … `);`
+        if let Some(rest) = line.strip_prefix("ALTER TABLE ") {
+            if let Some((table, column)) = rest
+                .strip_prefix("ONLY ")
+                .unwrap_or(rest)
+                .split_once(" ALTER COLUMN ")
+            {
+                if let Some((column, kind)) = column.split_once(" ADD GENERATED ") {
+                    let kind = kind.trim_end_matches(" (").to_owned();
+                    identity.push((table.to_owned(), column.to_owned(), kind));
+                    skipping_identity = true;
+                    continue;
+                }
+            }
+        }
+        if line.is_empty()
+            && lines
+                .last()
+                .is_none_or(|l| l.is_empty() || l == schema::CELL_BASELINE_BREAK)
+        {
+            continue;
+        }
+        lines.push(line);
+    }
+    // Declare each identity column in its CREATE TABLE.
+    for (table, column, kind) in identity {
+        let start = lines
+            .iter()
+            .position(|l| *l == format!("CREATE TABLE {table} ("))
+            .expect("the identity column's table");
+        let at = lines[start..]
+            .iter()
+            .position(|l| l.trim_start().starts_with(&format!("{column} ")))
+            .map(|i| start + i)
+            .expect("the identity column");
+        let declared = lines[at].replacen(" NOT NULL", &format!(" GENERATED {kind} NOT NULL"), 1);
+        lines[at] = declared;
+    }
+    let mut script = String::from(
+        "-- Every migration's schema at once, for a new cell: generated from a cell the migrations\n\
+         -- built, by the cells test (DURABLE_ETL_UPDATE_BASELINE=1 writes it anew). Do not edit.\n\
+         -- Its statements run one at a time, split at each `-- ;` line.\n\
+         SET LOCAL check_function_bodies = false;\n-- ;\n",
+    );
+    script.push_str(lines.join("\n").trim());
+    script.push('\n');
+    script
+}
+
+#[tokio::test]
+async fn a_cell_built_from_the_baseline_is_the_cell_the_migrations_build() {
+    let db = TestDb::migrated().await;
+    // The migrations, one by one, in the template cell.
+    let template = cell_config(&db, schema::CELL_TEMPLATE);
+    let mut client = session(&template).await;
+    schema::enter_cell(&client, &template).await.unwrap();
+    schema::migrate_up(&mut client).await.unwrap();
+    let generated = baseline_of(&dump(&db, schema::CELL_TEMPLATE, false));
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/cell_baseline.sql");
+    if std::env::var_os("DURABLE_ETL_UPDATE_BASELINE").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    assert!(
+        generated == schema::CELL_BASELINE,
+        "migrations/cell_baseline.sql is not what the migrations build; write it anew with \
+         DURABLE_ETL_UPDATE_BASELINE=1 cargo nextest run -E 'test(a_cell_built_from_the_baseline)'"
+    );
+    // A cell built from the baseline dumps as the migrations' cell, history included.
+    let built = cell_config(&db, "cell_built");
+    let report = schema::migrate(&built).await.unwrap();
+    assert_eq!(report.version, schema::latest_version());
+    assert_eq!(report.changed.len(), schema::MIGRATIONS.len());
+    // (`\restrict` lines carry a random key of each dump.)
+    let unnamed = |dump: String, cell: &str| -> Vec<String> {
+        dump.lines()
+            .filter(|l| !l.starts_with("\\restrict") && !l.starts_with("\\unrestrict"))
+            .map(|l| l.replace(cell, "CELL"))
+            .collect()
+    };
+    let built_dump = unnamed(dump(&db, "cell_built", true), "cell_built");
+    let replayed = unnamed(
+        dump(&db, schema::CELL_TEMPLATE, true),
+        schema::CELL_TEMPLATE,
+    );
+    let differing: Vec<(&String, &String)> = built_dump
+        .iter()
+        .zip(&replayed)
+        .filter(|(a, b)| a != b)
+        .take(5)
+        .collect();
+    assert!(
+        differing.is_empty() && built_dump.len() == replayed.len(),
+        "the baseline's cell differs: {differing:?}, {} against {} lines",
+        built_dump.len(),
+        replayed.len()
+    );
+    // Its history is the migrations' (checksums checked), and it runs as a cell.
+    let cell = session(&built).await;
+    assert_eq!(
+        schema::check_compatible(&cell).await.unwrap(),
+        schema::latest_version()
+    );
+    assert_eq!(names(&cell).await.0, "durable_etl_jobs.cell_built");
+    // Migrating it again applies nothing.
+    assert!(schema::migrate(&built).await.unwrap().changed.is_empty());
+}

@@ -14,6 +14,7 @@ mod budget;
 mod cancel;
 mod caps;
 mod cells;
+mod citus_cells;
 mod claim_plan;
 mod cli;
 mod commit_cuts;

@@ -1,9 +1,11 @@
-//! Test support: the template-database harness (`test_db`), a private cluster (`cluster`),
-//! PgBouncer (`pooler`), the real binary's processes (`binary`), and helpers that observe the
+//! Test support: the template-database harness (`test_db`), a private cluster (`cluster`), a
+//! private Citus cluster (`citus`), PgBouncer (`pooler`), the real binary's processes (`binary`), and helpers that observe the
 //! database (catalog snapshots, notifications).
 
 #[path = "support/binary.rs"]
 mod binary;
+#[path = "support/citus.rs"]
+mod citus;
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/pooler.rs"]
@@ -12,6 +14,7 @@ mod pooler;
 mod test_db;
 
 pub use binary::{api_key, binary, counter, post_load, submit_load, text_of, until_serving};
+pub use citus::Citus;
 pub use cluster::{Cluster, Replicated, Replication};
 use futures::StreamExt;
 pub use pooler::Pooler;

@@ -251,7 +251,10 @@ async fn migrate(
     schema::enter_cell(&client, db_config).await?;
     let report = match args.down_to {
         Some(target) => schema::migrate_down_to(&mut client, target).await?,
-        None => schema::migrate_up(&mut client).await?,
+        None => match &db_config.cell {
+            Some(cell) => schema::migrate_cell(&mut client, cell).await?,
+            None => schema::migrate_up(&mut client).await?,
+        },
     };
     // Nothing to do says nothing (at debug only), so a deploy step that migrates on every
     // start stays quiet.

@@ -61,12 +61,14 @@ impl Written {
 /// data is unchanged are left untouched (the `WHERE` on the update), but still locked for the
 /// statement's check. Waits at most `lock_timeout` for a row another session holds.
 pub const UPSERT_SQL: &str = "
-INSERT INTO etl_target_rows AS t (owner_key, dataset, record_key, record, written_by_job)
-SELECT $1, $2, u.record_key, u.record, $5
+INSERT INTO etl_target_rows AS t (owner_key, dataset, record_key, record, written_by_job,
+                                  updated_at)
+SELECT $1, $2, u.record_key, u.record, $5, now()
   FROM unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS u(record_key, record, n)
  ORDER BY u.n
     ON CONFLICT (owner_key, dataset, record_key) DO UPDATE
-   SET record = EXCLUDED.record, written_by_job = EXCLUDED.written_by_job, updated_at = now()
+   SET record = EXCLUDED.record, written_by_job = EXCLUDED.written_by_job,
+       updated_at = EXCLUDED.updated_at
  WHERE t.record IS DISTINCT FROM EXCLUDED.record
 RETURNING (t.xmax = 0)";
 
@@ -82,13 +84,15 @@ RETURNING (t.xmax = 0)";
 /// session holds; the foreign key of `written_by_job` takes a `FOR KEY SHARE` lock on each
 /// writing job's live row, which the batch already holds `FOR NO KEY UPDATE` (compatible).
 pub(crate) const UPSERT_SET_SQL: &str = "
-INSERT INTO etl_target_rows AS t (owner_key, dataset, record_key, record, written_by_job)
-SELECT u.owner_key, u.dataset, u.record_key, u.record, u.job
+INSERT INTO etl_target_rows AS t (owner_key, dataset, record_key, record, written_by_job,
+                                  updated_at)
+SELECT u.owner_key, u.dataset, u.record_key, u.record, u.job, now()
   FROM unnest($1::bytea[], $2::text[], $3::text[], $4::jsonb[], $5::uuid[]) WITH ORDINALITY
        AS u(owner_key, dataset, record_key, record, job, n)
  ORDER BY u.n
     ON CONFLICT (owner_key, dataset, record_key) DO UPDATE
-   SET record = EXCLUDED.record, written_by_job = EXCLUDED.written_by_job, updated_at = now()
+   SET record = EXCLUDED.record, written_by_job = EXCLUDED.written_by_job,
+       updated_at = EXCLUDED.updated_at
  WHERE t.record IS DISTINCT FROM EXCLUDED.record
 RETURNING t.written_by_job, (t.xmax = 0)";
 

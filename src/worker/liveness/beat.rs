@@ -59,7 +59,8 @@ pub(crate) const BEAT_TIMEOUT: Duration = Duration::from_secs(1);
 /// writes, to the end of its own implicit transaction.
 pub(crate) const BEAT_SQL: &str = "
 INSERT INTO etl_owner_beats (owner_id, beat_at, silence_ms) VALUES ($1, now(), $2)
-    ON CONFLICT (owner_id) DO UPDATE SET beat_at = now(), silence_ms = excluded.silence_ms";
+    ON CONFLICT (owner_id) DO UPDATE
+   SET beat_at = excluded.beat_at, silence_ms = excluded.silence_ms";
 
 /// Until when the replica trusts its leases, by its beats: the send time of its last beat that
 /// succeeded plus [`TRUSTED_AFTER_BEAT`], or without bound while beats are off.

@@ -56,7 +56,7 @@ WITH replica AS (
     VALUES ($1, $12, $2, now(), $3, $4, $5, $13, $14)
         ON CONFLICT (owner_id) DO UPDATE
        SET incarnation = EXCLUDED.incarnation, started_at = EXCLUDED.started_at,
-           reported_at = now(), held = EXCLUDED.held, claimed = EXCLUDED.claimed,
+           reported_at = EXCLUDED.reported_at, held = EXCLUDED.held, claimed = EXCLUDED.claimed,
            claim_rate = EXCLUDED.claim_rate, kinds = EXCLUDED.kinds, queues = EXCLUDED.queues
 ), minute AS (
     INSERT INTO etl_replica_minutes (minute, owner_id, incarnation, started_at, succeeded,

@@ -21,9 +21,10 @@ use tokio_postgres::{Client, Statement};
 /// the row (recovery deletes it once stale), so the statement waits for no enqueue. The table
 /// is UNLOGGED: no WAL.
 pub(crate) const REGISTER_SQL: &str = "
-INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token) VALUES ($1, $2, $3, $4)
+INSERT INTO etl_waiting_replicas (owner_id, queues, kinds, wake_token, refreshed_at)
+VALUES ($1, $2, $3, $4, now())
     ON CONFLICT (owner_id) DO UPDATE
-   SET refreshed_at = now(), queues = excluded.queues, kinds = excluded.kinds,
+   SET refreshed_at = excluded.refreshed_at, queues = excluded.queues, kinds = excluded.kinds,
        wake_token = excluded.wake_token";
 
 /// Tries the enqueue barrier (`durable_etl_lock_space()`, hashtext(queue)) of each queue of `$1` in exclusive mode,
