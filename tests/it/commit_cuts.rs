@@ -260,9 +260,12 @@ async fn an_adoption_whose_reply_is_lost_is_sent_again_and_adopts_the_same_jobs(
 }
 
 /// A replica asked to stop while a lost claim reply's jobs wait for their adoption (the first
-/// adoption's reply lost too) adopts them as it drains and releases them with what it holds:
-/// each back `pending`, its attempt not charged, nothing left `running` for recovery. (Without
-/// the drain's adoption they stay `running` under the stopped replica's claim.)
+/// two adoptions' replies lost too) adopts them as it drains and releases them with what it
+/// holds: each back `pending`, its attempt not charged, nothing left `running` for recovery.
+/// The stop comes right after the first adoption is cut, whether or not the claim loop has seen
+/// it fail: either way the drain meets a lost adoption reply of its own and must send the
+/// adoption again. (Without the drain's adoptions they stay `running` under the stopped
+/// replica's claim.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_stops_after_a_lost_claim_reply_adopts_and_releases_its_jobs() {
     let db = TestDb::migrated().await;
@@ -270,6 +273,7 @@ async fn a_replica_that_stops_after_a_lost_claim_reply_adopts_and_releases_its_j
     let ids = insert_jobs(&client, GATED, &vec![json!({}); 3], 5).await;
     let proxy = Proxy::in_front_of_test_server().await;
     proxy.cut_next_statement_carrying(GATED.as_bytes());
+    proxy.cut_next_statement_carrying(b"WITH orphan AS");
     proxy.cut_next_statement_carrying(b"WITH orphan AS");
     let replica = lost_reply_replica(&db, &proxy, Duration::from_millis(100)).await;
     eventually("the claim and the first adoption to be cut", || async {
@@ -295,6 +299,11 @@ async fn a_replica_that_stops_after_a_lost_claim_reply_adopts_and_releases_its_j
     );
     let stats = stats.snapshot();
     assert_eq!((stats.adopted, stats.released), (3, 3), "{stats:?}");
+    assert_eq!(
+        proxy.commits_cut(),
+        3,
+        "the second adoption's reply was not lost"
+    );
 }
 
 /// A replica through `proxy` to `db` that claims by its poll alone (no presence statements: the

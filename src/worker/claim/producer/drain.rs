@@ -8,8 +8,11 @@
 //!   answered by a wake of the waiting replicas (before each wait for a task, and once at the
 //!   end).
 //! - A wake sent from the claim loop runs on a task of its own: the loop never waits for it.
+//! - What a lost claim reply left is adopted before the held jobs are released, an adoption
+//!   that fails being sent again (up to [`DRAIN_ADOPTIONS`] in all), so a replica that stops
+//!   right after a cut leaves none of its jobs `running` for recovery.
 
-use super::Producer;
+use super::{Producer, CLAIM_RETRY_DELAY};
 use crate::shutdown::{Shutdown, Stage};
 use crate::worker::claim::dispatch::{self, leave};
 use crate::worker::complete::give_back;
@@ -17,6 +20,10 @@ use crate::worker::lease::Lease;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// How many adoptions a draining replica sends at most (the one in flight included) for what a
+/// lost claim reply left, each after the last one failed.
+const DRAIN_ADOPTIONS: usize = 4;
 
 impl Producer {
     /// Lets running jobs finish within the grace period (none when another process took the
@@ -40,12 +47,25 @@ impl Producer {
                 self.hold(job, claimed.sent, None);
             }
         }
-        // So is what a lost claim reply left, adopted now to be released.
-        if self.orphans || self.adopting.is_some() {
-            let adoption = self.adopting.take().unwrap_or_else(|| self.adoption());
+        // So is what a lost claim reply left, adopted now to be released. An adoption that fails
+        // (its reply lost too) is sent again, up to DRAIN_ADOPTIONS in all, the one in flight
+        // included; after that the jobs come back when their leases expire.
+        let mut adoption = self.adopting.take();
+        for attempt in 0..DRAIN_ADOPTIONS {
+            let sent = match adoption.take() {
+                Some(in_flight) => in_flight,
+                None if self.orphans => {
+                    if attempt > 0 {
+                        tokio::time::sleep(CLAIM_RETRY_DELAY).await;
+                    }
+                    self.adoption()
+                }
+                None => break,
+            };
             self.orphans = false;
-            self.take_adopted(adoption.await, false);
+            self.take_adopted(sent.await, false);
         }
+        self.orphans = false;
         // A replica whose owner id another process took leaves the row alone: it is that
         // process's now.
         if self.presence.registered() && !owner_id_taken {
