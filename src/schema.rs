@@ -116,10 +116,23 @@ async fn current_version(tx: &tokio_postgres::Transaction<'_>) -> Result<i32, Er
 /// other connection errors.
 pub async fn migrate(db: &crate::config::DatabaseConfig) -> Result<MigrateReport, Error> {
     let mut client = crate::db::connect(db, "migrate").await?;
-    enter_cell(&client, db).await?;
+    migrate_session(&mut client, db).await
+}
+
+/// Applies every pending migration of the deployment `db` names, on `client`, a session opened
+/// with `db`: in a cell, readies the session ([`enter_cell`]) and migrates the cell
+/// ([`migrate_cell`]); else as [`migrate_up`].
+///
+/// # Errors
+/// As [`enter_cell`], [`migrate_cell`] and [`migrate_up`].
+pub async fn migrate_session(
+    client: &mut Client,
+    db: &crate::config::DatabaseConfig,
+) -> Result<MigrateReport, Error> {
+    enter_cell(client, db).await?;
     match &db.cell {
-        Some(cell) => migrate_cell(&mut client, cell).await,
-        None => migrate_up(&mut client).await,
+        Some(cell) => migrate_cell(client, cell).await,
+        None => migrate_up(client).await,
     }
 }
 

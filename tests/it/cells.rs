@@ -435,3 +435,36 @@ async fn a_cell_built_from_the_baseline_is_the_cell_the_migrations_build() {
     // Migrating it again applies nothing.
     assert!(schema::migrate(&built).await.unwrap().changed.is_empty());
 }
+
+#[tokio::test]
+async fn a_bench_in_a_cell_runs_its_replicas_there() {
+    let (report, name) = crate::bench::bench(
+        "cell",
+        &[
+            "burn-down",
+            "--jobs",
+            "200",
+            "--replicas",
+            "2",
+            "--slots",
+            "8",
+            "--cell",
+            "cell_bench",
+            "--keep",
+        ],
+    );
+    assert_eq!(report["succeeded"], 200, "{report}");
+    // Every job ran in the cell; the database has no other deployment (a replica outside the
+    // cell would have found no table).
+    let client = crate::bench_queues::kept(&name).await;
+    assert_eq!(
+        count(&client, "cell_bench.etl_jobs WHERE status = 'succeeded'").await,
+        200
+    );
+    assert_eq!(
+        count(&client, "pg_tables WHERE schemaname = 'public'").await,
+        0
+    );
+    drop(client);
+    crate::bench_queues::drop_kept(&name).await;
+}

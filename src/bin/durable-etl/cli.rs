@@ -248,13 +248,12 @@ async fn migrate(
     }
     // Connecting is a start-up step; migrating is not: it may wait for another run's lock.
     let mut client = start_up.run(|| db::connect(db_config, "migrate")).await?;
-    schema::enter_cell(&client, db_config).await?;
     let report = match args.down_to {
-        Some(target) => schema::migrate_down_to(&mut client, target).await?,
-        None => match &db_config.cell {
-            Some(cell) => schema::migrate_cell(&mut client, cell).await?,
-            None => schema::migrate_up(&mut client).await?,
-        },
+        Some(target) => {
+            schema::enter_cell(&client, db_config).await?;
+            schema::migrate_down_to(&mut client, target).await?
+        }
+        None => schema::migrate_session(&mut client, db_config).await?,
     };
     // Nothing to do says nothing (at debug only), so a deploy step that migrates on every
     // start stays quiet.

@@ -132,7 +132,7 @@ pub(crate) async fn run(
     };
     let mut session = created.session;
     println!("demo database: {name} (left in place afterwards)");
-    schema::migrate_up(&mut session).await?;
+    schema::migrate_session(&mut session, &config).await?;
     println!("schema migrated to version {}", schema::latest_version());
 
     let key = api_keys::create(&session, &secret, "demo-owner").await?.key;

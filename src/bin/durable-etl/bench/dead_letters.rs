@@ -208,7 +208,7 @@ pub(super) async fn measure(
     mut client: tokio_postgres::Client,
     config: &BenchConfig,
 ) -> Result<DeadLetterFigures, Error> {
-    durable_etl::schema::migrate_up(&mut client).await?;
+    durable_etl::schema::migrate_session(&mut client, db_config).await?;
     let Mode::DeadLetters {
         letters,
         history,

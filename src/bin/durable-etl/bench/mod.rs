@@ -116,7 +116,7 @@ async fn measure(
     mut client: tokio_postgres::Client,
     config: &BenchConfig,
 ) -> Result<Report, Error> {
-    durable_etl::schema::migrate_up(&mut client).await?;
+    durable_etl::schema::migrate_session(&mut client, db_config).await?;
     let jobs = match config.mode {
         Mode::BurnDown { jobs } => jobs,
         Mode::OfferedLoad {

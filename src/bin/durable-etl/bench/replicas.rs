@@ -40,6 +40,8 @@ pub(super) struct Replicas {
     children: Vec<(Child, String)>,
     /// The bench database's URL.
     url: String,
+    /// The cell the replicas run in (`--cell`), if the bench runs in one.
+    cell: Option<String>,
     /// Slots per replica.
     slots: usize,
     /// Jobs each replica may claim ahead of its free slots.
@@ -62,6 +64,7 @@ impl Replicas {
         let mut replicas = Replicas {
             children: Vec::new(),
             url: db_config.url.clone(),
+            cell: db_config.cell.clone(),
             slots: config.slots,
             prefetch: config.prefetch,
             claim_cooldown_us: config.claim_cooldown_us,
@@ -110,7 +113,9 @@ impl Replicas {
         let child = command
             .env("DATABASE_URL", &self.url)
             .env("RUST_LOG", "warn")
+            .env_remove("DURABLE_ETL_CELL")
             .args(["work", "--owner-id", &format!("bench-{i}")])
+            .args(self.cell.iter().flat_map(|cell| ["--cell", cell.as_str()]))
             .args(["--slots", &self.slots.to_string()])
             .args(["--prefetch", &self.prefetch.to_string()])
             .args(["--claim-cooldown", &format!("{}us", self.claim_cooldown_us)])
