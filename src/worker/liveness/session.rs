@@ -126,6 +126,12 @@ impl Session {
     }
 }
 
+/// Listens on the deployment's own channel (`durable_etl_channel()`: a cell's is its own), in
+/// one round trip; the listen takes effect when the block's implicit transaction commits.
+///
+/// Locks: none.
+const LISTEN_SQL: &str = "DO $$ BEGIN EXECUTE format('LISTEN %I', durable_etl_channel()); END $$";
+
 /// The backend holding owner `$1`'s lock in this database, if any.
 ///
 /// Locks: none (reads `pg_locks`).
@@ -219,14 +225,7 @@ async fn connect(
         let _ = ended_tx.send(());
     });
     if config.listen {
-        // The deployment's own channel (a cell's is its own); its names need quoting (a dot).
-        let channel: String = client
-            .query_typed_one("SELECT durable_etl_channel()", &[])
-            .await?
-            .get(0);
-        client
-            .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
-            .await?;
+        client.batch_execute(LISTEN_SQL).await?;
     }
     let backend_pid = client
         .query_typed_one("SELECT pg_backend_pid()", &[])

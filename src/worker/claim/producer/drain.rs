@@ -65,7 +65,6 @@ impl Producer {
             self.orphans = false;
             self.take_adopted(sent.await, false);
         }
-        self.orphans = false;
         // A replica whose owner id another process took leaves the row alone: it is that
         // process's now.
         if self.presence.registered() && !owner_id_taken {
