@@ -1,6 +1,6 @@
 //! Test support: the template-database harness (`test_db`), a private cluster (`cluster`), a
-//! private Citus cluster (`citus`), PgBouncer (`pooler`), the real binary's processes (`binary`), and helpers that observe the
-//! database (catalog snapshots, notifications).
+//! private Citus cluster (`citus`), PgBouncer (`pooler`), the real binary's processes
+//! (`binary`), and helpers that observe the database (catalog snapshots, notifications).
 
 #[path = "support/binary.rs"]
 mod binary;

@@ -27,8 +27,8 @@ VALUES ($1, $2, $3, $4, now())
    SET refreshed_at = excluded.refreshed_at, queues = excluded.queues, kinds = excluded.kinds,
        wake_token = excluded.wake_token";
 
-/// Tries the enqueue barrier (`durable_etl_lock_space()`, hashtext(queue)) of each queue of `$1` in exclusive mode,
-/// and releases them at once (its implicit transaction ends with the statement); answers the
+/// Tries the enqueue barrier (`durable_etl_lock_space()`, hashtext(queue)) of each queue of `$1`
+/// in exclusive mode, and releases them at once (its implicit transaction ends with the statement); answers the
 /// queues whose barrier an enqueue transaction holds.
 ///
 /// Locks: none held after the statement; a try never waits, so it never queues an enqueue.
