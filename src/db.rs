@@ -49,7 +49,7 @@ pub fn pg_config(cfg: &DatabaseConfig, role: &str) -> Result<tokio_postgres::Con
         // acknowledges (a half-open connection mid-query) would otherwise wait out the kernel's
         // retransmissions, about 15 minutes.
         .tcp_user_timeout(dead_peer_timeout(cfg))
-        .options(options(cfg));
+        .options(options(cfg, role));
     Ok(pg)
 }
 
@@ -66,8 +66,8 @@ fn dead_peer_timeout(cfg: &DatabaseConfig) -> Duration {
         .saturating_add(KEEPALIVE_PROBE_INTERVAL.saturating_mul(KEEPALIVE_PROBES))
 }
 
-/// The session settings sent in the startup packet.
-fn options(cfg: &DatabaseConfig) -> String {
+/// The session settings sent in the startup packet of a session for `role`.
+fn options(cfg: &DatabaseConfig, role: &str) -> String {
     // Server-side keepalives too: without them the server keeps a vanished client's backend
     // (and its locks, such as a replica's owner lock) for the kernel default, about two hours.
     let mut options = format!(
@@ -90,9 +90,16 @@ fn options(cfg: &DatabaseConfig) -> String {
         ));
     }
     // A cell's schema alone: a statement finds its own cell's objects or fails, never another's.
-    // Cell names need no quoting (`config::cell_name_ok`).
+    // On the Citus node that holds the cell, its node views come first (`citus`); elsewhere
+    // that schema does not exist. A migration works on the cell's tables themselves. Cell names
+    // need no quoting (`config::cell_name_ok`).
     if let Some(cell) = &cfg.cell {
-        options.push_str(&format!(" -c search_path={cell}"));
+        if role == "migrate" {
+            options.push_str(&format!(" -c search_path={cell}"));
+        } else {
+            let views = citus::node_schema(cell);
+            options.push_str(&format!(" -c search_path={views},{cell}"));
+        }
     }
     options
 }
@@ -397,11 +404,15 @@ pub async fn check_session_settings(
     check_cell(client, cfg).await
 }
 
-/// Checks that a cell's session creates and finds objects in the cell's schema (the first of
-/// its `search_path` that exists). Nothing to check outside a cell.
+/// Checks that a cell's session finds the cell's objects: the first schema of its `search_path`
+/// that exists is the cell's, or its node views' on the Citus node that holds it
+/// ([`citus::node_schema`]). On that node, readies the node views first ([`citus::ready`]).
+/// Nothing to check outside a cell.
 ///
 /// # Errors
-/// [`ConfigError::CellSchema`] when it does not; database errors.
+/// [`ConfigError::CellSchema`] when the session does not find the cell;
+/// [`ConfigError::CellNode`] when the cell's tables live on another Citus node (connect there:
+/// [`citus::find_node`]); database errors.
 pub async fn check_cell(
     client: &impl tokio_postgres::GenericClient,
     cfg: &DatabaseConfig,
@@ -409,11 +420,19 @@ pub async fn check_cell(
     let Some(cell) = &cfg.cell else {
         return Ok(());
     };
+    let wanted = match citus::locate(client, cell).await? {
+        citus::Placement::Plain => cell.clone(),
+        citus::Placement::Here => {
+            citus::ready(client, cell).await?;
+            citus::node_schema(cell)
+        }
+        citus::Placement::Elsewhere { .. } => return Err(ConfigError::CellNode.into()),
+    };
     let current: Option<String> = client
         .query_typed_one("SELECT current_schema()::text", &[])
         .await?
         .get(0);
-    if current.as_deref() == Some(cell.as_str()) {
+    if current.as_deref() == Some(wanted.as_str()) {
         Ok(())
     } else {
         Err(ConfigError::CellSchema.into())
@@ -485,13 +504,14 @@ pub async fn drop_created(base: &DatabaseConfig, name: &str, oid: u32) -> Result
     owned::drop_created_on(maintenance(base).await?, name, oid).await
 }
 
+pub mod citus;
 mod connect;
 mod dbname;
 mod owned;
 mod start_up;
 pub mod tls;
 pub use connect::{all_hosts_bound, Connector, Manager, Opened, Pacer, RETRY_PACE};
-pub use dbname::{quote_ident, with_dbname};
+pub use dbname::{quote_ident, with_dbname, with_node};
 pub use owned::{marker, CreatedDatabase};
 pub use start_up::StartUp;
 

@@ -130,10 +130,19 @@ pub async fn migrate_session(
     db: &crate::config::DatabaseConfig,
 ) -> Result<MigrateReport, Error> {
     enter_cell(client, db).await?;
-    match &db.cell {
-        Some(cell) => migrate_cell(client, cell).await,
-        None => migrate_up(client).await,
+    let Some(cell) = &db.cell else {
+        return migrate_up(client).await;
+    };
+    let report = migrate_cell(client, cell).await?;
+    // On Citus, the node that holds the cell gets its views back, built from the new tables.
+    if !report.changed.is_empty()
+        && crate::db::citus::locate(&*client, cell).await? != crate::db::citus::Placement::Plain
+    {
+        let node = crate::db::citus::find_node(db).await?;
+        let session = crate::db::connect(&node, "migrate").await?;
+        crate::db::citus::ready(&session, cell).await?;
     }
+    Ok(report)
 }
 
 /// Readies a migrating session for `db`'s cell, if it names one: creates the cell's schema if it
@@ -164,7 +173,15 @@ pub async fn enter_cell(client: &Client, db: &crate::config::DatabaseConfig) -> 
             "CREATE SCHEMA IF NOT EXISTS {cell}; SET durable_etl.cell = '{cell}'"
         ))
         .await?;
-    crate::db::check_cell(client, db).await
+    let current: Option<String> = client
+        .query_typed_one("SELECT current_schema()::text", &[])
+        .await?
+        .get(0);
+    if current.as_deref() == Some(cell.as_str()) {
+        Ok(())
+    } else {
+        Err(crate::config::ConfigError::CellSchema.into())
+    }
 }
 
 /// Applies every embedded migration the database lacks, one transaction each, and verifies the
@@ -237,8 +254,15 @@ async fn record(tx: &tokio_postgres::Transaction<'_>, migration: &Migration) -> 
 /// As [`migrate_up`]; [`SchemaError::Failed`] (naming the newest version) when the baseline fails.
 pub async fn migrate_cell(client: &mut Client, cell: &str) -> Result<MigrateReport, Error> {
     let tx = begin_locked(client).await?;
-    if current_version(&tx).await? > 0 {
+    let version = current_version(&tx).await?;
+    if version > 0 {
         tx.commit().await?;
+        // On Citus, the node views name every column of the tables a migration may change.
+        if version < latest_version()
+            && crate::db::citus::locate(&*client, cell).await? != crate::db::citus::Placement::Plain
+        {
+            crate::db::citus::forget(&*client, cell).await?;
+        }
         return migrate_up(client).await;
     }
     let baseline = CELL_BASELINE.replace(CELL_TEMPLATE, cell);

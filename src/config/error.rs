@@ -108,6 +108,14 @@ pub enum ConfigError {
     /// pooler that drops start-up options, set `search_path` on the role).
     #[error("the session's schema is not the configured cell's; behind a pooler, set it on the role (ALTER ROLE ... SET search_path = ...)")]
     CellSchema,
+    /// The session is connected to a Citus node that does not hold the cell's tables (its
+    /// processes must connect to the node that does).
+    #[error("the cell's tables live on another Citus node: connect to that node (commands find it themselves from a postgres:// URL)")]
+    CellNode,
+    /// A cell's tables live on another Citus node and the connection string cannot be pointed
+    /// at it: the node is found from a `postgres://` URL whose hosts are not in its parameters.
+    #[error("the cell's tables live on another Citus node: give a postgres:// URL (hosts not in its parameters) so the node can be found, or the node's own URL")]
+    NodeUrl,
     /// `bench` was given a database name that is not its own (it drops what it creates).
     #[error("the bench database name must start with durable_etl_bench")]
     BenchDatabase,

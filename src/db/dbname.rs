@@ -1,10 +1,13 @@
 //! Connection strings pointed at another database, for the tools that own a throw-away one
-//! (`demo`, `bench`).
+//! (`demo`, `bench`), or at another node, for a cell whose tables live on a Citus worker
+//! (`db::citus`).
 //!
 //! Invariants this module keeps:
 //! - The connection string a tool is given is kept whole: its password, every host of a
 //!   multi-host string and every parameter (`target_session_attrs`, `sslmode`, …) reach the
 //!   throw-away database too; only the database name changes ([`with_dbname`]).
+//! - A string pointed at a node keeps everything but its hosts, which become that one node
+//!   ([`with_node`]); a string the driver would read otherwise is refused, never guessed at.
 
 use crate::config::{ConfigError, DatabaseConfig};
 
@@ -37,6 +40,39 @@ pub fn with_dbname(url: &str, name: &str) -> Result<String, ConfigError> {
         Ok(changed)
     } else {
         Err(ConfigError::DatabaseUrl)
+    }
+}
+
+/// Connection URL `url` (`postgres://` or `postgresql://`) with its hosts replaced by the one
+/// node `host`:`port`; user, password, database and parameters kept.
+///
+/// # Errors
+/// [`ConfigError::NodeUrl`] for a key-value string, or a URL that names its hosts in its
+/// parameters (the driver would not connect to the node alone); [`ConfigError::DatabaseUrl`] if
+/// `url` does not parse.
+pub fn with_node(url: &str, host: &str, port: u16) -> Result<String, ConfigError> {
+    driver_config(url)?;
+    let (scheme, rest) = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|scheme| url.strip_prefix(scheme).map(|rest| (scheme, rest)))
+        .ok_or(ConfigError::NodeUrl)?;
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, after) = rest.split_at(authority_end);
+    let user = authority.rfind('@').map_or("", |at| &authority[..=at]);
+    let host_part = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    };
+    let changed = format!("{scheme}{user}{host_part}:{port}{after}");
+    let driver = driver_config(&changed)?;
+    let one_node = matches!(driver.get_hosts(), [tokio_postgres::config::Host::Tcp(h)] if h == host)
+        && driver.get_ports() == [port]
+        && driver.get_hostaddrs().is_empty();
+    if one_node {
+        Ok(changed)
+    } else {
+        Err(ConfigError::NodeUrl)
     }
 }
 

@@ -59,6 +59,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;
+            let db_config = on_cell_node(&db_config, &start_up).await?;
             let (pool, version) = start_up.run(|| open_checked(&db_config, "api")).await?;
             tracing::info!(
                 schema_version = version,
@@ -75,6 +76,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
             let worker_config = args.config()?;
             let declared = args.schedules_file()?;
             let db_config = cli.database.config_for_lease(Some(worker_config.lease))?;
+            let db_config = on_cell_node(&db_config, &start_up).await?;
             let starts = args.record_handler_starts;
             let run = Run {
                 worker_config,
@@ -122,8 +124,21 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
     }
 }
 
-/// Opens the pool of a one-shot administrative command and checks the schema. One start-up step.
+/// `db_config` pointed at the node that holds its cell, on Citus (`db::citus::find_node`); as it
+/// is otherwise. One start-up step.
+async fn on_cell_node(
+    db_config: &DatabaseConfig,
+    start_up: &db::StartUp,
+) -> Result<DatabaseConfig, Error> {
+    start_up
+        .run(|| db::citus::find_node(db_config))
+        .await
+}
+
+/// Opens the pool of a one-shot administrative command on the node that holds its cell and
+/// checks the schema. Two start-up steps.
 async fn open_admin(db_config: &DatabaseConfig, start_up: &db::StartUp) -> Result<db::Pool, Error> {
+    let db_config = &on_cell_node(db_config, start_up).await?;
     start_up
         .run(|| async {
             let pool = db::connect_pool(db_config, "admin").await?;

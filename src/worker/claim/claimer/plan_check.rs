@@ -123,6 +123,19 @@ pub(super) async fn judged_failure(
     Ok(judged)
 }
 
+/// Whether the plan's name `name` (a JSON string) is `object`, or `object`'s shard on a Citus
+/// node (`object` followed by `_` and the shard id), which the cell's node views read.
+fn names(name: &serde_json::Value, object: &str) -> bool {
+    name.as_str().is_some_and(|name| {
+        name.strip_prefix(object).is_some_and(|rest| {
+            rest.is_empty()
+                || rest
+                    .strip_prefix('_')
+                    .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+        })
+    })
+}
+
 /// Whether the JSON plan `explained` walks `etl_job_records_claim_idx` in order and does nothing
 /// whose cost grows with the table: no sequential or bitmap scan of it, no hash or merge join (the
 /// claimed rows are joined back through the primary key, one probe each), and no sort below a
@@ -151,9 +164,9 @@ pub(super) fn walks_the_pending_index_in_order(explained: &serde_json::Value) ->
     nodes(&explained[0]["Plan"], false, &mut all);
     let walks = all
         .iter()
-        .any(|(n, _)| n["Index Name"] == "etl_job_records_claim_idx");
+        .any(|(n, _)| names(&n["Index Name"], "etl_job_records_claim_idx"));
     let grows = all.iter().any(|(n, locked)| {
-        let jobs = n["Relation Name"] == "etl_job_records";
+        let jobs = names(&n["Relation Name"], "etl_job_records");
         n["Node Type"].as_str().is_some_and(|t| {
             WHOLE_INPUT.iter().any(|w| t.contains(w))
                 || (jobs && WHOLE_TABLE.iter().any(|w| t.contains(w)))
