@@ -65,6 +65,9 @@ pub enum Code {
     MigrationFailed,
     /// Another live process already runs with this replica's `lease_owner_id`.
     OwnerIdInUse,
+    /// The replica's cell moved to another Citus node while it ran: it stopped, to start again on
+    /// the cell's new node.
+    CellMoved,
     /// Commits of the database are held waiting for a synchronous standby that does not answer:
     /// nothing can be claimed or end until one is back or none is required.
     SynchronousStandbyWaiting,
@@ -159,6 +162,7 @@ impl Code {
         Code::MigrationChecksumMismatch,
         Code::MigrationFailed,
         Code::OwnerIdInUse,
+        Code::CellMoved,
         Code::SynchronousStandbyWaiting,
         Code::RequestMalformed,
         Code::RequestInvalid,
@@ -216,6 +220,7 @@ impl Code {
             Code::MigrationChecksumMismatch => "migration_checksum_mismatch",
             Code::MigrationFailed => "migration_failed",
             Code::OwnerIdInUse => "owner_id_in_use",
+            Code::CellMoved => "cell_moved",
             Code::SynchronousStandbyWaiting => "synchronous_standby_waiting",
             Code::RequestMalformed => "request_malformed",
             Code::RequestInvalid => "request_invalid",

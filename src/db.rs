@@ -97,8 +97,14 @@ fn options(cfg: &DatabaseConfig, role: &str) -> String {
         if role == "migrate" {
             options.push_str(&format!(" -c search_path={cell}"));
         } else {
+            // On Citus, no statement of the cell's processes goes through Citus's distributed
+            // execution: on a node that no longer holds the cell (after a move) every statement
+            // on its tables fails rather than reaching them on another node. Plain PostgreSQL
+            // keeps the setting as a placeholder.
             let views = citus::node_schema(cell);
-            options.push_str(&format!(" -c search_path={views},{cell}"));
+            options.push_str(&format!(
+                " -c search_path={views},{cell} -c citus.use_secondary_nodes=always"
+            ));
         }
     }
     options

@@ -109,6 +109,11 @@ pub enum Error {
     /// Another live process runs with this replica's owner id.
     #[error("another live process holds this owner id")]
     OwnerIdInUse,
+    /// The replica's cell moved to another Citus node while it ran (its claim met the node
+    /// fence, `db::citus`): it stopped and released what it held; start it again on the cell's
+    /// new node (`work` does so itself).
+    #[error("the cell moved to another node")]
+    CellMoved,
     /// A request was refused at intake.
     #[error(transparent)]
     Rejected(#[from] Rejection),
@@ -399,6 +404,7 @@ impl Error {
             Error::Database(_) => Code::DatabaseError,
             Error::Schema(e) => e.code(),
             Error::OwnerIdInUse => Code::OwnerIdInUse,
+            Error::CellMoved => Code::CellMoved,
             Error::Rejected(r) => r.code,
             Error::Contended => Code::TransientDatabase,
             Error::Io(_) | Error::Listen { .. } => Code::IoError,

@@ -14,8 +14,12 @@
 //! Invariants this module keeps:
 //! - The node views are built only on the node that holds the cell, from Citus's metadata, in one
 //!   transaction under an advisory lock, and rebuilt when the cell's tables, columns or shards
-//!   differ from what they were built from (a digest kept as the schema's comment); nothing is
-//!   rebuilt otherwise, so replicas starting together do not disturb each other.
+//!   differ from what they were built from (a digest kept as the schema's comment) or a view is
+//!   missing (a shard moved away drops its view, and may come back); nothing is rebuilt
+//!   otherwise, so replicas starting together do not disturb each other.
+//! - A cell's sessions never reach its tables through Citus's distributed execution
+//!   (`citus.use_secondary_nodes = always`, set by `db`): on a node that no longer holds the cell
+//!   every statement on its tables fails, and the replica asks where the cell went.
 //! - Every write a cell's process makes through the node views is fenced as Citus fences its own:
 //!   a statement-level trigger on each shard table takes the shard's metadata lock in share mode
 //!   (`lock_shard_metadata`, the lock a shard move takes exclusively while it switches the shard
@@ -108,6 +112,7 @@ DECLARE
     cell constant text := ':cell';
     views constant text := '_:cell';
     built text;
+    tables int;
     t record;
     c record;
 BEGIN
@@ -117,8 +122,9 @@ BEGIN
                                       || ':' || a.attidentity::text, ',' ORDER BY a.attnum)
                       FROM pg_attribute a
                      WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped)),
-                   ';' ORDER BY r.relname))
-      INTO built
+                   ';' ORDER BY r.relname)),
+           count(*)
+      INTO built, tables
       FROM pg_dist_shard s
       JOIN pg_class r ON r.oid = s.logicalrelid
       JOIN pg_dist_placement p ON p.shardid = s.shardid
@@ -127,7 +133,11 @@ BEGIN
     IF built IS NULL THEN
         RAISE EXCEPTION 'the cell is not on this node' USING ERRCODE = '55M01';
     END IF;
-    IF built IS NOT DISTINCT FROM obj_description(to_regnamespace(views), 'pg_namespace') THEN
+    -- Built from these tables, and whole: a shard dropped since (moved away and back) took
+    -- its view with it.
+    IF built IS NOT DISTINCT FROM obj_description(to_regnamespace(views), 'pg_namespace')
+       AND tables = (SELECT count(*) FROM pg_class
+                      WHERE relnamespace = to_regnamespace(views) AND relkind = 'v') THEN
         RETURN;
     END IF;
     -- The views are this node's own: not distributed, not sent to other nodes.

@@ -189,6 +189,7 @@ impl Worker {
         match stopped {
             Stopped::OwnerIdTaken => Err(Error::OwnerIdInUse),
             Stopped::TransactionPooler => Err(ConfigError::TransactionPooler.into()),
+            Stopped::CellMoved => Err(Error::CellMoved),
             Stopped::Draining => Ok(()),
         }
     }

@@ -63,6 +63,9 @@ pub(crate) struct Shared {
     /// A give-back found its claim gone: recovery may have charged this live replica an attempt
     /// (`maintain::refund`).
     pub(crate) refund_due: tokio::sync::Notify,
+    /// The cell the replica runs in, if any ([`DatabaseConfig::cell`]): on Citus, a failed claim
+    /// asks where it lives now (`claim::dispatch::cell_moved`).
+    pub(crate) cell: Option<String>,
 }
 
 impl Shared {
@@ -117,6 +120,7 @@ impl Shared {
             pooler: db_config.pooler,
             orphans: claimer::Orphans::new(since),
             refund_due: tokio::sync::Notify::new(),
+            cell: db_config.cell.clone(),
         })
     }
 

@@ -156,8 +156,10 @@ async fn open_admin(db_config: &DatabaseConfig, start_up: &db::StartUp) -> Resul
 async fn open_checked(db_config: &DatabaseConfig, role: &str) -> Result<(db::Pool, i32), Error> {
     let pool = db::connect_pool(db_config, role).await?;
     let conn = db::checkout(&pool).await?;
-    let version = schema::check_compatible(&conn).await?;
+    // The session's settings first: on Citus they ready the node views the schema is read
+    // through.
     db::check_session_settings(&*conn, db_config).await?;
+    let version = schema::check_compatible(&conn).await?;
     drop(conn);
     Ok((pool, version))
 }
@@ -176,7 +178,9 @@ struct Run {
 /// `work`: starts a replica within the start-up bounds (each step retried on lost connections),
 /// declares the schedules of its file (if any) in one transaction, serves its metrics if asked,
 /// and runs it until `shutdown`. With `starts_file` (set only by `bench offered-load`), it
-/// records its handler starts and writes them there once stopped.
+/// records its handler starts and writes them there once stopped. A replica whose cell moved to
+/// another Citus node ([`Error::CellMoved`]) stops and starts again, within a start-up bound as
+/// long as the first, on the node that holds the cell now.
 async fn work(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
@@ -189,7 +193,7 @@ async fn work(
         starts_file,
     } = run;
     let starts = starts_file.map(|file| (file, crate::bench::starts::StartLog::default()));
-    let metrics = match worker_config.metrics_listen {
+    let mut metrics = match worker_config.metrics_listen {
         Some(address) => Some(
             tokio::net::TcpListener::bind(address)
                 .await
@@ -197,53 +201,123 @@ async fn work(
         ),
         None => None,
     };
-    let (pool, version) = start_up.run(|| open_checked(db_config, "worker")).await?;
-    tracing::info!(
-        schema_version = version,
-        owner_id = %worker_config.owner_id,
-        "worker starting"
-    );
-    if let Some((text, secret)) = &declared {
-        let count = start_up
-            .run(|| async {
-                let mut conn = db::checkout(&pool).await?;
-                durable_etl::service::schedules::declare_file(&mut conn, secret, text).await
-            })
-            .await?;
-        tracing::info!(schedules = count, "schedules declared");
-    }
-    let worker = start_up
-        .run(|| {
-            let registry = durable_etl::job::handler::Registry::new()
-                .perform(durable_etl::kinds::etl::load::EtlLoad::default())
-                .register(durable_etl::job::handler::Noop);
-            let registry = match &starts {
-                Some((_, log)) => log.wrap(&registry),
-                None => registry,
-            };
-            durable_etl::worker::Worker::start(
-                pool.clone(),
-                db_config,
-                worker_config.clone(),
-                registry,
-            )
-        })
-        .await?;
-    if let Some(listener) = metrics {
-        let stats = worker.stats_handle();
-        let serving =
-            durable_etl::service::metrics::serve_worker(listener, stats, pool, shutdown.clone());
-        tokio::spawn(async move {
-            if let Err(e) = serving.await {
-                tracing::warn!(code = %e.code(), "metrics endpoint stopped");
+    let bound = start_up
+        .deadline
+        .saturating_duration_since(tokio::time::Instant::now());
+    let (mut db_config, mut start_up) = (db_config.clone(), start_up.clone());
+    let incarnation = Incarnation {
+        worker_config: &worker_config,
+        declared: declared.as_ref(),
+        starts: starts.as_ref().map(|(_, log)| log),
+    };
+    let ran = loop {
+        let (worker, pool) = incarnation.start(&db_config, &start_up).await?;
+        // The first incarnation serves on the listener bound before it; a later one binds the
+        // address again, freed by its predecessor's.
+        let listener = match (metrics.take(), worker_config.metrics_listen) {
+            (Some(listener), _) => Some(listener),
+            (None, Some(address)) => Some(
+                tokio::net::TcpListener::bind(address)
+                    .await
+                    .map_err(|source| Error::Listen { address, source })?,
+            ),
+            (None, None) => None,
+        };
+        let serving = listener.map(|listener| serve_metrics(listener, &worker, pool, &shutdown));
+        let ran = worker.run(shutdown.clone()).await;
+        if let Some(serving) = serving {
+            // The next incarnation serves its own counters on the same address.
+            serving.abort();
+            let _ = serving.await;
+        }
+        match ran {
+            Err(Error::CellMoved) => {
+                tracing::warn!(code = %durable_etl::Code::CellMoved, "the cell moved; starting on its new node");
+                start_up.deadline = tokio::time::Instant::now() + bound;
+                db_config = on_cell_node(&db_config, &start_up).await?;
             }
-        });
-    }
-    let ran = worker.run(shutdown).await;
+            ran => break ran,
+        }
+    };
     match starts {
         Some((file, log)) => ran.and(log.write(&file).map_err(Error::io)),
         None => ran,
     }
+}
+
+/// One start of `work`'s replica, on the node its configuration names.
+struct Incarnation<'a> {
+    /// The replica's configuration.
+    worker_config: &'a WorkerConfig,
+    /// The schedules file's text and the secret its owners are digested under, if any.
+    declared: Option<&'a (String, durable_etl::Secret)>,
+    /// Bench only: the log its handler starts are recorded in.
+    starts: Option<&'a crate::bench::starts::StartLog>,
+}
+
+impl Incarnation<'_> {
+    /// Opens the replica's pool, declares its schedules and starts it, each a start-up step;
+    /// returns it with its pool.
+    async fn start(
+        &self,
+        db_config: &DatabaseConfig,
+        start_up: &db::StartUp,
+    ) -> Result<(durable_etl::worker::Worker, db::Pool), Error> {
+        let (pool, version) = start_up.run(|| open_checked(db_config, "worker")).await?;
+        tracing::info!(
+            schema_version = version,
+            owner_id = %self.worker_config.owner_id,
+            "worker starting"
+        );
+        if let Some((text, secret)) = self.declared {
+            let count = start_up
+                .run(|| async {
+                    let mut conn = db::checkout(&pool).await?;
+                    durable_etl::service::schedules::declare_file(&mut conn, secret, text).await
+                })
+                .await?;
+            tracing::info!(schedules = count, "schedules declared");
+        }
+        let worker = start_up
+            .run(|| {
+                let registry = durable_etl::job::handler::Registry::new()
+                    .perform(durable_etl::kinds::etl::load::EtlLoad::default())
+                    .register(durable_etl::job::handler::Noop);
+                let registry = match self.starts {
+                    Some(log) => log.wrap(&registry),
+                    None => registry,
+                };
+                durable_etl::worker::Worker::start(
+                    pool.clone(),
+                    db_config,
+                    self.worker_config.clone(),
+                    registry,
+                )
+            })
+            .await?;
+        Ok((worker, pool))
+    }
+}
+
+/// Serves `worker`'s metrics on `listener` until `shutdown` (or until aborted), in a task of its
+/// own.
+fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    worker: &durable_etl::worker::Worker,
+    pool: db::Pool,
+    shutdown: &durable_etl::shutdown::Shutdown,
+) -> tokio::task::JoinHandle<()> {
+    let serving = durable_etl::service::metrics::serve_worker(
+        listener,
+        worker.stats_handle(),
+        pool,
+        shutdown.clone(),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = serving.await {
+            tracing::warn!(code = %e.code(), "metrics endpoint stopped");
+        }
+    })
 }
 
 /// `migrate`: applies or reverses migrations, printing the version reached and how many changed

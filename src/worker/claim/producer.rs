@@ -130,6 +130,9 @@ pub(crate) enum Stopped {
     OwnerIdTaken,
     /// A claim met an undeclared transaction-mode pooler ([`dispatch::undeclared_pooler`]).
     TransactionPooler,
+    /// A claim met the node fence of a cell that moved to another Citus node
+    /// ([`dispatch::cell_moved`]).
+    CellMoved,
 }
 
 impl Producer {
@@ -185,6 +188,9 @@ impl Producer {
                     self.claiming = None;
                     if dispatch::undeclared_pooler(&self.shared, claimed.jobs.as_ref().err()) {
                         return Stopped::TransactionPooler;
+                    }
+                    if dispatch::cell_moved(&self.shared, claimed.jobs.as_ref().err()).await {
+                        return Stopped::CellMoved;
                     }
                     let join = self.take_claimed(claimed).await;
                     reason = self.wake.again.take().or(join);
