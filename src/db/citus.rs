@@ -113,10 +113,16 @@ DECLARE
     views constant text := '_:cell';
     built text;
     tables int;
+    cell_views int;
+    view_names text[];
+    view_bodies text[];
     t record;
     c record;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('durable_etl.node_views.' || cell));
+    -- The cell's own views print with its tables' names unqualified, to be read again through
+    -- the node views.
+    PERFORM set_config('search_path', cell, true);
     SELECT md5(string_agg(format('%s/%s/%s', r.relname, s.shardid,
                    (SELECT string_agg(a.attname || ':' || format_type(a.atttypid, a.atttypmod)
                                       || ':' || a.attidentity::text, ',' ORDER BY a.attnum)
@@ -133,10 +139,16 @@ BEGIN
     IF built IS NULL THEN
         RAISE EXCEPTION 'the cell is not on this node' USING ERRCODE = '55M01';
     END IF;
+    SELECT array_agg(v.relname ORDER BY v.oid), array_agg(pg_get_viewdef(v.oid) ORDER BY v.oid)
+      INTO view_names, view_bodies
+      FROM pg_class v
+     WHERE v.relnamespace = to_regnamespace(cell) AND v.relkind = 'v';
+    cell_views := coalesce(cardinality(view_names), 0);
+    built := md5(built || coalesce(array_to_string(view_names || view_bodies, ';'), ''));
     -- Built from these tables, and whole: a shard dropped since (moved away and back) took
     -- its view with it.
     IF built IS NOT DISTINCT FROM obj_description(to_regnamespace(views), 'pg_namespace')
-       AND tables = (SELECT count(*) FROM pg_class
+       AND tables + cell_views = (SELECT count(*) FROM pg_class
                       WHERE relnamespace = to_regnamespace(views) AND relkind = 'v') THEN
         RETURN;
     END IF;
@@ -178,6 +190,11 @@ BEGIN
                            t.relname, c.attname,
                            pg_get_serial_sequence(format('%I.%I', cell, t.relname), c.attname));
         END LOOP;
+    END LOOP;
+    -- The cell's views again, over the node views (the cell's own read Citus's tables).
+    PERFORM set_config('search_path', format('%I,%I', views, cell), true);
+    FOR i IN 1 .. cell_views LOOP
+        EXECUTE format('CREATE VIEW %I.%I AS %s', views, view_names[i], view_bodies[i]);
     END LOOP;
     EXECUTE format('COMMENT ON SCHEMA %I IS %L', views, built);
 END
