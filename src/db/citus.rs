@@ -144,7 +144,9 @@ BEGIN
       FROM pg_class v
      WHERE v.relnamespace = to_regnamespace(cell) AND v.relkind = 'v';
     cell_views := coalesce(cardinality(view_names), 0);
-    built := md5(built || coalesce(array_to_string(view_names || view_bodies, ';'), ''));
+    -- What this release builds, too: a release that builds them otherwise rebuilds them.
+    built := md5('node views 1;' || built
+                 || coalesce(array_to_string(view_names || view_bodies, ';'), ''));
     -- Built from these tables, and whole: a shard dropped since (moved away and back) took
     -- its view with it.
     IF built IS NOT DISTINCT FROM obj_description(to_regnamespace(views), 'pg_namespace')
@@ -178,7 +180,10 @@ BEGIN
          WHERE r.relnamespace = to_regnamespace(cell)
            AND p.groupid = (SELECT groupid FROM pg_dist_local_group)
     LOOP
-        EXECUTE format('CREATE VIEW %I.%I AS SELECT * FROM %s', views, t.relname, t.shard);
+        -- The row versions' transaction ids too, which statements read as they would off the
+        -- table (an upsert's `xmax = 0` tells an insert from an update).
+        EXECUTE format('CREATE VIEW %I.%I AS SELECT *, xmin, xmax FROM %s', views, t.relname,
+                       t.shard);
         EXECUTE format('CREATE TRIGGER durable_etl_node_fence BEFORE INSERT OR UPDATE OR DELETE '
                        'ON %s FOR EACH STATEMENT EXECUTE FUNCTION %I.durable_etl_node_fence(%L)',
                        t.shard, views, t.shardid);

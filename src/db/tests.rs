@@ -65,8 +65,11 @@ fn pg_config_sets_session_safety_options() {
         options.contains("client_connection_check_interval=1000"),
         "{options}"
     );
-    // Outside a cell the session's search path is the server's; a cell's is its schema alone.
+    // Outside a cell the session's search path is the server's; a cell's is its node views
+    // (on Citus) and its schema, and Citus's distributed execution is off; a migration's is the
+    // cell's schema alone.
     assert!(!options.contains("search_path"), "{options}");
+    assert!(!options.contains("citus"), "{options}");
     let cell = DatabaseConfig {
         cell: Some("cell_a".to_owned()),
         ..DatabaseConfig::default()
@@ -76,14 +79,22 @@ fn pg_config_sets_session_safety_options() {
         cell_options
             .get_options()
             .unwrap()
-            .ends_with(" -c search_path=cell_a"),
+            .ends_with(" -c search_path=_cell_a,cell_a -c citus.use_secondary_nodes=always"),
         "{cell_options:?}"
+    );
+    let migrating = pg_config(&cell, "migrate").unwrap();
+    assert!(
+        migrating
+            .get_options()
+            .unwrap()
+            .ends_with(" -c search_path=cell_a"),
+        "{migrating:?}"
     );
     let pg13 = DatabaseConfig {
         client_check_interval: Duration::ZERO,
         ..DatabaseConfig::default()
     };
-    assert!(!super::options(&pg13).contains("client_connection_check_interval"));
+    assert!(!super::options(&pg13, "worker").contains("client_connection_check_interval"));
     let bad = DatabaseConfig {
         url: "postgres://h:x/db".into(),
         ..DatabaseConfig::default()

@@ -3,7 +3,8 @@
 //! session beats (`beat`), which is what recovery (`worker::maintain`) judges owners by; the
 //! session LISTENs and holds the owner lock (`session`); presence says whether the replica
 //! waits for work (`presence`); the reporter tells the console how the replica fares
-//! (`reporter`), and once a minute how the backlog does (`backlog`).
+//! (`reporter`), and once a minute how the backlog does (`backlog`); on Citus, the replica
+//! watches that its node still holds its cell (`placement`).
 //!
 //! Invariants this stage keeps:
 //! - A replica stops trusting a lease before the database expires it, and before recovery may
@@ -16,6 +17,7 @@ pub(crate) mod direct;
 #[doc(hidden)]
 pub mod heartbeat;
 pub(crate) mod held;
+pub(crate) mod placement;
 pub(crate) mod presence;
 pub(crate) mod reporter;
 pub(crate) mod session;

@@ -166,6 +166,8 @@ impl Worker {
         maintain::spawn(&mut roles, &self.shared, &catch_up, &stop_rescuer);
         let (shared, stop) = (Arc::clone(&self.shared), stop_rescuer.clone());
         roles.spawn(reporter::run(shared, held.clone(), stop));
+        let (shared, stop) = (Arc::clone(&self.shared), stop_rescuer.clone());
+        roles.spawn(liveness::placement::run(shared, stop));
         let mut producer = Producer::new(Arc::clone(&self.shared), held.clone());
         let stopped = producer.run(&catch_up, &mut shutdown).await;
         let shutdown_span = tracing::info_span!("shutdown", running = held.len());

@@ -63,9 +63,12 @@ pub(crate) struct Shared {
     /// A give-back found its claim gone: recovery may have charged this live replica an attempt
     /// (`maintain::refund`).
     pub(crate) refund_due: tokio::sync::Notify,
-    /// The cell the replica runs in, if any ([`DatabaseConfig::cell`]): on Citus, a failed claim
-    /// asks where it lives now (`claim::dispatch::cell_moved`).
-    pub(crate) cell: Option<String>,
+    /// The replica's cell, if it lives on a Citus node (found at start): the placement watch
+    /// asks whether it still does (`liveness::placement`).
+    pub(crate) citus_cell: Option<String>,
+    /// The replica's cell moved to another Citus node: the claim loop stops
+    /// (`liveness::placement`, `claim::dispatch::cell_moved`).
+    pub(crate) moved: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -91,6 +94,14 @@ impl Shared {
             .first()
             .map(|row| row.get(0))
             .ok_or(Error::Unavailable(None))?;
+        let citus_cell = match &db_config.cell {
+            Some(cell) => {
+                let conn = db::checkout(&pool).await?;
+                (db::citus::locate(&*conn, cell).await? == db::citus::Placement::Here)
+                    .then(|| cell.clone())
+            }
+            None => None,
+        };
         let alive_locked = config.alive_locked(db_config);
         let alive = alive_locked.then_some(config.owner_id.as_str());
         let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats), alive).await?;
@@ -120,7 +131,8 @@ impl Shared {
             pooler: db_config.pooler,
             orphans: claimer::Orphans::new(since),
             refund_due: tokio::sync::Notify::new(),
-            cell: db_config.cell.clone(),
+            citus_cell,
+            moved: tokio::sync::Notify::new(),
         })
     }
 

@@ -1,9 +1,14 @@
 //! Cells on Citus schema-based sharding, on a private coordinator and two workers: a cell is
 //! migrated through the coordinator into one worker, and sessions on that worker run it.
 
-use crate::support::{count, Citus};
+use crate::support::{
+    count, enqueue_loads, eventually, insert_jobs, spawn_replica_logged, Citus, LOAD_SECRET,
+};
 use durable_etl::config::DatabaseConfig;
+use durable_etl::job::handler::NOOP_KIND;
 use durable_etl::{db, schema};
+use serde_json::json;
+use std::process::Child;
 
 /// Cell `cell` of the Citus node at `url`.
 fn cell_at(url: String, cell: &str) -> DatabaseConfig {
@@ -67,4 +72,298 @@ async fn a_cell_migrated_through_the_coordinator_lives_whole_on_one_worker() {
     assert_eq!(channel, "durable_etl_jobs.cell_one");
     // Migrating again through the coordinator applies nothing.
     assert!(schema::migrate(&through).await.unwrap().changed.is_empty());
+}
+
+/// The coordinator's URL and the cell `cell` migrated through it, with a session of the cell on
+/// the worker that holds it (its node views readied).
+async fn migrated(citus: &Citus, cell: &str) -> (String, tokio_postgres::Client) {
+    let coordinator = Citus::url(&citus.coordinator);
+    schema::migrate(&cell_at(coordinator.clone(), cell))
+        .await
+        .unwrap();
+    (coordinator, on_node(citus, cell).await)
+}
+
+/// A session of cell `cell` on the worker that holds it now, its node views readied.
+async fn on_node(citus: &Citus, cell: &str) -> tokio_postgres::Client {
+    let port = citus.node_of(cell).await;
+    let worker = citus.workers.iter().find(|w| w.port() == port).unwrap();
+    let cfg = cell_at(Citus::url(worker), cell);
+    let client = db::connect(&cfg, "test").await.unwrap();
+    db::check_cell(&client, &cfg).await.unwrap();
+    client
+}
+
+/// A replica process, killed when dropped (a failed test leaves none behind).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A replica of cell `cell` started as a deployment starts it: the real binary, given the
+/// coordinator's URL, polling once a minute (only wakes and its own claims bring work), its
+/// warnings written to `log`.
+fn replica(coordinator: &str, cell: &str, owner: &str, log: &std::path::Path) -> Running {
+    Running(spawn_replica_logged(
+        coordinator,
+        owner,
+        &[
+            "--cell",
+            cell,
+            "--poll-interval",
+            "60s",
+            "--secret",
+            LOAD_SECRET,
+        ],
+        std::fs::File::create(log).unwrap().into(),
+        "warn",
+    ))
+}
+
+/// A file for the warnings of replica `owner` of this test process.
+fn log_file(owner: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "durable-etl-citus-{}-{owner}.log",
+        std::process::id()
+    ))
+}
+
+/// Waits until `n` replicas of the cell beat on `client`'s node.
+async fn until_beating(client: &tokio_postgres::Client, n: i64) {
+    eventually(&format!("{n} replicas beating"), || async move {
+        count(client, "etl_owner_beats").await == n
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_given_the_coordinator_run_the_cell_on_its_node_woken_by_its_enqueues() {
+    let citus = Citus::start().await;
+    let (coordinator, client) = migrated(&citus, "cell_run").await;
+    let mut replicas: Vec<Running> = ["run-a", "run-b"]
+        .iter()
+        .map(|owner| replica(&coordinator, "cell_run", owner, &log_file(owner)))
+        .collect();
+    until_beating(&client, 2).await;
+
+    // ETL jobs enqueued on the node run once each, brought by their wakes (the poll is a minute
+    // away), their effects written once.
+    let ids = enqueue_loads(&client, "run", 60, 2, 3).await;
+    eventually("60 loads succeeded", || async {
+        count(&client, "etl_jobs WHERE status = 'succeeded'").await == 60
+    })
+    .await;
+    assert_eq!(count(&client, "etl_target_rows").await, 120);
+    assert_eq!(count(&client, "etl_jobs WHERE attempts = 1").await, 60);
+    assert_eq!(ids.len(), 60);
+
+    // A replica killed with jobs in flight: the other recovers them on the same node (its
+    // owner locks and beats are the node's), each ends once.
+    let paused = vec![json!({"pause_ms": 3000}); 8];
+    insert_jobs(&client, NOOP_KIND, &paused, 3).await;
+    eventually("paused jobs running", || async {
+        count(&client, "etl_job_records WHERE status = 'running'").await > 0
+    })
+    .await;
+    let holder: String = client
+        .query_one(
+            "SELECT lease_owner_id FROM etl_job_records WHERE status = 'running' LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let killed = usize::from(holder == "run-b");
+    replicas[killed].0.kill().unwrap();
+    replicas[killed].0.wait().unwrap();
+    eventually("the paused jobs succeeded", || async {
+        count(&client, "etl_jobs WHERE status = 'succeeded'").await == 68
+    })
+    .await;
+    assert_eq!(count(&client, "etl_job_records").await, 0);
+    assert_eq!(count(&client, "etl_job_outcomes").await, 68);
+
+    // Only the cell's node has its views; the other worker and the coordinator have none.
+    let port = citus.node_of("cell_run").await;
+    for node in std::iter::once(&citus.coordinator).chain(&citus.workers) {
+        let views = count(
+            &Citus::session(node).await,
+            "pg_namespace WHERE nspname = '_cell_run'",
+        )
+        .await;
+        assert_eq!(
+            views,
+            i64::from(node.port() == port),
+            "node {}",
+            node.port()
+        );
+    }
+    for (i, mut replica) in replicas
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i != killed)
+    {
+        assert!(
+            replica.0.try_wait().unwrap().is_none(),
+            "replica {i} exited"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_the_node_views_is_carried_by_a_move_or_refused_after_it() {
+    let citus = Citus::start().await;
+    let (coordinator, mut client) = migrated(&citus, "cell_fence").await;
+    let from = citus.node_of("cell_fence").await;
+    let to = citus
+        .workers
+        .iter()
+        .find(|w| w.port() != from)
+        .unwrap()
+        .port();
+
+    // A transaction that wrote through the node views holds the fence: the move waits for it,
+    // and carries its write over.
+    let tx = client.transaction().await.unwrap();
+    let carried = insert_jobs(&tx, "test.fence", &[json!({})], 3).await[0];
+    let mover = Citus::session(&citus.coordinator).await;
+    let move_done = tokio::spawn(async move {
+        mover
+            .execute(
+                "SELECT citus_schema_move('cell_fence', '127.0.0.1', $1,
+                                          shard_transfer_mode => 'block_writes')",
+                &[&i32::from(to)],
+            )
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !move_done.is_finished(),
+        "the move did not wait for the fence"
+    );
+    tx.commit().await.unwrap();
+    move_done.await.unwrap();
+    assert_eq!(citus.node_of("cell_fence").await, to);
+
+    // After the move, a write on the old node is refused and its transaction rolls back: by the
+    // fence while the old shards are kept, by Citus once they (and their views) are dropped.
+    let refused = client
+        .execute(
+            "INSERT INTO etl_queues (queue, paused) VALUES ('after_move', true)",
+            &[],
+        )
+        .await
+        .expect_err("a write on the node the cell left");
+    let views_left = count(
+        &client,
+        "pg_class WHERE relnamespace = to_regnamespace('_cell_fence') AND relkind = 'v'",
+    )
+    .await;
+    assert!(
+        refused.code().map(|c| c.code()) == Some(db::citus::CELL_MOVED) || views_left == 0,
+        "{:?}",
+        refused.code()
+    );
+    let new_node = on_node(&citus, "cell_fence").await;
+    assert_eq!(count(&new_node, "etl_job_records").await, 1);
+    assert_eq!(
+        count(
+            &new_node,
+            &format!("etl_job_records WHERE id = '{carried}'")
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(&new_node, "etl_queues WHERE queue = 'after_move'").await,
+        0
+    );
+    drop(coordinator);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_move_with_jobs_in_flight_loses_nothing_and_the_replicas_follow_it() {
+    let citus = Citus::start().await;
+    let (coordinator, client) = migrated(&citus, "cell_move").await;
+    let from = citus.node_of("cell_move").await;
+    let to = citus
+        .workers
+        .iter()
+        .find(|w| w.port() != from)
+        .unwrap()
+        .port();
+    let owners = ["move-a", "move-b"];
+    let mut replicas: Vec<Running> = owners
+        .iter()
+        .map(|owner| replica(&coordinator, "cell_move", owner, &log_file(owner)))
+        .collect();
+    until_beating(&client, 2).await;
+
+    // Loads enqueued, and jobs computing in every slot, when the move starts.
+    enqueue_loads(&client, "before", 100, 2, 5).await;
+    insert_jobs(&client, NOOP_KIND, &vec![json!({"pause_ms": 1500}); 16], 5).await;
+    eventually("both replicas running jobs", || async {
+        count(
+            &client,
+            "(SELECT DISTINCT lease_owner_id FROM etl_job_records WHERE status = 'running') r",
+        )
+        .await
+            == 2
+    })
+    .await;
+    let started = std::time::Instant::now();
+    Citus::session(&citus.coordinator)
+        .await
+        .execute(
+            "SELECT citus_schema_move('cell_move', '127.0.0.1', $1,
+                                      shard_transfer_mode => 'block_writes')",
+            &[&i32::from(to)],
+        )
+        .await
+        .unwrap();
+    let moving = started.elapsed();
+    assert_eq!(citus.node_of("cell_move").await, to);
+
+    // Jobs enqueued on the new node run on the replicas that followed the cell there, woken by
+    // their enqueue (the poll is a minute away).
+    let client = on_node(&citus, "cell_move").await;
+    enqueue_loads(&client, "after", 50, 2, 5).await;
+    eventually("every job succeeded on the new node", || async {
+        count(&client, "etl_jobs WHERE status = 'succeeded'").await == 166
+    })
+    .await;
+    // Nothing lost, nothing done twice: one outcome per job, each load's rows written once.
+    assert_eq!(count(&client, "etl_job_records").await, 0);
+    assert_eq!(count(&client, "etl_job_outcomes").await, 166);
+    assert_eq!(count(&client, "etl_target_rows").await, 300);
+    assert_eq!(
+        count(
+            &client,
+            "(SELECT dataset, record_key FROM etl_target_rows GROUP BY 1, 2 HAVING count(*) > 1) d"
+        )
+        .await,
+        0
+    );
+    // Both replicas followed the move and run on.
+    for (owner, replica) in owners.iter().zip(&mut replicas) {
+        let log = std::fs::read_to_string(log_file(owner)).unwrap();
+        assert!(log.contains("cell_moved"), "{owner} did not follow:\n{log}");
+        assert!(replica.0.try_wait().unwrap().is_none(), "{owner} exited");
+    }
+    let gap: f64 = client
+        .query_one(
+            "SELECT coalesce(extract(epoch FROM max(gap)), 0)::float8 FROM (
+                 SELECT started_at - lag(started_at) OVER (ORDER BY started_at) AS gap
+                   FROM etl_job_outcomes) g",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    eprintln!("the move took {moving:?}; longest time without a job starting: {gap:.3} s");
 }

@@ -130,9 +130,7 @@ async fn on_cell_node(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
 ) -> Result<DatabaseConfig, Error> {
-    start_up
-        .run(|| db::citus::find_node(db_config))
-        .await
+    start_up.run(|| db::citus::find_node(db_config)).await
 }
 
 /// Opens the pool of a one-shot administrative command on the node that holds its cell and

@@ -246,28 +246,15 @@ pub(crate) async fn settle_dead_task(shared: &Shared, lease: Lease) -> Transitio
     .unwrap_or(Transition::Unwritten)
 }
 
-/// Whether a claim `failed` because the replica's cell moved to another Citus node: it met the
-/// node fence (`db::citus::CELL_MOVED`), or it failed otherwise (the node has dropped the moved
-/// shards and the views on them, so the tables are Citus's, which the replica's sessions may not
-/// use) and Citus's metadata places the cell elsewhere. The replica must stop and start again on
-/// the new node. Outside a cell, or on a lost connection, nothing is asked.
-pub(super) async fn cell_moved(shared: &Shared, failed: Option<&Error>) -> bool {
-    let (Some(cell), Some(Error::Database(e))) = (&shared.cell, failed) else {
-        return false;
-    };
-    if e.code()
-        .is_some_and(|code| code.code() == crate::db::citus::CELL_MOVED)
-    {
-        return true;
-    }
-    let Ok(conn) = db::checkout(&shared.pool).await else {
-        return false;
-    };
-    let placement = db::bounded(shared.statement_bound, crate::db::citus::locate(&*conn, cell));
-    matches!(
-        placement.await,
-        Ok(crate::db::citus::Placement::Elsewhere { .. })
-    )
+/// Whether a claim `failed` on the node fence of a cell whose shards moved to another Citus
+/// node (`db::citus::CELL_MOVED`): the replica stops at once and starts again on the new node.
+/// (Once the node dropped the moved shards, the placement watch tells it,
+/// `liveness::placement`.)
+pub(super) fn cell_moved(failed: Option<&Error>) -> bool {
+    failed.is_some_and(|e| {
+        e.db_code()
+            .is_some_and(|code| code.code() == crate::db::citus::CELL_MOVED)
+    })
 }
 
 /// Whether a claim that failed with `failed` met a transaction-mode pooler the configuration did

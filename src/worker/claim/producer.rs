@@ -130,8 +130,8 @@ pub(crate) enum Stopped {
     OwnerIdTaken,
     /// A claim met an undeclared transaction-mode pooler ([`dispatch::undeclared_pooler`]).
     TransactionPooler,
-    /// A claim met the node fence of a cell that moved to another Citus node
-    /// ([`dispatch::cell_moved`]).
+    /// The replica's cell moved to another Citus node: a claim met the node fence
+    /// ([`dispatch::cell_moved`]), or the placement watch saw it (`liveness::placement`).
     CellMoved,
 }
 
@@ -184,12 +184,13 @@ impl Producer {
             tokio::select! {
                 () = shutdown.reached(Stage::Draining) => return Stopped::Draining,
                 () = wait(signals.as_deref().map(|s| &s.fatal)) => return Stopped::OwnerIdTaken,
+                () = self.shared.moved.notified() => return Stopped::CellMoved,
                 claimed = in_flight(&mut self.claiming) => {
                     self.claiming = None;
                     if dispatch::undeclared_pooler(&self.shared, claimed.jobs.as_ref().err()) {
                         return Stopped::TransactionPooler;
                     }
-                    if dispatch::cell_moved(&self.shared, claimed.jobs.as_ref().err()).await {
+                    if dispatch::cell_moved(claimed.jobs.as_ref().err()) {
                         return Stopped::CellMoved;
                     }
                     let join = self.take_claimed(claimed).await;
