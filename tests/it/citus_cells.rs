@@ -162,7 +162,8 @@ async fn replicas_given_the_coordinator_run_the_cell_on_its_node_woken_by_its_en
     assert_eq!(ids.len(), 60);
 
     // A replica killed with jobs in flight: the other recovers them on the same node (its
-    // owner locks and beats are the node's), each ends once.
+    // owner locks and beats are the node's), each ends once. (Recovery runs twice per poll
+    // interval: within 30 s here.)
     let paused = vec![json!({"pause_ms": 3000}); 8];
     insert_jobs(&client, NOOP_KIND, &paused, 3).await;
     eventually("paused jobs running", || async {
