@@ -116,6 +116,9 @@ pub enum ConfigError {
     /// at it: the node is found from a `postgres://` URL whose hosts are not in its parameters.
     #[error("the cell's tables live on another Citus node: give a postgres:// URL (hosts not in its parameters) so the node can be found, or the node's own URL")]
     NodeUrl,
+    /// `bench --citus` was asked for a mode other than burn-down or offered load.
+    #[error("bench --citus runs burn-down and offered-load only")]
+    BenchCitusMode,
     /// `bench` was given a database name that is not its own (it drops what it creates).
     #[error("the bench database name must start with durable_etl_bench")]
     BenchDatabase,

@@ -135,6 +135,9 @@ pub(crate) struct BenchConfig {
     pub(crate) database: String,
     /// Keep the database afterwards.
     pub(crate) keep: bool,
+    /// The server is a Citus coordinator: the database is made on every node and the cell runs
+    /// on a worker (`bench::citus`).
+    pub(crate) citus: bool,
     /// Whether the replicas record their handler starts (offered load, for `ack->start`, and
     /// any run that writes a report, for its per-replica throughput): one push onto an
     /// in-memory list per job.

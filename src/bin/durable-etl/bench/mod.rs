@@ -43,6 +43,7 @@
 //!   about what the replicas did; the offered rate and lag come from the producers' own clock.
 //! - Every wait is bounded; replicas are killed when the bench ends, whatever happened.
 
+mod citus;
 pub(crate) mod config;
 mod dead_letters;
 mod depth;
@@ -89,8 +90,16 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
     if !config.database.starts_with(DATABASE_PREFIX) {
         return Err(ConfigError::BenchDatabase.into());
     }
+    if config.citus {
+        citus::check(base)?;
+    }
     let created = db::recreate_database(base, &config.database, "bench", "bench").await?;
+    let cluster = match config.citus {
+        true => Some(citus::join(base, &created, &config.database).await?),
+        false => None,
+    };
     let outcome = match config.mode {
+        _ if cluster.is_some() => on_citus(created.config.clone(), &config).await,
         Mode::Schedules { .. } => schedules::measure(&created.config, created.session, &config)
             .await
             .map(|figures| Report::of_schedules(&config, figures)),
@@ -105,8 +114,24 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
         eprintln!("kept the bench database {}", config.database);
     } else {
         db::drop_created(base, &config.database, created.oid).await?;
+        if let Some(cluster) = &cluster {
+            cluster.drop_all(&config.database).await?;
+        }
     }
     outcome
+}
+
+/// The bench on Citus (`citus`): migrates the cell of `coordinator` (the bench database on the
+/// coordinator) through it, then measures on the worker that holds the cell.
+async fn on_citus(coordinator: DatabaseConfig, config: &BenchConfig) -> Result<Report, Error> {
+    if !matches!(config.mode, Mode::BurnDown { .. } | Mode::OfferedLoad { .. }) {
+        return Err(ConfigError::BenchCitusMode.into());
+    }
+    durable_etl::schema::migrate(&coordinator).await?;
+    let node = db::citus::find_node(&coordinator).await?;
+    let session = db::connect(&node, "bench").await?;
+    db::check_cell(&session, &node).await?;
+    measure(&node, session, config).await
 }
 
 /// Fills the queue (burn-down), starts the replicas, offers the load, waits for every job, and
@@ -116,7 +141,10 @@ async fn measure(
     mut client: tokio_postgres::Client,
     config: &BenchConfig,
 ) -> Result<Report, Error> {
-    durable_etl::schema::migrate_session(&mut client, db_config).await?;
+    // On Citus the cell was migrated through the coordinator (`on_citus`).
+    if !config.citus {
+        durable_etl::schema::migrate_session(&mut client, db_config).await?;
+    }
     let jobs = match config.mode {
         Mode::BurnDown { jobs } => jobs,
         Mode::OfferedLoad {

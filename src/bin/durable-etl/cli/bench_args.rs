@@ -205,6 +205,12 @@ pub(crate) struct BenchArgs {
     /// Keep the bench database afterwards.
     #[arg(long)]
     pub(crate) keep: bool,
+    /// DATABASE_URL names a Citus coordinator (its `postgres` database lists the workers): the
+    /// bench database is made on every node with Citus set up in it, the cell (--cell, required)
+    /// is migrated through the coordinator, and the bench fills, reads its figures and samples
+    /// the server's CPU on the worker that holds the cell. Burn-down and offered load only.
+    #[arg(long)]
+    pub(crate) citus: bool,
     /// Print the figures as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
@@ -419,6 +425,7 @@ fn config(mode: Mode, common: &BenchArgs) -> Result<BenchConfig, clap::Error> {
             .clone()
             .unwrap_or_else(crate::bench::database_name),
         keep: common.keep,
+        citus: common.citus,
         record_starts: matches!(mode, Mode::OfferedLoad { .. } | Mode::DepthTarget { .. })
             || common.report.is_some()
             || shape.cap.is_some(),
