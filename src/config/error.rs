@@ -116,6 +116,9 @@ pub enum ConfigError {
     /// at it: the node is found from a `postgres://` URL whose hosts are not in its parameters.
     #[error("the cell's tables live on another Citus node: give a postgres:// URL (hosts not in its parameters) so the node can be found, or the node's own URL")]
     NodeUrl,
+    /// `bench --citus-worker` named a worker past the last of the coordinator's list.
+    #[error("bench --citus-worker names a worker the coordinator does not list")]
+    BenchCitusWorker,
     /// `bench --citus` was asked for a mode other than burn-down or offered load.
     #[error("bench --citus runs burn-down and offered-load only")]
     BenchCitusMode,

@@ -117,6 +117,44 @@ pub(super) async fn join(
     Ok(cluster)
 }
 
+/// Moves the cell of `coordinator` (the bench database on the coordinator) to worker `worker`
+/// (its position in the coordinator's list of workers), unless it is there already; the cell is
+/// empty, so the move is a moment.
+///
+/// # Errors
+/// [`ConfigError::BenchCitusWorker`] for a position past the last worker; database errors.
+pub(super) async fn place(coordinator: &DatabaseConfig, worker: usize) -> Result<(), Error> {
+    let Some(cell) = &coordinator.cell else {
+        return Err(ConfigError::CellName.into());
+    };
+    let session = db::connect(
+        &DatabaseConfig {
+            cell: None,
+            ..coordinator.clone()
+        },
+        "bench",
+    )
+    .await?;
+    let nodes = session.query(NODES_SQL, &[]).await?;
+    let (host, port): (String, i32) = nodes
+        .iter()
+        .filter(|row| !row.get::<_, bool>(2))
+        .nth(worker)
+        .map(|row| (row.get(0), row.get(1)))
+        .ok_or(ConfigError::BenchCitusWorker)?;
+    session
+        .execute(
+            "SELECT citus_schema_move($1::text::regnamespace, $2::text, $3::int4,
+                                      shard_transfer_mode => 'block_writes')
+              WHERE NOT EXISTS (SELECT 1 FROM citus_shards
+                                 WHERE table_name = to_regclass($1::text || '.etl_job_records')
+                                   AND nodename = $2 AND nodeport = $3)",
+            &[cell, &host, &port],
+        )
+        .await?;
+    Ok(())
+}
+
 /// Refuses a Citus run without a cell (`base` names none).
 ///
 /// # Errors

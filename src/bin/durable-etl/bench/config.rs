@@ -138,6 +138,8 @@ pub(crate) struct BenchConfig {
     /// The server is a Citus coordinator: the database is made on every node and the cell runs
     /// on a worker (`bench::citus`).
     pub(crate) citus: bool,
+    /// On Citus, the worker (by position) the cell is moved to before the bench starts.
+    pub(crate) citus_worker: Option<usize>,
     /// Whether the replicas record their handler starts (offered load, for `ack->start`, and
     /// any run that writes a report, for its per-replica throughput): one push onto an
     /// in-memory list per job.

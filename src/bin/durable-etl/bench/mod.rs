@@ -124,13 +124,30 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
 /// The bench on Citus (`citus`): migrates the cell of `coordinator` (the bench database on the
 /// coordinator) through it, then measures on the worker that holds the cell.
 async fn on_citus(coordinator: DatabaseConfig, config: &BenchConfig) -> Result<Report, Error> {
-    if !matches!(config.mode, Mode::BurnDown { .. } | Mode::OfferedLoad { .. }) {
+    if !matches!(
+        config.mode,
+        Mode::BurnDown { .. } | Mode::OfferedLoad { .. }
+    ) {
         return Err(ConfigError::BenchCitusMode.into());
     }
     durable_etl::schema::migrate(&coordinator).await?;
+    if let Some(worker) = config.citus_worker {
+        citus::place(&coordinator, worker).await?;
+    }
     let node = db::citus::find_node(&coordinator).await?;
     let session = db::connect(&node, "bench").await?;
     db::check_cell(&session, &node).await?;
+    let address: (String, i32) = session
+        .query_one(
+            "SELECT coalesce(host(inet_server_addr()), ''), inet_server_port()",
+            &[],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1)))?;
+    eprintln!(
+        "the cell runs on the Citus node {}:{}",
+        address.0, address.1
+    );
     measure(&node, session, config).await
 }
 

@@ -211,6 +211,11 @@ pub(crate) struct BenchArgs {
     /// the server's CPU on the worker that holds the cell. Burn-down and offered load only.
     #[arg(long)]
     pub(crate) citus: bool,
+    /// With --citus: the worker (its position in the coordinator's list, from 0) that the cell
+    /// is moved to before the bench starts, if Citus placed it on another (two benches of two
+    /// cells on two workers, say).
+    #[arg(long, requires = "citus")]
+    pub(crate) citus_worker: Option<usize>,
     /// Print the figures as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
@@ -426,6 +431,7 @@ fn config(mode: Mode, common: &BenchArgs) -> Result<BenchConfig, clap::Error> {
             .unwrap_or_else(crate::bench::database_name),
         keep: common.keep,
         citus: common.citus,
+        citus_worker: common.citus_worker,
         record_starts: matches!(mode, Mode::OfferedLoad { .. } | Mode::DepthTarget { .. })
             || common.report.is_some()
             || shape.cap.is_some(),
