@@ -132,3 +132,49 @@ fn the_database_changes_and_nothing_else() {
     assert_eq!(pg.get_dbname(), Some("durable_etl_bench 'é'/?"));
     assert!(with_dbname("not a url ::", "x").is_err());
 }
+
+#[test]
+fn a_url_pointed_at_a_node_keeps_all_but_its_hosts() {
+    let cases = [
+        (
+            "postgres://u:s3cret@coord:5432,standby:5433/app?sslmode=disable",
+            "postgres://u:s3cret@10.0.0.7:6001/app?sslmode=disable",
+        ),
+        ("postgresql://h/app", "postgresql://10.0.0.7:6001/app"),
+        ("postgres://u@h", "postgres://u@10.0.0.7:6001"),
+    ];
+    for (url, expected) in cases {
+        assert_eq!(with_node(url, "10.0.0.7", 6001).unwrap(), expected);
+    }
+    // An IPv6 node is bracketed.
+    assert_eq!(
+        with_node("postgres://u@h/app", "::1", 6001).unwrap(),
+        "postgres://u@[::1]:6001/app"
+    );
+    // A key-value string, or hosts named in the parameters, cannot be pointed at one node.
+    for refused in [
+        "host=h user=u dbname=app",
+        "postgres://u@h/app?host=other",
+        "postgres://u@h/app?hostaddr=10.0.0.9",
+    ] {
+        assert!(
+            matches!(
+                with_node(refused, "10.0.0.7", 6001),
+                Err(ConfigError::NodeUrl)
+            ),
+            "{refused}"
+        );
+    }
+    assert!(matches!(
+        with_node("not a url ::", "h", 1),
+        Err(ConfigError::DatabaseUrl)
+    ));
+}
+
+#[test]
+fn a_cells_node_views_live_in_a_schema_no_cell_can_take() {
+    assert_eq!(citus::node_schema("tenants_a"), "_tenants_a");
+    assert!(!crate::config::cell_name_ok(&citus::node_schema(
+        "tenants_a"
+    )));
+}

@@ -368,3 +368,80 @@ async fn a_schema_move_with_jobs_in_flight_loses_nothing_and_the_replicas_follow
         .get(0);
     eprintln!("the move took {moving:?}; longest time without a job starting: {gap:.3} s");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_on_citus_runs_its_cell_on_the_worker_it_names() {
+    let citus = Citus::start().await;
+    let url = Citus::url(&citus.coordinator);
+    let run = |args: &[&str]| {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        crate::support::binary(&url, &all)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    let common = [
+        "--jobs",
+        "300",
+        "--replicas",
+        "2",
+        "--cell",
+        "cell_bench",
+        "--citus",
+        "--bench-database",
+        "durable_etl_bench_citus_test",
+        "--json",
+    ];
+    for worker in [1, 0] {
+        let mut args = vec!["burn-down", "--citus-worker"];
+        let position = worker.to_string();
+        args.push(&position);
+        args.extend_from_slice(&common);
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["succeeded"], 300, "{report}");
+        assert_eq!(report["config"]["citus"], true);
+        let port = citus.workers[worker].port();
+        assert!(
+            stderr.contains(&format!("on the Citus node 127.0.0.1:{port}")),
+            "{stderr}"
+        );
+    }
+    // The bench dropped what it made on every node.
+    for node in std::iter::once(&citus.coordinator).chain(&citus.workers) {
+        let left = count(
+            &Citus::session(node).await,
+            "pg_database WHERE datname = 'durable_etl_bench_citus_test'",
+        )
+        .await;
+        assert_eq!(left, 0, "node {}", node.port());
+    }
+    // Without a cell, or in a mode it does not run, it is refused before it makes anything.
+    let no_cell = run(&[
+        "burn-down",
+        "--citus",
+        "--bench-database",
+        "durable_etl_bench_c2",
+    ]);
+    assert_eq!(no_cell.status.code(), Some(2));
+    let recovery = run(&[
+        "recovery",
+        "--citus",
+        "--cell",
+        "cell_bench",
+        "--bench-database",
+        "durable_etl_bench_c3",
+    ]);
+    assert_eq!(recovery.status.code(), Some(2));
+    for node in std::iter::once(&citus.coordinator).chain(&citus.workers) {
+        let made = count(
+            &Citus::session(node).await,
+            "pg_database WHERE datname IN ('durable_etl_bench_c2', 'durable_etl_bench_c3')",
+        )
+        .await;
+        assert_eq!(made, 0, "node {}", node.port());
+    }
+}

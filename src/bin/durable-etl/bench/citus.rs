@@ -8,9 +8,11 @@
 //! - It touches only the databases it creates, one per node, each marked and dropped as the
 //!   bench's own database is (`durable_etl::db::recreate_database`); the cluster's own databases
 //!   are only read.
-//! - A run without a cell is refused before anything is created: on Citus the cell is what is
-//!   distributed, and its processes run on its node.
+//! - A run without a cell, or of a mode other than burn-down and offered load, is refused before
+//!   anything is created: on Citus the cell is what is distributed, and its processes run on its
+//!   node.
 
+use super::Mode;
 use durable_etl::config::{ConfigError, DatabaseConfig};
 use durable_etl::db::{self, CreatedDatabase};
 use durable_etl::error::Error;
@@ -155,13 +157,17 @@ pub(super) async fn place(coordinator: &DatabaseConfig, worker: usize) -> Result
     Ok(())
 }
 
-/// Refuses a Citus run without a cell (`base` names none).
+/// Refuses a Citus run without a cell (`base` names none) or in a mode other than burn-down and
+/// offered load, before anything is made.
 ///
 /// # Errors
-/// [`ConfigError::CellName`].
-pub(super) fn check(base: &DatabaseConfig) -> Result<(), Error> {
+/// [`ConfigError::CellName`]; [`ConfigError::BenchCitusMode`].
+pub(super) fn check(base: &DatabaseConfig, mode: &Mode) -> Result<(), Error> {
     if base.cell.is_none() {
         return Err(ConfigError::CellName.into());
+    }
+    if !matches!(mode, Mode::BurnDown { .. } | Mode::OfferedLoad { .. }) {
+        return Err(ConfigError::BenchCitusMode.into());
     }
     Ok(())
 }

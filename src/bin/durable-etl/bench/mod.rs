@@ -91,7 +91,7 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
         return Err(ConfigError::BenchDatabase.into());
     }
     if config.citus {
-        citus::check(base)?;
+        citus::check(base, &config.mode)?;
     }
     let created = db::recreate_database(base, &config.database, "bench", "bench").await?;
     let cluster = match config.citus {
@@ -124,12 +124,6 @@ pub(crate) async fn run(base: &DatabaseConfig, config: BenchConfig) -> Result<Re
 /// The bench on Citus (`citus`): migrates the cell of `coordinator` (the bench database on the
 /// coordinator) through it, then measures on the worker that holds the cell.
 async fn on_citus(coordinator: DatabaseConfig, config: &BenchConfig) -> Result<Report, Error> {
-    if !matches!(
-        config.mode,
-        Mode::BurnDown { .. } | Mode::OfferedLoad { .. }
-    ) {
-        return Err(ConfigError::BenchCitusMode.into());
-    }
     durable_etl::schema::migrate(&coordinator).await?;
     if let Some(worker) = config.citus_worker {
         citus::place(&coordinator, worker).await?;

@@ -313,6 +313,21 @@ fn the_plan_check_wants_the_claim_index_and_no_sort_below_a_row_lock() {
     ));
     let other = json!({"Node Type": "Index Scan", "Index Name": "etl_job_records_pkey"});
     assert!(!walk(locked(other)), "not the claim index");
+    // On a Citus node the plan names the shard's index and table (the name, `_`, the shard id).
+    let shard_index =
+        json!({"Node Type": "Index Scan", "Index Name": "etl_job_records_claim_idx_102039"});
+    assert!(walk(locked(shard_index)));
+    let shard = json!({"Node Type": "Seq Scan", "Relation Name": "etl_job_records_102039"});
+    assert!(!walk(json!({"Node Type": "Nested Loop", "Plans": [
+        shard, locked(json!({"Node Type": "Index Scan", "Index Name": "etl_job_records_claim_idx"}))]})));
+    for not_it in [
+        "etl_job_records_claim_idx_",
+        "etl_job_records_claim_idx_x1",
+        "etl_job_records_claim",
+    ] {
+        let index = json!({"Node Type": "Index Scan", "Index Name": not_it});
+        assert!(!walk(locked(index)), "{not_it}");
+    }
 }
 
 #[test]
