@@ -186,6 +186,20 @@ pub async fn enter_cell(client: &Client, db: &crate::config::DatabaseConfig) -> 
     }
 }
 
+/// On Citus, drops the node views of cell `cell` on every node (`db::citus::forget`), so that a
+/// migration may change the tables they read; `client` is a session of the coordinator. Nothing
+/// on plain PostgreSQL. Call it before reversing migrations; applying them
+/// ([`migrate_session`]) does it itself and readies the cell's node again.
+///
+/// # Errors
+/// Database errors; [`Error::Unavailable`] if a node did not drop them.
+pub async fn forget_node_views(client: &Client, cell: &str) -> Result<(), Error> {
+    if crate::db::citus::locate(client, cell).await? == crate::db::citus::Placement::Plain {
+        return Ok(());
+    }
+    crate::db::citus::forget(client, cell).await
+}
+
 /// Applies every embedded migration the database lacks, one transaction each, and verifies the
 /// checksum of each one already applied.
 ///
@@ -260,10 +274,8 @@ pub async fn migrate_cell(client: &mut Client, cell: &str) -> Result<MigrateRepo
     if version > 0 {
         tx.commit().await?;
         // On Citus, the node views name every column of the tables a migration may change.
-        if version < latest_version()
-            && crate::db::citus::locate(&*client, cell).await? != crate::db::citus::Placement::Plain
-        {
-            crate::db::citus::forget(&*client, cell).await?;
+        if version < latest_version() {
+            forget_node_views(client, cell).await?;
         }
         return migrate_up(client).await;
     }

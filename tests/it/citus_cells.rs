@@ -445,3 +445,41 @@ async fn a_bench_on_citus_runs_its_cell_on_the_worker_it_names() {
         assert_eq!(made, 0, "node {}", node.port());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_through_the_coordinator_rebuilds_the_cells_node_views() {
+    let citus = Citus::start().await;
+    let (coordinator, client) = migrated(&citus, "cell_mig").await;
+    let views = "pg_class WHERE relnamespace = to_regnamespace('_cell_mig') AND relkind = 'v'";
+    let built = count(&client, views).await;
+    assert!(built > 20, "{built} views");
+    let run = |args: &[&str]| {
+        crate::support::binary(&coordinator, args)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    let previous = (schema::latest_version() - 1).to_string();
+    let down = run(&["migrate", "--cell", "cell_mig", "--down-to", &previous]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    // Reversing dropped the node's views (they read every column a migration may change).
+    assert_eq!(count(&client, views).await, 0);
+    let up = run(&["migrate", "--cell", "cell_mig"]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    // Applying rebuilt them on the cell's node: a session of the cell reads the cell there.
+    assert_eq!(count(&client, views).await, built);
+    let node = on_node(&citus, "cell_mig").await;
+    assert_eq!(
+        schema::check_compatible(&node).await.unwrap(),
+        schema::latest_version()
+    );
+    assert_eq!(count(&node, "etl_jobs").await, 0);
+}

@@ -338,6 +338,9 @@ async fn migrate(
     let report = match args.down_to {
         Some(target) => {
             schema::enter_cell(&client, db_config).await?;
+            if let Some(cell) = &db_config.cell {
+                schema::forget_node_views(&client, cell).await?;
+            }
             schema::migrate_down_to(&mut client, target).await?
         }
         None => schema::migrate_session(&mut client, db_config).await?,
