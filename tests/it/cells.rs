@@ -296,8 +296,8 @@ fn dump(db: &TestDb, schema: &str, history: bool) -> String {
 /// The baseline script of a dump of cell [`schema::CELL_TEMPLATE`]: its statements without the
 /// dump's comments, settings and schema, names unqualified (the cell's session finds them on
 /// its search path), each identity column declared with its table (Citus refuses to add one
-/// to a distributed table), and a [`schema::CELL_BASELINE_BREAK`] line between two statements
-/// (Citus sends a statement's whole query string to the worker).
+/// to a distributed table), and a [`schema::CELL_BASELINE_BREAK`] line between two statements,
+/// two of one object's included (Citus sends a statement's whole query string to the worker).
 fn baseline_of(dump: &str) -> String {
     let qualifier = format!("{}.", schema::CELL_TEMPLATE);
     let mut lines: Vec<String> = Vec::new();
@@ -349,6 +349,20 @@ fn baseline_of(dump: &str) -> String {
                 .is_none_or(|l| l.is_empty() || l == schema::CELL_BASELINE_BREAK)
         {
             continue;
+        }
+        // A second statement of the same object (a table's `REPLICA IDENTITY`) is a statement
+        // of its own.
+        if line.starts_with("ALTER TABLE ")
+            && lines
+                .iter()
+                .rev()
+                .find(|l| !l.is_empty())
+                .is_some_and(|l| l.ends_with(';') && l != schema::CELL_BASELINE_BREAK)
+        {
+            while lines.last().is_some_and(String::is_empty) {
+                lines.pop();
+            }
+            lines.push(schema::CELL_BASELINE_BREAK.to_owned());
         }
         lines.push(line);
     }
