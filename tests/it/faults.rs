@@ -250,17 +250,24 @@ async fn a_second_replica_with_a_live_owner_id_refuses_to_start() {
     assert!(String::from_utf8_lossy(&second.stderr).contains("[owner_id_in_use]"));
 }
 
-/// Waits until `n` replica sessions are connected to this test's database.
+/// Waits until `n` replica sessions are connected to this test's database, each with its
+/// start-up over: its replica reported (the reporter starts once the start-up release of the
+/// previous incarnation's jobs is done) after its session connected. Faults injected earlier
+/// would only make the replica fail to start, which is not what these tests are about. (The
+/// session's own statements tell nothing: it beats every 100 ms from before the release on.)
 pub async fn until_sessions(client: &tokio_postgres::Client, n: i64) {
     eventually(&format!("{n} replica session(s)"), || async move {
-        // A session counts once its start-up is over: it is idle after the release of its
-        // previous incarnation's jobs (or after a later probe). Faults injected earlier would
-        // only make the replica fail to start, which is not what these tests are about.
         count(
             client,
-            "pg_stat_activity WHERE application_name = 'durable-etl/session'
-               AND datname = current_database() AND state = 'idle'
-               AND (query LIKE '%lease_owner_id = $1%' OR query LIKE '%pg_listening_channels%')",
+            "etl_replicas r
+               JOIN pg_locks l
+                 ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND ((l.classid::bigint << 32) | l.objid::bigint)
+                    = durable_etl_owner_lock_key(r.owner_id)
+               JOIN pg_stat_activity a
+                 ON a.pid = l.pid AND a.application_name = 'durable-etl/session'
+              WHERE r.reported_at >= a.backend_start",
         )
         .await
             == n

@@ -4,9 +4,10 @@
 //! their startup packet arrives, like a server that is down, each recorded), and cut the first connection that sends a
 //! `COMMIT` after arming: the COMMIT reaches the server, the server's reply never reaches the
 //! client, and the connection is closed, so the client cannot know the outcome. It can cut an
-//! extended-protocol statement the same way: the first whose messages carry given bytes (a
-//! parameter's value, or an unnamed statement's text) after arming runs on the server, up to its
-//! `Sync`, and its reply is lost; markers armed together cut statements in turn.
+//! extended-protocol statement the same way: the first whose messages up to its `Sync` carry
+//! given bytes (a parameter's value, or an unnamed statement's text), and not other given bytes,
+//! after arming runs on the server, and its reply is lost; markers armed together cut statements
+//! in turn.
 //!
 //! It reads the frontend side of the protocol only as far as it must: message framing, the
 //! startup packet's `application_name`, the text of simple queries (`Q`), where
@@ -38,6 +39,28 @@ pub enum Mode {
     Refuse,
 }
 
+/// What marks a statement to cut: the bytes its messages (up to its `Sync`) carry, and bytes
+/// they must not carry (say, another statement's text, sent with it when it is unnamed).
+struct Marker {
+    /// Bytes the statement carries.
+    carrying: Vec<u8>,
+    /// Bytes it must not carry; empty for none.
+    unless: Vec<u8>,
+}
+
+impl Marker {
+    /// Whether the messages of one statement, `flight`, are marked.
+    fn marks(&self, flight: &[u8]) -> bool {
+        contains(flight, &self.carrying)
+            && (self.unless.is_empty() || !contains(flight, &self.unless))
+    }
+}
+
+/// Whether `bytes` holds `part`.
+fn contains(bytes: &[u8], part: &[u8]) -> bool {
+    bytes.windows(part.len()).any(|w| w == part)
+}
+
 /// State shared by the accept loop and every connection.
 struct State {
     /// Where PostgreSQL listens.
@@ -50,9 +73,9 @@ struct State {
     commit_armed: AtomicBool,
     /// How many connections were cut after their COMMIT or their marked statement.
     commits_cut: AtomicUsize,
-    /// The armed markers, in order: the next statement that carries the first one cuts its
+    /// The armed markers, in order: the next statement that the first one marks cuts its
     /// connection once it ran, and the next marker is armed.
-    marker: Mutex<std::collections::VecDeque<Vec<u8>>>,
+    marker: Mutex<std::collections::VecDeque<Marker>>,
     /// The `application_name` of every connection's startup packet, in arrival order.
     startups: Mutex<Vec<String>>,
     /// When each connection refused under [`Mode::Refuse`] arrived, and its `application_name`.
@@ -139,7 +162,16 @@ impl Proxy {
     /// the server's reply is relayed. Markers armed while one waits are armed after it, in
     /// order.
     pub fn cut_next_statement_carrying(&self, marker: &[u8]) {
-        self.state.marker.lock().unwrap().push_back(marker.to_vec());
+        self.cut_next_statement_carrying_unless(marker, b"");
+    }
+
+    /// [`Proxy::cut_next_statement_carrying`] `marker`, passing statements that also carry
+    /// `unless`.
+    pub fn cut_next_statement_carrying_unless(&self, marker: &[u8], unless: &[u8]) {
+        self.state.marker.lock().unwrap().push_back(Marker {
+            carrying: marker.to_vec(),
+            unless: unless.to_vec(),
+        });
     }
 
     /// How many connections were cut after their COMMIT or their marked statement.
@@ -256,12 +288,11 @@ fn is_commit(message: &[u8]) -> bool {
             .eq_ignore_ascii_case("commit")
 }
 
-/// Whether `message` carries the armed marker, which it then disarms (arming the next).
-fn carries_marker(message: &[u8], state: &State) -> bool {
+/// Whether the statement whose messages are `flight` is marked by the armed marker, which it
+/// then disarms (arming the next).
+fn marked(flight: &[u8], state: &State) -> bool {
     let mut markers = state.marker.lock().unwrap();
-    let found = markers
-        .front()
-        .is_some_and(|m| message.windows(m.len()).any(|w| w == m));
+    let found = markers.front().is_some_and(|m| m.marks(flight));
     if found {
         markers.pop_front();
     }
@@ -273,14 +304,19 @@ async fn upstream(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, state: &State
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 16 * 1024];
     let mut started = false;
-    // A statement that carried the armed marker: cut at its Sync.
-    let mut marked = false;
+    // The messages of the statement being sent, up to its Sync: cut there if marked.
+    let mut flight = Vec::new();
     loop {
         while let Some(len) = next_message_len(&buf, started) {
             let message: Vec<u8> = buf.drain(..len).collect();
             let cutting = if started {
-                marked |= carries_marker(&message, state);
-                (marked && message[0] == b'S')
+                flight.extend_from_slice(&message);
+                let sync = message[0] == b'S';
+                let cut_here = sync && marked(&flight, state);
+                if sync || message[0] == b'Q' {
+                    flight.clear();
+                }
+                cut_here
                     || (is_commit(&message) && state.commit_armed.swap(false, Ordering::SeqCst))
             } else {
                 // An SSL or GSS request is followed by another untyped message; only the
