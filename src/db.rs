@@ -407,13 +407,14 @@ pub async fn check_session_settings(
             return Err(ConfigError::SessionSetting(name).into());
         }
     }
-    check_cell(client, cfg).await
+    check_cell(client, cfg).await.map(drop)
 }
 
 /// Checks that a cell's session finds the cell's objects: the first schema of its `search_path`
 /// that exists is the cell's, or its node views' on the Citus node that holds it
 /// ([`citus::node_schema`]). On that node, readies the node views first ([`citus::ready`]).
-/// Nothing to check outside a cell.
+/// Nothing to check outside a cell. Returns the cell when it lives on this Citus node (its
+/// processes then watch where it is: it may move), `None` otherwise.
 ///
 /// # Errors
 /// [`ConfigError::CellSchema`] when the session does not find the cell;
@@ -422,27 +423,39 @@ pub async fn check_session_settings(
 pub async fn check_cell(
     client: &impl tokio_postgres::GenericClient,
     cfg: &DatabaseConfig,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let Some(cell) = &cfg.cell else {
-        return Ok(());
+        return Ok(None);
     };
-    let wanted = match citus::locate(client, cell).await? {
-        citus::Placement::Plain => cell.clone(),
+    let (wanted, on_citus) = match citus::locate(client, cell).await? {
+        citus::Placement::Plain => (cell.clone(), None),
         citus::Placement::Here => {
             citus::ready(client, cell).await?;
-            citus::node_schema(cell)
+            (citus::node_schema(cell), Some(cell.clone()))
         }
         citus::Placement::Elsewhere { .. } => return Err(ConfigError::CellNode.into()),
     };
+    if current_schema_is(client, &wanted).await? {
+        Ok(on_citus)
+    } else {
+        Err(ConfigError::CellSchema.into())
+    }
+}
+
+/// Whether the session's current schema (the first schema of its `search_path` that exists) is
+/// `schema`.
+///
+/// # Errors
+/// Database errors.
+pub async fn current_schema_is(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &str,
+) -> Result<bool, Error> {
     let current: Option<String> = client
         .query_typed_one("SELECT current_schema()::text", &[])
         .await?
         .get(0);
-    if current.as_deref() == Some(wanted.as_str()) {
-        Ok(())
-    } else {
-        Err(ConfigError::CellSchema.into())
-    }
+    Ok(current.as_deref() == Some(schema))
 }
 
 /// Creates the configured database if it does not exist, connecting to the `postgres` maintenance

@@ -175,11 +175,7 @@ pub async fn enter_cell(client: &Client, db: &crate::config::DatabaseConfig) -> 
             "CREATE SCHEMA IF NOT EXISTS {cell}; SET durable_etl.cell = '{cell}'"
         ))
         .await?;
-    let current: Option<String> = client
-        .query_typed_one("SELECT current_schema()::text", &[])
-        .await?
-        .get(0);
-    if current.as_deref() == Some(cell.as_str()) {
+    if crate::db::current_schema_is(client, cell).await? {
         Ok(())
     } else {
         Err(crate::config::ConfigError::CellSchema.into())

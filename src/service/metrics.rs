@@ -462,23 +462,28 @@ pub fn render_worker(stats: &WorkerStats) -> String {
     out
 }
 
+/// What a replica's endpoint reports on: the current incarnation's counters and pool. A process
+/// that starts its replica again (its cell moved) sends the new incarnation's, and every later
+/// request, on a connection old or new, reads those.
+pub type WorkerSource = tokio::sync::watch::Receiver<(std::sync::Arc<WorkerStats>, Pool)>;
+
 /// The replica's `/metrics` endpoint (its counters, its pool, and a queue sample per scrape) and
-/// its `/readyz` ([`worker_ready`]). Serves on `listener` until `shutdown` asks it to drain.
+/// its `/readyz` ([`worker_ready`]), of the incarnation `source` holds at each request. Serves on
+/// `listener` until `shutdown` asks it to drain.
 ///
 /// # Errors
 /// [`crate::Error::Unavailable`] if the server stops abnormally.
 pub async fn serve_worker(
     listener: tokio::net::TcpListener,
-    stats: std::sync::Arc<WorkerStats>,
-    pool: Pool,
+    source: WorkerSource,
     mut shutdown: crate::shutdown::Shutdown,
 ) -> Result<(), crate::Error> {
-    let ready = std::sync::Arc::clone(&stats);
+    let ready = source.clone();
     let app = axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let (stats, pool) = (std::sync::Arc::clone(&stats), pool.clone());
+                let (stats, pool) = source.borrow().clone();
                 async move {
                     let mut out = render_worker(&stats);
                     render_shared(&mut out, &pool).await;
@@ -488,7 +493,7 @@ pub async fn serve_worker(
         )
         .route(
             "/readyz",
-            axum::routing::get(move || std::future::ready(worker_ready(&ready))),
+            axum::routing::get(move || std::future::ready(worker_ready(&ready.borrow().0))),
         );
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {

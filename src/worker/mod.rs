@@ -49,7 +49,7 @@ pub use {
 };
 
 use crate::config::{ConfigError, DatabaseConfig, WorkerConfig};
-use crate::{db::Pool, error::Error, job::handler::Registry, shutdown::Shutdown};
+use crate::{db, db::Pool, error::Error, job::handler::Registry, shutdown::Shutdown};
 use claim::{dispatch, producer::Producer, producer::Stopped};
 use complete::completer::Transition;
 use liveness::{held::HeldJobs, reporter, session::Session};
@@ -93,7 +93,7 @@ impl Worker {
     ) -> Result<Worker, Error> {
         config.validate()?;
         registry.validate()?;
-        crate::db::check_cell(&*crate::db::checkout(&pool).await?, db_config).await?;
+        let on_citus = db::check_cell(&*db::checkout(&pool).await?, db_config).await?;
         liveness::sessions_kept::check(&pool, db_config).await?;
         budget::announce(db_config, &config);
         let stats = Arc::new(WorkerStats::default());
@@ -102,7 +102,8 @@ impl Worker {
         let previous = rescuer::release_previous_incarnation(&pool, &config.owner_id, &session);
         stats.record_released(previous.await?);
         let signals = session.as_ref().map(Session::signals);
-        let shared = Shared::open(pool, db_config, config, registry, stats, signals).await?;
+        let shared = Shared::open(pool, db_config, config, registry, stats, signals, on_citus);
+        let shared = shared.await?;
         shared.announce();
         Ok(Worker {
             shared: Arc::new(shared),

@@ -73,8 +73,8 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// What the roles of a replica with `config` and `registry` share: `pool`, a claim pool and
-    /// the commit lanes (on commit sessions of their own) opened here, the replica's `stats` and
-    /// its session's `signals`.
+    /// the commit lanes (on commit sessions of their own) opened here, the replica's `stats`, its
+    /// session's `signals`, and its cell when that lives on this Citus node (`db::check_cell`).
     ///
     /// # Errors
     /// Connection errors of the claim or commit pool.
@@ -85,6 +85,7 @@ impl Shared {
         registry: Registry,
         stats: Arc<WorkerStats>,
         signals: Option<Arc<Signals>>,
+        citus_cell: Option<String>,
     ) -> Result<Shared, Error> {
         // Every row this incarnation claims starts after this (the start-up release is done).
         let since = db::checkout(&pool)
@@ -94,14 +95,6 @@ impl Shared {
             .first()
             .map(|row| row.get(0))
             .ok_or(Error::Unavailable(None))?;
-        let citus_cell = match &db_config.cell {
-            Some(cell) => {
-                let conn = db::checkout(&pool).await?;
-                (db::citus::locate(&*conn, cell).await? == db::citus::Placement::Here)
-                    .then(|| cell.clone())
-            }
-            None => None,
-        };
         let alive_locked = config.alive_locked(db_config);
         let alive = alive_locked.then_some(config.owner_id.as_str());
         let claim_pool = claimer::connect_claim_pool(db_config, Arc::clone(&stats), alive).await?;
@@ -220,6 +213,7 @@ pub(crate) async fn for_tests(config: &DatabaseConfig, owner: &str) -> Shared {
         worker,
         Registry::default(),
         Arc::default(),
+        None,
         None,
     )
     .await

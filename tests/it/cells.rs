@@ -69,6 +69,8 @@ async fn two_cells_in_one_database_run_their_own_jobs_on_their_own_wakes() {
         assert_eq!(report.changed.len(), schema::MIGRATIONS.len());
     }
     let (client_a, client_b) = (session(&a).await, session(&b).await);
+    // A plain server's cell is found, and has no Citus node to watch.
+    assert_eq!(db::check_cell(&client_a, &a).await.unwrap(), None);
     // Each cell names its own channel and barrier keys; the database's first deployment keeps
     // the names it had before cells.
     let public = db.client().await;
@@ -183,7 +185,7 @@ async fn a_session_outside_its_cell_is_refused_before_it_migrates_or_runs() {
     assert!(refused(
         schema::enter_cell(&outside, &cell).await.unwrap_err()
     ));
-    assert!(db::check_cell(&outside, &db.config).await.is_ok());
+    assert_eq!(db::check_cell(&outside, &db.config).await.unwrap(), None);
     assert_eq!(
         count(&outside, "pg_namespace WHERE nspname = 'cell_lost'").await,
         0

@@ -90,7 +90,8 @@ async fn on_node(citus: &Citus, cell: &str) -> tokio_postgres::Client {
     let worker = citus.workers.iter().find(|w| w.port() == port).unwrap();
     let cfg = cell_at(Citus::url(worker), cell);
     let client = db::connect(&cfg, "test").await.unwrap();
-    db::check_cell(&client, &cfg).await.unwrap();
+    let here = db::check_cell(&client, &cfg).await.unwrap();
+    assert_eq!(here.as_deref(), Some(cell), "a Citus cell of this node");
     client
 }
 
@@ -108,17 +109,29 @@ impl Drop for Running {
 /// coordinator's URL, polling once a minute (only wakes and its own claims bring work), its
 /// warnings written to `log`.
 fn replica(coordinator: &str, cell: &str, owner: &str, log: &std::path::Path) -> Running {
+    replica_with(coordinator, cell, owner, log, &[])
+}
+
+/// [`replica`], with `more` arguments.
+fn replica_with(
+    coordinator: &str,
+    cell: &str,
+    owner: &str,
+    log: &std::path::Path,
+    more: &[&str],
+) -> Running {
+    let args = [
+        "--cell",
+        cell,
+        "--poll-interval",
+        "60s",
+        "--secret",
+        LOAD_SECRET,
+    ];
     Running(spawn_replica_logged(
         coordinator,
         owner,
-        &[
-            "--cell",
-            cell,
-            "--poll-interval",
-            "60s",
-            "--secret",
-            LOAD_SECRET,
-        ],
+        &[&args[..], more].concat(),
         std::fs::File::create(log).unwrap().into(),
         "warn",
     ))
@@ -190,18 +203,11 @@ async fn replicas_given_the_coordinator_run_the_cell_on_its_node_woken_by_its_en
 
     // Only the cell's node has its views; the other worker and the coordinator have none.
     let port = citus.node_of("cell_run").await;
-    for node in std::iter::once(&citus.coordinator).chain(&citus.workers) {
-        let views = count(
-            &Citus::session(node).await,
-            "pg_namespace WHERE nspname = '_cell_run'",
-        )
-        .await;
-        assert_eq!(
-            views,
-            i64::from(node.port() == port),
-            "node {}",
-            node.port()
-        );
+    for (node, views) in citus
+        .count_on_each("pg_namespace WHERE nspname = '_cell_run'")
+        .await
+    {
+        assert_eq!(views, i64::from(node == port), "node {node}");
     }
     for (i, mut replica) in replicas
         .into_iter()
@@ -219,29 +225,14 @@ async fn replicas_given_the_coordinator_run_the_cell_on_its_node_woken_by_its_en
 async fn a_write_through_the_node_views_is_carried_by_a_move_or_refused_after_it() {
     let citus = Citus::start().await;
     let (coordinator, mut client) = migrated(&citus, "cell_fence").await;
-    let from = citus.node_of("cell_fence").await;
-    let to = citus
-        .workers
-        .iter()
-        .find(|w| w.port() != from)
-        .unwrap()
-        .port();
+    let to = citus.other_worker("cell_fence").await;
 
     // A transaction that wrote through the node views holds the fence: the move waits for it,
     // and carries its write over.
     let tx = client.transaction().await.unwrap();
     let carried = insert_jobs(&tx, "test.fence", &[json!({})], 3).await[0];
     let mover = Citus::session(&citus.coordinator).await;
-    let move_done = tokio::spawn(async move {
-        mover
-            .execute(
-                "SELECT citus_schema_move('cell_fence', '127.0.0.1', $1,
-                                          shard_transfer_mode => 'block_writes')",
-                &[&i32::from(to)],
-            )
-            .await
-            .unwrap();
-    });
+    let move_done = tokio::spawn(async move { Citus::move_schema(&mover, "cell_fence", to).await });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(
         !move_done.is_finished(),
@@ -291,13 +282,7 @@ async fn a_write_through_the_node_views_is_carried_by_a_move_or_refused_after_it
 async fn a_schema_move_with_jobs_in_flight_loses_nothing_and_the_replicas_follow_it() {
     let citus = Citus::start().await;
     let (coordinator, client) = migrated(&citus, "cell_move").await;
-    let from = citus.node_of("cell_move").await;
-    let to = citus
-        .workers
-        .iter()
-        .find(|w| w.port() != from)
-        .unwrap()
-        .port();
+    let to = citus.other_worker("cell_move").await;
     let owners = ["move-a", "move-b"];
     let mut replicas: Vec<Running> = owners
         .iter()
@@ -314,15 +299,7 @@ async fn a_schema_move_with_jobs_in_flight_loses_nothing_and_the_replicas_follow
     })
     .await;
     let started = std::time::Instant::now();
-    Citus::session(&citus.coordinator)
-        .await
-        .execute(
-            "SELECT citus_schema_move('cell_move', '127.0.0.1', $1,
-                                      shard_transfer_mode => 'block_writes')",
-            &[&i32::from(to)],
-        )
-        .await
-        .unwrap();
+    Citus::move_schema(&Citus::session(&citus.coordinator).await, "cell_move", to).await;
     let moving = started.elapsed();
     assert_eq!(citus.node_of("cell_move").await, to);
 
@@ -364,6 +341,86 @@ async fn a_schema_move_with_jobs_in_flight_loses_nothing_and_the_replicas_follow
         .unwrap()
         .get(0);
     eprintln!("the move took {moving:?}; longest time without a job starting: {gap:.3} s");
+}
+
+/// An idle replica (no job to claim, so no claim meets the fence) follows a move by its
+/// placement watch alone: it starts again on the new node, serves the new incarnation's counters
+/// on the same metrics address, and runs what is enqueued there, woken (the poll is a minute
+/// away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_replica_follows_a_move_by_its_placement_watch_and_serves_its_metrics_again() {
+    let citus = Citus::start().await;
+    let (coordinator, client) = migrated(&citus, "cell_idle").await;
+    let to = citus.other_worker("cell_idle").await;
+    let metrics = format!("127.0.0.1:{}", crate::support::free_port());
+    let log = log_file("idle");
+    let mut running = replica_with(
+        &coordinator,
+        "cell_idle",
+        "idle",
+        &log,
+        &["--metrics-listen", &metrics],
+    );
+    until_beating(&client, 1).await;
+    let http = reqwest::Client::new();
+    let succeeded = || async {
+        let text = http
+            .get(format!("http://{metrics}/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("durable_etl_jobs_succeeded_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    insert_jobs(&client, NOOP_KIND, &[json!({})], 3).await;
+    eventually("the job ran on the first node", || async {
+        succeeded().await == Some(1.0)
+    })
+    .await;
+
+    let moved = std::time::Instant::now();
+    Citus::move_schema(&Citus::session(&citus.coordinator).await, "cell_idle", to).await;
+    // The beats table moved with the cell: wait for a beat written on the new node.
+    let client = on_node(&citus, "cell_idle").await;
+    eventually("a beat on the new node", || async {
+        client
+            .query_one(
+                "SELECT count(*) FROM etl_owner_beats
+                  WHERE beat_at > now() - interval '200 milliseconds'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    let followed = moved.elapsed();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("cell_moved"), "{text}");
+    assert!(
+        running.0.try_wait().unwrap().is_none(),
+        "the replica exited"
+    );
+    // The metrics address serves the new incarnation: its counters start again.
+    eventually("the new incarnation's counters", || async {
+        succeeded().await == Some(0.0)
+    })
+    .await;
+    insert_jobs(&client, NOOP_KIND, &[json!({})], 3).await;
+    eventually("the job enqueued on the new node ran, woken", || async {
+        succeeded().await == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        count(&client, "etl_jobs WHERE status = 'succeeded'").await,
+        2
+    );
+    eprintln!("the idle replica beat on the new node {followed:?} after the move began");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -408,14 +465,10 @@ async fn a_bench_on_citus_runs_its_cell_on_the_worker_it_names() {
         );
     }
     // The bench dropped what it made on every node.
-    for node in std::iter::once(&citus.coordinator).chain(&citus.workers) {
-        let left = count(
-            &Citus::session(node).await,
-            "pg_database WHERE datname = 'durable_etl_bench_citus_test'",
-        )
+    let left = citus
+        .count_on_each("pg_database WHERE datname = 'durable_etl_bench_citus_test'")
         .await;
-        assert_eq!(left, 0, "node {}", node.port());
-    }
+    assert!(left.iter().all(|&(_, n)| n == 0), "{left:?}");
     // Without a cell, or in a mode it does not run, it is refused before it makes anything.
     let no_cell = run(&[
         "burn-down",
@@ -433,14 +486,12 @@ async fn a_bench_on_citus_runs_its_cell_on_the_worker_it_names() {
         "durable_etl_bench_c3",
     ]);
     assert_eq!(recovery.status.code(), Some(2));
-    for node in std::iter::once(&citus.coordinator).chain(&citus.workers) {
-        let made = count(
-            &Citus::session(node).await,
+    let made = citus
+        .count_on_each(
             "pg_database WHERE datname IN ('durable_etl_bench_c2', 'durable_etl_bench_c3')",
         )
         .await;
-        assert_eq!(made, 0, "node {}", node.port());
-    }
+    assert!(made.iter().all(|&(_, n)| n == 0), "{made:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

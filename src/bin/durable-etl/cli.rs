@@ -178,7 +178,8 @@ struct Run {
 /// and runs it until `shutdown`. With `starts_file` (set only by `bench offered-load`), it
 /// records its handler starts and writes them there once stopped. A replica whose cell moved to
 /// another Citus node ([`Error::CellMoved`]) stops and starts again, within a start-up bound as
-/// long as the first, on the node that holds the cell now.
+/// long as the first, on the node that holds the cell now; its metrics endpoint, bound once,
+/// reports the current incarnation.
 async fn work(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
@@ -191,7 +192,7 @@ async fn work(
         starts_file,
     } = run;
     let starts = starts_file.map(|file| (file, crate::bench::starts::StartLog::default()));
-    let mut metrics = match worker_config.metrics_listen {
+    let metrics = match worker_config.metrics_listen {
         Some(address) => Some(
             tokio::net::TcpListener::bind(address)
                 .await
@@ -208,35 +209,27 @@ async fn work(
         declared: declared.as_ref(),
         starts: starts.as_ref().map(|(_, log)| log),
     };
+    let (mut worker, pool) = incarnation.start(&db_config, &start_up).await?;
+    // One endpoint for the process: each incarnation's counters replace the last one's.
+    let (current, source) = tokio::sync::watch::channel((worker.stats_handle(), pool));
+    let serving = metrics.map(|listener| serve_metrics(listener, source, &shutdown));
     let ran = loop {
-        let (worker, pool) = incarnation.start(&db_config, &start_up).await?;
-        // The first incarnation serves on the listener bound before it; a later one binds the
-        // address again, freed by its predecessor's.
-        let listener = match (metrics.take(), worker_config.metrics_listen) {
-            (Some(listener), _) => Some(listener),
-            (None, Some(address)) => Some(
-                tokio::net::TcpListener::bind(address)
-                    .await
-                    .map_err(|source| Error::Listen { address, source })?,
-            ),
-            (None, None) => None,
-        };
-        let serving = listener.map(|listener| serve_metrics(listener, &worker, pool, &shutdown));
-        let ran = worker.run(shutdown.clone()).await;
-        if let Some(serving) = serving {
-            // The next incarnation serves its own counters on the same address.
-            serving.abort();
-            let _ = serving.await;
-        }
-        match ran {
+        match worker.run(shutdown.clone()).await {
             Err(Error::CellMoved) => {
                 tracing::warn!(code = %durable_etl::Code::CellMoved, "the cell moved; starting on its new node");
                 start_up.deadline = tokio::time::Instant::now() + bound;
                 db_config = on_cell_node(&db_config, &start_up).await?;
+                let (next, pool) = incarnation.start(&db_config, &start_up).await?;
+                current.send_replace((next.stats_handle(), pool));
+                worker = next;
             }
             ran => break ran,
         }
     };
+    if let Some(serving) = serving {
+        serving.abort();
+        let _ = serving.await;
+    }
     match starts {
         Some((file, log)) => ran.and(log.write(&file).map_err(Error::io)),
         None => ran,
@@ -297,20 +290,14 @@ impl Incarnation<'_> {
     }
 }
 
-/// Serves `worker`'s metrics on `listener` until `shutdown` (or until aborted), in a task of its
-/// own.
+/// Serves the metrics of the incarnation `source` holds on `listener` until `shutdown` (or until
+/// aborted), in a task of its own.
 fn serve_metrics(
     listener: tokio::net::TcpListener,
-    worker: &durable_etl::worker::Worker,
-    pool: db::Pool,
+    source: durable_etl::service::metrics::WorkerSource,
     shutdown: &durable_etl::shutdown::Shutdown,
 ) -> tokio::task::JoinHandle<()> {
-    let serving = durable_etl::service::metrics::serve_worker(
-        listener,
-        worker.stats_handle(),
-        pool,
-        shutdown.clone(),
-    );
+    let serving = durable_etl::service::metrics::serve_worker(listener, source, shutdown.clone());
     tokio::spawn(async move {
         if let Err(e) = serving.await {
             tracing::warn!(code = %e.code(), "metrics endpoint stopped");

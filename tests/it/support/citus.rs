@@ -70,6 +70,38 @@ impl Citus {
         connect(&Citus::url(node).parse().unwrap()).await
     }
 
+    /// On each node (the coordinator first, then the workers), its port and the count of the
+    /// rows of `from` (a `FROM` clause, as [`super::count`] takes it).
+    pub async fn count_on_each(&self, from: &str) -> Vec<(u16, i64)> {
+        let mut counts = Vec::new();
+        for node in std::iter::once(&self.coordinator).chain(&self.workers) {
+            let n = super::count(&Citus::session(node).await, from).await;
+            counts.push((node.port(), n));
+        }
+        counts
+    }
+
+    /// The port of a worker that does not hold schema `cell`.
+    pub async fn other_worker(&self, cell: &str) -> u16 {
+        let from = self.node_of(cell).await;
+        let other = self.workers.iter().find(|w| w.port() != from);
+        other.unwrap().port()
+    }
+
+    /// Moves schema `cell` to the worker on port `to` and waits for the move
+    /// (`block_writes`: a cell's unlogged tables keep Citus from moving it by logical
+    /// replication); `coordinator` is a session of the coordinator.
+    pub async fn move_schema(coordinator: &Client, cell: &str, to: u16) {
+        coordinator
+            .execute(
+                "SELECT citus_schema_move($1::text::regnamespace, '127.0.0.1', $2,
+                                          shard_transfer_mode => 'block_writes')",
+                &[&cell, &i32::from(to)],
+            )
+            .await
+            .unwrap();
+    }
+
     /// The port of the worker that holds schema `cell` (its job table's shard), by the
     /// coordinator's metadata.
     pub async fn node_of(&self, cell: &str) -> u16 {

@@ -61,6 +61,7 @@ async fn a_lost_session_shrinks_reachability_too() {
         Registry::default(),
         Arc::default(),
         Some(Arc::clone(&signals)),
+        None,
     )
     .await
     .unwrap();
