@@ -46,6 +46,7 @@ mod sql;
 // The runtime: what a user implements, calls and runs.
 pub mod config;
 pub mod dead_letters;
+pub mod directory;
 pub mod error;
 pub mod job;
 pub mod jobs;

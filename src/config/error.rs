@@ -112,10 +112,32 @@ pub enum ConfigError {
     /// processes must connect to the node that does).
     #[error("the cell's tables live on another Citus node: connect to that node (commands find it themselves from a postgres:// URL)")]
     CellNode,
-    /// A cell's tables live on another Citus node and the connection string cannot be pointed
-    /// at it: the node is found from a `postgres://` URL whose hosts are not in its parameters.
-    #[error("the cell's tables live on another Citus node: give a postgres:// URL (hosts not in its parameters) so the node can be found, or the node's own URL")]
+    /// A cell's tables live on another server (a Citus node, or the server the directory names)
+    /// and the connection string cannot be pointed at it: that is done to a `postgres://` URL
+    /// whose hosts are not in its parameters.
+    #[error("the cell's tables live on another server: give a postgres:// URL (hosts not in its parameters) so it can be pointed there, or that server's own URL")]
     NodeUrl,
+    /// The database has no directory of cells (`durable-etl cells init` builds one).
+    #[error("the database has no directory of cells: build it with `durable-etl cells init`")]
+    NoDirectory,
+    /// The directory lists no cell of the name given.
+    #[error("the directory lists no cell of that name")]
+    UnknownCell,
+    /// A cell of the name given is listed in the directory already.
+    #[error("the directory lists a cell of that name already")]
+    CellListed,
+    /// A cell's server was given with an empty host.
+    #[error("a cell's server needs a host")]
+    CellServer,
+    /// An owner without a cell asked for one, and the directory has no cell open to new owners.
+    #[error("the directory has no cell open to new owners: add one, or open one")]
+    NoOpenCell,
+    /// `--directory` was given without `--cell` (the directory finds a cell's server), or the
+    /// `cells` commands were given `--cell` or `--directory` (they act on the directory itself).
+    #[error(
+        "--directory finds the server of the cell --cell names; the cells commands take neither"
+    )]
+    DirectoryCell,
     /// `bench --citus-worker` named a worker past the last of the coordinator's list.
     #[error("bench --citus-worker names a worker the coordinator does not list")]
     BenchCitusWorker,

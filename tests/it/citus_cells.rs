@@ -72,6 +72,27 @@ async fn a_cell_migrated_through_the_coordinator_lives_whole_on_one_worker() {
     assert_eq!(channel, "durable_etl_jobs.cell_one");
     // Migrating again through the coordinator applies nothing.
     assert!(schema::migrate(&through).await.unwrap().changed.is_empty());
+
+    // A directory on the coordinator stays the coordinator's (not a distributed schema); a cell
+    // it lists without a server is found through the coordinator, on its worker.
+    durable_etl::directory::init(&coordinator).await.unwrap();
+    durable_etl::directory::add(&coordinator, "cell_one", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        count(
+            &coordinator,
+            "pg_dist_schema WHERE schemaid = 'durable_etl_directory'::regnamespace"
+        )
+        .await,
+        0
+    );
+    let listed = cell_at(Citus::url(&citus.coordinator), "cell_one");
+    let found = durable_etl::directory::cell_config(&listed).await.unwrap();
+    assert_eq!(
+        db::citus::find_node(&found).await.unwrap().url,
+        on_worker.url
+    );
 }
 
 /// The coordinator's URL and the cell `cell` migrated through it, with a session of the cell on

@@ -35,6 +35,7 @@ const PARTS: &[(&str, &[&str])] = &[
             "config",
             "db",
             "digest",
+            "directory",
             "error",
             "intake",
             "names",

@@ -31,6 +31,7 @@ mod dead_letters;
 mod dead_letters_api;
 mod deploy;
 mod diagnoses;
+mod directory;
 mod errors;
 mod etl;
 mod etl_limits;

@@ -20,6 +20,7 @@
 
 mod args;
 mod bench_args;
+mod cells;
 mod queues;
 mod schedules;
 
@@ -36,10 +37,32 @@ use durable_etl::{config, db, schema, service::api_keys};
 pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
     // Installed first: a signal during start-up is a graceful request, not a kill.
     let shutdown = durable_etl::shutdown::signals();
-    let db_config = cli.database.config()?;
     let start_up = cli.database.start_up(&shutdown)?;
+    let directory = cli.database.directory;
+    let db_config = match &cli.command {
+        Command::Cells(_) if directory || cli.database.cell.is_some() => {
+            return Err(config::ConfigError::DirectoryCell.into());
+        }
+        Command::Demo(_) | Command::Bench(_) if directory => {
+            return Err(config::ConfigError::DirectoryCell.into());
+        }
+        Command::Work(args) => cli.database.config_for_lease(Some(args.lease))?,
+        _ => cli.database.config()?,
+    };
+    let db_config = match directory {
+        true => {
+            start_up
+                .run(|| durable_etl::directory::cell_config(&db_config))
+                .await?
+        }
+        false => db_config,
+    };
     match cli.command {
         Command::Migrate(args) => migrate(&db_config, &start_up, args).await,
+        Command::Cells(command) => {
+            let client = start_up.run(|| db::connect(&db_config, "admin")).await?;
+            cells::run(&client, command).await
+        }
         Command::Demo(args) => {
             let serve = args.serve.then_some(shutdown);
             let secret = args.secret.as_deref();
@@ -75,7 +98,6 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Work(args) => {
             let worker_config = args.config()?;
             let declared = args.schedules_file()?;
-            let db_config = cli.database.config_for_lease(Some(worker_config.lease))?;
             let db_config = on_cell_node(&db_config, &start_up).await?;
             let starts = args.record_handler_starts;
             let run = Run {

@@ -89,6 +89,10 @@ pub(crate) struct DatabaseArgs {
     /// creates it. Without it, the session's search_path (one deployment per database).
     #[arg(long, env = "DURABLE_ETL_CELL", global = true)]
     pub(crate) cell: Option<String>,
+    /// Find the server of the cell --cell names in the directory of cells at --database-url
+    /// (`cells init` builds it), and run there with this URL's database, role and password.
+    #[arg(long, env = "DURABLE_ETL_DIRECTORY", global = true)]
+    pub(crate) directory: bool,
 }
 
 impl DatabaseArgs {
@@ -174,6 +178,10 @@ pub(crate) enum Command {
     Queues(super::queues::QueuesCommand),
     /// List, pause, resume or delete an owner's recurring schedules.
     Schedules(super::schedules::SchedulesArgs),
+    /// The directory of cells at --database-url: which cells there are, on which servers, and
+    /// which cell each owner's jobs live in.
+    #[command(subcommand)]
+    Cells(super::cells::CellsCommand),
     /// Run the whole product once on a local database: API, two replicas, sample jobs.
     Demo(DemoArgs),
     /// Measure throughput and latency of real replicas on a throw-away database.

@@ -1,0 +1,105 @@
+//! `durable-etl cells`: the directory of cells at `--database-url` (see
+//! `durable_etl::directory`): build it, list cells and their servers, open or close a cell to
+//! new owners, and tell (placing it first if new) an owner's cell.
+
+use clap::{Args, Subcommand};
+use durable_etl::config::ConfigError;
+use durable_etl::directory;
+use durable_etl::error::Error;
+use tokio_postgres::GenericClient;
+
+/// The `cells` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum CellsCommand {
+    /// Build the directory in the database if it does not exist.
+    Init,
+    /// List a cell: its name (its schema) and its server (by default the directory's own).
+    Add(AddArgs),
+    /// Print every cell: its server, whether it takes new owners, and how many owners it holds.
+    List,
+    /// Place new owners in the cell again.
+    Open {
+        /// The cell.
+        name: String,
+    },
+    /// Place no new owner in the cell; its owners stay.
+    Close {
+        /// The cell.
+        name: String,
+    },
+    /// Print an owner's cell, placing the owner first if it has none.
+    Place(PlaceArgs),
+}
+
+/// Options of `cells add`.
+#[derive(Debug, Args)]
+pub(crate) struct AddArgs {
+    /// The cell's name: its schema (1 to 40 characters of a-z 0-9 _).
+    pub(crate) name: String,
+    /// The host of the cell's server; with --port. Processes connect there with the database,
+    /// role and password of their own --database-url.
+    #[arg(long, requires = "port")]
+    pub(crate) host: Option<String>,
+    /// The port of the cell's server; with --host.
+    #[arg(long, requires = "host")]
+    pub(crate) port: Option<u16>,
+}
+
+/// Options of `cells place`.
+#[derive(Debug, Args)]
+pub(crate) struct PlaceArgs {
+    /// The owner (principal); the directory stores only its keyed digest.
+    #[arg(long, env = "DURABLE_ETL_OWNER")]
+    pub(crate) owner: String,
+    /// Secret key of the keyed digests (at least 16 bytes).
+    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
+    pub(crate) secret: String,
+}
+
+/// Runs one `cells` subcommand on `client` (a session of the directory's database), printing
+/// what it did.
+///
+/// # Errors
+/// As the `directory` calls; [`ConfigError::Secret`] for a short secret.
+pub(crate) async fn run(client: &impl GenericClient, command: CellsCommand) -> Result<(), Error> {
+    match command {
+        CellsCommand::Init => {
+            directory::init(client).await?;
+            println!("the directory of cells is ready");
+        }
+        CellsCommand::Add(args) => {
+            let server = args.host.as_deref().zip(args.port);
+            directory::add(client, &args.name, server).await?;
+            println!("added {}", args.name);
+        }
+        CellsCommand::List => {
+            println!("{:<40}  {:<30}  {:<6}  owners", "cell", "server", "open");
+            for cell in directory::cells(client).await? {
+                let server = cell.server.map_or_else(
+                    || "(the directory's)".to_owned(),
+                    |(h, p)| format!("{h}:{p}"),
+                );
+                let open = if cell.open { "yes" } else { "no" };
+                println!(
+                    "{:<40}  {server:<30}  {open:<6}  {}",
+                    cell.name, cell.owners
+                );
+            }
+        }
+        CellsCommand::Open { name } => {
+            directory::set_open(client, &name, true).await?;
+            println!("opened {name} to new owners");
+        }
+        CellsCommand::Close { name } => {
+            directory::set_open(client, &name, false).await?;
+            println!("closed {name} to new owners");
+        }
+        CellsCommand::Place(args) => {
+            let secret =
+                durable_etl::Secret::new(args.secret.into_bytes()).ok_or(ConfigError::Secret)?;
+            let owner_key = durable_etl::Jobs::new(secret, &args.owner).owner_key();
+            println!("{}", directory::place(client, &owner_key).await?);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The directory against PostgreSQL: cells listed and opened, owners placed once and kept.
+
+use super::*;
+use crate::test_db::TestDb;
+
+/// An owner key whose first four bytes (what placement spreads by) are `lead`.
+fn key(lead: u32, rest: u8) -> [u8; 32] {
+    let mut key = [rest; 32];
+    key[..4].copy_from_slice(&lead.to_be_bytes());
+    key
+}
+
+#[tokio::test]
+async fn cells_are_listed_once_by_a_valid_name_and_a_whole_server() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    // Before the directory is built, every call says so.
+    assert!(matches!(
+        cells(&client).await,
+        Err(Error::Config(ConfigError::NoDirectory))
+    ));
+    init(&client).await.unwrap();
+    init(&client).await.unwrap();
+    add(&client, "cell_b", Some(("db-b.internal", 5433)))
+        .await
+        .unwrap();
+    add(&client, "cell_a", None).await.unwrap();
+    let refused = [
+        (add(&client, "cell_a", None).await, ConfigError::CellListed),
+        (add(&client, "Cell", None).await, ConfigError::CellName),
+        (add(&client, "pg_cell", None).await, ConfigError::CellName),
+        (
+            add(&client, "cell_c", Some(("", 5432))).await,
+            ConfigError::CellServer,
+        ),
+        (
+            set_open(&client, "cell_z", false).await,
+            ConfigError::UnknownCell,
+        ),
+    ];
+    for (outcome, wanted) in refused {
+        match outcome {
+            Err(Error::Config(e)) => assert_eq!(e.to_string(), wanted.to_string()),
+            other => panic!("{other:?}"),
+        }
+    }
+    let listed = cells(&client).await.unwrap();
+    let names: Vec<_> = listed.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["cell_a", "cell_b"]);
+    assert_eq!(listed[0].server, None);
+    assert_eq!(listed[1].server, Some(("db-b.internal".to_owned(), 5433)));
+    assert!(listed.iter().all(|c| c.open && c.owners == 0));
+    assert!(matches!(
+        cell(&client, "cell_z").await,
+        Err(Error::Config(ConfigError::UnknownCell))
+    ));
+}
+
+#[tokio::test]
+async fn an_owner_is_placed_by_its_key_among_the_open_cells_and_stays_there() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    init(&client).await.unwrap();
+    // No open cell: an owner without one cannot be placed.
+    assert!(matches!(
+        place(&client, &key(0, 1)).await,
+        Err(Error::Config(ConfigError::NoOpenCell))
+    ));
+    add(&client, "cell_a", None).await.unwrap();
+    add(&client, "cell_b", None).await.unwrap();
+    // Spread by the key's first four bytes over the open cells by name.
+    assert_eq!(place(&client, &key(4, 1)).await.unwrap(), "cell_a");
+    assert_eq!(place(&client, &key(5, 1)).await.unwrap(), "cell_b");
+    assert_eq!(place(&client, &key(u32::MAX, 1)).await.unwrap(), "cell_b");
+    // Closing a cell and adding one places new owners among the open ones only, and moves
+    // nobody: each placed owner stays where its jobs are.
+    set_open(&client, "cell_a", false).await.unwrap();
+    add(&client, "cell_c", None).await.unwrap();
+    assert_eq!(place(&client, &key(4, 2)).await.unwrap(), "cell_b");
+    assert_eq!(place(&client, &key(5, 2)).await.unwrap(), "cell_c");
+    assert_eq!(place(&client, &key(4, 1)).await.unwrap(), "cell_a");
+    assert_eq!(place(&client, &key(5, 1)).await.unwrap(), "cell_b");
+    assert_eq!(
+        find(&client, &key(4, 2)).await.unwrap().as_deref(),
+        Some("cell_b")
+    );
+    assert_eq!(find(&client, &key(6, 9)).await.unwrap(), None);
+    let owners: Vec<_> = cells(&client)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.name, c.open, c.owners))
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            ("cell_a".to_owned(), false, 1),
+            ("cell_b".to_owned(), true, 3),
+            ("cell_c".to_owned(), true, 1)
+        ]
+    );
+}
+
+/// Many first asks for one owner at once, each on its own session: one placement is written
+/// and every ask answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_asks_racing_agree_on_one_cell() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    init(&client).await.unwrap();
+    for name in ["cell_a", "cell_b", "cell_c"] {
+        add(&client, name, None).await.unwrap();
+    }
+    for round in 0..5u8 {
+        let owner = key(u32::from(round), round);
+        let mut asks = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let session = db.client().await;
+            asks.spawn(async move { place(&session, &owner).await.unwrap() });
+        }
+        let answers: std::collections::BTreeSet<String> =
+            asks.join_all().await.into_iter().collect();
+        assert_eq!(answers.len(), 1, "round {round}: {answers:?}");
+    }
+    let placed: i64 = client
+        .query_one("SELECT count(*) FROM durable_etl_directory.owners", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(placed, 5);
+}
+
+#[tokio::test]
+async fn a_cell_config_points_the_directorys_settings_at_the_cells_server() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    init(&client).await.unwrap();
+    add(&client, "cell_here", None).await.unwrap();
+    add(&client, "cell_there", Some(("10.0.0.7", 6432)))
+        .await
+        .unwrap();
+    let base = DatabaseConfig {
+        cell: Some("cell_there".to_owned()),
+        ..db.config.clone()
+    };
+    let there = cell_config(&base).await.unwrap();
+    assert_eq!(there.cell.as_deref(), Some("cell_there"));
+    let pg: tokio_postgres::Config = there.url.parse().unwrap();
+    assert_eq!(
+        pg.get_hosts(),
+        [tokio_postgres::config::Host::Tcp("10.0.0.7".to_owned())]
+    );
+    assert_eq!(pg.get_ports(), [6432]);
+    let own: tokio_postgres::Config = db.config.url.parse().unwrap();
+    assert_eq!(pg.get_dbname(), own.get_dbname());
+    assert_eq!(pg.get_user(), own.get_user());
+    let here = DatabaseConfig {
+        cell: Some("cell_here".to_owned()),
+        ..db.config.clone()
+    };
+    assert_eq!(cell_config(&here).await.unwrap().url, db.config.url);
+    let unnamed = cell_config(&db.config).await.unwrap_err();
+    assert!(matches!(unnamed, Error::Config(ConfigError::DirectoryCell)));
+    let unknown = DatabaseConfig {
+        cell: Some("cell_gone".to_owned()),
+        ..db.config.clone()
+    };
+    assert!(matches!(
+        cell_config(&unknown).await,
+        Err(Error::Config(ConfigError::UnknownCell))
+    ));
+}
