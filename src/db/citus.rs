@@ -270,3 +270,18 @@ pub async fn forget(client: &impl GenericClient, cell: &str) -> Result<(), Error
     }
     Ok(())
 }
+
+/// The live table's oid: the relation `etl_job_records` names on the session's `search_path`, or,
+/// when that is a view (a cell's node view, on the Citus node that holds the cell), the
+/// one table the view reads (the cell's shard). Null when neither exists.
+macro_rules! live_table_oid {
+    () => {
+        "coalesce((SELECT d.refobjid FROM pg_rewrite r \
+                     JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid \
+                    WHERE r.ev_class = to_regclass('etl_job_records') \
+                      AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> r.ev_class \
+                    LIMIT 1), \
+                  to_regclass('etl_job_records')::oid)"
+    };
+}
+pub(crate) use live_table_oid;

@@ -70,6 +70,27 @@ async fn a_cell_migrated_through_the_coordinator_lives_whole_on_one_worker() {
         .unwrap()
         .get(0);
     assert_eq!(channel, "durable_etl_jobs.cell_one");
+    // A replica's vacuum reads the statistics of, and vacuums, the shard its node view reads.
+    insert_jobs(&session, "test.vacuum", &[json!({})], 3).await;
+    let due: (String, bool) = session
+        .query_one(durable_etl::worker::maintain::vacuum::DUE_SQL, &[&0i64])
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert!(due.0.starts_with("etl_job_records_"), "the shard: {due:?}");
+    assert!(due.1);
+    durable_etl::worker::maintain::vacuum::vacuum(&session, &due.0)
+        .await
+        .unwrap();
+    let vacuums: i64 = session
+        .query_one(
+            &format!("SELECT pg_stat_get_vacuum_count('{}'::regclass)", due.0),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(vacuums, 1);
     // Migrating again through the coordinator applies nothing.
     assert!(schema::migrate(&through).await.unwrap().changed.is_empty());
 

@@ -13,7 +13,9 @@
 //! - A replica that claimed no job since its last look sends nothing. One that did asks, at most
 //!   once per [`VACUUM_CHECK`], how many dead versions the live table holds
 //!   ([`pg_stat_get_dead_tuples`](DUE_SQL): the statistics, no scan), and at
-//!   [`VACUUM_DEAD_ROWS`] plus a fifth of its live rows runs [`VACUUM_SQL`].
+//!   [`VACUUM_DEAD_ROWS`] plus a fifth of its live rows runs [`vacuum_sql`].
+//! - On a Citus node, where the cell's sessions reach the live table through a view, the
+//!   statistics read and the table vacuumed are the shard's the view reads.
 //! - VACUUM removes only versions no snapshot can see: no row reads differently after it, so it
 //!   cannot lose, duplicate or wake a job, or change a lease.
 //! - It never waits for a lock: `SKIP_LOCKED` skips the table while another replica's VACUUM
@@ -26,6 +28,7 @@
 //!   warning and nothing done: autovacuum alone then looks after the table.
 
 use crate::db;
+use crate::db::citus::live_table_oid;
 use crate::worker::shared::Shared;
 use crate::worker::timing::{jittered, ticker};
 use std::sync::Arc;
@@ -41,39 +44,49 @@ pub const VACUUM_CHECK: Duration = Duration::from_secs(1);
 /// about 25,000 jobs' worth, a second or two of a busy fleet.
 pub const VACUUM_DEAD_ROWS: i64 = 50_000;
 
-/// Whether the live table holds at least `$1` dead versions plus a fifth of its live rows, by
-/// the server's statistics (flushed by each backend at most once a second).
+/// The live table (`db::citus::live_table_oid!`), named as `VACUUM` takes it, and whether it holds at
+/// least `$1` dead versions plus a fifth of its live rows, by the server's statistics (flushed by
+/// each backend at most once a second).
 ///
-/// Locks: none (reads the statistics, not the table).
-pub const DUE_SQL: &str = "
-SELECT pg_stat_get_dead_tuples(c.oid) >= $1 + pg_stat_get_live_tuples(c.oid) / 5
-  FROM pg_class c
- WHERE c.oid = to_regclass('etl_job_records')";
+/// Locks: none (reads the catalog and the statistics, not the table).
+pub const DUE_SQL: &str = concat!(
+    "SELECT t.oid::regclass::text,
+            pg_stat_get_dead_tuples(t.oid) >= $1 + pg_stat_get_live_tuples(t.oid) / 5
+       FROM (SELECT ",
+    live_table_oid!(),
+    " AS oid) t
+      WHERE t.oid IS NOT NULL"
+);
 
-/// Vacuums the live table unless another VACUUM holds it, without shrinking its file.
+/// Vacuums the live table `table` (as [`DUE_SQL`] names it) unless another VACUUM holds it,
+/// without shrinking its file.
 ///
 /// Locks: `ShareUpdateExclusiveLock` on the table, taken only if free (`SKIP_LOCKED`); it
 /// conflicts with no claim, enqueue, completion or cancel, only with another VACUUM, ANALYZE or
 /// schema change.
-pub const VACUUM_SQL: &str = "VACUUM (SKIP_LOCKED, TRUNCATE false) etl_job_records";
+pub fn vacuum_sql(table: &str) -> String {
+    format!("VACUUM (SKIP_LOCKED, TRUNCATE false) {table}")
+}
 
-/// Whether the live table is due for a vacuum ([`DUE_SQL`] at [`VACUUM_DEAD_ROWS`]).
+/// The live table, named as `VACUUM` takes it, if it is due for a vacuum ([`DUE_SQL`] at
+/// [`VACUUM_DEAD_ROWS`]).
 ///
 /// # Errors
 /// The database error of the statement.
-pub async fn due(client: &impl GenericClient) -> Result<bool, tokio_postgres::Error> {
+pub async fn due(client: &impl GenericClient) -> Result<Option<String>, tokio_postgres::Error> {
     let row = client
         .query_typed_opt(DUE_SQL, &[(&VACUUM_DEAD_ROWS, Type::INT8)])
         .await?;
-    Ok(row.is_some_and(|r| r.get(0)))
+    Ok(row.filter(|r| r.get(1)).map(|r| r.get(0)))
 }
 
-/// Vacuums the live table ([`VACUUM_SQL`]).
+/// Vacuums the live table `table` ([`vacuum_sql`]; its name as [`DUE_SQL`] gives it: a
+/// `regclass`'s text, quoted where it must be).
 ///
 /// # Errors
 /// The database error of the statement.
-pub async fn vacuum(client: &impl GenericClient) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute(VACUUM_SQL).await
+pub async fn vacuum(client: &impl GenericClient, table: &str) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute(&vacuum_sql(table)).await
 }
 
 /// Whether a replica that had claimed `then` jobs at its last look and `now` jobs at this one
@@ -107,11 +120,11 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 pub(crate) async fn look(shared: &Shared) -> Result<bool, crate::Error> {
     let conn = db::checkout(&shared.pool).await?;
     shared.stats.record_round_trips(1);
-    if !db::bounded(shared.statement_bound, due(&*conn)).await? {
+    let Some(table) = db::bounded(shared.statement_bound, due(&*conn)).await? else {
         return Ok(false);
-    }
+    };
     shared.stats.record_round_trips(1);
-    db::bounded(shared.statement_bound, vacuum(&*conn)).await?;
+    db::bounded(shared.statement_bound, vacuum(&*conn, &table)).await?;
     tracing::debug!("vacuumed the live table");
     Ok(true)
 }

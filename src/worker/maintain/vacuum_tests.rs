@@ -129,7 +129,7 @@ async fn a_vacuum_never_waits_for_another() {
         .await
         .unwrap();
     let started = Instant::now();
-    tokio::time::timeout(Duration::from_secs(5), vacuum(&client))
+    tokio::time::timeout(Duration::from_secs(5), vacuum(&client, "etl_job_records"))
         .await
         .expect("skipped, not waiting")
         .unwrap();
@@ -140,7 +140,7 @@ async fn a_vacuum_never_waits_for_another() {
         vacuums,
         "nothing vacuumed"
     );
-    vacuum(&client).await.unwrap();
+    vacuum(&client, "etl_job_records").await.unwrap();
     assert_eq!(vacuums_and_rows(&client).await.0, vacuums + 1);
 }
 
@@ -157,7 +157,7 @@ async fn vacuuming_while_jobs_are_claimed_and_completed_loses_and_repeats_none()
         tokio::spawn(async move {
             let mut runs = 0_u32;
             while !stop.is_cancelled() {
-                vacuum(&client).await.unwrap();
+                vacuum(&client, "etl_job_records").await.unwrap();
                 runs += 1;
             }
             runs

@@ -6,6 +6,7 @@ use super::statement::{ClaimValues, Claimant, CLAIM_PARAMS};
 #[cfg(doc)]
 use super::statement::{CLAIM_SQL, CLAIM_UNCAPPED_SQL};
 use crate::db;
+use crate::db::citus::live_table_oid;
 use crate::queue::DEFAULT_QUEUE;
 use crate::worker::stats::WorkerStats;
 use std::time::Duration;
@@ -33,9 +34,13 @@ pub const RECHECK_AFTER: Duration = Duration::from_secs(60);
 /// Whether the live table is large enough for a failed plan check to mean something
 /// ([`JUDGED_FROM_PAGES`]).
 ///
-/// Locks: none (reads the table's size on disk).
-pub(crate) const CAN_JUDGE_SQL: &str = "
-SELECT pg_relation_size('etl_job_records') / current_setting('block_size')::int8 >= $1";
+/// Locks: none (reads the catalog and the table's size on disk; on a Citus node, the size of the
+/// shard the cell's node view reads).
+pub(crate) const CAN_JUDGE_SQL: &str = concat!(
+    "SELECT coalesce(pg_relation_size(",
+    live_table_oid!(),
+    ") / current_setting('block_size')::int8 >= $1, false)"
+);
 
 /// The JSON plan of the claim `sql` ([`CLAIM_SQL`] or [`CLAIM_UNCAPPED_SQL`]) prepared on
 /// `client` (its generic plan, on a claim session).
