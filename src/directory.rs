@@ -27,14 +27,16 @@ use tokio_postgres::GenericClient;
 #[cfg(test)]
 mod tests;
 
-/// Builds the directory if it does not exist, in one transaction under an advisory lock (two
-/// processes may build it at once). On a Citus coordinator the schema is kept local to it (not a
-/// distributed schema): it is read at start-up and placement, never on a job's path.
+/// Builds the directory if it does not exist, under an advisory lock (two processes may build it
+/// at once): one simple query, so one implicit transaction, which it neither opens nor ends (on
+/// a session already in a transaction it joins that one). On a Citus coordinator the schema is
+/// kept local to it (not a distributed schema): it is read at start-up and placement, never on a
+/// job's path; elsewhere the Citus setting is not touched (Citus reserves its prefix).
 ///
 /// Locks: a transaction-level advisory lock; the catalog rows of what it creates.
 pub const INIT_SQL: &str = "
-BEGIN;
-SET LOCAL citus.enable_schema_based_sharding = off;
+SELECT set_config('citus.enable_schema_based_sharding', 'off', true)
+ WHERE current_setting('citus.enable_schema_based_sharding', true) IS NOT NULL;
 SELECT pg_advisory_xact_lock(hashtext('durable_etl_directory'));
 CREATE SCHEMA IF NOT EXISTS durable_etl_directory;
 CREATE TABLE IF NOT EXISTS durable_etl_directory.cells (
@@ -51,8 +53,7 @@ CREATE TABLE IF NOT EXISTS durable_etl_directory.owners (
     placed_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS durable_etl_directory_owners_cell_idx
-    ON durable_etl_directory.owners (cell);
-COMMIT;";
+    ON durable_etl_directory.owners (cell);";
 
 /// Lists cell `$1`, on host `$2` and port `$3` (both null: the directory's server); returns
 /// nothing when a cell of that name is listed already.
@@ -294,10 +295,14 @@ pub async fn cell_config(cfg: &DatabaseConfig) -> Result<DatabaseConfig, Error> 
     cell(&client, name).await?.config(cfg)
 }
 
-/// A database error that says the directory does not exist becomes
-/// [`ConfigError::NoDirectory`].
+/// A database error that says the directory's tables do not exist becomes
+/// [`ConfigError::NoDirectory`]; any other stays what it is.
 fn missing(e: tokio_postgres::Error) -> Error {
-    if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
+    let no_directory = e.as_db_error().is_some_and(|d| {
+        d.code() == &tokio_postgres::error::SqlState::UNDEFINED_TABLE
+            && d.message().contains("durable_etl_directory.")
+    });
+    if no_directory {
         ConfigError::NoDirectory.into()
     } else {
         e.into()

@@ -272,15 +272,17 @@ pub async fn forget(client: &impl GenericClient, cell: &str) -> Result<(), Error
 }
 
 /// The live table's oid: the relation `etl_job_records` names on the session's `search_path`, or,
-/// when that is a view (a cell's node view, on the Citus node that holds the cell), the
-/// one table the view reads (the cell's shard). Null when neither exists.
+/// when that is a view reading exactly one relation (a cell's node view, on the Citus node that
+/// holds the cell), that relation (the cell's shard). A view over several relations stays the
+/// view (no statistics, no size: nothing is judged or vacuumed). Null when neither exists. (It
+/// reads no `pg_class` row of the shard: Citus hides shards from `pg_class` queries.)
 macro_rules! live_table_oid {
     () => {
-        "coalesce((SELECT d.refobjid FROM pg_rewrite r \
+        "coalesce((SELECT min(d.refobjid) FROM pg_rewrite r \
                      JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid \
-                    WHERE r.ev_class = to_regclass('etl_job_records') \
+                    WHERE r.ev_class = to_regclass('etl_job_records') AND r.rulename = '_RETURN' \
                       AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> r.ev_class \
-                    LIMIT 1), \
+                   HAVING count(DISTINCT d.refobjid) = 1), \
                   to_regclass('etl_job_records')::oid)"
     };
 }

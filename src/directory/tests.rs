@@ -101,33 +101,39 @@ async fn an_owner_is_placed_by_its_key_among_the_open_cells_and_stays_there() {
     );
 }
 
-/// Many first asks for one owner at once, each on its own session: one placement is written
-/// and every ask answers it.
+/// A first ask that meets another's placement of the same owner, still in flight, waits for it
+/// and answers the cell that one wrote, not the one its own spread picks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_asks_racing_agree_on_one_cell() {
+async fn a_first_ask_racing_another_answers_the_cell_the_other_wrote() {
     let db = TestDb::migrated().await;
     let client = db.client().await;
     init(&client).await.unwrap();
-    for name in ["cell_a", "cell_b", "cell_c"] {
-        add(&client, name, None).await.unwrap();
-    }
-    for round in 0..5u8 {
-        let owner = key(u32::from(round), round);
-        let mut asks = tokio::task::JoinSet::new();
-        for _ in 0..8 {
-            let session = db.client().await;
-            asks.spawn(async move { place(&session, &owner).await.unwrap() });
-        }
-        let answers: std::collections::BTreeSet<String> =
-            asks.join_all().await.into_iter().collect();
-        assert_eq!(answers.len(), 1, "round {round}: {answers:?}");
-    }
-    let placed: i64 = client
-        .query_one("SELECT count(*) FROM durable_etl_directory.owners", &[])
+    add(&client, "cell_a", None).await.unwrap();
+    add(&client, "cell_b", None).await.unwrap();
+    // Its own spread picks cell_a (4 modulo 2 open cells).
+    let owner = key(4, 7);
+    let mut holder = db.client().await;
+    let placing = holder.transaction().await.unwrap();
+    placing
+        .execute(
+            "INSERT INTO durable_etl_directory.owners (owner_key, cell) VALUES ($1, 'cell_b')",
+            &[&&owner[..]],
+        )
         .await
-        .unwrap()
-        .get(0);
-    assert_eq!(placed, 5);
+        .unwrap();
+    let asker = db.client().await;
+    let ask = tokio::spawn(async move { place(&asker, &owner).await.unwrap() });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !ask.is_finished(),
+        "the ask waits for the placement in flight"
+    );
+    placing.commit().await.unwrap();
+    assert_eq!(ask.await.unwrap(), "cell_b");
+    assert_eq!(
+        find(&client, &owner).await.unwrap().as_deref(),
+        Some("cell_b")
+    );
 }
 
 #[tokio::test]

@@ -462,14 +462,15 @@ pub fn render_worker(stats: &WorkerStats) -> String {
     out
 }
 
-/// What a replica's endpoint reports on: the current incarnation's counters and pool. A process
-/// that starts its replica again (its cell moved) sends the new incarnation's, and every later
-/// request, on a connection old or new, reads those.
-pub type WorkerSource = tokio::sync::watch::Receiver<(std::sync::Arc<WorkerStats>, Pool)>;
+/// What a replica's endpoint reports on: the current incarnation's counters and pool, or none
+/// while the process starts its replica again (its cell moved). A process sends each new
+/// incarnation's, and every later request, on a connection old or new, reads those.
+pub type WorkerSource = tokio::sync::watch::Receiver<Option<(std::sync::Arc<WorkerStats>, Pool)>>;
 
 /// The replica's `/metrics` endpoint (its counters, its pool, and a queue sample per scrape) and
-/// its `/readyz` ([`worker_ready`]), of the incarnation `source` holds at each request. Serves on
-/// `listener` until `shutdown` asks it to drain.
+/// its `/readyz` ([`worker_ready`]), of the incarnation `source` holds at each request; while it
+/// holds none, both answer `503` (`database_unavailable`). Serves on `listener` until `shutdown`
+/// asks it to drain.
 ///
 /// # Errors
 /// [`crate::Error::Unavailable`] if the server stops abnormally.
@@ -478,22 +479,32 @@ pub async fn serve_worker(
     source: WorkerSource,
     mut shutdown: crate::shutdown::Shutdown,
 ) -> Result<(), crate::Error> {
+    use axum::response::IntoResponse;
     let ready = source.clone();
     let app = axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let (stats, pool) = source.borrow().clone();
+                let current = source.borrow().clone();
                 async move {
+                    let Some((stats, pool)) = current else {
+                        return unavailable();
+                    };
                     let mut out = render_worker(&stats);
                     render_shared(&mut out, &pool).await;
-                    ([(axum::http::header::CONTENT_TYPE, TEXT_FORMAT)], out)
+                    ([(axum::http::header::CONTENT_TYPE, TEXT_FORMAT)], out).into_response()
                 }
             }),
         )
         .route(
             "/readyz",
-            axum::routing::get(move || std::future::ready(worker_ready(&ready.borrow().0))),
+            axum::routing::get(move || {
+                let current = ready
+                    .borrow()
+                    .as_ref()
+                    .map(|(stats, _)| std::sync::Arc::clone(stats));
+                std::future::ready(current.map_or_else(unavailable, |stats| worker_ready(&stats)))
+            }),
         );
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
@@ -501,6 +512,13 @@ pub async fn serve_worker(
         })
         .await
         .map_err(|_| crate::Error::Unavailable(None))
+}
+
+/// What a replica's endpoint answers while its replica is not ready (its session is down, or no
+/// incarnation runs): `503` with the problem `database_unavailable`.
+fn unavailable() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    crate::service::problem::Problem::new(crate::codes::Code::DatabaseUnavailable).into_response()
 }
 
 /// A replica's readiness, for a probe: `200 {"status": "ready"}` while its session is up (it
@@ -512,8 +530,7 @@ pub fn worker_ready(stats: &WorkerStats) -> axum::response::Response {
     if stats.session_up.load(std::sync::atomic::Ordering::Relaxed) == 1 {
         axum::Json(serde_json::json!({"status": "ready"})).into_response()
     } else {
-        crate::service::problem::Problem::new(crate::codes::Code::DatabaseUnavailable)
-            .into_response()
+        unavailable()
     }
 }
 

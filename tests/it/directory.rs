@@ -150,16 +150,29 @@ async fn cells_on_two_servers_run_the_jobs_of_the_owners_the_directory_places_in
     assert!(far_line.contains(&format!("127.0.0.1:{port}")), "{listed}");
     assert!(listed.lines().count() == 3, "{listed}");
 
-    // What the directory cannot answer is refused, exit 2, and changes nothing.
-    for args in [
-        &["work", "--directory"][..],
-        &["work", "--directory", "--cell", "cell_gone"],
-        &["cells", "list", "--cell", "cell_near"],
-        &["cells", "add", "cell_near"],
-        &["cells", "close", "cell_gone"],
+    // What the directory cannot answer is refused, exit 2, naming why, and changes nothing.
+    for (args, why) in [
+        (&["work", "--directory"][..], "--directory finds the server"),
+        (
+            &["work", "--directory", "--cell", "cell_gone"],
+            "no cell of that name",
+        ),
+        (
+            &["cells", "list", "--cell", "cell_near"],
+            "the cells commands take neither",
+        ),
+        (
+            &["cells", "add", "cell_near"],
+            "a cell of that name already",
+        ),
+        (&["cells", "close", "cell_gone"], "no cell of that name"),
     ] {
-        assert_eq!(run(&url, args).status.code(), Some(2), "{args:?}");
+        let refused = run(&url, args);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains(why), "{args:?}: {stderr}");
     }
+    assert_eq!(ok(&url, &["cells", "list"]), listed);
     let empty = TestDb::empty().await;
     let missing = run(&empty.config.url, &["cells", "list"]);
     assert_eq!(missing.status.code(), Some(2));

@@ -313,7 +313,8 @@ async fn upstream(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, state: &State
                 flight.extend_from_slice(&message);
                 let sync = message[0] == b'S';
                 let cut_here = sync && marked(&flight, state);
-                if sync || message[0] == b'Q' {
+                // A simple query, or the end of a COPY's data, ends what a statement sent.
+                if sync || matches!(message[0], b'Q' | b'c' | b'f') {
                     flight.clear();
                 }
                 cut_here

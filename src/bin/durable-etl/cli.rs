@@ -37,7 +37,7 @@ use durable_etl::{config, db, schema, service::api_keys};
 pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
     // Installed first: a signal during start-up is a graceful request, not a kill.
     let shutdown = durable_etl::shutdown::signals();
-    let start_up = cli.database.start_up(&shutdown)?;
+    let mut start_up = cli.database.start_up(&shutdown)?;
     let directory = cli.database.directory;
     let db_config = match &cli.command {
         Command::Cells(_) if directory || cli.database.cell.is_some() => {
@@ -46,16 +46,22 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Demo(_) | Command::Bench(_) if directory => {
             return Err(config::ConfigError::DirectoryCell.into());
         }
-        Command::Work(args) => cli.database.config_for_lease(Some(args.lease))?,
+        Command::Work(args) => {
+            // The replica's own flags are refused before anything connects.
+            args.config()?;
+            cli.database.config_for_lease(Some(args.lease))?
+        }
         _ => cli.database.config()?,
     };
-    let db_config = match directory {
-        true => {
-            start_up
-                .run(|| durable_etl::directory::cell_config(&db_config))
-                .await?
-        }
-        false => db_config,
+    let db_config = if directory {
+        let found = start_up
+            .run(|| durable_etl::directory::cell_config(&db_config))
+            .await?;
+        // From here on, start-up failures name the cell's server.
+        start_up.target = db::target(&found)?;
+        found
+    } else {
+        db_config
     };
     match cli.command {
         Command::Migrate(args) => migrate(&db_config, &start_up, args).await,
@@ -232,18 +238,27 @@ async fn work(
         starts: starts.as_ref().map(|(_, log)| log),
     };
     let (mut worker, pool) = incarnation.start(&db_config, &start_up).await?;
-    // One endpoint for the process: each incarnation's counters replace the last one's.
-    let (current, source) = tokio::sync::watch::channel((worker.stats_handle(), pool));
+    // One endpoint for the process: each incarnation's counters replace the last one's, and
+    // between two incarnations it answers that none runs.
+    let (current, source) = tokio::sync::watch::channel(Some((worker.stats_handle(), pool)));
     let serving = metrics.map(|listener| serve_metrics(listener, source, &shutdown));
     let ran = loop {
         match worker.run(shutdown.clone()).await {
             Err(Error::CellMoved) => {
                 tracing::warn!(code = %durable_etl::Code::CellMoved, "the cell moved; starting on its new node");
+                current.send_replace(None);
                 start_up.deadline = tokio::time::Instant::now() + bound;
-                db_config = on_cell_node(&db_config, &start_up).await?;
-                let (next, pool) = incarnation.start(&db_config, &start_up).await?;
-                current.send_replace((next.stats_handle(), pool));
-                worker = next;
+                let next = async {
+                    db_config = on_cell_node(&db_config, &start_up).await?;
+                    incarnation.start(&db_config, &start_up).await
+                };
+                match next.await {
+                    Ok((next, pool)) => {
+                        current.send_replace(Some((next.stats_handle(), pool)));
+                        worker = next;
+                    }
+                    Err(e) => break Err(e),
+                }
             }
             ran => break ran,
         }

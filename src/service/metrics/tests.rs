@@ -194,3 +194,49 @@ fn per_queue_gauges_label_each_queue_and_only_capped_queues_have_a_cap() {
     assert!(!text.contains("durable_etl_queue_key_cap{queue=\"bulk\"}"));
     assert!(!text.contains("durable_etl_queue_key_permits_held{queue=\"bulk\"}"));
 }
+
+/// The replica's endpoint reports the incarnation its source holds at each request, on a
+/// kept-alive connection too, and answers `503` while it holds none (the replica starts again).
+#[tokio::test]
+async fn the_endpoint_reports_the_current_incarnation_and_is_unavailable_between_two() {
+    let db = crate::test_db::TestDb::migrated().await;
+    let pool = crate::db::connect_pool(&db.config, "test").await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (current, source) = tokio::sync::watch::channel(None);
+    let (trigger, shutdown) = crate::shutdown::manual();
+    let serving = tokio::spawn(serve_worker(listener, source, shutdown));
+    let http = reqwest::Client::new();
+    let get = |path: &'static str| {
+        let http = http.clone();
+        async move {
+            let answer = http
+                .get(format!("http://{address}{path}"))
+                .send()
+                .await
+                .unwrap();
+            (answer.status().as_u16(), answer.text().await.unwrap())
+        }
+    };
+    for path in ["/readyz", "/metrics"] {
+        let (status, body) = get(path).await;
+        assert_eq!(status, 503, "{path}");
+        assert!(body.contains("database_unavailable"), "{body}");
+    }
+    let first = std::sync::Arc::new(WorkerStats::default());
+    first.session_up.store(1, Ordering::Relaxed);
+    first.record_adopted(3);
+    current.send_replace(Some((std::sync::Arc::clone(&first), pool.clone())));
+    assert_eq!(get("/readyz").await.0, 200);
+    let (status, body) = get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("durable_etl_database_up 1"), "{body}");
+    assert!(body.contains("durable_etl_jobs_adopted_total 3"), "{body}");
+    let second = std::sync::Arc::new(WorkerStats::default());
+    current.send_replace(Some((second, pool)));
+    assert_eq!(get("/readyz").await.0, 503, "the new incarnation's session");
+    current.send_replace(None);
+    assert_eq!(get("/metrics").await.0, 503);
+    trigger.request(crate::shutdown::Stage::Draining);
+    serving.await.unwrap().unwrap();
+}

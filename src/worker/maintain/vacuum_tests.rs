@@ -198,3 +198,38 @@ async fn vacuuming_while_jobs_are_claimed_and_completed_loses_and_repeats_none()
         (0, 3_000, 3_000)
     );
 }
+
+/// Where `etl_job_records` names a view over one table (as a cell's node view on a Citus node
+/// reads its shard), the look reads and vacuums that table; a view over several stays the view,
+/// never judged due (nothing to size or vacuum).
+#[tokio::test]
+async fn a_view_over_one_table_is_looked_through_and_one_over_several_is_not() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE SCHEMA through;
+             CREATE VIEW through.etl_job_records AS SELECT * FROM public.etl_job_records;
+             SET search_path = through, public",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        due(&client).await.unwrap(),
+        None,
+        "an empty table is not due"
+    );
+    let named: String = client.query_one(DUE_SQL, &[&-1i64]).await.unwrap().get(0);
+    assert_eq!(named, "public.etl_job_records");
+    vacuum(&client, &named).await.unwrap();
+    client
+        .batch_execute(
+            "CREATE OR REPLACE VIEW through.etl_job_records AS
+                 SELECT j.* FROM public.etl_job_records j
+                  WHERE EXISTS (SELECT 1 FROM public.etl_queues q WHERE q.queue = j.queue)",
+        )
+        .await
+        .unwrap();
+    let named: String = client.query_one(DUE_SQL, &[&-1i64]).await.unwrap().get(0);
+    assert_eq!(named, "etl_job_records", "the view itself");
+}
