@@ -13,11 +13,18 @@
 //! placement is then written down, so opening or adding cells later never moves an owner whose
 //! jobs live somewhere already.
 //!
+//! An API key made for a routed API (`api-keys create --directory`) is recorded here by its id
+//! and keyed digest with its owner, so one API serving every cell finds a request's cell
+//! ([`key_cell`]); the key itself, and whether it is live, stay the cell's.
+//!
 //! Invariants this module keeps:
 //! - An owner is in at most one cell, and once placed stays there: nothing here rewrites an
 //!   owner's entry (two first asks racing agree on the one that was written first).
 //! - A cell with owners is never removed; only its openness to new owners changes.
-//! - Nothing stored names a principal: owners are their 32-byte keyed digests.
+//! - Nothing stored names a principal or holds a key: owners and keys are their 32-byte keyed
+//!   digests.
+//! - A key routes only to its owner's cell: a key is recorded only for a placed owner (a foreign
+//!   key), once.
 
 use crate::config::{cell_name_ok, ConfigError, DatabaseConfig};
 use crate::error::Error;
@@ -53,7 +60,15 @@ CREATE TABLE IF NOT EXISTS durable_etl_directory.owners (
     placed_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS durable_etl_directory_owners_cell_idx
-    ON durable_etl_directory.owners (cell);";
+    ON durable_etl_directory.owners (cell);
+CREATE TABLE IF NOT EXISTS durable_etl_directory.api_keys (
+    id uuid PRIMARY KEY,
+    key_digest bytea NOT NULL UNIQUE CHECK (octet_length(key_digest) = 32),
+    owner_key bytea NOT NULL REFERENCES durable_etl_directory.owners (owner_key),
+    added_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS durable_etl_directory_api_keys_owner_idx
+    ON durable_etl_directory.api_keys (owner_key);";
 
 /// Lists cell `$1`, on host `$2` and port `$3` (both null: the directory's server); returns
 /// nothing when a cell of that name is listed already.
@@ -110,6 +125,39 @@ LIMIT 1";
 ///
 /// Locks: none.
 pub const FIND_SQL: &str = "SELECT cell FROM durable_etl_directory.owners WHERE owner_key = $1";
+
+/// Records API key `$1` (its id), whose keyed digest is `$2`, of owner `$3` (placed already):
+/// the key's requests are then routed to the owner's cell.
+///
+/// Locks: the new row's key entries; the owner's row, in share mode (its foreign key).
+pub const ADD_KEY_SQL: &str = "
+INSERT INTO durable_etl_directory.api_keys (id, key_digest, owner_key) VALUES ($1, $2, $3)";
+
+/// The cell of the owner of the API key whose keyed digest is `$1`.
+///
+/// Locks: none.
+pub const KEY_CELL_SQL: &str = "
+SELECT o.cell FROM durable_etl_directory.api_keys k
+  JOIN durable_etl_directory.owners o USING (owner_key)
+ WHERE k.key_digest = $1";
+
+/// The cell of the owner of the API key whose id is `$1`.
+///
+/// Locks: none.
+pub const KEY_ID_CELL_SQL: &str = "
+SELECT o.cell FROM durable_etl_directory.api_keys k
+  JOIN durable_etl_directory.owners o USING (owner_key)
+ WHERE k.id = $1";
+
+/// An API key as the directory routes it: by its keyed digest (a request's bearer key) or by
+/// its id (a console session, or a revocation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRef<'a> {
+    /// The keyed digest of the key itself.
+    Digest(&'a [u8; 32]),
+    /// The key's id.
+    Id(uuid::Uuid),
+}
 
 /// A cell as the directory lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,6 +324,56 @@ pub async fn find(
         .await
         .map_err(missing)?;
     Ok(row.map(|r| r.get(0)))
+}
+
+/// Records API key `id`, whose keyed digest is `key_digest`, of the owner whose key is
+/// `owner_key` ([`ADD_KEY_SQL`]); the owner must be placed ([`place`]) first.
+///
+/// # Errors
+/// As [`add`]; a foreign-key violation for an owner with no cell.
+pub async fn add_key(
+    client: &impl GenericClient,
+    id: uuid::Uuid,
+    key_digest: &[u8; 32],
+    owner_key: &[u8; 32],
+) -> Result<(), Error> {
+    let (digest, owner) = (&key_digest[..], &owner_key[..]);
+    client
+        .execute_typed(
+            ADD_KEY_SQL,
+            &[
+                (&id, Type::UUID),
+                (&digest, Type::BYTEA),
+                (&owner, Type::BYTEA),
+            ],
+        )
+        .await
+        .map_err(missing)?;
+    Ok(())
+}
+
+/// The cell of the owner of API key `key`, if the directory records the key.
+///
+/// # Errors
+/// As [`add`].
+pub async fn key_cell(
+    client: &impl GenericClient,
+    key: KeyRef<'_>,
+) -> Result<Option<String>, Error> {
+    let row = match key {
+        KeyRef::Digest(digest) => {
+            let digest = &digest[..];
+            client
+                .query_typed_opt(KEY_CELL_SQL, &[(&digest, Type::BYTEA)])
+                .await
+        }
+        KeyRef::Id(id) => {
+            client
+                .query_typed_opt(KEY_ID_CELL_SQL, &[(&id, Type::UUID)])
+                .await
+        }
+    };
+    Ok(row.map_err(missing)?.map(|r| r.get(0)))
 }
 
 /// `cfg` (whose URL names the directory's database) pointed at the server of the cell it names,

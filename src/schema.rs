@@ -335,6 +335,25 @@ pub async fn migrate_down_to(client: &mut Client, target: i32) -> Result<Migrate
     }
 }
 
+/// Opens the pool of a long-running role on `db_config`, checks that the server applies the
+/// session limits (which, on Citus, readies the node views the schema is read through) and that
+/// the schema is one this release can run against; returns the pool and the schema version.
+///
+/// # Errors
+/// As [`crate::db::connect_pool`], [`crate::db::check_session_settings`] and
+/// [`check_compatible`].
+pub async fn open_checked(
+    db_config: &crate::config::DatabaseConfig,
+    role: &str,
+) -> Result<(crate::db::Pool, i32), Error> {
+    let pool = crate::db::connect_pool(db_config, role).await?;
+    let conn = crate::db::checkout(&pool).await?;
+    crate::db::check_session_settings(&*conn, db_config).await?;
+    let version = check_compatible(&conn).await?;
+    drop(conn);
+    Ok((pool, version))
+}
+
 /// Checks that the database schema is one this release can run against, and returns its version.
 /// Reads only; takes no lock.
 ///

@@ -135,7 +135,7 @@ pub enum ConfigError {
     /// `--directory` was given without `--cell` (the directory finds a cell's server), or the
     /// `cells` commands were given `--cell` or `--directory` (they act on the directory itself).
     #[error(
-        "--directory finds the server of the cell --cell names; the cells commands take neither"
+        "--directory finds the server of the cell --cell names (serve and api-keys route by owner without one); the cells commands take neither"
     )]
     DirectoryCell,
     /// `bench --citus-worker` named a worker past the last of the coordinator's list.

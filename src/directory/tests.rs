@@ -176,3 +176,47 @@ async fn a_cell_config_points_the_directorys_settings_at_the_cells_server() {
         Err(Error::Config(ConfigError::UnknownCell))
     ));
 }
+
+#[tokio::test]
+async fn an_api_key_routes_to_its_owners_cell_by_digest_and_by_id() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    let (id, digest, owner) = (uuid::Uuid::now_v7(), [7; 32], key(1, 3));
+    // Before the directory is built, every call says so.
+    for outcome in [
+        key_cell(&client, KeyRef::Id(id)).await.map(drop),
+        add_key(&client, id, &digest, &owner).await,
+    ] {
+        assert!(matches!(
+            outcome,
+            Err(Error::Config(ConfigError::NoDirectory))
+        ));
+    }
+    init(&client).await.unwrap();
+    add(&client, "cell_a", None).await.unwrap();
+    add(&client, "cell_b", None).await.unwrap();
+    // A key of an owner the directory has not placed is refused, and nothing is recorded.
+    assert!(add_key(&client, id, &digest, &owner).await.is_err());
+    assert_eq!(key_cell(&client, KeyRef::Id(id)).await.unwrap(), None);
+    let cell = place(&client, &owner).await.unwrap();
+    add_key(&client, id, &digest, &owner).await.unwrap();
+    let by_digest = key_cell(&client, KeyRef::Digest(&digest)).await.unwrap();
+    assert_eq!(by_digest.as_deref(), Some(cell.as_str()));
+    let by_id = key_cell(&client, KeyRef::Id(id)).await.unwrap();
+    assert_eq!(by_id.as_deref(), Some(cell.as_str()));
+    // Unknown keys route nowhere; a digest is recorded once.
+    let other = uuid::Uuid::now_v7();
+    assert_eq!(
+        key_cell(&client, KeyRef::Digest(&[8; 32])).await.unwrap(),
+        None
+    );
+    assert_eq!(key_cell(&client, KeyRef::Id(other)).await.unwrap(), None);
+    assert!(add_key(&client, other, &digest, &owner).await.is_err());
+    assert_eq!(count_keys(&client).await, 1);
+}
+
+/// How many keys the directory records.
+async fn count_keys(client: &tokio_postgres::Client) -> i64 {
+    let sql = "SELECT count(*) FROM durable_etl_directory.api_keys";
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}

@@ -65,27 +65,60 @@ pub async fn create_as(
     owner: &str,
     role: Role,
 ) -> Result<CreatedKey, Error> {
-    let id = Uuid::now_v7();
-    let key = format!(
-        "{API_KEY_PREFIX}{}{}",
-        Uuid::new_v4().simple(),
-        Uuid::new_v4().simple()
-    );
+    let created = CreatedKey::generate();
     let owner_key = secret.digest(DigestKind::Principal, owner.as_bytes());
-    let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
+    store(client, secret, &owner_key, role, &created).await?;
+    Ok(created)
+}
+
+impl CreatedKey {
+    /// A fresh key and id, stored nowhere yet (see [`store`]).
+    #[must_use]
+    pub fn generate() -> CreatedKey {
+        CreatedKey {
+            id: Uuid::now_v7(),
+            key: format!(
+                "{API_KEY_PREFIX}{}{}",
+                Uuid::new_v4().simple(),
+                Uuid::new_v4().simple()
+            ),
+        }
+    }
+}
+
+/// The keyed digest of API key `key`: what is stored of it, and what a request's key is looked
+/// up by.
+#[must_use]
+pub fn key_digest(secret: &Secret, key: &str) -> [u8; 32] {
+    secret.digest(DigestKind::ApiKey, key.as_bytes())
+}
+
+/// Stores `created` as a live key of the owner whose keyed digest is `owner_key`, with `role`:
+/// its id and the digests only.
+///
+/// # Errors
+/// Database errors.
+pub async fn store(
+    client: &impl GenericClient,
+    secret: &Secret,
+    owner_key: &[u8; 32],
+    role: Role,
+    created: &CreatedKey,
+) -> Result<(), Error> {
+    let key_digest = key_digest(secret, &created.key);
     client
         .execute_typed(
             "INSERT INTO etl_api_clients (id, owner_key, key_digest, operator)
              VALUES ($1, $2, $3, $4)",
             &[
-                (&id, Type::UUID),
+                (&created.id, Type::UUID),
                 (&owner_key.as_slice(), Type::BYTEA),
                 (&key_digest.as_slice(), Type::BYTEA),
                 (&(role == Role::Operator), Type::BOOL),
             ],
         )
         .await?;
-    Ok(CreatedKey { id, key })
+    Ok(())
 }
 
 /// Revokes the key with this id. Returns whether a live key was revoked.
@@ -125,7 +158,7 @@ pub async fn holder_of_key(
     secret: &Secret,
     key: &str,
 ) -> Result<Option<KeyHolder>, Error> {
-    let key_digest = secret.digest(DigestKind::ApiKey, key.as_bytes());
+    let key_digest = key_digest(secret, key);
     let row = client
         .query_typed_opt(
             "SELECT id, owner_key, operator FROM etl_api_clients

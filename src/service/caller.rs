@@ -6,24 +6,29 @@
 //! - A request without a bearer key, or with one that is unknown or revoked, is `401
 //!   unauthorized` before anything else is read; the key itself is only ever digested.
 //! - The connection that looked the key up is the request's one checkout: the handler runs its
-//!   statements on it.
+//!   statements on it. It is a connection of the key owner's cell (see `cells`).
 
+use super::cells::CellPool;
 use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
+use crate::directory::KeyRef;
 use crate::service::api_keys::{self, KeyHolder};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
+use std::sync::Arc;
 
 /// The holder of an authenticated request's key (its id, owner and role), with the connection
-/// that looked it up.
+/// that looked it up and the cell it acts in.
 pub(super) struct Caller {
     /// The key's holder.
     pub(super) holder: KeyHolder,
     /// The request's connection.
     pub(super) conn: Conn,
+    /// The cell the request acts in.
+    pub(super) cell: Arc<CellPool>,
 }
 
 impl FromRequestParts<AppState> for Caller {
@@ -31,12 +36,18 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, Problem> {
         let key = bearer_key(&parts.headers)?;
-        let mut conn = Conn::checkout(&state.pool).await?;
+        let digest = api_keys::key_digest(&state.secret, key);
+        let cell = state
+            .cells
+            .of_key(KeyRef::Digest(&digest))
+            .await?
+            .ok_or_else(|| Problem::new(Code::Unauthorized))?;
+        let mut conn = Conn::checkout(&cell.pool).await?;
         let holder = conn
             .run(|c| api_keys::holder_of_key(&*c, &state.secret, key))
             .await?
             .ok_or_else(|| Problem::new(Code::Unauthorized))?;
-        Ok(Caller { holder, conn })
+        Ok(Caller { holder, conn, cell })
     }
 }
 

@@ -45,6 +45,8 @@ pub(super) struct Conn {
     pooled: Option<Pooled>,
     /// Whether a [`Conn::run`] started and did not finish (its future was dropped).
     cut: bool,
+    /// The pool it came from.
+    pool: Pool,
 }
 
 impl Conn {
@@ -56,7 +58,13 @@ impl Conn {
         Ok(Conn {
             pooled: Some(db::checkout_owned(pool).await?),
             cut: false,
+            pool: pool.clone(),
         })
+    }
+
+    /// The pool the connection came from (its cell's, on a routed API).
+    pub(super) fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// Runs `statements` on the connection. Should the future be dropped before they finish, the
@@ -73,7 +81,7 @@ impl Conn {
         Fut: Future<Output = Result<T, E>>,
         Error: From<E>,
     {
-        let Conn { pooled, cut } = self;
+        let Conn { pooled, cut, .. } = self;
         let client = pooled.as_deref_mut().ok_or(Error::Internal)?;
         *cut = true;
         let done = statements(client).await;

@@ -306,7 +306,9 @@ fn letter_id(path: Result<Path<String>, PathRejection>) -> Result<Uuid, Problem>
 )]
 pub(super) async fn list(
     State(state): State<AppState>,
-    Caller { holder, mut conn }: Caller,
+    Caller {
+        holder, mut conn, ..
+    }: Caller,
     params: Result<Query<Filter>, QueryRejection>,
 ) -> Result<Json<LetterList>, Problem> {
     let params = query(params)?;
@@ -334,7 +336,9 @@ pub(super) async fn list(
 )]
 pub(super) async fn counts(
     State(state): State<AppState>,
-    Caller { holder, mut conn }: Caller,
+    Caller {
+        holder, mut conn, ..
+    }: Caller,
     params: Result<Query<Filter>, QueryRejection>,
 ) -> Result<Json<CountList>, Problem> {
     let params = query(params)?;
@@ -363,7 +367,9 @@ pub(super) async fn counts(
 )]
 pub(super) async fn get_letter(
     State(state): State<AppState>,
-    Caller { holder, mut conn }: Caller,
+    Caller {
+        holder, mut conn, ..
+    }: Caller,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<LetterView>, Problem> {
     let id = letter_id(id)?;
@@ -387,7 +393,9 @@ pub(super) async fn get_letter(
 )]
 pub(super) async fn discard_letter(
     State(state): State<AppState>,
-    Caller { holder, mut conn }: Caller,
+    Caller {
+        holder, mut conn, ..
+    }: Caller,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, Problem> {
     let id = letter_id(id)?;
@@ -421,7 +429,9 @@ pub(super) async fn discard_letter(
 )]
 pub(super) async fn replay_letter(
     State(state): State<AppState>,
-    Caller { holder, mut conn }: Caller,
+    Caller {
+        holder, mut conn, ..
+    }: Caller,
     id: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
@@ -649,7 +659,9 @@ pub(super) async fn act_in_bulk(
 /// its audit entry from the API, and answers what it did.
 async fn bulk(
     state: &AppState,
-    Caller { holder, mut conn }: Caller,
+    Caller {
+        holder, mut conn, ..
+    }: Caller,
     body: Result<Bytes, BytesRejection>,
     what: Bulk,
 ) -> Result<Response, Problem> {

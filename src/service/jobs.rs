@@ -15,6 +15,7 @@
 //!   cut, so its connection goes back to the pool idle).
 
 use super::caller::Caller;
+use super::cells::CellPool;
 use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
@@ -36,19 +37,31 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
+use std::sync::Arc;
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 use uuid::Uuid;
 
-/// The owner digest of an authenticated request (its [`Caller`]'s key's owner).
-pub(super) struct Owner(pub(super) [u8; 32]);
+/// The owner digest of an authenticated request (its [`Caller`]'s key's owner), and the cell it
+/// acts in. It holds no connection: a handler checks one out once it has read its request.
+pub(super) struct Owner(pub(super) [u8; 32], pub(super) Arc<CellPool>);
+
+impl Owner {
+    /// A connection of the owner's cell.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the pool cannot hand one out in time.
+    pub(super) async fn checkout(&self) -> Result<Conn, Error> {
+        Conn::checkout(&self.1.pool).await
+    }
+}
 
 impl FromRequestParts<AppState> for Owner {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Owner, Problem> {
         let caller = Caller::from_request_parts(parts, state).await?;
-        Ok(Owner(caller.holder.owner_key))
+        Ok(Owner(caller.holder.owner_key, caller.cell))
     }
 }
 
@@ -222,8 +235,9 @@ pub(super) async fn submit(
         max_attempts: MAX_ATTEMPTS_DEFAULT,
         retain: retain.map(|(ttl, key)| Retain { key, ttl }),
     };
-    let (secret, owner, skip_notify) = (&state.secret, &owner.0, state.notifier.is_some());
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let mut conn = owner.checkout().await?;
+    let notifier = owner.1.notifier.as_ref();
+    let (secret, owner, skip_notify) = (&state.secret, &owner.0, notifier.is_some());
     let (enqueued, status) = conn
         .run(|c| async move {
             let tx = c.transaction().await?;
@@ -238,7 +252,7 @@ pub(super) async fn submit(
         .await?;
     // Like the trigger: only a new job that is due now wakes a replica.
     let due = !enqueued.replayed && request.run_at.is_none_or(|at| at <= chrono::Utc::now());
-    if let Some(notifier) = state.notifier.as_ref().filter(|_| due) {
+    if let Some(notifier) = notifier.filter(|_| due) {
         notifier.signal();
     }
     status
@@ -261,12 +275,11 @@ pub(super) async fn submit(
     security(("bearer" = []))
 )]
 pub(super) async fn get_job(
-    State(state): State<AppState>,
     owner: Owner,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
     let id = job_id(id)?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let mut conn = owner.checkout().await?;
     conn.run(|c| jobs::status(&*c, &owner.0, id))
         .await?
         .map(monitor)
@@ -351,12 +364,11 @@ impl From<jobs::Attempts> for AttemptList {
     security(("bearer" = []))
 )]
 pub(super) async fn get_attempts(
-    State(state): State<AppState>,
     owner: Owner,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
     let id = job_id(id)?;
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let mut conn = owner.checkout().await?;
     let owner = &owner.0;
     let (status, attempts) = conn
         .run(|c| async move {
@@ -416,7 +428,6 @@ const PAGE_MAX: i64 = 100;
     security(("bearer" = []))
 )]
 pub(super) async fn list(
-    State(state): State<AppState>,
     owner: Owner,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<JobList>, Problem> {
@@ -440,7 +451,7 @@ pub(super) async fn list(
         None => None,
         Some(c) => Some(Uuid::parse_str(c).map_err(|_| invalid("cursor"))?),
     };
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let mut conn = owner.checkout().await?;
     let status = status.map(JobState::as_str);
     let window = jobs::Window::default().after(cursor);
     let page = conn
@@ -516,13 +527,12 @@ pub(super) fn settle_deferred(pool: &crate::db::Pool, id: Uuid) {
     security(("bearer" = []))
 )]
 pub(super) async fn cancel_job(
-    State(state): State<AppState>,
     owner: Owner,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, Problem> {
     let id = job_id(id)?;
+    let mut conn = owner.checkout().await?;
     let owner = &owner.0;
-    let mut conn = Conn::checkout(&state.pool).await?;
     let (outcome, status) = conn
         .run(|c| async move {
             let outcome = jobs::cancel(&*c, owner, id, Code::Cancelled).await?;
@@ -547,7 +557,7 @@ pub(super) async fn cancel_job(
         Cancel::Cancelled => Ok(monitor(status()?)),
         Cancel::Requested => Ok(requested(status()?, false)),
         Cancel::Deferred => {
-            settle_deferred(&state.pool, id);
+            settle_deferred(conn.pool(), id);
             Ok(requested(status()?, true))
         }
         Cancel::AlreadyEnded(s) => Err(Problem::conflict(s)),

@@ -23,6 +23,7 @@
 pub mod api_keys;
 mod audit;
 mod caller;
+mod cells;
 mod conn;
 mod console;
 mod dead_letters;
@@ -37,7 +38,7 @@ mod queues;
 pub mod schedules;
 
 use crate::codes::Code;
-use crate::config::ApiConfig;
+use crate::config::{ApiConfig, DatabaseConfig};
 use crate::db::Pool;
 use crate::dead_letters::PayloadKey;
 use crate::digest::Secret;
@@ -51,6 +52,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use cells::{CellPool, Cells, Routed};
 use problem::Problem;
 use std::sync::Arc;
 use tower::limit::ConcurrencyLimitLayer;
@@ -62,17 +64,14 @@ use utoipa::OpenApi;
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
-    /// The connection pool.
-    pool: Pool,
+    /// The cell (or the directory's cells) it serves.
+    cells: Cells,
     /// The digest secret.
     secret: Secret,
     /// The API configuration.
     config: ApiConfig,
     /// Response counters for `/metrics`.
     metrics: Arc<ops::ApiMetrics>,
-    /// The process's coalescing notifier: when set, submissions skip the enqueue trigger's
-    /// NOTIFY and signal it after they commit; when not, the trigger notifies.
-    notifier: Option<Notifier>,
     /// The key retained payloads are sealed under and opened with (`None` only for a key id
     /// the configuration's validation refuses).
     payload_key: Option<PayloadKey>,
@@ -87,23 +86,50 @@ impl std::fmt::Debug for AppState {
 impl AppState {
     /// The state of an API serving `pool` with `secret` and `config`.
     pub fn new(pool: Pool, secret: Secret, config: ApiConfig) -> AppState {
+        let cell = CellPool {
+            pool,
+            notifier: None,
+        };
+        AppState::serving(Cells::One(Arc::new(cell)), secret, config)
+    }
+
+    /// The state of an API serving every cell of the directory `directory` connects to (its
+    /// configuration `base`): each request acts in the cell of its key's owner, whose pool is
+    /// opened (from `base`, pointed at the cell) the first time a request needs it, with a
+    /// notifier of its own. Its keys are those `api-keys create --directory` recorded.
+    pub fn routed(
+        directory: Pool,
+        base: DatabaseConfig,
+        secret: Secret,
+        config: ApiConfig,
+    ) -> AppState {
+        let routed = Routed::new(directory, base);
+        AppState::serving(Cells::Routed(Arc::new(routed)), secret, config)
+    }
+
+    /// The state of an API serving `cells`.
+    fn serving(cells: Cells, secret: Secret, config: ApiConfig) -> AppState {
         AppState {
             payload_key: PayloadKey::derive(&secret, &config.payload_key_id),
-            pool,
+            cells,
             secret,
             config,
             metrics: Arc::default(),
-            notifier: None,
         }
     }
 
     /// This state with submissions waking the replicas through `notifier` (one coalesced NOTIFY
-    /// after their commits) instead of the enqueue trigger's NOTIFY inside each transaction.
+    /// after their commits) instead of the enqueue trigger's NOTIFY inside each transaction. A
+    /// routed state is returned as it is: each of its cells has a notifier of its own.
     pub fn with_notifier(self, notifier: Notifier) -> AppState {
-        AppState {
-            notifier: Some(notifier),
-            ..self
-        }
+        let cells = match self.cells {
+            Cells::One(cell) => Cells::One(Arc::new(CellPool {
+                pool: cell.pool.clone(),
+                notifier: Some(notifier),
+            })),
+            routed @ Cells::Routed(_) => routed,
+        };
+        AppState { cells, ..self }
     }
 }
 
@@ -304,7 +330,27 @@ pub async fn serve(state: AppState, mut shutdown: Shutdown) -> Result<(), Error>
 
 #[cfg(test)]
 mod tests {
-    use super::console_url;
+    use super::{console_url, AppState, Cells};
+    use crate::config::ApiConfig;
+    use crate::jobs::notifier::Notifier;
+    use crate::test_db::TestDb;
+
+    #[tokio::test]
+    async fn a_notifier_is_the_one_cells_and_a_routed_state_keeps_each_cells_own() {
+        let db = TestDb::migrated().await;
+        let pool = crate::db::connect_pool(&db.config, "api").await.unwrap();
+        let secret = crate::Secret::new("service-test-secret-0123").unwrap();
+        let config = ApiConfig::default();
+        let notifier = || Notifier::start(&db.config).unwrap();
+        let one = AppState::new(pool.clone(), secret.clone(), config.clone());
+        let Cells::One(cell) = &one.with_notifier(notifier()).cells else {
+            panic!("one cell");
+        };
+        assert!(cell.notifier.is_some());
+        let routed = AppState::routed(pool, db.config.clone(), secret, config);
+        let routed = routed.with_notifier(notifier());
+        assert!(matches!(routed.cells, Cells::Routed(_)));
+    }
 
     #[test]
     fn the_console_url_names_a_host_a_browser_can_open() {

@@ -5,6 +5,8 @@
 //!   schema is one this release supports.
 //! - `/metrics` series carry only fixed labels (status classes), never ids or request values.
 
+use super::cells::Cells;
+use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::schema;
@@ -78,8 +80,18 @@ pub(super) async fn healthz() -> Json<Health> {
         (status = 503, description = "Database unavailable or schema incompatible", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, Problem> {
-    let mut conn = super::conn::Conn::checkout(&state.pool).await?;
-    match conn.run(|c| schema::check_compatible(&*c)).await {
+    let ready = match &state.cells {
+        Cells::One(cell) => {
+            let mut conn = Conn::checkout(&cell.pool).await?;
+            conn.run(|c| schema::check_compatible(&*c)).await.map(drop)
+        }
+        // Routed: the directory answers (each cell is checked when it is opened).
+        Cells::Routed(routed) => {
+            let mut conn = Conn::checkout(routed.directory()).await?;
+            conn.run(|c| crate::directory::cells(&*c)).await.map(drop)
+        }
+    };
+    match ready {
         Ok(_) => Ok(Json(Health { status: "ready" })),
         Err(e) => {
             tracing::warn!(code = %e.code(), "not ready");
@@ -93,7 +105,10 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
 pub(super) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mut out = state.metrics.render();
-    crate::service::metrics::render_shared(&mut out, &state.pool).await;
+    // The shared figures (queues, jobs) are a cell's: a routed API serves its own counters only.
+    if let Cells::One(cell) = &state.cells {
+        crate::service::metrics::render_shared(&mut out, &cell.pool).await;
+    }
     (
         [(header::CONTENT_TYPE, crate::service::metrics::TEXT_FORMAT)],
         out,

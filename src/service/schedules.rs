@@ -10,7 +10,6 @@
 //!   request that names its own `run_at` or `replaces` is refused (a schedule decides when).
 //! - A refusal writes nothing; no request value is ever echoed.
 
-use super::conn::Conn;
 use super::jobs::Owner;
 use super::problem::Problem;
 use super::AppState;
@@ -331,11 +330,8 @@ pub async fn declare_file(
     ),
     security(("bearer" = []))
 )]
-pub(super) async fn list(
-    State(state): State<AppState>,
-    owner: Owner,
-) -> Result<Json<ScheduleList>, Problem> {
-    let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+pub(super) async fn list(owner: Owner) -> Result<Json<ScheduleList>, Problem> {
+    let (schedules, mut conn) = (Schedules::of(owner.0), owner.checkout().await?);
     let schedules = conn.run(|c| schedules.list(&*c)).await?;
     Ok(Json(ScheduleList {
         schedules: schedules.into_iter().map(ScheduleView::from).collect(),
@@ -353,11 +349,10 @@ pub(super) async fn list(
     security(("bearer" = []))
 )]
 pub(super) async fn get_schedule(
-    State(state): State<AppState>,
     owner: Owner,
     Path(name): Path<String>,
 ) -> Result<Json<ScheduleView>, Problem> {
-    let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+    let (schedules, mut conn) = (Schedules::of(owner.0), owner.checkout().await?);
     conn.run(|c| schedules.get(&*c, &name))
         .await?
         .map(|s| Json(s.into()))
@@ -392,7 +387,7 @@ pub(super) async fn put_schedule(
     })?;
     let value: serde_json::Value =
         serde_json::from_slice(&body).map_err(|_| Problem::new(Code::RequestMalformed))?;
-    let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+    let (schedules, mut conn) = (Schedules::of(owner.0), owner.checkout().await?);
     let limits = state.config.limits;
     let stored = conn
         .run(|c| put_body(&*c, &schedules, &name, value, limits))
@@ -411,11 +406,10 @@ pub(super) async fn put_schedule(
     security(("bearer" = []))
 )]
 pub(super) async fn delete_schedule(
-    State(state): State<AppState>,
     owner: Owner,
     Path(name): Path<String>,
 ) -> Result<Response, Problem> {
-    let (schedules, mut conn) = (Schedules::of(owner.0), Conn::checkout(&state.pool).await?);
+    let (schedules, mut conn) = (Schedules::of(owner.0), owner.checkout().await?);
     if conn.run(|c| schedules.delete(&*c, &name)).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
@@ -433,12 +427,8 @@ pub(super) async fn delete_schedule(
     ),
     security(("bearer" = []))
 )]
-pub(super) async fn pause(
-    state: State<AppState>,
-    owner: Owner,
-    name: Path<String>,
-) -> Result<Json<ScheduleView>, Problem> {
-    switch(state, owner, name, true).await
+pub(super) async fn pause(owner: Owner, name: Path<String>) -> Result<Json<ScheduleView>, Problem> {
+    switch(owner, name, true).await
 }
 
 /// Resumes one of the owner's schedules: its next fire is the first after now.
@@ -452,22 +442,20 @@ pub(super) async fn pause(
     security(("bearer" = []))
 )]
 pub(super) async fn resume(
-    state: State<AppState>,
     owner: Owner,
     name: Path<String>,
 ) -> Result<Json<ScheduleView>, Problem> {
-    switch(state, owner, name, false).await
+    switch(owner, name, false).await
 }
 
 /// Pauses (`paused`) or resumes schedule `name`; answers it as it then stands.
 async fn switch(
-    State(state): State<AppState>,
     owner: Owner,
     Path(name): Path<String>,
     paused: bool,
 ) -> Result<Json<ScheduleView>, Problem> {
     let schedules = Schedules::of(owner.0);
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let mut conn = owner.checkout().await?;
     let found = conn
         .run(|c| async {
             let found = if paused {
@@ -497,12 +485,11 @@ async fn switch(
     security(("bearer" = []))
 )]
 pub(super) async fn fires(
-    State(state): State<AppState>,
     owner: Owner,
     Path(name): Path<String>,
 ) -> Result<Json<FireList>, Problem> {
     let schedules = Schedules::of(owner.0);
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let mut conn = owner.checkout().await?;
     let fires: Option<Vec<Fire>> = conn
         .run(|c| async {
             match schedules.get(&*c, &name).await? {

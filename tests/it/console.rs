@@ -117,41 +117,17 @@ impl Console {
 
     /// GETs `path` with `cookies`.
     pub(crate) async fn get(&self, path: &str, cookies: &str) -> Page {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .header(COOKIE, cookies)
-            .send()
-            .await
-            .unwrap();
-        read(response).await
+        get_page(&self.http, &self.base, path, cookies).await
     }
 
     /// POSTs the form `fields` to `path` with `cookies`.
     pub(crate) async fn post(&self, path: &str, cookies: &str, fields: &str) -> Page {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header(COOKIE, cookies)
-            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(fields.to_owned())
-            .send()
-            .await
-            .unwrap();
-        read(response).await
+        post_form(&self.http, &self.base, path, cookies, fields).await
     }
 
     /// Posts the sign-in form served to a fresh browser with `key`; returns the answer.
     pub(crate) async fn post_sign_in(&self, key: &str) -> Page {
-        let form = self.get("/console/sign-in", "").await;
-        let nonce = form.cookie("detl_sign_in").unwrap();
-        let fields = format!("api_key={key}&csrf={}", form.csrf());
-        self.post(
-            "/console/sign-in",
-            &format!("detl_sign_in={nonce}"),
-            &fields,
-        )
-        .await
+        post_sign_in(&self.http, &self.base, key).await
     }
 
     /// Signs in with `key`; returns the session cookie (`name=value`).
@@ -265,6 +241,47 @@ impl Replica {
 }
 
 /// Reads a response into a page.
+/// GETs `path` of the console at `base` with `cookies`.
+pub(crate) async fn get_page(http: &Client, base: &str, path: &str, cookies: &str) -> Page {
+    let response = http
+        .get(format!("{base}{path}"))
+        .header(COOKIE, cookies)
+        .send()
+        .await
+        .unwrap();
+    read(response).await
+}
+
+/// POSTs the form `fields` to `path` of the console at `base` with `cookies`.
+pub(crate) async fn post_form(
+    http: &Client,
+    base: &str,
+    path: &str,
+    cookies: &str,
+    fields: &str,
+) -> Page {
+    let response = http
+        .post(format!("{base}{path}"))
+        .header(COOKIE, cookies)
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(fields.to_owned())
+        .send()
+        .await
+        .unwrap();
+    read(response).await
+}
+
+/// Posts the sign-in form the console at `base` serves a fresh browser, with `key`; returns the
+/// answer.
+pub(crate) async fn post_sign_in(http: &Client, base: &str, key: &str) -> Page {
+    let form = get_page(http, base, "/console/sign-in", "").await;
+    let nonce = form.cookie("detl_sign_in").unwrap();
+    let fields = format!("api_key={key}&csrf={}", form.csrf());
+    let nonce = format!("detl_sign_in={nonce}");
+    post_form(http, base, "/console/sign-in", &nonce, &fields).await
+}
+
+/// A response read whole.
 async fn read(response: reqwest::Response) -> Page {
     Page {
         status: response.status(),

@@ -18,6 +18,7 @@
 //!   included), 3 database unreachable, 4 schema incompatible, 5 a local resource such as a
 //!   listen address failed (see `error`).
 
+mod api_keys;
 mod args;
 mod bench_args;
 mod cells;
@@ -26,9 +27,8 @@ mod schedules;
 
 pub(crate) use args::*;
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
-use durable_etl::digest::Secret;
 use durable_etl::error::Error;
-use durable_etl::{config, db, schema, service::api_keys};
+use durable_etl::{config, db, schema};
 
 /// Runs the parsed command.
 ///
@@ -53,7 +53,11 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         }
         _ => cli.database.config()?,
     };
-    let db_config = if directory {
+    // Without a cell, the API and its keys are routed: each owner's in its cell.
+    let routed = directory
+        && cli.database.cell.is_none()
+        && matches!(cli.command, Command::Serve(_) | Command::ApiKeys(_));
+    let db_config = if directory && !routed {
         let found = start_up
             .run(|| durable_etl::directory::cell_config(&db_config))
             .await?;
@@ -86,10 +90,28 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
                 }
             }
         }
+        Command::Serve(args) if routed => {
+            let (api_config, secret) = args.config()?;
+            let directory = start_up
+                .run(|| async {
+                    let pool = db::connect_pool(&db_config, "api").await?;
+                    let conn = db::checkout(&pool).await?;
+                    let cells = durable_etl::directory::cells(&*conn).await?;
+                    drop(conn);
+                    Ok((pool, cells.len()))
+                })
+                .await;
+            let (pool, cells) = directory?;
+            tracing::info!(cells, "api starting, routing each owner to its cell");
+            let state = durable_etl::AppState::routed(pool, db_config, secret, api_config);
+            durable_etl::service::serve(state, shutdown).await
+        }
         Command::Serve(args) => {
             let (api_config, secret) = args.config()?;
             let db_config = on_cell_node(&db_config, &start_up).await?;
-            let (pool, version) = start_up.run(|| open_checked(&db_config, "api")).await?;
+            let (pool, version) = start_up
+                .run(|| schema::open_checked(&db_config, "api"))
+                .await?;
             tracing::info!(
                 schema_version = version,
                 pooler = db_config.pooler.as_str(),
@@ -123,31 +145,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
             let conn = db::checkout(&pool).await?;
             schedules::run(&*conn, args).await
         }
+        Command::ApiKeys(command) if routed => {
+            api_keys::run_routed(&db_config, &start_up, command).await
+        }
         Command::ApiKeys(command) => {
             let pool = open_admin(&db_config, &start_up).await?;
             let conn = db::checkout(&pool).await?;
-            match command {
-                ApiKeysCommand::Create(args) => {
-                    let secret =
-                        Secret::new(args.secret.into_bytes()).ok_or(config::ConfigError::Secret)?;
-                    let role = if args.operator {
-                        api_keys::Role::Operator
-                    } else {
-                        api_keys::Role::Owner
-                    };
-                    let created = api_keys::create_as(&*conn, &secret, &args.owner, role).await?;
-                    println!("id:  {}\nkey: {}", created.id, created.key);
-                    println!("The key is shown once; only its digest is stored.");
-                    Ok(())
-                }
-                ApiKeysCommand::Revoke(args) => {
-                    if !api_keys::revoke(&*conn, args.id).await? {
-                        return Err(Error::NoLiveKey(args.id));
-                    }
-                    println!("revoked {}", args.id);
-                    Ok(())
-                }
-            }
+            api_keys::run(&*conn, command).await
         }
     }
 }
@@ -175,19 +179,6 @@ async fn open_admin(db_config: &DatabaseConfig, start_up: &db::StartUp) -> Resul
             Ok(pool)
         })
         .await
-}
-
-/// Opens the pool of a long-running role, checks the schema and that the server applies the
-/// session limits; returns the pool and the schema version. One start-up step.
-async fn open_checked(db_config: &DatabaseConfig, role: &str) -> Result<(db::Pool, i32), Error> {
-    let pool = db::connect_pool(db_config, role).await?;
-    let conn = db::checkout(&pool).await?;
-    // The session's settings first: on Citus they ready the node views the schema is read
-    // through.
-    db::check_session_settings(&*conn, db_config).await?;
-    let version = schema::check_compatible(&conn).await?;
-    drop(conn);
-    Ok((pool, version))
 }
 
 /// What `work` runs: the replica's configuration, the schedules it declares at start-up, and
@@ -291,7 +282,9 @@ impl Incarnation<'_> {
         db_config: &DatabaseConfig,
         start_up: &db::StartUp,
     ) -> Result<(durable_etl::worker::Worker, db::Pool), Error> {
-        let (pool, version) = start_up.run(|| open_checked(db_config, "worker")).await?;
+        let (pool, version) = start_up
+            .run(|| schema::open_checked(db_config, "worker"))
+            .await?;
         tracing::info!(
             schema_version = version,
             owner_id = %self.worker_config.owner_id,

@@ -13,6 +13,7 @@
 
 use super::pages;
 use super::session::{self, Viewer};
+use crate::directory::KeyRef;
 use crate::error::Error;
 use crate::service::api_keys::Role;
 use crate::service::conn::Conn;
@@ -59,7 +60,15 @@ pub(super) async fn viewer(
     state: &AppState,
     headers: &HeaderMap,
 ) -> Result<Option<(Viewer, Conn)>, Problem> {
-    let mut conn = Conn::checkout(&state.pool).await?;
+    let session = session::cookie(headers, session::SESSION_COOKIE)
+        .and_then(|value| session::verify_session(&state.secret, value, session::now()));
+    let Some(session) = session else {
+        return Ok(None);
+    };
+    let Some(cell) = state.cells.of_key(KeyRef::Id(session.key_id)).await? else {
+        return Ok(None);
+    };
+    let mut conn = Conn::checkout(&cell.pool).await?;
     let viewer = conn
         .run(|c| session::viewer(&*c, &state.secret, headers))
         .await?;

@@ -39,6 +39,7 @@ use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
+use crate::directory::KeyRef;
 use crate::error::Error;
 use crate::jobs::state::JobState;
 use crate::jobs::{self, Cancel};
@@ -222,8 +223,12 @@ async fn sign_in(
     {
         return Ok(page(StatusCode::FORBIDDEN, pages::forbidden()));
     }
-    let mut conn = Conn::checkout(&state.pool).await?;
     let key = form.api_key.trim();
+    let digest = api_keys::key_digest(&state.secret, key);
+    let Some(cell) = state.cells.of_key(KeyRef::Digest(&digest)).await? else {
+        return Ok(sign_in_form(&state, Some(pages::SignInMessage::Refused)));
+    };
+    let mut conn = Conn::checkout(&cell.pool).await?;
     let Some(KeyHolder { id, .. }) = conn
         .run(|c| api_keys::holder_of_key(&*c, &state.secret, key))
         .await?
@@ -481,7 +486,7 @@ async fn cancel(
             Redirect::to(&format!("/console/jobs/{id}")).into_response()
         }
         Cancel::Deferred => {
-            super::jobs::settle_deferred(&state.pool, id);
+            super::jobs::settle_deferred(conn.pool(), id);
             Redirect::to(&format!("/console/jobs/{id}?cancel={DEFERRED}")).into_response()
         }
     })

@@ -91,6 +91,8 @@ pub(crate) struct DatabaseArgs {
     pub(crate) cell: Option<String>,
     /// Find the server of the cell --cell names in the directory of cells at --database-url
     /// (`cells init` builds it), and run there with this URL's database, role and password.
+    /// Without --cell, `serve` serves every cell (each request in its key owner's cell) and
+    /// `api-keys` acts in the owner's cell.
     #[arg(long, env = "DURABLE_ETL_DIRECTORY", global = true)]
     pub(crate) directory: bool,
 }
