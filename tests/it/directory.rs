@@ -349,8 +349,8 @@ async fn one_api_serves_every_cell_each_request_in_its_key_owners_cell() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_routed_api_answers_503_to_the_owners_of_a_cell_whose_server_is_down_and_serves_the_rest()
-{
+async fn a_routed_api_answers_503_to_the_owners_of_a_cell_whose_server_is_down_and_shows_it_to_operators(
+) {
     let cells = TwoCells::start().await;
     let url = cells.url.as_str();
     let keys = routed_keys(url, &owners_of_each_cell(url));
@@ -364,14 +364,46 @@ async fn a_routed_api_answers_503_to_the_owners_of_a_cell_whose_server_is_down_a
     };
     let (far_key, near_key) = (&keys["cell_far"].1, &keys["cell_near"].1);
 
+    let operator = operator_key_in(url, "cell_near");
+    let cells_view = || {
+        let request = http
+            .get(format!("http://{addr}/v1/cells"))
+            .bearer_auth(&operator);
+        async move {
+            let answer = request.send().await.unwrap();
+            assert_eq!(answer.status(), 200);
+            answer.json::<serde_json::Value>().await.unwrap()["cells"].clone()
+        }
+    };
+    // Only operators see the cells.
+    let asked = http
+        .get(format!("http://{addr}/v1/cells"))
+        .bearer_auth(near_key);
+    assert_eq!(asked.send().await.unwrap().status(), 404);
+
     // The far cell's server is down before any request opened the cell: its owner's requests
-    // answer 503 (the cell is not opened), the near owner's are served.
+    // answer 503 (the cell is not opened), the near owner's are served, and the operators' view
+    // shows the far cell unreachable beside the near one's figures.
     cells.far.pg_ctl(&["-m", "fast", "stop"]);
     let refused = list(far_key).await;
     assert_eq!(refused.status(), 503);
     let problem: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(problem["code"], "database_unavailable", "{problem}");
     assert_eq!(list(near_key).await.status(), 200);
+    let seen = cells_view().await;
+    assert_eq!(seen[0]["name"], "cell_far", "{seen}");
+    assert_eq!(seen[0]["up"], false, "{seen}");
+    assert!(seen[0]["running"].is_null(), "{seen}");
+    assert_eq!(seen[1]["name"], "cell_near", "{seen}");
+    assert_eq!(seen[1]["up"], true, "{seen}");
+    assert_eq!(seen[1]["pending_due"], 0, "{seen}");
+    assert!(seen[1]["owners"].as_i64().unwrap() >= 2, "{seen}");
+    let base = format!("http://{addr}");
+    let signed = console::post_sign_in(&http, &base, &operator).await;
+    let session = format!("detl_session={}", signed.cookie("detl_session").unwrap());
+    let page = console::get_page(&http, &base, "/console/operator", &session).await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("cell_far") && page.body.contains("unreachable"));
 
     // Back up: the next request opens the cell.
     cells.far.pg_ctl(&["start"]);
@@ -380,6 +412,9 @@ async fn a_routed_api_answers_503_to_the_owners_of_a_cell_whose_server_is_down_a
     })
     .await;
     assert_eq!(list(near_key).await.status(), 200);
+    assert_eq!(cells_view().await[0]["up"], true);
+    let page = console::get_page(&http, &base, "/console/operator", &session).await;
+    assert!(!page.body.contains("unreachable"));
 
     // A routed API's metrics are its own counters: no cell's figures.
     let metrics = http
@@ -413,6 +448,30 @@ fn routed_keys(url: &str, owners: &BTreeMap<String, String>) -> BTreeMap<String,
         keys.insert(cell.clone(), (field("id:"), field("key:")));
     }
     keys
+}
+
+/// An operator's API key made through the directory at `url` for an owner placed in `cell`.
+fn operator_key_in(url: &str, cell: &str) -> String {
+    for i in 0..64 {
+        let owner = format!("operator-{i}");
+        let args = [
+            "api-keys",
+            "create",
+            "--directory",
+            "--operator",
+            "--owner",
+            &owner,
+        ];
+        let out = ok(url, &args);
+        if out
+            .lines()
+            .any(|l| l.strip_prefix("cell:").map(str::trim) == Some(cell))
+        {
+            let key = out.lines().find_map(|l| l.strip_prefix("key:"));
+            return key.unwrap().trim().to_owned();
+        }
+    }
+    panic!("no operator placed in {cell}");
 }
 
 /// An API serving every cell of the directory at `url` (`serve --directory`), once ready: its

@@ -255,6 +255,11 @@ async fn the_queues_api_counts_each_queues_live_jobs_by_state_for_operators_only
             assert_eq!(problem["code"], "unauthorized");
         }
     }
+    // The cells are a routed API's (`serve --directory`): to this one-cell API's operator, the
+    // route does not exist either.
+    let (status, problem) = api_get(&console, Some(&console.alice), "/v1/cells").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(problem, nothing);
 }
 
 #[tokio::test]

@@ -15,17 +15,24 @@ use super::access::{self, not_found, page, shown, OperatorViewer};
 use super::{drill, fleet_pages, operator};
 use crate::codes::Code;
 use crate::error::Error;
+use crate::service::cells::{wait_for_cell, Cells};
 use crate::service::metrics::{listed_queues, sample_some_queues};
 use crate::service::problem::Problem;
-use axum::extract::Path;
+use crate::service::AppState;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
 /// The operator view.
 pub(super) async fn operator_page(
+    State(state): State<AppState>,
     OperatorViewer(viewer, mut conn): OperatorViewer,
 ) -> Result<Response, Problem> {
-    let overview = conn.run(|c| operator::overview(&*c)).await?;
+    let mut overview = conn.run(|c| operator::overview(&*c)).await?;
+    drop(conn);
+    if let Cells::Routed(routed) = &state.cells {
+        overview.cells = Some(routed.figures(wait_for_cell(&state)).await?);
+    }
     Ok(page(
         StatusCode::OK,
         fleet_pages::operator(shown(&viewer), &overview),

@@ -19,6 +19,7 @@ use super::operator::{LastHour, Minute, Overview};
 use super::pages::{live_layout, meaning, status};
 use super::when;
 use crate::service::api_keys::Role;
+use crate::service::cells::CellFigures;
 use crate::service::metrics::{QueueDepth, QUEUES_SHOWN};
 use maud::{html, Markup};
 
@@ -194,6 +195,31 @@ fn backlog_levels(hour: &LastHour) -> Vec<(String, Vec<Option<f64>>)> {
         .collect()
 }
 
+/// The cells of an API serving a directory's: each with its openness, owners and active jobs, or
+/// unreachable.
+fn cell_table(cells: &[CellFigures]) -> Markup {
+    html! {
+        table {
+            thead { tr { th { "Cell" } th { "New owners" } th { "Owners" } th { "Due" } th { "Deferred" } th { "Running" } th { "Oldest due" } } }
+            tbody {
+                @for figures in cells {
+                    tr {
+                        td { code { (figures.cell.name) } }
+                        td { @if figures.cell.open { "placed here" } @else { "closed" } }
+                        td { (figures.cell.owners) }
+                        @if let Some(s) = &figures.sample {
+                            td { (s.due) } td { (s.deferred) } td { (s.running) }
+                            td { (format!("{:.1}", s.oldest_due_seconds)) " s" }
+                        } @else {
+                            td colspan="4" { "unreachable" }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The operator view: live replicas, the backlog, the queues, and the last hour's charts and
 /// failures (each code linked to its jobs).
 pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
@@ -231,6 +257,11 @@ pub(crate) fn operator(viewer: (Role, &str), overview: &Overview) -> Markup {
                 dt { "Deferred or waiting to retry" } dd { (backlog.deferred) }
                 dt { "Running" } dd { (backlog.running) }
                 dt { "Oldest due" } dd { (format!("{:.1}", backlog.oldest_due_seconds)) " s" }
+            }
+            @if let Some(cells) = &overview.cells {
+                h2 { "Cells" }
+                (cell_table(cells))
+                p { "The rest of this page is your own cell's." }
             }
             h2 { "Queues" }
             (queue_table(&overview.queues))

@@ -28,6 +28,7 @@
 //! - The backlog is one row per minute (`worker::liveness::backlog`); a minute without one is
 //!   unknown (no replica of a release with 0038 reported in it), never zero.
 
+use crate::service::cells::CellFigures;
 use crate::service::metrics::{sample_queue, sample_queues, QueueDepth, QueueSample};
 use crate::worker::stats::LATENCY_BUCKETS;
 use chrono::{DateTime, Utc};
@@ -209,6 +210,9 @@ pub(crate) struct Overview {
     pub(crate) queues: Vec<QueueDepth>,
     /// The last hour, minute by minute.
     pub(crate) hour: LastHour,
+    /// On an API serving every cell of a directory: each cell's figures (the rest of the view is
+    /// the operator key's own cell's).
+    pub(crate) cells: Option<Vec<CellFigures>>,
 }
 
 /// Reads the operator view's figures.
@@ -292,6 +296,7 @@ pub(crate) async fn overview(
         backlog,
         queues,
         hour,
+        cells: None,
     })
 }
 
