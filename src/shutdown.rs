@@ -63,6 +63,27 @@ impl Shutdown {
         // An error means the trigger is gone; nobody can ask for more, so stop waiting.
         let _ = self.rx.wait_for(|current| *current >= stage).await;
     }
+
+    /// A shutdown that follows this one and that the returned trigger can also move forward on
+    /// its own: what one part of a process uses to stop the others (the replicas of the other
+    /// cells, when one cell's stops with an error) while a signal still stops them all. Call it
+    /// inside a tokio runtime.
+    pub fn child(&self) -> (std::sync::Arc<Trigger>, Shutdown) {
+        let (trigger, child) = manual();
+        let trigger = std::sync::Arc::new(trigger);
+        let (mut parent, forward) = (self.clone(), std::sync::Arc::clone(&trigger));
+        tokio::spawn(async move {
+            for stage in [Stage::Draining, Stage::Immediate] {
+                parent.reached(stage).await;
+                // `reached` also returns once the parent's triggers are gone: that asks nothing.
+                if parent.stage() < stage {
+                    return;
+                }
+                forward.request(stage);
+            }
+        });
+        (trigger, child)
+    }
 }
 
 /// A shutdown driven by SIGTERM and SIGINT: the first signal drains, the second stops at once.
@@ -111,6 +132,30 @@ mod tests {
         shutdown.reached(Stage::Draining).await;
         drop(trigger);
         shutdown.reached(Stage::Immediate).await;
+    }
+
+    #[tokio::test]
+    async fn a_child_follows_its_parent_and_stops_alone_on_its_own_trigger() {
+        let (parent_trigger, parent) = manual();
+        let (trigger, mut child) = parent.child();
+        parent_trigger.request(Stage::Draining);
+        child.reached(Stage::Draining).await;
+        parent_trigger.request(Stage::Immediate);
+        child.reached(Stage::Immediate).await;
+        // Its own trigger moves it, not the parent.
+        let (_parent_trigger, parent) = manual();
+        let (trigger_2, mut alone) = parent.child();
+        trigger_2.request(Stage::Draining);
+        alone.reached(Stage::Draining).await;
+        assert_eq!(parent.stage(), Stage::Running);
+        // A parent whose trigger is gone asks nothing of the child.
+        let (gone, parent) = manual();
+        let (_kept, quiet) = parent.child();
+        drop(gone);
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert_eq!(quiet.stage(), Stage::Running);
+        drop(trigger);
     }
 
     #[tokio::test]

@@ -100,6 +100,10 @@ pub enum ConfigError {
     /// its id is not 1 to 64 ASCII letters, digits, `.`, `_` or `-`.
     #[error("the payload key id must be 1 to 64 ASCII letters, digits, '.', '_' or '-'")]
     PayloadKey,
+    /// `work --cells` named a cell twice or a name no cell can have, or came with `--cell` or
+    /// `--schedules`.
+    #[error("--cells takes distinct cell names (1 to 40 characters of a-z 0-9 _), and neither --cell nor --schedules")]
+    Cells,
     /// The cell's schema name is not 1 to 40 characters of a-z 0-9 _ starting with a letter, or
     /// starts with `pg_`.
     #[error("a cell's schema name must be 1 to 40 characters of a-z 0-9 _ starting with a letter, and not start with pg_")]

@@ -13,30 +13,21 @@
 //!   compatible schema, on the cell's node on Citus) and kept; an open that fails is retried by
 //!   the next request that needs the cell, and meanwhile its requests answer `503`.
 //! - Every cell has its own notifier: a submission wakes the replicas of its own cell only.
-//! - The operators' view of the cells ([`list`], `GET /v1/cells`, and the console's operator
-//!   page) reads each cell's active-job sample on its own pool, all at once, each given at most
-//!   half the request timeout: a cell that is down or slow is shown as unreachable, and never
-//!   holds the others' figures back. It shows aggregates only, never a job or an owner.
+//! - The cells' figures ([`Routed::figures`]) are each cell's active-job sample, read on its own
+//!   pool, all at once, each given at most the wait asked for: a cell that is down or slow has
+//!   none, and never holds the others' back. Aggregates only, never a job or an owner.
 
 use super::conn::Conn;
-use super::problem::Problem;
-use super::queues::Operator;
-use super::AppState;
-use crate::codes::Code;
 use crate::config::DatabaseConfig;
 use crate::db::Pool;
 use crate::directory::{self, KeyRef};
 use crate::error::Error;
 use crate::jobs::notifier::Notifier;
 use crate::service::metrics::{sample_queue, QueueSample};
-use axum::extract::State;
-use axum::Json;
-use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::OnceCell;
-use utoipa::ToSchema;
 
 /// One cell as the API serves it: its pool, and the notifier its submissions wake its replicas
 /// through (none: the enqueue trigger notifies).
@@ -175,81 +166,4 @@ pub(crate) struct CellFigures {
     pub(crate) cell: directory::Cell,
     /// Its active jobs by state and its oldest due job's age.
     pub(crate) sample: Option<QueueSample>,
-}
-
-/// How long the operators' view waits for one cell's figures: half the request timeout.
-pub(super) fn wait_for_cell(state: &AppState) -> Duration {
-    state.config.request_timeout / 2
-}
-
-/// One cell, as `GET /v1/cells` answers it.
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct CellView {
-    /// Its name (its schema).
-    name: String,
-    /// Whether new owners are placed in it.
-    open: bool,
-    /// How many owners it holds.
-    owners: i64,
-    /// Whether its figures could be read (its server answered in time).
-    up: bool,
-    /// Pending jobs due now (null when not `up`).
-    pending_due: Option<i64>,
-    /// Pending jobs not due yet (null when not `up`).
-    pending_deferred: Option<i64>,
-    /// Running jobs (null when not `up`).
-    running: Option<i64>,
-    /// Age of its oldest due job, in seconds, by its database's clock (0 when none is due; null
-    /// when not `up`).
-    oldest_due_seconds: Option<f64>,
-}
-
-impl From<CellFigures> for CellView {
-    fn from(f: CellFigures) -> CellView {
-        let s = f.sample.as_ref();
-        CellView {
-            name: f.cell.name,
-            open: f.cell.open,
-            owners: f.cell.owners,
-            up: s.is_some(),
-            pending_due: s.map(|s| s.due),
-            pending_deferred: s.map(|s| s.deferred),
-            running: s.map(|s| s.running),
-            oldest_due_seconds: s.map(|s| s.oldest_due_seconds),
-        }
-    }
-}
-
-/// The cells an API serves.
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct CellList {
-    /// Every cell the directory lists, by name.
-    cells: Vec<CellView>,
-}
-
-/// Every cell of a routed API (`serve --directory`), with its active jobs: for operators.
-#[utoipa::path(
-    get,
-    path = "/v1/cells",
-    tag = "operations",
-    responses(
-        (status = 200, description = "Every cell the directory lists, by name, with its active jobs by state (null for a cell that did not answer in time)", body = CellList),
-        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "The key is not an operator's, or the API serves one cell: to it the route does not exist", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Directory unavailable", body = Problem, content_type = "application/problem+json"),
-    ),
-    security(("bearer" = []))
-)]
-pub(super) async fn list(
-    State(state): State<AppState>,
-    operator: Operator,
-) -> Result<Json<CellList>, Problem> {
-    drop(operator);
-    let Cells::Routed(routed) = &state.cells else {
-        return Err(Problem::new(Code::NoSuchRoute));
-    };
-    let figures = routed.figures(wait_for_cell(&state)).await?;
-    Ok(Json(CellList {
-        cells: figures.into_iter().map(CellView::from).collect(),
-    }))
 }

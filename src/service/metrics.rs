@@ -8,7 +8,8 @@
 //! Invariants this module keeps:
 //! - Every label value comes from a fixed allow-list (stable codes, claim triggers, recovery
 //!   reasons, status classes) or is a queue's name, of at most [`QUEUES_SHOWN`] queues per
-//!   scrape (`metrics::queues`): the number of series is bounded whatever the traffic. No id,
+//!   scrape (`metrics::queues`), or the name of a cell the process serves ([`merge_cells`]):
+//!   the number of series is bounded whatever the traffic. No id,
 //!   principal, key or request value is ever a label.
 //! - Latency histograms use fixed buckets; the enqueue→start latency is computed from database
 //!   timestamps, never from a replica's clock.
@@ -467,31 +468,48 @@ pub fn render_worker(stats: &WorkerStats) -> String {
 /// incarnation's, and every later request, on a connection old or new, reads those.
 pub type WorkerSource = tokio::sync::watch::Receiver<Option<(std::sync::Arc<WorkerStats>, Pool)>>;
 
+/// The replicas a process's endpoint reports on: one, unlabelled (`None`), or one per cell it
+/// serves, each under its cell's name.
+pub type WorkerSources = Vec<(Option<String>, WorkerSource)>;
+
 /// The replica's `/metrics` endpoint (its counters, its pool, and a queue sample per scrape) and
-/// its `/readyz` ([`worker_ready`]), of the incarnation `source` holds at each request; while it
-/// holds none, both answer `503` (`database_unavailable`). Serves on `listener` until `shutdown`
-/// asks it to drain.
+/// its `/readyz` ([`workers_ready`]), for the incarnation each of `sources` holds at each
+/// request; while one holds none (its replica starts again), both answer `503`
+/// (`database_unavailable`). Serves on `listener` until `shutdown` asks it to drain. A process that serves several cells reports every cell's replica in one exposition,
+/// each sample labelled `cell` ([`merge_cells`]), and is ready while every one of them is.
 ///
 /// # Errors
-/// [`crate::Error::Unavailable`] if the server stops abnormally.
+/// [`crate::Error::Unavailable`] when serving fails.
 pub async fn serve_worker(
     listener: tokio::net::TcpListener,
-    source: WorkerSource,
+    sources: WorkerSources,
     mut shutdown: crate::shutdown::Shutdown,
 ) -> Result<(), crate::Error> {
     use axum::response::IntoResponse;
-    let ready = source.clone();
+    let sources = std::sync::Arc::new(sources);
+    let ready = std::sync::Arc::clone(&sources);
     let app = axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let current = source.borrow().clone();
+                let current: Option<Vec<_>> = sources
+                    .iter()
+                    .map(|(cell, source)| Some((cell.clone(), source.borrow().clone()?)))
+                    .collect();
                 async move {
-                    let Some((stats, pool)) = current else {
+                    let Some(current) = current else {
                         return unavailable();
                     };
-                    let mut out = render_worker(&stats);
-                    render_shared(&mut out, &pool).await;
+                    let mut parts = Vec::with_capacity(current.len());
+                    for (cell, (stats, pool)) in current {
+                        let mut out = render_worker(&stats);
+                        render_shared(&mut out, &pool).await;
+                        parts.push((cell, out));
+                    }
+                    let out = match parts.as_slice() {
+                        [(None, out)] => out.clone(),
+                        _ => merge_cells(&parts),
+                    };
                     ([(axum::http::header::CONTENT_TYPE, TEXT_FORMAT)], out).into_response()
                 }
             }),
@@ -499,11 +517,17 @@ pub async fn serve_worker(
         .route(
             "/readyz",
             axum::routing::get(move || {
-                let current = ready
-                    .borrow()
-                    .as_ref()
-                    .map(|(stats, _)| std::sync::Arc::clone(stats));
-                std::future::ready(current.map_or_else(unavailable, |stats| worker_ready(&stats)))
+                let current: Option<Vec<_>> = ready
+                    .iter()
+                    .map(|(_, source)| {
+                        let held = source.borrow();
+                        held.as_ref().map(|(stats, _)| std::sync::Arc::clone(stats))
+                    })
+                    .collect();
+                std::future::ready(match current {
+                    Some(all) => workers_ready(all.iter().map(|s| &**s)),
+                    None => unavailable(),
+                })
             }),
         );
     axum::serve(listener, app)
@@ -514,6 +538,66 @@ pub async fn serve_worker(
         .map_err(|_| crate::Error::Unavailable(None))
 }
 
+/// The Prometheus text of several cells' replicas as one exposition: each family once, its
+/// HELP and TYPE as the first part that has it writes them, then its samples from every part in
+/// order, each with the label `cell` (a cell's name: `[a-z][a-z0-9_]*`, nothing to escape) put
+/// first. A part without a cell adds its samples as they are.
+pub fn merge_cells(parts: &[(Option<String>, String)]) -> String {
+    let mut order: Vec<&str> = Vec::new();
+    let mut families: std::collections::HashMap<&str, (usize, Vec<String>, Vec<String>)> =
+        std::collections::HashMap::new();
+    for (index, (cell, text)) in parts.iter().enumerate() {
+        let mut family = "";
+        for line in text.lines() {
+            if let Some(descriptor) = line.strip_prefix("# ") {
+                let mut words = descriptor.split(' ');
+                let (_, name) = (words.next(), words.next());
+                let Some(name) = name else { continue };
+                family = name;
+                let entry = families.entry(name).or_insert_with(|| {
+                    order.push(name);
+                    (index, Vec::new(), Vec::new())
+                });
+                if entry.0 == index {
+                    entry.1.push(line.to_owned());
+                }
+                continue;
+            }
+            let sample = match cell {
+                Some(cell) => labelled_line(line, cell),
+                None => line.to_owned(),
+            };
+            if let Some(entry) = families.get_mut(family) {
+                entry.2.push(sample);
+            }
+        }
+    }
+    let mut out = String::new();
+    for name in order {
+        if let Some((_, header, samples)) = families.remove(name) {
+            for line in header.iter().chain(&samples) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Sample `line` (`name value` or `name{labels} value`) with the label `cell="CELL"` first.
+fn labelled_line(line: &str, cell: &str) -> String {
+    match line.find(['{', ' ']) {
+        Some(at) if line[at..].starts_with("{}") => {
+            format!("{}{{cell=\"{cell}\"}}{}", &line[..at], &line[at + 2..])
+        }
+        Some(at) if line[at..].starts_with('{') => {
+            format!("{}{{cell=\"{cell}\",{}", &line[..at], &line[at + 1..])
+        }
+        Some(at) => format!("{}{{cell=\"{cell}\"}}{}", &line[..at], &line[at..]),
+        None => line.to_owned(),
+    }
+}
+
 /// What a replica's endpoint answers while its replica is not ready (its session is down, or no
 /// incarnation runs): `503` with the problem `database_unavailable`.
 fn unavailable() -> axum::response::Response {
@@ -521,13 +605,17 @@ fn unavailable() -> axum::response::Response {
     crate::service::problem::Problem::new(crate::codes::Code::DatabaseUnavailable).into_response()
 }
 
-/// A replica's readiness, for a probe: `200 {"status": "ready"}` while its session is up (it
-/// holds its owner lock and listens for wakes), else `503` with the problem
-/// `database_unavailable`. Reads the replica's own gauge and sends no statement, so a probe
-/// every few milliseconds costs the database nothing (a `/metrics` scrape counts the queue).
-pub fn worker_ready(stats: &WorkerStats) -> axum::response::Response {
+/// A process's readiness, for a probe: `200 {"status": "ready"}` while the session of each of
+/// its replicas (one per cell it serves) is up (it holds its owner lock and listens for wakes),
+/// else `503` with the problem `database_unavailable`. Reads the replicas' own gauges and sends
+/// no statement, so a probe every few milliseconds costs the database nothing (a `/metrics`
+/// scrape counts the queue).
+pub fn workers_ready<'a>(
+    stats: impl IntoIterator<Item = &'a WorkerStats>,
+) -> axum::response::Response {
     use axum::response::IntoResponse;
-    if stats.session_up.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+    let up = |s: &WorkerStats| s.session_up.load(std::sync::atomic::Ordering::Relaxed) == 1;
+    if stats.into_iter().all(up) {
         axum::Json(serde_json::json!({"status": "ready"})).into_response()
     } else {
         unavailable()

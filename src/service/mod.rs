@@ -23,6 +23,7 @@
 pub mod api_keys;
 mod audit;
 mod caller;
+mod cell_view;
 mod cells;
 mod conn;
 mod console;
@@ -138,7 +139,7 @@ impl AppState {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "durable-etl", description = "Owner-scoped ETL jobs with 202 Accepted status monitors."),
-    paths(jobs::submit, jobs::list, cells::list, jobs::get_job, jobs::cancel_job, jobs::get_attempts, ops::healthz, ops::readyz, ops::metrics,
+    paths(jobs::submit, jobs::list, cell_view::list, jobs::get_job, jobs::cancel_job, jobs::get_attempts, ops::healthz, ops::readyz, ops::metrics,
           queues::list, queues::get_queue, schedules::list, schedules::get_schedule,
           schedules::put_schedule, schedules::delete_schedule, schedules::pause, schedules::resume,
           schedules::fires, dead_letters::list, dead_letters::counts, dead_letters::get_letter,
@@ -148,7 +149,7 @@ impl AppState {
                        jobs::AttemptView, jobs::FailedAttemptView, crate::job::Diagnosis,
                        crate::job::diagnosis::ErrorLink, crate::job::diagnosis::Phase,
                        crate::job::diagnosis::Decision,
-                       problem::Problem, cells::CellView, cells::CellList, jobs::JobList, jobs::CancelAccepted, ops::Health, crate::kinds::etl::request::EtlRequest,
+                       problem::Problem, cell_view::CellView, cell_view::CellList, jobs::JobList, jobs::CancelAccepted, ops::Health, crate::kinds::etl::request::EtlRequest,
                        queues::Queue, queues::QueueList, schedules::ScheduleView,
                        schedules::ScheduleList, schedules::ScheduleBody, schedules::FireView,
                        schedules::FireList, dead_letters::LetterView, dead_letters::LetterList,
@@ -192,7 +193,7 @@ fn routes(body_limit: usize) -> Router<AppState> {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
-        .route("/v1/cells", get(cells::list))
+        .route("/v1/cells", get(cell_view::list))
         .route("/v1/queues", get(queues::list))
         .route("/v1/queues/{name}", get(queues::get_queue))
         .route("/v1/schedules", get(schedules::list))

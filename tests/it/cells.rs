@@ -484,3 +484,190 @@ async fn a_bench_in_a_cell_runs_its_replicas_there() {
     drop(client);
     crate::bench_queues::drop_kept(&name).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_serves_several_cells_each_on_its_own_wakes_even_after_losing_every_connection()
+{
+    let db = TestDb::migrated().await;
+    let (a, b, metrics, mut processes) = one_process_of_two_cells(&db, "several").await;
+    let http = reqwest::Client::new();
+    let scrape = || {
+        let request = http.get(format!("http://{metrics}/metrics"));
+        async move { request.send().await.unwrap().text().await.unwrap() }
+    };
+    let ready = || {
+        let request = http.get(format!("http://{metrics}/readyz"));
+        async move { request.send().await.is_ok_and(|r| r.status() == 200) }
+    };
+    // Each cell's jobs run in it, each woken by its own cell's wake (the poll is a minute away).
+    let kind = durable_etl::job::handler::NOOP_KIND;
+    let (client_a, client_b) = (session(&a).await, session(&b).await);
+    insert_jobs(&client_a, kind, &[json!({}), json!({}), json!({})], 3).await;
+    until_succeeded(&client_a, 3).await;
+    insert_jobs(&client_b, kind, &[json!({}), json!({})], 3).await;
+    until_succeeded(&client_b, 2).await;
+    // One exposition, each family once, each sample under its cell.
+    let text = scrape().await;
+    for series in [
+        "durable_etl_jobs_succeeded_total{cell=\"cell_a\"} 3",
+        "durable_etl_jobs_succeeded_total{cell=\"cell_b\"} 2",
+        "durable_etl_claims_total{cell=\"cell_a\",trigger=\"notify\"}",
+    ] {
+        assert!(text.contains(series), "{series} in {text}");
+    }
+    let typed = "# TYPE durable_etl_jobs_succeeded_total counter";
+    assert_eq!(text.matches(typed).count(), 1, "{text}");
+
+    // The whole process loses every connection at once: each cell's replica reconnects and
+    // hears its own cell's wakes again.
+    let admin = db.client().await;
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let reconnected = |cell: &'static str| {
+        let scraped = scrape();
+        async move {
+            let prefix = format!("durable_etl_session_reconnects_total{{cell=\"{cell}\"}} ");
+            let text = scraped.await;
+            let value = text.lines().find_map(|l| l.strip_prefix(&prefix));
+            value.is_some_and(|v| v != "0")
+        }
+    };
+    eventually("both cells' sessions to reconnect", || async {
+        reconnected("cell_a").await && reconnected("cell_b").await && ready().await
+    })
+    .await;
+    let (client_a, client_b) = (session(&a).await, session(&b).await);
+    insert_jobs(&client_a, kind, &[json!({})], 3).await;
+    insert_jobs(&client_b, kind, &[json!({})], 3).await;
+    until_succeeded(&client_a, 4).await;
+    until_succeeded(&client_b, 3).await;
+
+    // One signal drains every cell's replica; the process exits cleanly.
+    let mut process = processes.0.remove(0);
+    crate::support::signal(&process, "TERM");
+    assert!(process.wait().unwrap().success());
+    for client in [&client_a, &client_b] {
+        assert_eq!(
+            count(client, "etl_jobs WHERE status <> 'succeeded'").await,
+            0
+        );
+    }
+}
+
+#[tokio::test]
+async fn work_refuses_cells_it_cannot_serve_and_stops_when_one_cannot_start() {
+    let db = TestDb::migrated().await;
+    schema::migrate(&cell_config(&db, "cell_a")).await.unwrap();
+    for args in [
+        &["work", "--cells", "cell_a,cell_a"][..],
+        &["work", "--cells", "cell_a,Cell"],
+        &["work", "--cells", "cell_a", "--cell", "cell_a"],
+        &["work", "--cells", "cell_a", "--schedules", "/nonexistent"],
+        // A cell the database does not hold: no replica of any cell runs.
+        &["work", "--cells", "cell_a,cell_none"],
+    ] {
+        let out = crate::support::binary(&db.config.url, args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}
+
+/// Migrates cells `cell_a` and `cell_b` of `db` and starts one `work --cells` process serving
+/// both as owner `owner`, polling once a minute; waits until it is ready. Returns the cells'
+/// configurations, its metrics address, and the process.
+async fn one_process_of_two_cells(
+    db: &TestDb,
+    owner: &str,
+) -> (
+    DatabaseConfig,
+    DatabaseConfig,
+    String,
+    crate::support::Processes,
+) {
+    let (a, b) = (cell_config(db, "cell_a"), cell_config(db, "cell_b"));
+    for cfg in [&a, &b] {
+        schema::migrate(cfg).await.unwrap();
+    }
+    let metrics = format!("127.0.0.1:{}", crate::support::free_port());
+    let args = ["--cells", "cell_a,cell_b", "--poll-interval", "60s"];
+    let args = [&args[..], &["--metrics-listen", &metrics]].concat();
+    let process = crate::support::spawn_replica_logged(
+        &db.config.url,
+        owner,
+        &args,
+        std::process::Stdio::null(),
+        "warn",
+    );
+    let processes = crate::support::Processes(vec![process]);
+    eventually("both cells' replicas to be ready", || async {
+        let ready = reqwest::get(format!("http://{metrics}/readyz")).await;
+        ready.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    (a, b, metrics, processes)
+}
+
+/// The backend holding owner `$1`'s lock in the session's cell, if any.
+const OWNER_LOCK_HOLDER: &str = "
+SELECT l.pid FROM pg_locks l
+ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = durable_etl_owner_lock_key($1)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_whose_replica_stops_with_an_error_drains_the_other_cells_and_work_exits_with_it() {
+    let db = TestDb::migrated().await;
+    let (a, b, _, mut processes) = one_process_of_two_cells(&db, "twin").await;
+    let client_b = session(&b).await;
+    let holder: i32 = client_b
+        .query_one(OWNER_LOCK_HOLDER, &[&"twin"])
+        .await
+        .unwrap()
+        .get(0);
+    // Another process queues for cell_b's owner lock of `twin`; the replica's cell_b session is
+    // cut, the lock passes to that process, and the reconnecting replica finds its owner id
+    // taken in cell_b: that replica stops with an error, and cell_a's drains with it.
+    let contender = session(&b).await;
+    let queued = tokio::spawn(async move {
+        contender
+            .execute(
+                "SELECT pg_advisory_lock(durable_etl_owner_lock_key('twin'))",
+                &[],
+            )
+            .await
+            .unwrap();
+        contender
+    });
+    let waiting = "pg_locks WHERE locktype = 'advisory' AND NOT granted
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    eventually("the contender to queue for the lock", || async {
+        count(&client_b, waiting).await == 1
+    })
+    .await;
+    client_b
+        .execute("SELECT pg_terminate_backend($1)", &[&holder])
+        .await
+        .unwrap();
+    let _contender = queued.await.unwrap();
+    let mut process = processes.0.remove(0);
+    let exited = tokio::task::spawn_blocking(move || process.wait().unwrap());
+    let status = tokio::time::timeout(Duration::from_secs(30), exited)
+        .await
+        .expect("work to exit")
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    // cell_a's replica drained: nothing of it holds cell_a's owner lock any more.
+    let client_a = session(&a).await;
+    let held = client_a
+        .query_opt(OWNER_LOCK_HOLDER, &[&"twin"])
+        .await
+        .unwrap();
+    assert!(held.is_none());
+}

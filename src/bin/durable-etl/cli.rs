@@ -28,6 +28,7 @@ mod schedules;
 pub(crate) use args::*;
 use durable_etl::config::{DatabaseConfig, WorkerConfig};
 use durable_etl::error::Error;
+use durable_etl::worker::stats::WorkerStats;
 use durable_etl::{config, db, schema};
 
 /// Runs the parsed command.
@@ -49,6 +50,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Work(args) => {
             // The replica's own flags are refused before anything connects.
             args.config()?;
+            args.cells(cli.database.cell.is_some())?;
             cli.database.config_for_lease(Some(args.lease))?
         }
         _ => cli.database.config()?,
@@ -57,7 +59,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
     let routed = directory
         && cli.database.cell.is_none()
         && matches!(cli.command, Command::Serve(_) | Command::ApiKeys(_));
-    let db_config = if directory && !routed {
+    // `work --cells` finds each cell's server itself.
+    let per_cell = matches!(&cli.command, Command::Work(args) if !args.cells.is_empty());
+    let db_config = if directory && !routed && !per_cell {
         let found = start_up
             .run(|| durable_etl::directory::cell_config(&db_config))
             .await?;
@@ -126,14 +130,30 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Work(args) => {
             let worker_config = args.config()?;
             let declared = args.schedules_file()?;
-            let db_config = on_cell_node(&db_config, &start_up).await?;
+            let mut cells = Vec::new();
+            for name in &args.cells {
+                let named = DatabaseConfig {
+                    cell: Some(name.clone()),
+                    ..db_config.clone()
+                };
+                let named = if directory {
+                    let found = || durable_etl::directory::cell_config(&named);
+                    start_up.run(found).await?
+                } else {
+                    named
+                };
+                cells.push((Some(name.clone()), on_cell_node(&named, &start_up).await?));
+            }
+            if cells.is_empty() {
+                cells.push((None, on_cell_node(&db_config, &start_up).await?));
+            }
             let starts = args.record_handler_starts;
             let run = Run {
                 worker_config,
                 declared,
                 starts_file: starts,
             };
-            work(&db_config, &start_up, run, shutdown).await
+            work(cells, &start_up, run, shutdown).await
         }
         Command::Queues(command) => {
             let pool = open_admin(&db_config, &start_up).await?;
@@ -192,15 +212,18 @@ struct Run {
     starts_file: Option<std::path::PathBuf>,
 }
 
-/// `work`: starts a replica within the start-up bounds (each step retried on lost connections),
-/// declares the schedules of its file (if any) in one transaction, serves its metrics if asked,
-/// and runs it until `shutdown`. With `starts_file` (set only by `bench offered-load`), it
-/// records its handler starts and writes them there once stopped. A replica whose cell moved to
-/// another Citus node ([`Error::CellMoved`]) stops and starts again, within a start-up bound as
-/// long as the first, on the node that holds the cell now; its metrics endpoint, bound once,
-/// reports the current incarnation.
+/// `work`: starts a replica of each of `cells` (one: the replica of `--cell`, or of none;
+/// several: `--cells`, each under its name) within the start-up bounds (each step retried on
+/// lost connections), declares the schedules of its file (if any) in one transaction, serves
+/// their metrics if asked, and runs them until `shutdown`. A replica of a cell that cannot start
+/// stops the start. With `starts_file` (set only by `bench offered-load`), it records its
+/// handler starts and writes them there once stopped. A replica whose cell moved to another
+/// Citus node ([`Error::CellMoved`]) stops and starts again, within a start-up bound as long as
+/// the first, on the node that holds the cell now; the metrics endpoint, bound once, reports the
+/// current incarnation. A replica that stops with an error drains the others, and `work` returns
+/// the first error.
 async fn work(
-    db_config: &DatabaseConfig,
+    cells: Vec<(Option<String>, DatabaseConfig)>,
     start_up: &db::StartUp,
     run: Run,
     shutdown: durable_etl::shutdown::Shutdown,
@@ -219,45 +242,44 @@ async fn work(
         ),
         None => None,
     };
-    let bound = start_up
-        .deadline
-        .saturating_duration_since(tokio::time::Instant::now());
-    let (mut db_config, mut start_up) = (db_config.clone(), start_up.clone());
     let incarnation = Incarnation {
         worker_config: &worker_config,
         declared: declared.as_ref(),
         starts: starts.as_ref().map(|(_, log)| log),
+        bound: start_up
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now()),
     };
-    let (mut worker, pool) = incarnation.start(&db_config, &start_up).await?;
+    let first = cells
+        .iter()
+        .map(|(_, db_config)| incarnation.start(db_config, start_up));
+    let first = futures::future::try_join_all(first).await?;
     // One endpoint for the process: each incarnation's counters replace the last one's, and
     // between two incarnations it answers that none runs.
-    let (current, source) = tokio::sync::watch::channel(Some((worker.stats_handle(), pool)));
-    let serving = metrics.map(|listener| serve_metrics(listener, source, &shutdown));
-    let ran = loop {
-        match worker.run(shutdown.clone()).await {
-            Err(Error::CellMoved) => {
-                tracing::warn!(code = %durable_etl::Code::CellMoved, "the cell moved; starting on its new node");
-                current.send_replace(None);
-                start_up.deadline = tokio::time::Instant::now() + bound;
-                let next = async {
-                    db_config = on_cell_node(&db_config, &start_up).await?;
-                    incarnation.start(&db_config, &start_up).await
-                };
-                match next.await {
-                    Ok((next, pool)) => {
-                        current.send_replace(Some((next.stats_handle(), pool)));
-                        worker = next;
-                    }
-                    Err(e) => break Err(e),
-                }
+    let (stop, shutdown) = shutdown.child();
+    let (mut sources, mut replicas) = (Vec::new(), Vec::new());
+    for ((cell, db_config), (worker, pool)) in cells.into_iter().zip(first) {
+        let (current, source) = tokio::sync::watch::channel(Some((worker.stats_handle(), pool)));
+        sources.push((cell, source));
+        let follow = incarnation.follow(worker, current, db_config, start_up, shutdown.clone());
+        replicas.push(async {
+            let ran = follow.await;
+            if ran.is_err() {
+                stop.request(durable_etl::shutdown::Stage::Draining);
             }
-            ran => break ran,
-        }
-    };
+            ran
+        });
+    }
+    let serving = metrics.map(|listener| serve_metrics(listener, sources, &shutdown));
+    let ran = futures::future::join_all(replicas).await;
     if let Some(serving) = serving {
         serving.abort();
         let _ = serving.await;
     }
+    let ran = ran
+        .into_iter()
+        .collect::<Result<Vec<()>, Error>>()
+        .map(drop);
     match starts {
         Some((file, log)) => ran.and(log.write(&file).map_err(Error::io)),
         None => ran,
@@ -272,9 +294,39 @@ struct Incarnation<'a> {
     declared: Option<&'a (String, durable_etl::Secret)>,
     /// Bench only: the log its handler starts are recorded in.
     starts: Option<&'a crate::bench::starts::StartLog>,
+    /// How long a start may take: the first start's bound, given to every later one too.
+    bound: std::time::Duration,
 }
 
 impl Incarnation<'_> {
+    /// Runs `worker` (on `db_config`) until `shutdown`; whenever its cell moves, starts the
+    /// replica again on the cell's new node, publishing each incarnation on `current` (none
+    /// between two).
+    async fn follow(
+        &self,
+        mut worker: durable_etl::worker::Worker,
+        current: tokio::sync::watch::Sender<Option<(std::sync::Arc<WorkerStats>, db::Pool)>>,
+        mut db_config: DatabaseConfig,
+        start_up: &db::StartUp,
+        shutdown: durable_etl::shutdown::Shutdown,
+    ) -> Result<(), Error> {
+        let mut start_up = start_up.clone();
+        loop {
+            match worker.run(shutdown.clone()).await {
+                Err(Error::CellMoved) => {
+                    tracing::warn!(code = %durable_etl::Code::CellMoved, "the cell moved; starting on its new node");
+                    current.send_replace(None);
+                    start_up.deadline = tokio::time::Instant::now() + self.bound;
+                    db_config = on_cell_node(&db_config, &start_up).await?;
+                    let (next, pool) = self.start(&db_config, &start_up).await?;
+                    current.send_replace(Some((next.stats_handle(), pool)));
+                    worker = next;
+                }
+                ran => return ran,
+            }
+        }
+    }
+
     /// Opens the replica's pool, declares its schedules and starts it, each a start-up step;
     /// returns it with its pool.
     async fn start(
@@ -324,7 +376,7 @@ impl Incarnation<'_> {
 /// aborted), in a task of its own.
 fn serve_metrics(
     listener: tokio::net::TcpListener,
-    source: durable_etl::service::metrics::WorkerSource,
+    source: durable_etl::service::metrics::WorkerSources,
     shutdown: &durable_etl::shutdown::Shutdown,
 ) -> tokio::task::JoinHandle<()> {
     let serving = durable_etl::service::metrics::serve_worker(listener, source, shutdown.clone());

@@ -34,19 +34,19 @@ fn histograms_count_into_cumulative_buckets() {
 #[tokio::test]
 async fn a_replica_is_ready_while_its_session_is_up_and_only_then() {
     let stats = WorkerStats::default();
-    let down = worker_ready(&stats);
+    let down = workers_ready([&stats]);
     assert_eq!(down.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
     let body = axum::body::to_bytes(down.into_body(), 4096).await.unwrap();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["code"], "database_unavailable", "{problem}");
     stats.session_up.store(1, Ordering::Relaxed);
-    let up = worker_ready(&stats);
+    let up = workers_ready([&stats]);
     assert_eq!(up.status(), axum::http::StatusCode::OK);
     let body = axum::body::to_bytes(up.into_body(), 4096).await.unwrap();
     assert_eq!(&body[..], br#"{"status":"ready"}"#);
     stats.session_up.store(0, Ordering::Relaxed);
     assert_eq!(
-        worker_ready(&stats).status(),
+        workers_ready([&stats]).status(),
         axum::http::StatusCode::SERVICE_UNAVAILABLE
     );
 }
@@ -205,7 +205,7 @@ async fn the_endpoint_reports_the_current_incarnation_and_is_unavailable_between
     let address = listener.local_addr().unwrap();
     let (current, source) = tokio::sync::watch::channel(None);
     let (trigger, shutdown) = crate::shutdown::manual();
-    let serving = tokio::spawn(serve_worker(listener, source, shutdown));
+    let serving = tokio::spawn(serve_worker(listener, vec![(None, source)], shutdown));
     let http = reqwest::Client::new();
     let get = |path: &'static str| {
         let http = http.clone();
@@ -237,6 +237,95 @@ async fn the_endpoint_reports_the_current_incarnation_and_is_unavailable_between
     assert_eq!(get("/readyz").await.0, 503, "the new incarnation's session");
     current.send_replace(None);
     assert_eq!(get("/metrics").await.0, 503);
+    trigger.request(crate::shutdown::Stage::Draining);
+    serving.await.unwrap().unwrap();
+}
+
+/// Two cells' replicas in one exposition: each family's HELP and TYPE once, every sample
+/// labelled with its cell first (with or without labels of its own), histograms whole.
+#[test]
+fn several_cells_merge_into_one_exposition_each_sample_under_its_cell() {
+    let (a, b) = (WorkerStats::default(), WorkerStats::default());
+    a.record_adopted(3);
+    b.record_adopted(5);
+    let parts = [
+        (Some("cell_a".to_owned()), render_worker(&a)),
+        (Some("cell_b".to_owned()), render_worker(&b)),
+    ];
+    let text = merge_cells(&parts);
+    for line in [
+        "durable_etl_jobs_adopted_total{cell=\"cell_a\"} 3",
+        "durable_etl_jobs_adopted_total{cell=\"cell_b\"} 5",
+        "durable_etl_claims_total{cell=\"cell_b\",trigger=\"notify\"} 0",
+        "durable_etl_claim_batch_size_count{cell=\"cell_a\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+    let single = render_worker(&a);
+    let headers = |t: &str| t.lines().filter(|l| l.starts_with('#')).count();
+    assert_eq!(headers(&text), headers(&single));
+    assert_eq!(
+        text.lines().count(),
+        2 * single.lines().count() - headers(&single)
+    );
+    // A family's samples follow its header: no sample of one family sits under another's.
+    let mut family = String::new();
+    for line in text.lines() {
+        match line.strip_prefix("# TYPE ") {
+            Some(typed) => family = typed.split(' ').next().unwrap_or_default().to_owned(),
+            None if !line.starts_with('#') => {
+                let base = family.trim_end_matches("_total");
+                assert!(line.starts_with(base), "{line} under {family}");
+            }
+            None => {}
+        }
+    }
+    // A sample without a cell is kept as it is, and an empty label set takes the cell alone.
+    let unlabelled = merge_cells(&[(None, "# TYPE x gauge\nx 1\n".to_owned())]);
+    assert_eq!(unlabelled, "# TYPE x gauge\nx 1\n");
+    assert_eq!(labelled_line("x{} 1", "c"), "x{cell=\"c\"} 1");
+    assert_eq!(labelled_line("x", "c"), "x");
+}
+
+/// A process serving several cells is ready while every cell's replica is, and reports them all.
+#[tokio::test]
+async fn an_endpoint_of_several_cells_is_ready_only_while_every_cell_is() {
+    let db = crate::test_db::TestDb::migrated().await;
+    let pool = crate::db::connect_pool(&db.config, "test").await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (a, b) = (
+        std::sync::Arc::new(WorkerStats::default()),
+        std::sync::Arc::new(WorkerStats::default()),
+    );
+    let (_keep_a, source_a) = tokio::sync::watch::channel(Some((a.clone(), pool.clone())));
+    let (_keep_b, source_b) = tokio::sync::watch::channel(Some((b.clone(), pool)));
+    let sources = vec![
+        (Some("cell_a".to_owned()), source_a),
+        (Some("cell_b".to_owned()), source_b),
+    ];
+    let (trigger, shutdown) = crate::shutdown::manual();
+    let serving = tokio::spawn(serve_worker(listener, sources, shutdown));
+    let get = |path: &'static str| async move {
+        let answer = reqwest::get(format!("http://{address}{path}"))
+            .await
+            .unwrap();
+        (answer.status().as_u16(), answer.text().await.unwrap())
+    };
+    a.session_up.store(1, Ordering::Relaxed);
+    assert_eq!(get("/readyz").await.0, 503, "cell_b is not up");
+    b.session_up.store(1, Ordering::Relaxed);
+    assert_eq!(get("/readyz").await.0, 200);
+    let (status, body) = get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("durable_etl_database_up{cell=\"cell_a\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("durable_etl_database_up{cell=\"cell_b\"} 1"),
+        "{body}"
+    );
     trigger.request(crate::shutdown::Stage::Draining);
     serving.await.unwrap().unwrap();
 }

@@ -345,6 +345,11 @@ pub(crate) struct WorkArgs {
     /// The secret owners are digested under (as `serve`'s), for --schedules.
     #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
     pub(crate) secret: Option<String>,
+    /// Serve several cells (comma-separated): a replica of each, with its own sessions, claims
+    /// and commits, in this one process, all under --owner-id (each cell's locks are its own).
+    /// With --directory, each cell's server is found there. Not with --cell or --schedules.
+    #[arg(long, env = "DURABLE_ETL_CELLS", value_delimiter = ',')]
+    pub(crate) cells: Vec<String>,
     /// Bench only (hidden): record each handler start (job id, wall-clock time) in memory and
     /// write them to this file when the replica stops. Unset in production.
     #[arg(long, env = crate::bench::starts::STARTS_FILE_ENV, hide = true)]
@@ -352,6 +357,25 @@ pub(crate) struct WorkArgs {
 }
 
 impl WorkArgs {
+    /// The cells `--cells` names (none: the replica serves `--cell`'s, or none), checked.
+    ///
+    /// # Errors
+    /// [`ConfigError::Cells`] for a name no cell can have, a cell named twice, or `--cells` with
+    /// `--cell` (`cell_given`) or `--schedules`.
+    pub(crate) fn cells(&self, cell_given: bool) -> Result<&[String], Error> {
+        let names = &self.cells;
+        let distinct = names
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            == names.len();
+        let alone = names.is_empty() || (!cell_given && self.schedules.is_none());
+        if !(distinct && alone && names.iter().all(|n| config::cell_name_ok(n))) {
+            return Err(config::ConfigError::Cells.into());
+        }
+        Ok(names)
+    }
+
     /// The schedules file's text and the secret its owners are digested under, if `--schedules`
     /// names one.
     ///
