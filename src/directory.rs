@@ -121,6 +121,14 @@ UNION ALL
 SELECT cell FROM durable_etl_directory.owners WHERE owner_key = $1
 LIMIT 1";
 
+/// Whether the directory is built, its API keys included: one row of each table at most, never
+/// a count.
+///
+/// Locks: none.
+pub const CHECK_SQL: &str = "
+SELECT (SELECT 1 FROM durable_etl_directory.cells LIMIT 1),
+       (SELECT 1 FROM durable_etl_directory.api_keys LIMIT 1)";
+
 /// The cell of owner key `$1`, if it has one.
 ///
 /// Locks: none.
@@ -258,6 +266,17 @@ pub async fn set_open(client: &impl GenericClient, name: &str, open: bool) -> Re
         .await
         .map_err(missing)?;
     set.map(drop).ok_or(ConfigError::UnknownCell.into())
+}
+
+/// Checks that the directory is built, API keys included ([`CHECK_SQL`]): what a routed API
+/// checks at start-up and for readiness (a directory built by an older release lacks the keys'
+/// table until `cells init` runs again).
+///
+/// # Errors
+/// As [`add`].
+pub async fn check(client: &impl GenericClient) -> Result<(), Error> {
+    client.query_typed(CHECK_SQL, &[]).await.map_err(missing)?;
+    Ok(())
 }
 
 /// Every cell the directory lists, by name.

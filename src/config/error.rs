@@ -100,9 +100,9 @@ pub enum ConfigError {
     /// its id is not 1 to 64 ASCII letters, digits, `.`, `_` or `-`.
     #[error("the payload key id must be 1 to 64 ASCII letters, digits, '.', '_' or '-'")]
     PayloadKey,
-    /// `work --cells` named a cell twice or a name no cell can have, or came with `--cell` or
-    /// `--schedules`.
-    #[error("--cells takes distinct cell names (1 to 40 characters of a-z 0-9 _), and neither --cell nor --schedules")]
+    /// `work --cells` named a cell twice or a name no cell can have, or came with `--cell`,
+    /// `--schedules` or `--session-database-url`.
+    #[error("--cells takes distinct cell names (1 to 40 characters of a-z 0-9 _ starting with a letter, not pg_), and none of --cell, --schedules, --session-database-url")]
     Cells,
     /// The cell's schema name is not 1 to 40 characters of a-z 0-9 _ starting with a letter, or
     /// starts with `pg_`.
@@ -139,7 +139,7 @@ pub enum ConfigError {
     /// `--directory` was given without `--cell` (the directory finds a cell's server), or the
     /// `cells` commands were given `--cell` or `--directory` (they act on the directory itself).
     #[error(
-        "--directory finds the server of the cell --cell names (serve and api-keys route by owner without one); the cells commands take neither"
+        "--directory finds the server of the cell --cell names (serve and api-keys route by owner without one, work --cells finds each cell's); the cells commands take neither"
     )]
     DirectoryCell,
     /// `bench --citus-worker` named a worker past the last of the coordinator's list.

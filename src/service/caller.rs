@@ -5,8 +5,9 @@
 //! Invariants this module keeps:
 //! - A request without a bearer key, or with one that is unknown or revoked, is `401
 //!   unauthorized` before anything else is read; the key itself is only ever digested.
-//! - The connection that looked the key up is the request's one checkout: the handler runs its
-//!   statements on it. It is a connection of the key owner's cell (see `cells`).
+//! - The connection that looked the key up is the request's one checkout of the key owner's cell
+//!   (see `cells`): the handler runs its statements on it. A routed API reads the directory
+//!   first, on a connection of its own that goes back before this one is taken.
 
 use super::cells::CellPool;
 use super::conn::Conn;

@@ -10,8 +10,11 @@
 //! - A key the directory does not record routes nowhere: the request is refused as an unknown
 //!   key is, before any cell is asked.
 //! - Each cell is opened once (its pool checked as `serve` checks its own: session limits and a
-//!   compatible schema, on the cell's node on Citus) and kept; an open that fails is retried by
-//!   the next request that needs the cell, and meanwhile its requests answer `503`.
+//!   compatible schema, on the cell's node on Citus), by a task every request needing it waits
+//!   for, and kept. Whatever makes an open fail (the server away, the cell not migrated, a
+//!   refused role) answers its requests `503 database_unavailable`, logged with the cell's name
+//!   and why; for [`OPEN_BACKOFF`] after a failure they are answered at once, then the next
+//!   request tries again. A cell that cannot be opened never holds another cell's requests.
 //! - Every cell has its own notifier: a submission wakes the replicas of its own cell only.
 //! - The cells' figures ([`Routed::figures`]) are each cell's active-job sample, read on its own
 //!   pool, all at once, each given at most the wait asked for: a cell that is down or slow has
@@ -24,10 +27,10 @@ use crate::directory::{self, KeyRef};
 use crate::error::Error;
 use crate::jobs::notifier::Notifier;
 use crate::service::metrics::{sample_queue, QueueSample};
+use futures::future::{BoxFuture, FutureExt, Shared};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-use tokio::sync::OnceCell;
+use std::time::{Duration, Instant};
 
 /// One cell as the API serves it: its pool, and the notifier its submissions wake its replicas
 /// through (none: the enqueue trigger notifies).
@@ -67,8 +70,8 @@ pub(super) struct Routed {
     directory: Pool,
     /// The connection settings each cell's are made from (the directory's, without a cell).
     base: DatabaseConfig,
-    /// The cells opened so far, or being opened, by name.
-    opened: Mutex<HashMap<String, Arc<OnceCell<Arc<CellPool>>>>>,
+    /// The cells opened so far, being opened, or whose last open failed, by name.
+    slots: Mutex<HashMap<String, Slot>>,
 }
 
 impl Routed {
@@ -78,7 +81,7 @@ impl Routed {
         Routed {
             directory,
             base: DatabaseConfig { cell: None, ..base },
-            opened: Mutex::default(),
+            slots: Mutex::default(),
         }
     }
 
@@ -132,29 +135,102 @@ impl Routed {
             .collect())
     }
 
-    /// Cell `name`, opened once: found in the directory, its node found on Citus, its pool
-    /// checked, its notifier started.
+    /// Cell `name`, opened once ([`open_cell`]) by a task of its own that every request needing
+    /// it meanwhile waits for, so a request that gives up (its timeout, its client gone) never
+    /// cuts the open short. After a failed open, the cell's requests are refused at once for
+    /// [`OPEN_BACKOFF`]; the next one after it tries again.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the cell cannot be opened (why is logged with its name).
     async fn open(&self, name: &str) -> Result<Arc<CellPool>, Error> {
-        let slot = {
-            let mut opened = self.opened.lock().unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(opened.entry(name.to_owned()).or_default())
+        let opening = {
+            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            match slots.get(name) {
+                Some(Slot::Open(cell)) => return Ok(Arc::clone(cell)),
+                Some(Slot::Failed(at)) if at.elapsed() < OPEN_BACKOFF => {
+                    return Err(Error::Unavailable(None));
+                }
+                Some(Slot::Opening(opening)) => opening.clone(),
+                Some(Slot::Failed(_)) | None => {
+                    let task = tokio::spawn(open_cell(
+                        self.directory.clone(),
+                        self.base.clone(),
+                        name.to_owned(),
+                    ));
+                    let opening = async move { task.await.ok().flatten() }.boxed().shared();
+                    slots.insert(name.to_owned(), Slot::Opening(opening.clone()));
+                    opening
+                }
+            }
         };
-        let cell = slot
-            .get_or_try_init(|| async {
-                let mut conn = Conn::checkout(&self.directory).await?;
-                let listed = conn.run(|c| directory::cell(&*c, name)).await?;
-                drop(conn);
-                let config = crate::db::citus::find_node(&listed.config(&self.base)?).await?;
-                let (pool, _) = crate::schema::open_checked(&config, "api").await?;
-                let notifier = Notifier::start(&config)?;
-                tracing::info!(cell = name, "serving a cell");
-                Ok::<_, Error>(Arc::new(CellPool {
-                    pool,
-                    notifier: Some(notifier),
-                }))
-            })
-            .await?;
-        Ok(Arc::clone(cell))
+        let opened = opening.clone().await;
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        // Only the open this request waited for is settled here: a later one stays as it is.
+        let current = matches!(slots.get(name), Some(Slot::Opening(o)) if o.ptr_eq(&opening));
+        match opened {
+            Some(cell) => {
+                if current {
+                    slots.insert(name.to_owned(), Slot::Open(Arc::clone(&cell)));
+                }
+                Ok(cell)
+            }
+            None => {
+                if current {
+                    slots.insert(name.to_owned(), Slot::Failed(Instant::now()));
+                }
+                Err(Error::Unavailable(None))
+            }
+        }
+    }
+}
+
+/// How long after a failed open a cell's requests are answered `503` at once, before the next
+/// one tries again.
+pub(super) const OPEN_BACKOFF: Duration = Duration::from_secs(1);
+
+/// An open of a cell in flight, shared by every request that waits for it: the cell, or `None`
+/// when it could not be opened.
+type Opening = Shared<BoxFuture<'static, Option<Arc<CellPool>>>>;
+
+/// Where a cell of a routed API stands.
+enum Slot {
+    /// Being opened.
+    Opening(Opening),
+    /// Open: its pool and notifier.
+    Open(Arc<CellPool>),
+    /// Its last open failed, at this instant.
+    Failed(Instant),
+}
+
+/// Opens cell `name` of the directory `directory_pool` connects to: finds it there, points `base` at
+/// its server (at its node, on Citus), opens and checks its pool as `serve` checks its own
+/// (session limits, a compatible schema), and starts its notifier. `None` when any step fails,
+/// logged with the cell's name and the stable code of why.
+async fn open_cell(
+    directory_pool: Pool,
+    base: DatabaseConfig,
+    name: String,
+) -> Option<Arc<CellPool>> {
+    let opened = async {
+        let mut conn = Conn::checkout(&directory_pool).await?;
+        let listed = conn.run(|c| directory::cell(&*c, &name)).await?;
+        drop(conn);
+        let config = crate::db::citus::find_node(&listed.config(&base)?).await?;
+        let (pool, _) = crate::schema::open_checked(&config, "api").await?;
+        let notifier = Notifier::start(&config)?;
+        let connections_max = crate::worker::budget::Budget::api(&config).total();
+        tracing::info!(cell = name, connections_max, "serving a cell");
+        Ok::<_, Error>(Arc::new(CellPool {
+            pool,
+            notifier: Some(notifier),
+        }))
+    };
+    match opened.await {
+        Ok(cell) => Some(cell),
+        Err(e) => {
+            tracing::warn!(cell = name, code = %e.code(), "a cell could not be opened");
+            None
+        }
     }
 }
 
@@ -166,4 +242,66 @@ pub(crate) struct CellFigures {
     pub(crate) cell: directory::Cell,
     /// Its active jobs by state and its oldest due job's age.
     pub(crate) sample: Option<QueueSample>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_db::TestDb;
+
+    #[tokio::test]
+    async fn a_cell_opens_once_with_its_own_notifier_and_one_that_cannot_answers_at_once_for_a_while(
+    ) {
+        let db = TestDb::migrated().await;
+        let client = db.client().await;
+        directory::init(&client).await.unwrap();
+        directory::add(&client, "cell_here", None).await.unwrap();
+        // A server that refuses every connection: nothing listens on port 1.
+        directory::add(&client, "cell_away", Some(("127.0.0.1", 1)))
+            .await
+            .unwrap();
+        directory::add(&client, "cell_bare", None).await.unwrap();
+        let here = DatabaseConfig {
+            cell: Some("cell_here".to_owned()),
+            ..db.config.clone()
+        };
+        crate::schema::migrate(&here).await.unwrap();
+        let pool = crate::db::connect_pool(&db.config, "api").await.unwrap();
+        let routed = Routed::new(pool, db.config.clone());
+
+        let first = routed.open("cell_here").await.unwrap();
+        assert!(first.notifier.is_some());
+        let again = routed.open("cell_here").await.unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "opened once");
+        // Its pool is the cell's: its sessions find the cell's tables.
+        let conn = crate::db::checkout(&first.pool).await.unwrap();
+        let schema: String = conn
+            .query_one("SELECT current_schema()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(schema, "cell_here");
+        drop(conn);
+
+        // Away, listed but not migrated, or not listed: each is unavailable, never opened.
+        for name in ["cell_away", "cell_bare", "cell_none"] {
+            assert!(matches!(
+                routed.open(name).await,
+                Err(Error::Unavailable(None))
+            ));
+            let slots = routed.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            assert!(matches!(slots.get(name), Some(Slot::Failed(_))), "{name}");
+        }
+        // Within the backoff a failed cell is refused without trying: even once it could open.
+        crate::schema::migrate(&DatabaseConfig {
+            cell: Some("cell_bare".to_owned()),
+            ..db.config.clone()
+        })
+        .await
+        .unwrap();
+        assert!(routed.open("cell_bare").await.is_err());
+        tokio::time::sleep(OPEN_BACKOFF).await;
+        let bare = routed.open("cell_bare").await.unwrap();
+        assert!(bare.notifier.is_some());
+    }
 }

@@ -500,12 +500,13 @@ pub async fn serve_worker(
                     let Some(current) = current else {
                         return unavailable();
                     };
-                    let mut parts = Vec::with_capacity(current.len());
-                    for (cell, (stats, pool)) in current {
+                    // Every cell's sample at once: a slow cell holds no other back.
+                    let parts = current.into_iter().map(|(cell, (stats, pool))| async move {
                         let mut out = render_worker(&stats);
                         render_shared(&mut out, &pool).await;
-                        parts.push((cell, out));
-                    }
+                        (cell, out)
+                    });
+                    let parts = futures::future::join_all(parts).await;
                     let out = match parts.as_slice() {
                         [(None, out)] => out.clone(),
                         _ => merge_cells(&parts),

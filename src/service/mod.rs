@@ -338,7 +338,7 @@ mod tests {
     use crate::test_db::TestDb;
 
     #[tokio::test]
-    async fn a_notifier_is_the_one_cells_and_a_routed_state_keeps_each_cells_own() {
+    async fn a_notifier_is_the_one_cells_and_a_routed_state_keeps_its_cells() {
         let db = TestDb::migrated().await;
         let pool = crate::db::connect_pool(&db.config, "api").await.unwrap();
         let secret = crate::Secret::new("service-test-secret-0123").unwrap();
@@ -349,9 +349,17 @@ mod tests {
             panic!("one cell");
         };
         assert!(cell.notifier.is_some());
+        // A routed state's cells each start a notifier of their own when opened (see `cells`);
+        // one given to the state is not theirs.
         let routed = AppState::routed(pool, db.config.clone(), secret, config);
-        let routed = routed.with_notifier(notifier());
-        assert!(matches!(routed.cells, Cells::Routed(_)));
+        let Cells::Routed(before) = &routed.cells else {
+            panic!("routed");
+        };
+        let before = std::sync::Arc::clone(before);
+        let Cells::Routed(after) = &routed.with_notifier(notifier()).cells else {
+            panic!("still routed");
+        };
+        assert!(std::sync::Arc::ptr_eq(&before, after));
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //!
 //! Invariants this module keeps:
 //! - `/healthz` says only that the process serves; `/readyz` that the database answers and its
-//!   schema is one this release supports.
+//!   schema is one this release supports (on an API serving a directory's cells: that the
+//!   directory answers and is built, its keys' table included; each cell is checked when opened).
+//! - `/metrics` of an API serving one cell adds the cell's shared figures; a routed API's shows
+//!   its own counters only.
 //! - `/metrics` series carry only fixed labels (status classes), never ids or request values.
 
 use super::cells::Cells;
@@ -73,7 +76,8 @@ pub(super) async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
-/// Readiness: the database answers and its schema is compatible.
+/// Readiness: the database answers and its schema is compatible (routed: the directory answers
+/// and is built).
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = Health),
@@ -85,10 +89,10 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>
             let mut conn = Conn::checkout(&cell.pool).await?;
             conn.run(|c| schema::check_compatible(&*c)).await.map(drop)
         }
-        // Routed: the directory answers (each cell is checked when it is opened).
+        // Routed: the directory answers, keys included (each cell is checked when opened).
         Cells::Routed(routed) => {
             let mut conn = Conn::checkout(routed.directory()).await?;
-            conn.run(|c| crate::directory::cells(&*c)).await.map(drop)
+            conn.run(|c| crate::directory::check(&*c)).await
         }
     };
     match ready {

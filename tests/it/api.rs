@@ -483,13 +483,12 @@ async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    // The operators' routes and pages too, before they know whose key it is.
+    // The operators' routes too, before they know whose key it is.
     let paths = [
         "/v1/etl-jobs",
         "/readyz",
         "/v1/queues",
         "/v1/queues/default",
-        "/console/queues",
     ];
     for path in paths {
         let url = format!("{base}{path}");
@@ -504,6 +503,22 @@ async fn an_unreachable_database_answers_503_with_retry_after_and_readyz_agrees(
         );
         assert_eq!(h["retry-after"], "1");
     }
+    // A console page with a session cookie (signed in on the live server, the same secret) is
+    // unavailable too; without one it goes to sign-in, which needs no database.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let signed = crate::console::post_sign_in(&http, &api.base, &api.alice).await;
+    let session = format!("detl_session={}", signed.cookie("detl_session").unwrap());
+    let page = crate::console::get_page(&http, &base, "/console/queues", &session).await;
+    assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(page.body.contains("database_unavailable"), "{}", page.body);
+    let page = crate::console::get_page(&http, &base, "/console/queues", "").await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER);
+    assert_eq!(page.location(), "/console/sign-in");
+    let page = crate::console::get_page(&http, &base, "/console/sign-in", "").await;
+    assert_eq!(page.status, StatusCode::OK);
     let response = api
         .http
         .get(format!("{base}/healthz"))

@@ -564,18 +564,32 @@ async fn one_process_serves_several_cells_each_on_its_own_wakes_even_after_losin
 async fn work_refuses_cells_it_cannot_serve_and_stops_when_one_cannot_start() {
     let db = TestDb::migrated().await;
     schema::migrate(&cell_config(&db, "cell_a")).await.unwrap();
-    for args in [
-        &["work", "--cells", "cell_a,cell_a"][..],
-        &["work", "--cells", "cell_a,Cell"],
-        &["work", "--cells", "cell_a", "--cell", "cell_a"],
-        &["work", "--cells", "cell_a", "--schedules", "/nonexistent"],
+    let session_url = ["--session-database-url", db.config.url.as_str()];
+    for (args, why) in [
+        (&["work", "--cells", "cell_a,cell_a"][..], "--cells takes"),
+        (&["work", "--cells", "cell_a,Cell"], "--cells takes"),
+        (
+            &["work", "--cells", "cell_a", "--cell", "cell_a"],
+            "--cells takes",
+        ),
+        (
+            &["work", "--cells", "cell_a", "--schedules", "/dev/null"],
+            "--cells takes",
+        ),
+        (
+            &[&["work", "--cells", "cell_a"][..], &session_url].concat(),
+            "--cells takes",
+        ),
         // A cell the database does not hold: no replica of any cell runs.
-        &["work", "--cells", "cell_a,cell_none"],
+        (&["work", "--cells", "cell_a,cell_none"], "not the configured cell"),
     ] {
         let out = crate::support::binary(&db.config.url, args)
+            .stderr(std::process::Stdio::piped())
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(why), "{args:?}: {stderr}");
     }
 }
 

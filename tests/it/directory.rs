@@ -339,7 +339,7 @@ async fn one_api_serves_every_cell_each_request_in_its_key_owners_cell() {
             &uuid::Uuid::nil().to_string(),
         ],
     );
-    assert_ne!(unknown.status.code(), Some(0));
+    assert_eq!(unknown.status.code(), Some(1), "no live key");
     assert_eq!(
         status(&monitors["cell_near"], &keys["cell_near"].1)
             .await

@@ -100,13 +100,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
                 .run(|| async {
                     let pool = db::connect_pool(&db_config, "api").await?;
                     let conn = db::checkout(&pool).await?;
-                    let cells = durable_etl::directory::cells(&*conn).await?;
+                    durable_etl::directory::check(&*conn).await?;
                     drop(conn);
-                    Ok((pool, cells.len()))
+                    Ok(pool)
                 })
                 .await;
-            let (pool, cells) = directory?;
-            tracing::info!(cells, "api starting, routing each owner to its cell");
+            let pool = directory?;
+            tracing::info!("api starting, routing each owner to its cell");
             let state = durable_etl::AppState::routed(pool, db_config, secret, api_config);
             durable_etl::service::serve(state, shutdown).await
         }
@@ -250,15 +250,28 @@ async fn work(
             .deadline
             .saturating_duration_since(tokio::time::Instant::now()),
     };
+    // Each cell's start-up names its own server, and stops at a signal or a sibling's error.
+    let (stop, shutdown) = shutdown.child();
+    let mut start_ups = Vec::with_capacity(cells.len());
+    for (_, db_config) in &cells {
+        let target = db::target(db_config)?;
+        let shutdown = shutdown.clone();
+        start_ups.push(db::StartUp {
+            target,
+            shutdown,
+            ..start_up.clone()
+        });
+    }
     let first = cells
         .iter()
-        .map(|(_, db_config)| incarnation.start(db_config, start_up));
+        .zip(&start_ups)
+        .map(|((_, db_config), start_up)| incarnation.start(db_config, start_up));
     let first = futures::future::try_join_all(first).await?;
     // One endpoint for the process: each incarnation's counters replace the last one's, and
     // between two incarnations it answers that none runs.
-    let (stop, shutdown) = shutdown.child();
     let (mut sources, mut replicas) = (Vec::new(), Vec::new());
-    for ((cell, db_config), (worker, pool)) in cells.into_iter().zip(first) {
+    let started = cells.into_iter().zip(first).zip(&start_ups);
+    for (((cell, db_config), (worker, pool)), start_up) in started {
         let (current, source) = tokio::sync::watch::channel(Some((worker.stats_handle(), pool)));
         sources.push((cell, source));
         let follow = incarnation.follow(worker, current, db_config, start_up, shutdown.clone());

@@ -347,7 +347,8 @@ pub(crate) struct WorkArgs {
     pub(crate) secret: Option<String>,
     /// Serve several cells (comma-separated): a replica of each, with its own sessions, claims
     /// and commits, in this one process, all under --owner-id (each cell's locks are its own).
-    /// With --directory, each cell's server is found there. Not with --cell or --schedules.
+    /// With --directory, each cell's server is found there. Not with --cell, --schedules or
+    /// --session-database-url.
     #[arg(long, env = "DURABLE_ETL_CELLS", value_delimiter = ',')]
     pub(crate) cells: Vec<String>,
     /// Bench only (hidden): record each handler start (job id, wall-clock time) in memory and
@@ -361,7 +362,8 @@ impl WorkArgs {
     ///
     /// # Errors
     /// [`ConfigError::Cells`] for a name no cell can have, a cell named twice, or `--cells` with
-    /// `--cell` (`cell_given`) or `--schedules`.
+    /// `--cell` (`cell_given`), `--schedules` or `--session-database-url` (one URL cannot be each
+    /// cell's session).
     pub(crate) fn cells(&self, cell_given: bool) -> Result<&[String], Error> {
         let names = &self.cells;
         let distinct = names
@@ -369,7 +371,8 @@ impl WorkArgs {
             .collect::<std::collections::BTreeSet<_>>()
             .len()
             == names.len();
-        let alone = names.is_empty() || (!cell_given && self.schedules.is_none());
+        let alone = names.is_empty()
+            || (!cell_given && self.schedules.is_none() && self.session_database_url.is_none());
         if !(distinct && alone && names.iter().all(|n| config::cell_name_ok(n))) {
             return Err(config::ConfigError::Cells.into());
         }
