@@ -581,7 +581,10 @@ async fn work_refuses_cells_it_cannot_serve_and_stops_when_one_cannot_start() {
             "--cells takes",
         ),
         // A cell the database does not hold: no replica of any cell runs.
-        (&["work", "--cells", "cell_a,cell_none"], "not the configured cell"),
+        (
+            &["work", "--cells", "cell_a,cell_none"],
+            "not the configured cell",
+        ),
     ] {
         let out = crate::support::binary(&db.config.url, args)
             .stderr(std::process::Stdio::piped())

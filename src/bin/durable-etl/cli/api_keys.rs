@@ -3,9 +3,9 @@
 //! recorded in the directory so a routed API (`serve --directory`) finds its cell.
 
 use super::{open_admin, ApiKeysCommand, CreateKeyArgs};
-use durable_etl::config::{ConfigError, DatabaseConfig};
+use durable_etl::config::DatabaseConfig;
 use durable_etl::db;
-use durable_etl::digest::{DigestKind, Secret};
+use durable_etl::digest::Secret;
 use durable_etl::directory::{self, KeyRef};
 use durable_etl::error::Error;
 use durable_etl::service::api_keys::{self, CreatedKey, Role};
@@ -19,7 +19,7 @@ pub(crate) async fn run(client: &impl GenericClient, command: ApiKeysCommand) ->
     match command {
         ApiKeysCommand::Create(args) => {
             let (secret, role) = key_of(&args)?;
-            let created = api_keys::create_as(client, &secret, &args.owner, role).await?;
+            let created = api_keys::create_as(client, &secret, &args.whose.owner, role).await?;
             shown(&created, None);
             Ok(())
         }
@@ -44,7 +44,7 @@ pub(crate) async fn run_routed(
     match command {
         ApiKeysCommand::Create(args) => {
             let (secret, role) = key_of(&args)?;
-            let owner_key = secret.digest(DigestKind::Principal, args.owner.as_bytes());
+            let owner_key = args.whose.jobs()?.owner_key();
             let cell = directory::place(&dir, &owner_key).await?;
             let pool = open_admin(&in_cell(&dir, &cell, db_config).await?, start_up).await?;
             let created = CreatedKey::generate();
@@ -76,7 +76,7 @@ async fn in_cell(
 
 /// The secret and role `args` ask for.
 fn key_of(args: &CreateKeyArgs) -> Result<(Secret, Role), Error> {
-    let secret = Secret::new(args.secret.clone().into_bytes()).ok_or(ConfigError::Secret)?;
+    let secret = args.whose.secret()?;
     let role = if args.operator {
         Role::Operator
     } else {

@@ -440,15 +440,43 @@ pub(crate) enum ApiKeysCommand {
     Revoke(RevokeKeyArgs),
 }
 
-/// Options of `api-keys create`.
+/// Whose: an owner (principal) and the secret of the keyed digest it is known by (`cells
+/// place`, `api-keys create`, `schedules`).
 #[derive(Debug, Args)]
-pub(crate) struct CreateKeyArgs {
-    /// The owner (principal) the key acts for; stored only as a keyed digest.
+pub(crate) struct OwnerArgs {
+    /// The owner (principal); stored and shown only as its keyed digest.
     #[arg(long, env = "DURABLE_ETL_OWNER")]
     pub(crate) owner: String,
     /// Secret key of the keyed digests (at least 16 bytes).
     #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
     pub(crate) secret: String,
+}
+
+impl OwnerArgs {
+    /// The secret of the keyed digests.
+    ///
+    /// # Errors
+    /// [`config::ConfigError::Secret`] for one shorter than 16 bytes.
+    pub(crate) fn secret(&self) -> Result<Secret, Error> {
+        let secret = Secret::new(self.secret.clone().into_bytes());
+        Ok(secret.ok_or(config::ConfigError::Secret)?)
+    }
+
+    /// The owner's jobs (its key, its schedules), under the secret.
+    ///
+    /// # Errors
+    /// As [`OwnerArgs::secret`].
+    pub(crate) fn jobs(&self) -> Result<durable_etl::Jobs, Error> {
+        Ok(durable_etl::Jobs::new(self.secret()?, &self.owner))
+    }
+}
+
+/// Options of `api-keys create`.
+#[derive(Debug, Args)]
+pub(crate) struct CreateKeyArgs {
+    /// The owner the key acts for, and the secret.
+    #[command(flatten)]
+    pub(crate) whose: OwnerArgs,
     /// Make it an operator key: it also reads the console's fleet-wide operator view.
     #[arg(long)]
     pub(crate) operator: bool,

@@ -3,7 +3,6 @@
 //! new owners, and tell (placing it first if new) an owner's cell.
 
 use clap::{Args, Subcommand};
-use durable_etl::config::ConfigError;
 use durable_etl::directory;
 use durable_etl::error::Error;
 use tokio_postgres::GenericClient;
@@ -28,7 +27,7 @@ pub(crate) enum CellsCommand {
         name: String,
     },
     /// Print an owner's cell, placing the owner first if it has none.
-    Place(PlaceArgs),
+    Place(super::OwnerArgs),
 }
 
 /// Options of `cells add`.
@@ -45,22 +44,11 @@ pub(crate) struct AddArgs {
     pub(crate) port: Option<u16>,
 }
 
-/// Options of `cells place`.
-#[derive(Debug, Args)]
-pub(crate) struct PlaceArgs {
-    /// The owner (principal); the directory stores only its keyed digest.
-    #[arg(long, env = "DURABLE_ETL_OWNER")]
-    pub(crate) owner: String,
-    /// Secret key of the keyed digests (at least 16 bytes).
-    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
-    pub(crate) secret: String,
-}
-
 /// Runs one `cells` subcommand on `client` (a session of the directory's database), printing
 /// what it did.
 ///
 /// # Errors
-/// As the `directory` calls; [`ConfigError::Secret`] for a short secret.
+/// As the `directory` calls; [`durable_etl::config::ConfigError::Secret`] for a short secret.
 pub(crate) async fn run(client: &impl GenericClient, command: CellsCommand) -> Result<(), Error> {
     match command {
         CellsCommand::Init => {
@@ -95,9 +83,7 @@ pub(crate) async fn run(client: &impl GenericClient, command: CellsCommand) -> R
             println!("closed {name} to new owners");
         }
         CellsCommand::Place(args) => {
-            let secret =
-                durable_etl::Secret::new(args.secret.into_bytes()).ok_or(ConfigError::Secret)?;
-            let owner_key = durable_etl::Jobs::new(secret, &args.owner).owner_key();
+            let owner_key = args.jobs()?.owner_key();
             println!("{}", directory::place(client, &owner_key).await?);
         }
     }

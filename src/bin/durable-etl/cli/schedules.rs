@@ -4,22 +4,17 @@
 
 use clap::{Args, Subcommand};
 use durable_etl::codes::Code;
-use durable_etl::config::ConfigError;
 use durable_etl::error::Error;
 use durable_etl::intake::Rejection;
 use durable_etl::schedule::{Missed, ScheduleInfo};
-use durable_etl::{Jobs, Secret};
 use tokio_postgres::GenericClient;
 
 /// Options of `schedules`: whose schedules, and what to do with them.
 #[derive(Debug, Args)]
 pub(crate) struct SchedulesArgs {
-    /// The owner (principal) whose schedules these are; digested, never stored or shown.
-    #[arg(long, env = "DURABLE_ETL_OWNER")]
-    pub(crate) owner: String,
-    /// Secret key of the keyed digests (at least 16 bytes).
-    #[arg(long, env = "DURABLE_ETL_SECRET", hide_env_values = true)]
-    pub(crate) secret: String,
+    /// The owner whose schedules these are, and the secret.
+    #[command(flatten)]
+    pub(crate) whose: super::OwnerArgs,
     /// What to do.
     #[command(subcommand)]
     pub(crate) command: SchedulesCommand,
@@ -62,8 +57,7 @@ pub(crate) enum SchedulesCommand {
 /// [`Error::Config`] for a short secret; `not_found` for a schedule the owner does not have;
 /// database errors.
 pub(crate) async fn run(client: &impl GenericClient, args: SchedulesArgs) -> Result<(), Error> {
-    let secret = Secret::new(args.secret.into_bytes()).ok_or(ConfigError::Secret)?;
-    let schedules = Jobs::new(secret, &args.owner).schedules();
+    let schedules = args.whose.jobs()?.schedules();
     let not_found = || Error::from(Rejection::new(Code::NotFound, "/name"));
     match args.command {
         SchedulesCommand::List => {
