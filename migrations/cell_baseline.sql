@@ -117,6 +117,18 @@ CREATE FUNCTION durable_etl_owner_lock_key(owner_id text) RETURNS bigint
                                                 'hex'), 1, 16))::bit(64)::bigint
                $$;
 -- ;
+CREATE FUNCTION durable_etl_refuse_moved_owners() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM etl_moved_owners)
+       AND EXISTS (SELECT 1 FROM etl_moved_owners m JOIN accepted_jobs a USING (owner_key)) THEN
+        RAISE EXCEPTION 'the owner has moved to another cell' USING ERRCODE = '55M02';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- ;
 CREATE FUNCTION durable_etl_sort_at(run_at timestamp with time zone, priority smallint) RETURNS timestamp with time zone
     LANGUAGE sql STABLE PARALLEL SAFE
     RETURN (run_at + ((priority)::double precision * '00:00:10'::interval));
@@ -395,6 +407,31 @@ CREATE TABLE etl_key_permits (
 -- ;
 COMMENT ON TABLE etl_key_permits IS 'durable-etl: one row per running job of a key-capped queue, held by its claim';
 -- ;
+CREATE TABLE etl_moved_owners (
+    owner_key durable_etl_digest NOT NULL,
+    moved_to text NOT NULL,
+    fenced_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT etl_moved_owners_moved_to_check CHECK (((char_length(moved_to) >= 1) AND (char_length(moved_to) <= 63)))
+);
+-- ;
+COMMENT ON TABLE etl_moved_owners IS 'durable-etl: owners this cell holds no longer (moved, or moving, to another cell): their enqueues are refused here';
+-- ;
+CREATE TABLE etl_moving_jobs (
+    id uuid NOT NULL,
+    owner_key durable_etl_digest NOT NULL,
+    job jsonb NOT NULL
+);
+-- ;
+COMMENT ON TABLE etl_moving_jobs IS 'durable-etl: pending jobs of an owner moving to another cell, out of the live table until the new cell has them';
+-- ;
+CREATE TABLE etl_owner_arrivals (
+    move_id uuid NOT NULL,
+    owner_key durable_etl_digest NOT NULL,
+    arrived_at timestamp with time zone DEFAULT now() NOT NULL
+);
+-- ;
+COMMENT ON TABLE etl_owner_arrivals IS 'durable-etl: each move that brought an owner here, written in the transaction that brought its rows, so that no move brings them twice';
+-- ;
 CREATE UNLOGGED TABLE etl_owner_beats (
     owner_id durable_etl_owner_id NOT NULL,
     beat_at timestamp with time zone NOT NULL,
@@ -618,6 +655,15 @@ ALTER TABLE ONLY etl_key_permits
 ALTER TABLE ONLY etl_key_permits
     ADD CONSTRAINT etl_key_permits_slot_key UNIQUE (queue, concurrency_key, slot);
 -- ;
+ALTER TABLE ONLY etl_moved_owners
+    ADD CONSTRAINT etl_moved_owners_pkey PRIMARY KEY (owner_key);
+-- ;
+ALTER TABLE ONLY etl_moving_jobs
+    ADD CONSTRAINT etl_moving_jobs_pkey PRIMARY KEY (id);
+-- ;
+ALTER TABLE ONLY etl_owner_arrivals
+    ADD CONSTRAINT etl_owner_arrivals_pkey PRIMARY KEY (move_id);
+-- ;
 ALTER TABLE ONLY etl_owner_beats
     ADD CONSTRAINT etl_owner_beats_pkey PRIMARY KEY (owner_id);
 -- ;
@@ -676,9 +722,13 @@ CREATE INDEX etl_job_records_pending_owner_idx ON etl_job_records USING btree (o
 -- ;
 CREATE INDEX etl_job_records_running_owner_idx ON etl_job_records USING btree (lease_owner_id) WHERE (status = 'running'::text);
 -- ;
+CREATE INDEX etl_moving_jobs_owner_key_idx ON etl_moving_jobs USING btree (owner_key);
+-- ;
 CREATE INDEX etl_schedules_due_idx ON etl_schedules USING btree (next_fire_at) WHERE (NOT paused);
 -- ;
 CREATE INDEX etl_target_rows_written_by_job_idx ON etl_target_rows USING btree (written_by_job) WHERE (written_by_job IS NOT NULL);
+-- ;
+CREATE TRIGGER etl_job_intake_refuse_moved_owners AFTER INSERT ON etl_job_intake REFERENCING NEW TABLE AS accepted_jobs FOR EACH STATEMENT EXECUTE FUNCTION durable_etl_refuse_moved_owners();
 -- ;
 CREATE TRIGGER etl_job_records_notify_enqueue AFTER INSERT ON etl_job_records REFERENCING NEW TABLE AS inserted_jobs FOR EACH STATEMENT EXECUTE FUNCTION durable_etl_notify_enqueue();
 -- ;

@@ -68,6 +68,9 @@ pub enum Code {
     /// The replica's cell moved to another Citus node while it ran: it stopped, to start again on
     /// the cell's new node.
     CellMoved,
+    /// The owner is moving, or has moved, to another cell: its requests wait for the move, and
+    /// its enqueues go to the cell the directory names now.
+    OwnerMoved,
     /// Commits of the database are held waiting for a synchronous standby that does not answer:
     /// nothing can be claimed or end until one is back or none is required.
     SynchronousStandbyWaiting,
@@ -163,6 +166,7 @@ impl Code {
         Code::MigrationFailed,
         Code::OwnerIdInUse,
         Code::CellMoved,
+        Code::OwnerMoved,
         Code::SynchronousStandbyWaiting,
         Code::RequestMalformed,
         Code::RequestInvalid,
@@ -221,6 +225,7 @@ impl Code {
             Code::MigrationFailed => "migration_failed",
             Code::OwnerIdInUse => "owner_id_in_use",
             Code::CellMoved => "cell_moved",
+            Code::OwnerMoved => "owner_moved",
             Code::SynchronousStandbyWaiting => "synchronous_standby_waiting",
             Code::RequestMalformed => "request_malformed",
             Code::RequestInvalid => "request_invalid",

@@ -18,8 +18,11 @@
 //! ([`key_cell`]); the key itself, and whether it is live, stay the cell's.
 //!
 //! Invariants this module keeps:
-//! - An owner is in at most one cell, and once placed stays there: nothing here rewrites an
-//!   owner's entry (two first asks racing agree on the one that was written first).
+//! - An owner is in at most one cell, and once placed stays there until a move ([`moving`])
+//!   switches it, once the new cell holds all its rows: nothing else rewrites an owner's entry
+//!   (two first asks racing agree on the one that was written first).
+//! - A key of an owner being moved routes nowhere ([`Error::OwnerMoved`]) until the move
+//!   switches it.
 //! - A cell with owners is never removed; only its openness to new owners changes.
 //! - Nothing stored names a principal or holds a key: owners and keys are their 32-byte keyed
 //!   digests.
@@ -31,6 +34,7 @@ use crate::error::Error;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
+pub mod moving;
 #[cfg(test)]
 mod tests;
 
@@ -68,7 +72,16 @@ CREATE TABLE IF NOT EXISTS durable_etl_directory.api_keys (
     added_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS durable_etl_directory_api_keys_owner_idx
-    ON durable_etl_directory.api_keys (owner_key);";
+    ON durable_etl_directory.api_keys (owner_key);
+CREATE TABLE IF NOT EXISTS durable_etl_directory.moves (
+    owner_key bytea PRIMARY KEY REFERENCES durable_etl_directory.owners (owner_key),
+    id uuid NOT NULL UNIQUE,
+    from_cell text NOT NULL REFERENCES durable_etl_directory.cells (name),
+    to_cell text NOT NULL REFERENCES durable_etl_directory.cells (name),
+    step text NOT NULL CHECK (step IN ('fence', 'drain', 'copy', 'switch', 'clean')),
+    started_at timestamptz NOT NULL DEFAULT now(),
+    CHECK (from_cell <> to_cell)
+);";
 
 /// Lists cell `$1`, on host `$2` and port `$3` (both null: the directory's server); returns
 /// nothing when a cell of that name is listed already.
@@ -127,7 +140,8 @@ LIMIT 1";
 /// Locks: none.
 pub const CHECK_SQL: &str = "
 SELECT (SELECT 1 FROM durable_etl_directory.cells LIMIT 1),
-       (SELECT 1 FROM durable_etl_directory.api_keys LIMIT 1)";
+       (SELECT 1 FROM durable_etl_directory.api_keys LIMIT 1),
+       (SELECT 1 FROM durable_etl_directory.moves LIMIT 1)";
 
 /// The cell of owner key `$1`, if it has one.
 ///
@@ -141,21 +155,32 @@ pub const FIND_SQL: &str = "SELECT cell FROM durable_etl_directory.owners WHERE 
 pub const ADD_KEY_SQL: &str = "
 INSERT INTO durable_etl_directory.api_keys (id, key_digest, owner_key) VALUES ($1, $2, $3)";
 
-/// The cell of the owner of the API key whose keyed digest is `$1`.
+/// The cell of the owner of the API key whose keyed digest is `$1`, and whether the owner is
+/// moving (a move that has not switched it yet).
 ///
 /// Locks: none.
 pub const KEY_CELL_SQL: &str = "
-SELECT o.cell FROM durable_etl_directory.api_keys k
+SELECT o.cell, EXISTS (SELECT 1 FROM durable_etl_directory.moves m
+                        WHERE m.owner_key = o.owner_key AND m.step <> 'clean')
+  FROM durable_etl_directory.api_keys k
   JOIN durable_etl_directory.owners o USING (owner_key)
  WHERE k.key_digest = $1";
 
-/// The cell of the owner of the API key whose id is `$1`.
+/// [`KEY_CELL_SQL`] for the API key whose id is `$1`.
 ///
 /// Locks: none.
 pub const KEY_ID_CELL_SQL: &str = "
-SELECT o.cell FROM durable_etl_directory.api_keys k
+SELECT o.cell, EXISTS (SELECT 1 FROM durable_etl_directory.moves m
+                        WHERE m.owner_key = o.owner_key AND m.step <> 'clean')
+  FROM durable_etl_directory.api_keys k
   JOIN durable_etl_directory.owners o USING (owner_key)
  WHERE k.id = $1";
+
+/// Whether owner `$1` is moving (a move that has not switched it yet).
+///
+/// Locks: none.
+pub const MOVING_SQL: &str = "
+SELECT 1 FROM durable_etl_directory.moves WHERE owner_key = $1 AND step <> 'clean'";
 
 /// An API key as the directory routes it: by its keyed digest (a request's bearer key) or by
 /// its id (a console session, or a revocation).
@@ -374,7 +399,7 @@ pub async fn add_key(
 /// The cell of the owner of API key `key`, if the directory records the key.
 ///
 /// # Errors
-/// As [`add`].
+/// [`Error::OwnerMoved`] while the key's owner is moving ([`moving`]); as [`add`].
 pub async fn key_cell(
     client: &impl GenericClient,
     key: KeyRef<'_>,
@@ -392,7 +417,29 @@ pub async fn key_cell(
                 .await
         }
     };
-    Ok(row.map_err(missing)?.map(|r| r.get(0)))
+    match row.map_err(missing)? {
+        Some(row) if row.get::<_, bool>(1) => Err(Error::OwnerMoved),
+        row => Ok(row.map(|r| r.get(0))),
+    }
+}
+
+/// Checks that the owner whose key is `owner_key` is not moving: what a command that writes an
+/// owner's rows in its cell outside the job path (an API key, a schedule) checks before it
+/// writes, and again after, since a move that began meanwhile may have copied the cell before
+/// the write.
+///
+/// # Errors
+/// [`Error::OwnerMoved`] while a move of the owner has not switched it yet; as [`add`].
+pub async fn settled(client: &impl GenericClient, owner_key: &[u8; 32]) -> Result<(), Error> {
+    let key = &owner_key[..];
+    let moving = client
+        .query_typed_opt(MOVING_SQL, &[(&key, Type::BYTEA)])
+        .await
+        .map_err(missing)?;
+    match moving {
+        Some(_) => Err(Error::OwnerMoved),
+        None => Ok(()),
+    }
 }
 
 /// `cfg` (whose URL names the directory's database) pointed at the server of the cell it names,

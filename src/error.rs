@@ -114,6 +114,11 @@ pub enum Error {
     /// new node (`work` does so itself).
     #[error("the cell moved to another node")]
     CellMoved,
+    /// The owner is moving to another cell (`directory::moving`), or has moved: nothing was
+    /// written. Find the owner's cell again (`directory::place`) and retry; during a move, the
+    /// owner's cell refuses its enqueues until the move ends.
+    #[error("the owner is moving, or has moved, to another cell; find its cell again and retry")]
+    OwnerMoved,
     /// A request was refused at intake.
     #[error(transparent)]
     Rejected(#[from] Rejection),
@@ -405,6 +410,7 @@ impl Error {
             Error::Schema(e) => e.code(),
             Error::OwnerIdInUse => Code::OwnerIdInUse,
             Error::CellMoved => Code::CellMoved,
+            Error::OwnerMoved => Code::OwnerMoved,
             Error::Rejected(r) => r.code,
             Error::Contended => Code::TransientDatabase,
             Error::Io(_) | Error::Listen { .. } => Code::IoError,
@@ -458,11 +464,17 @@ impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
         if is_connection_loss(&e) {
             Error::Unavailable(Some(e))
+        } else if e.code().is_some_and(|c| c.code() == OWNER_MOVED) {
+            Error::OwnerMoved
         } else {
             Error::Database(e)
         }
     }
 }
+
+/// The SQLSTATE a cell's intake refuses a job of an owner it holds no longer with (migration
+/// 0042; class 55, object not in prerequisite state, an implementation-defined subclass).
+pub const OWNER_MOVED: &str = "55M02";
 
 /// Whether an error means the session is gone or was never opened: a closed connection, an I/O
 /// failure, or a connection-class SQLSTATE.
@@ -509,6 +521,7 @@ fn sqlx_code(e: &sqlx::Error) -> Code {
         sqlx::Error::Database(db) => match db.code().map(|c| SqlState::from_code(&c)) {
             Some(code) if is_connection_class(&code) => Code::DatabaseUnavailable,
             Some(code) if is_transient_state(&code) => Code::TransientDatabase,
+            Some(code) if code.code() == OWNER_MOVED => Code::OwnerMoved,
             _ => Code::DatabaseError,
         },
         sqlx::Error::Io(_)

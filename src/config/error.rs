@@ -136,6 +136,18 @@ pub enum ConfigError {
     /// An owner without a cell asked for one, and the directory has no cell open to new owners.
     #[error("the directory has no cell open to new owners: add one, or open one")]
     NoOpenCell,
+    /// An owner the directory has not placed was asked to move.
+    #[error("the owner has no cell yet: place it (cells place) or enqueue for it first")]
+    OwnerNotPlaced,
+    /// A move of the owner to another cell is under way.
+    #[error("the owner is being moved to another cell: carry that move on first (cells move-owner --to that cell)")]
+    MoveElsewhere,
+    /// The cells of a move cannot take part in one: one is on Citus, they are at different
+    /// schema versions, or the role cannot see every session of the old cell's database.
+    #[error(
+        "owners move between cells on plain PostgreSQL servers migrated to the same version, by a role that sees every session (pg_read_all_stats)"
+    )]
+    MoveCells,
     /// `--directory` was given without `--cell` (the directory finds a cell's server), or the
     /// `cells` commands were given `--cell` or `--directory` (they act on the directory itself).
     #[error(

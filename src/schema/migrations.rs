@@ -381,4 +381,13 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: outside a cell every name stays the previous release's.
         min_reader_version: 33,
     },
+    Migration {
+        version: 42,
+        name: "owner_moves",
+        up: include_str!("../../migrations/0042_owner_moves.up.sql"),
+        down: include_str!("../../migrations/0042_owner_moves.down.sql"),
+        // Additive: a release before it never reads the new tables, and its enqueues of a moved
+        // owner are refused as this release's are.
+        min_reader_version: 33,
+    },
 ];

@@ -97,6 +97,10 @@ fn status_and_title(code: Code) -> (StatusCode, &'static str) {
             StatusCode::SERVICE_UNAVAILABLE,
             "The database is unavailable; retry later",
         ),
+        Code::OwnerMoved => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The owner is moving to another cell; retry shortly",
+        ),
         Code::RequestTimeout => (
             StatusCode::SERVICE_UNAVAILABLE,
             "The request took too long; retry later",

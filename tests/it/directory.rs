@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Output, Stdio};
 
 /// The secret owners are digested with, here and in the binary's commands.
-const SECRET: &str = "directory-secret-0123456789";
+pub(crate) const SECRET: &str = "directory-secret-0123456789";
 
 /// A job of the shipped no-op kind.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -25,7 +25,7 @@ impl durable_etl::Job for Ping {
 }
 
 /// A replica process, killed when dropped.
-struct Running(Child);
+pub(crate) struct Running(pub(crate) Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -35,7 +35,7 @@ impl Drop for Running {
 }
 
 /// Runs the binary with `args` on the directory at `url`, its secret [`SECRET`].
-fn run(url: &str, args: &[&str]) -> Output {
+pub(crate) fn run(url: &str, args: &[&str]) -> Output {
     binary(url, args)
         .env("DURABLE_ETL_SECRET", SECRET)
         .stdout(Stdio::piped())
@@ -45,7 +45,7 @@ fn run(url: &str, args: &[&str]) -> Output {
 }
 
 /// Runs the binary with `args` and returns its standard output, asserting it succeeded.
-fn ok(url: &str, args: &[&str]) -> String {
+pub(crate) fn ok(url: &str, args: &[&str]) -> String {
     let out = run(url, args);
     assert!(
         out.status.success(),
@@ -136,20 +136,20 @@ async fn cells_on_two_servers_run_the_jobs_of_the_owners_the_directory_places_in
 /// Two cells named by a directory: the directory and `cell_near` on the suite's server,
 /// `cell_far` on a server of its own, in a database of the same name (commands keep their URL's
 /// database and role); both migrated with `--directory`.
-struct TwoCells {
+pub(crate) struct TwoCells {
     /// The directory's (and the near cell's) database.
-    db: TestDb,
+    pub(crate) db: TestDb,
     /// The far cell's server.
-    far: Cluster,
+    pub(crate) far: Cluster,
     /// The directory's URL.
-    url: String,
+    pub(crate) url: String,
     /// The far server's port.
-    port: String,
+    pub(crate) port: String,
 }
 
 impl TwoCells {
     /// Builds them.
-    async fn start() -> TwoCells {
+    pub(crate) async fn start() -> TwoCells {
         let db = TestDb::migrated().await;
         let url = db.config.url.clone();
         let far = Cluster::start();
@@ -170,7 +170,7 @@ impl TwoCells {
     }
 
     /// A session of `cell` (`cell_near` or `cell_far`), on its server.
-    async fn session(&self, cell: &str) -> tokio_postgres::Client {
+    pub(crate) async fn session(&self, cell: &str) -> tokio_postgres::Client {
         let client = match cell {
             "cell_far" => connect_to(&self.far, &self.db.name).await,
             _ => self.db.client().await,
@@ -180,7 +180,7 @@ impl TwoCells {
 }
 
 /// One owner of each cell, by cell, placed by `cells place` on the directory at `url`.
-fn owners_of_each_cell(url: &str) -> BTreeMap<String, String> {
+pub(crate) fn owners_of_each_cell(url: &str) -> BTreeMap<String, String> {
     let mut owners = BTreeMap::new();
     for i in 0..64 {
         let owner = format!("tenant-{i}");
@@ -195,7 +195,7 @@ fn owners_of_each_cell(url: &str) -> BTreeMap<String, String> {
 }
 
 /// A replica of each cell, given the directory's URL `url` (the poll is a minute away).
-fn replicas_of_each_cell(url: &str) -> Vec<Running> {
+pub(crate) fn replicas_of_each_cell(url: &str) -> Vec<Running> {
     ["cell_near", "cell_far"]
         .iter()
         .map(|cell| {
@@ -433,7 +433,10 @@ async fn a_routed_api_answers_503_to_the_owners_of_a_cell_whose_server_is_down_a
 
 /// An API key of each owner of `owners` (by cell), made through the directory at `url`: its id
 /// and the key, by cell. Asserts the command names the owner's cell.
-fn routed_keys(url: &str, owners: &BTreeMap<String, String>) -> BTreeMap<String, (String, String)> {
+pub(crate) fn routed_keys(
+    url: &str,
+    owners: &BTreeMap<String, String>,
+) -> BTreeMap<String, (String, String)> {
     let mut keys = BTreeMap::new();
     for (cell, owner) in owners {
         let out = ok(
@@ -476,7 +479,7 @@ fn operator_key_in(url: &str, cell: &str) -> String {
 
 /// An API serving every cell of the directory at `url` (`serve --directory`), once ready: its
 /// address, and the process.
-async fn routed_api(url: &str) -> (String, Running) {
+pub(crate) async fn routed_api(url: &str) -> (String, Running) {
     let addr = format!("127.0.0.1:{}", free_port());
     let api = binary(url, &["serve", "--directory", "--listen", &addr])
         .env("DURABLE_ETL_SECRET", SECRET)

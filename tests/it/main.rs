@@ -49,6 +49,8 @@ mod layering;
 mod leases;
 mod lost_wakes;
 mod operator_queues;
+#[cfg(feature = "failpoints")]
+mod owner_moves;
 mod pgbouncer;
 mod prefetch;
 mod presence;

@@ -594,7 +594,7 @@ pub async fn enqueue_loads(
 
 /// The request of load job `i` of `prefix` (see [`enqueue_loads`]): `records` target rows of
 /// dataset `d` keyed `{prefix}-{i}-{r}`, each with a privacy canary as a field name and as a value.
-fn load_request(
+pub fn load_request(
     prefix: &str,
     i: usize,
     records: usize,

@@ -75,7 +75,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Error> {
         Command::Migrate(args) => migrate(&db_config, &start_up, args).await,
         Command::Cells(command) => {
             let client = start_up.run(|| db::connect(&db_config, "admin")).await?;
-            cells::run(&client, command).await
+            cells::run(&client, &db_config, command).await
         }
         Command::Demo(args) => {
             let serve = args.serve.then_some(shutdown);

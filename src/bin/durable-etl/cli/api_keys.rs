@@ -30,11 +30,12 @@ pub(crate) async fn run(client: &impl GenericClient, command: ApiKeysCommand) ->
 /// Runs `command` routed by the directory `db_config` names: a key is created in its owner's
 /// cell (placing the owner first if it has none) and recorded in the directory before it is
 /// stored in the cell, so every key a cell holds routes there; a key is revoked in the cell the
-/// directory routes it to.
+/// directory routes it to (and in the next one, if its owner moved meanwhile).
 ///
 /// # Errors
-/// [`Error::NoLiveKey`] when the directory records no such key, or it is not live; as
-/// [`directory::place`], and start-up and database errors.
+/// [`Error::NoLiveKey`] when the directory records no such key, or it is not live;
+/// [`Error::OwnerMoved`] while the owner is moving (nothing shown, nothing revoked: run it
+/// again once the move is over); as [`directory::place`], and start-up and database errors.
 pub(crate) async fn run_routed(
     db_config: &DatabaseConfig,
     start_up: &db::StartUp,
@@ -46,21 +47,39 @@ pub(crate) async fn run_routed(
             let (secret, role) = key_of(&args)?;
             let owner_key = args.whose.jobs()?.owner_key();
             let cell = directory::place(&dir, &owner_key).await?;
+            directory::settled(&dir, &owner_key).await?;
             let pool = open_admin(&in_cell(&dir, &cell, db_config).await?, start_up).await?;
             let created = CreatedKey::generate();
             let digest = api_keys::key_digest(&secret, &created.key);
             directory::add_key(&dir, created.id, &digest, &owner_key).await?;
             let conn = db::checkout(&pool).await?;
             api_keys::store(&*conn, &secret, &owner_key, role, &created).await?;
+            // A move that began meanwhile may have copied the cell before the key: then the key
+            // is never shown, so nobody holds it wherever it ended up.
+            directory::settled(&dir, &owner_key).await?;
             shown(&created, Some(&cell));
             Ok(())
         }
         ApiKeysCommand::Revoke(args) => {
-            let cell = directory::key_cell(&dir, KeyRef::Id(args.id)).await?;
-            let cell = cell.ok_or(Error::NoLiveKey(args.id))?;
-            let pool = open_admin(&in_cell(&dir, &cell, db_config).await?, start_up).await?;
-            let conn = db::checkout(&pool).await?;
-            revoke(&*conn, args.id).await
+            let mut cell = directory::key_cell(&dir, KeyRef::Id(args.id)).await?;
+            let mut revoked_in = None;
+            // Revoked in the key's cell, and again in the owner's new cell if a move carried
+            // the key there, live, meanwhile.
+            while let Some(name) = cell.filter(|name| revoked_in.as_ref() != Some(name)) {
+                let pool = open_admin(&in_cell(&dir, &name, db_config).await?, start_up).await?;
+                let conn = db::checkout(&pool).await?;
+                let live = api_keys::revoke(&*conn, args.id).await?;
+                if !live && revoked_in.is_none() {
+                    return Err(Error::NoLiveKey(args.id));
+                }
+                revoked_in = Some(name);
+                cell = directory::key_cell(&dir, KeyRef::Id(args.id)).await?;
+            }
+            if revoked_in.is_none() {
+                return Err(Error::NoLiveKey(args.id));
+            }
+            println!("revoked {}", args.id);
+            Ok(())
         }
     }
 }

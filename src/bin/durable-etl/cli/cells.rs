@@ -1,11 +1,12 @@
 //! `durable-etl cells`: the directory of cells at `--database-url` (see
 //! `durable_etl::directory`): build it, list cells and their servers, open or close a cell to
-//! new owners, and tell (placing it first if new) an owner's cell.
+//! new owners, tell (placing it first if new) an owner's cell, and move an owner to another
+//! cell.
 
 use clap::{Args, Subcommand};
-use durable_etl::directory;
+use durable_etl::config::DatabaseConfig;
+use durable_etl::directory::{self, moving};
 use durable_etl::error::Error;
-use tokio_postgres::GenericClient;
 
 /// The `cells` subcommands.
 #[derive(Debug, Subcommand)]
@@ -28,6 +29,20 @@ pub(crate) enum CellsCommand {
     },
     /// Print an owner's cell, placing the owner first if it has none.
     Place(super::OwnerArgs),
+    /// Move an owner, with all its jobs and rows, to another cell while its jobs run; run it
+    /// again to carry on a move that stopped.
+    MoveOwner(MoveArgs),
+}
+
+/// Options of `cells move-owner`.
+#[derive(Debug, Args)]
+pub(crate) struct MoveArgs {
+    /// The owner.
+    #[command(flatten)]
+    pub(crate) whose: super::OwnerArgs,
+    /// The cell the owner goes to.
+    #[arg(long)]
+    pub(crate) to: String,
 }
 
 /// Options of `cells add`.
@@ -44,12 +59,16 @@ pub(crate) struct AddArgs {
     pub(crate) port: Option<u16>,
 }
 
-/// Runs one `cells` subcommand on `client` (a session of the directory's database), printing
-/// what it did.
+/// Runs one `cells` subcommand on `client` (a session of the directory's database, whose
+/// connection settings are `base`), printing what it did.
 ///
 /// # Errors
 /// As the `directory` calls; [`durable_etl::config::ConfigError::Secret`] for a short secret.
-pub(crate) async fn run(client: &impl GenericClient, command: CellsCommand) -> Result<(), Error> {
+pub(crate) async fn run(
+    client: &tokio_postgres::Client,
+    base: &DatabaseConfig,
+    command: CellsCommand,
+) -> Result<(), Error> {
     match command {
         CellsCommand::Init => {
             directory::init(client).await?;
@@ -86,6 +105,28 @@ pub(crate) async fn run(client: &impl GenericClient, command: CellsCommand) -> R
             let owner_key = args.jobs()?.owner_key();
             println!("{}", directory::place(client, &owner_key).await?);
         }
+        CellsCommand::MoveOwner(args) => {
+            let owner_key = args.whose.jobs()?.owner_key();
+            let moved = moving::move_owner(client, base, &owner_key, &args.to, &mut told).await?;
+            if !moved {
+                println!("the owner is in {} already", args.to);
+            }
+        }
     }
     Ok(())
+}
+
+/// Prints what a move did.
+fn told(progress: moving::Progress) {
+    match progress {
+        moving::Progress::Fenced => println!("fenced: the old cell takes no new job of the owner"),
+        moving::Progress::Draining { moved, running } => {
+            println!("draining: {moved} pending jobs taken out, {running} still running");
+        }
+        moving::Progress::Copied { jobs, rows } => {
+            println!("copied: {rows} rows, {jobs} of them live jobs");
+        }
+        moving::Progress::Switched => println!("switched: the directory names the new cell"),
+        moving::Progress::Done => println!("moved"),
+    }
 }
