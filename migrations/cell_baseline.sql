@@ -122,7 +122,7 @@ CREATE FUNCTION durable_etl_refuse_moved_owners() RETURNS trigger
     AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM etl_moved_owners)
-       AND EXISTS (SELECT 1 FROM etl_moved_owners m JOIN accepted_jobs a USING (owner_key)) THEN
+       AND EXISTS (SELECT 1 FROM etl_moved_owners m JOIN new_rows a USING (owner_key)) THEN
         RAISE EXCEPTION 'the owner has moved to another cell' USING ERRCODE = '55M02';
     END IF;
     RETURN NULL;
@@ -416,13 +416,14 @@ CREATE TABLE etl_moved_owners (
 -- ;
 COMMENT ON TABLE etl_moved_owners IS 'durable-etl: owners this cell holds no longer (moved, or moving, to another cell): their enqueues are refused here';
 -- ;
-CREATE TABLE etl_moving_jobs (
-    id uuid NOT NULL,
+CREATE TABLE etl_moving_rows (
     owner_key durable_etl_digest NOT NULL,
-    job jsonb NOT NULL
+    relation text NOT NULL,
+    row_data jsonb NOT NULL,
+    CONSTRAINT etl_moving_rows_relation_check CHECK ((relation = ANY (ARRAY['etl_job_records'::text, 'etl_schedules'::text])))
 );
 -- ;
-COMMENT ON TABLE etl_moving_jobs IS 'durable-etl: pending jobs of an owner moving to another cell, out of the live table until the new cell has them';
+COMMENT ON TABLE etl_moving_rows IS 'durable-etl: pending jobs and schedules of an owner moving to another cell, out of their tables until the new cell has them';
 -- ;
 CREATE TABLE etl_owner_arrivals (
     move_id uuid NOT NULL,
@@ -658,9 +659,6 @@ ALTER TABLE ONLY etl_key_permits
 ALTER TABLE ONLY etl_moved_owners
     ADD CONSTRAINT etl_moved_owners_pkey PRIMARY KEY (owner_key);
 -- ;
-ALTER TABLE ONLY etl_moving_jobs
-    ADD CONSTRAINT etl_moving_jobs_pkey PRIMARY KEY (id);
--- ;
 ALTER TABLE ONLY etl_owner_arrivals
     ADD CONSTRAINT etl_owner_arrivals_pkey PRIMARY KEY (move_id);
 -- ;
@@ -722,13 +720,13 @@ CREATE INDEX etl_job_records_pending_owner_idx ON etl_job_records USING btree (o
 -- ;
 CREATE INDEX etl_job_records_running_owner_idx ON etl_job_records USING btree (lease_owner_id) WHERE (status = 'running'::text);
 -- ;
-CREATE INDEX etl_moving_jobs_owner_key_idx ON etl_moving_jobs USING btree (owner_key);
+CREATE INDEX etl_moving_rows_owner_key_idx ON etl_moving_rows USING btree (owner_key);
 -- ;
 CREATE INDEX etl_schedules_due_idx ON etl_schedules USING btree (next_fire_at) WHERE (NOT paused);
 -- ;
 CREATE INDEX etl_target_rows_written_by_job_idx ON etl_target_rows USING btree (written_by_job) WHERE (written_by_job IS NOT NULL);
 -- ;
-CREATE TRIGGER etl_job_intake_refuse_moved_owners AFTER INSERT ON etl_job_intake REFERENCING NEW TABLE AS accepted_jobs FOR EACH STATEMENT EXECUTE FUNCTION durable_etl_refuse_moved_owners();
+CREATE TRIGGER etl_job_intake_refuse_moved_owners AFTER INSERT ON etl_job_intake REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION durable_etl_refuse_moved_owners();
 -- ;
 CREATE TRIGGER etl_job_records_notify_enqueue AFTER INSERT ON etl_job_records REFERENCING NEW TABLE AS inserted_jobs FOR EACH STATEMENT EXECUTE FUNCTION durable_etl_notify_enqueue();
 -- ;
@@ -737,6 +735,8 @@ CREATE TRIGGER etl_job_records_notify_given_back AFTER UPDATE OF status ON etl_j
 CREATE TRIGGER etl_key_permits_notify_freed AFTER DELETE ON etl_key_permits FOR EACH ROW EXECUTE FUNCTION durable_etl_notify_key_permits();
 -- ;
 CREATE TRIGGER etl_queue_permits_notify_freed AFTER UPDATE OF claim_id ON etl_queue_permits FOR EACH ROW WHEN (((old.claim_id IS NOT NULL) AND (new.claim_id IS NULL))) EXECUTE FUNCTION durable_etl_notify_permits();
+-- ;
+CREATE TRIGGER etl_schedules_refuse_moved_owners AFTER INSERT ON etl_schedules REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION durable_etl_refuse_moved_owners();
 -- ;
 ALTER TABLE ONLY etl_dead_letters
     ADD CONSTRAINT etl_dead_letters_job_id_fkey FOREIGN KEY (job_id) REFERENCES etl_job_intake(id) ON DELETE CASCADE;

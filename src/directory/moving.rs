@@ -7,17 +7,19 @@
 //! of which may be run again after the mover died in it; running the command again carries the
 //! move on from its step:
 //!
-//! 1. **fence**: the old cell lists the owner in `etl_moved_owners`, and its intake refuses the
-//!    owner's jobs from then on (SQLSTATE 55M02, [`Error::OwnerMoved`]); the mover then waits for
-//!    every transaction of the old cell's database that was open at that moment to end, so every
-//!    job of the owner the old cell will ever hold has committed there.
-//! 2. **drain**: the owner's pending jobs leave the live table for `etl_moving_jobs` (one
+//! 1. **fence**: in one statement, the old cell lists the owner in `etl_moved_owners` (its
+//!    intake and schedules refuse the owner's rows from then on: SQLSTATE 55M02,
+//!    [`Error::OwnerMoved`]) and takes the owner's schedules out into `etl_moving_rows` (no
+//!    replica fires them there again); the mover then waits for every transaction of the old
+//!    cell's database that was open at that moment to end, so every job of the owner the old
+//!    cell will ever hold has committed there.
+//! 2. **drain**: the owner's pending jobs leave the live table for `etl_moving_rows` (one
 //!    statement: no replica claims them there again, and none is lost if the mover dies); its
 //!    running jobs end in the old cell (or are given back, and leave in turn), until the old
 //!    cell holds no live job of the owner.
 //! 3. **copy**: one transaction of the new cell brings every row of the owner, makes its moving
-//!    jobs live there (and so wakes its replicas), and records the move's arrival
-//!    (`etl_owner_arrivals`): a move that finds its arrival brings nothing again.
+//!    jobs and schedules its own (its replicas are woken by the jobs), and records the move's
+//!    arrival (`etl_owner_arrivals`): a move that finds its arrival brings nothing again.
 //! 4. **switch**: the directory names the new cell for the owner.
 //! 5. **clean**: the old cell deletes the owner's rows (it keeps the owner listed as moved, so a
 //!    stale enqueue there is refused), and the directory forgets the move.
@@ -163,13 +165,20 @@ UPDATE durable_etl_directory.owners o SET cell = m.to_cell
 /// Locks: the move's row.
 const END_SQL: &str = "DELETE FROM durable_etl_directory.moves WHERE id = $1";
 
-/// Lists owner `$1` as moved to cell `$2` in the old cell: its intake refuses the owner's jobs
-/// from the commit on.
+/// Lists owner `$1` as moved to cell `$2` in the old cell (its intake and schedules refuse the
+/// owner's rows from the commit on) and takes its schedules out into `etl_moving_rows`, whole.
 ///
-/// Locks: the owner's row of `etl_moved_owners`.
+/// Locks: the owner's row of `etl_moved_owners`; its schedules' rows (it waits for a fire that
+/// holds one, which commits its job first).
 const FENCE_SQL: &str = "
-INSERT INTO etl_moved_owners (owner_key, moved_to) VALUES ($1, $2)
-    ON CONFLICT (owner_key) DO UPDATE SET moved_to = EXCLUDED.moved_to, fenced_at = now()";
+WITH fenced AS (
+    INSERT INTO etl_moved_owners (owner_key, moved_to) VALUES ($1, $2)
+        ON CONFLICT (owner_key) DO UPDATE SET moved_to = EXCLUDED.moved_to, fenced_at = now()
+), taken AS (
+    DELETE FROM etl_schedules WHERE owner_key = $1 RETURNING *
+)
+INSERT INTO etl_moving_rows (owner_key, relation, row_data)
+SELECT t.owner_key, 'etl_schedules', to_jsonb(t) FROM taken t";
 
 /// Every transaction open in this database but the session's own: its backend and when it began.
 ///
@@ -194,7 +203,7 @@ const SEES_ALL_SQL: &str = "
 SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')
     OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)";
 
-/// Takes owner `$1`'s pending jobs out of the live table into `etl_moving_jobs`, whole.
+/// Takes owner `$1`'s pending jobs out of the live table into `etl_moving_rows`, whole.
 ///
 /// Locks: the jobs' rows (it waits for a claim or commit that holds one, then skips a job that
 /// is running by then).
@@ -202,7 +211,8 @@ const STAGE_SQL: &str = "
 WITH taken AS (
     DELETE FROM etl_job_records WHERE owner_key = $1 AND status = 'pending' RETURNING *
 )
-INSERT INTO etl_moving_jobs (id, owner_key, job) SELECT t.id, t.owner_key, to_jsonb(t) FROM taken t";
+INSERT INTO etl_moving_rows (owner_key, relation, row_data)
+SELECT t.owner_key, 'etl_job_records', to_jsonb(t) FROM taken t";
 
 /// How many live jobs owner `$1` still has (running ones, once its pending ones were taken).
 ///
@@ -218,8 +228,9 @@ INSERT INTO etl_owner_arrivals (move_id, owner_key) VALUES ($1, $2)
     ON CONFLICT (move_id) DO NOTHING RETURNING move_id";
 
 /// The owner's tables, each with the rows of owner `{o}` (a bytea literal) it holds, in the
-/// order they are brought (a job's intake row before any row naming the job). The moving jobs
-/// come last, on their own.
+/// order they are brought (a job's intake row before any row naming the job). The moving rows
+/// come last, on their own (the schedules' table has none of the owner's after the fence, but is
+/// read all the same).
 const TABLES: [(&str, &str); 10] = [
     ("etl_job_intake", "owner_key = {o}"),
     ("etl_job_outcomes", "owner_key = {o}"),
@@ -252,10 +263,21 @@ SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
 /// Makes the moving jobs (brought into `durable_etl_moving`) live in the new cell.
 ///
 /// Locks: inserts the live rows (the enqueue trigger wakes the cell's replicas at commit).
-const ACTIVATE_SQL: &str = "
+const ACTIVATE_JOBS_SQL: &str = "
 INSERT INTO etl_job_records
-SELECT (jsonb_populate_record(NULL::etl_job_records, m.job)).* FROM durable_etl_moving m
-    ON CONFLICT (id) DO NOTHING";
+SELECT (jsonb_populate_record(NULL::etl_job_records, m.row_data)).* FROM durable_etl_moving m
+ WHERE m.relation = 'etl_job_records'
+    ON CONFLICT DO NOTHING";
+
+/// Makes the moving schedules (brought into `durable_etl_moving`) the new cell's: its replicas
+/// fire them from where the old cell left them.
+///
+/// Locks: inserts the schedules' rows.
+const ACTIVATE_SCHEDULES_SQL: &str = "
+INSERT INTO etl_schedules
+SELECT (jsonb_populate_record(NULL::etl_schedules, m.row_data)).* FROM durable_etl_moving m
+ WHERE m.relation = 'etl_schedules'
+    ON CONFLICT DO NOTHING";
 
 /// How long the mover waits between two looks at what it waits for.
 const LOOK_EVERY: Duration = Duration::from_millis(100);
@@ -394,8 +416,8 @@ async fn next(directory: &Client, mv: &Move, step: Step) -> Result<Step, Error> 
     Ok(step)
 }
 
-/// The fence step on the old cell's session `from`: lists the owner as moved to `to`, then
-/// waits until every transaction open at that commit has ended.
+/// The fence step on the old cell's session `from`: lists the owner as moved to `to` and takes
+/// its schedules out, then waits until every transaction open at that commit has ended.
 async fn fence(from: &Client, owner: &[u8], to: &str) -> Result<(), Error> {
     from.execute_typed(FENCE_SQL, &[(&owner, Type::BYTEA), (&to, Type::TEXT)])
         .await?;
@@ -450,7 +472,7 @@ async fn drain(
 
 /// The copy step: in one transaction of the new cell's session `into`, unless the move's arrival
 /// is recorded there already, brings every row of the owner from the old cell's session `from`
-/// (each table streamed in PostgreSQL's binary copy format), then makes the moving jobs live.
+/// (each table streamed in PostgreSQL's binary copy format), then makes the moving rows its own.
 /// Returns the jobs made live and the rows brought in all.
 async fn copy(
     from: &mut Client,
@@ -478,15 +500,16 @@ async fn copy(
         rows += bring(from, &tx, table, &filter).await?;
     }
     let taken =
-        format!("SELECT id, owner_key, job FROM etl_moving_jobs WHERE owner_key = {literal}");
+        format!("SELECT relation, row_data FROM etl_moving_rows WHERE owner_key = {literal}");
     tx.batch_execute(
-        "CREATE TEMP TABLE durable_etl_moving (id uuid, owner_key bytea, job jsonb) ON COMMIT DROP",
+        "CREATE TEMP TABLE durable_etl_moving (relation text, row_data jsonb) ON COMMIT DROP",
     )
     .await?;
-    stream(from, &tx, &taken, "durable_etl_moving (id, owner_key, job)").await?;
-    let jobs = tx.execute(ACTIVATE_SQL, &[]).await?;
+    stream(from, &tx, &taken, "durable_etl_moving (relation, row_data)").await?;
+    let schedules = tx.execute(ACTIVATE_SCHEDULES_SQL, &[]).await?;
+    let jobs = tx.execute(ACTIVATE_JOBS_SQL, &[]).await?;
     tx.commit().await?;
-    Ok((jobs, rows + jobs))
+    Ok((jobs, rows + schedules + jobs))
 }
 
 /// Brings the rows of `table` that `filter` selects from the old cell's session `from` into the
@@ -542,7 +565,7 @@ async fn stream(
     Ok(())
 }
 
-/// The clean step on the old cell's session `from`: deletes the owner's rows (the moving jobs
+/// The clean step on the old cell's session `from`: deletes the owner's rows (the moving rows
 /// included) in one transaction, rows naming a job before the job's intake row; the owner stays
 /// listed as moved.
 async fn clean(from: &mut Client, owner: &[u8]) -> Result<(), Error> {
@@ -554,7 +577,7 @@ async fn clean(from: &mut Client, owner: &[u8]) -> Result<(), Error> {
             .await?;
     }
     tx.execute_typed(
-        "DELETE FROM etl_moving_jobs WHERE owner_key = $1",
+        "DELETE FROM etl_moving_rows WHERE owner_key = $1",
         &[(&owner, Type::BYTEA)],
     )
     .await?;

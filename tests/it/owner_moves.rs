@@ -10,6 +10,7 @@ use crate::support::{binary, count, eventually, load_request};
 use durable_etl::config::DatabaseConfig;
 use durable_etl::error::Error;
 use durable_etl::kinds::etl::enqueue::{enqueue_many, NewJob};
+use durable_etl::schedule::ScheduleOptions;
 use durable_etl::{directory, Jobs, Secret};
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
@@ -26,7 +27,7 @@ const OWNER_ROWS: [&str; 11] = [
     "etl_job_intake WHERE owner_key = {o}",
     "etl_job_records WHERE owner_key = {o}",
     "etl_job_outcomes WHERE owner_key = {o}",
-    "etl_moving_jobs WHERE owner_key = {o}",
+    "etl_moving_rows WHERE owner_key = {o}",
     "etl_job_attempts WHERE job_id IN (SELECT id FROM etl_job_intake WHERE owner_key = {o})",
     "etl_retained_payloads WHERE job_id IN (SELECT id FROM etl_job_intake WHERE owner_key = {o})",
     "etl_dead_letters WHERE owner_key = {o}",
@@ -136,6 +137,20 @@ async fn an_owner_moves_back_and_forth_with_jobs_in_flight_and_the_mover_killed_
     let owner = owners["cell_near"].clone();
     let bystander = owners["cell_far"].clone();
     let _replicas = replicas_of_each_cell(&url);
+    // A schedule of the owner's, firing each second, moves with it and fires on.
+    let owner_jobs = Jobs::new(Secret::new(SECRET).unwrap(), &owner);
+    let tick = Pause { pause_ms: 1 };
+    owner_jobs
+        .schedules()
+        .put(
+            &cells.session("cell_near").await,
+            "tick",
+            "* * * * * *",
+            &tick,
+            ScheduleOptions::default(),
+        )
+        .await
+        .unwrap();
     let owner_key = Jobs::new(Secret::new(SECRET).unwrap(), &owner).owner_key();
     let hex: String = owner_key.iter().map(|b| format!("{b:02x}")).collect();
     let literal = format!("'\\x{hex}'::bytea");
@@ -150,8 +165,15 @@ async fn an_owner_moves_back_and_forth_with_jobs_in_flight_and_the_mover_killed_
         ("cell_far", "move.copied"),
         ("cell_near", "move.switched"),
     ];
+    let mut fired_before = 0;
     for (to, crash) in rounds {
         let old = cells.session(at).await;
+        // The owner's schedule fires where the owner is.
+        let fires = format!("etl_schedule_fires WHERE owner_key = {literal}");
+        eventually(&format!("the owner's schedule fired in {at}"), || async {
+            count(&old, &fires).await > fired_before
+        })
+        .await;
         eventually(&format!("a job of the owner running in {at}"), || async {
             let running =
                 format!("etl_job_records WHERE status = 'running' AND owner_key = {literal}");
@@ -183,21 +205,41 @@ async fn an_owner_moves_back_and_forth_with_jobs_in_flight_and_the_mover_killed_
             .await,
             0
         );
+        fired_before = count(&new, &fires).await;
         at = to;
     }
     stop.store(true, Ordering::Relaxed);
     let fed = feeder.await.unwrap();
     assert!(fed.loads > 0 && fed.pauses > 0, "{fed:?}");
 
-    // Every job the application was told was enqueued succeeded, once, in the owner's cell now.
+    // Every job the application was told was enqueued, and every fire's, succeeded, once, in
+    // the owner's cell now.
     let near = cells.session("cell_near").await;
-    let total = fed.loads + fed.pauses;
+    assert!(owner_jobs.schedules().pause(&near, "tick").await.unwrap());
+    let o = |q: &str| q.replace("{o}", &literal);
+    let fires = o("etl_schedule_fires WHERE owner_key = {o} AND outcome = 'enqueued'");
+    let fired = count(&near, &fires).await;
+    assert!(fired >= 2, "{fired} fires");
+    let fire_instants =
+        o("(SELECT DISTINCT fire_at FROM etl_schedule_fires WHERE owner_key = {o}) f");
+    let recorded = o("etl_schedule_fires WHERE owner_key = {o}");
+    assert_eq!(
+        count(&near, &fire_instants).await,
+        count(&near, &recorded).await
+    );
+    let total = fed.loads + fed.pauses + fired;
     let succeeded = format!("etl_jobs WHERE owner_key = {literal} AND status = 'succeeded'");
     eventually("every job succeeded in the owner's cell", || async {
         count(&near, &succeeded).await == total
     })
     .await;
-    let o = |q: &str| q.replace("{o}", &literal);
+    let fires_ran =
+        format!("{fires} AND job_id IN (SELECT id FROM etl_jobs WHERE status = 'succeeded')");
+    assert_eq!(count(&near, &fires_ran).await, fired);
+    assert_eq!(
+        count(&near, &o("etl_schedules WHERE owner_key = {o}")).await,
+        1
+    );
     assert_eq!(
         count(&near, &o("etl_job_intake WHERE owner_key = {o}")).await,
         total
@@ -211,7 +253,7 @@ async fn an_owner_moves_back_and_forth_with_jobs_in_flight_and_the_mover_killed_
         0
     );
     assert_eq!(
-        count(&near, &o("etl_moving_jobs WHERE owner_key = {o}")).await,
+        count(&near, &o("etl_moving_rows WHERE owner_key = {o}")).await,
         0
     );
     // Each load's rows written once, by one run that found none of them there before: a run
@@ -348,4 +390,74 @@ async fn a_move_that_cannot_be_made_is_refused_and_a_moving_owner_is_refused_eve
     assert_eq!(jobs_of().await.unwrap().status(), 200);
     ok(&url, &["api-keys", "revoke", "--directory", &key_id]);
     assert_eq!(jobs_of().await.unwrap().status(), 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_waits_for_a_transaction_open_at_its_fence_and_takes_what_it_enqueued() {
+    let cells = TwoCells::start().await;
+    let url = cells.url.clone();
+    let owners = owners_of_each_cell(&url);
+    let owner = owners["cell_near"].clone();
+    let _replicas = replicas_of_each_cell(&url);
+    let jobs = Jobs::new(Secret::new(SECRET).unwrap(), &owner);
+    let hex: String = jobs
+        .owner_key()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let literal = format!("'\\x{hex}'::bytea");
+    let near = cells.session("cell_near").await;
+
+    // An application's repeatable-read transaction took its snapshot before the fence: the
+    // intake's check reads that snapshot, so its enqueue after the fence is accepted.
+    let app = cells.session("cell_near").await;
+    app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM etl_queues")
+        .await
+        .unwrap();
+    let args = ["cells", "move-owner", "--owner", &owner, "--to", "cell_far"];
+    let mut mover = binary(&url, &args)
+        .env("DURABLE_ETL_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let fenced = format!("etl_moved_owners WHERE owner_key = {literal}");
+    eventually("the fence", || async { count(&near, &fenced).await == 1 }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        mover.try_wait().unwrap().is_none(),
+        "the move went on past a transaction open at its fence"
+    );
+    jobs.enqueue(&app, &Pause { pause_ms: 1 }, Default::default())
+        .await
+        .unwrap();
+    app.batch_execute("COMMIT").await.unwrap();
+    let moved = mover.wait_with_output().unwrap();
+    assert!(moved.status.success());
+    assert!(String::from_utf8_lossy(&moved.stdout).contains("moved"));
+
+    // The job went with the owner and ran in the new cell, woken there (the poll is a minute
+    // away); the old cell keeps nothing of the owner.
+    let far = cells.session("cell_far").await;
+    let succeeded = format!("etl_jobs WHERE owner_key = {literal} AND status = 'succeeded'");
+    eventually("the job ran in the new cell", || async {
+        count(&far, &succeeded).await == 1
+    })
+    .await;
+    assert_eq!(rows_of(&near, &literal).await, vec![]);
+
+    // A transaction begun after the fence is refused, read committed or repeatable read.
+    for isolation in ["READ COMMITTED", "REPEATABLE READ"] {
+        app.batch_execute(&format!("BEGIN ISOLATION LEVEL {isolation}"))
+            .await
+            .unwrap();
+        let refused = jobs
+            .enqueue(&app, &Pause { pause_ms: 1 }, Default::default())
+            .await;
+        assert!(
+            matches!(refused, Err(Error::OwnerMoved)),
+            "{isolation}: {refused:?}"
+        );
+        app.batch_execute("ROLLBACK").await.unwrap();
+    }
+    assert_eq!(rows_of(&near, &literal).await, vec![]);
 }

@@ -933,3 +933,52 @@ async fn fire_records_past_their_time_to_keep_are_pruned_in_bounded_batches() {
     assert_eq!(next_before, next_after);
     assert_eq!(count(&client, "etl_job_records").await, 0);
 }
+
+#[tokio::test]
+async fn an_owner_the_cell_lists_as_moved_can_add_no_schedule_and_the_others_fire() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    // Alice moved to another cell: `directory::moving` listed her so here, and took her
+    // schedules with her.
+    let alice = jobs("alice").owner_key();
+    client
+        .execute(
+            "INSERT INTO etl_moved_owners (owner_key, moved_to) VALUES ($1::bytea, 'elsewhere')",
+            &[&&alice[..]],
+        )
+        .await
+        .unwrap();
+    let put = |owner: &'static str| {
+        let client = &client;
+        async move {
+            jobs(owner)
+                .schedules()
+                .put(
+                    client,
+                    "report",
+                    "* * * * * *",
+                    &report(owner),
+                    ScheduleOptions::default(),
+                )
+                .await
+        }
+    };
+    let refused = put("alice").await;
+    assert!(matches!(refused, Err(Error::OwnerMoved)), "{refused:?}");
+    put("bob").await.unwrap();
+    due_since(&client, "report", 2).await;
+    let fired = fire(&db).await;
+    assert_eq!((fired.schedules, fired.jobs), (1, 1));
+    let of = |key: &[u8; 32]| {
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        format!("etl_job_records WHERE owner_key = '\\x{hex}'")
+    };
+    assert_eq!(count(&client, &of(&jobs("bob").owner_key())).await, 1);
+    // Her enqueues are refused here too, and nothing of hers is written.
+    let refused = jobs("alice")
+        .enqueue(&client, &report("late"), Default::default())
+        .await;
+    assert!(matches!(refused, Err(Error::OwnerMoved)), "{refused:?}");
+    assert_eq!(count(&client, &of(&alice)).await, 0);
+    assert_eq!(count(&client, "etl_schedules").await, 1);
+}

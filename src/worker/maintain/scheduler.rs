@@ -12,8 +12,6 @@
 //!   a replica's own clock only times its sleep, so a skewed clock makes no fire early or twice.
 //! - A fire's job is due at the fire instant (`run_at`), in the schedule's queue, priority and
 //!   attempt bound, owned by the schedule's owner.
-//! - No fire is made for an owner the cell lists as moved (`etl_moved_owners`): its schedules
-//!   fire in the cell it moved to, from the state the move brought there.
 //! - Missed fires follow the schedule's policy ([`plan`]), and under [`Overlap::Skip`] a fire
 //!   whose previous job is still pending or running makes none.
 //! - A tick with nothing due costs one statement, one probe of `etl_schedules_due_idx`
@@ -52,9 +50,7 @@ pub const LOOK_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 const WALK_AT_MOST: usize = 100_000;
 
 /// The due schedules (at most `$1`), oldest fire first, each row-locked, skipping those another
-/// replica holds and those of owners moving, or moved, to another cell (whose enqueues the cell
-/// refuses, `directory::moving`); with the database's clock and whether the job of the last
-/// fire still lives.
+/// replica holds; with the database's clock and whether the job of the last fire still lives.
 /// Locks: `FOR UPDATE` on the returned schedule rows (only those: the subquery reads the live
 /// job's row without a lock). The clock is read once, in a subquery, so it bounds the walk of
 /// `etl_schedules_due_idx` (compared with `clock_timestamp()` itself, volatile, it would only
@@ -67,19 +63,15 @@ SELECT s.owner_key, s.name, s.cron, s.time_zone, s.kind, s.args, s.queue, s.prio
        EXISTS (SELECT FROM etl_job_records j WHERE j.id = s.last_job_id) AS overlapping
   FROM etl_schedules s
  WHERE NOT s.paused AND s.next_fire_at <= (SELECT now FROM clock)
-   AND NOT EXISTS (SELECT FROM etl_moved_owners m WHERE m.owner_key = s.owner_key)
  ORDER BY s.next_fire_at
  LIMIT $1
    FOR UPDATE OF s SKIP LOCKED";
 
-/// Seconds until the earliest unpaused fire of an owner the cell holds (negative when due), or
-/// NULL with none. Locks:
+/// Seconds until the earliest unpaused fire (negative when due), or NULL with none. Locks:
 /// none; one probe of `etl_schedules_due_idx`.
 pub const NEXT_DUE_SQL: &str = "
-SELECT extract(epoch FROM min(s.next_fire_at) - clock_timestamp())::float8
-  FROM etl_schedules s
- WHERE NOT s.paused
-   AND NOT EXISTS (SELECT FROM etl_moved_owners m WHERE m.owner_key = s.owner_key)";
+SELECT extract(epoch FROM min(next_fire_at) - clock_timestamp())::float8
+  FROM etl_schedules WHERE NOT paused";
 
 /// Moves each evaluated schedule (owner `$1`, name `$2`, pairwise) past its fires: next fire
 /// `$3`, last fire `$4`, and the last job `$5` when one was made. Locks: the rows, already held
