@@ -589,3 +589,27 @@ async fn clean(from: &mut Client, owner: &[u8]) -> Result<(), Error> {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_step_is_read_back_from_its_name_and_an_unknown_name_is_a_bug() {
+        for step in [
+            Step::Fence,
+            Step::Drain,
+            Step::Copy,
+            Step::Switch,
+            Step::Clean,
+        ] {
+            assert_eq!(Step::of(step.as_str()).unwrap(), step);
+        }
+        assert!(matches!(Step::of("elsewhere"), Err(Error::Internal)));
+    }
+
+    #[test]
+    fn bytes_are_spelled_in_lowercase_hexadecimal() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xab, 0xff]), "000fabff");
+    }
+}

@@ -239,3 +239,61 @@ async fn count_keys(client: &tokio_postgres::Client) -> i64 {
     let sql = "SELECT count(*) FROM durable_etl_directory.api_keys";
     client.query_one(sql, &[]).await.unwrap().get(0)
 }
+
+#[tokio::test]
+async fn a_moving_owner_routes_nowhere_until_its_move_switches_it() {
+    let db = TestDb::migrated().await;
+    let client = db.client().await;
+    init(&client).await.unwrap();
+    add(&client, "cell_a", None).await.unwrap();
+    add(&client, "cell_b", None).await.unwrap();
+    let (id, digest, owner) = (uuid::Uuid::now_v7(), [9; 32], key(2, 5));
+    let cell = place(&client, &owner).await.unwrap();
+    add_key(&client, id, &digest, &owner).await.unwrap();
+    settled(&client, &owner).await.unwrap();
+    let other = if cell == "cell_a" { "cell_b" } else { "cell_a" };
+    client
+        .execute(
+            "INSERT INTO durable_etl_directory.moves (owner_key, id, from_cell, to_cell, step)
+             VALUES ($1, $2, $3, $4, 'fence')",
+            &[&&owner[..], &uuid::Uuid::now_v7(), &cell, &other],
+        )
+        .await
+        .unwrap();
+    for step in ["fence", "drain", "copy", "switch"] {
+        client
+            .execute("UPDATE durable_etl_directory.moves SET step = $1", &[&step])
+            .await
+            .unwrap();
+        for outcome in [
+            key_cell(&client, KeyRef::Digest(&digest)).await.map(drop),
+            key_cell(&client, KeyRef::Id(id)).await.map(drop),
+            settled(&client, &owner).await,
+        ] {
+            assert!(
+                matches!(outcome, Err(Error::OwnerMoved)),
+                "{step}: {outcome:?}"
+            );
+        }
+    }
+    // Switched (the clean step): the owner's keys route to its cell again.
+    client
+        .execute("UPDATE durable_etl_directory.moves SET step = 'clean'", &[])
+        .await
+        .unwrap();
+    settled(&client, &owner).await.unwrap();
+    let routed = key_cell(&client, KeyRef::Id(id)).await.unwrap();
+    assert_eq!(routed.as_deref(), Some(cell.as_str()));
+    // A directory an older release built, without the moves' table, is not ready for a routed
+    // API until `cells init` runs again.
+    client
+        .batch_execute("DROP TABLE durable_etl_directory.moves")
+        .await
+        .unwrap();
+    assert!(matches!(
+        check(&client).await,
+        Err(Error::Config(ConfigError::NoDirectory))
+    ));
+    init(&client).await.unwrap();
+    check(&client).await.unwrap();
+}

@@ -220,6 +220,21 @@ async fn a_sqlx_error_has_a_stable_code_by_its_sqlstate_and_no_message() {
     );
     tx.rollback().await.unwrap();
     holder.rollback().await.unwrap();
+    // An owner the cell lists as moved (55M02): `owner_moved`, find its cell again.
+    client
+        .execute(
+            "INSERT INTO etl_moved_owners (owner_key, moved_to) VALUES ($1::bytea, 'elsewhere')",
+            &[&&jobs.owner_key()[..]],
+        )
+        .await
+        .unwrap();
+    let moved = jobs
+        .enqueue_sqlx(&mut conn, &Welcome { user_id: 3 }, EnqueueOptions::default())
+        .await;
+    assert!(
+        matches!(&moved, Err(e) if e.code() == Code::OwnerMoved),
+        "{moved:?}"
+    );
 }
 
 #[tokio::test]
