@@ -188,7 +188,12 @@ async fn an_owner_moves_back_and_forth_with_jobs_in_flight_and_the_mover_killed_
             .status()
             .unwrap();
         assert_eq!(crashed.signal(), Some(SIGABRT), "{crash}: {crashed:?}");
+        let started = std::time::Instant::now();
         let carried_on = ok(&url, &args);
+        eprintln!(
+            "{at} -> {to}, carried on after {crash}: {:?}",
+            started.elapsed()
+        );
         assert!(carried_on.trim_end().ends_with("moved"), "{carried_on}");
         let found = directory::find(&dir, &owner_key).await.unwrap();
         assert_eq!(found.as_deref(), Some(to), "after {crash}");
@@ -280,6 +285,19 @@ async fn an_owner_moves_back_and_forth_with_jobs_in_flight_and_the_mover_killed_
             .as_deref(),
         Some("cell_far")
     );
+    let gap: f64 = near
+        .query_one(
+            &o(
+                "SELECT coalesce(extract(epoch FROM max(gap)), 0)::float8 FROM (
+                    SELECT started_at - lag(started_at) OVER (ORDER BY started_at) AS gap
+                      FROM etl_job_outcomes WHERE owner_key = {o}) g",
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    eprintln!("{total} jobs; longest time without a job of the owner starting: {gap:.3} s");
     // No move is left recorded.
     assert_eq!(count(&dir, "durable_etl_directory.moves").await, 0);
 }

@@ -229,7 +229,11 @@ async fn a_sqlx_error_has_a_stable_code_by_its_sqlstate_and_no_message() {
         .await
         .unwrap();
     let moved = jobs
-        .enqueue_sqlx(&mut conn, &Welcome { user_id: 3 }, EnqueueOptions::default())
+        .enqueue_sqlx(
+            &mut conn,
+            &Welcome { user_id: 3 },
+            EnqueueOptions::default(),
+        )
         .await;
     assert!(
         matches!(&moved, Err(e) if e.code() == Code::OwnerMoved),
