@@ -142,6 +142,9 @@ pub enum ConfigError {
     /// A move of the owner to another cell is under way.
     #[error("the owner is being moved to another cell: carry that move on first (cells move-owner --to that cell)")]
     MoveElsewhere,
+    /// Another process is moving the owner right now.
+    #[error("another process is moving this owner right now: let it finish, or stop it and run this again")]
+    MoveRunning,
     /// The cells of a move cannot take part in one: one is on Citus, they are at different
     /// schema versions, or the role cannot see every session of the old cell's database.
     #[error(

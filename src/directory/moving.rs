@@ -33,6 +33,8 @@
 //!   cell before any moved job runs there: the copy and the activation are one transaction.
 //! - The owner's requests through a routed API answer [`Error::OwnerMoved`] (`503`) from the
 //!   move's start until the switch; they then reach the new cell.
+//! - One mover of an owner runs at a time (a session lock of the directory's database), so the
+//!   steps are run in order, each after the one before it ended.
 //! - Only cells on plain PostgreSQL servers, at the same schema version, take part; the old
 //!   cell's rows of the owner are deleted only after the new cell holds them and the directory
 //!   names it.
@@ -135,6 +137,14 @@ SELECT o.owner_key, $2, o.cell, $3, 'fence'
   FROM durable_etl_directory.owners o
  WHERE o.owner_key = $1 AND o.cell = $4
     ON CONFLICT (owner_key) DO NOTHING";
+
+/// Takes the lock only one mover of owner `$1` holds at a time, for as long as its directory
+/// session lives (a mover that dies gives it back); false when another mover holds it.
+///
+/// Locks: a session-level advisory lock of the directory's database.
+const MOVER_LOCK_SQL: &str = "
+SELECT pg_try_advisory_lock(hashtext('durable_etl_directory.moves'),
+                            hashtext(encode($1::bytea, 'hex')))";
 
 /// The move of owner `$1`, if one is recorded.
 ///
@@ -291,6 +301,7 @@ const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// [`ConfigError::UnknownCell`] for a cell the directory does not list;
 /// [`ConfigError::OwnerNotPlaced`] for an owner with no cell; [`ConfigError::MoveElsewhere`]
 /// when a move of the owner to another cell is recorded (carry that one on first);
+/// [`ConfigError::MoveRunning`] while another mover of the owner runs;
 /// [`ConfigError::MoveCells`] when a cell is on Citus or the two are at different schema
 /// versions, or the old cell's role cannot see every session; as [`crate::schema::open_checked`]
 /// for each cell, and database errors. Nothing is lost at any error: run the move again.
@@ -303,6 +314,13 @@ pub async fn move_owner(
 ) -> Result<bool, Error> {
     super::cell(directory, to).await?;
     let owner = &owner_key[..];
+    let alone: bool = directory
+        .query_typed_one(MOVER_LOCK_SQL, &[(&owner, Type::BYTEA)])
+        .await?
+        .get(0);
+    if !alone {
+        return Err(ConfigError::MoveRunning.into());
+    }
     let recorded = recorded(directory, owner).await?;
     let from = match &recorded {
         Some(mv) if mv.to != to => return Err(ConfigError::MoveElsewhere.into()),

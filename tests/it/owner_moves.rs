@@ -445,6 +445,11 @@ async fn a_move_waits_for_a_transaction_open_at_its_fence_and_takes_what_it_enqu
         mover.try_wait().unwrap().is_none(),
         "the move went on past a transaction open at its fence"
     );
+    // A second mover of the owner meanwhile is refused, and changes nothing.
+    let second = run(&url, &args);
+    assert_eq!(second.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("moving this owner right now"), "{stderr}");
     jobs.enqueue(&app, &Pause { pause_ms: 1 }, Default::default())
         .await
         .unwrap();
