@@ -24,29 +24,36 @@
 --
 -- Locks: CREATE TABLE, and CREATE TRIGGER takes SHARE ROW EXCLUSIVE on the intake and the
 -- schedules for an instant (it waits for running enqueues and fires, and they for it).
+--
+-- Its statements are sent one at a time, split at each `-- ;` line (Citus propagates a DDL
+-- statement to the nodes with the text of the query that held it).
 
 CREATE TABLE etl_moved_owners (
     owner_key durable_etl_digest PRIMARY KEY,
     moved_to text NOT NULL CHECK (char_length(moved_to) BETWEEN 1 AND 63),
     fenced_at timestamptz NOT NULL DEFAULT now()
 );
+-- ;
 COMMENT ON TABLE etl_moved_owners IS 'durable-etl: owners this cell holds no longer (moved, or moving, to another cell): their enqueues are refused here';
-
+-- ;
 CREATE TABLE etl_moving_rows (
     owner_key durable_etl_digest NOT NULL,
     relation text NOT NULL CHECK (relation IN ('etl_job_records', 'etl_schedules')),
     row_data jsonb NOT NULL
 );
+-- ;
 CREATE INDEX etl_moving_rows_owner_key_idx ON etl_moving_rows (owner_key);
+-- ;
 COMMENT ON TABLE etl_moving_rows IS 'durable-etl: pending jobs and schedules of an owner moving to another cell, out of their tables until the new cell has them';
-
+-- ;
 CREATE TABLE etl_owner_arrivals (
     move_id uuid PRIMARY KEY,
     owner_key durable_etl_digest NOT NULL,
     arrived_at timestamptz NOT NULL DEFAULT now()
 );
+-- ;
 COMMENT ON TABLE etl_owner_arrivals IS 'durable-etl: each move that brought an owner here, written in the transaction that brought its rows, so that no move brings them twice';
-
+-- ;
 CREATE FUNCTION durable_etl_refuse_moved_owners() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -58,12 +65,12 @@ BEGIN
     RETURN NULL;
 END;
 $$;
-
+-- ;
 CREATE TRIGGER etl_job_intake_refuse_moved_owners
     AFTER INSERT ON etl_job_intake
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION durable_etl_refuse_moved_owners();
-
+-- ;
 CREATE TRIGGER etl_schedules_refuse_moved_owners
     AFTER INSERT ON etl_schedules
     REFERENCING NEW TABLE AS new_rows

@@ -221,12 +221,7 @@ pub async fn migrate_up(client: &mut Client) -> Result<MigrateReport, Error> {
             }
             Some(_) => {}
             None => {
-                tx.batch_execute(migration.up)
-                    .await
-                    .map_err(|source| SchemaError::Failed {
-                        version: migration.version,
-                        source,
-                    })?;
+                run_script(&tx, migration.up, migration.version).await?;
                 record(&tx, migration).await?;
                 changed.push(migration.version);
             }
@@ -322,9 +317,7 @@ pub async fn migrate_down_to(client: &mut Client, target: i32) -> Result<Migrate
         if row.get::<_, String>(0) != migration.checksum() {
             return Err(SchemaError::ChecksumMismatch { version }.into());
         }
-        tx.batch_execute(migration.down)
-            .await
-            .map_err(|source| SchemaError::Failed { version, source })?;
+        run_script(&tx, migration.down, version).await?;
         tx.execute_typed(
             "DELETE FROM durable_etl_schema_history WHERE version = $1",
             &[(&version, Type::INT4)],
@@ -352,6 +345,26 @@ pub async fn open_checked(
     let version = check_compatible(&conn).await?;
     drop(conn);
     Ok((pool, version))
+}
+
+/// Runs migration `version`'s script `sql` on `tx`, a part at a time: the parts are split at each
+/// [`CELL_BASELINE_BREAK`] line, each sent as one query (Citus propagates a DDL statement to the
+/// nodes with the text of the query that held it, so a part that changes a distributed table
+/// holds that statement alone).
+///
+/// # Errors
+/// [`SchemaError::Failed`] when a part fails.
+async fn run_script(
+    tx: &tokio_postgres::Transaction<'_>,
+    sql: &str,
+    version: i32,
+) -> Result<(), Error> {
+    for part in sql.split(&format!("\n{CELL_BASELINE_BREAK}\n")) {
+        tx.batch_execute(part)
+            .await
+            .map_err(|source| SchemaError::Failed { version, source })?;
+    }
+    Ok(())
 }
 
 /// Checks that the database schema is one this release can run against, and returns its version.

@@ -203,7 +203,8 @@ SELECT pid, xact_start FROM pg_stat_activity
 const STILL_OPEN_SQL: &str = "
 SELECT count(*) FROM pg_stat_activity a
   JOIN unnest($1::int4[], $2::timestamptz[]) AS t(pid, xact_start)
-    ON a.pid = t.pid AND a.xact_start = t.xact_start";
+    ON a.pid = t.pid AND a.xact_start = t.xact_start
+ WHERE a.datname = current_database()";
 
 /// Whether the session may see every session's transaction (`pg_stat_activity` hides other
 /// roles' from a role without `pg_read_all_stats`).
