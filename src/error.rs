@@ -406,6 +406,12 @@ impl Error {
             Error::Config(_) => Code::ConfigInvalid,
             Error::Unavailable(_) => Code::DatabaseUnavailable,
             Error::Database(e) if is_transient(e) => Code::TransientDatabase,
+            Error::Database(e)
+                if e.code()
+                    .is_some_and(|c| c.code() == crate::db::citus::CELL_MOVED) =>
+            {
+                Code::CellMoved
+            }
             Error::Database(_) => Code::DatabaseError,
             Error::Schema(e) => e.code(),
             Error::OwnerIdInUse => Code::OwnerIdInUse,

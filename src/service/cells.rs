@@ -16,20 +16,27 @@
 //!   and why; for [`OPEN_BACKOFF`] after a failure they are answered at once, then the next
 //!   request tries again. A cell that cannot be opened never holds another cell's requests.
 //! - Every cell has its own notifier: a submission wakes the replicas of its own cell only.
+//! - A cell on Citus is served on the node that holds it: once a check of Citus's metadata (once
+//!   a [`PLACEMENT_CHECK`]) finds it elsewhere (a schema move), the next request opens it again,
+//!   on its new node; the old pool goes with the last request that holds it.
 //! - The cells' figures ([`Routed::figures`]) are each cell's active-job sample, read on its own
 //!   pool, all at once, each given at most the wait asked for: a cell that is down or slow has
 //!   none, and never holds the others' back. Aggregates only, never a job or an owner.
 
 use super::conn::Conn;
+use crate::codes::Code;
 use crate::config::DatabaseConfig;
+use crate::db::citus::Placement;
 use crate::db::Pool;
 use crate::directory::{self, KeyRef};
 use crate::error::Error;
 use crate::jobs::notifier::Notifier;
 use crate::service::metrics::{sample_queue, QueueSample};
+use crate::worker::liveness::placement::PLACEMENT_CHECK;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 /// One cell as the API serves it: its pool, and the notifier its submissions wake its replicas
@@ -39,6 +46,20 @@ pub(super) struct CellPool {
     pub(super) pool: Pool,
     /// Its coalescing notifier, if any.
     pub(super) notifier: Option<Notifier>,
+    /// Set once the Citus node the pool connects to holds the cell no longer
+    /// ([`watch_placement`]): a routed API opens it again, on its new node.
+    pub(super) moved: AtomicBool,
+}
+
+impl CellPool {
+    /// A cell served by `pool`, its submissions waking through `notifier`.
+    pub(super) fn new(pool: Pool, notifier: Option<Notifier>) -> CellPool {
+        CellPool {
+            pool,
+            notifier,
+            moved: AtomicBool::new(false),
+        }
+    }
 }
 
 /// The cells an API serves.
@@ -146,12 +167,16 @@ impl Routed {
         let opening = {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
             match slots.get(name) {
-                Some(Slot::Open(cell)) => return Ok(Arc::clone(cell)),
+                Some(Slot::Open(cell)) if !cell.moved.load(Ordering::Relaxed) => {
+                    return Ok(Arc::clone(cell));
+                }
                 Some(Slot::Failed(at)) if at.elapsed() < OPEN_BACKOFF => {
                     return Err(Error::Unavailable(None));
                 }
                 Some(Slot::Opening(opening)) => opening.clone(),
-                Some(Slot::Failed(_)) | None => {
+                // Never opened, failed a while ago, or moved to another Citus node: opened
+                // (again), where the cell lives now.
+                Some(Slot::Failed(_) | Slot::Open(_)) | None => {
                     let task = tokio::spawn(open_cell(
                         self.directory.clone(),
                         self.base.clone(),
@@ -204,8 +229,9 @@ enum Slot {
 
 /// Opens cell `name` of the directory `directory_pool` connects to: finds it there, points `base` at
 /// its server (at its node, on Citus), opens and checks its pool as `serve` checks its own
-/// (session limits, a compatible schema), and starts its notifier. `None` when any step fails,
-/// logged with the cell's name and the stable code of why.
+/// (session limits, a compatible schema), and starts its notifier; on Citus, watches where the
+/// cell lives ([`watch_placement`]). `None` when any step fails, logged with the cell's name and
+/// the stable code of why.
 async fn open_cell(
     directory_pool: Pool,
     base: DatabaseConfig,
@@ -217,19 +243,49 @@ async fn open_cell(
         drop(conn);
         let config = crate::db::citus::find_node(&listed.config(&base)?).await?;
         let (pool, _) = crate::schema::open_checked(&config, "api").await?;
+        let on_citus = crate::db::check_cell(&*crate::db::checkout(&pool).await?, &config).await?;
         let notifier = Notifier::start(&config)?;
         let connections_max = crate::worker::budget::Budget::api(&config).total();
         tracing::info!(cell = name, connections_max, "serving a cell");
-        Ok::<_, Error>(Arc::new(CellPool {
-            pool,
-            notifier: Some(notifier),
-        }))
+        let cell = Arc::new(CellPool::new(pool, Some(notifier)));
+        if let Some(citus_cell) = on_citus {
+            tokio::spawn(watch_placement(Arc::downgrade(&cell), citus_cell));
+        }
+        Ok::<_, Error>(cell)
     };
     match opened.await {
         Ok(cell) => Some(cell),
         Err(e) => {
             tracing::warn!(cell = name, code = %e.code(), "a cell could not be opened");
             None
+        }
+    }
+}
+
+/// Asks, every [`PLACEMENT_CHECK`] while the API serves `cell` (its pool on the Citus node that
+/// held cell `name` when it was opened), whether that node still holds it; marks it moved once
+/// it does not (a schema move), so the next request opens it on its new node, and ends. A failed
+/// check is tried again at the next; the watch ends with the pool.
+async fn watch_placement(cell: Weak<CellPool>, name: String) {
+    loop {
+        tokio::time::sleep(PLACEMENT_CHECK).await;
+        let Some(served) = cell.upgrade() else {
+            return;
+        };
+        let placement = async {
+            let conn = crate::db::checkout(&served.pool).await?;
+            crate::db::citus::locate(&*conn, &name).await
+        };
+        match placement.await {
+            Ok(Placement::Elsewhere { .. }) => {
+                served.moved.store(true, Ordering::Relaxed);
+                tracing::info!(cell = name, code = %Code::CellMoved, "a cell moved to another node; serving it there");
+                return;
+            }
+            Ok(Placement::Here | Placement::Plain) => {}
+            Err(e) => {
+                tracing::warn!(cell = name, code = %e.code(), "checking where a cell lives failed");
+            }
         }
     }
 }

@@ -87,10 +87,7 @@ impl std::fmt::Debug for AppState {
 impl AppState {
     /// The state of an API serving `pool` with `secret` and `config`.
     pub fn new(pool: Pool, secret: Secret, config: ApiConfig) -> AppState {
-        let cell = CellPool {
-            pool,
-            notifier: None,
-        };
+        let cell = CellPool::new(pool, None);
         AppState::serving(Cells::One(Arc::new(cell)), secret, config)
     }
 
@@ -124,10 +121,9 @@ impl AppState {
     /// routed state is returned as it is: each of its cells has a notifier of its own.
     pub fn with_notifier(self, notifier: Notifier) -> AppState {
         let cells = match self.cells {
-            Cells::One(cell) => Cells::One(Arc::new(CellPool {
-                pool: cell.pool.clone(),
-                notifier: Some(notifier),
-            })),
+            Cells::One(cell) => {
+                Cells::One(Arc::new(CellPool::new(cell.pool.clone(), Some(notifier))))
+            }
             routed @ Cells::Routed(_) => routed,
         };
         AppState { cells, ..self }

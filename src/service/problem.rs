@@ -97,6 +97,10 @@ fn status_and_title(code: Code) -> (StatusCode, &'static str) {
             StatusCode::SERVICE_UNAVAILABLE,
             "The database is unavailable; retry later",
         ),
+        Code::CellMoved => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The cell is moving to another node; retry shortly",
+        ),
         Code::OwnerMoved => (
             StatusCode::SERVICE_UNAVAILABLE,
             "The owner is moving to another cell; retry shortly",

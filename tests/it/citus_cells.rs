@@ -2,7 +2,8 @@
 //! migrated through the coordinator into one worker, and sessions on that worker run it.
 
 use crate::support::{
-    count, enqueue_loads, eventually, insert_jobs, spawn_replica_logged, Citus, LOAD_SECRET,
+    count, enqueue_loads, eventually, insert_jobs, post_load, spawn_replica_logged, Citus,
+    LOAD_SECRET,
 };
 use durable_etl::config::DatabaseConfig;
 use durable_etl::job::handler::NOOP_KIND;
@@ -572,4 +573,76 @@ async fn a_migration_through_the_coordinator_rebuilds_the_cells_node_views() {
         schema::latest_version()
     );
     assert_eq!(count(&node, "etl_jobs").await, 0);
+}
+
+/// An API serving every cell of a directory on the coordinator finds a cell's worker when it
+/// opens it, and, once the cell moved to the other worker, serves it there by itself: the move
+/// is seen within a second, and the next request opens the cell on its new node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_api_serves_a_cell_on_its_new_node_after_a_schema_move() {
+    let citus = Citus::start().await;
+    let (coordinator, _) = migrated(&citus, "cell_routed").await;
+    let directory_session = Citus::session(&citus.coordinator).await;
+    durable_etl::directory::init(&directory_session)
+        .await
+        .unwrap();
+    durable_etl::directory::add(&directory_session, "cell_routed", None)
+        .await
+        .unwrap();
+    let args = [
+        "api-keys",
+        "create",
+        "--directory",
+        "--owner",
+        "routed-owner",
+    ];
+    let created = crate::support::binary(&coordinator, &args)
+        .output()
+        .unwrap();
+    assert!(created.status.success());
+    let created = String::from_utf8(created.stdout).unwrap();
+    let key = created
+        .lines()
+        .find_map(|l| l.strip_prefix("key:"))
+        .unwrap()
+        .trim();
+    let addr = format!("127.0.0.1:{}", crate::support::free_port());
+    let _api = Running(
+        crate::support::binary(&coordinator, &["serve", "--directory", "--listen", &addr])
+            .spawn()
+            .unwrap(),
+    );
+    let http = reqwest::Client::new();
+    eventually("the routed API to be ready", || async {
+        let ready = http.get(format!("http://{addr}/readyz")).send().await;
+        ready.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    let record = |id: &str| vec![json!({"id": id})];
+    let before = post_load(&http, &addr, key, "before", record("a"))
+        .await
+        .unwrap();
+    assert_eq!(before.status(), 202);
+
+    let to = citus.other_worker("cell_routed").await;
+    Citus::move_schema(&Citus::session(&citus.coordinator).await, "cell_routed", to).await;
+    assert_eq!(citus.node_of("cell_routed").await, to);
+    // Served again on the new node without a restart (a request meanwhile may be refused with
+    // a 503 and tried again).
+    eventually("a submission accepted after the move", || async {
+        let after = post_load(&http, &addr, key, "after", record("b")).await;
+        after.is_ok_and(|r| r.status() == 202)
+    })
+    .await;
+    let node = on_node(&citus, "cell_routed").await;
+    assert_eq!(count(&node, "etl_jobs").await, 2);
+    let listed = http
+        .get(format!("http://{addr}/v1/etl-jobs"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    let listed: serde_json::Value = listed.json().await.unwrap();
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(2), "{listed}");
 }
