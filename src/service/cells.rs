@@ -25,7 +25,7 @@
 
 use super::conn::Conn;
 use crate::codes::Code;
-use crate::config::DatabaseConfig;
+use crate::config::{ConfigError, DatabaseConfig};
 use crate::db::citus::Placement;
 use crate::db::Pool;
 use crate::directory::{self, KeyRef};
@@ -82,6 +82,27 @@ impl Cells {
             Cells::One(cell) => Ok(Some(Arc::clone(cell))),
             Cells::Routed(routed) => routed.of_key(key).await,
         }
+    }
+}
+
+impl Cells {
+    /// Cell `name` of a routed API, opened if no request opened it yet (an operator's view aimed
+    /// at it); `None` on an API serving one cell, or when the directory lists no such cell.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the directory or the cell cannot be reached; database errors.
+    pub(super) async fn named(&self, name: &str) -> Result<Option<Arc<CellPool>>, Error> {
+        let Cells::Routed(routed) = self else {
+            return Ok(None);
+        };
+        let mut conn = Conn::checkout(&routed.directory).await?;
+        match conn.run(|c| directory::cell(&*c, name)).await {
+            Ok(_) => {}
+            Err(Error::Config(ConfigError::UnknownCell)) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        drop(conn);
+        routed.open(name).await.map(Some)
     }
 }
 

@@ -3,6 +3,9 @@
 //! permits held of it, and its pause.
 //!
 //! Invariants this module keeps:
+//! - On an API serving every cell of a directory, `?cell=NAME` reads cell `NAME` instead of the
+//!   operator key's own (a cell the directory does not list, or any cell on an API serving one,
+//!   is `404 no_such_route`); the key is checked in its own cell first.
 //! - Only an operator key (migration 0010) reads them. A request without a live key is
 //!   `401 unauthorized`; a live key that is not an operator's is answered `404 no_such_route`,
 //!   as if the route did not exist (as the console's operator pages answer it), before anything
@@ -19,13 +22,14 @@ use super::conn::Conn;
 use super::problem::Problem;
 use super::AppState;
 use crate::codes::Code;
+use crate::config::cell_name_ok;
 use crate::service::api_keys::Role;
 use crate::service::metrics::{listed_queues, sample_some_queues, QueueDepth};
 use axum::extract::rejection::PathRejection;
-use axum::extract::{FromRequestParts, Path};
+use axum::extract::{FromRequestParts, Path, Query};
 use axum::http::request::Parts;
 use axum::Json;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// An authenticated operator's request, with the connection that authenticated it (the handler's
@@ -40,8 +44,29 @@ impl FromRequestParts<AppState> for Operator {
         if caller.holder.role != Role::Operator {
             return Err(Problem::new(Code::NoSuchRoute));
         }
-        Ok(Operator(caller.conn))
+        let Query(aimed) = Query::<Aimed>::try_from_uri(&parts.uri)
+            .map_err(|_| Problem::new(Code::QueryInvalid))?;
+        let Some(name) = aimed.cell else {
+            return Ok(Operator(caller.conn));
+        };
+        // Another cell of an API serving a directory's: its own pool, the caller's connection
+        // given back first.
+        drop(caller.conn);
+        let cell = match cell_name_ok(&name) {
+            true => state.cells.named(&name).await?,
+            false => None,
+        };
+        let cell = cell.ok_or_else(|| Problem::new(Code::NoSuchRoute))?;
+        Ok(Operator(Conn::checkout(&cell.pool).await?))
     }
+}
+
+/// The cell an operator's request is aimed at (`?cell=NAME`, on an API serving every cell of a
+/// directory); none: the operator key's own.
+#[derive(Debug, Deserialize)]
+struct Aimed {
+    /// The cell's name.
+    cell: Option<String>,
 }
 
 /// One queue: its jobs by state, its oldest due job's age, its cap and pause.

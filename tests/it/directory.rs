@@ -380,6 +380,44 @@ async fn a_routed_api_answers_503_to_the_owners_of_a_cell_whose_server_is_down_a
         .get(format!("http://{addr}/v1/cells"))
         .bearer_auth(near_key);
     assert_eq!(asked.send().await.unwrap().status(), 404);
+    // An operator's queue view reads its own cell, or the cell it names.
+    cells
+        .session("cell_far")
+        .await
+        .batch_execute("INSERT INTO etl_queues (queue, paused) VALUES ('far_only', true)")
+        .await
+        .unwrap();
+    let queues = |key: &str, path: &str| {
+        let request = http.get(format!("http://{addr}{path}")).bearer_auth(key);
+        async move { request.send().await.unwrap() }
+    };
+    let names = |listed: serde_json::Value| -> Vec<String> {
+        let queues = listed["queues"].as_array().cloned().unwrap_or_default();
+        queues
+            .iter()
+            .map(|q| q["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let own = queues(&operator, "/v1/queues").await;
+    assert_eq!(own.status(), 200);
+    assert!(!names(own.json().await.unwrap()).contains(&"far_only".to_owned()));
+    let far = queues(&operator, "/v1/queues?cell=cell_far").await;
+    assert_eq!(far.status(), 200);
+    assert!(names(far.json().await.unwrap()).contains(&"far_only".to_owned()));
+    let one = queues(&operator, "/v1/queues/far_only?cell=cell_far").await;
+    assert_eq!(one.status(), 200);
+    for (key, path) in [
+        (operator.as_str(), "/v1/queues?cell=cell_gone"),
+        (operator.as_str(), "/v1/queues?cell=Not%20a%20cell"),
+        (operator.as_str(), "/v1/queues/far_only"),
+        (near_key.as_str(), "/v1/queues?cell=cell_far"),
+    ] {
+        assert_eq!(queues(key, path).await.status(), 404, "{path}");
+    }
+    let garbled = queues(&operator, "/v1/queues?cell=cell_far&cell=cell_near").await;
+    assert_eq!(garbled.status(), 400);
+    let problem: serde_json::Value = garbled.json().await.unwrap();
+    assert_eq!(problem["code"], "query_invalid");
 
     // The far cell's server is down before any request opened the cell: its owner's requests
     // answer 503 (the cell is not opened), the near owner's are served, and the operators' view

@@ -233,6 +233,9 @@ async fn the_queues_api_counts_each_queues_live_jobs_by_state_for_operators_only
         "/v1/queues/no.such",
         "/v1/queues/Not%20a%20queue",
         "/v1/queues/%FF",
+        // Another cell is a routed API's to name: this one serves one cell.
+        "/v1/queues?cell=cell_a",
+        "/v1/queues/mail?cell=cell_a",
     ] {
         let (status, problem) = api_get(&console, Some(&console.alice), path).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
