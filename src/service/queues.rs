@@ -135,10 +135,12 @@ pub(super) struct QueueList {
     get,
     path = "/v1/queues",
     tag = "operations",
+    params(("cell" = Option<String>, Query, description = "On an API serving every cell of a directory: the cell to read (default: the operator key's own)")),
     responses(
         (status = 200, description = "The queues with live jobs or settings, the deepest first: at most 100, and `truncated` says whether more were left out", body = QueueList),
+        (status = 400, description = "The query is not valid", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "The key is not an operator's: to it the route does not exist", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The key is not an operator's (to it the route does not exist), or no cell of that name is listed", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -156,7 +158,10 @@ pub(super) async fn list(Operator(mut conn): Operator) -> Result<Json<QueueList>
     get,
     path = "/v1/queues/{name}",
     tag = "operations",
-    params(("name" = String, Path, description = "The queue's name")),
+    params(
+        ("name" = String, Path, description = "The queue's name"),
+        ("cell" = Option<String>, Query, description = "On an API serving every cell of a directory: the cell to read (default: the operator key's own)"),
+    ),
     responses(
         (status = 200, description = "The queue", body = Queue),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
