@@ -406,10 +406,7 @@ impl Error {
             Error::Config(_) => Code::ConfigInvalid,
             Error::Unavailable(_) => Code::DatabaseUnavailable,
             Error::Database(e) if is_transient(e) => Code::TransientDatabase,
-            Error::Database(e)
-                if e.code()
-                    .is_some_and(|c| c.code() == crate::db::citus::CELL_MOVED) =>
-            {
+            Error::Database(e) if e.code().is_some_and(|c| c.code() == CELL_MOVED) => {
                 Code::CellMoved
             }
             Error::Database(_) => Code::DatabaseError,
@@ -477,6 +474,11 @@ impl From<tokio_postgres::Error> for Error {
         }
     }
 }
+
+/// The SQLSTATE a write through a Citus cell's node views fails with once the cell's shards have
+/// moved to another node (`db::citus`; class 55, object not in prerequisite state, an
+/// implementation-defined subclass).
+pub const CELL_MOVED: &str = "55M01";
 
 /// The SQLSTATE a cell's intake refuses a job of an owner it holds no longer with (migration
 /// 0042; class 55, object not in prerequisite state, an implementation-defined subclass).

@@ -35,9 +35,8 @@ use crate::error::Error;
 use tokio_postgres::GenericClient;
 
 /// The SQLSTATE a write through the node views fails with once the cell's shards have moved to
-/// another node (class 55, object not in prerequisite state; an implementation-defined
-/// subclass).
-pub const CELL_MOVED: &str = "55M01";
+/// another node ([`crate::error::CELL_MOVED`]).
+pub const CELL_MOVED: &str = crate::error::CELL_MOVED;
 
 /// The schema of a cell's node views: `_` followed by the cell's name. A cell's name starts with
 /// a letter (`config::cell_name_ok`), so no cell can take it.
