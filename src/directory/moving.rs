@@ -138,13 +138,21 @@ SELECT o.owner_key, $2, o.cell, $3, 'fence'
  WHERE o.owner_key = $1 AND o.cell = $4
     ON CONFLICT (owner_key) DO NOTHING";
 
-/// Takes the lock only one mover of owner `$1` holds at a time, for as long as its directory
-/// session lives (a mover that dies gives it back); false when another mover holds it.
+/// Takes the lock only one mover of owner `$1` holds at a time, until it gives it back
+/// ([`MOVER_UNLOCK_SQL`]) or its directory session ends (a mover that dies gives it back);
+/// false when another mover holds it.
 ///
 /// Locks: a session-level advisory lock of the directory's database.
 const MOVER_LOCK_SQL: &str = "
 SELECT pg_try_advisory_lock(hashtext('durable_etl_directory.moves'),
                             hashtext(encode($1::bytea, 'hex')))";
+
+/// Gives back the lock [`MOVER_LOCK_SQL`] took.
+///
+/// Locks: releases that advisory lock.
+const MOVER_UNLOCK_SQL: &str = "
+SELECT pg_advisory_unlock(hashtext('durable_etl_directory.moves'),
+                          hashtext(encode($1::bytea, 'hex')))";
 
 /// The move of owner `$1`, if one is recorded.
 ///
@@ -190,12 +198,14 @@ WITH fenced AS (
 INSERT INTO etl_moving_rows (owner_key, relation, row_data)
 SELECT t.owner_key, 'etl_schedules', to_jsonb(t) FROM taken t";
 
-/// Every transaction open in this database but the session's own: its backend and when it began.
+/// Every transaction open in this database but the session's own and autovacuum's (which
+/// enqueues nothing, and may run for long): its backend and when it began.
 ///
 /// Locks: none.
 const OPEN_SQL: &str = "
 SELECT pid, xact_start FROM pg_stat_activity
- WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL";
+ WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+   AND backend_type NOT LIKE 'autovacuum%'";
 
 /// How many of the transactions `$1` (backends) / `$2` (their beginnings) are still open.
 ///
@@ -322,6 +332,25 @@ pub async fn move_owner(
     if !alone {
         return Err(ConfigError::MoveRunning.into());
     }
+    let moved = carry_on(directory, base, owner_key, to, progress).await;
+    // Given back whatever happened (a session that died gave it back already).
+    let unlocked = directory
+        .query_typed_one(MOVER_UNLOCK_SQL, &[(&owner, Type::BYTEA)])
+        .await;
+    let moved = moved?;
+    unlocked?;
+    Ok(moved)
+}
+
+/// [`move_owner`] once it holds the mover's lock.
+async fn carry_on(
+    directory: &Client,
+    base: &DatabaseConfig,
+    owner_key: &[u8; 32],
+    to: &str,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<bool, Error> {
+    let owner = &owner_key[..];
     let recorded = recorded(directory, owner).await?;
     let from = match &recorded {
         Some(mv) if mv.to != to => return Err(ConfigError::MoveElsewhere.into()),
@@ -625,6 +654,42 @@ mod tests {
             assert_eq!(Step::of(step.as_str()).unwrap(), step);
         }
         assert!(matches!(Step::of("elsewhere"), Err(Error::Internal)));
+    }
+
+    #[tokio::test]
+    async fn one_mover_of_an_owner_runs_at_a_time_and_gives_its_lock_back_when_it_stops() {
+        let db = crate::test_db::TestDb::migrated().await;
+        let client = db.client().await;
+        super::super::init(&client).await.unwrap();
+        super::super::add(&client, "cell_a", None).await.unwrap();
+        let owner = [7; 32];
+        let key = &owner[..];
+        // Another process moving the owner holds the lock: this mover is refused.
+        let other = db.client().await;
+        let held: bool = other
+            .query_one(MOVER_LOCK_SQL, &[&key])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(held);
+        let refused = move_owner(&client, &db.config, &owner, "cell_a", &mut |_| {}).await;
+        assert!(
+            matches!(refused, Err(Error::Config(ConfigError::MoveRunning))),
+            "{refused:?}"
+        );
+        other.query_one(MOVER_UNLOCK_SQL, &[&key]).await.unwrap();
+        // A mover that stops (here: an owner with no cell) gives the lock back.
+        let stopped = move_owner(&client, &db.config, &owner, "cell_a", &mut |_| {}).await;
+        assert!(
+            matches!(stopped, Err(Error::Config(ConfigError::OwnerNotPlaced))),
+            "{stopped:?}"
+        );
+        let free: bool = other
+            .query_one(MOVER_LOCK_SQL, &[&key])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(free, "the stopped mover kept its lock");
     }
 
     #[test]
